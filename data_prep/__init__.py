@@ -1,0 +1,1 @@
+"""Corpus reading, tokenization and (later) Megatron indexed datasets and sequence packing."""

@@ -1,0 +1,1 @@
+"""Mechanisms that attach features to the trainer at a closed set of named points."""

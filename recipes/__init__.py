@@ -1,0 +1,1 @@
+"""Typed configuration, recipe functions and the recipe registry (no torch imports here)."""

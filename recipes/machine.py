@@ -1,0 +1,137 @@
+"""Is this machine (and this launch) able to run the recipe? Checked in well under a second.
+
+GPUs are counted from the NVIDIA driver's device files, never by importing torch, so a wrong
+machine is reported before any heavy import.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from recipes.errors import ConfigError
+from recipes.schema import RunConfig
+
+CPU_RANK_CAP = 16  # most local CPU processes the CPU runtime runs for one single-node recipe
+_GPU_DEVICE = re.compile(r"nvidia\d+")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MachineInfo:
+    """What this process can use: local GPUs, and the world size a launcher gave it."""
+
+    gpus: int  # GPUs visible to this process (after CUDA_VISIBLE_DEVICES)
+    launched_world_size: int | None  # WORLD_SIZE from torchrun/srun; None = not launched
+
+
+def count_gpus(
+    dev_dir: Path = Path("/dev"),
+    proc_gpus: Path = Path("/proc/driver/nvidia/gpus"),
+    visible_devices: str | None = None,
+) -> int:
+    """NVIDIA GPUs from /dev/nvidiaN and the driver's /proc listing, limited by
+    CUDA_VISIBLE_DEVICES (`visible_devices`) the way CUDA limits them."""
+    physical = 0
+    if dev_dir.is_dir():
+        physical = sum(1 for p in dev_dir.iterdir() if _GPU_DEVICE.fullmatch(p.name))
+    if proc_gpus.is_dir():
+        physical = max(physical, sum(1 for _ in proc_gpus.iterdir()))
+    if visible_devices is None:
+        return physical
+    visible = 0
+    for entry in visible_devices.split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-"):  # CUDA stops at the first invalid entry
+            break
+        visible += 1
+    return min(physical, visible)
+
+
+def launched_world_size(environ: Mapping[str, str]) -> int | None:
+    """WORLD_SIZE set by a launcher (torchrun, srun wrappers), or None when not launched."""
+    raw = environ.get("WORLD_SIZE")
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(
+            f"WORLD_SIZE='{raw}' is not an integer; unset it or launch with torchrun"
+        ) from None
+
+
+def detect_machine(environ: Mapping[str, str] | None = None) -> MachineInfo:
+    """GPUs visible here and the launcher's world size (no torch import)."""
+    env = os.environ if environ is None else environ
+    return MachineInfo(
+        gpus=count_gpus(visible_devices=env.get("CUDA_VISIBLE_DEVICES")),
+        launched_world_size=launched_world_size(env),
+    )
+
+
+def describe_layout(cfg: RunConfig) -> str:
+    """'TP8 x PP4 x DP2', with CP, virtual stages and EP when used."""
+    p = cfg.parallel
+    pipeline = f"PP{p.pipeline}" + (f" (VPP{p.virtual_pipeline})" if p.virtual_pipeline else "")
+    parts = [f"TP{p.tensor}", pipeline]
+    if p.context > 1:
+        parts.append(f"CP{p.context}")
+    parts.append(f"DP{cfg.data_parallel_size}")
+    layout = " x ".join(parts)
+    return layout + (f", EP{p.expert}" if p.expert > 1 else "")
+
+
+def dry_run_command(cfg: RunConfig, command_args: Sequence[str] | None) -> str:
+    """The command that inspects this configuration without GPUs."""
+    args = [a for a in command_args or [f"recipe={cfg.name}"] if not a.startswith("dry_run=")]
+    return "python scripts/pretrain.py " + shlex.join([*args, "dry_run=true"])
+
+
+def check_machine(
+    cfg: RunConfig, machine: MachineInfo, command_args: Sequence[str] | None = None
+) -> None:
+    """Raise a one-line `ConfigError` if this machine/launch cannot run `cfg`.
+
+    Multi-node recipes must be launched with a matching WORLD_SIZE on nodes with enough GPUs.
+    Single-node recipes run on GPUs, or without CUDA on the CPU runtime (one local process per
+    rank, at most CPU_RANK_CAP). `cfg.dry_run` skips the check. `command_args` (the user's
+    arguments) make the suggested dry-run command reproduce their overrides.
+    """
+    if cfg.dry_run:
+        return
+    c, gpus, launched = cfg.cluster, machine.gpus, machine.launched_world_size
+    world = c.world_size
+    needs = (
+        f"recipe {cfg.name} needs {world} GPUs: {c.nodes} nodes x {c.gpus_per_node}, "
+        f"{describe_layout(cfg)}"
+    )
+    hint = f"inspect it here with: {dry_run_command(cfg, command_args)}"
+    found = f"found {gpus} GPU{'' if gpus == 1 else 's'}"
+    if launched is not None and launched != world:
+        raise ConfigError(f"{needs}; this process was launched with WORLD_SIZE={launched}; {hint}")
+    runtime = cfg.plugins.cpu_runtime.enabled
+    on_cpu = runtime == "on" or (runtime == "auto" and gpus == 0)
+    if c.nodes > 1:
+        if launched is None:
+            raise ConfigError(
+                f"{needs}; {found} and no multi-node launch (WORLD_SIZE unset); {hint}"
+            )
+        if not on_cpu and gpus < c.gpus_per_node:
+            raise ConfigError(f"{needs}; {found} on this node, {c.gpus_per_node} needed; {hint}")
+        if on_cpu and runtime == "auto":
+            raise ConfigError(f"{needs}; {found} on this node of a multi-node launch; {hint}")
+        return
+    if on_cpu:
+        if world > CPU_RANK_CAP:
+            raise ConfigError(
+                f"{needs}; {found}, and the CPU runtime runs at most {CPU_RANK_CAP} local "
+                f"ranks; {hint}"
+            )
+        return
+    if gpus < world:
+        off = " and plugins.cpu_runtime.enabled=off" if gpus == 0 else ""
+        raise ConfigError(f"{needs}; {found}{off}; {hint}")

@@ -1,0 +1,237 @@
+"""Apply `a.b=c` overrides to a recipe with OmegaConf's dotlist grammar, with one-line errors.
+
+OmegaConf parses and type-checks the values against the dataclass schema; this module only
+turns its exceptions into sentences that name the key, what it expects and what to type instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Sequence
+from functools import cache
+from typing import Any, Literal
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from recipes.errors import ConfigError
+from recipes.schema import RunConfig
+
+# Short names people type from habit; suggestions only, never accepted as keys.
+_HABITUAL_NAMES = {
+    "tp": "parallel.tensor",
+    "pp": "parallel.pipeline",
+    "cp": "parallel.context",
+    "ep": "parallel.expert",
+    "etp": "parallel.expert_tensor",
+    "vpp": "parallel.virtual_pipeline",
+    "sp": "parallel.sequence_parallel",
+    "mbs": "train.micro_batch_size",
+    "gbs": "train.global_batch_size",
+    "world_size": "cluster.nodes",
+}
+_YAML_BOOL_WORDS = {"on", "off", "yes", "no", "y", "n"}  # YAML 1.1 booleans
+_DATA_PARALLEL_NAMES = ("dp", "data_parallel", "data_parallel_size", "parallel.data")
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+@cache
+def config_keys() -> tuple[str, ...]:
+    """Every settable leaf key of `RunConfig`, dotted (`model.hidden_size`, ...)."""
+
+    def walk(cls: type, prefix: str) -> list[str]:
+        keys = []
+        for name, tp in _field_types(cls).items():
+            if dataclasses.is_dataclass(tp):
+                keys.extend(walk(tp, f"{prefix}{name}."))
+            else:
+                keys.append(f"{prefix}{name}")
+        return keys
+
+    return tuple(walk(RunConfig, ""))
+
+
+def field_type(key: str) -> Any | None:
+    """The annotated type of a dotted key (a dataclass for a section), or None if unknown."""
+    tp: Any = RunConfig
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(tp):
+            return None
+        tp = _field_types(tp).get(part)
+        if tp is None:
+            return None
+    return tp
+
+
+def describe_type(tp: Any) -> str:
+    """Human name of a schema type: 'an integer', 'an integer or null', 'one of a, b'."""
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(str(v) for v in typing.get_args(tp))
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        names = [describe_type(a) for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(names) + " or null"
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def closest_keys(key: str, limit: int = 3) -> list[str]:
+    """Valid keys nearest to a mistyped one: same field name first, then spelling."""
+    keys = config_keys()
+    leaf = key.rsplit(".", 1)[-1]
+    leaves = sorted({k.rsplit(".", 1)[-1] for k in keys})
+    ranked: list[str] = []
+    if leaf in _HABITUAL_NAMES:
+        ranked.append(_HABITUAL_NAMES[leaf])
+    ranked += [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
+    ranked += difflib.get_close_matches(key, keys, n=limit, cutoff=0.6)
+    for near_leaf in difflib.get_close_matches(leaf, leaves, n=limit, cutoff=0.7):
+        ranked += [k for k in keys if k.rsplit(".", 1)[-1] == near_leaf]
+    return list(dict.fromkeys(ranked))[:limit]
+
+
+def unknown_key_message(key: str, origin: str) -> str:
+    """One line for a key the schema lacks, naming the closest valid keys."""
+    if key in _DATA_PARALLEL_NAMES:
+        return (
+            f"{origin}: '{key}' cannot be set; data parallel size is derived as "
+            "cluster.nodes x cluster.gpus_per_node / (TP x PP x CP), so change cluster.nodes "
+            "or cluster.gpus_per_node"
+        )
+    near = closest_keys(key)
+    hint = f"did you mean {', '.join(near)}?" if near else "see a saved config.yaml for all keys"
+    return f"{origin}: unknown config key '{key}'; {hint}"
+
+
+def wrong_value_message(key: str, given: str, origin: str, current: Any) -> str:
+    """One line for a value of the wrong type: key, expected type, given and current value."""
+    tp = field_type(key)
+    if tp is not None and dataclasses.is_dataclass(tp):
+        example = next(k for k in config_keys() if k.startswith(key + "."))
+        return (
+            f"{origin}: '{key}' is a section, not a value; set one of its fields, "
+            f"e.g. {example}=..."
+        )
+    expected = describe_type(tp) if tp is not None else "a different value"
+    shown = _yaml_scalar(current)
+    message = f"{origin}: {key} expects {expected}, got '{given}' (currently {key}={shown})"
+    if given in ("true", "false") and _YAML_BOOL_WORDS & set(literal_options(tp)):
+        message += "; YAML reads on/off/yes/no as true/false, so quote the word, e.g. 'on'"
+    return message
+
+
+def merge_checked(base: DictConfig, update: DictConfig, origin: str) -> DictConfig:
+    """Merge `update` into a structured `base`, turning OmegaConf errors into ConfigErrors.
+
+    `origin` says where the values came from (an override or a file) for the message.
+    """
+    try:
+        return typing.cast(DictConfig, OmegaConf.merge(base, update))
+    except ConfigKeyError as err:
+        key = _user_key(update, str(err.full_key or err.key or ""))
+        raise ConfigError(unknown_key_message(key, origin)) from None
+    except OmegaConfBaseException as err:
+        key = str(getattr(err, "full_key", "") or "") or _first_key(update)
+        given = OmegaConf.select(update, key, default=None) if key else None
+        if isinstance(given, DictConfig):
+            given = OmegaConf.to_yaml(given).strip().replace("\n", ", ")
+        current = OmegaConf.select(base, key, default=None) if key else None
+        raise ConfigError(wrong_value_message(key, _yaml_scalar(given), origin, current)) from None
+
+
+def _first_key(node: DictConfig) -> str:
+    """The first top-level key of `node` (for errors OmegaConf reports without a key)."""
+    keys = [str(k) for k in node.keys()]
+    return keys[0] if keys else ""
+
+
+def _user_key(update: DictConfig, missing: str) -> str:
+    """Extend the first missing key OmegaConf reports to the full key the user wrote."""
+    value = OmegaConf.select(update, missing, default=None) if missing else None
+    while isinstance(value, DictConfig) and len(value) == 1:
+        child = str(next(iter(value.keys())))
+        missing, value = f"{missing}.{child}", value[child]
+    return missing
+
+
+def _yaml_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def to_run_config(node: DictConfig, origin: str) -> RunConfig:
+    """Convert a structured config back to the `RunConfig` dataclass (resolving `${...}`)."""
+    try:
+        obj = OmegaConf.to_object(node)
+    except OmegaConfBaseException as err:
+        key = str(getattr(err, "full_key", "") or "")
+        reason = str(getattr(err, "msg", "") or err).splitlines()[0]
+        raise ConfigError(f"{origin}: cannot resolve '{key}': {reason}") from None
+    if not isinstance(obj, RunConfig):
+        raise ConfigError(f"{origin}: did not produce a run configuration")
+    return obj
+
+
+def split_override(text: str) -> tuple[str, str]:
+    """`a.b=c` -> ('a.b', 'c'); anything else is a one-line error saying the form."""
+    key, sep, value = text.partition("=")
+    if text.startswith("-"):
+        raise ConfigError(
+            f"'{text}' is not an override; write KEY=VALUE without dashes, "
+            "e.g. train.micro_batch_size=2 (recipe=list shows the recipes)"
+        )
+    if not sep or not key or key != key.strip():
+        raise ConfigError(
+            f"'{text}' is not an override; write KEY=VALUE with no spaces around '=', "
+            "e.g. optimizer.lr=2e-4"
+        )
+    return key, value
+
+
+def literal_options(tp: Any) -> tuple[Any, ...]:
+    """The allowed values of a `Literal[...]` (or `Literal[...] | None`) type, else ()."""
+    if typing.get_origin(tp) is Literal:
+        return typing.get_args(tp)
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        return tuple(v for arg in typing.get_args(tp) for v in literal_options(arg))
+    return ()
+
+
+def _verbatim_option(key: str, value: str) -> DictConfig | None:
+    """`key=on` for a field whose options include the text 'on': keep it as text.
+
+    YAML 1.1 (OmegaConf's value grammar) reads on/off/yes/no as booleans, which would turn
+    `plugins.cpu_runtime.enabled=on` into `True` and fail the type check.
+    """
+    if value not in literal_options(field_type(key)):
+        return None
+    nested: Any = value
+    for part in reversed(key.split(".")):
+        nested = {part: nested}
+    return typing.cast(DictConfig, OmegaConf.create(nested))
+
+
+def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
+    """Apply dotlist overrides in order (a later one wins) and return a new `RunConfig`."""
+    node = typing.cast(DictConfig, OmegaConf.structured(cfg))
+    for text in overrides:
+        key, value = split_override(text)
+        try:
+            update = _verbatim_option(key, value) or OmegaConf.from_dotlist([text])
+        except (OmegaConfBaseException, yaml.YAMLError):
+            raise ConfigError(
+                f"override '{text}': cannot parse the value '{value}' (unbalanced brackets or "
+                f"an unfinished ${{...}}); give {key} a plain value"
+            ) from None
+        node = merge_checked(node, update, f"override '{text}'")
+    return to_run_config(node, "overrides " + " ".join(overrides) if overrides else "recipe")

@@ -1,0 +1,71 @@
+"""Turn command-line arguments into a validated `RunConfig`.
+
+Arguments are `recipe=NAME` or `config=FILE` (a saved resolved config), then OmegaConf dotlist
+overrides `a.b=c` applied in order. `recipe=list`, `--help` or `-h` ask for the recipe list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from recipes.config_io import load_config
+from recipes.errors import ConfigError
+from recipes.overrides import apply_overrides, split_override
+from recipes.registry import DEFAULT_RECIPE, get_recipe
+from recipes.schema import RunConfig
+from recipes.validation import validate
+
+HELP_ARGS = ("--help", "-h", "help")
+
+
+class ListRecipesRequested(Exception):
+    """The user asked for the recipe list; print `format_recipe_list()` and exit 0."""
+
+
+@dataclass(kw_only=True)
+class ParsedArgs:
+    """The command line split into where the configuration starts and what changes it."""
+
+    recipe: str | None = None  # recipe=NAME
+    config: str | None = None  # config=FILE
+    overrides: list[str] = field(default_factory=list)  # a.b=c, in order
+
+
+def parse_args(argv: Sequence[str]) -> ParsedArgs:
+    """Split argv; raises ListRecipesRequested for help and ConfigError for malformed ones."""
+    parsed = ParsedArgs()
+    for arg in argv:
+        if arg in HELP_ARGS:
+            raise ListRecipesRequested
+        key, value = split_override(arg)
+        if key == "recipe" and value == "list":
+            raise ListRecipesRequested
+        if key in ("recipe", "config"):
+            if getattr(parsed, key) is not None:
+                raise ConfigError(f"{key}= given twice ({getattr(parsed, key)}, {value}); keep one")
+            setattr(parsed, key, value)
+        else:
+            parsed.overrides.append(arg)
+    if parsed.recipe is not None and parsed.config is not None:
+        raise ConfigError(
+            f"give either recipe={parsed.recipe} or config={parsed.config}, not both; "
+            "a saved config already names its recipe"
+        )
+    return parsed
+
+
+def resolve_config(argv: Sequence[str]) -> RunConfig:
+    """Build, override and validate the configuration the command line describes.
+
+    Raises `ListRecipesRequested` for `recipe=list`/`--help`/`-h`, and `ConfigError` (one
+    line, with the fix) for any mistake. Does not check the machine; see `recipes.machine`.
+    """
+    parsed = parse_args(argv)
+    if parsed.config is not None:
+        base = load_config(parsed.config)
+    else:
+        base = get_recipe(parsed.recipe or DEFAULT_RECIPE)
+    cfg = apply_overrides(base, parsed.overrides)
+    validate(cfg)
+    return cfg

@@ -1,0 +1,202 @@
+"""Typed run configuration: one small dataclass per concern.
+
+Every field has a default and a one-line doc (the comment after it); `RunConfig` composes them.
+Nothing here imports torch or Megatron, so a configuration can be resolved and validated
+before any heavy import or process group exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Shape of the GPT model (Megatron Core `TransformerConfig` + `GPTModel` fields)."""
+
+    num_layers: int = 4  # transformer layers in the whole model
+    hidden_size: int = 64  # model width
+    ffn_hidden_size: int = 256  # MLP inner width (per expert for MoE unless moe_ffn_hidden_size)
+    num_attention_heads: int = 4  # query heads
+    num_query_groups: int | None = None  # KV heads for GQA; None = same as attention heads
+    kv_channels: int | None = None  # per-head width; None = hidden_size / heads
+    seq_length: int = 64  # tokens per sample
+    vocab_size: int = 256  # tokenizer vocabulary (padded to make_vocab_size_divisible_by x TP)
+    make_vocab_size_divisible_by: int = 128  # Megatron's vocab padding unit (before x TP)
+    activation: Literal["gelu", "swiglu", "squared_relu"] = "gelu"  # MLP non-linearity
+    normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"  # norm layer type
+    position_embedding: Literal["rope", "learned_absolute"] = "rope"  # position encoding
+    rotary_base: int = 10000  # RoPE theta
+    add_bias_linear: bool = True  # biases in linear layers (MoE models need False)
+    share_embeddings_and_output_weights: bool = True  # tie input embedding and output layer
+    hidden_dropout: float = 0.0  # dropout after attention / MLP
+    attention_dropout: float = 0.0  # dropout on attention probabilities
+    init_method_std: float = 0.02  # std of the normal weight init
+    # Mixture of experts (None = dense model).
+    num_moe_experts: int | None = None  # experts per MoE layer
+    moe_router_topk: int = 2  # experts each token is routed to
+    moe_ffn_hidden_size: int | None = None  # expert MLP width; None = ffn_hidden_size
+    moe_token_dispatcher: Literal["alltoall", "allgather"] = "alltoall"  # token exchange
+    moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    """How the model is split. Data parallel size is derived: world / (TP x PP x CP)."""
+
+    tensor: int = 1  # tensor model parallel size (TP)
+    pipeline: int = 1  # pipeline model parallel size (PP)
+    virtual_pipeline: int | None = None  # model chunks per pipeline rank (interleaved 1F1B)
+    context: int = 1  # context parallel size (CP): sequence split across ranks
+    expert: int = 1  # expert model parallel size (EP)
+    expert_tensor: int | None = None  # TP size inside experts; None = same as tensor
+    sequence_parallel: bool = False  # shard norm/dropout activations over the TP group
+    # Pipeline point-to-point options; interleaving needs overlap on and batching off.
+    overlap_p2p_comm: bool = True  # overlap pipeline sends/receives with compute
+    batch_p2p_comm: bool = False  # batch pipeline sends/receives (wrong with interleaving)
+
+
+@dataclass(kw_only=True)
+class ClusterConfig:
+    """Where the run executes: the world size comes from here."""
+
+    nodes: int = 1  # machines
+    gpus_per_node: int = 4  # ranks per machine (local CPU processes when there is no GPU)
+    gpu_memory_gib: float = 80.0  # memory of one accelerator, for the planner
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Batch sizes, length of the run and what is recomputed."""
+
+    micro_batch_size: int = 2  # samples per rank per forward pass
+    global_batch_size: int = 8  # samples per optimizer step over all DP ranks
+    train_iters: int = 100  # optimizer steps
+    eval_interval: int = 50  # steps between held-out evaluations (0 = only at the end)
+    eval_iters: int = 4  # global batches per held-out evaluation
+    seed: int = 1234  # seed for init, dropout and data order
+    recompute: Literal["none", "full", "selective"] = "none"  # activation recomputation
+    recompute_num_layers: int = 1  # layers per recompute block (full recompute)
+    exit_on_nonfinite: bool = True  # stop with one line when loss or grad norm is NaN/inf
+
+
+@dataclass(kw_only=True)
+class OptimizerConfig:
+    """Adam with decoupled weight decay, through `megatron.core.optimizer`."""
+
+    lr: float = 3e-3  # peak learning rate
+    min_lr: float = 3e-4  # floor of the decay
+    weight_decay: float = 0.01  # decoupled weight decay
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0  # global gradient-norm clip (0 = off)
+    distributed: bool = False  # shard optimizer state over DP (ZeRO-1, distributed optimizer)
+    overlap_grad_reduce: bool = False  # overlap DP gradient reduce with backward
+    overlap_param_gather: bool = False  # overlap DP param all-gather (distributed optimizer)
+    bucket_size: int | None = None  # DDP bucket size in elements; None = Megatron's default
+
+
+@dataclass(kw_only=True)
+class SchedulerConfig:
+    """Learning-rate schedule (`OptimizerParamScheduler`)."""
+
+    style: Literal["cosine", "wsd", "linear", "constant"] = "cosine"  # decay shape
+    warmup_iters: int = 10  # linear warm-up steps
+    decay_iters: int | None = None  # steps over which lr decays; None = train_iters
+    wsd_decay_iters: int | None = None  # WSD only: final annealing steps; None = 10% of decay
+    wsd_decay_style: Literal["linear", "cosine", "exponential", "minus_sqrt"] = "linear"
+
+
+@dataclass(kw_only=True)
+class PrecisionConfig:
+    """Number formats. FP8 needs Transformer Engine on a GPU."""
+
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"  # parameter / compute dtype
+    fp8: Literal["hybrid", "e4m3"] | None = None  # FP8 recipe format; None = off
+    grad_reduce_in_fp32: bool = True  # keep DP gradient buffers in fp32
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Training text and tokenizer."""
+
+    source: Literal["python_stdlib", "synthetic"] = "python_stdlib"  # corpus to train on
+    tokenizer: Literal["byte"] = "byte"  # byte-level tokenizer: no download, vocab 256
+    max_corpus_bytes: int = 4_000_000  # cap on text read from the corpus
+    heldout_fraction: float = 0.05  # share of the token stream kept for held-out loss
+    eod_mask_loss: bool = True  # no loss where the input is end-of-document (Megatron's flag)
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """Megatron distributed checkpoints (`torch_dist`)."""
+
+    save: bool = True  # write a checkpoint at the end of the run
+    save_interval: int = 0  # steps between checkpoints (0 = only at the end)
+    load: str | None = None  # checkpoint directory to start from
+    load_model_only: bool = False  # load weights only (fresh optimizer and step 0)
+    optimizer_format: Literal["fully_reshardable", "dp_reshardable"] = "fully_reshardable"
+
+
+@dataclass(kw_only=True)
+class LoggingConfig:
+    """What the run prints and writes."""
+
+    log_interval: int = 10  # steps between log lines
+    progress_bar: bool = True  # rich progress bar on rank 0
+    metrics_file: bool = True  # write metrics.jsonl in the run directory
+
+
+@dataclass(kw_only=True)
+class CpuRuntimePluginConfig:
+    """Runs unmodified Megatron Core over gloo when there is no CUDA device."""
+
+    enabled: Literal["auto", "on", "off"] = "auto"  # auto = on exactly when CUDA is absent
+    threads_per_rank: int = 1  # torch intra-op threads per local rank
+
+
+@dataclass(kw_only=True)
+class PluginsConfig:
+    """Features that attach at named points of the trainer."""
+
+    cpu_runtime: CpuRuntimePluginConfig = field(default_factory=CpuRuntimePluginConfig)
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Everything one training run needs."""
+
+    name: str = "tiny"  # recipe name this configuration came from
+    output_dir: str = "runs"  # runs are written to <output_dir>/<name>-<timestamp>
+    run_dir: str | None = None  # explicit run directory (overrides output_dir naming)
+    dry_run: bool = False  # build every distinct rank on the meta device and report, no training
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    plugins: PluginsConfig = field(default_factory=PluginsConfig)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """DP derived from the world size; validation guarantees it divides exactly."""
+        p = self.parallel
+        return self.cluster.world_size // (p.tensor * p.pipeline * p.context)
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per optimizer step on each DP rank (gradient accumulation)."""
+        return self.train.global_batch_size // (
+            self.train.micro_batch_size * self.data_parallel_size
+        )

@@ -1,0 +1,18 @@
+"""Pretrain a GPT with Megatron Core from a named recipe.
+
+    python scripts/pretrain.py                                  # default CPU-sized recipe
+    python scripts/pretrain.py recipe=list                      # every recipe, one line each
+    python scripts/pretrain.py recipe=8b_tp8_pp4_dp2 dry_run=true
+    python scripts/pretrain.py recipe=tiny_tp2_pp2 train.train_iters=50 optimizer.lr=1e-3
+    python scripts/pretrain.py config=runs/<run>/config.yaml    # reproduce a saved run
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from trainer.cli import main  # noqa: E402
+
+if __name__ == "__main__":  # the checkpoint writer spawns processes: keep this guard
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Per-rank functions for the layout tests (run through the `launch_ranks` fixture).
+
+Each builds a real training session from a registered recipe plus overrides, exactly as
+`scripts/pretrain.py` would, and returns what the test compares.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recipes.resolve import resolve_config
+
+# Small, machine-independent data so losses depend on numerics only, not the Python version.
+TEST_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=0", "train.eval_interval=0"]
+
+
+def _session(payload: dict):
+    from trainer.entry import start_session
+
+    cfg = resolve_config([f"recipe={payload['recipe']}", *TEST_DATA, *payload.get("overrides", [])])
+    cfg.checkpoint.save = False
+    cfg.logging.progress_bar = False
+    return start_session(cfg, Path(payload["run_dir"]))
+
+
+def _finish() -> None:
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+
+
+def save_reference_weights(payload: dict) -> str:
+    """Initial weights of the recipe's model, saved for every layout to load."""
+    from trainer.checkpointing import save_model_weights
+
+    session = _session(payload)
+    path = save_model_weights(payload["weights_dir"], session.cfg, session.model)
+    _finish()
+    return str(path)
+
+
+def train_steps(payload: dict) -> dict:
+    """Per-step loss and grad norm of `payload['steps']` optimizer steps."""
+    from trainer.step import train_step
+
+    session = _session(payload)
+    losses, grad_norms = [], []
+    for step in range(payload["steps"]):
+        metrics = train_step(session, step)
+        losses.append(metrics.loss)
+        grad_norms.append(metrics.grad_norm)
+    _finish()
+    return {"losses": losses, "grad_norms": grad_norms}

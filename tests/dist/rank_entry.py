@@ -1,0 +1,55 @@
+"""One rank of a `launch_ranks` run (started by torch.distributed.run).
+
+usage: rank_entry.py MODULE:FUNCTION PAYLOAD_JSON RESULT_DIR TIMEOUT_S
+
+Joins the gloo process group, calls FUNCTION(payload) and writes its JSON-serialisable return
+value to RESULT_DIR/rank<RANK>.json. This rank's stderr goes to RESULT_DIR/rank<RANK>.stderr so
+the launcher can show each rank's own error. Whether the CPU runtime is activated is up to
+FUNCTION (the payload can carry what it needs, e.g. which patches to skip).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _send_stderr_to_file(result_dir: Path, rank: int) -> None:
+    # At the file-descriptor level, so C++ errors (gloo, torch) land there too.
+    stderr_file = open(result_dir / f"rank{rank}.stderr", "w")  # open until exit
+    os.dup2(stderr_file.fileno(), 2)
+
+
+def _resolve(entry: str):
+    module_name, _, function_name = entry.partition(":")
+    return getattr(importlib.import_module(module_name), function_name)
+
+
+def main() -> None:
+    entry, payload_path, result_dir, timeout_s = sys.argv[1:5]
+    rank = int(os.environ["RANK"])
+    result_dir = Path(result_dir)
+    _send_stderr_to_file(result_dir, rank)
+    payload = json.loads(Path(payload_path).read_text())
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(int(payload.get("threads", 1)))
+    # A short collective timeout: a rank stuck waiting for a dead peer fails instead of hanging.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(timeout_s)))
+    try:
+        result = _resolve(entry)(payload)
+        partial = result_dir / f"rank{rank}.json.partial"
+        partial.write_text(json.dumps(result))
+        partial.rename(result_dir / f"rank{rank}.json")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Every parallel layout trains the same model: per-step losses equal the single-rank run.
+
+All layouts start from one reference checkpoint (pipeline parallelism changes the random
+initial weights, so a shared seed is not enough) and see the same global batches. Losses are
+the per-token mean over the whole global batch, reduced across ranks by the trainer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.dist
+
+STEPS = 5
+ENTRY = "tests.dist.layout_runs"
+# fp32 on CPU: layouts differ only in summation order (measured differences ~1e-6).
+LOSS_TOLERANCE = 2e-5
+
+# (recipe, ranks, extra overrides)
+LAYOUTS = [
+    ("tiny_dp2", 2, []),
+    ("tiny_dp2_distopt", 2, []),
+    ("tiny_tp2", 2, []),
+    ("tiny_tp2_sp", 2, []),
+    ("tiny_pp2", 2, []),
+    ("tiny_pp2_vpp2", 2, []),
+    ("tiny_tp2_pp2", 4, []),
+    ("tiny_tp2_sp_dp2_distopt", 4, []),
+    ("tiny_pp2_dp2_overlap", 4, []),
+    ("tiny_dp1_recompute", 1, []),
+    ("tiny_tp2_pp2", 4, ["train.recompute=full", "parallel.sequence_parallel=true"]),
+]
+
+
+@pytest.fixture(scope="module")
+def reference(launch_ranks, tmp_path_factory):
+    """Reference weights (saved once) and the single-rank losses from them."""
+    root = tmp_path_factory.mktemp("reference")
+    weights = launch_ranks(1, f"{ENTRY}:save_reference_weights", {
+        "recipe": "tiny_dp1", "run_dir": str(root / "save"), "weights_dir": str(root / "w"),
+    })[0]
+    result = _train(launch_ranks, "tiny_dp1", 1, [], weights, root / "ref")
+    return weights, result
+
+
+def _train(launch_ranks, recipe, ranks, overrides, weights, run_dir) -> dict:
+    payload = {
+        "recipe": recipe,
+        "steps": STEPS,
+        "run_dir": str(run_dir),
+        "overrides": [f"checkpoint.load={weights}", *overrides],
+    }
+    results = launch_ranks(ranks, f"{ENTRY}:train_steps", payload)
+    # The trainer reduces the loss over all ranks, so every rank must report the same trace.
+    assert all(r["losses"] == results[0]["losses"] for r in results)
+    return results[0]
+
+
+def test_reference_loss_falls(reference):
+    _, result = reference
+    losses = result["losses"]
+    assert len(losses) == STEPS
+    assert losses[-1] < losses[0] - 0.1
+
+
+@pytest.mark.parametrize(
+    ("recipe", "ranks", "overrides"),
+    LAYOUTS,
+    ids=[f"{r}{'+' + '+'.join(o) if o else ''}" for r, _, o in LAYOUTS],
+)
+def test_layout_matches_single_rank(launch_ranks, reference, tmp_path, recipe, ranks, overrides):
+    weights, expected = reference
+    result = _train(launch_ranks, recipe, ranks, overrides, weights, tmp_path)
+    assert result["losses"] == pytest.approx(expected["losses"], abs=LOSS_TOLERANCE, rel=0)
+    assert result["grad_norms"] == pytest.approx(expected["grad_norms"], rel=1e-3)
+
+
+def test_gradient_accumulation_equals_large_microbatch(launch_ranks, reference, tmp_path):
+    """4 micro-batches of 2 (the reference) == 1 micro-batch of 8 on one rank."""
+    weights, expected = reference
+    result = _train(launch_ranks, "tiny_dp1", 1, ["train.micro_batch_size=8"], weights, tmp_path)
+    assert result["losses"] == pytest.approx(expected["losses"], abs=LOSS_TOLERANCE, rel=0)

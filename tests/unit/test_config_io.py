@@ -1,0 +1,74 @@
+"""Resolved configs saved as YAML reload to an identical dataclass; broken files are one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes.config_io import config_to_yaml, load_config, save_config
+from recipes.errors import ConfigError
+from recipes.overrides import apply_overrides
+from recipes.registry import get_recipe
+from recipes.schema import RunConfig
+
+
+def test_round_trip_keeps_overridden_values(tmp_path) -> None:
+    cfg = apply_overrides(
+        get_recipe("llama3_70b_tp4_pp4_cp2_vpp5_dp2"),
+        ["optimizer.lr=2e-4", "checkpoint.load=/ckpt/x", "model.num_query_groups=null"],
+    )
+    path = save_config(cfg, tmp_path / "run" / "config.yaml")
+    reloaded = load_config(path)
+    assert reloaded == cfg
+    assert reloaded.checkpoint.load == "/ckpt/x" and reloaded.model.num_query_groups is None
+
+
+def test_saved_file_says_how_to_reproduce(tmp_path) -> None:
+    path = save_config(get_recipe("tiny_dp2"), tmp_path / "config.yaml")
+    text = path.read_text()
+    assert text.startswith("# Resolved configuration of recipe 'tiny_dp2'.")
+    assert f"python scripts/pretrain.py config={path}" in text
+    assert "  global_batch_size: 8\n" in text
+
+
+def test_missing_keys_take_schema_defaults(tmp_path) -> None:
+    path = tmp_path / "partial.yaml"
+    path.write_text("name: partial\nmodel:\n  num_layers: 8\n")
+    cfg = load_config(path)
+    expected = RunConfig(name="partial")
+    expected.model.num_layers = 8
+    assert cfg == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("model:\n  hidn_size: 3\n",
+         "unknown config key 'model.hidn_size'; did you mean model.hidden_size"),
+        ("train:\n  micro_batch_size: two\n",
+         "train.micro_batch_size expects an integer, got 'two'"),
+        ("model: [\n", "is not valid YAML at line 2; fix or re-save it"),
+        ("- 1\n- 2\n", "must hold a mapping of config sections, not a list"),
+        ("plugins:\n  cpu_runtime:\n    enabled: off\n",
+         "plugins.cpu_runtime.enabled expects one of auto, on, off, got 'false' (currently "
+         "plugins.cpu_runtime.enabled=auto); YAML reads on/off/yes/no as true/false, so quote"),
+    ],
+)
+def test_broken_file_is_one_line_naming_the_file(tmp_path, text: str, message: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(f"config file {path}")
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_missing_file_says_what_to_pass(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"does not exist; pass a saved config, e\.g\. config="):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_yaml_text_matches_saved_body(tmp_path) -> None:
+    cfg = get_recipe("mixtral_8x7b_tp1_pp4_ep8_dp16")
+    path = save_config(cfg, tmp_path / "config.yaml")
+    assert path.read_text().endswith(config_to_yaml(cfg))

@@ -1,0 +1,139 @@
+"""`a.b=c` overrides: values land typed in the dataclass; mistakes are one line with the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes.errors import ConfigError
+from recipes.overrides import apply_overrides, closest_keys, config_keys, describe_type, field_type
+from recipes.registry import get_recipe
+from recipes.schema import ModelConfig, RunConfig
+
+
+def test_overrides_are_typed_and_nested_dataclasses_survive() -> None:
+    cfg = apply_overrides(
+        get_recipe("tiny_dp1"),
+        [
+            "train.micro_batch_size=4",
+            "optimizer.lr=2e-4",
+            "parallel.virtual_pipeline=2",
+            "model.num_query_groups=null",
+            "precision.fp8=hybrid",
+            "dry_run=true",
+        ],
+    )
+    assert isinstance(cfg, RunConfig) and isinstance(cfg.model, ModelConfig)
+    assert cfg.train.micro_batch_size == 4
+    assert cfg.optimizer.lr == pytest.approx(2e-4) and isinstance(cfg.optimizer.lr, float)
+    assert cfg.parallel.virtual_pipeline == 2
+    assert cfg.model.num_query_groups is None
+    assert cfg.precision.fp8 == "hybrid"
+    assert cfg.dry_run is True
+
+
+@pytest.mark.parametrize("word", ["on", "off", "auto"])
+def test_option_words_that_yaml_reads_as_booleans_stay_text(word: str) -> None:
+    cfg = apply_overrides(get_recipe("tiny_dp1"), [f"plugins.cpu_runtime.enabled={word}"])
+    assert cfg.plugins.cpu_runtime.enabled == word
+
+
+def test_boolean_fields_still_take_yaml_booleans() -> None:
+    cfg = apply_overrides(get_recipe("tiny_dp1"), ["checkpoint.save=off", "dry_run=yes"])
+    assert cfg.checkpoint.save is False and cfg.dry_run is True
+
+
+def test_later_override_wins_and_input_is_not_mutated() -> None:
+    base = get_recipe("tiny_dp1")
+    cfg = apply_overrides(base, ["train.train_iters=5", "train.train_iters=7"])
+    assert cfg.train.train_iters == 7
+    assert base.train.train_iters == 100
+
+
+def test_no_overrides_gives_an_equal_config() -> None:
+    base = get_recipe("tiny_tp2_pp2")
+    assert apply_overrides(base, []) == base
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.lr=1e-4", "unknown config key 'train.lr'; did you mean optimizer.lr"),
+        ("model.hiden_size=32", "unknown config key 'model.hiden_size'; did you mean "
+         "model.hidden_size"),
+        ("modle.hidden_size=32", "unknown config key 'modle.hidden_size'; did you mean "
+         "model.hidden_size"),
+        ("parallel.tp=2", "unknown config key 'parallel.tp'; did you mean parallel.tensor"),
+        ("gbs=16", "unknown config key 'gbs'; did you mean train.global_batch_size"),
+        ("dp=2", "'dp' cannot be set; data parallel size is derived as cluster.nodes x "
+         "cluster.gpus_per_node / (TP x PP x CP)"),
+        ("zzz.qqq=1", "unknown config key 'zzz.qqq'; see a saved config.yaml for all keys"),
+    ],
+)
+def test_unknown_key_names_the_closest_valid_keys(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        apply_overrides(get_recipe("tiny_dp1"), [override])
+    assert str(caught.value).startswith(f"override '{override}': {message}")
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.micro_batch_size=abc",
+         "train.micro_batch_size expects an integer, got 'abc' (currently "
+         "train.micro_batch_size=2)"),
+        ("model.num_layers=2.5", "model.num_layers expects an integer, got '2.5'"),
+        ("model.num_layers=null", "model.num_layers expects an integer, got 'null'"),
+        ("optimizer.lr=fast", "optimizer.lr expects a number, got 'fast'"),
+        ("model.activation=relu",
+         "model.activation expects one of gelu, swiglu, squared_relu, got 'relu' (currently "
+         "model.activation=gelu)"),
+        ("precision.fp8=e5m2", "precision.fp8 expects one of hybrid, e4m3 or null, got 'e5m2'"),
+        ("model.num_query_groups=many",
+         "model.num_query_groups expects an integer or null, got 'many' (currently "
+         "model.num_query_groups=null)"),
+        ("parallel.sequence_parallel=maybe",
+         "parallel.sequence_parallel expects true or false, got 'maybe' (currently "
+         "parallel.sequence_parallel=false)"),
+        ("model=3", "'model' is a section, not a value; set one of its fields, "
+         "e.g. model.num_layers=..."),
+    ],
+)
+def test_wrong_type_names_key_expected_type_and_value(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        apply_overrides(get_recipe("tiny_dp1"), [override])
+    assert str(caught.value).startswith(f"override '{override}': {message}")
+
+
+@pytest.mark.parametrize(
+    ("argument", "message"),
+    [
+        ("--train.lr=1", "'--train.lr=1' is not an override; write KEY=VALUE without dashes"),
+        ("train.micro_batch_size", "is not an override; write KEY=VALUE"),
+        ("=3", "is not an override; write KEY=VALUE"),
+        ("model.hidden_size=[1,", "cannot parse the value '[1,'"),
+    ],
+)
+def test_malformed_arguments_say_the_form(argument: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        apply_overrides(get_recipe("tiny_dp1"), [argument])
+    assert message in str(caught.value)
+
+
+def test_config_keys_cover_nested_sections() -> None:
+    keys = config_keys()
+    assert "plugins.cpu_runtime.threads_per_rank" in keys
+    assert "model.hidden_size" in keys and "model" not in keys
+    assert len(keys) == len(set(keys))
+
+
+def test_closest_keys_prefer_the_same_field_name() -> None:
+    assert closest_keys("train.lr")[0] == "optimizer.lr"
+    assert closest_keys("train.microbatch_size")[0] == "train.micro_batch_size"
+
+
+def test_describe_type_of_schema_fields() -> None:
+    assert describe_type(field_type("model.kv_channels")) == "an integer or null"
+    assert describe_type(field_type("checkpoint.load")) == "a string or null"
+    assert describe_type(field_type("data.tokenizer")) == "one of byte"
+    assert field_type("model.nope") is None

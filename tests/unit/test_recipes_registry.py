@@ -1,0 +1,186 @@
+"""Every registered recipe: its name matches its layout, it validates, and it survives YAML."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from recipes import library
+from recipes.config_io import load_config, save_config
+from recipes.errors import ConfigError
+from recipes.registry import (
+    ALIASES,
+    DEFAULT_RECIPE,
+    RECIPES,
+    canonical_name,
+    format_recipe_list,
+    get_recipe,
+    recipe_description,
+    recipe_names,
+)
+from recipes.schema import ModelConfig, RunConfig
+from recipes.validation import layers_per_chunk, padded_vocab_size, validate
+
+SIZE_TOKEN = re.compile(r"(tp|pp|cp|ep|vpp|dp)(\d+)")
+
+
+def name_sizes(name: str) -> dict[str, int]:
+    """Parallel sizes spelled in a recipe name: 'llama3_8b_tp8_pp4_dp2' -> tp 8, pp 4, dp 2."""
+    sizes = {}
+    for token in name.split("_"):
+        match = SIZE_TOKEN.fullmatch(token)
+        if match:
+            sizes[match.group(1)] = int(match.group(2))
+    return sizes
+
+
+def config_sizes(cfg: RunConfig) -> dict[str, int]:
+    p = cfg.parallel
+    return {
+        "tp": p.tensor,
+        "pp": p.pipeline,
+        "cp": p.context,
+        "ep": p.expert,
+        "vpp": p.virtual_pipeline or 1,
+        "dp": cfg.data_parallel_size,
+    }
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_name_states_every_parallel_size(name: str) -> None:
+    # A size missing from the name must be 1: 'tiny_tp2' is TP2 x DP1, not TP2 x DP2.
+    spelled = name_sizes(name)
+    actual = config_sizes(get_recipe(name))
+    expected = {key: spelled.get(key, 1) for key in actual}
+    assert actual == expected
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_name_flags_match_config(name: str) -> None:
+    cfg = get_recipe(name)
+    tokens = set(name.split("_"))
+    flags = {
+        "sp": cfg.parallel.sequence_parallel,
+        "distopt": cfg.optimizer.distributed,
+        "overlap": cfg.optimizer.overlap_grad_reduce,
+        "recompute": cfg.train.recompute != "none",
+    }
+    # 'overlap' in a tiny name means the overlapped distributed-optimizer path.
+    implied = {"distopt"} if "overlap" in tokens else set()
+    for token, enabled in flags.items():
+        if token in tokens:
+            assert enabled, f"{name} says {token} but the config has it off"
+        elif name.startswith("tiny_") and token not in implied:
+            # Tiny layouts are the equivalence-test layouts: nothing on that the name hides.
+            assert not enabled, f"{name} has {token} on without saying so"
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_recipe_validates(name: str) -> None:
+    validate(get_recipe(name))
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_recipe_yaml_round_trip_is_identical(name: str, tmp_path) -> None:
+    cfg = get_recipe(name)
+    reloaded = load_config(save_config(cfg, tmp_path / "config.yaml"))
+    assert type(reloaded.model) is ModelConfig
+    assert reloaded == cfg
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_recipe_is_registered_under_its_function_name(name: str) -> None:
+    assert RECIPES[name].__name__ == name
+    assert get_recipe(name).name == name
+    assert recipe_description(name)
+
+
+def test_aliases_point_to_config_a_and_b() -> None:
+    assert canonical_name("8b_tp8_dp8") == "llama3_8b_tp8_dp8"
+    assert canonical_name("8b_tp8_pp4_dp2") == "llama3_8b_tp8_pp4_dp2"
+    assert get_recipe("8b_tp8_pp4_dp2") == get_recipe("llama3_8b_tp8_pp4_dp2")
+    assert set(ALIASES.values()) <= set(RECIPES)
+
+
+def test_default_recipe_is_tiny_tp2_pp2_on_four_cpu_ranks() -> None:
+    cfg = get_recipe(DEFAULT_RECIPE)
+    assert DEFAULT_RECIPE == "tiny_tp2_pp2"
+    assert cfg.cluster.world_size == 4
+    assert (cfg.model.vocab_size, cfg.data.tokenizer, cfg.precision.dtype) == (256, "byte", "fp32")
+
+
+def test_get_recipe_returns_a_fresh_config() -> None:
+    first = get_recipe("tiny_dp1")
+    first.model.hidden_size = 999
+    assert get_recipe("tiny_dp1").model.hidden_size != 999
+
+
+def test_unknown_recipe_names_the_closest() -> None:
+    with pytest.raises(ConfigError, match=r"unknown recipe '8b_tp8_pp2_dp2'; did you mean 8b_tp8_"):
+        get_recipe("8b_tp8_pp2_dp2")
+
+
+def test_recipe_list_shows_every_recipe_with_its_description() -> None:
+    text = format_recipe_list()
+    for name in RECIPES:
+        line = next(line for line in text.splitlines() if line.split()[0] == name)
+        assert recipe_description(name) in line
+    assert "alias 8b_tp8_pp4_dp2" in text
+
+
+def test_tiny_layouts_train_the_same_model_on_the_same_batch() -> None:
+    tiny = [name for name in RECIPES if name.startswith("tiny_")]
+    reference = get_recipe("tiny_dp1")
+    for name in tiny:
+        cfg = get_recipe(name)
+        assert cfg.model == reference.model, name
+        assert padded_vocab_size(cfg) == padded_vocab_size(reference), name
+        assert cfg.train.global_batch_size == 8 and cfg.train.micro_batch_size == 2, name
+        assert (cfg.data, cfg.scheduler, cfg.precision) == (
+            reference.data,
+            reference.scheduler,
+            reference.precision,
+        ), name
+    assert reference.num_microbatches == 4
+
+
+def test_large_recipes_use_64_gpus() -> None:
+    for name in RECIPES:
+        cfg = get_recipe(name)
+        if not name.startswith("tiny_"):
+            assert (cfg.cluster.nodes, cfg.cluster.gpus_per_node) == (8, 8), name
+            assert cfg.precision.dtype == "bf16" and cfg.optimizer.distributed, name
+
+
+def test_llama3_70b_interleaves_four_layers_per_chunk() -> None:
+    cfg = get_recipe("llama3_70b_tp4_pp4_cp2_vpp5_dp2")
+    assert layers_per_chunk(cfg) == 4
+
+
+def approx_parameters(model: ModelConfig) -> int:
+    """Parameters of a GPT of this shape (norm weights ignored: they are < 0.01%)."""
+    head_dim = model.kv_channels or model.hidden_size // model.num_attention_heads
+    groups = model.num_query_groups or model.num_attention_heads
+    h = model.hidden_size
+    attention = h * head_dim * (model.num_attention_heads * 2 + groups * 2)
+    mlp_mats = 3 if model.activation == "swiglu" else 2
+    expert = mlp_mats * h * (model.moe_ffn_hidden_size or model.ffn_hidden_size)
+    experts = model.num_moe_experts or 1
+    router = h * experts if model.num_moe_experts else 0
+    embeddings = model.vocab_size * h * (1 if model.share_embeddings_and_output_weights else 2)
+    return model.num_layers * (attention + expert * experts + router) + embeddings
+
+
+@pytest.mark.parametrize(
+    ("model_fn", "published"),
+    [
+        (library.llama3_8b_model, 8.03e9),
+        (library.llama3_70b_model, 70.55e9),
+        (library.nemotron4_15b_model, 15.6e9),
+        (library.mixtral_8x7b_model, 46.7e9),
+    ],
+)
+def test_model_shapes_give_the_published_sizes(model_fn, published: float) -> None:
+    assert approx_parameters(model_fn()) == pytest.approx(published, rel=0.01)
+

@@ -1,0 +1,86 @@
+"""argv -> validated RunConfig: recipe=NAME, config=FILE, overrides, and the recipe list."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from recipes.config_io import save_config
+from recipes.errors import ConfigError
+from recipes.registry import DEFAULT_RECIPE, get_recipe
+from recipes.resolve import ListRecipesRequested, parse_args, resolve_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_no_arguments_gives_the_default_recipe() -> None:
+    assert resolve_config([]) == get_recipe(DEFAULT_RECIPE)
+
+
+def test_alias_and_overrides_resolve_to_the_named_recipe() -> None:
+    cfg = resolve_config(["recipe=8b_tp8_pp4_dp2", "train.micro_batch_size=1", "optimizer.lr=2e-4"])
+    assert cfg.name == "llama3_8b_tp8_pp4_dp2"
+    assert cfg.train.micro_batch_size == 1
+    assert cfg.optimizer.lr == pytest.approx(2e-4)
+
+
+@pytest.mark.parametrize("argv", [["recipe=list"], ["--help"], ["-h"], ["train.seed=1", "-h"]])
+def test_list_and_help_ask_for_the_recipe_list(argv: list[str]) -> None:
+    with pytest.raises(ListRecipesRequested):
+        resolve_config(argv)
+
+
+def test_config_file_reproduces_the_run(tmp_path) -> None:
+    cfg = resolve_config(["recipe=tiny_pp2_vpp2", "train.train_iters=20", "optimizer.lr=1e-3"])
+    path = save_config(cfg, tmp_path / "config.yaml")
+    assert resolve_config([f"config={path}"]) == cfg
+    again = resolve_config([f"config={path}", "train.train_iters=30"])
+    assert again.train.train_iters == 30 and again.optimizer.lr == pytest.approx(1e-3)
+
+
+def test_validation_runs_after_overrides() -> None:
+    with pytest.raises(ConfigError, match=r"^train.global_batch_size=6 is not divisible"):
+        resolve_config(["recipe=tiny_dp2", "train.global_batch_size=6"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["recipe=tiny_dp1", "config=x.yaml"], "give either recipe=tiny_dp1 or config=x.yaml"),
+        (["recipe=tiny_dp1", "recipe=tiny_dp2"], "recipe= given twice (tiny_dp1, tiny_dp2)"),
+        (["recipe=tiny_dp3"], "unknown recipe 'tiny_dp3'; did you mean tiny_dp2, tiny_dp1"),
+        (["tiny_dp1"], "'tiny_dp1' is not an override; write KEY=VALUE"),
+    ],
+)
+def test_command_line_mistakes(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(argv)
+    assert message in str(caught.value)
+
+
+def test_parse_args_keeps_override_order() -> None:
+    parsed = parse_args(["a.b=1", "recipe=tiny_dp1", "c.d=2", "a.b=3"])
+    assert parsed.recipe == "tiny_dp1" and parsed.config is None
+    assert parsed.overrides == ["a.b=1", "c.d=2", "a.b=3"]
+
+
+def test_resolving_imports_neither_torch_nor_megatron_and_is_fast() -> None:
+    # The wrong-machine error must come before heavy imports (issue: within 5 s).
+    code = (
+        "import sys\n"
+        "from recipes.resolve import resolve_config\n"
+        "from recipes.machine import check_machine, detect_machine\n"
+        "cfg = resolve_config(['recipe=8b_tp8_pp4_dp2'])\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron'))\n"
+        "print(heavy)\n"
+    )
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"
+    assert time.perf_counter() - start < 5

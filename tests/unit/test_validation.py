@@ -1,0 +1,168 @@
+"""Each validation rule: one broken field triggers exactly that rule; its message gives the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes.errors import ConfigError
+from recipes.overrides import apply_overrides
+from recipes.registry import get_recipe
+from recipes.validation import RULES, failing_rules, padded_vocab_size, validate
+
+MOE_NO_BIAS = ["model.add_bias_linear=false", "model.moe_router_topk=1"]
+
+# (rule, base recipe, overrides that break only that rule, text the message must contain)
+RULE_CASES = [
+    ("check_non_negative_counts", "tiny_dp1", ["train.eval_iters=-1"],
+     "train.eval_iters=-1 must not be negative; set train.eval_iters=0"),
+    ("check_non_negative_counts", "tiny_dp1", ["optimizer.clip_grad=-1.0"],
+     "optimizer.clip_grad=-1.0 must not be negative"),
+    ("check_vocab_padding", "tiny_dp1", ["model.make_vocab_size_divisible_by=0"],
+     "model.make_vocab_size_divisible_by=0 must be at least 1; set "
+     "model.make_vocab_size_divisible_by=128"),
+    ("check_vocab_padding", "tiny_dp1", ["model.vocab_size=200"],
+     "model.vocab_size=200 is smaller than the byte tokenizer's 256 ids; set model.vocab_size=256"),
+    ("check_world_size", "tiny_tp2_pp2", ["cluster.gpus_per_node=6"],
+     "world size 6 (1 nodes x 6) is not divisible by TP2 x PP2 x CP1 = 4"),
+    ("check_heads_divisible_by_tensor", "tiny_tp2",
+     ["model.num_attention_heads=3", "model.kv_channels=16"],
+     "model.num_attention_heads=3 is not divisible by parallel.tensor=2"),
+    ("check_heads_divisible_by_tensor", "tiny_tp2", ["model.num_query_groups=1"],
+     "model.num_query_groups=1 (KV heads) is not divisible by parallel.tensor=2"),
+    ("check_query_groups", "tiny_dp1", ["model.num_query_groups=3"],
+     "model.num_attention_heads=4 is not divisible by model.num_query_groups=3"),
+    ("check_head_width", "tiny_dp1", ["model.hidden_size=66"],
+     "model.hidden_size=66 is not divisible by model.num_attention_heads=4; change one of them "
+     "or set model.kv_channels"),
+    ("check_virtual_pipeline", "tiny_tp2", ["parallel.virtual_pipeline=2"],
+     "parallel.virtual_pipeline=2 needs parallel.pipeline > 1 (got 1); set "
+     "parallel.virtual_pipeline=null"),
+    ("check_virtual_pipeline", "tiny_pp2", ["parallel.virtual_pipeline=1"],
+     "parallel.virtual_pipeline=1 is not interleaving; set parallel.virtual_pipeline=null"),
+    ("check_layers_per_stage", "tiny_pp2_vpp2", ["model.num_layers=6"],
+     "model.num_layers=6 cannot be split evenly over PP2 x VPP2 = 4 model chunks"),
+    ("check_layers_per_stage", "tiny_pp2", ["model.num_layers=5"],
+     "model.num_layers=5 cannot be split evenly over PP2 model chunks"),
+    ("check_sequence_divisible_by_context", "tiny_dp2",
+     ["parallel.context=2", "model.seq_length=130"],
+     "model.seq_length=130 must be divisible by 2 x parallel.context = 4"),
+    ("check_sequence_parallel_needs_tensor", "tiny_dp2", ["parallel.sequence_parallel=true"],
+     "parallel.sequence_parallel=true needs parallel.tensor > 1"),
+    ("check_sequence_divisible_by_tensor", "tiny_tp2_sp", ["model.seq_length=129"],
+     "per-CP-rank sequence (129 / CP1 = 129) must be divisible by parallel.tensor=2"),
+    ("check_global_batch", "tiny_dp2", ["train.global_batch_size=6"],
+     "train.global_batch_size=6 is not divisible by train.micro_batch_size=2 x DP2 = 4; "
+     "set the global batch to a multiple of that"),
+    ("check_interleaved_microbatches", "tiny_pp2_vpp2", ["train.global_batch_size=6"],
+     "needs the micro-batches per step (3) divisible by parallel.pipeline=2"),
+    ("check_interleaved_p2p", "tiny_pp2_vpp2", ["parallel.batch_p2p_comm=true"],
+     "silently wrong losses in Megatron Core; set parallel.batch_p2p_comm=false"),
+    ("check_expert_parallel", "tiny_dp2", ["parallel.expert=2"],
+     "parallel.expert=2 / expert_tensor need an MoE model; set model.num_moe_experts or "
+     "parallel.expert=1"),
+    ("check_expert_parallel", "tiny_dp2",
+     ["model.num_moe_experts=3", "parallel.expert=2", *MOE_NO_BIAS],
+     "model.num_moe_experts=3 is not divisible by parallel.expert=2"),
+    ("check_expert_world_size", "tiny_dp2",
+     ["model.num_moe_experts=4", "parallel.expert=4", *MOE_NO_BIAS],
+     "world size 2 is not divisible by PP1 x expert-TP1 x EP4 = 4"),
+    ("check_router_topk", "tiny_dp1",
+     ["model.num_moe_experts=2", "model.moe_router_topk=3", "model.add_bias_linear=false"],
+     "model.moe_router_topk=3 exceeds model.num_moe_experts=2"),
+    ("check_moe_bias", "tiny_dp1", ["model.num_moe_experts=2"],
+     "MoE models cannot use linear biases with the Megatron Core local layer spec "
+     "(in-place-on-view error in the expert MLP); set model.add_bias_linear=false"),
+    ("check_moe_tensor_parallel", "tiny_tp2", ["model.num_moe_experts=2", *MOE_NO_BIAS],
+     "MoE with parallel.tensor=2 needs sequence parallel"),
+    ("check_fp8_shapes", "tiny_dp1", ["precision.fp8=hybrid", "model.ffn_hidden_size=200"],
+     "precision.fp8=hybrid needs model.ffn_hidden_size divisible by 16, got 200; adjust it or "
+     "set precision.fp8=null"),
+    ("check_fp8_shapes", "tiny_dp1",
+     ["precision.fp8=e4m3", "model.hidden_size=72"],
+     "needs model.hidden_size divisible by 16, got 72"),
+    ("check_fp8_shapes", "tiny_tp2_sp", ["precision.fp8=hybrid", "model.seq_length=100"],
+     "needs tokens per rank per micro-batch (seq_length / CP [/ TP with SP] x micro_batch_size) "
+     "divisible by 16, got 100"),
+    ("check_param_gather", "tiny_dp2",
+     ["optimizer.overlap_param_gather=true", "optimizer.overlap_grad_reduce=true"],
+     "optimizer.overlap_param_gather=true needs the distributed optimizer; set "
+     "optimizer.distributed=true"),
+    ("check_param_gather", "tiny_dp2_distopt", ["optimizer.overlap_param_gather=true"],
+     "needs optimizer.overlap_grad_reduce=true"),
+    ("check_evaluation", "tiny_dp1", ["train.eval_iters=0"],
+     "train.eval_interval=50 with train.eval_iters=0 evaluates nothing"),
+    ("check_scheduler", "tiny_dp1", ["scheduler.warmup_iters=100"],
+     "scheduler.warmup_iters=100 must be shorter than the decay span (train.train_iters=100); "
+     "lower scheduler.warmup_iters"),
+    ("check_scheduler", "tiny_dp1", ["scheduler.decay_iters=5"],
+     "scheduler.warmup_iters=10 must be shorter than the decay span (scheduler.decay_iters=5)"),
+    ("check_scheduler", "tiny_dp1", ["scheduler.style=wsd", "scheduler.wsd_decay_iters=150"],
+     "scheduler.wsd_decay_iters=150 is longer than the decay span (100 steps)"),
+    ("check_learning_rate", "tiny_dp1", ["optimizer.lr=0.0"],
+     "optimizer.lr=0.0 must be positive"),
+    ("check_learning_rate", "tiny_dp1", ["optimizer.min_lr=0.1"],
+     "optimizer.min_lr=0.1 must be between 0 and optimizer.lr=0.003"),
+    ("check_fractions", "tiny_dp1", ["model.hidden_dropout=1.0"],
+     "model.hidden_dropout=1.0 must be in [0, 1)"),
+    ("check_fractions", "tiny_dp1", ["data.heldout_fraction=0.0"],
+     "data.heldout_fraction=0.0 must be in (0, 1)"),
+    ("check_checkpoint_load", "tiny_dp1", ["checkpoint.load_model_only=true"],
+     "checkpoint.load_model_only=true needs a checkpoint to load"),
+]
+
+
+@pytest.mark.parametrize(
+    ("rule", "recipe", "overrides", "message"),
+    RULE_CASES,
+    ids=[f"{case[0]}:{' '.join(case[2])}" for case in RULE_CASES],
+)
+def test_rule_triggers_alone_with_its_message(rule, recipe, overrides, message) -> None:
+    cfg = apply_overrides(get_recipe(recipe), overrides)
+    assert failing_rules(cfg) == [rule]
+    with pytest.raises(ConfigError) as caught:
+        validate(cfg)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("parallel.tensor=0", "parallel.tensor=0 must be at least 1; set parallel.tensor to a"),
+        ("train.micro_batch_size=0", "train.micro_batch_size=0 must be at least 1"),
+        ("model.num_query_groups=0", "model.num_query_groups=0 must be at least 1"),
+        ("parallel.virtual_pipeline=0", "parallel.virtual_pipeline=0 must be at least 1"),
+        ("cluster.gpu_memory_gib=0", "cluster.gpu_memory_gib=0.0 must be positive"),
+    ],
+)
+def test_non_positive_sizes_are_reported_before_any_division(override, message) -> None:
+    cfg = apply_overrides(get_recipe("tiny_tp2_pp2"), [override])
+    with pytest.raises(ConfigError, match="must be") as caught:
+        validate(cfg)
+    assert message in str(caught.value)
+
+
+def test_every_rule_has_a_case() -> None:
+    covered = {case[0] for case in RULE_CASES} | {"check_positive_sizes"}
+    assert covered == {rule.__name__ for rule in RULES}
+
+
+@pytest.mark.parametrize(
+    ("vocab", "divisible_by", "tensor", "padded"),
+    [(256, 128, 1, 256), (256, 128, 4, 512), (128256, 128, 8, 129024), (50257, 128, 1, 50304),
+     (32000, 128, 1, 32000), (1000, 1, 3, 1002)],
+)
+def test_padded_vocab_size(vocab, divisible_by, tensor, padded) -> None:
+    cfg = get_recipe("tiny_dp1")
+    cfg.model.vocab_size = vocab
+    cfg.model.make_vocab_size_divisible_by = divisible_by
+    cfg.parallel.tensor = tensor
+    assert padded_vocab_size(cfg) == padded
+
+
+def test_interleaving_with_overlapped_unbatched_p2p_is_accepted() -> None:
+    cfg = apply_overrides(
+        get_recipe("tiny_pp2_vpp2"),
+        ["parallel.overlap_p2p_comm=false", "parallel.batch_p2p_comm=false"],
+    )
+    validate(cfg)

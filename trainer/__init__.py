@@ -1,0 +1,1 @@
+"""The loop that turns a `RunConfig` into a Megatron Core run."""

@@ -1,0 +1,159 @@
+"""The one place where our typed config becomes Megatron Core objects.
+
+Parallel sizes, precision and model shape are translated here and nowhere else: process
+groups (`initialize_parallel_state`), `TransformerConfig`, `DistributedDataParallelConfig`
+and the optimizer's `OptimizerConfig`. Other modules read Megatron's objects, not our sizes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.activations import squared_relu
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+from megatron.core.transformer import TransformerConfig
+
+from recipes.schema import RunConfig
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def torch_dtype(cfg: RunConfig) -> torch.dtype:
+    return _DTYPES[cfg.precision.dtype]
+
+
+def initialize_parallel_state(cfg: RunConfig, *, create_gloo_groups: bool = True) -> None:
+    """Create Megatron's TP/PP/CP/EP/DP process groups for this run (default PG must exist)."""
+    p = cfg.parallel
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=p.tensor,
+        pipeline_model_parallel_size=p.pipeline,
+        virtual_pipeline_model_parallel_size=p.virtual_pipeline,
+        context_parallel_size=p.context,
+        expert_model_parallel_size=p.expert,
+        expert_tensor_parallel_size=p.expert_tensor,
+        create_gloo_process_groups=create_gloo_groups,
+    )
+
+
+def _activation_fields(activation: str) -> dict:
+    if activation == "swiglu":
+        return {"activation_func": F.silu, "gated_linear_unit": True}
+    if activation == "squared_relu":
+        return {"activation_func": squared_relu, "gated_linear_unit": False}
+    return {"activation_func": F.gelu, "gated_linear_unit": False}
+
+
+def _recompute_fields(cfg: RunConfig) -> dict:
+    mode = cfg.train.recompute
+    if mode == "full":
+        return {
+            "recompute_granularity": "full",
+            "recompute_method": "uniform",
+            "recompute_num_layers": cfg.train.recompute_num_layers,
+        }
+    if mode == "selective":
+        return {"recompute_granularity": "selective"}
+    return {}
+
+
+def _moe_fields(cfg: RunConfig) -> dict:
+    m = cfg.model
+    if m.num_moe_experts is None:
+        return {}
+    return {
+        "num_moe_experts": m.num_moe_experts,
+        "moe_router_topk": m.moe_router_topk,
+        "moe_ffn_hidden_size": m.moe_ffn_hidden_size or m.ffn_hidden_size,
+        "moe_token_dispatcher_type": m.moe_token_dispatcher,
+        "moe_aux_loss_coeff": m.moe_aux_loss_coeff,
+        "moe_router_load_balancing_type": "aux_loss" if m.moe_aux_loss_coeff > 0 else "none",
+        "moe_grouped_gemm": False,
+    }
+
+
+def _pipeline_comm_fields(cfg: RunConfig) -> dict:
+    p = cfg.parallel
+    interleaved = p.virtual_pipeline is not None
+    # Megatron-LM only overlaps p2p for the interleaved schedule; validation has already
+    # refused batch_p2p_comm with interleaving (silently wrong losses in 0.19.2).
+    return {
+        "overlap_p2p_comm": p.overlap_p2p_comm if interleaved else False,
+        "batch_p2p_comm": p.batch_p2p_comm if interleaved else True,
+    }
+
+
+def build_transformer_config(
+    cfg: RunConfig, *, cpu_initialization: bool, meta_device: bool = False
+) -> TransformerConfig:
+    """Megatron `TransformerConfig` for this run's model, layout, precision and recompute."""
+    m, p, dtype = cfg.model, cfg.parallel, torch_dtype(cfg)
+    return TransformerConfig(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.num_query_groups,
+        kv_channels=m.kv_channels,
+        normalization=m.normalization,
+        add_bias_linear=m.add_bias_linear,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        init_method_std=m.init_method_std,
+        tensor_model_parallel_size=p.tensor,
+        pipeline_model_parallel_size=p.pipeline,
+        virtual_pipeline_model_parallel_size=p.virtual_pipeline,
+        context_parallel_size=p.context,
+        expert_model_parallel_size=p.expert,
+        expert_tensor_parallel_size=p.expert_tensor,
+        sequence_parallel=p.sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=cfg.precision.dtype == "bf16",
+        fp16=cfg.precision.dtype == "fp16",
+        fp8=cfg.precision.fp8,
+        # Per-token loss over the whole global batch: Megatron sums token losses and divides by
+        # the loss-token count all-reduced over DP x CP in finalize_model_grads.
+        calculate_per_token_loss=True,
+        # Layout-invariant initialisation: each full weight is drawn on CPU, then split by TP.
+        use_cpu_initialization=cpu_initialization,
+        init_model_with_meta_device=meta_device,
+        deallocate_pipeline_outputs=True,
+        **_activation_fields(m.activation),
+        **_recompute_fields(cfg),
+        **_moe_fields(cfg),
+        **_pipeline_comm_fields(cfg),
+    )
+
+
+def build_ddp_config(cfg: RunConfig) -> DistributedDataParallelConfig:
+    o = cfg.optimizer
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32,
+        overlap_grad_reduce=o.overlap_grad_reduce,
+        overlap_param_gather=o.overlap_param_gather,
+        use_distributed_optimizer=o.distributed,
+        bucket_size=o.bucket_size,
+        # Per-token loss needs summed (not averaged) DP gradients; Megatron divides by tokens.
+        average_in_collective=False,
+    )
+
+
+def build_optimizer_config(cfg: RunConfig) -> MegatronOptimizerConfig:
+    o, dtype = cfg.optimizer, cfg.precision.dtype
+    return MegatronOptimizerConfig(
+        optimizer="adam",
+        lr=o.lr,
+        min_lr=o.min_lr,
+        weight_decay=o.weight_decay,
+        adam_beta1=o.adam_beta1,
+        adam_beta2=o.adam_beta2,
+        adam_eps=o.adam_eps,
+        clip_grad=o.clip_grad,
+        bf16=dtype == "bf16",
+        fp16=dtype == "fp16",
+        params_dtype=torch_dtype(cfg),
+        use_distributed_optimizer=o.distributed,
+    )

@@ -1,0 +1,131 @@
+"""Build this rank's GPT model chunks and wrap them in Megatron DDP.
+
+Model construction lives only here, so a later switch (e.g. to Megatron's HybridModel) is
+one change. The layer spec is Transformer Engine's when TE imports (GPU nodes) and Megatron
+Core's local spec otherwise, adapted by the CPU runtime plugin where it is active.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+from megatron.core.pipeline_parallel.utils import is_vp_first_stage, is_vp_last_stage
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from recipes.schema import RunConfig
+from recipes.validation import padded_vocab_size
+from trainer.hooks import TrainerHooks
+
+
+def transformer_engine_available() -> bool:
+    """TE layers need both the package and a CUDA device."""
+    return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
+
+
+def build_layer_spec(cfg: RunConfig, config: TransformerConfig, hooks: TrainerHooks) -> ModuleSpec:
+    m = cfg.model
+    if transformer_engine_available():
+        spec = get_gpt_layer_with_transformer_engine_spec(num_experts=m.num_moe_experts)
+    else:
+        spec = get_gpt_layer_local_spec(
+            num_experts=m.num_moe_experts, normalization=m.normalization
+        )
+    return hooks.apply_layer_spec(cfg, spec, config)
+
+
+def _vp_stages(cfg: RunConfig) -> list[int | None]:
+    vpp = cfg.parallel.virtual_pipeline
+    return [None] if vpp is None else list(range(vpp))
+
+
+def build_model_chunks(
+    cfg: RunConfig, config: TransformerConfig, hooks: TrainerHooks
+) -> list[GPTModel]:
+    """This rank's model chunks (one per virtual pipeline stage), unwrapped."""
+    spec = build_layer_spec(cfg, config, hooks)
+    vpp = cfg.parallel.virtual_pipeline
+    first_pp = parallel_state.is_pipeline_first_stage(ignore_virtual=True)
+    last_pp = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    chunks = []
+    for vp_stage in _vp_stages(cfg):
+        stage = 0 if vp_stage is None else vp_stage
+        chunk = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=padded_vocab_size(cfg),
+            max_sequence_length=cfg.model.seq_length,
+            pre_process=first_pp and is_vp_first_stage(stage, vpp),
+            post_process=last_pp and is_vp_last_stage(stage, vpp),
+            share_embeddings_and_output_weights=cfg.model.share_embeddings_and_output_weights,
+            position_embedding_type=cfg.model.position_embedding,
+            rotary_base=cfg.model.rotary_base,
+            vp_stage=vp_stage,
+        )
+        for param in chunk.parameters():
+            tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+        chunks.append(chunk)
+    return chunks
+
+
+def wrap_with_ddp(
+    chunks: list[GPTModel], config: TransformerConfig, ddp_config: DistributedDataParallelConfig
+) -> list[DistributedDataParallel]:
+    """Megatron DDP per chunk; the distributed optimizer's buffer layout is computed up front."""
+    dp_size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+    expert_dp_size = parallel_state.get_expert_data_parallel_world_size()
+    # Resolve the bucket size as Megatron DDP does, so the precomputed layout matches its buckets.
+    if ddp_config.bucket_size is None:
+        ddp_config.bucket_size = max(40_000_000, 1_000_000 * dp_size)
+    if not ddp_config.overlap_grad_reduce:
+        ddp_config.bucket_size = None
+    wrapped = []
+    for index, chunk in enumerate(chunks):
+        # Megatron-LM buckets only the first chunk; later chunks' grads reduce as one bucket.
+        bucket_size = ddp_config.bucket_size if index == 0 else None
+        layout = None
+        if ddp_config.use_distributed_optimizer:
+            params = [p for p in chunk.parameters() if p.requires_grad]
+            layout = DistributedOptimizer.compute_full_param_layout(
+                params,
+                bucket_size,
+                dp_size,
+                ddp_config,
+                expert_data_parallel_world_size=expert_dp_size,
+            )
+        wrapped.append(
+            DistributedDataParallel(
+                config=config,
+                ddp_config=ddp_config,
+                module=chunk,
+                disable_bucketing=index > 0,
+                full_param_layout=layout,
+            )
+        )
+    return wrapped
+
+
+def count_parameters(chunks: list[torch.nn.Module], *, experts_only: bool = False) -> int:
+    """Parameters held by this rank (shared embedding/output weights counted once).
+
+    Megatron marks expert weights with `allreduce=False` (they reduce over expert-DP only).
+    """
+    seen: set[int] = set()
+    total = 0
+    for chunk in chunks:
+        for param in chunk.parameters():
+            if experts_only and getattr(param, "allreduce", True):
+                continue
+            if id(param) not in seen:
+                seen.add(id(param))
+                total += param.numel()
+    return total

@@ -1,0 +1,119 @@
+"""One optimizer step and one held-out evaluation through Megatron's pipeline schedules."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from trainer.data import MicroBatch
+from trainer.hooks import TrainerHooks
+from trainer.metrics import StepMetrics, reduce_loss_over_world
+
+
+def masked_token_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
+    """Summed loss over loss tokens, the token count, and a [sum, count] report for logging.
+
+    With `calculate_per_token_loss` Megatron divides the gradient by the loss-token count of the
+    whole global batch (all micro-batches, all DP x CP ranks), so padding/masked tokens never
+    dilute the mean and every layout optimises the same objective.
+    """
+    mask = loss_mask.reshape(-1).to(per_token_loss.dtype)
+    loss_sum = torch.sum(per_token_loss.float().reshape(-1) * mask)
+    num_tokens = mask.sum().to(torch.int)
+    report = torch.stack([loss_sum.detach(), num_tokens.to(torch.float32)])
+    return loss_sum, num_tokens, {"lm loss": report}
+
+
+def make_forward_step(hooks: TrainerHooks) -> Callable:
+    def forward_step(data_iterator, model):
+        batch = hooks.apply_microbatch(next(data_iterator))
+        per_token_loss = model(
+            batch["tokens"],
+            batch["position_ids"],
+            batch.get("attention_mask"),
+            labels=batch["labels"],
+        )
+        return per_token_loss, partial(masked_token_loss, batch["loss_mask"])
+
+    return forward_step
+
+
+def _data_iterators(microbatches: list[MicroBatch], num_chunks: int):
+    # The interleaved schedule pulls each chunk's micro-batches from its own iterator.
+    if num_chunks == 1:
+        return iter(microbatches)
+    return [iter(microbatches) for _ in range(num_chunks)]
+
+
+def run_schedule(
+    model: list, microbatches: list[MicroBatch], hooks: TrainerHooks, *, seq_length: int,
+    micro_batch_size: int, forward_only: bool,
+) -> list[dict]:
+    forward_backward = get_forward_backward_func()
+    return forward_backward(
+        forward_step_func=make_forward_step(hooks),
+        data_iterator=_data_iterators(microbatches, len(model)),
+        model=model if len(model) > 1 else model[0],
+        num_microbatches=len(microbatches),
+        seq_length=seq_length,
+        micro_batch_size=micro_batch_size,
+        forward_only=forward_only,
+    )
+
+
+def train_step(session, step: int) -> StepMetrics:
+    """Forward/backward over this step's micro-batches, then one optimizer update."""
+    cfg = session.cfg
+    start = time.perf_counter()
+    microbatches = session.train_batches.microbatches(step)
+    for chunk in session.model:
+        chunk.zero_grad_buffer()
+    session.optimizer.zero_grad()
+    reports = run_schedule(
+        session.model,
+        microbatches,
+        session.hooks,
+        seq_length=cfg.model.seq_length,
+        micro_batch_size=cfg.train.micro_batch_size,
+        forward_only=False,
+    )
+    updated, grad_norm, _ = session.optimizer.step()
+    if updated:
+        session.scheduler.step(increment=cfg.train.global_batch_size)
+    loss, tokens = reduce_loss_over_world(reports)
+    return StepMetrics(
+        step=step + 1,
+        loss=loss,
+        lr=session.optimizer.param_groups[0]["lr"],
+        grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
+        loss_tokens=tokens,
+        step_time_s=time.perf_counter() - start,
+    )
+
+
+def evaluate(session) -> float:
+    """Mean per-token loss over the held-out global batches (no gradients)."""
+    cfg = session.cfg
+    for chunk in session.model:
+        chunk.eval()
+    total_loss, total_tokens = 0.0, 0
+    with torch.no_grad():
+        for index in range(session.eval_steps):
+            reports = run_schedule(
+                session.model,
+                session.heldout_batches.microbatches(index),
+                session.hooks,
+                seq_length=cfg.model.seq_length,
+                micro_batch_size=cfg.train.micro_batch_size,
+                forward_only=True,
+            )
+            loss, tokens = reduce_loss_over_world(reports)
+            total_loss += loss * tokens
+            total_tokens += tokens
+    for chunk in session.model:
+        chunk.train()
+    return total_loss / max(total_tokens, 1)
