@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from recipes.schema import (
     ClusterConfig,
+    LoggingConfig,
     ModelConfig,
     OptimizerConfig,
     ParallelConfig,
@@ -24,7 +25,7 @@ from recipes.schema import (
 
 
 def tiny_base(ranks: int = 1) -> RunConfig:
-    """A 4-layer byte-level GPT that trains in seconds on CPU, on `ranks` local processes."""
+    """A 4-layer byte-level GPT that trains in about 2 minutes on 2 CPU cores (300 steps)."""
     return RunConfig(
         model=ModelConfig(
             num_layers=4,
@@ -36,8 +37,11 @@ def tiny_base(ranks: int = 1) -> RunConfig:
             make_vocab_size_divisible_by=128,
         ),
         cluster=ClusterConfig(nodes=1, gpus_per_node=ranks),
-        train=TrainConfig(micro_batch_size=2, global_batch_size=8, train_iters=100),
+        train=TrainConfig(
+            micro_batch_size=2, global_batch_size=8, train_iters=300, eval_interval=100
+        ),
         precision=PrecisionConfig(dtype="fp32"),
+        logging=LoggingConfig(log_interval=25),
     )
 
 

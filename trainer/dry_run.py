@@ -76,8 +76,7 @@ def _coordinates(rank: int) -> RankCoordinates:
     )
 
 
-def _build_on_meta(cfg: RunConfig) -> tuple[int, int, list[list[int]]]:
-    from trainer.hooks import TrainerHooks
+def _build_on_meta(cfg: RunConfig, hooks) -> tuple[int, int, list[list[int]]]:
     from trainer.mcore_translation import build_transformer_config
     from trainer.model import build_model_chunks, count_parameters
 
@@ -86,13 +85,19 @@ def _build_on_meta(cfg: RunConfig) -> tuple[int, int, list[list[int]]]:
     # CP (only TE's supports it), so the shard is built with CP off: same parameters.
     config.context_parallel_size = 1
     with torch.device("meta"):
-        chunks = build_model_chunks(cfg, config, TrainerHooks())
+        chunks = build_model_chunks(cfg, config, hooks)
     layers = [[layer.layer_number for layer in chunk.decoder.layers] for chunk in chunks]
     expert = count_parameters(chunks, experts_only=True)
     return count_parameters(chunks) - expert, expert, layers
 
 
 def collect_shards(cfg: RunConfig) -> list[ShardReport]:
+    from plugins.attach import attach_plugins
+    from plugins.cpu_runtime import activate_cpu_runtime
+
+    # Without CUDA the model is Megatron's local spec, which needs the CPU runtime's patches
+    # (e.g. MoE dispatchers create CUDA streams in their constructors).
+    hooks = attach_plugins(cfg, cpu_runtime_active=activate_cpu_runtime(cfg.plugins.cpu_runtime))
     shards: dict[tuple[int, int, int], ShardReport] = {}
     for rank in range(cfg.cluster.world_size):
         _start_fake_rank(cfg, rank)
@@ -100,7 +105,7 @@ def collect_shards(cfg: RunConfig) -> list[ShardReport]:
             coords = _coordinates(rank)
             key = coords.shard_key()
             if key not in shards:
-                shards[key] = ShardReport(coords, *_build_on_meta(cfg))
+                shards[key] = ShardReport(coords, *_build_on_meta(cfg, hooks))
             shards[key].ranks.append(rank)
         finally:
             _stop_fake_rank()

@@ -13,14 +13,11 @@ import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import (
-    get_gpt_layer_local_spec,
-    get_gpt_layer_with_transformer_engine_spec,
-)
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.pipeline_parallel.utils import is_vp_first_stage, is_vp_last_stage
 from megatron.core.transformer import TransformerConfig
-from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
 from recipes.schema import RunConfig
 from recipes.validation import padded_vocab_size
@@ -32,14 +29,21 @@ def transformer_engine_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
 
 
-def build_layer_spec(cfg: RunConfig, config: TransformerConfig, hooks: TrainerHooks) -> ModuleSpec:
-    m = cfg.model
-    if transformer_engine_available():
-        spec = get_gpt_layer_with_transformer_engine_spec(num_experts=m.num_moe_experts)
-    else:
-        spec = get_gpt_layer_local_spec(
-            num_experts=m.num_moe_experts, normalization=m.normalization
-        )
+def build_block_spec(
+    cfg: RunConfig, config: TransformerConfig, hooks: TrainerHooks, vp_stage: int | None
+) -> TransformerBlockSubmodules:
+    """Decoder-block spec for this rank's chunk: TE layers on GPU nodes, local ones otherwise.
+
+    A block spec (not a single layer spec) so the final norm is part of the spec too and
+    plugins can swap every module, e.g. the CPU runtime's sequence-parallel torch norm.
+    """
+    spec = get_gpt_decoder_block_spec(
+        config,
+        use_transformer_engine=transformer_engine_available(),
+        normalization=cfg.model.normalization,
+        vp_stage=vp_stage,
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
+    )
     return hooks.apply_layer_spec(cfg, spec, config)
 
 
@@ -52,7 +56,6 @@ def build_model_chunks(
     cfg: RunConfig, config: TransformerConfig, hooks: TrainerHooks
 ) -> list[GPTModel]:
     """This rank's model chunks (one per virtual pipeline stage), unwrapped."""
-    spec = build_layer_spec(cfg, config, hooks)
     vpp = cfg.parallel.virtual_pipeline
     first_pp = parallel_state.is_pipeline_first_stage(ignore_virtual=True)
     last_pp = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
@@ -61,7 +64,7 @@ def build_model_chunks(
         stage = 0 if vp_stage is None else vp_stage
         chunk = GPTModel(
             config=config,
-            transformer_layer_spec=spec,
+            transformer_layer_spec=build_block_spec(cfg, config, hooks, vp_stage),
             vocab_size=padded_vocab_size(cfg),
             max_sequence_length=cfg.model.seq_length,
             pre_process=first_pp and is_vp_first_stage(stage, vpp),

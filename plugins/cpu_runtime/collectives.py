@@ -13,8 +13,9 @@ import torch
 import torch.distributed as dist
 
 
-def gather_unevenly_over_gloo(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
-                              group: dist.ProcessGroup | None) -> None:
+def gather_unevenly_over_gloo(
+    tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: dist.ProcessGroup | None
+) -> None:
     """all_gather where ranks contribute different sizes: pad every contribution to the largest,
     gather into one flat buffer, then copy each rank's true part into its output slot."""
     longest = max(out.numel() for out in tensor_list)
@@ -58,10 +59,16 @@ def install_list_split_sizes() -> None:
     original_all_to_all_single = dist.all_to_all_single
 
     @functools.wraps(original_all_to_all_single)
-    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
-                          group=None, async_op=False):
+    def all_to_all_single(
+        output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False
+    ):
         return original_all_to_all_single(
-            output, input, split_sizes_as_list(output_split_sizes),
-            split_sizes_as_list(input_split_sizes), group=group, async_op=async_op)
+            output,
+            input,
+            split_sizes_as_list(output_split_sizes),
+            split_sizes_as_list(input_split_sizes),
+            group=group,
+            async_op=async_op,
+        )
 
     dist.all_to_all_single = all_to_all_single

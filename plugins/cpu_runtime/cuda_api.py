@@ -17,8 +17,13 @@ import torch
 class CpuEvent:
     """Stand-in for `torch.cuda.Event`: on CPU, work is complete once the call returns."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False,
-                 interprocess: bool = False, **_: object) -> None:
+    def __init__(
+        self,
+        enable_timing: bool = False,
+        blocking: bool = False,
+        interprocess: bool = False,
+        **_: object,
+    ) -> None:
         self.enable_timing = enable_timing
 
     def record(self, stream: object = None) -> None:
@@ -108,10 +113,18 @@ CUDA_STAND_INS = {
 }
 
 
+def record_stream(self: torch.Tensor, stream: object) -> None:
+    # CUDA caching-allocator bookkeeping; CPU memory is not tied to streams. Replaced on the
+    # class, not in the device mode: torch checks the argument is a real Stream before any
+    # __torch_function__ dispatch, and Megatron passes it a CpuStream from current_stream().
+    return None
+
+
 def install_cuda_stand_ins() -> None:
     """Replaces the `torch.cuda` names Megatron Core calls on its training path."""
     for name, stand_in in CUDA_STAND_INS.items():
         setattr(torch.cuda, name, stand_in)
+    torch.Tensor.record_stream = record_stream
 
 
 # ---- RNG: the "CUDA" generator becomes the CPU default generator --------------------------
@@ -139,13 +152,15 @@ def cuda_set_rng_state(new_state: torch.Tensor, device: object = "cuda") -> None
     torch.default_generator.set_state(new_state)
 
 
-def megatron_get_cuda_rng_state(device: object = "cuda", clone: bool = False,
-                                graph_safe: bool = False) -> torch.Tensor:
+def megatron_get_cuda_rng_state(
+    device: object = "cuda", clone: bool = False, graph_safe: bool = False
+) -> torch.Tensor:
     return torch.default_generator.get_state()
 
 
-def megatron_set_cuda_rng_state(new_state: torch.Tensor, device: object = -1,
-                                graph_safe: bool = False) -> None:
+def megatron_set_cuda_rng_state(
+    new_state: torch.Tensor, device: object = -1, graph_safe: bool = False
+) -> None:
     torch.default_generator.set_state(new_state)
 
 

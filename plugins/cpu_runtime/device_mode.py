@@ -24,8 +24,9 @@ _IDENTITY_METHODS = frozenset({torch.Tensor.cuda, torch.Tensor.pin_memory})
 # torch 2.13 sends these through __torch_function__, and a mode is switched off while its own
 # handler runs, so the whole backward pass would otherwise run without the redirection (the
 # SP backward then allocates on CUDA at `tensor_parallel/layers.py:646`).
-_BACKWARD_ENTRY_POINTS = frozenset({torch.autograd.backward, torch.autograd.grad,
-                                    torch.Tensor.backward})
+_BACKWARD_ENTRY_POINTS = frozenset(
+    {torch.autograd.backward, torch.autograd.grad, torch.Tensor.backward}
+)
 
 
 def names_cuda_device(value: object) -> bool:
@@ -88,8 +89,9 @@ def _still_has_tensors(value: Any) -> bool:
     return isinstance(value, torch.Tensor)
 
 
-def call_backward_in_mode(mode: TorchFunctionMode, func: Callable[..., Any], args: tuple,
-                          kwargs: dict) -> Any:
+def call_backward_in_mode(
+    mode: TorchFunctionMode, func: Callable[..., Any], args: tuple, kwargs: dict
+) -> Any:
     """Runs backward/grad with `mode` back on the stack.
 
     Simply calling `func` under `with mode:` would dispatch to the mode again (endlessly). Given
@@ -118,8 +120,9 @@ class CudaToCpuMode(TorchFunctionMode):
     Each behaviour can be switched off on its own, so a self-test can show what it is for.
     """
 
-    def __init__(self, *, redirect_devices: bool, cuda_type_names: bool,
-                 backward_in_mode: bool) -> None:
+    def __init__(
+        self, *, redirect_devices: bool, cuda_type_names: bool, backward_in_mode: bool
+    ) -> None:
         super().__init__()
         self.redirect_devices = redirect_devices
         self.cuda_type_names = cuda_type_names
@@ -134,8 +137,5 @@ class CudaToCpuMode(TorchFunctionMode):
         if self.redirect_devices:
             if func in _IDENTITY_METHODS:
                 return args[0]
-            # CUDA caching-allocator bookkeeping; CPU memory is not tied to streams.
-            if func is torch.Tensor.record_stream:
-                return None
             args, kwargs = redirect_device_arguments(func, args, kwargs)
         return func(*args, **kwargs)

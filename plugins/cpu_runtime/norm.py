@@ -36,7 +36,11 @@ class SequenceParallelTorchNorm:
         config_without_sp = copy.copy(config)
         config_without_sp.sequence_parallel = False
         norm = WrappedTorchNorm(
-            config_without_sp, hidden_size, eps, persist_layer_norm, zero_centered_gamma,
+            config_without_sp,
+            hidden_size,
+            eps,
+            persist_layer_norm,
+            zero_centered_gamma,
             normalization,
         )
         for param in norm.parameters():

@@ -59,8 +59,12 @@ def _run_launcher(command: list[str], run_dir: Path, timeout: float, nprocs: int
     with open(run_dir / "launcher.log", "w") as log:
         # Own session, so a timed-out launch can be killed together with its ranks.
         launcher = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-            env=_child_environment(), start_new_session=True,
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,
+            env=_child_environment(),
+            start_new_session=True,
         )
         try:
             returncode = launcher.wait(timeout=timeout)
@@ -88,15 +92,23 @@ def launch_ranks(tmp_path_factory: pytest.TempPathFactory) -> LaunchRanks:
         payload_path = run_dir / "payload.json"
         payload_path.write_text(json.dumps(payload or {}))
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nprocs}", str(RANK_ENTRY),
-            entry, str(payload_path), str(run_dir), str(timeout),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nprocs}",
+            str(RANK_ENTRY),
+            entry,
+            str(payload_path),
+            str(run_dir),
+            str(timeout),
         ]
         _run_launcher(command, run_dir, timeout, nprocs)
         missing = [rank for rank in range(nprocs) if not (run_dir / f"rank{rank}.json").exists()]
         if missing:
-            raise RankLaunchError(_failure_report(f"ranks {missing} wrote no result", run_dir,
-                                                  nprocs))
+            raise RankLaunchError(
+                _failure_report(f"ranks {missing} wrote no result", run_dir, nprocs)
+            )
         return [json.loads((run_dir / f"rank{rank}.json").read_text()) for rank in range(nprocs)]
 
     return launch

@@ -22,8 +22,10 @@ from recipes.schema import CpuRuntimePluginConfig
 def _tp_group_and_rank() -> tuple[dist.ProcessGroup, int]:
     from megatron.core import parallel_state
 
-    return parallel_state.get_tensor_model_parallel_group(), \
-        parallel_state.get_tensor_model_parallel_rank()
+    return (
+        parallel_state.get_tensor_model_parallel_group(),
+        parallel_state.get_tensor_model_parallel_rank(),
+    )
 
 
 def check_rng_streams() -> dict[str, Any]:
@@ -71,8 +73,9 @@ def check_all_to_all_split_tensors() -> dict[str, Any]:
     output_splits = torch.tensor([peer + 1 + tp_rank for peer in peers])
     rows = int(input_splits.sum())
     local = torch.arange(2.0 * rows).reshape(rows, 2) + 1000.0 * dist.get_rank()
-    received = all_to_all(group, local, output_split_sizes_=output_splits,
-                          input_split_sizes=input_splits)
+    received = all_to_all(
+        group, local, output_split_sizes_=output_splits, input_split_sizes=input_splits
+    )
     return {
         "tp_group_ranks": dist.get_process_group_ranks(group),
         "local": local.tolist(),
@@ -94,13 +97,21 @@ def check_sp_linear_backward() -> dict[str, float]:
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
     group, tp_rank = _tp_group_and_rank()
-    config = ModelParallelConfig(tensor_model_parallel_size=group.size(), sequence_parallel=True,
-                                 use_cpu_initialization=True)
+    config = ModelParallelConfig(
+        tensor_model_parallel_size=group.size(), sequence_parallel=True, use_cpu_initialization=True
+    )
     init = functools.partial(torch.nn.init.normal_, std=0.2)
     torch.manual_seed(7)  # the same master weights and input on every rank
     column = ColumnParallelLinear(8, 16, config=config, init_method=init, bias=False)
-    row = RowParallelLinear(16, 8, config=config, init_method=init, bias=False,
-                            input_is_parallel=True, skip_bias_add=False)
+    row = RowParallelLinear(
+        16,
+        8,
+        config=config,
+        init_method=init,
+        bias=False,
+        input_is_parallel=True,
+        skip_bias_add=False,
+    )
     full_input = torch.randn(4 * group.size(), 2, 8)  # [sequence, batch, hidden]
 
     local_input = full_input.chunk(group.size())[tp_rank].clone().requires_grad_()
@@ -112,20 +123,29 @@ def check_sp_linear_backward() -> dict[str, float]:
     reference_output = reference_input @ w1.T @ w2.T
     (reference_output**2).sum().backward()
     return {
-        "output_error": float((local_output - reference_output.chunk(group.size())[tp_rank])
-                              .abs().max()),
-        "input_grad_error": float((local_input.grad - reference_input.grad.chunk(group.size())
-                                   [tp_rank]).abs().max()),
+        "output_error": float(
+            (local_output - reference_output.chunk(group.size())[tp_rank]).abs().max()
+        ),
+        "input_grad_error": float(
+            (local_input.grad - reference_input.grad.chunk(group.size())[tp_rank]).abs().max()
+        ),
     }
 
 
 def _tiny_gpt_config(tp: int) -> Any:
     from megatron.core.transformer import TransformerConfig
 
-    return TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2,
-                             ffn_hidden_size=32, tensor_model_parallel_size=tp,
-                             sequence_parallel=True, use_cpu_initialization=True,
-                             hidden_dropout=0.0, attention_dropout=0.0)
+    return TransformerConfig(
+        num_layers=1,
+        hidden_size=16,
+        num_attention_heads=2,
+        ffn_hidden_size=32,
+        tensor_model_parallel_size=tp,
+        sequence_parallel=True,
+        use_cpu_initialization=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
 
 
 def _norm_grads_after_finalize(keep_sequence_parallel_tags: bool) -> dict[str, list[float]]:
@@ -144,8 +164,9 @@ def _norm_grads_after_finalize(keep_sequence_parallel_tags: bool) -> dict[str, l
     model_parallel_cuda_manual_seed(99)
     torch.manual_seed(99)
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
-    model = GPTModel(config, adapt_local_layer_spec(spec, config), vocab_size=64,
-                     max_sequence_length=8)
+    model = GPTModel(
+        config, adapt_local_layer_spec(spec, config), vocab_size=64, max_sequence_length=8
+    )
     if not keep_sequence_parallel_tags:
         for param in model.parameters():
             param.sequence_parallel = False
@@ -154,8 +175,11 @@ def _norm_grads_after_finalize(keep_sequence_parallel_tags: bool) -> dict[str, l
     positions = torch.arange(8).expand(2, 8)
     ddp_model(tokens, positions, None, labels=tokens).sum().backward()
     finalize_model_grads([ddp_model])
-    return {name: param.main_grad.flatten().tolist()
-            for name, param in model.named_parameters() if "layernorm" in name}
+    return {
+        name: param.main_grad.flatten().tolist()
+        for name, param in model.named_parameters()
+        if "layernorm" in name
+    }
 
 
 def _error_building_with_unadapted_spec() -> str:
@@ -165,8 +189,12 @@ def _error_building_with_unadapted_spec() -> str:
     group, _ = _tp_group_and_rank()
     config = _tiny_gpt_config(group.size())
     try:
-        GPTModel(config, get_gpt_decoder_block_spec(config, use_transformer_engine=False),
-                 vocab_size=64, max_sequence_length=8)
+        GPTModel(
+            config,
+            get_gpt_decoder_block_spec(config, use_transformer_engine=False),
+            vocab_size=64,
+            max_sequence_length=8,
+        )
     except AssertionError as error:  # Megatron's own check (torch_norm.py:50)
         return str(error)
     return ""
@@ -194,8 +222,9 @@ CHECKS: dict[str, Callable[[], Any]] = {
 def run_checks(payload: dict[str, Any]) -> dict[str, Any]:
     """Activates the CPU runtime without payload['skip'], sets up TP (DP = the rest), runs
     payload['checks'] in order and returns their results by name."""
-    activate_cpu_runtime(CpuRuntimePluginConfig(enabled="on"),
-                         skip=frozenset(payload.get("skip", ())))
+    activate_cpu_runtime(
+        CpuRuntimePluginConfig(enabled="on"), skip=frozenset(payload.get("skip", ()))
+    )
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=payload["tp"])

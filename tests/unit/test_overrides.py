@@ -46,7 +46,7 @@ def test_later_override_wins_and_input_is_not_mutated() -> None:
     base = get_recipe("tiny_dp1")
     cfg = apply_overrides(base, ["train.train_iters=5", "train.train_iters=7"])
     assert cfg.train.train_iters == 7
-    assert base.train.train_iters == 100
+    assert base.train.train_iters == get_recipe("tiny_dp1").train.train_iters != 7
 
 
 def test_no_overrides_gives_an_equal_config() -> None:

@@ -1,0 +1,378 @@
+"""The CPU runtime plugin without a process group.
+
+Activation is process-wide, so each patch's check runs in fresh processes: once with every patch
+(must pass) and once with that patch skipped (must fail). All of them start together, once per
+module. The norm/spec helpers and config validation need no activation and run in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---- checks that run inside an activated process ----------------------------------------
+
+
+def check_device_redirect() -> None:
+    made = [
+        torch.zeros(2, device="cuda"),
+        torch.empty(2, device="cuda:1"),
+        torch.ones(2, device=torch.device("cuda")),
+        torch.full((2,), 1.0, device=0),  # the int torch.cuda.current_device() returns
+        torch.ones(2).to("cuda"),
+        torch.ones(2).to(0),
+        torch.ones(2).to(device=torch.device("cuda", 0)),
+        torch.ones(2).new_zeros(3, device="cuda"),
+        torch.ones(2, pin_memory=True),
+    ]
+    assert [t.device.type for t in made] == ["cpu"] * len(made)
+    tensor = torch.ones(2)
+    assert tensor.cuda() is tensor and tensor.pin_memory() is tensor
+
+
+def check_cuda_type_names() -> None:
+    # The strings Megatron's optimizers assert on (clip_grads.py:174, optimizer.py:1009/1028).
+    assert torch.zeros(2).type() == "torch.cuda.FloatTensor"
+    assert torch.zeros(2, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
+    assert torch.zeros(2, dtype=torch.float16).type() == "torch.cuda.HalfTensor"
+    converted = torch.zeros(2).type(torch.float64)
+    assert converted.dtype == torch.float64 and converted.device.type == "cpu"
+    assert torch.zeros(2).type("torch.cuda.DoubleTensor").dtype == torch.float64
+
+
+def check_cuda_stand_ins() -> None:
+    from plugins.cpu_runtime.cuda_api import CUDA_STAND_INS
+
+    assert torch.cuda.current_device() == 0
+    torch.cuda.set_device(0)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    side_stream = torch.cuda.Stream()
+    with torch.cuda.stream(side_stream):
+        doubled = torch.ones(2) * 2
+    torch.cuda.current_stream().wait_stream(side_stream)
+    event = torch.cuda.Event()
+    event.record()
+    event.wait()
+    event.synchronize()
+    torch.cuda.default_stream().synchronize()
+    assert doubled.record_stream(torch.cuda.current_stream()) is None
+    assert event.query() and doubled.tolist() == [2.0, 2.0]
+    # Never touching the driver is the point (with a GPU these calls would initialise CUDA).
+    assert not torch.cuda.is_initialized()
+    installed = [getattr(torch.cuda, name) for name in CUDA_STAND_INS]
+    assert len({id(obj) for obj in installed}) == len(installed)
+    # torch._dynamo indexes torch's functions and asserts on one object with two rules.
+    from torch._dynamo import trace_rules
+
+    trace_rules.get_torch_obj_rule_map()
+
+
+def _draws(seed: int, count: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.rand(3, generator=generator) for _ in range(count)]
+
+
+def check_rng() -> None:
+    import megatron.core.tensor_parallel.random as megatron_random
+
+    torch.cuda.manual_seed(7)
+    assert torch.equal(torch.rand(3), _draws(7, 1)[0])
+    state = torch.cuda.get_rng_state()
+    first = torch.rand(3)
+    torch.cuda.set_rng_state(state)
+    assert torch.equal(torch.rand(3), first)
+
+    warnings: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = warnings.append
+    logging.getLogger(megatron_random.__name__).addHandler(handler)
+    tracker = megatron_random.CudaRNGStatesTracker()
+    tracker.add("model-parallel-rng", 1234)
+    torch.manual_seed(5)
+    before_fork = torch.get_rng_state()
+    with tracker.fork("model-parallel-rng"):
+        inside_first = torch.rand(3)
+    assert torch.equal(torch.get_rng_state(), before_fork)  # fork restored the default stream
+    with tracker.fork("model-parallel-rng"):
+        inside_second = torch.rand(3)
+    expected = _draws(1234, 2)
+    assert torch.equal(inside_first, expected[0]) and torch.equal(inside_second, expected[1])
+    assert warnings == []  # the shared-generator warning is expected on CPU and filtered
+
+
+def check_eager() -> None:
+    traced = []
+
+    def counting_backend(graph_module, example_inputs):
+        traced.append(graph_module)
+        return graph_module.forward
+
+    def double_plus_one(x):
+        return x * 2 + 1
+
+    compiled = torch.compile(double_plus_one, backend=counting_backend)
+    assert compiled(torch.ones(2)).tolist() == [3.0, 3.0]
+    assert traced == []
+
+
+class _AllocatesOnCudaInBackward(torch.autograd.Function):
+    """Like Megatron's SP linear (tensor_parallel/layers.py:646): backward allocates on the
+    CUDA device it gets from torch.cuda.current_device()."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        scale = torch.full(grad.shape, 3.0, device=torch.cuda.current_device())
+        return grad * scale
+
+
+def _recomputed(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.dropout(_AllocatesOnCudaInBackward.apply(x), p=0.5).sum()
+
+
+def check_backward_in_mode() -> None:
+    from megatron.core.tensor_parallel.random import checkpoint, get_cuda_rng_tracker
+
+    x = torch.ones(4, requires_grad=True)
+    _AllocatesOnCudaInBackward.apply(x).sum().backward()
+    torch.autograd.backward([_AllocatesOnCudaInBackward.apply(x).sum()], [torch.tensor(2.0)])
+    assert x.grad.tolist() == [9.0] * 4  # 3 + 2 * 3
+    (grad,) = torch.autograd.grad(_AllocatesOnCudaInBackward.apply(x).sum(), [x])
+    assert grad.tolist() == [3.0] * 4
+    # Megatron's activation recompute runs torch.autograd.backward inside a backward, and must
+    # reproduce the dropout mask of the first forward.
+    get_cuda_rng_tracker().add("model-parallel-rng", 11)
+    torch.manual_seed(3)
+    plain = torch.ones(4, requires_grad=True)
+    _recomputed(plain).backward()
+    torch.manual_seed(3)
+    recomputed = torch.ones(4, requires_grad=True)
+    checkpoint(_recomputed, False, recomputed).backward()
+    assert torch.equal(plain.grad, recomputed.grad) and plain.grad.abs().sum() > 0
+
+
+UNIT_CHECKS: dict[str, Callable[[], None]] = {
+    "device_redirect": check_device_redirect,
+    "cuda_type_names": check_cuda_type_names,
+    "cuda_stand_ins": check_cuda_stand_ins,
+    "rng": check_rng,
+    "eager": check_eager,
+    "backward_in_mode": check_backward_in_mode,
+}
+# Shown necessary by tests/dist/test_cpu_runtime_dist.py instead (they need a process group).
+DIST_TESTED_PATCHES = {"gloo_uneven_all_gather", "all_to_all_list_splits", "backward_in_mode"}
+
+
+def run_checks_in_this_process(enabled: str, skip: list[str], names: list[str]) -> None:
+    """Subprocess body: activate, run the named checks, print one JSON line of outcomes."""
+    from plugins.cpu_runtime import activate_cpu_runtime, cpu_runtime_active
+    from recipes.schema import CpuRuntimePluginConfig
+
+    outcome: dict[str, object] = {
+        "activated": activate_cpu_runtime(
+            CpuRuntimePluginConfig(enabled=enabled, threads_per_rank=2), skip=frozenset(skip)
+        ),
+        "second_call": activate_cpu_runtime(CpuRuntimePluginConfig(enabled="off")),
+        "active": cpu_runtime_active(),
+        "threads": torch.get_num_threads(),
+    }
+    for name in names:
+        try:
+            UNIT_CHECKS[name]()
+            outcome[name] = "ok"
+        except Exception as error:  # report any failure; the test decides
+            outcome[name] = f"{type(error).__name__}: {error}"
+    print(json.dumps(outcome))
+
+
+# ---- running the checks in fresh processes ----------------------------------------------
+
+
+def _start(enabled: str, skip: list[str], names: list[str]) -> subprocess.Popen:
+    code = (
+        "from tests.unit.test_cpu_runtime import run_checks_in_this_process as run; "
+        f"run({enabled!r}, {skip!r}, {names!r})"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _outcome(process: subprocess.Popen) -> dict[str, object]:
+    stdout, stderr = process.communicate(timeout=240)
+    if process.returncode != 0 or not stdout.strip():
+        raise RuntimeError(f"check process failed ({process.returncode}):\n{stderr[-3000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def outcomes() -> dict[str, dict[str, object]]:
+    """'all' -> every check with every patch; patch name -> its check with that patch skipped."""
+    # "auto" must switch the runtime on exactly when there is no CUDA device.
+    enabled = "on" if torch.cuda.is_available() else "auto"
+    processes = {"all": _start(enabled, [], list(UNIT_CHECKS))}
+    for name in UNIT_CHECKS:
+        processes[name] = _start("on", [name], [name])
+    return {key: _outcome(process) for key, process in processes.items()}
+
+
+def test_activation_reports_active_idempotent_and_sets_threads(outcomes):
+    assert outcomes["all"]["activated"] is True
+    assert outcomes["all"]["second_call"] is True  # no-op: already active, "off" is ignored
+    assert outcomes["all"]["active"] is True
+    assert outcomes["all"]["threads"] == 2
+
+
+@pytest.mark.parametrize("patch", list(UNIT_CHECKS))
+def test_check_passes_with_every_patch(outcomes, patch):
+    assert outcomes["all"][patch] == "ok"
+
+
+@pytest.mark.parametrize("patch", list(UNIT_CHECKS))
+def test_check_fails_without_its_patch(outcomes, patch):
+    assert outcomes[patch]["activated"] is True
+    assert outcomes[patch][patch] != "ok", f"{patch} check passed with the patch skipped"
+
+
+def test_every_patch_has_a_self_test():
+    from plugins.cpu_runtime import PATCH_NAMES
+
+    assert set(PATCH_NAMES) == set(UNIT_CHECKS) | DIST_TESTED_PATCHES
+
+
+# ---- in-process: no activation -----------------------------------------------------------
+
+
+def test_config_mistakes_raise_config_error():
+    from plugins.cpu_runtime import activate_cpu_runtime, cpu_runtime_active
+    from recipes.errors import ConfigError
+    from recipes.schema import CpuRuntimePluginConfig
+
+    with pytest.raises(ConfigError, match="enabled"):
+        activate_cpu_runtime(CpuRuntimePluginConfig(enabled="maybe"))
+    with pytest.raises(ConfigError, match="threads_per_rank"):
+        activate_cpu_runtime(CpuRuntimePluginConfig(enabled="on", threads_per_rank=0))
+    with pytest.raises(ValueError, match="unknown CPU runtime patches"):
+        activate_cpu_runtime(CpuRuntimePluginConfig(enabled="on"), skip=frozenset({"nope"}))
+    assert not cpu_runtime_active()
+
+
+def test_off_and_auto_with_cuda_stay_inactive(monkeypatch):
+    from plugins.cpu_runtime import activate_cpu_runtime, cpu_runtime_active
+    from recipes.schema import CpuRuntimePluginConfig
+
+    assert activate_cpu_runtime(CpuRuntimePluginConfig(enabled="off")) is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert activate_cpu_runtime(CpuRuntimePluginConfig(enabled="auto")) is False
+    assert not cpu_runtime_active()
+
+
+def _sp_config(normalization: str = "LayerNorm"):
+    from megatron.core.transformer import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=2,
+        hidden_size=16,
+        num_attention_heads=2,
+        tensor_model_parallel_size=2,
+        sequence_parallel=True,
+        qk_layernorm=True,
+        normalization=normalization,
+    )
+
+
+@pytest.mark.parametrize(
+    "normalization, norm_type", [("LayerNorm", torch.nn.LayerNorm), ("RMSNorm", torch.nn.RMSNorm)]
+)
+def test_sequence_parallel_torch_norm_builds_and_tags_params(normalization, norm_type):
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    from plugins.cpu_runtime import SequenceParallelTorchNorm
+
+    config = _sp_config(normalization)
+    with pytest.raises(AssertionError, match="sequence parallel not supported"):
+        WrappedTorchNorm(config=config, hidden_size=16, eps=1e-5)
+    norm = SequenceParallelTorchNorm(config=config, hidden_size=16, eps=1e-5)
+    assert isinstance(norm, norm_type) and norm.eps == 1e-5
+    assert [p.sequence_parallel for p in norm.parameters()] == [True] * len(list(norm.parameters()))
+    assert config.sequence_parallel is True  # the caller's config is left alone
+
+
+def _norms_in(spec, found: list | None = None) -> list:
+    """Every class used as a norm anywhere in a spec tree."""
+    import dataclasses
+
+    found = [] if found is None else found
+    if isinstance(spec, type):
+        found.append(spec)
+    elif isinstance(spec, list):
+        for item in spec:
+            _norms_in(item, found)
+    elif dataclasses.is_dataclass(spec):
+        for spec_field in dataclasses.fields(spec):
+            _norms_in(getattr(spec, spec_field.name), found)
+    return found
+
+
+def test_adapt_local_layer_spec_swaps_every_torch_norm():
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_layer_local_spec,
+    )
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    from plugins.cpu_runtime import SequenceParallelTorchNorm, adapt_local_layer_spec
+
+    config = _sp_config()
+    layer_spec = get_gpt_layer_local_spec(qk_layernorm=True)
+    block_spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, pp_rank=0)
+    adapted_layer = adapt_local_layer_spec(layer_spec, config)
+    adapted_block = adapt_local_layer_spec(block_spec, config)
+
+    layer = adapted_layer.submodules
+    attention = layer.self_attention.submodules
+    assert {
+        layer.input_layernorm,
+        layer.pre_mlp_layernorm,
+        attention.q_layernorm,
+        attention.k_layernorm,
+    } == {SequenceParallelTorchNorm}
+    assert adapted_block.layer_norm is SequenceParallelTorchNorm
+    assert len(adapted_block.layer_specs) == len(block_spec.layer_specs)
+    for adapted in (adapted_layer, adapted_block):
+        assert WrappedTorchNorm not in _norms_in(adapted)
+    # The originals (shared, module-level specs in Megatron) are not modified.
+    assert layer_spec.submodules.input_layernorm is WrappedTorchNorm
+    assert block_spec.layer_norm is WrappedTorchNorm
+
+
+def test_adapt_local_layer_spec_leaves_spec_alone_without_sequence_parallel():
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    from plugins.cpu_runtime import adapt_local_layer_spec
+
+    config = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2)
+    spec = get_gpt_layer_local_spec()
+    assert adapt_local_layer_spec(spec, config) is spec
