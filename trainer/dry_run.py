@@ -38,7 +38,7 @@ class ShardReport:
     """What one distinct model shard holds, and every rank that holds a copy of it."""
 
     coords: RankCoordinates
-    dense_parameters: int
+    dense_parameters: int  # excluding copies of weights another shard already holds
     expert_parameters: int
     layers: list[list[int]]  # global layer numbers (1-based) per virtual stage
     ranks: list[int] = dataclasses.field(default_factory=list)
@@ -78,7 +78,7 @@ def _coordinates(rank: int) -> RankCoordinates:
 
 def _build_on_meta(cfg: RunConfig, hooks) -> tuple[int, int, list[list[int]]]:
     from trainer.mcore_translation import build_transformer_config
-    from trainer.model import build_model_chunks, count_parameters
+    from trainer.model import build_model_chunks, distinct_parameter_counts
 
     config = build_transformer_config(cfg, cpu_initialization=True, meta_device=True)
     # Context parallelism shards activations, not weights; Megatron's local attention refuses
@@ -87,8 +87,8 @@ def _build_on_meta(cfg: RunConfig, hooks) -> tuple[int, int, list[list[int]]]:
     with torch.device("meta"):
         chunks = build_model_chunks(cfg, config, hooks)
     layers = [[layer.layer_number for layer in chunk.decoder.layers] for chunk in chunks]
-    expert = count_parameters(chunks, experts_only=True)
-    return count_parameters(chunks) - expert, expert, layers
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    return (*distinct_parameter_counts(chunks, tp_rank), layers)
 
 
 def collect_shards(cfg: RunConfig) -> list[ShardReport]:

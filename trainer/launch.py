@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 
@@ -20,7 +19,8 @@ def launch_local_ranks(nprocs: int, script: Path, script_args: list[str], thread
 
     # Set before torchrun reads it, so it does not warn and so ranks do not oversubscribe cores.
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    # A failed rank has printed its own one-line reason; the launcher's report would repeat it.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = get_args_parser().parse_args(
         ["--standalone", f"--nproc-per-node={nprocs}", str(script), *script_args]
     )

@@ -121,8 +121,8 @@ def build_session(
     )
 
 
-def _first_nonfinite_rank(model: list) -> int:
-    """Lowest rank whose own gradient buffers hold NaN/inf (-1 if none does)."""
+def _ranks_with_nonfinite_grads(model: list) -> list[int]:
+    """Ranks whose own gradient buffers hold NaN/inf (gathered from every rank)."""
     local_bad = any(
         not torch.isfinite(buffer.grad_data).all()
         for chunk in model
@@ -130,22 +130,27 @@ def _first_nonfinite_rank(model: list) -> int:
     )
     flags = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(flags, local_bad)
-    return next((rank for rank, bad in enumerate(flags) if bad), -1)
+    return [rank for rank, bad in enumerate(flags) if bad]
 
 
 def check_finite(session: TrainingSession, metrics: StepMetrics) -> None:
-    """Stop every rank when the (global) loss or grad norm is NaN/inf, naming where it began.
+    """Stop every rank when the (global) loss or grad norm is NaN/inf, naming the ranks.
 
     Loss and grad norm are already reduced over all ranks, so every rank takes the same branch;
     the per-rank search runs only on failure and costs nothing on healthy steps.
     """
     if is_finite(metrics.loss) and is_finite(metrics.grad_norm):
         return
-    rank = _first_nonfinite_rank(session.model)
-    where = f"rank {rank}" if rank >= 0 else "the loss (gradients finite)"
+    ranks = _ranks_with_nonfinite_grads(session.model)
+    if not ranks:
+        where = "gradients finite on every rank"
+    elif len(ranks) == torch.distributed.get_world_size():
+        where = "NaN/inf gradients on all ranks"
+    else:
+        where = "NaN/inf gradients on rank " + ", ".join(map(str, ranks))
     raise NonFiniteError(
-        f"non-finite values at step {metrics.step}, first on {where}: loss {metrics.loss}, "
-        f"grad norm {metrics.grad_norm}; lower optimizer.lr, raise scheduler.warmup_iters or "
+        f"non-finite values at step {metrics.step}: loss {metrics.loss}, grad norm "
+        f"{metrics.grad_norm} ({where}); lower optimizer.lr, raise scheduler.warmup_iters or "
         "use precision.dtype=bf16/fp32 instead of fp16"
     )
 

@@ -18,6 +18,7 @@ from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.pipeline_parallel.utils import is_vp_first_stage, is_vp_last_stage
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+from megatron.core.utils import unwrap_model
 
 from recipes.schema import RunConfig
 from recipes.validation import padded_vocab_size
@@ -117,18 +118,20 @@ def wrap_with_ddp(
     return wrapped
 
 
-def count_parameters(chunks: list[torch.nn.Module], *, experts_only: bool = False) -> int:
-    """Parameters held by this rank (shared embedding/output weights counted once).
+def distinct_parameter_counts(chunks: list[torch.nn.Module], tp_rank: int) -> tuple[int, int]:
+    """(dense, expert) parameters this rank adds to the whole model, each weight counted once.
 
-    Megatron marks expert weights with `allreduce=False` (they reduce over expert-DP only).
+    Skipped as copies: weights replicated over TP (norms, row-parallel biases) on TP ranks > 0,
+    and the tied output layer on the last pipeline stage (a copy of the input embedding).
     """
-    seen: set[int] = set()
-    total = 0
-    for chunk in chunks:
-        for param in chunk.parameters():
-            if experts_only and getattr(param, "allreduce", True):
+    dense = expert = 0
+    for chunk in unwrap_model(chunks):
+        tied_copy = chunk.share_embeddings_and_output_weights and not chunk.pre_process
+        for name, param in chunk.named_parameters():
+            if tied_copy and name.startswith("output_layer."):
                 continue
-            if id(param) not in seen:
-                seen.add(id(param))
-                total += param.numel()
-    return total
+            if not getattr(param, "allreduce", True):
+                expert += param.numel()
+            elif tp_rank == 0 or getattr(param, "tensor_model_parallel", False):
+                dense += param.numel()
+    return dense, expert

@@ -9,6 +9,8 @@ from megatron.core import parallel_state
 from rich.console import Console
 from rich.table import Table
 
+from trainer.model import distinct_parameter_counts
+
 
 def describe_layout(cfg) -> str:
     p = cfg.parallel
@@ -28,20 +30,14 @@ def model_parameter_count(model: list) -> int:
     """Parameters of one whole model, summed over the ranks that hold distinct pieces.
 
     Dense weights are replicated over DP x CP and expert weights over the expert-DP group;
-    a tied output layer on the last pipeline stage is the embedding's copy and is skipped.
+    each rank adds its share so every weight is counted once.
     """
+    dense, expert = distinct_parameter_counts(
+        model, parallel_state.get_tensor_model_parallel_rank()
+    )
     dense_replicas = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
     expert_replicas = parallel_state.get_expert_data_parallel_world_size()
-    local = 0.0
-    for chunk in model:
-        module = chunk.module
-        for name, param in module.named_parameters():
-            if name.startswith("output_layer") and getattr(module, "pre_process", False) is False \
-                    and module.share_embeddings_and_output_weights:
-                continue
-            expert = not getattr(param, "allreduce", True)
-            local += param.numel() / (expert_replicas if expert else dense_replicas)
-    total = torch.tensor([local], dtype=torch.float64)
+    total = torch.tensor([dense / dense_replicas + expert / expert_replicas], dtype=torch.float64)
     torch.distributed.all_reduce(total)
     return round(total.item())
 

@@ -5,11 +5,14 @@
 starts 2 local processes with `python -m torch.distributed.run --standalone` (which picks a
 free port itself), each running tests/dist/rank_entry.py: join the gloo group, call
 `check_something(payload)`, and write its JSON-serialisable result. `launch` returns the
-results in rank order, or raises `RankLaunchError` carrying the tail of each rank's stderr.
+results in rank order, or raises `RankLaunchError` (a RuntimeError) carrying the tail of each
+rank's stderr. The entry runs with the default gloo group already initialised; it decides
+itself whether to activate the CPU runtime. The repo root is on the ranks' PYTHONPATH.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,6 +28,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RANK_ENTRY = Path(__file__).resolve().with_name("rank_entry.py")
 STDERR_TAIL_CHARS = 3000
+STOP_GRACE_S = 15  # how long a timed-out launcher gets to stop its ranks
 
 LaunchRanks = Callable[..., list[Any]]
 
@@ -55,22 +59,35 @@ def _child_environment() -> dict[str, str]:
     return env
 
 
+def _stop_timed_out_launch(launcher: subprocess.Popen, run_dir: Path) -> None:
+    """Ends the launcher and its ranks. torchrun stops its ranks on SIGTERM, but it starts
+    each rank in a session of its own, so any rank still alive after that is killed by the
+    pid it recorded."""
+    launcher.terminate()
+    try:
+        launcher.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+    for pid_file in run_dir.glob("rank*.pid"):
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
 def _run_launcher(command: list[str], run_dir: Path, timeout: float, nprocs: int) -> None:
     with open(run_dir / "launcher.log", "w") as log:
-        # Own session, so a timed-out launch can be killed together with its ranks.
         launcher = subprocess.Popen(
             command,
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=REPO_ROOT,
             env=_child_environment(),
-            start_new_session=True,
+            start_new_session=True,  # its own process group, for the SIGKILL fallback
         )
         try:
             returncode = launcher.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+            _stop_timed_out_launch(launcher, run_dir)
             raise RankLaunchError(
                 _failure_report(f"ranks timed out after {timeout} s", run_dir, nprocs)
             ) from None

@@ -5,7 +5,8 @@ usage: rank_entry.py MODULE:FUNCTION PAYLOAD_JSON RESULT_DIR TIMEOUT_S
 Joins the gloo process group, calls FUNCTION(payload) and writes its JSON-serialisable return
 value to RESULT_DIR/rank<RANK>.json. This rank's stderr goes to RESULT_DIR/rank<RANK>.stderr so
 the launcher can show each rank's own error. Whether the CPU runtime is activated is up to
-FUNCTION (the payload can carry what it needs, e.g. which patches to skip).
+FUNCTION (the payload can carry what it needs, e.g. which patches to skip). The optional
+payload key "threads" sets torch's intra-op threads before anything runs (default 1).
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     result_dir = Path(result_dir)
     _send_stderr_to_file(result_dir, rank)
+    # torchrun gives each rank its own session; the launcher kills a hung rank by this pid.
+    (result_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
     payload = json.loads(Path(payload_path).read_text())
 
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(int(payload.get("threads", 1)))
-    # A short collective timeout: a rank stuck waiting for a dead peer fails instead of hanging.
+    # Collectives give up after the launch's own timeout instead of gloo's 30 min default.
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(timeout_s)))
     try:
         result = _resolve(entry)(payload)
@@ -48,7 +51,8 @@ def main() -> None:
         partial.write_text(json.dumps(result))
         partial.rename(result_dir / f"rank{rank}.json")
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # the entry may have torn it down itself
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

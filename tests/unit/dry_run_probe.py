@@ -1,0 +1,56 @@
+"""Subprocess body for test_dry_run.py: dry-run recipes and print what the test checks as JSON.
+
+Runs in its own process because the dry run activates the CPU runtime (process-wide patches)
+and creates fake process groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import sys
+
+from rich.console import Console
+
+from recipes.registry import get_recipe
+from recipes.schema import ClusterConfig, ParallelConfig
+from trainer.dry_run import collect_shards, model_parameters, print_report
+
+
+def unsharded_reference(cfg):
+    """The same model on one rank (vocab padded as the sharded run pads it)."""
+    single = dataclasses.replace(
+        cfg,
+        parallel=ParallelConfig(),
+        cluster=ClusterConfig(nodes=1, gpus_per_node=1),
+        model=dataclasses.replace(
+            cfg.model,
+            make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by
+            * cfg.parallel.tensor,
+        ),
+    )
+    single.train.global_batch_size = single.train.micro_batch_size
+    return single
+
+
+def probe(name: str) -> dict:
+    cfg = get_recipe(name)
+    shards = collect_shards(cfg)
+    report = io.StringIO()
+    print_report(cfg, shards, 0.0, Console(file=report, width=200))
+    reference = collect_shards(unsharded_reference(cfg))
+    return {
+        "shards": [
+            {"pp": s.coords.pp, "tp": s.coords.tp, "ep": s.coords.ep, "layers": s.layers,
+             "ranks": s.ranks, "parameters": s.parameters}
+            for s in shards
+        ],
+        "total": model_parameters(shards),
+        "unsharded_total": model_parameters(reference),
+        "report": report.getvalue(),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps({name: probe(name) for name in sys.argv[1:]}))
