@@ -15,6 +15,7 @@ import time
 import torch
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from trainer.device import compute_device, to_compute_device
 from trainer.step import train_step
 
 
@@ -54,7 +55,7 @@ def bare_step(session, microbatches: list) -> float:
 
 def compare_step_times(session, steps: int, warmup: int) -> dict:
     """Alternate ours/bare for `warmup + steps` rounds; medians over the last `steps`."""
-    in_memory = session.train_batches.microbatches(0)
+    in_memory = [to_compute_device(mb) for mb in session.train_batches.microbatches(0)]
     ours, bare = [], []
     for round_index in range(warmup + steps):
         torch.distributed.barrier()
@@ -64,7 +65,7 @@ def compare_step_times(session, steps: int, warmup: int) -> dict:
     ours_median = statistics.median(ours[warmup:])
     bare_median = statistics.median(bare[warmup:])
     # Ranks finish at slightly different times; the slowest rank sets the step time.
-    figures = torch.tensor([ours_median, bare_median], dtype=torch.float64)
+    figures = torch.tensor([ours_median, bare_median], dtype=torch.float64, device=compute_device())
     torch.distributed.all_reduce(figures, op=torch.distributed.ReduceOp.MAX)
     return {
         "ours_s": figures[0].item(),

@@ -95,7 +95,7 @@ class GlobalBatches:
         mbs = self.cfg.train.micro_batch_size
         eod_mask = self.cfg.data.eod_mask_loss
         return [
-            _to_microbatch(self.samples[np.sort(mine[i : i + mbs])], self.eod, eod_mask)
+            _to_microbatch(self.samples[mine[i : i + mbs]], self.eod, eod_mask)
             for i in range(0, per_rank, mbs)
         ]
 

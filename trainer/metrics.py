@@ -17,6 +17,8 @@ from megatron.core import parallel_state
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from trainer.device import compute_device
+
 
 @dataclass
 class StepMetrics:
@@ -38,7 +40,7 @@ def reduce_loss_over_world(loss_reports: list[dict]) -> tuple[float, int]:
     Only last-stage ranks hold losses; the TP-rank-0 of each DP x CP replica contributes, so a
     token is counted once however many TP/PP ranks computed it.
     """
-    total = torch.zeros(2, dtype=torch.float64)
+    total = torch.zeros(2, dtype=torch.float64, device=compute_device())
     contributes = (
         parallel_state.is_pipeline_last_stage(ignore_virtual=True)
         and parallel_state.get_tensor_model_parallel_rank() == 0

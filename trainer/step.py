@@ -10,6 +10,7 @@ import torch
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from trainer.data import MicroBatch
+from trainer.device import to_compute_device
 from trainer.hooks import TrainerHooks
 from trainer.metrics import StepMetrics, reduce_loss_over_world
 
@@ -30,7 +31,7 @@ def masked_token_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
 
 def make_forward_step(hooks: TrainerHooks) -> Callable:
     def forward_step(data_iterator, model):
-        batch = hooks.apply_microbatch(next(data_iterator))
+        batch = hooks.apply_microbatch(to_compute_device(next(data_iterator)))
         per_token_loss = model(
             batch["tokens"],
             batch["position_ids"],

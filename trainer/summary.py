@@ -9,6 +9,7 @@ from megatron.core import parallel_state
 from rich.console import Console
 from rich.table import Table
 
+from trainer.device import compute_device
 from trainer.model import distinct_parameter_counts
 
 
@@ -37,7 +38,8 @@ def model_parameter_count(model: list) -> int:
     )
     dense_replicas = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
     expert_replicas = parallel_state.get_expert_data_parallel_world_size()
-    total = torch.tensor([dense / dense_replicas + expert / expert_replicas], dtype=torch.float64)
+    share = dense / dense_replicas + expert / expert_replicas
+    total = torch.tensor([share], dtype=torch.float64, device=compute_device())
     torch.distributed.all_reduce(total)
     return round(total.item())
 

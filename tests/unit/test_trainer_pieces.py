@@ -1,0 +1,119 @@
+"""Trainer pieces that need no process group: loss, data slicing, scheduler, translation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from recipes.registry import get_recipe
+from trainer.data import GlobalBatches, load_samples, loss_tokens_in_step
+from trainer.step import masked_token_loss
+
+
+def test_masked_token_loss_sums_only_loss_tokens():
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    loss_sum, tokens, report = masked_token_loss(mask, per_token)
+    assert loss_sum.item() == 10.0
+    assert tokens.item() == 3
+    assert report["lm loss"].tolist() == [10.0, 3.0]
+
+
+def _synthetic(recipe: str, *overrides: str):
+    from recipes.overrides import apply_overrides
+
+    cfg = apply_overrides(
+        get_recipe(recipe), ["data.source=synthetic", "data.max_corpus_bytes=60000", *overrides]
+    )
+    return cfg, load_samples(cfg)
+
+
+def test_dp_ranks_split_each_global_batch_exactly_once():
+    cfg, samples = _synthetic("tiny_dp2")
+    ranks = [GlobalBatches(samples.train, cfg, dp, samples.eod) for dp in range(2)]
+    for step in (0, 3):
+        rows = [mb["tokens"] for r in ranks for mb in r.microbatches(step)]
+        assert all(row.shape == (2, cfg.model.seq_length) for row in rows)
+        expected = samples.train[ranks[0].global_batch_indices(step)][:, :-1]
+        assert np.array_equal(torch.cat(rows).numpy(), expected)
+
+
+def test_labels_are_inputs_shifted_by_one_and_eod_inputs_carry_no_loss():
+    cfg, samples = _synthetic("tiny_dp1")
+    batches = GlobalBatches(samples.train, cfg, 0, samples.eod)
+    mb = batches.microbatches(0)[0]
+    assert torch.equal(mb["tokens"][:, 1:], mb["labels"][:, :-1])
+    assert torch.all(mb["loss_mask"][mb["tokens"] == samples.eod] == 0)
+    assert torch.all(mb["loss_mask"][mb["tokens"] != samples.eod] == 1)
+    total = sum(int(m["loss_mask"].sum()) for m in batches.microbatches(0))
+    assert total == loss_tokens_in_step(batches, 0)
+
+
+def test_epochs_reshuffle_and_cover_every_sample():
+    cfg, samples = _synthetic("tiny_dp1")
+    batches = GlobalBatches(samples.train, cfg, 0, samples.eod)
+    per_epoch = len(samples.train) // cfg.train.global_batch_size
+    first = np.concatenate([batches.global_batch_indices(s) for s in range(per_epoch)])
+    second = np.concatenate([batches.global_batch_indices(per_epoch + s) for s in range(2)])
+    assert len(set(first.tolist())) == len(first)
+    assert not np.array_equal(first[: len(second)], second)
+
+
+def _scheduler(style: str):
+    from recipes.overrides import apply_overrides
+    from trainer.loop import build_scheduler
+
+    cfg = apply_overrides(get_recipe("tiny_dp1"), [
+        f"scheduler.style={style}", "train.train_iters=100", "scheduler.warmup_iters=10",
+        "scheduler.wsd_decay_iters=20", "optimizer.lr=1.0", "optimizer.min_lr=0.1",
+    ])
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+    scheduler = build_scheduler(cfg, optimizer)
+    lrs = []
+    for _ in range(100):
+        scheduler.step(increment=cfg.train.global_batch_size)
+        lrs.append(optimizer.param_groups[0]["lr"])
+    return lrs
+
+
+def test_cosine_schedule_warms_up_then_decays_to_min():
+    lrs = _scheduler("cosine")
+    assert lrs[4] == pytest.approx(0.5)
+    assert lrs[9] == pytest.approx(1.0)
+    assert lrs[54] == pytest.approx(0.55, abs=0.01)
+    assert lrs[-1] == pytest.approx(0.1)
+
+
+def test_wsd_schedule_holds_then_anneals_in_the_last_steps():
+    lrs = _scheduler("wsd")
+    assert lrs[9] == pytest.approx(1.0)
+    assert lrs[79] == pytest.approx(1.0)  # stable until the last 20 steps
+    assert lrs[89] == pytest.approx(0.55, abs=0.01)
+    assert lrs[-1] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overlap", "batch"),
+    [("tiny_pp2", False, True), ("tiny_pp2_vpp2", True, False)],
+)
+def test_interleaving_gets_overlapped_unbatched_p2p(recipe, overlap, batch):
+    from trainer.mcore_translation import build_transformer_config
+
+    config = build_transformer_config(get_recipe(recipe), cpu_initialization=True)
+    assert (config.overlap_p2p_comm, config.batch_p2p_comm) == (overlap, batch)
+    assert config.calculate_per_token_loss
+
+
+def test_swiglu_and_squared_relu_translate_to_megatron_activations():
+    from megatron.core.activations import squared_relu
+
+    from trainer.mcore_translation import build_transformer_config
+
+    llama = build_transformer_config(get_recipe("llama3_8b_tp8_dp8"), cpu_initialization=True)
+    nemotron = build_transformer_config(
+        get_recipe("nemotron4_15b_tp8_pp2_dp4"), cpu_initialization=True
+    )
+    assert llama.gated_linear_unit and llama.activation_func is torch.nn.functional.silu
+    assert not nemotron.gated_linear_unit and nemotron.activation_func is squared_relu
+    assert llama.num_query_groups == 8 and llama.params_dtype == torch.bfloat16
