@@ -3,11 +3,14 @@
 Order follows Megatron-LM's: content metadata -> model sharded state dict -> optimizer sharded
 state dict -> `dist_checkpointing.save`. Tensors are keyed by global names (layer numbers
 include the pipeline offset), so weights saved from one layout load into any other.
-Exact optimizer resume (the four distributed-optimizer fixes) attaches here in its own issue.
+Resuming restores model, optimizer, scheduler and step. Megatron Core 0.19.2 needs four fixes
+on the distributed-optimizer load path (measured in shared/notes/megatron-core-on-cpu.md); they
+are applied here, around Megatron's own calls, without editing the installed package.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -89,3 +92,81 @@ def save_model_weights(directory: str | Path, cfg: RunConfig, model: list) -> Pa
     )
     torch.distributed.barrier()
     return path
+
+
+def _inner_optimizers(optimizer) -> list:
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _is_distributed(optimizer) -> bool:
+    return hasattr(optimizer, "_init_optimizer_states_with_dummy_values")
+
+
+def _create_state_if_missing(optimizer) -> None:
+    """Fix 1: a fresh distributed optimizer has no state to describe (`assert len(steps) == 1`,
+    distrib_optimizer.py:839); Megatron's own dummy step creates it (replaced by the load)."""
+    for inner in _inner_optimizers(optimizer):
+        if _is_distributed(inner) and not inner.optimizer.state:
+            inner._init_optimizer_states_with_dummy_values()
+
+
+@contextlib.contextmanager
+def _keep_step_out_of_param_state(optimizer):
+    """Fix 2: the per-parameter copy (distrib_optimizer.py:1193) expects a `step` tensor the
+    loaded dict lacks (KeyError), or, dp_reshardable, overwrites the right step with the
+    receiving optimizer's dummy one. Handing it the parameter's own step makes that a no-op;
+    the step itself comes from the param groups, as Megatron's load sets it."""
+    patched = []
+    for inner in _inner_optimizers(optimizer):
+        if not _is_distributed(inner):
+            continue
+        original = inner._set_main_param_and_optimizer_states
+
+        def without_step(model_param, tensors, _inner=inner, _original=original):
+            group_index, group_order = _inner.model_param_group_index_map[model_param]
+            main_param = _inner.optimizer.param_groups[group_index]["params"][group_order]
+            own_step = _inner.optimizer.state[main_param].get("step")
+            if own_step is not None:
+                tensors = {**tensors, "step": own_step}
+            return _original(model_param, tensors)
+
+        inner._set_main_param_and_optimizer_states = without_step
+        patched.append(inner)
+    try:
+        yield
+    finally:
+        for inner in patched:
+            del inner._set_main_param_and_optimizer_states
+
+
+def _give_each_param_its_own_step(optimizer) -> None:
+    """Fix 4 (silent): the load gives every parameter one shared `step` tensor
+    (distrib_optimizer.py:1028); torch's foreach Adam then increments it once per parameter."""
+    for inner in _inner_optimizers(optimizer):
+        torch_optimizer = getattr(inner, "optimizer", None)
+        if torch_optimizer is None:
+            continue
+        for state in torch_optimizer.state.values():
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].detach().clone()
+
+
+def load_checkpoint(path: str | Path, model: list, optimizer, scheduler) -> int:
+    """Restore weights, optimizer and scheduler state; returns the step to continue from."""
+    path = resolve_checkpoint_dir(path)
+    metadata = dist_checkpointing.load_content_metadata(str(path)) or {}
+    _create_state_if_missing(optimizer)
+    template = model_sharded_state_dict(model, metadata)
+    template["optimizer"] = optimizer.sharded_state_dict(
+        template, is_loading=True, metadata=metadata
+    )
+    loaded = dist_checkpointing.load(template, str(path))
+    for i, chunk in enumerate(unwrap_model(model)):
+        chunk.load_state_dict(loaded[_model_key(i, len(model))])
+    # Fix 3: the dp_reshardable loader copies into leaf params without no_grad
+    # (distrib_optimizer.py:2061); fp32 then fails with an in-place-on-leaf error.
+    with torch.no_grad(), _keep_step_out_of_param_state(optimizer):
+        optimizer.load_state_dict(loaded["optimizer"])
+    _give_each_param_its_own_step(optimizer)
+    scheduler.load_state_dict(loaded["scheduler"])
+    return int(loaded["step"])

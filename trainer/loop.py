@@ -29,7 +29,7 @@ from trainer.mcore_translation import (
     build_transformer_config,
 )
 from trainer.metrics import RunReporter, StepMetrics, is_finite
-from trainer.model import build_model_chunks, wrap_with_ddp
+from trainer.model import build_model_chunks, wrap_for_precision, wrap_with_ddp
 from trainer.step import evaluate, train_step
 
 
@@ -104,12 +104,15 @@ def build_session(
     config = build_transformer_config(cfg, cpu_initialization=cpu_initialization)
     config = hooks.apply_transformer_config(cfg, config)
     chunks = build_model_chunks(cfg, config, hooks)
-    if cfg.checkpoint.load is not None:
+    if cfg.checkpoint.load is not None and cfg.checkpoint.load_model_only:
         checkpointing.load_model_weights(cfg.checkpoint.load, chunks)
-    model = wrap_with_ddp(chunks, config, build_ddp_config(cfg))
+    model = wrap_with_ddp(wrap_for_precision(chunks, config), config, build_ddp_config(cfg))
     optimizer = get_megatron_optimizer(build_optimizer_config(cfg), model)
     scheduler = build_scheduler(cfg, optimizer)
     _wire_schedule_hooks(cfg, config, model, optimizer)
+    start_step = 0
+    if cfg.checkpoint.load is not None and not cfg.checkpoint.load_model_only:
+        start_step = checkpointing.load_checkpoint(cfg.checkpoint.load, model, optimizer, scheduler)
     samples = load_samples(cfg)
     dp_rank = parallel_state.get_data_parallel_rank()
     train_batches = GlobalBatches(samples.train, cfg, dp_rank, samples.eod)
@@ -117,7 +120,7 @@ def build_session(
     eval_steps = min(cfg.train.eval_iters, len(samples.heldout) // cfg.train.global_batch_size)
     return TrainingSession(
         cfg, run_dir, hooks, model, optimizer, scheduler, train_batches, heldout_batches,
-        eval_steps,
+        eval_steps, start_step,
     )
 
 

@@ -17,6 +17,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.pipeline_parallel.utils import is_vp_first_stage, is_vp_last_stage
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.utils import unwrap_model
 
@@ -81,6 +82,18 @@ def build_model_chunks(
     return chunks
 
 
+def wrap_for_precision(chunks: list[GPTModel], config: TransformerConfig) -> list:
+    """bf16/fp16: cast every parameter (norms included) as Megatron-LM's Float16Module does.
+
+    Without it the local spec's torch norms stay fp32 beside bf16 weights, and the distributed
+    optimizer's parameter-group index map (built before it reorders groups by dtype) then points
+    at the wrong main parameters when the optimizer state is saved.
+    """
+    if not (config.bf16 or config.fp16):
+        return chunks
+    return [Float16Module(config, chunk) for chunk in chunks]
+
+
 def wrap_with_ddp(
     chunks: list[GPTModel], config: TransformerConfig, ddp_config: DistributedDataParallelConfig
 ) -> list[DistributedDataParallel]:
@@ -93,9 +106,10 @@ def wrap_with_ddp(
     if not ddp_config.overlap_grad_reduce:
         ddp_config.bucket_size = None
     wrapped = []
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     for index, chunk in enumerate(chunks):
-        # Megatron-LM buckets only the first chunk; later chunks' grads reduce as one bucket.
-        bucket_size = ddp_config.bucket_size if index == 0 else None
+        # As Megatron DDP does: only the first chunk of the first stage is bucketed.
+        bucket_size = ddp_config.bucket_size if index == 0 and pp_rank == 0 else None
         layout = None
         if ddp_config.use_distributed_optimizer:
             params = [p for p in chunk.parameters() if p.requires_grad]

@@ -51,3 +51,31 @@ def train_steps(payload: dict) -> dict:
         grad_norms.append(metrics.grad_norm)
     _finish()
     return {"losses": losses, "grad_norms": grad_norms}
+
+
+def train_save_continue(payload: dict) -> dict:
+    """Train `steps` steps, saving a full checkpoint after `save_after`; the uninterrupted run."""
+    from trainer.checkpointing import save_checkpoint
+    from trainer.step import train_step
+
+    session = _session(payload)
+    losses = []
+    for step in range(payload["steps"]):
+        losses.append(train_step(session, step).loss)
+        if step + 1 == payload["save_after"]:
+            save_checkpoint(payload["checkpoint_dir"], session.cfg, session.model,
+                            session.optimizer, session.scheduler, step + 1)
+    _finish()
+    return {"losses": losses}
+
+
+def resume_and_train(payload: dict) -> dict:
+    """Fresh processes: load the full checkpoint, then train up to `steps`."""
+    from trainer.step import train_step
+
+    session = _session(payload)
+    start = session.start_step
+    losses = [train_step(session, step).loss for step in range(start, payload["steps"])]
+    lr = session.optimizer.param_groups[0]["lr"]
+    _finish()
+    return {"start": start, "losses": losses, "lr": lr}

@@ -48,7 +48,7 @@ def _train(launch_ranks, recipe, ranks, overrides, weights, run_dir) -> dict:
         "recipe": recipe,
         "steps": STEPS,
         "run_dir": str(run_dir),
-        "overrides": [f"checkpoint.load={weights}", *overrides],
+        "overrides": [f"checkpoint.load={weights}", "checkpoint.load_model_only=true", *overrides],
     }
     results = launch_ranks(ranks, f"{ENTRY}:train_steps", payload)
     # The trainer reduces the loss over all ranks, so every rank must report the same trace.

@@ -68,7 +68,8 @@ def test_default_run_writes_a_loadable_checkpoint_and_config(short_default_run, 
     result = run_script(
         f"config={run_dir / 'config.yaml'}", f"run_dir={tmp_path / 'again'}",
         "parallel.pipeline=1", "cluster.gpus_per_node=2",
-        f"checkpoint.load={run_dir / 'checkpoints'}", "train.train_iters=1",
+        f"checkpoint.load={run_dir / 'checkpoints'}", "checkpoint.load_model_only=true",
+        "train.train_iters=1",
         "scheduler.warmup_iters=0", "checkpoint.save=false",
     )
     assert result.returncode == 0, result.stderr[-3000:]
