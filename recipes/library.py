@@ -261,26 +261,16 @@ def nemotron4_15b_tp8_pp2_dp4() -> RunConfig:
 
 
 def mixtral_8x7b_model() -> ModelConfig:
-    """Mixtral-8x7B shape: 8 SwiGLU experts top-2, GQA 32/8, RMSNorm, no bias, 32k vocab."""
-    return ModelConfig(
-        num_layers=32,
-        hidden_size=4096,
-        ffn_hidden_size=14336,
-        num_attention_heads=32,
-        num_query_groups=8,
-        seq_length=4096,
-        vocab_size=32_000,
-        activation="swiglu",
-        normalization="RMSNorm",
-        position_embedding="rope",
-        rotary_base=1_000_000,
-        add_bias_linear=False,  # the local MoE spec fails with linear biases
-        share_embeddings_and_output_weights=False,
-        num_moe_experts=8,
-        moe_router_topk=2,
-        moe_token_dispatcher="alltoall",
-        moe_aux_loss_coeff=0.01,
-    )
+    """Mixtral-8x7B shape: Llama-3-8B's blocks with 8 SwiGLU experts (top-2), 32k vocab."""
+    model = llama3_8b_model()
+    model.seq_length = 4096
+    model.vocab_size = 32_000
+    model.rotary_base = 1_000_000
+    model.num_moe_experts = 8
+    model.moe_router_topk = 2
+    model.moe_token_dispatcher = "alltoall"
+    model.moe_aux_loss_coeff = 0.01
+    return model  # add_bias_linear stays False: the local MoE spec fails with linear biases
 
 
 def mixtral_8x7b_tp1_pp4_ep8_dp16() -> RunConfig:
