@@ -42,6 +42,21 @@ def model_sharded_state_dict(model: list[torch.nn.Module], metadata: dict) -> di
     }
 
 
+@contextlib.contextmanager
+def _parameters_gathered(model: list):
+    """With overlapped param all-gather the updated weights arrive in the next forward's
+    pre-hook; finish that gather first (as Megatron-LM does) so the saved weights are current."""
+    overlapped = [c for c in model if getattr(c, "ddp_config", None) and
+                  c.ddp_config.overlap_param_gather and c.ddp_config.use_distributed_optimizer]
+    for chunk in overlapped:
+        chunk.disable_forward_pre_hook(param_sync=True)
+    try:
+        yield
+    finally:
+        for chunk in overlapped:
+            chunk.enable_forward_pre_hook()
+
+
 def save_checkpoint(
     directory: Path, cfg: RunConfig, model: list, optimizer, scheduler, step: int
 ) -> Path:
@@ -51,11 +66,12 @@ def save_checkpoint(
         path.mkdir(parents=True, exist_ok=True)
     torch.distributed.barrier()
     metadata = content_metadata(cfg)
-    state = model_sharded_state_dict(model, metadata)
-    state["optimizer"] = optimizer.sharded_state_dict(state, metadata=metadata)
-    state["scheduler"] = scheduler.state_dict()
-    state["step"] = step
-    dist_checkpointing.save(state, str(path), content_metadata=metadata)
+    with _parameters_gathered(model):
+        state = model_sharded_state_dict(model, metadata)
+        state["optimizer"] = optimizer.sharded_state_dict(state, metadata=metadata)
+        state["scheduler"] = scheduler.state_dict()
+        state["step"] = step
+        dist_checkpointing.save(state, str(path), content_metadata=metadata)
     if torch.distributed.get_rank() == 0:
         (path / STEP_FILE).write_text(json.dumps({"step": step}))
         (Path(directory) / "latest").write_text(path.name)

@@ -27,6 +27,9 @@ LAYOUTS = [
     ("tiny_tp2_pp2", 4, []),
     ("tiny_tp2_sp_dp2_distopt", 4, []),
     ("tiny_pp2_dp2_overlap", 4, []),
+    # What the 64-GPU recipes use: overlapped grad reduce-scatter and param all-gather.
+    ("tiny_dp2_distopt", 2, ["optimizer.overlap_grad_reduce=true",
+                             "optimizer.overlap_param_gather=true"]),
     ("tiny_dp1_recompute", 1, []),
     ("tiny_tp2_pp2", 4, ["train.recompute=full", "parallel.sequence_parallel=true"]),
 ]

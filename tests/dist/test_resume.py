@@ -18,6 +18,8 @@ CASES = [
     ("tiny_dp2_distopt", 2, ["checkpoint.optimizer_format=dp_reshardable"]),
     ("tiny_dp2_distopt", 2, ["precision.dtype=bf16"]),
     ("tiny_tp2_pp2", 4, []),
+    ("tiny_dp2_distopt", 2, ["optimizer.overlap_grad_reduce=true",
+                             "optimizer.overlap_param_gather=true"]),
 ]
 
 
