@@ -6,7 +6,6 @@ same Python version.
 
 from __future__ import annotations
 
-import sys
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,8 +55,3 @@ def corpus_documents(source: str, max_bytes: int, seed: int = 0) -> Iterator[str
         return synthetic_documents(max_bytes, seed)
     raise ValueError(f"unknown corpus source {source!r}")
 
-
-def describe_source(source: str) -> str:
-    if source == "python_stdlib":
-        return f"Python {sys.version.split()[0]} standard library sources"
-    return "synthetic word-salad text"

@@ -28,10 +28,6 @@ class SampleTable:
     heldout: np.ndarray
     eod: int
 
-    @property
-    def train_tokens(self) -> int:
-        return int(self.train.size)
-
 
 def load_samples(cfg: RunConfig) -> SampleTable:
     tokenizer = ByteTokenizer()
@@ -99,10 +95,3 @@ class GlobalBatches:
             for i in range(0, per_rank, mbs)
         ]
 
-
-def loss_tokens_in_step(batches: GlobalBatches, step: int) -> int:
-    """Loss tokens of the whole global batch (each counted once, whatever the layout)."""
-    rows = batches.samples[batches.global_batch_indices(step)]
-    if not batches.cfg.data.eod_mask_loss:
-        return int(rows[:, 1:].size)
-    return int((rows[:, :-1] != batches.eod).sum())

@@ -7,6 +7,7 @@ summary. Plugins attach through `TrainerHooks`; nothing here knows about a speci
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from trainer.mcore_translation import (
     build_optimizer_config,
     build_transformer_config,
 )
-from trainer.metrics import RunReporter, StepMetrics, is_finite
+from trainer.metrics import RunReporter, StepMetrics
 from trainer.model import build_model_chunks, wrap_for_precision, wrap_with_ddp
 from trainer.step import evaluate, train_step
 
@@ -142,7 +143,7 @@ def check_finite(session: TrainingSession, metrics: StepMetrics) -> None:
     Loss and grad norm are already reduced over all ranks, so every rank takes the same branch;
     the per-rank search runs only on failure and costs nothing on healthy steps.
     """
-    if is_finite(metrics.loss) and is_finite(metrics.grad_norm):
+    if math.isfinite(metrics.loss) and math.isfinite(metrics.grad_norm):
         return
     ranks = _ranks_with_nonfinite_grads(session.model)
     if not ranks:

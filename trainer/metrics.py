@@ -7,7 +7,6 @@ ranks (and CP chunks) add up; TP/PP ranks that work on the same tokens do not ad
 from __future__ import annotations
 
 import json
-import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,10 +56,6 @@ def make_console() -> Console:
     """Rich console that keeps log lines whole and tables readable when piped (not 80 cols)."""
     width = None if sys.stdout.isatty() else 120
     return Console(highlight=False, soft_wrap=True, width=width)
-
-
-def is_finite(value: float) -> bool:
-    return math.isfinite(value)
 
 
 class RunReporter:
