@@ -11,7 +11,6 @@ are applied here, around Megatron's own calls, without editing the installed pac
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 
 import torch
@@ -19,8 +18,6 @@ from megatron.core import dist_checkpointing
 from megatron.core.utils import unwrap_model
 
 from recipes.schema import RunConfig
-
-STEP_FILE = "step.json"
 
 
 def content_metadata(cfg: RunConfig) -> dict:
@@ -73,7 +70,6 @@ def save_checkpoint(
         state["step"] = step
         dist_checkpointing.save(state, str(path), content_metadata=metadata)
     if torch.distributed.get_rank() == 0:
-        (path / STEP_FILE).write_text(json.dumps({"step": step}))
         (Path(directory) / "latest").write_text(path.name)
     torch.distributed.barrier()
     return path
