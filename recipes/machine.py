@@ -73,11 +73,12 @@ def detect_machine(environ: Mapping[str, str] | None = None) -> MachineInfo:
     )
 
 
-def describe_layout(cfg: RunConfig) -> str:
-    """'TP8 x PP4 x DP2', with CP, virtual stages and EP when used."""
+def describe_layout(cfg: RunConfig, *, show_sequence_parallel: bool = False) -> str:
+    """'TP8 x PP4 x DP2', with CP, virtual stages and EP when used (and '+SP' if asked)."""
     p = cfg.parallel
     pipeline = f"PP{p.pipeline}" + (f" (VPP{p.virtual_pipeline})" if p.virtual_pipeline else "")
-    parts = [f"TP{p.tensor}", pipeline]
+    sp = "+SP" if show_sequence_parallel and p.sequence_parallel else ""
+    parts = [f"TP{p.tensor}{sp}", pipeline]
     if p.context > 1:
         parts.append(f"CP{p.context}")
     parts.append(f"DP{cfg.data_parallel_size}")

@@ -43,8 +43,10 @@ def model_sharded_state_dict(model: list[torch.nn.Module], metadata: dict) -> di
 def _parameters_gathered(model: list):
     """With overlapped param all-gather the updated weights arrive in the next forward's
     pre-hook; finish that gather first (as Megatron-LM does) so the saved weights are current."""
-    overlapped = [c for c in model if getattr(c, "ddp_config", None) and
-                  c.ddp_config.overlap_param_gather and c.ddp_config.use_distributed_optimizer]
+    overlapped = [
+        chunk for chunk in model
+        if chunk.ddp_config.use_distributed_optimizer and chunk.ddp_config.overlap_param_gather
+    ]
     for chunk in overlapped:
         chunk.disable_forward_pre_hook(param_sync=True)
     try:

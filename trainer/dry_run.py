@@ -142,12 +142,12 @@ def _range_text(values: list[int]) -> str:
 
 def print_report(cfg: RunConfig, shards: list[ShardReport], seconds: float, console) -> None:
     """One row per pipeline stage (and expert rank): layers, parameters per rank, placement."""
-    from trainer.summary import describe_layout
+    from trainer.summary import describe_run_layout
 
     groups: dict[tuple[int, int], list[ShardReport]] = {}
     for shard in shards:
         groups.setdefault((shard.coords.pp, shard.coords.ep), []).append(shard)
-    table = Table(title=f"dry run: {cfg.name}, {describe_layout(cfg)}")
+    table = Table(title=f"dry run: {cfg.name}, {describe_run_layout(cfg)}")
     for column in ("PP stage", "EP rank", "TP ranks", "layers (per virtual stage)",
                    "parameters / rank", "placement (Megatron rank order)"):
         table.add_column(column)

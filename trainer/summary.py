@@ -9,22 +9,14 @@ from megatron.core import parallel_state
 from rich.console import Console
 from rich.table import Table
 
+from recipes.machine import describe_layout
 from trainer.device import compute_device
 from trainer.model import distinct_parameter_counts
 
 
-def describe_layout(cfg) -> str:
-    p = cfg.parallel
-    parts = [f"TP{p.tensor}"]
-    if p.sequence_parallel:
-        parts[0] += "+SP"
-    parts.append(f"PP{p.pipeline}" + (f"xVPP{p.virtual_pipeline}" if p.virtual_pipeline else ""))
-    if p.context > 1:
-        parts.append(f"CP{p.context}")
-    if p.expert > 1:
-        parts.append(f"EP{p.expert}")
-    parts.append(f"DP{cfg.data_parallel_size}")
-    return " x ".join(parts) + f" ({cfg.cluster.world_size} ranks)"
+def describe_run_layout(cfg) -> str:
+    """The layout with sequence parallelism marked and the rank count, for reports."""
+    return f"{describe_layout(cfg, show_sequence_parallel=True)} ({cfg.cluster.world_size} ranks)"
 
 
 def model_parameter_count(model: list) -> int:
@@ -52,7 +44,7 @@ def build_summary(session, history: dict) -> dict:
     heldout = history["heldout"]
     return {
         "recipe": cfg.name,
-        "layout": describe_layout(cfg),
+        "layout": describe_run_layout(cfg),
         "backend": "CPU (gloo)" if not torch.cuda.is_available() else "GPU (nccl)",
         "parameters": model_parameter_count(session.model),
         "steps": steps_run,
