@@ -5,31 +5,21 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 
-from recipes import library
-from recipes.errors import ConfigError
-from recipes.schema import RunConfig
+from recipes import llama3, mixtral, nemotron, tiny
+from recipes.config.errors import ConfigError
+from recipes.config.schema import RunConfig
 
-RECIPES: dict[str, Callable[[], RunConfig]] = {
-    # Tiny CPU layouts: the default, and one per layout the equivalence tests compare.
-    "tiny_tp2_pp2": library.tiny_tp2_pp2,
-    "tiny_dp1": library.tiny_dp1,
-    "tiny_dp1_recompute": library.tiny_dp1_recompute,
-    "tiny_dp2": library.tiny_dp2,
-    "tiny_dp2_distopt": library.tiny_dp2_distopt,
-    "tiny_tp2": library.tiny_tp2,
-    "tiny_tp2_sp": library.tiny_tp2_sp,
-    "tiny_pp2": library.tiny_pp2,
-    "tiny_pp2_vpp2": library.tiny_pp2_vpp2,
-    "tiny_tp2_sp_dp2_distopt": library.tiny_tp2_sp_dp2_distopt,
-    "tiny_pp2_dp2_overlap": library.tiny_pp2_dp2_overlap,
-    # 64 GPUs (8 nodes x 8).
-    "llama3_8b_tp8_dp8": library.llama3_8b_tp8_dp8,
-    "llama3_8b_tp8_pp4_dp2": library.llama3_8b_tp8_pp4_dp2,
-    "llama3_8b_128k_tp8_cp8": library.llama3_8b_128k_tp8_cp8,
-    "llama3_70b_tp4_pp4_cp2_vpp5_dp2": library.llama3_70b_tp4_pp4_cp2_vpp5_dp2,
-    "nemotron4_15b_tp8_pp2_dp4": library.nemotron4_15b_tp8_pp2_dp4,
-    "mixtral_8x7b_tp1_pp4_ep8_dp16": library.mixtral_8x7b_tp1_pp4_ep8_dp16,
-}
+
+def _by_name(*families: tuple[Callable[[], RunConfig], ...]) -> dict[str, Callable[[], RunConfig]]:
+    """Registry keys are the recipe functions' own names, in catalogue order."""
+    return {function.__name__: function for family in families for function in family}
+
+
+# One explicit list: each family file ends with the tuple of its recipes (nothing registers
+# itself on import). The tiny layouts come first; their first entry is the default recipe.
+RECIPES: dict[str, Callable[[], RunConfig]] = _by_name(
+    tiny.RECIPES, llama3.RECIPES, nemotron.RECIPES, mixtral.RECIPES
+)
 
 # Short names for the domain text's two 64-GPU layouts (config A and config B).
 ALIASES: dict[str, str] = {
@@ -37,7 +27,7 @@ ALIASES: dict[str, str] = {
     "8b_tp8_pp4_dp2": "llama3_8b_tp8_pp4_dp2",
 }
 
-DEFAULT_RECIPE = "tiny_tp2_pp2"
+DEFAULT_RECIPE = tiny.RECIPES[0].__name__
 
 
 def recipe_names() -> list[str]:
@@ -71,7 +61,7 @@ def recipe_description(name: str) -> str:
 
 
 def format_recipe_list() -> str:
-    """What `recipe=list` / `--help` prints: usage, then one line per recipe."""
+    """The recipe part of `recipe=list` / `--help`: one line per recipe, default named."""
     aliases_of: dict[str, list[str]] = {}
     for alias, target in ALIASES.items():
         aliases_of.setdefault(target, []).append(alias)
@@ -80,11 +70,7 @@ def format_recipe_list() -> str:
         for name in RECIPES
     }
     width = max(len(label) for label in labels.values())
-    lines = [
-        "usage: python scripts/pretrain.py [recipe=NAME | config=RUN_DIR/config.yaml] "
-        "[section.key=value ...] [dry_run=true]",
-        f"recipes (default {DEFAULT_RECIPE}):",
-    ]
+    lines = [f"recipes (default {DEFAULT_RECIPE}):"]
     for name, label in labels.items():
         lines.append(f"  {label:<{width}}  {recipe_description(name)}")
     return "\n".join(lines)

@@ -1,10 +1,12 @@
 """Benchmark: this trainer's step time vs a bare Megatron Core loop (same model, layout, data).
 
+usage: python scripts/bench_step.py [recipe=NAME | config=FILE] [steps=N] [warmup=N] [overrides]
+
     python scripts/bench_step.py                       # tiny_tp2_pp2 on 4 local ranks
     python scripts/bench_step.py recipe=tiny_dp1 steps=30 warmup=5 model.hidden_size=256
 
-`steps=` and `warmup=` set the measured and discarded rounds; every other argument is a recipe
-argument as for pretrain.py. Prints both medians and the ratio (goal: <= 1.05 on CPU).
+Every other argument is a recipe argument as for pretrain.py. Prints both medians and the
+ratio (goal: <= 1.05 on CPU).
 """
 
 import sys
@@ -12,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.bench_cli import main  # noqa: E402
+from trainer.commands import BENCH_STEP  # noqa: E402
+from trainer.pipeline import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(BENCH_STEP))

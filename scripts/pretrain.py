@@ -1,10 +1,15 @@
 """Pretrain a GPT with Megatron Core from a named recipe.
 
+usage: python scripts/pretrain.py [recipe=NAME | config=FILE] [section.field=value ...]
+
     python scripts/pretrain.py                                  # default CPU-sized recipe
     python scripts/pretrain.py recipe=list                      # every recipe, one line each
     python scripts/pretrain.py recipe=8b_tp8_pp4_dp2 dry_run=true
     python scripts/pretrain.py recipe=tiny_tp2_pp2 train.train_iters=50 optimizer.lr=1e-3
     python scripts/pretrain.py config=runs/<run>/config.yaml    # reproduce a saved run
+    python scripts/pretrain.py checkpoint.load=runs/<run>/checkpoints   # resume a run
+
+Without torchrun it launches its own local ranks; under torchrun it runs as the rank it is.
 """
 
 import sys
@@ -12,7 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.cli import main  # noqa: E402
+from trainer.commands import PRETRAIN  # noqa: E402
+from trainer.pipeline import main  # noqa: E402
 
 if __name__ == "__main__":  # the checkpoint writer spawns processes: keep this guard
-    sys.exit(main())
+    sys.exit(main(PRETRAIN))

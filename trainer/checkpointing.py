@@ -3,9 +3,11 @@
 Order follows Megatron-LM's: content metadata -> model sharded state dict -> optimizer sharded
 state dict -> `dist_checkpointing.save`. Tensors are keyed by global names (layer numbers
 include the pipeline offset), so weights saved from one layout load into any other.
-Resuming restores model, optimizer, scheduler and step. Megatron Core 0.19.2 needs four fixes
-on the distributed-optimizer load path (measured in shared/notes/megatron-core-on-cpu.md); they
-are applied here, around Megatron's own calls, without editing the installed package.
+A full checkpoint holds model, optimizer, scheduler and the typed `RunState` (step, consumed
+samples and tokens, data position, plugin states; each rank's RNG streams as a sharded object),
+so resuming restores all of it. Megatron Core 0.19.2 needs four fixes on the
+distributed-optimizer load path; they are applied here, around Megatron's own calls, without
+editing the installed package. `docs/checkpoints.md` lists each defect with its file:line.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from pathlib import Path
 
 import torch
 from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.utils import unwrap_model
 
-from recipes.schema import RunConfig
+from recipes.config.schema import RunConfig
+from trainer.state import RngState, RunState
 
 
 def content_metadata(cfg: RunConfig) -> dict:
@@ -56,21 +60,28 @@ def _parameters_gathered(model: list):
             chunk.enable_forward_pre_hook()
 
 
-def save_checkpoint(
-    directory: Path, cfg: RunConfig, model: list, optimizer, scheduler, step: int
-) -> Path:
-    """Write model, optimizer and scheduler state after `step` optimizer steps."""
-    path = Path(directory) / f"step_{step:07d}"
+def _rng_sharded(rng: RngState | None, world_size: int) -> ShardedObject:
+    """This rank's RNG streams as one element of a world-sized sharded object."""
+    rank = torch.distributed.get_rank()
+    data = None if rng is None else rng.as_dict()
+    return ShardedObject("rng_state", data, (world_size,), (rank,), replica_id=0)
+
+
+def save_checkpoint(session, directory: str | Path) -> Path:
+    """Write model, optimizer, scheduler and the run state after `session.state.step` steps."""
+    state: RunState = session.capture_state()
+    path = Path(directory) / f"step_{state.step:07d}"
     if torch.distributed.get_rank() == 0:
         path.mkdir(parents=True, exist_ok=True)
     torch.distributed.barrier()
-    metadata = content_metadata(cfg)
-    with _parameters_gathered(model):
-        state = model_sharded_state_dict(model, metadata)
-        state["optimizer"] = optimizer.sharded_state_dict(state, metadata=metadata)
-        state["scheduler"] = scheduler.state_dict()
-        state["step"] = step
-        dist_checkpointing.save(state, str(path), content_metadata=metadata)
+    metadata = content_metadata(session.cfg)
+    with _parameters_gathered(session.model):
+        sharded = model_sharded_state_dict(session.model, metadata)
+        sharded["optimizer"] = session.optimizer.sharded_state_dict(sharded, metadata=metadata)
+        sharded["scheduler"] = session.scheduler.state_dict()
+        sharded["run_state"] = state.common()
+        sharded["rng_state"] = _rng_sharded(state.rng, state.world_size)
+        dist_checkpointing.save(sharded, str(path), content_metadata=metadata)
     if torch.distributed.get_rank() == 0:
         (Path(directory) / "latest").write_text(path.name)
     torch.distributed.barrier()
@@ -165,15 +176,30 @@ def _give_each_param_its_own_step(optimizer) -> None:
                 state["step"] = state["step"].detach().clone()
 
 
-def load_checkpoint(path: str | Path, model: list, optimizer, scheduler) -> int:
-    """Restore weights, optimizer and scheduler state; returns the step to continue from."""
+def _saved_world_size(path: Path) -> int:
+    """World size of the run that wrote the checkpoint (from its common state)."""
+    common = dist_checkpointing.load_common_state_dict(str(path))
+    return int(common["run_state"]["world_size"])
+
+
+def load_checkpoint(session, path: str | Path) -> RunState:
+    """Restore weights, optimizer, scheduler and run state; returns the restored `RunState`.
+
+    Each rank's RNG streams come back when the world size is the one that saved them; under
+    another layout the ranks keep their freshly seeded streams (nothing to map them onto).
+    """
     path = resolve_checkpoint_dir(path)
     metadata = dist_checkpointing.load_content_metadata(str(path)) or {}
+    model, optimizer = session.model, session.optimizer
     _create_state_if_missing(optimizer)
     template = model_sharded_state_dict(model, metadata)
     template["optimizer"] = optimizer.sharded_state_dict(
         template, is_loading=True, metadata=metadata
     )
+    world_size = torch.distributed.get_world_size()
+    same_world = _saved_world_size(path) == world_size
+    if same_world:
+        template["rng_state"] = _rng_sharded(RngState.capture(), world_size)
     loaded = dist_checkpointing.load(template, str(path))
     for i, chunk in enumerate(unwrap_model(model)):
         chunk.load_state_dict(loaded[_model_key(i, len(model))])
@@ -182,5 +208,6 @@ def load_checkpoint(path: str | Path, model: list, optimizer, scheduler) -> int:
     with torch.no_grad(), _keep_step_out_of_param_state(optimizer):
         optimizer.load_state_dict(loaded["optimizer"])
     _give_each_param_its_own_step(optimizer)
-    scheduler.load_state_dict(loaded["scheduler"])
-    return int(loaded["step"])
+    session.scheduler.load_state_dict(loaded["scheduler"])
+    rng = RngState.from_dict(loaded["rng_state"]) if same_world else None
+    return RunState.from_common(loaded["run_state"], rng)

@@ -14,8 +14,8 @@ import torch
 
 from data_prep.corpus import corpus_documents
 from data_prep.tokenizer import ByteTokenizer
-from recipes.errors import ConfigError
-from recipes.schema import RunConfig
+from recipes.config.errors import ConfigError
+from recipes.config.schema import RunConfig
 
 MicroBatch = dict[str, torch.Tensor]
 
@@ -67,6 +67,8 @@ class GlobalBatches:
         self.dp_rank = dp_rank
         self.eod = eod
         self.global_batch = cfg.train.global_batch_size
+        self.per_replica = cfg.layout.samples_per_replica  # samples of a batch per DP rank
+        self.next_batch = 0  # the data position: global batches taken by `take`
         if len(samples) < self.global_batch:
             raise ConfigError(
                 f"the corpus has {len(samples)} training samples, fewer than one global batch "
@@ -86,7 +88,7 @@ class GlobalBatches:
 
     def microbatches(self, step: int) -> list[MicroBatch]:
         indices = self.global_batch_indices(step)
-        per_rank = self.global_batch // self.cfg.data_parallel_size
+        per_rank = self.per_replica
         mine = indices[self.dp_rank * per_rank : (self.dp_rank + 1) * per_rank]
         mbs = self.cfg.train.micro_batch_size
         eod_mask = self.cfg.data.eod_mask_loss
@@ -95,3 +97,14 @@ class GlobalBatches:
             for i in range(0, per_rank, mbs)
         ]
 
+    def take(self) -> list[MicroBatch]:
+        """This rank's micro-batches of the next global batch; advances the data position."""
+        microbatches = self.microbatches(self.next_batch)
+        self.next_batch += 1
+        return microbatches
+
+    def state_dict(self) -> dict[str, int]:
+        return {"next_batch": self.next_batch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.next_batch = int(state["next_batch"])

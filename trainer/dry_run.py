@@ -1,9 +1,10 @@
 """Dry run: every distinct rank of a big layout, built for real on one CPU with no memory.
 
-One process takes each rank of the world in turn on torch's `fake` process-group backend,
-sets up Megatron's parallel state for it and, for the first rank of each distinct model
-shard (TP x PP x EP coordinates), builds the real Megatron Core model chunks on the meta
-device. Placement (node:GPU of every rank) comes from Megatron's own rank order.
+The run's `Layout` says which ranks hold the same model shard (equal TP x PP x EP
+coordinates). For the first rank of each distinct shard one process starts that rank on
+torch's `fake` process-group backend, sets up Megatron's parallel state (checking it agrees
+with the layout) and builds the real Megatron Core model chunks on the meta device; the other
+ranks are copies. Placement (node:GPU of every rank) follows Megatron's rank order.
 """
 
 from __future__ import annotations
@@ -17,20 +18,9 @@ from megatron.core import parallel_state
 from rich.console import Console
 from rich.table import Table
 
-from recipes.schema import RunConfig
-
-
-@dataclass(frozen=True)
-class RankCoordinates:
-    rank: int
-    tp: int
-    pp: int
-    dp: int
-    cp: int
-    ep: int
-
-    def shard_key(self) -> tuple[int, int, int]:
-        return (self.pp, self.tp, self.ep)
+from plugins.protocol import PluginSet, RuntimeContext
+from recipes.config.layout import RankCoordinates
+from recipes.config.schema import RunConfig
 
 
 @dataclass
@@ -54,10 +44,10 @@ def _start_fake_rank(cfg: RunConfig, rank: int) -> None:
     from trainer.mcore_translation import initialize_parallel_state
 
     torch.distributed.init_process_group(
-        "fake", store=FakeStore(), rank=rank, world_size=cfg.cluster.world_size
+        "fake", store=FakeStore(), rank=rank, world_size=cfg.layout.world_size
     )
     # Gloo groups cannot be created on the fake store (internal assert), and are not needed.
-    initialize_parallel_state(cfg, create_gloo_groups=False)
+    initialize_parallel_state(cfg.layout, create_gloo_groups=False)
 
 
 def _stop_fake_rank() -> None:
@@ -65,50 +55,60 @@ def _stop_fake_rank() -> None:
     torch.distributed.destroy_process_group()
 
 
-def _coordinates(rank: int) -> RankCoordinates:
-    return RankCoordinates(
-        rank=rank,
-        tp=parallel_state.get_tensor_model_parallel_rank(),
-        pp=parallel_state.get_pipeline_model_parallel_rank(),
-        dp=parallel_state.get_data_parallel_rank(),
-        cp=parallel_state.get_context_parallel_rank(),
-        ep=parallel_state.get_expert_model_parallel_rank(),
+def _check_coordinates(coords: RankCoordinates) -> None:
+    """The layout placed this rank where Megatron's own parallel state puts it."""
+    megatron = (
+        parallel_state.get_tensor_model_parallel_rank(),
+        parallel_state.get_pipeline_model_parallel_rank(),
+        parallel_state.get_expert_model_parallel_rank(),
     )
+    if megatron != (coords.tp, coords.pp, coords.ep):
+        raise RuntimeError(f"layout puts rank {coords.rank} at (tp, pp, ep) = "
+                           f"{(coords.tp, coords.pp, coords.ep)}, Megatron at {megatron}")
 
 
-def _build_on_meta(cfg: RunConfig, hooks) -> tuple[int, int, list[list[int]]]:
+def _build_on_meta(cfg: RunConfig, plugins: PluginSet) -> tuple[int, int, list[list[int]]]:
     from trainer.mcore_translation import build_transformer_config
     from trainer.model import build_model_chunks, distinct_parameter_counts
 
     config = build_transformer_config(cfg, cpu_initialization=True, meta_device=True)
+    config = plugins.transformer_config(config)
     # Context parallelism shards activations, not weights; Megatron's local attention refuses
     # CP (only TE's supports it), so the shard is built with CP off: same parameters.
     config.context_parallel_size = 1
     with torch.device("meta"):
-        chunks = build_model_chunks(cfg, config, hooks)
+        chunks = build_model_chunks(cfg, config, plugins)
     layers = [[layer.layer_number for layer in chunk.decoder.layers] for chunk in chunks]
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     return (*distinct_parameter_counts(chunks, tp_rank), layers)
 
 
-def collect_shards(cfg: RunConfig) -> list[ShardReport]:
-    from plugins.attach import attach_plugins
-    from plugins.cpu_runtime import activate_cpu_runtime
+def _build_shard(cfg: RunConfig, plugins: PluginSet, coords: RankCoordinates) -> ShardReport:
+    """The real model chunks of one rank, built on the meta device under a fake process group."""
+    _start_fake_rank(cfg, coords.rank)
+    try:
+        _check_coordinates(coords)
+        return ShardReport(coords, *_build_on_meta(cfg, plugins))
+    finally:
+        _stop_fake_rank()
 
-    # Without CUDA the model is Megatron's local spec, which needs the CPU runtime's patches
-    # (e.g. MoE dispatchers create CUDA streams in their constructors).
-    hooks = attach_plugins(cfg, cpu_runtime_active=activate_cpu_runtime(cfg.plugins.cpu_runtime))
+
+def collect_shards(cfg: RunConfig) -> list[ShardReport]:
+    """Every distinct shard of the layout, each built once, with the ranks holding a copy."""
+    from plugins.registry import build_plugins
+
+    # Plugins set up the runtime as on a real rank: without CUDA the model is Megatron's local
+    # spec, which needs the CPU runtime's patches (MoE dispatchers create CUDA streams).
+    plugins = build_plugins(cfg.plugins)
+    plugins.setup_runtime(RuntimeContext(dry_run=True))
+    layout = cfg.layout
     shards: dict[tuple[int, int, int], ShardReport] = {}
-    for rank in range(cfg.cluster.world_size):
-        _start_fake_rank(cfg, rank)
-        try:
-            coords = _coordinates(rank)
-            key = coords.shard_key()
-            if key not in shards:
-                shards[key] = ShardReport(coords, *_build_on_meta(cfg, hooks))
-            shards[key].ranks.append(rank)
-        finally:
-            _stop_fake_rank()
+    for rank in range(layout.world_size):
+        coords = layout.coordinates(rank)
+        key = coords.shard_key()
+        if key not in shards:
+            shards[key] = _build_shard(cfg, plugins, coords)
+        shards[key].ranks.append(rank)
     return sorted(shards.values(), key=lambda s: s.coords.shard_key())
 
 
@@ -116,19 +116,6 @@ def model_parameters(shards: list[ShardReport]) -> int:
     """Whole-model parameters: dense weights are copied over EP ranks, experts are not."""
     dense = sum(s.dense_parameters for s in shards if s.coords.ep == 0)
     return dense + sum(s.expert_parameters for s in shards)
-
-
-def _placement_ranges(ranks: list[int], gpus_per_node: int) -> str:
-    """Compact N0:G0-G7 style list of where the given ranks sit."""
-    by_node: dict[int, list[int]] = {}
-    for rank in sorted(ranks):
-        by_node.setdefault(rank // gpus_per_node, []).append(rank % gpus_per_node)
-    parts = []
-    for node, gpus in by_node.items():
-        span = f"G{gpus[0]}" if len(gpus) == 1 else f"G{gpus[0]}-G{gpus[-1]}"
-        contiguous = gpus == list(range(gpus[0], gpus[-1] + 1))
-        parts.append(f"N{node}:" + (span if contiguous else ",".join(f"G{g}" for g in gpus)))
-    return " ".join(parts)
 
 
 def _layer_text(layers: list[list[int]]) -> str:
@@ -156,7 +143,7 @@ def print_report(cfg: RunConfig, shards: list[ShardReport], seconds: float, cons
         table.add_row(
             str(stage), str(ep), _range_text([m.coords.tp for m in members]).replace(",", ""),
             _layer_text(members[0].layers), _range_text([m.parameters for m in members]),
-            _placement_ranges(ranks, cfg.cluster.gpus_per_node),
+            cfg.layout.placement(ranks),
         )
     console.print(table)
     console.print(

@@ -7,18 +7,19 @@ import os
 from pathlib import Path
 
 
-def under_launcher() -> bool:
-    """True inside a rank started by torchrun, Slurm+torchrun or our own self-launch."""
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+def launch_local_ranks(
+    nprocs: int, script: Path, script_args: list[str], environment: dict[str, str]
+) -> int:
+    """Run `script` on `nprocs` local ranks (free rendezvous port); returns the exit code.
 
-
-def launch_local_ranks(nprocs: int, script: Path, script_args: list[str], threads: int) -> int:
-    """Run `script` on `nprocs` local ranks (free rendezvous port); returns the exit code."""
+    `environment` (from the plugins, e.g. threads per CPU rank) is set before torchrun reads it,
+    unless the user set the variable already.
+    """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    # Set before torchrun reads it, so it does not warn and so ranks do not oversubscribe cores.
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    for key, value in environment.items():
+        os.environ.setdefault(key, value)
     # A failed rank has printed its own one-line reason; the launcher's report would repeat it.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = get_args_parser().parse_args(

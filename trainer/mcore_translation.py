@@ -1,8 +1,9 @@
 """The one place where our typed config becomes Megatron Core objects.
 
-Parallel sizes, precision and model shape are translated here and nowhere else: process
-groups (`initialize_parallel_state`), `TransformerConfig`, `DistributedDataParallelConfig`
-and the optimizer's `OptimizerConfig`. Other modules read Megatron's objects, not our sizes.
+Parallel sizes (from the run's `Layout`, through `parallel_sizes`), precision and model shape
+are translated here and nowhere else: process groups (`initialize_parallel_state`),
+`TransformerConfig`, `DistributedDataParallelConfig` and the optimizer's `OptimizerConfig`.
+Plugins adjust the transformer config through their hook afterwards (FP8, for one).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
 from megatron.core.transformer import TransformerConfig
 
-from recipes.schema import RunConfig
+from recipes.config.layout import Layout
+from recipes.config.schema import RunConfig
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -24,17 +26,24 @@ def torch_dtype(cfg: RunConfig) -> torch.dtype:
     return _DTYPES[cfg.precision.dtype]
 
 
-def initialize_parallel_state(cfg: RunConfig, *, create_gloo_groups: bool = True) -> None:
-    """Create Megatron's TP/PP/CP/EP/DP process groups for this run (default PG must exist)."""
-    p = cfg.parallel
+def parallel_sizes(layout: Layout) -> dict[str, int | None]:
+    """The layout in Megatron's keywords, which `initialize_model_parallel` and
+    `TransformerConfig` share: the only place our parallel sizes become Megatron's."""
+    return {
+        "tensor_model_parallel_size": layout.tensor,
+        "pipeline_model_parallel_size": layout.pipeline,
+        "virtual_pipeline_model_parallel_size": layout.virtual_pipeline,
+        "context_parallel_size": layout.context,
+        "expert_model_parallel_size": layout.expert,
+        "expert_tensor_parallel_size": layout.expert_tensor,
+    }
+
+
+def initialize_parallel_state(layout: Layout, *, create_gloo_groups: bool = True) -> None:
+    """Create Megatron's TP/PP/CP/EP/DP process groups for this layout (default PG must exist);
+    rank order is Megatron's default, the one `Layout.groups` reproduces."""
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=p.tensor,
-        pipeline_model_parallel_size=p.pipeline,
-        virtual_pipeline_model_parallel_size=p.virtual_pipeline,
-        context_parallel_size=p.context,
-        expert_model_parallel_size=p.expert,
-        expert_tensor_parallel_size=p.expert_tensor,
-        create_gloo_process_groups=create_gloo_groups,
+        **parallel_sizes(layout), create_gloo_process_groups=create_gloo_groups
     )
 
 
@@ -89,7 +98,7 @@ def build_transformer_config(
     cfg: RunConfig, *, cpu_initialization: bool, meta_device: bool = False
 ) -> TransformerConfig:
     """Megatron `TransformerConfig` for this run's model, layout, precision and recompute."""
-    m, p, dtype = cfg.model, cfg.parallel, torch_dtype(cfg)
+    m, dtype = cfg.model, torch_dtype(cfg)
     return TransformerConfig(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
@@ -102,18 +111,12 @@ def build_transformer_config(
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
         init_method_std=m.init_method_std,
-        tensor_model_parallel_size=p.tensor,
-        pipeline_model_parallel_size=p.pipeline,
-        virtual_pipeline_model_parallel_size=p.virtual_pipeline,
-        context_parallel_size=p.context,
-        expert_model_parallel_size=p.expert,
-        expert_tensor_parallel_size=p.expert_tensor,
-        sequence_parallel=p.sequence_parallel,
+        **parallel_sizes(cfg.layout),
+        sequence_parallel=cfg.parallel.sequence_parallel,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=cfg.precision.dtype == "bf16",
         fp16=cfg.precision.dtype == "fp16",
-        fp8=cfg.precision.fp8,
         # Per-token loss over the whole global batch: Megatron sums token losses and divides by
         # the loss-token count all-reduced over DP x CP in finalize_model_grads.
         calculate_per_token_loss=True,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -16,21 +16,8 @@ from megatron.core import parallel_state
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from plugins.protocol import EvalResult, StepMetrics
 from trainer.device import compute_device
-
-
-@dataclass
-class StepMetrics:
-    step: int
-    loss: float
-    lr: float
-    grad_norm: float
-    loss_tokens: int
-    step_time_s: float
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.loss_tokens / self.step_time_s if self.step_time_s > 0 else 0.0
 
 
 def reduce_loss_over_world(loss_reports: list[dict]) -> tuple[float, int]:
@@ -112,6 +99,6 @@ class RunReporter:
                 f"{metrics.tokens_per_s:,.0f} tok/s | {metrics.step_time_s:.3f} s/step"
             )
 
-    def heldout(self, step: int, loss: float) -> None:
-        self.record("heldout", {"step": step, "loss": loss})
-        self.print(f"held-out loss at step {step}: {loss:.4f}")
+    def heldout(self, evaluation: EvalResult) -> None:
+        self.record("heldout", {"step": evaluation.step, "loss": evaluation.loss})
+        self.print(f"held-out loss at step {evaluation.step}: {evaluation.loss:.4f}")

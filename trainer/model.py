@@ -21,9 +21,8 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.utils import unwrap_model
 
-from recipes.schema import RunConfig
-from recipes.validation import padded_vocab_size
-from trainer.hooks import TrainerHooks
+from plugins.protocol import PluginSet
+from recipes.config.schema import RunConfig
 
 
 def transformer_engine_available() -> bool:
@@ -32,7 +31,7 @@ def transformer_engine_available() -> bool:
 
 
 def build_block_spec(
-    cfg: RunConfig, config: TransformerConfig, hooks: TrainerHooks, vp_stage: int | None
+    cfg: RunConfig, config: TransformerConfig, plugins: PluginSet, vp_stage: int | None
 ) -> TransformerBlockSubmodules:
     """Decoder-block spec for this rank's chunk: TE layers on GPU nodes, local ones otherwise.
 
@@ -46,7 +45,7 @@ def build_block_spec(
         vp_stage=vp_stage,
         pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
     )
-    return hooks.apply_layer_spec(cfg, spec, config)
+    return plugins.layer_spec(spec, config)
 
 
 def _vp_stages(cfg: RunConfig) -> list[int | None]:
@@ -55,7 +54,7 @@ def _vp_stages(cfg: RunConfig) -> list[int | None]:
 
 
 def build_model_chunks(
-    cfg: RunConfig, config: TransformerConfig, hooks: TrainerHooks
+    cfg: RunConfig, config: TransformerConfig, plugins: PluginSet
 ) -> list[GPTModel]:
     """This rank's model chunks (one per virtual pipeline stage), unwrapped."""
     vpp = cfg.parallel.virtual_pipeline
@@ -66,8 +65,8 @@ def build_model_chunks(
         stage = 0 if vp_stage is None else vp_stage
         chunk = GPTModel(
             config=config,
-            transformer_layer_spec=build_block_spec(cfg, config, hooks, vp_stage),
-            vocab_size=padded_vocab_size(cfg),
+            transformer_layer_spec=build_block_spec(cfg, config, plugins, vp_stage),
+            vocab_size=cfg.layout.padded_vocab,
             max_sequence_length=cfg.model.seq_length,
             pre_process=first_pp and is_vp_first_stage(stage, vpp),
             post_process=last_pp and is_vp_last_stage(stage, vpp),

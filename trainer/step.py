@@ -9,10 +9,10 @@ from functools import partial
 import torch
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from plugins.protocol import EvalResult, PluginSet, StepMetrics
 from trainer.data import MicroBatch
 from trainer.device import to_compute_device
-from trainer.hooks import TrainerHooks
-from trainer.metrics import StepMetrics, reduce_loss_over_world
+from trainer.metrics import reduce_loss_over_world
 
 
 def masked_token_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
@@ -29,15 +29,21 @@ def masked_token_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
     return loss_sum, num_tokens, {"lm loss": report}
 
 
-def make_forward_step(hooks: TrainerHooks) -> Callable:
+def forward_kwargs(batch: MicroBatch) -> dict:
+    """GPTModel.forward's arguments for a plain batch; plugins may add to them (e.g.
+    `packed_seq_params` for packed sequences) through the `forward_kwargs` hook."""
+    return {
+        "input_ids": batch["tokens"],
+        "position_ids": batch["position_ids"],
+        "attention_mask": batch.get("attention_mask"),
+        "labels": batch["labels"],
+    }
+
+
+def make_forward_step(plugins: PluginSet) -> Callable:
     def forward_step(data_iterator, model):
-        batch = hooks.apply_microbatch(to_compute_device(next(data_iterator)))
-        per_token_loss = model(
-            batch["tokens"],
-            batch["position_ids"],
-            batch.get("attention_mask"),
-            labels=batch["labels"],
-        )
+        batch = plugins.microbatch(to_compute_device(next(data_iterator)))
+        per_token_loss = model(**plugins.forward_kwargs(batch, forward_kwargs(batch)))
         return per_token_loss, partial(masked_token_loss, batch["loss_mask"])
 
     return forward_step
@@ -51,12 +57,12 @@ def _data_iterators(microbatches: list[MicroBatch], num_chunks: int):
 
 
 def run_schedule(
-    model: list, microbatches: list[MicroBatch], hooks: TrainerHooks, *, seq_length: int,
+    model: list, microbatches: list[MicroBatch], plugins: PluginSet, *, seq_length: int,
     micro_batch_size: int, forward_only: bool,
 ) -> list[dict]:
     forward_backward = get_forward_backward_func()
     return forward_backward(
-        forward_step_func=make_forward_step(hooks),
+        forward_step_func=make_forward_step(plugins),
         data_iterator=_data_iterators(microbatches, len(model)),
         model=model if len(model) > 1 else model[0],
         num_microbatches=len(microbatches),
@@ -66,18 +72,19 @@ def run_schedule(
     )
 
 
-def train_step(session, step: int) -> StepMetrics:
-    """Forward/backward over this step's micro-batches, then one optimizer update."""
+def train_step(session) -> StepMetrics:
+    """Forward/backward over the next global batch's micro-batches, then one optimizer update;
+    the session's run state advances by one step."""
     cfg = session.cfg
     start = time.perf_counter()
-    microbatches = session.train_batches.microbatches(step)
+    microbatches = session.train_batches.take()
     for chunk in session.model:
         chunk.zero_grad_buffer()
     session.optimizer.zero_grad()
     reports = run_schedule(
         session.model,
         microbatches,
-        session.hooks,
+        session.plugins,
         seq_length=cfg.model.seq_length,
         micro_batch_size=cfg.train.micro_batch_size,
         forward_only=False,
@@ -86,17 +93,19 @@ def train_step(session, step: int) -> StepMetrics:
     if updated:
         session.scheduler.step(increment=cfg.train.global_batch_size)
     loss, tokens = reduce_loss_over_world(reports)
+    session.state.advance(cfg.train.global_batch_size, tokens)
     return StepMetrics(
-        step=step + 1,
+        step=session.state.step,
         loss=loss,
         lr=session.optimizer.param_groups[0]["lr"],
         grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
         loss_tokens=tokens,
         step_time_s=time.perf_counter() - start,
+        skipped=not updated,
     )
 
 
-def evaluate(session) -> float:
+def evaluate(session) -> EvalResult:
     """Mean per-token loss over the held-out global batches (no gradients)."""
     cfg = session.cfg
     for chunk in session.model:
@@ -107,7 +116,7 @@ def evaluate(session) -> float:
             reports = run_schedule(
                 session.model,
                 session.heldout_batches.microbatches(index),
-                session.hooks,
+                session.plugins,
                 seq_length=cfg.model.seq_length,
                 micro_batch_size=cfg.train.micro_batch_size,
                 forward_only=True,
@@ -117,4 +126,4 @@ def evaluate(session) -> float:
             total_tokens += tokens
     for chunk in session.model:
         chunk.train()
-    return total_loss / max(total_tokens, 1)
+    return EvalResult(session.state.step, total_loss / max(total_tokens, 1), total_tokens)

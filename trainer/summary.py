@@ -9,14 +9,15 @@ from megatron.core import parallel_state
 from rich.console import Console
 from rich.table import Table
 
-from recipes.machine import describe_layout
 from trainer.device import compute_device
 from trainer.model import distinct_parameter_counts
+from trainer.state import RunHistory
 
 
 def describe_run_layout(cfg) -> str:
     """The layout with sequence parallelism marked and the rank count, for reports."""
-    return f"{describe_layout(cfg, show_sequence_parallel=True)} ({cfg.cluster.world_size} ranks)"
+    layout = cfg.layout
+    return f"{layout.describe(show_sequence_parallel=True)} ({layout.world_size} ranks)"
 
 
 def model_parameter_count(model: list) -> int:
@@ -36,12 +37,12 @@ def model_parameter_count(model: list) -> int:
     return round(total.item())
 
 
-def build_summary(session, history: dict) -> dict:
+def build_summary(session, history: RunHistory) -> dict:
     cfg = session.cfg
-    times = history["step_times"][1:] or history["step_times"]  # first step warms up
+    times = history.step_times[1:] or history.step_times  # first step warms up
     tokens_per_s = statistics.median(tok / t for t, tok in times) if times else 0.0
     steps_run = cfg.train.train_iters - session.start_step
-    heldout = history["heldout"]
+    heldout = history.heldout
     return {
         "recipe": cfg.name,
         "layout": describe_run_layout(cfg),
@@ -50,12 +51,12 @@ def build_summary(session, history: dict) -> dict:
         "steps": steps_run,
         "tokens_seen": steps_run * cfg.train.global_batch_size * cfg.model.seq_length,
         "loss_tokens_per_s": tokens_per_s,
-        "first_train_loss": history["first_loss"],
-        "final_train_loss": history["final_loss"],
+        "first_train_loss": history.first_loss,
+        "final_train_loss": history.final_loss,
         "heldout_loss_start": heldout[0][1] if heldout else None,
         "heldout_loss_end": heldout[-1][1] if heldout else None,
         "run_dir": str(session.run_dir),
-        "checkpoint": history.get("checkpoint"),
+        "checkpoint": history.checkpoint,
     }
 
 

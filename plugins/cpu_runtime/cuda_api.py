@@ -129,10 +129,11 @@ def install_cuda_stand_ins() -> None:
 
 # ---- RNG: the "CUDA" generator becomes the CPU default generator --------------------------
 # Without a GPU, `torch.cuda.manual_seed` and Megatron's `_set_cuda_rng_state` only queue their
-# work through `_lazy_call`, which never runs (`tensor_parallel/random.py:174, 303`), and
-# `torch.cuda.get_rng_state` raises. CPU kernels (dropout, init) draw from the CPU default
-# generator, so that is the generator the tracker must seed, save and restore for TP ranks to
-# get distinct model-parallel streams. Caveat: on CPU the "CUDA" and CPU generators are one.
+# work through `_lazy_call`, which never runs (`tensor_parallel/random.py:174, 305, 490`), and
+# `torch.cuda.get_rng_state` raises (`random.py:303`). CPU kernels (dropout, init) draw from the
+# CPU default generator, so that is the generator the tracker must seed, save and restore for TP
+# ranks to get distinct model-parallel streams. Caveat: on CPU the "CUDA" and CPU generators
+# are one.
 
 
 def cuda_manual_seed(seed: int) -> None:
@@ -191,7 +192,7 @@ def install_cpu_rng() -> None:
 
 def disable_dynamo() -> None:
     """Runs torch.compile'd functions eagerly: Megatron compiles at import time (`jit_fuser` in
-    `jit.py`, MoE router `router.py:830`), and CPU compilation is slow or fails; the setting
+    `jit.py:21`, MoE router `router.py:727`), and CPU compilation is slow or fails; the setting
     is read at call time, so it also covers functions decorated before activation."""
     import torch._dynamo
 

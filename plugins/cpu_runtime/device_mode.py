@@ -1,9 +1,9 @@
 """The TorchFunctionMode that makes Megatron Core's CUDA-only tensor code run on CPU.
 
-Megatron Core hard-codes CUDA in ~485 places, e.g. `torch.empty(..., device=
-torch.cuda.current_device())` in `pipeline_parallel/schedules.py:749` and
-`p2p_communication.py:211/263`. Rather than patching each call site, one mode sees every torch
-call (factories included) and rewrites its CUDA device arguments to CPU.
+Megatron Core hard-codes CUDA in ~485 places, e.g. `torch.zeros([], ..., device="cuda")` in
+`pipeline_parallel/schedules.py:749` and `torch.empty(..., device=torch.cuda.current_device())`
+in `pipeline_parallel/p2p_communication.py:211-223`. Rather than patching each call site, one
+mode sees every torch call (factories included) and rewrites its CUDA device arguments to CPU.
 """
 
 from __future__ import annotations

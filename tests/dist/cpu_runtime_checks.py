@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plugins.cpu_runtime import activate_cpu_runtime, adapt_local_layer_spec
-from recipes.schema import CpuRuntimePluginConfig
+from plugins.cpu_runtime.runtime import activate_cpu_runtime, adapt_local_layer_spec
+from plugins.cpu_runtime.config import CpuRuntimeConfig
 
 
 def _tp_group_and_rank() -> tuple[dist.ProcessGroup, int]:
@@ -223,7 +223,7 @@ def run_checks(payload: dict[str, Any]) -> dict[str, Any]:
     """Activates the CPU runtime without payload['skip'], sets up TP (DP = the rest), runs
     payload['checks'] in order and returns their results by name."""
     activate_cpu_runtime(
-        CpuRuntimePluginConfig(enabled="on"), skip=frozenset(payload.get("skip", ()))
+        CpuRuntimeConfig(enabled="on"), skip=frozenset(payload.get("skip", ()))
     )
     from megatron.core import parallel_state
 

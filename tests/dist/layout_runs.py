@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recipes.resolve import resolve_config
+from recipes.config.resolve import resolve_config
 
 # Small, machine-independent data so losses depend on numerics only, not the Python version.
 TEST_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=0", "train.eval_interval=0"]
 
 
 def _session(payload: dict):
-    from trainer.entry import start_session
+    from trainer.session import start_session
 
     cfg = resolve_config([f"recipe={payload['recipe']}", *TEST_DATA, *payload.get("overrides", [])])
     cfg.checkpoint.save = False
@@ -45,8 +45,8 @@ def train_steps(payload: dict) -> dict:
 
     session = _session(payload)
     losses, grad_norms = [], []
-    for step in range(payload["steps"]):
-        metrics = train_step(session, step)
+    for _ in range(payload["steps"]):
+        metrics = train_step(session)
         losses.append(metrics.loss)
         grad_norms.append(metrics.grad_norm)
     _finish()
@@ -60,13 +60,13 @@ def train_save_continue(payload: dict) -> dict:
 
     session = _session(payload)
     losses = []
-    for step in range(payload["steps"]):
-        losses.append(train_step(session, step).loss)
-        if step + 1 == payload["save_after"]:
-            save_checkpoint(payload["checkpoint_dir"], session.cfg, session.model,
-                            session.optimizer, session.scheduler, step + 1)
+    for _ in range(payload["steps"]):
+        losses.append(train_step(session).loss)
+        if session.state.step == payload["save_after"]:
+            save_checkpoint(session, payload["checkpoint_dir"])
+    state = session.state
     _finish()
-    return {"losses": losses}
+    return {"losses": losses, "consumed": [state.consumed_samples, state.consumed_tokens]}
 
 
 def resume_and_train(payload: dict) -> dict:
@@ -75,7 +75,9 @@ def resume_and_train(payload: dict) -> dict:
 
     session = _session(payload)
     start = session.start_step
-    losses = [train_step(session, step).loss for step in range(start, payload["steps"])]
+    losses = [train_step(session).loss for _ in range(start, payload["steps"])]
     lr = session.optimizer.param_groups[0]["lr"]
+    state = session.state
     _finish()
-    return {"start": start, "losses": losses, "lr": lr}
+    return {"start": start, "losses": losses, "lr": lr,
+            "consumed": [state.consumed_samples, state.consumed_tokens]}

@@ -1,7 +1,9 @@
 """Save -> new processes -> load continues bit-identically to the uninterrupted run.
 
 Covers the distributed optimizer's four load-path fixes in trainer/checkpointing.py: without
-any one of them the resumed losses drift by ~1e-2 or the load fails.
+any one of them the resumed losses drift by ~1e-2 or the load fails. The run state comes back
+whole: consumed samples and tokens, the data position, and each rank's RNG streams (the
+dropout case differs from the first resumed step on without them).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ CASES = [
     ("tiny_tp2_pp2", 4, []),
     ("tiny_dp2_distopt", 2, ["optimizer.overlap_grad_reduce=true",
                              "optimizer.overlap_param_gather=true"]),
+    # Dropout draws from the CPU generator and Megatron's TP tracker: the RNG state must resume.
+    ("tiny_tp2", 2, ["model.hidden_dropout=0.1", "model.attention_dropout=0.1"]),
 ]
 
 
@@ -39,3 +43,4 @@ def test_resumed_run_equals_uninterrupted_run(launch_ranks, tmp_path, recipe, ra
     })[0]
     assert resumed["start"] == SAVE_AFTER
     assert resumed["losses"] == continuous["losses"][SAVE_AFTER:]
+    assert resumed["consumed"] == continuous["consumed"]

@@ -27,7 +27,7 @@ def test_tiny_run_trains_on_one_gpu(tmp_path):
 
 
 def test_cpu_runtime_auto_stays_off_with_cuda():
-    from plugins.cpu_runtime import activate_cpu_runtime
-    from recipes.schema import CpuRuntimePluginConfig
+    from plugins.cpu_runtime.config import CpuRuntimeConfig
+    from plugins.cpu_runtime.runtime import activate_cpu_runtime
 
-    assert activate_cpu_runtime(CpuRuntimePluginConfig(enabled="auto")) is False
+    assert activate_cpu_runtime(CpuRuntimeConfig(enabled="auto")) is False

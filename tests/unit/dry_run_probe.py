@@ -13,8 +13,8 @@ import sys
 
 from rich.console import Console
 
+from recipes.config.schema import ClusterConfig, ParallelConfig
 from recipes.registry import get_recipe
-from recipes.schema import ClusterConfig, ParallelConfig
 from trainer.dry_run import collect_shards, model_parameters, print_report
 
 

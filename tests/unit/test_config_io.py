@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.config_io import config_to_yaml, load_config, save_config
-from recipes.errors import ConfigError
-from recipes.overrides import apply_overrides
+from recipes.config.errors import ConfigError
+from recipes.config.io import config_to_yaml, load_config, save_config
+from recipes.config.overrides import apply_overrides
+from recipes.config.schema import RunConfig
 from recipes.registry import get_recipe
-from recipes.schema import RunConfig
 
 
 def test_round_trip_keeps_overridden_values(tmp_path) -> None:
@@ -66,6 +66,40 @@ def test_broken_file_is_one_line_naming_the_file(tmp_path, text: str, message: s
 def test_missing_file_says_what_to_pass(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"does not exist; pass a saved config, e\.g\. config="):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_run_directory_points_at_its_config_file(tmp_path) -> None:
+    save_config(get_recipe("tiny_dp1"), tmp_path / "config.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path)
+    assert str(caught.value) == (
+        f"config file {tmp_path} is a directory, not a file; pass the file, "
+        f"e.g. config={tmp_path / 'config.yaml'}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("", "is empty; pass a saved config with its sections"),
+     ("# nothing\n", "is empty; pass a saved config with its sections"),
+     ("modle:\n  hidden_size: 8\n  num_layers: 2\n",
+      "there is no section 'modle' (nearest: model); did you mean model.hidden_size?"),
+     ("optimizer:\n  lr: .nan\n", None)],
+)
+def test_empty_files_and_unknown_sections(tmp_path, text: str, message: str | None) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    if message is None:  # non-finite values load; validation refuses them
+        assert load_config(path).optimizer.lr != load_config(path).optimizer.lr
+        return
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_empty_config_argument_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"^config= is empty; give it a saved config"):
+        load_config("")
 
 
 def test_yaml_text_matches_saved_body(tmp_path) -> None:

@@ -180,14 +180,14 @@ DIST_TESTED_PATCHES = {"gloo_uneven_all_gather", "all_to_all_list_splits", "back
 
 def run_checks_in_this_process(enabled: str, skip: list[str], names: list[str]) -> None:
     """Subprocess body: activate, run the named checks, print one JSON line of outcomes."""
-    from plugins.cpu_runtime import activate_cpu_runtime, cpu_runtime_active
-    from recipes.schema import CpuRuntimePluginConfig
+    from plugins.cpu_runtime.config import CpuRuntimeConfig
+    from plugins.cpu_runtime.runtime import activate_cpu_runtime, cpu_runtime_active
 
     outcome: dict[str, object] = {
         "activated": activate_cpu_runtime(
-            CpuRuntimePluginConfig(enabled=enabled, threads_per_rank=2), skip=frozenset(skip)
+            CpuRuntimeConfig(enabled=enabled, threads_per_rank=2), skip=frozenset(skip)
         ),
-        "second_call": activate_cpu_runtime(CpuRuntimePluginConfig(enabled="off")),
+        "second_call": activate_cpu_runtime(CpuRuntimeConfig(enabled="off")),
         "active": cpu_runtime_active(),
         "threads": torch.get_num_threads(),
     }
@@ -256,7 +256,7 @@ def test_check_fails_without_its_patch(outcomes, patch):
 
 
 def test_every_patch_has_a_self_test():
-    from plugins.cpu_runtime import PATCH_NAMES
+    from plugins.cpu_runtime.runtime import PATCH_NAMES
 
     assert set(PATCH_NAMES) == set(UNIT_CHECKS) | DIST_TESTED_PATCHES
 
@@ -264,27 +264,32 @@ def test_every_patch_has_a_self_test():
 # ---- in-process: no activation -----------------------------------------------------------
 
 
-def test_config_mistakes_raise_config_error():
-    from plugins.cpu_runtime import activate_cpu_runtime, cpu_runtime_active
-    from recipes.errors import ConfigError
-    from recipes.schema import CpuRuntimePluginConfig
+def test_config_mistakes_are_refused():
+    from plugins.cpu_runtime.config import CpuRuntimeConfig
+    from plugins.cpu_runtime.runtime import activate_cpu_runtime, cpu_runtime_active
+    from recipes.config.errors import ConfigError
+    from recipes.config.overrides import apply_overrides
+    from recipes.config.validation import validate
+    from recipes.registry import get_recipe
 
-    with pytest.raises(ConfigError, match="enabled"):
-        activate_cpu_runtime(CpuRuntimePluginConfig(enabled="maybe"))
-    with pytest.raises(ConfigError, match="threads_per_rank"):
-        activate_cpu_runtime(CpuRuntimePluginConfig(enabled="on", threads_per_rank=0))
+    # Users meet the plugin's own rule before launch; activation itself only guards bugs.
+    cfg = apply_overrides(get_recipe("tiny_dp1"), ["plugins.cpu_runtime.threads_per_rank=0"])
+    with pytest.raises(ConfigError, match="plugins.cpu_runtime.threads_per_rank=0 must be at"):
+        validate(cfg)
+    with pytest.raises(ValueError, match="invalid CPU runtime config"):
+        activate_cpu_runtime(CpuRuntimeConfig(enabled="maybe"))
     with pytest.raises(ValueError, match="unknown CPU runtime patches"):
-        activate_cpu_runtime(CpuRuntimePluginConfig(enabled="on"), skip=frozenset({"nope"}))
+        activate_cpu_runtime(CpuRuntimeConfig(enabled="on"), skip=frozenset({"nope"}))
     assert not cpu_runtime_active()
 
 
 def test_off_and_auto_with_cuda_stay_inactive(monkeypatch):
-    from plugins.cpu_runtime import activate_cpu_runtime, cpu_runtime_active
-    from recipes.schema import CpuRuntimePluginConfig
+    from plugins.cpu_runtime.config import CpuRuntimeConfig
+    from plugins.cpu_runtime.runtime import activate_cpu_runtime, cpu_runtime_active
 
-    assert activate_cpu_runtime(CpuRuntimePluginConfig(enabled="off")) is False
+    assert activate_cpu_runtime(CpuRuntimeConfig(enabled="off")) is False
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert activate_cpu_runtime(CpuRuntimePluginConfig(enabled="auto")) is False
+    assert activate_cpu_runtime(CpuRuntimeConfig(enabled="auto")) is False
     assert not cpu_runtime_active()
 
 
@@ -308,7 +313,7 @@ def _sp_config(normalization: str = "LayerNorm"):
 def test_sequence_parallel_torch_norm_builds_and_tags_params(normalization, norm_type):
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    from plugins.cpu_runtime import SequenceParallelTorchNorm
+    from plugins.cpu_runtime.runtime import SequenceParallelTorchNorm
 
     config = _sp_config(normalization)
     with pytest.raises(AssertionError, match="sequence parallel not supported"):
@@ -342,7 +347,7 @@ def test_adapt_local_layer_spec_swaps_every_torch_norm():
     )
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    from plugins.cpu_runtime import SequenceParallelTorchNorm, adapt_local_layer_spec
+    from plugins.cpu_runtime.runtime import SequenceParallelTorchNorm, adapt_local_layer_spec
 
     config = _sp_config()
     layer_spec = get_gpt_layer_local_spec(qk_layernorm=True)
@@ -371,7 +376,7 @@ def test_adapt_local_layer_spec_leaves_spec_alone_without_sequence_parallel():
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
 
-    from plugins.cpu_runtime import adapt_local_layer_spec
+    from plugins.cpu_runtime.runtime import adapt_local_layer_spec
 
     config = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2)
     spec = get_gpt_layer_local_spec()

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.errors import ConfigError
-from recipes.machine import (
+from recipes.config.errors import ConfigError
+from recipes.config.machine import (
     CPU_RANK_CAP,
     MachineInfo,
     check_machine,
     count_gpus,
-    describe_layout,
     detect_machine,
     launched_world_size,
 )
-from recipes.overrides import apply_overrides
+from recipes.config.overrides import apply_overrides
 from recipes.registry import get_recipe
 
 NO_GPU = MachineInfo(gpus=0, launched_world_size=None)
@@ -93,12 +92,12 @@ def test_cpu_runtime_off_without_gpus() -> None:
 
 
 def test_describe_layout_mentions_only_used_dimensions() -> None:
-    assert describe_layout(get_recipe("8b_tp8_dp8")) == "TP8 x PP1 x DP8"
+    assert get_recipe("8b_tp8_dp8").layout.describe() == "TP8 x PP1 x DP8"
     assert (
-        describe_layout(get_recipe("llama3_70b_tp4_pp4_cp2_vpp5_dp2"))
+        get_recipe("llama3_70b_tp4_pp4_cp2_vpp5_dp2").layout.describe()
         == "TP4 x PP4 (VPP5) x CP2 x DP2"
     )
-    assert describe_layout(get_recipe("mixtral_8x7b_tp1_pp4_ep8_dp16")) == "TP1 x PP4 x DP16, EP8"
+    assert get_recipe("mixtral_8x7b_tp1_pp4_ep8_dp16").layout.describe() == "TP1 x PP4 x DP16, EP8"
 
 
 def _fake_devices(root, names):
@@ -137,3 +136,15 @@ def test_launched_world_size_from_environment() -> None:
 def test_detect_machine_reads_the_environment() -> None:
     machine = detect_machine({"WORLD_SIZE": "8", "CUDA_VISIBLE_DEVICES": ""})
     assert machine == MachineInfo(gpus=0, launched_world_size=8)
+
+
+def test_plain_srun_tasks_are_refused_with_the_torchrun_command() -> None:
+    with pytest.raises(ConfigError) as caught:
+        detect_machine({"SLURM_STEP_NUM_TASKS": "16", "SLURM_PROCID": "3"})
+    message = str(caught.value)
+    assert message.startswith("started by srun as 16 tasks without torchrun")
+    assert "srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES" in message
+    # One srun task (an interactive allocation) self-launches; torchrun under srun is a launch.
+    assert detect_machine({"SLURM_STEP_NUM_TASKS": "1"}).launched_world_size is None
+    launched = {"SLURM_STEP_NUM_TASKS": "2", "WORLD_SIZE": "16", "CUDA_VISIBLE_DEVICES": ""}
+    assert detect_machine(launched).launched_world_size == 16

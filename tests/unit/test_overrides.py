@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.errors import ConfigError
-from recipes.overrides import apply_overrides, closest_keys, config_keys, describe_type, field_type
+from recipes.config.errors import ConfigError
+from recipes.config.overrides import (
+    apply_overrides,
+    closest_keys,
+    config_keys,
+    describe_type,
+    field_type,
+)
+from recipes.config.schema import ModelConfig, RunConfig
 from recipes.registry import get_recipe
-from recipes.schema import ModelConfig, RunConfig
 
 
 def test_overrides_are_typed_and_nested_dataclasses_survive() -> None:
@@ -18,7 +24,7 @@ def test_overrides_are_typed_and_nested_dataclasses_survive() -> None:
             "optimizer.lr=2e-4",
             "parallel.virtual_pipeline=2",
             "model.num_query_groups=null",
-            "precision.fp8=hybrid",
+            "plugins.fp8.format=hybrid",
             "dry_run=true",
         ],
     )
@@ -27,7 +33,7 @@ def test_overrides_are_typed_and_nested_dataclasses_survive() -> None:
     assert cfg.optimizer.lr == pytest.approx(2e-4) and isinstance(cfg.optimizer.lr, float)
     assert cfg.parallel.virtual_pipeline == 2
     assert cfg.model.num_query_groups is None
-    assert cfg.precision.fp8 == "hybrid"
+    assert cfg.plugins.fp8.format == "hybrid"
     assert cfg.dry_run is True
 
 
@@ -60,13 +66,24 @@ def test_no_overrides_gives_an_equal_config() -> None:
         ("train.lr=1e-4", "unknown config key 'train.lr'; did you mean optimizer.lr"),
         ("model.hiden_size=32", "unknown config key 'model.hiden_size'; did you mean "
          "model.hidden_size"),
-        ("modle.hidden_size=32", "unknown config key 'modle.hidden_size'; did you mean "
-         "model.hidden_size"),
+        ("modle.hidden_size=32", "there is no section 'modle' (nearest: model); did you mean "
+         "model.hidden_size?"),
         ("parallel.tp=2", "unknown config key 'parallel.tp'; did you mean parallel.tensor"),
         ("gbs=16", "unknown config key 'gbs'; did you mean train.global_batch_size"),
         ("dp=2", "'dp' cannot be set; data parallel size is derived as cluster.nodes x "
          "cluster.gpus_per_node / (TP x PP x CP)"),
-        ("zzz.qqq=1", "unknown config key 'zzz.qqq'; see a saved config.yaml for all keys"),
+        ("zzz.qqq=1", "there is no section 'zzz'; the sections are model, parallel, cluster, "
+         "train, optimizer, scheduler, precision, data, checkpoint, logging, "
+         "plugins.cpu_runtime, plugins.fp8"),
+        ("plugins.fp9.format=hybrid", "there is no section 'plugins.fp9' (nearest: plugins.fp8"),
+        ("fp8.format=hybrid", "there is no section 'fp8' (nearest: plugins.fp8); did you mean "
+         "plugins.fp8.format?"),
+        ("foo.hidden_size=8", "there is no section 'foo'; did you mean model.hidden_size?"),
+        ("modle=3", "unknown config key 'modle'; did you mean the section model?"),
+        ("logging.zzz=1", "unknown config key 'logging.zzz'; section logging has log_interval, "
+         "progress_bar, metrics_file"),
+        ("plugins.cpu_runtime.thread=2", "unknown config key 'plugins.cpu_runtime.thread'; did "
+         "you mean plugins.cpu_runtime.threads_per_rank"),
     ],
 )
 def test_unknown_key_names_the_closest_valid_keys(override: str, message: str) -> None:
@@ -88,7 +105,8 @@ def test_unknown_key_names_the_closest_valid_keys(override: str, message: str) -
         ("model.activation=relu",
          "model.activation expects one of gelu, swiglu, squared_relu, got 'relu' (currently "
          "model.activation=gelu)"),
-        ("precision.fp8=e5m2", "precision.fp8 expects one of hybrid, e4m3 or null, got 'e5m2'"),
+        ("plugins.fp8.format=e5m2",
+         "plugins.fp8.format expects one of hybrid, e4m3 or null, got 'e5m2'"),
         ("model.num_query_groups=many",
          "model.num_query_groups expects an integer or null, got 'many' (currently "
          "model.num_query_groups=null)"),
@@ -97,6 +115,10 @@ def test_unknown_key_names_the_closest_valid_keys(override: str, message: str) -
          "parallel.sequence_parallel=false)"),
         ("model=3", "'model' is a section, not a value; set one of its fields, "
          "e.g. model.num_layers=..."),
+        ("plugins.fp8=3", "'plugins.fp8' is a section, not a value; set one of its fields, "
+         "e.g. plugins.fp8.format=..."),
+        ("model.hidden_size.x=3", "model.hidden_size is a value, not a section; set it "
+         "directly, e.g. model.hidden_size=64"),
     ],
 )
 def test_wrong_type_names_key_expected_type_and_value(override: str, message: str) -> None:
@@ -112,12 +134,45 @@ def test_wrong_type_names_key_expected_type_and_value(override: str, message: st
         ("train.micro_batch_size", "is not an override; write KEY=VALUE"),
         ("=3", "is not an override; write KEY=VALUE"),
         ("model.hidden_size=[1,", "cannot parse the value '[1,'"),
+        ("model..hidden_size=3", "the key 'model..hidden_size' has an empty part between dots"),
     ],
 )
 def test_malformed_arguments_say_the_form(argument: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         apply_overrides(get_recipe("tiny_dp1"), [argument])
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optimizer.lr=", "optimizer.lr is empty; give it a value, e.g. optimizer.lr=0.003"),
+        ("output_dir=", "output_dir is empty; give it a value, e.g. output_dir=runs"),
+        ("checkpoint.load=", "checkpoint.load is empty; give it a value (a string), or "
+         "checkpoint.load=null to leave it unset"),
+        ("model.kv_channels= ", "model.kv_channels is empty; give it a value (an integer), or "
+         "model.kv_channels=null to leave it unset"),
+        ("train.recompute=", "train.recompute is empty; give it a value, e.g. "
+         "train.recompute=none"),
+    ],
+)
+def test_empty_value_says_what_to_give(override: str, message: str) -> None:
+    # OmegaConf reads `key=` as null: accepted silently for nullable fields without this check.
+    with pytest.raises(ConfigError) as caught:
+        apply_overrides(get_recipe("tiny_dp1"), [override])
+    assert str(caught.value) == f"override '{override}': {message}"
+
+
+def test_empty_value_suggests_the_current_value_of_a_nullable_field() -> None:
+    cfg = apply_overrides(get_recipe("tiny_dp1"), ["model.num_query_groups=2"])
+    with pytest.raises(ConfigError) as caught:
+        apply_overrides(cfg, ["model.num_query_groups="])
+    assert "e.g. model.num_query_groups=2, or model.num_query_groups=null" in str(caught.value)
+
+
+def test_non_finite_numbers_parse_and_are_left_to_validation() -> None:
+    cfg = apply_overrides(get_recipe("tiny_dp1"), ["optimizer.lr=nan", "optimizer.adam_eps=inf"])
+    assert cfg.optimizer.lr != cfg.optimizer.lr and cfg.optimizer.adam_eps == float("inf")
 
 
 def test_config_keys_cover_nested_sections() -> None:
@@ -130,6 +185,11 @@ def test_config_keys_cover_nested_sections() -> None:
 def test_closest_keys_prefer_the_same_field_name() -> None:
     assert closest_keys("train.lr")[0] == "optimizer.lr"
     assert closest_keys("train.microbatch_size")[0] == "train.micro_batch_size"
+
+
+def test_closest_keys_prefer_the_typed_section() -> None:
+    assert closest_keys("model.hiden_size")[0] == "model.hidden_size"
+    assert closest_keys("parallel.tp")[0] == "parallel.tensor"
 
 
 def test_describe_type_of_schema_fields() -> None:

@@ -6,9 +6,11 @@ import re
 
 import pytest
 
-from recipes import library
-from recipes.config_io import load_config, save_config
-from recipes.errors import ConfigError
+from recipes import llama3, mixtral, nemotron
+from recipes.config.errors import ConfigError
+from recipes.config.io import load_config, save_config
+from recipes.config.schema import ModelConfig, RunConfig
+from recipes.config.validation import validate
 from recipes.registry import (
     ALIASES,
     DEFAULT_RECIPE,
@@ -19,8 +21,6 @@ from recipes.registry import (
     recipe_description,
     recipe_names,
 )
-from recipes.schema import ModelConfig, RunConfig
-from recipes.validation import layers_per_chunk, padded_vocab_size, validate
 
 SIZE_TOKEN = re.compile(r"(tp|pp|cp|ep|vpp|dp)(\d+)")
 
@@ -43,7 +43,7 @@ def config_sizes(cfg: RunConfig) -> dict[str, int]:
         "cp": p.context,
         "ep": p.expert,
         "vpp": p.virtual_pipeline or 1,
-        "dp": cfg.data_parallel_size,
+        "dp": cfg.layout.data_parallel,
     }
 
 
@@ -135,14 +135,14 @@ def test_tiny_layouts_train_the_same_model_on_the_same_batch() -> None:
     for name in tiny:
         cfg = get_recipe(name)
         assert cfg.model == reference.model, name
-        assert padded_vocab_size(cfg) == padded_vocab_size(reference), name
+        assert cfg.layout.padded_vocab == reference.layout.padded_vocab, name
         assert cfg.train.global_batch_size == 8 and cfg.train.micro_batch_size == 2, name
         assert (cfg.data, cfg.scheduler, cfg.precision) == (
             reference.data,
             reference.scheduler,
             reference.precision,
         ), name
-    assert reference.num_microbatches == 4
+    assert reference.layout.microbatches == 4
 
 
 def test_large_recipes_use_64_gpus() -> None:
@@ -155,7 +155,7 @@ def test_large_recipes_use_64_gpus() -> None:
 
 def test_llama3_70b_interleaves_four_layers_per_chunk() -> None:
     cfg = get_recipe("llama3_70b_tp4_pp4_cp2_vpp5_dp2")
-    assert layers_per_chunk(cfg) == 4
+    assert cfg.layout.layers_per_chunk == 4
 
 
 def approx_parameters(model: ModelConfig) -> int:
@@ -175,10 +175,10 @@ def approx_parameters(model: ModelConfig) -> int:
 @pytest.mark.parametrize(
     ("model_fn", "published"),
     [
-        (library.llama3_8b_model, 8.03e9),
-        (library.llama3_70b_model, 70.55e9),
-        (library.nemotron4_15b_model, 15.6e9),
-        (library.mixtral_8x7b_model, 46.7e9),
+        (llama3.llama3_8b_model, 8.03e9),
+        (llama3.llama3_70b_model, 70.55e9),
+        (nemotron.nemotron4_15b_model, 15.6e9),
+        (mixtral.mixtral_8x7b_model, 46.7e9),
     ],
 )
 def test_model_shapes_give_the_published_sizes(model_fn, published: float) -> None:

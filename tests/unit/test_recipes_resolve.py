@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config_io import save_config
-from recipes.errors import ConfigError
+from recipes.config.errors import ConfigError
+from recipes.config.io import save_config
+from recipes.config.resolve import ListRecipesRequested, parse_args, resolve_config
 from recipes.registry import DEFAULT_RECIPE, get_recipe
-from recipes.resolve import ListRecipesRequested, parse_args, resolve_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,8 +72,8 @@ def test_resolving_imports_neither_torch_nor_megatron_and_is_fast() -> None:
     # The wrong-machine error must come before heavy imports (issue: within 5 s).
     code = (
         "import sys\n"
-        "from recipes.resolve import resolve_config\n"
-        "from recipes.machine import check_machine, detect_machine\n"
+        "from recipes.config.resolve import resolve_config\n"
+        "from recipes.config.machine import check_machine, detect_machine\n"
         "cfg = resolve_config(['recipe=8b_tp8_pp4_dp2'])\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron'))\n"
         "print(heavy)\n"
@@ -84,3 +84,31 @@ def test_resolving_imports_neither_torch_nor_megatron_and_is_fast() -> None:
     )
     assert done.stdout.strip() == "[]"
     assert time.perf_counter() - start < 5
+
+
+def _finished_checkpoint(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    return path
+
+
+def test_checkpoint_paths_that_hold_a_checkpoint_resolve(tmp_path) -> None:
+    root = tmp_path / "run" / "checkpoints"
+    step = _finished_checkpoint(root / "step_0000300")
+    (root / "latest").write_text("step_0000300")
+    weights = _finished_checkpoint(tmp_path / "weights")
+    for load in (root, step, weights):
+        cfg = resolve_config([f"checkpoint.load={load}", f"output_dir={tmp_path / 'out'}"])
+        assert cfg.checkpoint.load == str(load)
+
+
+def test_paths_are_checked_after_validation_and_not_for_a_dry_run(tmp_path) -> None:
+    missing = tmp_path / "missing"
+    with pytest.raises(ConfigError, match=r"^checkpoint\.load=.*/missing does not exist"):
+        resolve_config([f"checkpoint.load={missing}"])
+    with pytest.raises(ConfigError, match=r"^train.global_batch_size=6 is not divisible"):
+        resolve_config(
+            ["recipe=tiny_dp2", "train.global_batch_size=6", f"checkpoint.load={missing}"]
+        )
+    cfg = resolve_config(["dry_run=true", f"checkpoint.load={missing}"])  # reads no files
+    assert cfg.checkpoint.load == str(missing)

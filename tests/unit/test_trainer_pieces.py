@@ -21,7 +21,7 @@ def test_masked_token_loss_sums_only_loss_tokens():
 
 
 def _synthetic(recipe: str, *overrides: str):
-    from recipes.overrides import apply_overrides
+    from recipes.config.overrides import apply_overrides
 
     cfg = apply_overrides(
         get_recipe(recipe), ["data.source=synthetic", "data.max_corpus_bytes=60000", *overrides]
@@ -62,8 +62,8 @@ def test_epochs_reshuffle_and_cover_every_sample():
 
 
 def _scheduler(style: str):
-    from recipes.overrides import apply_overrides
-    from trainer.loop import build_scheduler
+    from recipes.config.overrides import apply_overrides
+    from trainer.session import build_scheduler
 
     cfg = apply_overrides(get_recipe("tiny_dp1"), [
         f"scheduler.style={style}", "train.train_iters=100", "scheduler.warmup_iters=10",

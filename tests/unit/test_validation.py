@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.errors import ConfigError
-from recipes.overrides import apply_overrides
+from recipes.config.errors import ConfigError
+from recipes.config.overrides import apply_overrides
+from recipes.config.validation import RULES, all_rules, failing_rules, validate
 from recipes.registry import get_recipe
-from recipes.validation import RULES, failing_rules, padded_vocab_size, validate
 
 MOE_NO_BIAS = ["model.add_bias_linear=false", "model.moe_router_topk=1"]
 
 # (rule, base recipe, overrides that break only that rule, text the message must contain)
 RULE_CASES = [
+    ("check_finite_numbers", "tiny_dp1", ["optimizer.adam_eps=inf"],
+     "optimizer.adam_eps=inf must be a finite number (not nan or inf); set it, e.g. "
+     "optimizer.adam_eps=1e-08"),
+    ("check_finite_numbers", "tiny_dp1", ["model.init_method_std=-inf"],
+     "model.init_method_std=-inf must be a finite number"),
+    ("check_finite_numbers", "tiny_dp1", ["cluster.gpu_memory_gib=nan"],
+     "cluster.gpu_memory_gib=nan must be a finite number"),
+    ("check_empty_strings", "tiny_dp1", ["checkpoint.load=''"],
+     "checkpoint.load='' is empty; give it a value, or checkpoint.load=null to leave it unset"),
+    ("check_empty_strings", "tiny_dp1", ["output_dir=' '"],
+     "output_dir=' ' is empty; give it a value, e.g. output_dir=runs"),
     ("check_non_negative_counts", "tiny_dp1", ["train.eval_iters=-1"],
      "train.eval_iters=-1 must not be negative; set train.eval_iters=0"),
     ("check_non_negative_counts", "tiny_dp1", ["optimizer.clip_grad=-1.0"],
@@ -74,13 +85,13 @@ RULE_CASES = [
      "(in-place-on-view error in the expert MLP); set model.add_bias_linear=false"),
     ("check_moe_tensor_parallel", "tiny_tp2", ["model.num_moe_experts=2", *MOE_NO_BIAS],
      "MoE with parallel.tensor=2 needs sequence parallel"),
-    ("check_fp8_shapes", "tiny_dp1", ["precision.fp8=hybrid", "model.ffn_hidden_size=200"],
-     "precision.fp8=hybrid needs model.ffn_hidden_size divisible by 16, got 200; adjust it or "
-     "set precision.fp8=null"),
+    ("check_fp8_shapes", "tiny_dp1", ["plugins.fp8.format=hybrid", "model.ffn_hidden_size=200"],
+     "plugins.fp8.format=hybrid needs model.ffn_hidden_size divisible by 16, got 200; adjust it or "
+     "set plugins.fp8.format=null"),
     ("check_fp8_shapes", "tiny_dp1",
-     ["precision.fp8=e4m3", "model.hidden_size=72"],
+     ["plugins.fp8.format=e4m3", "model.hidden_size=72"],
      "needs model.hidden_size divisible by 16, got 72"),
-    ("check_fp8_shapes", "tiny_tp2_sp", ["precision.fp8=hybrid", "model.seq_length=100"],
+    ("check_fp8_shapes", "tiny_tp2_sp", ["plugins.fp8.format=hybrid", "model.seq_length=100"],
      "needs tokens per rank per micro-batch (seq_length / CP [/ TP with SP] x micro_batch_size) "
      "divisible by 16, got 100"),
     ("check_param_gather", "tiny_dp2",
@@ -109,6 +120,8 @@ RULE_CASES = [
      "data.heldout_fraction=0.0 must be in (0, 1)"),
     ("check_checkpoint_load", "tiny_dp1", ["checkpoint.load_model_only=true"],
      "checkpoint.load_model_only=true needs a checkpoint to load"),
+    ("check_threads_per_rank", "tiny_dp1", ["plugins.cpu_runtime.threads_per_rank=0"],
+     "plugins.cpu_runtime.threads_per_rank=0 must be at least 1"),
 ]
 
 
@@ -143,9 +156,26 @@ def test_non_positive_sizes_are_reported_before_any_division(override, message) 
     assert message in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("optimizer.lr=nan", "optimizer.lr=nan"),
+        ("model.hidden_dropout=nan", "model.hidden_dropout=nan"),
+        ("optimizer.min_lr=-inf", "optimizer.min_lr=-inf"),
+        ("optimizer.lr=1e999", "optimizer.lr=inf"),
+    ],
+)
+def test_non_finite_numbers_are_reported_before_the_rules_they_confuse(override, key) -> None:
+    cfg = apply_overrides(get_recipe("tiny_dp1"), [override])
+    with pytest.raises(ConfigError) as caught:
+        validate(cfg)
+    assert str(caught.value).startswith(key) and "must be a finite number" in str(caught.value)
+
+
 def test_every_rule_has_a_case() -> None:
     covered = {case[0] for case in RULE_CASES} | {"check_positive_sizes"}
-    assert covered == {rule.__name__ for rule in RULES}
+    assert covered == {rule.__name__ for rule in all_rules(get_recipe("tiny_dp1"))}
+    assert set(RULES) < set(all_rules(get_recipe("tiny_dp1")))  # plugin rules come on top
 
 
 @pytest.mark.parametrize(
@@ -153,12 +183,12 @@ def test_every_rule_has_a_case() -> None:
     [(256, 128, 1, 256), (256, 128, 4, 512), (128256, 128, 8, 129024), (50257, 128, 1, 50304),
      (32000, 128, 1, 32000), (1000, 1, 3, 1002)],
 )
-def test_padded_vocab_size(vocab, divisible_by, tensor, padded) -> None:
+def test_layout_pads_vocab_like_megatron(vocab, divisible_by, tensor, padded) -> None:
     cfg = get_recipe("tiny_dp1")
     cfg.model.vocab_size = vocab
     cfg.model.make_vocab_size_divisible_by = divisible_by
     cfg.parallel.tensor = tensor
-    assert padded_vocab_size(cfg) == padded
+    assert cfg.layout.padded_vocab == padded
 
 
 def test_interleaving_with_overlapped_unbatched_p2p_is_accepted() -> None:

@@ -1,54 +1,69 @@
 """Checks a `RunConfig` before any heavy import or process group exists.
 
-One pure function per rule; each raises `ConfigError` with a sentence that names the fields,
-their values and the fix. `validate` runs them in `RULES` order (sizes first, so later rules
-can divide safely) and stops at the first mistake.
+One pure function per rule; each returns None when the rule holds, or the one sentence that
+names the fields, their values and the fix. `validate` runs the core `RULES` (sizes first, so
+later rules can divide safely), then each plugin's rules, and raises `ConfigError` with the
+first message. Plugins keep their rules beside their code in the same form.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
+import types
+import typing
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from recipes.errors import ConfigError
-from recipes.schema import RunConfig
+from recipes.config.errors import ConfigError
+from recipes.config.layout import Layout
+from recipes.config.schema import RunConfig
 
-FP8_MULTIPLE = 16  # Transformer Engine FP8 GEMMs need every matrix dimension divisible by 16
 BYTE_VOCAB = 256  # the byte tokenizer emits ids 0..255
 
 
-def _fail(message: str) -> None:
-    raise ConfigError(message)
+def _layout(cfg: RunConfig) -> Layout:
+    return Layout.from_config(cfg)
 
 
-def _ep_world(cfg: RunConfig) -> int:
-    return cfg.parallel.expert * _expert_tensor(cfg) * cfg.parallel.pipeline
+def _leaves(section: Any, prefix: str = "") -> Iterator[tuple[str, Any, Any, bool]]:
+    """(dotted key, value, schema default, nullable) of every value field, plugins included."""
+    hints = typing.get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _leaves(value, f"{prefix}{f.name}.")
+            continue
+        tp = hints[f.name]
+        union = isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
+        nullable = union and type(None) in typing.get_args(tp)
+        yield f"{prefix}{f.name}", value, f.default, nullable
 
 
-def _expert_tensor(cfg: RunConfig) -> int:
-    p = cfg.parallel
-    return p.tensor if p.expert_tensor is None else p.expert_tensor
+def check_finite_numbers(cfg: RunConfig) -> str | None:
+    """nan/inf parse as floats (`optimizer.lr=nan`) but make every later rule and the loss
+    meaningless, so they are refused first, for every float field of every section."""
+    for key, value, default, _ in _leaves(cfg):
+        if isinstance(value, float) and not math.isfinite(value):
+            example = default if isinstance(default, float) and math.isfinite(default) else 1.0
+            return (
+                f"{key}={value} must be a finite number (not nan or inf); "
+                f"set it, e.g. {key}={example}"
+            )
 
 
-def padded_vocab_size(cfg: RunConfig) -> int:
-    """Vocabulary size after Megatron's padding to a multiple of divisible_by x TP."""
-    unit = cfg.model.make_vocab_size_divisible_by
-    if unit < 1:
-        raise ConfigError(
-            f"model.make_vocab_size_divisible_by={unit} must be at least 1; "
-            "set model.make_vocab_size_divisible_by=128 (Megatron's default)"
-        )
-    step = unit * cfg.parallel.tensor
-    return math.ceil(cfg.model.vocab_size / step) * step
+def check_empty_strings(cfg: RunConfig) -> str | None:
+    """An empty text (`checkpoint.load=''`, `output_dir: ""` in a file) names nothing; the
+    trainer would read it as the current directory."""
+    for key, value, default, nullable in _leaves(cfg):
+        if not isinstance(value, str) or value.strip():
+            continue
+        if nullable:
+            return f"{key}='{value}' is empty; give it a value, or {key}=null to leave it unset"
+        return f"{key}='{value}' is empty; give it a value, e.g. {key}={default}"
 
 
-def layers_per_chunk(cfg: RunConfig) -> int:
-    """Transformer layers in one model chunk (one pipeline stage, or one virtual stage)."""
-    chunks = cfg.parallel.pipeline * (cfg.parallel.virtual_pipeline or 1)
-    return cfg.model.num_layers // chunks
-
-
-def check_positive_sizes(cfg: RunConfig) -> None:
+def check_positive_sizes(cfg: RunConfig) -> str | None:
     """Sizes and counts that must be >= 1 (None means 'not set' where the schema allows it)."""
     m, p, c, t = cfg.model, cfg.parallel, cfg.cluster, cfg.train
     sizes = {
@@ -81,16 +96,15 @@ def check_positive_sizes(cfg: RunConfig) -> None:
         "scheduler.wsd_decay_iters": cfg.scheduler.wsd_decay_iters,
         "data.max_corpus_bytes": cfg.data.max_corpus_bytes,
         "logging.log_interval": cfg.logging.log_interval,
-        "plugins.cpu_runtime.threads_per_rank": cfg.plugins.cpu_runtime.threads_per_rank,
     }
     for key, value in sizes.items():
         if value is not None and value < 1:
-            _fail(f"{key}={value} must be at least 1; set {key} to a positive integer")
+            return (f"{key}={value} must be at least 1; set {key} to a positive integer")
     if c.gpu_memory_gib <= 0:
-        _fail(f"cluster.gpu_memory_gib={c.gpu_memory_gib} must be positive; set it, e.g. 80")
+        return (f"cluster.gpu_memory_gib={c.gpu_memory_gib} must be positive; set it, e.g. 80")
 
 
-def check_non_negative_counts(cfg: RunConfig) -> None:
+def check_non_negative_counts(cfg: RunConfig) -> str | None:
     """Counts and coefficients where 0 means 'off' or 'only at the end', but < 0 is meaningless."""
     values = {
         "train.eval_interval": cfg.train.eval_interval,
@@ -103,25 +117,30 @@ def check_non_negative_counts(cfg: RunConfig) -> None:
     }
     for key, value in values.items():
         if value < 0:
-            _fail(f"{key}={value} must not be negative; set {key}=0 to turn it off")
+            return (f"{key}={value} must not be negative; set {key}=0 to turn it off")
 
 
-def check_vocab_padding(cfg: RunConfig) -> None:
+def check_vocab_padding(cfg: RunConfig) -> str | None:
     """The padding unit is valid and the vocabulary covers the tokenizer's ids."""
-    padded_vocab_size(cfg)
+    unit = cfg.model.make_vocab_size_divisible_by
+    if unit < 1:
+        return (
+            f"model.make_vocab_size_divisible_by={unit} must be at least 1; "
+            "set model.make_vocab_size_divisible_by=128 (Megatron's default)"
+        )
     if cfg.data.tokenizer == "byte" and cfg.model.vocab_size < BYTE_VOCAB:
-        _fail(
+        return (
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the byte tokenizer's "
             f"{BYTE_VOCAB} ids; set model.vocab_size={BYTE_VOCAB} or more"
         )
 
 
-def check_world_size(cfg: RunConfig) -> None:
+def check_world_size(cfg: RunConfig) -> str | None:
     """world = TP x PP x CP x DP with DP a whole number."""
-    p, world = cfg.parallel, cfg.cluster.world_size
-    model_parallel = p.tensor * p.pipeline * p.context
+    p, layout = cfg.parallel, _layout(cfg)
+    world, model_parallel = layout.world_size, layout.model_parallel
     if world % model_parallel:
-        _fail(
+        return (
             f"world size {world} ({cfg.cluster.nodes} nodes x {cfg.cluster.gpus_per_node}) is not "
             f"divisible by TP{p.tensor} x PP{p.pipeline} x CP{p.context} = {model_parallel}, so "
             "data parallel size is not a whole number; change cluster.gpus_per_node/cluster.nodes "
@@ -129,272 +148,251 @@ def check_world_size(cfg: RunConfig) -> None:
         )
 
 
-def check_heads_divisible_by_tensor(cfg: RunConfig) -> None:
+def check_heads_divisible_by_tensor(cfg: RunConfig) -> str | None:
     """Each TP rank holds whole query heads and whole KV heads."""
     m, tp = cfg.model, cfg.parallel.tensor
     groups = m.num_query_groups or m.num_attention_heads
     if m.num_attention_heads % tp:
-        _fail(
+        return (
             f"model.num_attention_heads={m.num_attention_heads} is not divisible by "
             f"parallel.tensor={tp}; choose a TP size that divides the head count"
         )
     if groups % tp:
-        _fail(
+        return (
             f"model.num_query_groups={groups} (KV heads) is not divisible by "
             f"parallel.tensor={tp}; choose a TP size that divides the KV head count"
         )
 
 
-def check_query_groups(cfg: RunConfig) -> None:
+def check_query_groups(cfg: RunConfig) -> str | None:
     """Grouped-query attention: every KV head serves the same number of query heads."""
     m = cfg.model
     groups = m.num_query_groups
     if groups is not None and m.num_attention_heads % groups:
-        _fail(
+        return (
             f"model.num_attention_heads={m.num_attention_heads} is not divisible by "
             f"model.num_query_groups={groups}; set num_query_groups to a divisor of the heads"
         )
 
 
-def check_head_width(cfg: RunConfig) -> None:
+def check_head_width(cfg: RunConfig) -> str | None:
     """Without explicit kv_channels the head width is hidden / heads and must be whole."""
     m = cfg.model
     if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
-        _fail(
+        return (
             f"model.hidden_size={m.hidden_size} is not divisible by "
             f"model.num_attention_heads={m.num_attention_heads}; change one of them or set "
             "model.kv_channels explicitly"
         )
 
 
-def check_layers_per_stage(cfg: RunConfig) -> None:
+def check_layers_per_stage(cfg: RunConfig) -> str | None:
     """Layers split evenly over pipeline stages (and virtual stages with interleaving)."""
     p, layers = cfg.parallel, cfg.model.num_layers
     vpp = p.virtual_pipeline or 1
     if layers % (p.pipeline * vpp):
         split = f"PP{p.pipeline} x VPP{vpp} = {p.pipeline * vpp}" if vpp > 1 else f"PP{p.pipeline}"
-        _fail(
+        return (
             f"model.num_layers={layers} cannot be split evenly over {split} model chunks; "
             "choose pipeline (x virtual_pipeline) sizes that divide the layer count"
         )
 
 
-def check_virtual_pipeline(cfg: RunConfig) -> None:
+def check_virtual_pipeline(cfg: RunConfig) -> str | None:
     """Interleaving needs several pipeline stages and at least two chunks per stage."""
     p = cfg.parallel
     if p.virtual_pipeline is None:
         return
     if p.virtual_pipeline < 2:
-        _fail(
+        return (
             f"parallel.virtual_pipeline={p.virtual_pipeline} is not interleaving; "
             "set parallel.virtual_pipeline=null (off) or a value >= 2"
         )
     if p.pipeline < 2:
-        _fail(
+        return (
             f"parallel.virtual_pipeline={p.virtual_pipeline} needs parallel.pipeline > 1 "
             f"(got {p.pipeline}); set parallel.virtual_pipeline=null or raise parallel.pipeline"
         )
 
 
-def check_sequence_divisible_by_context(cfg: RunConfig) -> None:
+def check_sequence_divisible_by_context(cfg: RunConfig) -> str | None:
     """CP splits each sequence into 2 x CP load-balanced chunks."""
     seq, cp = cfg.model.seq_length, cfg.parallel.context
     if cp > 1 and seq % (2 * cp):
-        _fail(
+        return (
             f"model.seq_length={seq} must be divisible by 2 x parallel.context = {2 * cp} "
             "(context parallel splits each sequence into 2 x CP chunks); adjust one of them"
         )
 
 
-def check_sequence_divisible_by_tensor(cfg: RunConfig) -> None:
+def check_sequence_divisible_by_tensor(cfg: RunConfig) -> str | None:
     """Sequence parallel shards the sequence dimension over the TP group."""
     p, seq = cfg.parallel, cfg.model.seq_length
     if p.sequence_parallel and (seq // p.context) % p.tensor:
-        _fail(
+        return (
             f"with sequence parallel the per-CP-rank sequence ({seq} / CP{p.context} = "
             f"{seq // p.context}) must be divisible by parallel.tensor={p.tensor}; adjust "
             "model.seq_length or the TP size"
         )
 
 
-def check_sequence_parallel_needs_tensor(cfg: RunConfig) -> None:
+def check_sequence_parallel_needs_tensor(cfg: RunConfig) -> str | None:
     p = cfg.parallel
     if p.sequence_parallel and p.tensor < 2:
-        _fail(
+        return (
             "parallel.sequence_parallel=true needs parallel.tensor > 1 (it shards activations "
             "over the TP group); set parallel.sequence_parallel=false or raise parallel.tensor"
         )
 
 
-def check_global_batch(cfg: RunConfig) -> None:
+def check_global_batch(cfg: RunConfig) -> str | None:
     """global batch = micro batch x DP x accumulation steps, all whole numbers."""
-    t, dp = cfg.train, cfg.data_parallel_size
+    t, dp = cfg.train, _layout(cfg).data_parallel
     if t.global_batch_size % (t.micro_batch_size * dp):
-        _fail(
+        return (
             f"train.global_batch_size={t.global_batch_size} is not divisible by "
             f"train.micro_batch_size={t.micro_batch_size} x DP{dp} = {t.micro_batch_size * dp}; "
             "set the global batch to a multiple of that"
         )
 
 
-def check_interleaved_microbatches(cfg: RunConfig) -> None:
+def check_interleaved_microbatches(cfg: RunConfig) -> str | None:
     """The interleaved 1F1B schedule runs micro-batches in groups of PP."""
     p = cfg.parallel
-    if p.virtual_pipeline is not None and cfg.num_microbatches % p.pipeline:
-        _fail(
+    microbatches = _layout(cfg).microbatches
+    if p.virtual_pipeline is not None and microbatches % p.pipeline:
+        return (
             f"interleaved pipeline (virtual_pipeline={p.virtual_pipeline}) needs the "
-            f"micro-batches per step ({cfg.num_microbatches}) divisible by "
+            f"micro-batches per step ({microbatches}) divisible by "
             f"parallel.pipeline={p.pipeline}; change train.global_batch_size or "
             "train.micro_batch_size"
         )
 
 
-def check_interleaved_p2p(cfg: RunConfig) -> None:
+def check_interleaved_p2p(cfg: RunConfig) -> str | None:
     """Megatron Core accepts batched p2p with interleaving but computes wrong losses."""
     p = cfg.parallel
     if p.virtual_pipeline is not None and p.batch_p2p_comm:
-        _fail(
+        return (
             "parallel.batch_p2p_comm=true with an interleaved pipeline gives silently wrong "
             "losses in Megatron Core; set parallel.batch_p2p_comm=false"
         )
 
 
-def check_expert_parallel(cfg: RunConfig) -> None:
+def check_expert_parallel(cfg: RunConfig) -> str | None:
     """EP splits the experts of each MoE layer; it needs experts and must divide them."""
     m, ep = cfg.model, cfg.parallel.expert
     if m.num_moe_experts is None:
         if ep > 1 or cfg.parallel.expert_tensor not in (None, cfg.parallel.tensor):
-            _fail(
+            return (
                 f"parallel.expert={ep} / expert_tensor need an MoE model; set "
                 "model.num_moe_experts or parallel.expert=1 and parallel.expert_tensor=null"
             )
         return
     if m.num_moe_experts % ep:
-        _fail(
+        return (
             f"model.num_moe_experts={m.num_moe_experts} is not divisible by parallel.expert={ep}; "
             "choose an expert parallel size that divides the expert count"
         )
 
 
-def check_expert_world_size(cfg: RunConfig) -> None:
+def check_expert_world_size(cfg: RunConfig) -> str | None:
     """Experts use their own grid: world = PP x expert-TP x EP x expert-DP."""
     if cfg.model.num_moe_experts is None:
         return
-    p, world = cfg.parallel, cfg.cluster.world_size
-    if world % _ep_world(cfg):
-        _fail(
+    p, layout = cfg.parallel, _layout(cfg)
+    world, expert_grid = layout.world_size, layout.expert_model_parallel
+    if world % expert_grid:
+        return (
             f"world size {world} is not divisible by PP{p.pipeline} x expert-TP"
-            f"{_expert_tensor(cfg)} x EP{p.expert} = {_ep_world(cfg)}; lower parallel.expert "
+            f"{layout.expert_tensor_size} x EP{p.expert} = {expert_grid}; lower parallel.expert "
             "or parallel.expert_tensor, or change the cluster size"
         )
 
 
-def check_router_topk(cfg: RunConfig) -> None:
+def check_router_topk(cfg: RunConfig) -> str | None:
     m = cfg.model
     if m.num_moe_experts is not None and m.moe_router_topk > m.num_moe_experts:
-        _fail(
+        return (
             f"model.moe_router_topk={m.moe_router_topk} exceeds model.num_moe_experts="
             f"{m.num_moe_experts}; route each token to at most that many experts"
         )
 
 
-def check_moe_bias(cfg: RunConfig) -> None:
+def check_moe_bias(cfg: RunConfig) -> str | None:
     """The Megatron Core local MoE spec fails in-place-on-view with linear biases."""
     if cfg.model.num_moe_experts is not None and cfg.model.add_bias_linear:
-        _fail(
+        return (
             "MoE models cannot use linear biases with the Megatron Core local layer spec "
             "(in-place-on-view error in the expert MLP); set model.add_bias_linear=false"
         )
 
 
-def check_moe_tensor_parallel(cfg: RunConfig) -> None:
+def check_moe_tensor_parallel(cfg: RunConfig) -> str | None:
     """Megatron Core's MoE layer refuses to train with TP > 1 unless SP is on."""
     p = cfg.parallel
     if cfg.model.num_moe_experts is not None and p.tensor > 1 and not p.sequence_parallel:
-        _fail(
+        return (
             f"MoE with parallel.tensor={p.tensor} needs sequence parallel (Megatron Core raises "
             "in the first forward otherwise); set parallel.sequence_parallel=true"
         )
 
 
-def check_fp8_shapes(cfg: RunConfig) -> None:
-    """FP8 GEMMs need hidden, MLP and per-rank token dimensions that are multiples of 16."""
-    if cfg.precision.fp8 is None:
-        return
-    m, p = cfg.model, cfg.parallel
-    sp_split = p.tensor if p.sequence_parallel else 1
-    tokens = m.seq_length // (p.context * sp_split) * cfg.train.micro_batch_size
-    dims = {
-        "model.hidden_size": m.hidden_size,
-        "model.ffn_hidden_size": m.ffn_hidden_size,
-        "model.moe_ffn_hidden_size": m.moe_ffn_hidden_size,
-        "tokens per rank per micro-batch (seq_length / CP [/ TP with SP] x micro_batch_size)": (
-            tokens
-        ),
-    }
-    for name, value in dims.items():
-        if value is not None and value % FP8_MULTIPLE:
-            _fail(
-                f"precision.fp8={cfg.precision.fp8} needs {name} divisible by {FP8_MULTIPLE}, "
-                f"got {value}; adjust it or set precision.fp8=null"
-            )
-
-
-def check_param_gather(cfg: RunConfig) -> None:
+def check_param_gather(cfg: RunConfig) -> str | None:
     """Param all-gather overlap exists only for the distributed optimizer's sharded params."""
     o = cfg.optimizer
     if o.overlap_param_gather and not o.distributed:
-        _fail(
+        return (
             "optimizer.overlap_param_gather=true needs the distributed optimizer; set "
             "optimizer.distributed=true or optimizer.overlap_param_gather=false"
         )
     if o.overlap_param_gather and not o.overlap_grad_reduce:
-        _fail(
+        return (
             "optimizer.overlap_param_gather=true needs optimizer.overlap_grad_reduce=true "
             "(Megatron overlaps both or neither); set both true or overlap_param_gather=false"
         )
 
 
-def check_evaluation(cfg: RunConfig) -> None:
+def check_evaluation(cfg: RunConfig) -> str | None:
     """Periodic evaluation must evaluate something (an interval past the end means 'at the end')."""
     t = cfg.train
     if t.eval_interval > 0 and t.eval_iters == 0:
-        _fail(
+        return (
             f"train.eval_interval={t.eval_interval} with train.eval_iters=0 evaluates nothing; "
             "set train.eval_iters >= 1 or train.eval_interval=0"
         )
 
 
-def check_scheduler(cfg: RunConfig) -> None:
+def check_scheduler(cfg: RunConfig) -> str | None:
     """Warm-up ends before the decay span does (Megatron asserts warmup < decay steps), and the
     WSD anneal fits inside the decay span."""
     s = cfg.scheduler
     decay = s.decay_iters if s.decay_iters is not None else cfg.train.train_iters
     if s.warmup_iters >= decay:
         source = "scheduler.decay_iters" if s.decay_iters is not None else "train.train_iters"
-        _fail(
+        return (
             f"scheduler.warmup_iters={s.warmup_iters} must be shorter than the decay span "
             f"({source}={decay}); lower scheduler.warmup_iters"
         )
     if s.style == "wsd" and s.wsd_decay_iters is not None and s.wsd_decay_iters > decay:
-        _fail(
+        return (
             f"scheduler.wsd_decay_iters={s.wsd_decay_iters} is longer than the decay span "
             f"({decay} steps); lower scheduler.wsd_decay_iters"
         )
 
 
-def check_learning_rate(cfg: RunConfig) -> None:
+def check_learning_rate(cfg: RunConfig) -> str | None:
     o = cfg.optimizer
     if o.lr <= 0:
-        _fail(f"optimizer.lr={o.lr} must be positive; set optimizer.lr, e.g. 3e-4")
+        return (f"optimizer.lr={o.lr} must be positive; set optimizer.lr, e.g. 3e-4")
     if not 0 <= o.min_lr <= o.lr:
-        _fail(
+        return (
             f"optimizer.min_lr={o.min_lr} must be between 0 and optimizer.lr={o.lr}; "
             "lower optimizer.min_lr"
         )
 
 
-def check_fractions(cfg: RunConfig) -> None:
+def check_fractions(cfg: RunConfig) -> str | None:
     """Probabilities and shares lie in their intervals."""
     m = cfg.model
     for key, value in (
@@ -402,21 +400,25 @@ def check_fractions(cfg: RunConfig) -> None:
         ("model.attention_dropout", m.attention_dropout),
     ):
         if not 0 <= value < 1:
-            _fail(f"{key}={value} must be in [0, 1); set it, e.g. {key}=0.0")
+            return (f"{key}={value} must be in [0, 1); set it, e.g. {key}=0.0")
     share = cfg.data.heldout_fraction
     if not 0 < share < 1:
-        _fail(f"data.heldout_fraction={share} must be in (0, 1); set it, e.g. 0.05")
+        return (f"data.heldout_fraction={share} must be in (0, 1); set it, e.g. 0.05")
 
 
-def check_checkpoint_load(cfg: RunConfig) -> None:
+def check_checkpoint_load(cfg: RunConfig) -> str | None:
     if cfg.checkpoint.load_model_only and cfg.checkpoint.load is None:
-        _fail(
+        return (
             "checkpoint.load_model_only=true needs a checkpoint to load; set "
             "checkpoint.load=<checkpoint dir> or checkpoint.load_model_only=false"
         )
 
 
-RULES: tuple[Callable[[RunConfig], None], ...] = (
+Rule = Callable[[RunConfig], str | None]
+
+RULES: tuple[Rule, ...] = (
+    check_finite_numbers,
+    check_empty_strings,
     check_positive_sizes,
     check_non_negative_counts,
     check_vocab_padding,
@@ -437,7 +439,6 @@ RULES: tuple[Callable[[RunConfig], None], ...] = (
     check_router_topk,
     check_moe_bias,
     check_moe_tensor_parallel,
-    check_fp8_shapes,
     check_param_gather,
     check_evaluation,
     check_scheduler,
@@ -447,18 +448,19 @@ RULES: tuple[Callable[[RunConfig], None], ...] = (
 )
 
 
+def all_rules(cfg: RunConfig) -> tuple[Rule, ...]:
+    """The core rules, then each plugin's own rules (from the plugin configs `cfg` holds)."""
+    return (*RULES, *cfg.plugins.rules())
+
+
 def validate(cfg: RunConfig) -> None:
-    """Raise `ConfigError` for the first rule `cfg` breaks (rules in `RULES` order)."""
-    for rule in RULES:
-        rule(cfg)
+    """Raise `ConfigError` with the message of the first rule `cfg` breaks (`all_rules` order)."""
+    for rule in all_rules(cfg):
+        message = rule(cfg)
+        if message:
+            raise ConfigError(message)
 
 
 def failing_rules(cfg: RunConfig) -> list[str]:
     """Names of every rule `cfg` breaks (for tests and reports; assumes positive sizes)."""
-    failing = []
-    for rule in RULES:
-        try:
-            rule(cfg)
-        except ConfigError:
-            failing.append(rule.__name__)
-    return failing
+    return [rule.__name__ for rule in all_rules(cfg) if rule(cfg)]

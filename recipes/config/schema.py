@@ -2,13 +2,17 @@
 
 Every field has a default and a one-line doc (the comment after it); `RunConfig` composes them.
 Nothing here imports torch or Megatron, so a configuration can be resolved and validated
-before any heavy import or process group exists.
+before any heavy import or process group exists. Plugin sections come from the plugins' own
+config classes, composed in `plugins/registry.py`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+
+from plugins.registry import PluginsConfig
+from recipes.config.layout import Layout
 
 
 @dataclass(kw_only=True)
@@ -115,10 +119,9 @@ class SchedulerConfig:
 
 @dataclass(kw_only=True)
 class PrecisionConfig:
-    """Number formats. FP8 needs Transformer Engine on a GPU."""
+    """Number formats of parameters and compute (FP8 is the `plugins.fp8` plugin)."""
 
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"  # parameter / compute dtype
-    fp8: Literal["hybrid", "e4m3"] | None = None  # FP8 recipe format; None = off
     grad_reduce_in_fp32: bool = True  # keep DP gradient buffers in fp32
 
 
@@ -154,21 +157,6 @@ class LoggingConfig:
 
 
 @dataclass(kw_only=True)
-class CpuRuntimePluginConfig:
-    """Runs unmodified Megatron Core over gloo when there is no CUDA device."""
-
-    enabled: Literal["auto", "on", "off"] = "auto"  # auto = on exactly when CUDA is absent
-    threads_per_rank: int = 1  # torch intra-op threads per local rank
-
-
-@dataclass(kw_only=True)
-class PluginsConfig:
-    """Features that attach at named points of the trainer."""
-
-    cpu_runtime: CpuRuntimePluginConfig = field(default_factory=CpuRuntimePluginConfig)
-
-
-@dataclass(kw_only=True)
 class RunConfig:
     """Everything one training run needs."""
 
@@ -189,14 +177,7 @@ class RunConfig:
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
 
     @property
-    def data_parallel_size(self) -> int:
-        """DP derived from the world size; validation guarantees it divides exactly."""
-        p = self.parallel
-        return self.cluster.world_size // (p.tensor * p.pipeline * p.context)
+    def layout(self) -> Layout:
+        """Parallel degrees, derived sizes, groups and placement of this run."""
+        return Layout.from_config(self)
 
-    @property
-    def num_microbatches(self) -> int:
-        """Micro-batches per optimizer step on each DP rank (gradient accumulation)."""
-        return self.train.global_batch_size // (
-            self.train.micro_batch_size * self.data_parallel_size
-        )

@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from recipes.config_io import load_config
-from recipes.errors import ConfigError
-from recipes.overrides import apply_overrides, split_override
+from recipes.config.errors import ConfigError
+from recipes.config.io import load_config
+from recipes.config.overrides import apply_overrides, split_override
+from recipes.config.paths import validate_paths
+from recipes.config.schema import RunConfig
+from recipes.config.validation import validate
 from recipes.registry import DEFAULT_RECIPE, get_recipe
-from recipes.schema import RunConfig
-from recipes.validation import validate
 
 HELP_ARGS = ("--help", "-h", "help")
 
@@ -42,6 +43,11 @@ def parse_args(argv: Sequence[str]) -> ParsedArgs:
         if key == "recipe" and value == "list":
             raise ListRecipesRequested
         if key in ("recipe", "config"):
+            if not value.strip():
+                example = "recipe=tiny_dp1 (recipe=list shows all)" if key == "recipe" else (
+                    "config=runs/<run>/config.yaml"
+                )
+                raise ConfigError(f"{key}= is empty; give it a value, e.g. {example}")
             if getattr(parsed, key) is not None:
                 raise ConfigError(f"{key}= given twice ({getattr(parsed, key)}, {value}); keep one")
             setattr(parsed, key, value)
@@ -59,7 +65,8 @@ def resolve_config(argv: Sequence[str]) -> RunConfig:
     """Build, override and validate the configuration the command line describes.
 
     Raises `ListRecipesRequested` for `recipe=list`/`--help`/`-h`, and `ConfigError` (one
-    line, with the fix) for any mistake. Does not check the machine; see `recipes.machine`.
+    line, with the fix) for any mistake, including paths the config names (checked here, before
+    any rank starts). Does not check the machine; see `recipes.config.machine`.
     """
     parsed = parse_args(argv)
     if parsed.config is not None:
@@ -68,4 +75,5 @@ def resolve_config(argv: Sequence[str]) -> RunConfig:
         base = get_recipe(parsed.recipe or DEFAULT_RECIPE)
     cfg = apply_overrides(base, parsed.overrides)
     validate(cfg)
+    validate_paths(cfg)
     return cfg

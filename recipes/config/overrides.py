@@ -2,6 +2,9 @@
 
 OmegaConf parses and type-checks the values against the dataclass schema; this module only
 turns its exceptions into sentences that name the key, what it expects and what to type instead.
+The shape of each key is checked before OmegaConf sees it (a section that does not exist, a key a
+section lacks, a value used as a section, an empty value), because OmegaConf would either accept
+those silently (`checkpoint.load=` becomes null) or report them in its own words.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from recipes.errors import ConfigError
-from recipes.schema import RunConfig
+from recipes.config.errors import ConfigError
+from recipes.config.schema import RunConfig
 
 # Short names people type from habit; suggestions only, never accepted as keys.
 _HABITUAL_NAMES = {
@@ -34,7 +37,24 @@ _HABITUAL_NAMES = {
     "gbs": "train.global_batch_size",
     "world_size": "cluster.nodes",
 }
+# Section names people type from habit (or from other frameworks): suggestions only.
+_HABITUAL_SECTIONS = {
+    "ckpt": "checkpoint",
+    "checkpointing": "checkpoint",
+    "opt": "optimizer",
+    "optim": "optimizer",
+    "sched": "scheduler",
+    "lr_scheduler": "scheduler",
+    "parallelism": "parallel",
+    "distributed": "parallel",
+    "training": "train",
+    "trainer": "train",
+    "log": "logging",
+    "fp8": "plugins.fp8",
+    "cpu_runtime": "plugins.cpu_runtime",
+}
 _YAML_BOOL_WORDS = {"on", "off", "yes", "no", "y", "n"}  # YAML 1.1 booleans
+_LISTED_KEYS = 12  # an unknown key in a section this small lists the section's keys
 _DATA_PARALLEL_NAMES = ("dp", "data_parallel", "data_parallel_size", "parallel.data")
 
 
@@ -57,6 +77,17 @@ def config_keys() -> tuple[str, ...]:
         return keys
 
     return tuple(walk(RunConfig, ""))
+
+
+@cache
+def config_sections() -> tuple[str, ...]:
+    """Every section that holds settable keys, dotted, in schema order (`plugins.fp8`, ...)."""
+    return tuple(dict.fromkeys(k.rpartition(".")[0] for k in config_keys() if "." in k))
+
+
+def is_section(key: str) -> bool:
+    """Whether `key` names a section (`model`, `plugins`, `plugins.fp8`), not a value."""
+    return dataclasses.is_dataclass(field_type(key))
 
 
 def field_type(key: str) -> Any | None:
@@ -83,18 +114,84 @@ def describe_type(tp: Any) -> str:
 
 
 def closest_keys(key: str, limit: int = 3) -> list[str]:
-    """Valid keys nearest to a mistyped one: same field name first, then spelling."""
+    """Valid keys nearest to a mistyped one: habits, then the key's own section, then the same
+    field name in other sections, then spelling anywhere."""
     keys = config_keys()
-    leaf = key.rsplit(".", 1)[-1]
+    section, _, leaf = key.rpartition(".")
     leaves = sorted({k.rsplit(".", 1)[-1] for k in keys})
+    siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == section]
     ranked: list[str] = []
     if leaf in _HABITUAL_NAMES:
         ranked.append(_HABITUAL_NAMES[leaf])
+    near_siblings = [s for s in siblings if len(leaf) > 2 and s.startswith(leaf)]
+    near_siblings += difflib.get_close_matches(leaf, siblings, n=limit, cutoff=0.7)
+    ranked += [f"{section}.{near}" if section else near for near in near_siblings]
     ranked += [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
+    for named in _sections_named(leaf):  # `precision.fp8` -> the keys of plugins.fp8
+        ranked += [k for k in keys if k.startswith(named + ".")]
     ranked += difflib.get_close_matches(key, keys, n=limit, cutoff=0.6)
     for near_leaf in difflib.get_close_matches(leaf, leaves, n=limit, cutoff=0.7):
         ranked += [k for k in keys if k.rsplit(".", 1)[-1] == near_leaf]
     return list(dict.fromkeys(ranked))[:limit]
+
+
+def _sections_named(name: str) -> list[str]:
+    """Sections whose last part (or habitual name) is `name`: 'fp8' -> ['plugins.fp8']."""
+    named = [s for s in config_sections() if s.rpartition(".")[2] == name]
+    return named or ([_HABITUAL_SECTIONS[name]] if name in _HABITUAL_SECTIONS else [])
+
+
+def missing_section(key: str) -> str | None:
+    """The first dotted prefix of `key` used as a section that is no section, else None.
+
+    `modle.hidden_size` -> 'modle'; `plugins.fp9.format` -> 'plugins.fp9'; `model.x` -> None.
+    """
+    parts = key.split(".")
+    for end in range(1, len(parts)):
+        prefix = ".".join(parts[:end])
+        if not is_section(prefix):
+            return None if field_type(prefix) is not None else prefix
+    return None
+
+
+def nearest_sections(name: str, limit: int = 3) -> list[str]:
+    """Existing sections nearest to a section name that does not exist: habits, sections that
+    start with it (`plugins.cpu` -> `plugins.cpu_runtime`), then spelling."""
+    sections = list(dict.fromkeys(p for s in config_sections() for p in _prefixes(s)))
+    ranked = [_HABITUAL_SECTIONS[name]] if name in _HABITUAL_SECTIONS else []
+    ranked += [s for s in sections if s.startswith(name)]
+    ranked += difflib.get_close_matches(name, sections, n=limit, cutoff=0.6)
+    ancestors = _prefixes(name)  # `plugins` exists when `plugins.fp9` does not: not a suggestion
+    return [s for s in dict.fromkeys(ranked) if s not in ancestors][:limit]
+
+
+def _prefixes(section: str) -> list[str]:
+    """`plugins.fp8` -> ['plugins', 'plugins.fp8']."""
+    parts = section.split(".")
+    return [".".join(parts[:end]) for end in range(1, len(parts) + 1)]
+
+
+def missing_section_message(key: str, missing: str, origin: str) -> str:
+    """One line for `missing.rest` where `missing` is no section: nearest sections and keys."""
+    rest = key[len(missing) + 1:]
+    near = nearest_sections(missing)
+    suggestions = [f"{s}.{rest}" for s in near if f"{s}.{rest}" in config_keys()]
+    for s in near if not suggestions else []:
+        leaves = [k[len(s) + 1:] for k in config_keys() if k.startswith(s + ".")]
+        close = difflib.get_close_matches(rest, leaves, n=3, cutoff=0.6)
+        suggestions += [f"{s}.{leaf}" for leaf in close]
+    if not suggestions:
+        suggestions = [k for k in config_keys() if k.endswith("." + rest)]
+    suggestions = list(dict.fromkeys(suggestions))[:3]
+    message = f"{origin}: there is no section '{missing}'"
+    if near:
+        message += f" (nearest: {', '.join(near)})"
+    if suggestions:
+        return message + f"; did you mean {', '.join(suggestions)}?"
+    if near:
+        example = next(k for k in config_keys() if k.startswith(near[0] + "."))
+        return message + f"; set a field of {near[0]}, e.g. {example}=..."
+    return message + f"; the sections are {', '.join(config_sections())}"
 
 
 def unknown_key_message(key: str, origin: str) -> str:
@@ -105,7 +202,21 @@ def unknown_key_message(key: str, origin: str) -> str:
             "cluster.nodes x cluster.gpus_per_node / (TP x PP x CP), so change cluster.nodes "
             "or cluster.gpus_per_node"
         )
+    missing = missing_section(key)
+    if missing is not None:
+        return missing_section_message(key, missing, origin)
     near = closest_keys(key)
+    section = key.rpartition(".")[0]
+    children = list(_field_types(field_type(section))) if section and is_section(section) else []
+    if not near and 0 < len(children) <= _LISTED_KEYS:
+        return f"{origin}: unknown config key '{key}'; section {section} has {', '.join(children)}"
+    sections = nearest_sections(key) if "." not in key else []
+    if not near and sections:
+        example = next(k for k in config_keys() if k.startswith(sections[0] + "."))
+        return (
+            f"{origin}: unknown config key '{key}'; did you mean the section {sections[0]}? "
+            f"set one of its fields, e.g. {example}=..."
+        )
     hint = f"did you mean {', '.join(near)}?" if near else "see a saved config.yaml for all keys"
     return f"{origin}: unknown config key '{key}'; {hint}"
 
@@ -136,6 +247,9 @@ def merge_checked(base: DictConfig, update: DictConfig, origin: str) -> DictConf
         return typing.cast(DictConfig, OmegaConf.merge(base, update))
     except ConfigKeyError as err:
         key = _user_key(update, str(err.full_key or err.key or ""))
+        given = OmegaConf.select(update, key, default=None) if key else None
+        if isinstance(given, DictConfig) and len(given):  # a whole unknown section (a file)
+            key = f"{key}.{next(iter(given.keys()))}"
         raise ConfigError(unknown_key_message(key, origin)) from None
     except OmegaConfBaseException as err:
         key = str(getattr(err, "full_key", "") or "") or _first_key(update)
@@ -176,7 +290,9 @@ def to_run_config(node: DictConfig, origin: str) -> RunConfig:
     except OmegaConfBaseException as err:
         key = str(getattr(err, "full_key", "") or "")
         reason = str(getattr(err, "msg", "") or err).splitlines()[0]
-        raise ConfigError(f"{origin}: cannot resolve '{key}': {reason}") from None
+        raise ConfigError(
+            f"{origin}: cannot resolve '{key}': {reason}; give {key or 'it'} a plain value"
+        ) from None
     if not isinstance(obj, RunConfig):
         raise ConfigError(f"{origin}: did not produce a run configuration")
     return obj
@@ -193,6 +309,11 @@ def split_override(text: str) -> tuple[str, str]:
     if not sep or not key or key != key.strip():
         raise ConfigError(
             f"'{text}' is not an override; write KEY=VALUE with no spaces around '=', "
+            "e.g. optimizer.lr=2e-4"
+        )
+    if "" in key.split("."):
+        raise ConfigError(
+            f"'{text}': the key '{key}' has an empty part between dots; write SECTION.KEY=VALUE, "
             "e.g. optimizer.lr=2e-4"
         )
     return key, value
@@ -221,11 +342,49 @@ def _verbatim_option(key: str, value: str) -> DictConfig | None:
     return typing.cast(DictConfig, OmegaConf.create(nested))
 
 
+def _nullable(tp: Any) -> bool:
+    union = isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
+    return union and type(None) in typing.get_args(tp)
+
+
+def empty_value_message(key: str, origin: str, current: Any) -> str:
+    """One line for `key=` with nothing after '=': what to give it (and null where allowed)."""
+    tp = field_type(key)
+    message = f"{origin}: {key} is empty; give it a value"
+    if current is not None:
+        message += f", e.g. {key}={_yaml_scalar(current)}"
+    else:
+        message += f" ({describe_type(tp).removesuffix(' or null')})"
+    if _nullable(tp):
+        message += f", or {key}=null to leave it unset"
+    return message
+
+
+def check_override_key(key: str, value: str, node: DictConfig, origin: str) -> None:
+    """Refuse what OmegaConf would misread: unknown sections and keys, a value used as a
+    section, a section given a value, and an empty value (which OmegaConf reads as null)."""
+    if is_section(key):
+        raise ConfigError(wrong_value_message(key, value, origin, None))
+    parts = key.split(".")
+    for end in range(1, len(parts)):
+        prefix = ".".join(parts[:end])
+        if prefix in config_keys():
+            raise ConfigError(
+                f"{origin}: {prefix} is a value, not a section; set it directly, "
+                f"e.g. {prefix}={_yaml_scalar(OmegaConf.select(node, prefix))}"
+            )
+    if key not in config_keys():
+        raise ConfigError(unknown_key_message(key, origin))
+    if not value.strip():
+        raise ConfigError(empty_value_message(key, origin, OmegaConf.select(node, key)))
+
+
 def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
     """Apply dotlist overrides in order (a later one wins) and return a new `RunConfig`."""
     node = typing.cast(DictConfig, OmegaConf.structured(cfg))
     for text in overrides:
         key, value = split_override(text)
+        check_override_key(key, value, node, f"override '{text}'")
         try:
             update = _verbatim_option(key, value) or OmegaConf.from_dotlist([text])
         except (OmegaConfBaseException, yaml.YAMLError):

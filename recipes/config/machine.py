@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipes.errors import ConfigError
-from recipes.schema import RunConfig
+from recipes.config.errors import ConfigError
+from recipes.config.schema import RunConfig
 
 CPU_RANK_CAP = 16  # most local CPU processes the CPU runtime runs for one single-node recipe
 _GPU_DEVICE = re.compile(r"nvidia\d+")
@@ -64,26 +64,30 @@ def launched_world_size(environ: Mapping[str, str]) -> int | None:
         ) from None
 
 
+def refuse_plain_srun(environ: Mapping[str, str]) -> None:
+    """Several tasks of one `srun` step without torchrun would each self-launch a whole world.
+
+    Plain srun sets SLURM_PROCID/SLURM_NTASKS but none of torchrun's RANK/WORLD_SIZE/LOCAL_RANK;
+    the supported way under Slurm is one torchrun per node, which sets them.
+    """
+    tasks = environ.get("SLURM_STEP_NUM_TASKS", "")
+    if tasks.isdigit() and int(tasks) > 1 and not environ.get("WORLD_SIZE"):
+        raise ConfigError(
+            f"started by srun as {tasks} tasks without torchrun, so every task would launch a "
+            "whole run; start one torchrun per node instead: srun --ntasks-per-node=1 torchrun "
+            "--nnodes=$SLURM_NNODES --nproc-per-node=<GPUs per node> --rdzv-backend=c10d "
+            "--rdzv-endpoint=<first node>:<free port> scripts/pretrain.py ..."
+        )
+
+
 def detect_machine(environ: Mapping[str, str] | None = None) -> MachineInfo:
     """GPUs visible here and the launcher's world size (no torch import)."""
     env = os.environ if environ is None else environ
+    refuse_plain_srun(env)
     return MachineInfo(
         gpus=count_gpus(visible_devices=env.get("CUDA_VISIBLE_DEVICES")),
         launched_world_size=launched_world_size(env),
     )
-
-
-def describe_layout(cfg: RunConfig, *, show_sequence_parallel: bool = False) -> str:
-    """'TP8 x PP4 x DP2', with CP, virtual stages and EP when used (and '+SP' if asked)."""
-    p = cfg.parallel
-    pipeline = f"PP{p.pipeline}" + (f" (VPP{p.virtual_pipeline})" if p.virtual_pipeline else "")
-    sp = "+SP" if show_sequence_parallel and p.sequence_parallel else ""
-    parts = [f"TP{p.tensor}{sp}", pipeline]
-    if p.context > 1:
-        parts.append(f"CP{p.context}")
-    parts.append(f"DP{cfg.data_parallel_size}")
-    layout = " x ".join(parts)
-    return layout + (f", EP{p.expert}" if p.expert > 1 else "")
 
 
 def dry_run_command(cfg: RunConfig, command_args: Sequence[str] | None) -> str:
@@ -108,23 +112,23 @@ def check_machine(
     world = c.world_size
     needs = (
         f"recipe {cfg.name} needs {world} GPUs: {c.nodes} nodes x {c.gpus_per_node}, "
-        f"{describe_layout(cfg)}"
+        f"{cfg.layout.describe()}"
     )
     hint = f"inspect it here with: {dry_run_command(cfg, command_args)}"
     found = f"found {gpus} GPU{'' if gpus == 1 else 's'}"
     if launched is not None and launched != world:
         raise ConfigError(f"{needs}; this process was launched with WORLD_SIZE={launched}; {hint}")
-    runtime = cfg.plugins.cpu_runtime.enabled
-    on_cpu = runtime == "on" or (runtime == "auto" and gpus == 0)
+    on_cpu = cfg.plugins.runs_ranks_on_cpu(gpus, c.nodes)
     if c.nodes > 1:
         if launched is None:
             raise ConfigError(
                 f"{needs}; {found} and no multi-node launch (WORLD_SIZE unset); {hint}"
             )
         if not on_cpu and gpus < c.gpus_per_node:
-            raise ConfigError(f"{needs}; {found} on this node, {c.gpus_per_node} needed; {hint}")
-        if on_cpu and runtime == "auto":
-            raise ConfigError(f"{needs}; {found} on this node of a multi-node launch; {hint}")
+            launch = " of a multi-node launch" if gpus == 0 else ""
+            raise ConfigError(
+                f"{needs}; {found} on this node{launch}, {c.gpus_per_node} needed; {hint}"
+            )
         return
     if on_cpu:
         if world > CPU_RANK_CAP:

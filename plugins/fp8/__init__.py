@@ -1,0 +1,1 @@
+"""FP8 training through Transformer Engine (GPU only); see config.py for why it is a plugin."""

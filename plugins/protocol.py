@@ -1,0 +1,203 @@
+"""The contract between the trainer and its plugins: hook points, their typed contexts, rules.
+
+Both sides import this module and it imports neither: the trainer calls hooks on a `PluginSet`
+without knowing any plugin by name, and a plugin implements the hooks it needs by overriding
+`Plugin` methods. Each plugin's torch-free config dataclass derives from `PluginConfig`: it
+carries the plugin's validation rules and builds the plugin when it is on. The one explicit
+list of plugins is `plugins/registry.py`.
+
+Hook points, in the order a run meets them (arguments are Megatron Core or torch objects; this
+module stays torch-free, so they are typed `Any` and named here):
+
+    setup_runtime(runtime)          once per process, before any process group exists; the dry
+                                    run calls it too. A plugin may choose backend and device.
+    transformer_config(config)      the TransformerConfig after translation -> config
+    layer_spec(spec, config)        each model chunk's decoder-block spec -> spec
+    run_start(start)                after the session is built (and a checkpoint loaded)
+    microbatch(batch)               each micro-batch dict on the compute device -> batch
+                                    (slice for context parallel, add packing metadata)
+    forward_kwargs(batch, kwargs)   keyword arguments of GPTModel.forward for that batch -> kwargs
+                                    (e.g. packed_seq_params)
+    after_step(metrics)             after every optimizer step, on every rank
+    after_eval(evaluation)          after every held-out evaluation, on every rank
+    state_dict() / load_state_dict(state)   the plugin's part of the checkpointed run state
+    run_end(summary)                once, after training and the final checkpoint
+
+Rules have the core rules' form (`recipes/config/validation.py`): a pure function of the whole
+run config that returns None, or one sentence naming the field, its value and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Rule = Callable[[Any], str | None]
+
+
+@dataclass
+class RuntimeContext:
+    """What `setup_runtime` decides for this process; defaults are a CUDA node."""
+
+    dry_run: bool = False  # building shards on the meta device, no training
+    backend: str = "nccl"  # default process-group backend
+    device: str = "cuda"  # where this rank computes
+    cpu_initialization: bool = False  # draw each full weight on CPU, then split (layout-invariant)
+
+
+@dataclass
+class StepMetrics:
+    """One optimizer step, as every rank knows it (losses are reduced over the world)."""
+
+    step: int  # optimizer steps done, this one included
+    loss: float  # mean loss per loss token of the global batch
+    lr: float
+    grad_norm: float
+    loss_tokens: int  # loss-contributing tokens of the global batch, each counted once
+    step_time_s: float
+    skipped: bool = False  # the optimizer did not apply this update (e.g. fp16 overflow)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.loss_tokens / self.step_time_s if self.step_time_s > 0 else 0.0
+
+
+@dataclass
+class EvalResult:
+    """One held-out evaluation."""
+
+    step: int  # optimizer steps done when it ran
+    loss: float  # mean loss per loss token over the held-out batches
+    loss_tokens: int
+
+
+@dataclass
+class RunStart:
+    """What a plugin may read when the run begins."""
+
+    config: Any  # the RunConfig
+    run_dir: Path
+    start_step: int  # 0, or the step a checkpoint resumed from
+    total_steps: int
+
+
+class Plugin:
+    """Base of every plugin: each hook is a no-op until a plugin overrides it."""
+
+    name: str = "plugin"  # its field name under `plugins.` in the config
+
+    def setup_runtime(self, runtime: RuntimeContext) -> None:
+        return None
+
+    def transformer_config(self, config: Any) -> Any:
+        return config
+
+    def layer_spec(self, spec: Any, config: Any) -> Any:
+        return spec
+
+    def run_start(self, start: RunStart) -> None:
+        return None
+
+    def microbatch(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return batch
+
+    def forward_kwargs(self, batch: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        return kwargs
+
+    def after_step(self, metrics: StepMetrics) -> None:
+        return None
+
+    def after_eval(self, evaluation: EvalResult) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+    def run_end(self, summary: dict[str, Any]) -> None:
+        return None
+
+
+class PluginConfig:
+    """Base of each plugin's config dataclass: its rules, and the plugin it builds."""
+
+    def rules(self) -> tuple[Rule, ...]:
+        """This plugin's validation rules (pure functions of the whole run config)."""
+        return ()
+
+    def build(self) -> Plugin | None:
+        """The plugin, or None when this config leaves it off. Imports torch lazily."""
+        return None
+
+    def runs_ranks_on_cpu(self, gpus: int, nodes: int) -> bool:
+        """Whether this plugin, so configured, runs the ranks of a `nodes`-node run on CPU on
+        a machine with `gpus` GPUs (the machine check asks before any torch import)."""
+        return False
+
+    def launch_environment(self) -> dict[str, str]:
+        """Environment variables for locally launched ranks (set before torch starts them)."""
+        return {}
+
+
+@dataclass
+class PluginSet:
+    """The active plugins of a run, in registry order; the trainer calls hooks only here."""
+
+    plugins: list[Plugin] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[Plugin]:
+        return iter(self.plugins)
+
+    def setup_runtime(self, runtime: RuntimeContext) -> RuntimeContext:
+        for plugin in self.plugins:
+            plugin.setup_runtime(runtime)
+        return runtime
+
+    def transformer_config(self, config: Any) -> Any:
+        for plugin in self.plugins:
+            config = plugin.transformer_config(config)
+        return config
+
+    def layer_spec(self, spec: Any, config: Any) -> Any:
+        for plugin in self.plugins:
+            spec = plugin.layer_spec(spec, config)
+        return spec
+
+    def run_start(self, start: RunStart) -> None:
+        for plugin in self.plugins:
+            plugin.run_start(start)
+
+    def microbatch(self, batch: dict[str, Any]) -> dict[str, Any]:
+        for plugin in self.plugins:
+            batch = plugin.microbatch(batch)
+        return batch
+
+    def forward_kwargs(self, batch: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        for plugin in self.plugins:
+            kwargs = plugin.forward_kwargs(batch, kwargs)
+        return kwargs
+
+    def after_step(self, metrics: StepMetrics) -> None:
+        for plugin in self.plugins:
+            plugin.after_step(metrics)
+
+    def after_eval(self, evaluation: EvalResult) -> None:
+        for plugin in self.plugins:
+            plugin.after_eval(evaluation)
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Each plugin's checkpoint state under its name (plugins without state are left out)."""
+        return {plugin.name: state for plugin in self.plugins if (state := plugin.state_dict())}
+
+    def load_state_dict(self, states: dict[str, dict[str, Any]]) -> None:
+        for plugin in self.plugins:
+            if plugin.name in states:
+                plugin.load_state_dict(states[plugin.name])
+
+    def run_end(self, summary: dict[str, Any]) -> None:
+        for plugin in self.plugins:
+            plugin.run_end(summary)

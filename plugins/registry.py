@@ -1,0 +1,54 @@
+"""The one explicit list of plugins: the fields of `PluginsConfig`, in the order hooks run.
+
+Adding a plugin is one field here; its config class (torch-free, beside its code) brings its
+rules and builds the plugin. The schema composes `PluginsConfig` into the run config; the
+trainer gets a `PluginSet` from `build_plugins` and never names a plugin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from plugins.cpu_runtime.config import CpuRuntimeConfig
+from plugins.fp8.config import Fp8Config
+from plugins.protocol import PluginConfig, PluginSet, Rule
+
+
+@dataclass(kw_only=True)
+class PluginsConfig:
+    """Features that attach at the trainer's hook points (`plugins/protocol.py`)."""
+
+    cpu_runtime: CpuRuntimeConfig = field(default_factory=CpuRuntimeConfig)
+    fp8: Fp8Config = field(default_factory=Fp8Config)
+
+    def configs(self) -> list[tuple[str, PluginConfig]]:
+        """(name, config) of every plugin, in registry order."""
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+    def rules(self) -> tuple[Rule, ...]:
+        """Every plugin's validation rules, in registry order."""
+        return tuple(rule for _, config in self.configs() for rule in config.rules())
+
+    def runs_ranks_on_cpu(self, gpus: int, nodes: int) -> bool:
+        """Whether some plugin runs this run's ranks on CPU on a machine with `gpus` GPUs."""
+        return any(config.runs_ranks_on_cpu(gpus, nodes) for _, config in self.configs())
+
+    def launch_environment(self) -> dict[str, str]:
+        """Environment the plugins want for locally launched ranks (later plugins win)."""
+        return {
+            key: value
+            for _, config in self.configs()
+            for key, value in config.launch_environment().items()
+        }
+
+
+def build_plugins(plugins: PluginsConfig) -> PluginSet:
+    """The plugins this config turns on, each named by its field."""
+    built = PluginSet()
+    for name, config in plugins.configs():
+        plugin = config.build()
+        if plugin is not None:
+            plugin.name = name
+            built.plugins.append(plugin)
+    return built

@@ -1,0 +1,45 @@
+"""Settings every 64-GPU recipe shares (8 nodes x 8 GPUs, bf16, overlapped distributed optimizer).
+
+Each family file derives its recipes from `large_run_base` and sets only layout and batch.
+"""
+
+from __future__ import annotations
+
+from recipes.config.schema import (
+    ClusterConfig,
+    ModelConfig,
+    OptimizerConfig,
+    PrecisionConfig,
+    RunConfig,
+    SchedulerConfig,
+    TrainConfig,
+)
+
+
+def large_run_base(model: ModelConfig, lr: float) -> RunConfig:
+    """Settings shared by the 64-GPU recipes; each recipe sets the layout and batch."""
+    return RunConfig(
+        model=model,
+        cluster=ClusterConfig(nodes=8, gpus_per_node=8, gpu_memory_gib=80.0),
+        train=TrainConfig(
+            micro_batch_size=1,
+            global_batch_size=128,
+            train_iters=50_000,
+            eval_interval=1000,
+            eval_iters=10,
+        ),
+        optimizer=OptimizerConfig(
+            lr=lr,
+            min_lr=lr / 10,
+            weight_decay=0.1,
+            adam_beta1=0.9,
+            adam_beta2=0.95,
+            adam_eps=1e-8,
+            clip_grad=1.0,
+            distributed=True,
+            overlap_grad_reduce=True,
+            overlap_param_gather=True,
+        ),
+        scheduler=SchedulerConfig(style="cosine", warmup_iters=2000),
+        precision=PrecisionConfig(dtype="bf16"),
+    )

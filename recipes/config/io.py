@@ -1,0 +1,81 @@
+"""Save a resolved configuration as YAML and load it back (`config=<file>` reproduces a run)."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from recipes.config.errors import ConfigError
+from recipes.config.overrides import merge_checked, to_run_config
+from recipes.config.schema import RunConfig
+
+CONFIG_FILENAME = "config.yaml"  # name of the resolved config inside a run directory
+
+
+def config_to_yaml(cfg: RunConfig) -> str:
+    """The YAML text of a configuration (every field, defaults included)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> Path:
+    """Write `cfg` as YAML to `path` (parents created) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = (
+        f"# Resolved configuration of recipe '{cfg.name}'.\n"
+        f"# Reproduce the run with: python scripts/pretrain.py config={path}\n"
+    )
+    path.write_text(header + config_to_yaml(cfg), encoding="utf-8")
+    return path
+
+
+def _check_config_path(path: Path, origin: str) -> None:
+    """`config=` names an existing file; a run directory means the config.yaml inside it."""
+    if path.is_dir():
+        inside = path / CONFIG_FILENAME
+        hint = f"config={inside}" if inside.is_file() else f"config=runs/<run>/{CONFIG_FILENAME}"
+        raise ConfigError(f"{origin} is a directory, not a file; pass the file, e.g. {hint}")
+    if not path.is_file():
+        raise ConfigError(
+            f"{origin} does not exist; pass a saved config, "
+            f"e.g. config=runs/<run>/{CONFIG_FILENAME}"
+        )
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read a YAML file written by `save_config` back into a `RunConfig`.
+
+    Keys missing from the file take the schema defaults; unknown keys and wrong types are
+    one-line `ConfigError`s naming the file.
+    """
+    if not str(path).strip():
+        raise ConfigError(
+            f"config= is empty; give it a saved config, e.g. config=runs/<run>/{CONFIG_FILENAME}"
+        )
+    path = Path(path)
+    origin = f"config file {path}"
+    _check_config_path(path, origin)
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise ConfigError(f"{origin} is not valid YAML{line}; fix or re-save it") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{origin} is not UTF-8 text; pass the config.yaml of a run") from None
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ConfigError(f"{origin} cannot be read ({reason}); fix its permissions") from None
+    if not isinstance(loaded, DictConfig):
+        kind = "a list" if isinstance(loaded, ListConfig) else "a single value"
+        raise ConfigError(f"{origin} must hold a mapping of config sections, not {kind}")
+    if not loaded:
+        raise ConfigError(
+            f"{origin} is empty; pass a saved config with its sections (model:, train:, ...), "
+            f"e.g. config=runs/<run>/{CONFIG_FILENAME}"
+        )
+    base = typing.cast(DictConfig, OmegaConf.structured(RunConfig))
+    return to_run_config(merge_checked(base, loaded, origin), origin)

@@ -1,0 +1,323 @@
+"""Every user mistake is one line naming the field and the fix, across the whole schema.
+
+One table of command lines that must each be refused by `resolve_config` with a `ConfigError`
+whose message contains the expected text and no newline; `{tmp}` stands for a directory holding
+the files and checkpoint layouts the path cases name (built by `paths_dir`). A few cases then
+run the real entry point to show the user sees `error: <that line>` and exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipes.config.errors import ConfigError
+from recipes.config.paths import check_output_dir
+from recipes.config.resolve import resolve_config
+from recipes.registry import get_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+SECTIONS = (
+    "model, parallel, cluster, train, optimizer, scheduler, precision, data, checkpoint, logging, "
+    "plugins.cpu_runtime, plugins.fp8"
+)
+
+# (argv, text the one-line message must contain); the default recipe is tiny_tp2_pp2.
+BAD_INPUTS: list[tuple[list[str], str]] = [
+    # model
+    (["model.hidden_size=0"], "model.hidden_size=0 must be at least 1"),
+    (["model.num_layers=-2"], "model.num_layers=-2 must be at least 1"),
+    (["model.num_layers=2.5"], "model.num_layers expects an integer, got '2.5'"),
+    (["model.activation=relu"], "model.activation expects one of gelu, swiglu, squared_relu, "
+     "got 'relu'"),
+    (["model.normalization=rmsnorm"], "model.normalization expects one of LayerNorm, RMSNorm"),
+    (["model.hidden_size=66"], "model.hidden_size=66 is not divisible by "
+     "model.num_attention_heads=4"),
+    (["model.num_attention_heads=3", "model.kv_channels=16"],
+     "model.num_attention_heads=3 is not divisible by parallel.tensor=2"),
+    (["model.num_query_groups=3"], "model.num_query_groups=3 (KV heads) is not divisible by "
+     "parallel.tensor=2"),
+    (["model.vocab_size=100"], "model.vocab_size=100 is smaller than the byte tokenizer's 256"),
+    (["model.hidden_dropout=1.5"], "model.hidden_dropout=1.5 must be in [0, 1)"),
+    (["model.init_method_std=nan"], "model.init_method_std=nan must be a finite number"),
+    (["model.num_moe_experts=2"], "set model.add_bias_linear=false"),
+    (["model.hiden_size=64"], "unknown config key 'model.hiden_size'; did you mean "
+     "model.hidden_size"),
+    (["model.hidden_size.x=3"], "model.hidden_size is a value, not a section"),
+    (["model.kv_channels="], "model.kv_channels is empty; give it a value (an integer), or "
+     "model.kv_channels=null"),
+    # parallel
+    (["parallel.tensor=0"], "parallel.tensor=0 must be at least 1"),
+    (["parallel.tensor=3"], "is not divisible by TP3 x PP2 x CP1 = 6"),
+    (["recipe=tiny_pp2", "model.num_layers=5"], "model.num_layers=5 cannot be split evenly "
+     "over PP2 model chunks"),
+    (["parallel.virtual_pipeline=1"], "parallel.virtual_pipeline=1 is not interleaving"),
+    (["parallel.sequence_parallel=maybe"], "parallel.sequence_parallel expects true or false, "
+     "got 'maybe'"),
+    (["recipe=tiny_dp2", "parallel.sequence_parallel=true"],
+     "parallel.sequence_parallel=true needs parallel.tensor > 1"),
+    (["recipe=tiny_dp2", "parallel.expert=2"], "parallel.expert=2 / expert_tensor need an MoE "
+     "model"),
+    (["recipe=tiny_pp2_vpp2", "parallel.batch_p2p_comm=true"], "set parallel.batch_p2p_comm=false"),
+    (["recipe=tiny_dp2", "parallel.context=2", "model.seq_length=130"],
+     "model.seq_length=130 must be divisible by 2 x parallel.context = 4"),
+    (["parallel.tp=2"], "unknown config key 'parallel.tp'; did you mean parallel.tensor"),
+    (["parallel.data=2"], "'parallel.data' cannot be set; data parallel size is derived"),
+    # cluster
+    (["cluster.gpus_per_node=6"], "world size 6 (1 nodes x 6) is not divisible by "
+     "TP2 x PP2 x CP1 = 4"),
+    (["cluster.nodes=0"], "cluster.nodes=0 must be at least 1"),
+    (["cluster.gpu_memory_gib=-1"], "cluster.gpu_memory_gib=-1.0 must be positive"),
+    (["cluster.gpu_memory_gib=inf"], "cluster.gpu_memory_gib=inf must be a finite number"),
+    (["cluster.gpus=8"], "unknown config key 'cluster.gpus'; did you mean cluster.gpus_per_node"),
+    # train
+    (["recipe=tiny_dp2", "train.global_batch_size=6"], "train.global_batch_size=6 is not "
+     "divisible by train.micro_batch_size=2 x DP2 = 4"),
+    (["train.micro_batch_size=0"], "train.micro_batch_size=0 must be at least 1"),
+    (["train.micro_batch_size=abc"], "train.micro_batch_size expects an integer, got 'abc' "
+     "(currently train.micro_batch_size=2)"),
+    (["train.recompute=partial"], "train.recompute expects one of none, full, selective"),
+    (["train.eval_iters=-1"], "train.eval_iters=-1 must not be negative"),
+    (["train.eval_interval=50", "train.eval_iters=0"], "train.eval_interval=50 with "
+     "train.eval_iters=0 evaluates nothing"),
+    (["train.train_iters=0"], "train.train_iters=0 must be at least 1"),
+    (["train.lr=1e-4"], "unknown config key 'train.lr'; did you mean optimizer.lr"),
+    # optimizer
+    (["optimizer.lr=nan"], "optimizer.lr=nan must be a finite number (not nan or inf); set it, "
+     "e.g. optimizer.lr="),
+    (["optimizer.adam_eps=inf"], "optimizer.adam_eps=inf must be a finite number"),
+    (["optimizer.weight_decay=-inf"], "optimizer.weight_decay=-inf must be a finite number"),
+    (["optimizer.lr=0"], "optimizer.lr=0.0 must be positive"),
+    (["optimizer.min_lr=1"], "optimizer.min_lr=1.0 must be between 0 and optimizer.lr"),
+    (["optimizer.lr=fast"], "optimizer.lr expects a number, got 'fast'"),
+    (["optimizer.lr="], "optimizer.lr is empty; give it a value, e.g. optimizer.lr="),
+    (["optimizer.clip_grad=-1"], "optimizer.clip_grad=-1.0 must not be negative"),
+    (["optimizer.bucket_size=0"], "optimizer.bucket_size=0 must be at least 1"),
+    (["optimizer.overlap_param_gather=true"], "optimizer.overlap_param_gather=true needs the "
+     "distributed optimizer"),
+    # scheduler
+    (["scheduler.style=step"], "scheduler.style expects one of cosine, wsd, linear, constant"),
+    (["scheduler.warmup_iters=300"], "scheduler.warmup_iters=300 must be shorter than the decay "
+     "span (train.train_iters=300)"),
+    (["scheduler.decay_iters=5"], "must be shorter than the decay span "
+     "(scheduler.decay_iters=5)"),
+    (["scheduler.style=wsd", "scheduler.wsd_decay_iters=1000"], "scheduler.wsd_decay_iters=1000 "
+     "is longer than the decay span"),
+    (["sched.warmup_iters=5"], "there is no section 'sched' (nearest: scheduler); did you mean "
+     "scheduler.warmup_iters?"),
+    # precision
+    (["precision.dtype=fp64"], "precision.dtype expects one of fp32, bf16, fp16, got 'fp64'"),
+    (["precision.grad_reduce_in_fp32=sometimes"], "precision.grad_reduce_in_fp32 expects true "
+     "or false"),
+    (["precision.fp8=hybrid"], "unknown config key 'precision.fp8'; did you mean "
+     "plugins.fp8.format"),
+    # data
+    (["data.source=wikipedia"], "data.source expects one of python_stdlib, synthetic"),
+    (["data.tokenizer=gpt2"], "data.tokenizer expects one of byte, got 'gpt2'"),
+    (["data.heldout_fraction=0"], "data.heldout_fraction=0.0 must be in (0, 1)"),
+    (["data.heldout_fraction=nan"], "data.heldout_fraction=nan must be a finite number"),
+    (["data.max_corpus_bytes=0"], "data.max_corpus_bytes=0 must be at least 1"),
+    # checkpoint
+    (["checkpoint.load_model_only=true"], "checkpoint.load_model_only=true needs a checkpoint"),
+    (["checkpoint.load="], "checkpoint.load is empty; give it a value (a string), or "
+     "checkpoint.load=null to leave it unset"),
+    (["checkpoint.load=''"], "checkpoint.load='' is empty; give it a value, or "
+     "checkpoint.load=null"),
+    (["checkpoint.save_interval=-5"], "checkpoint.save_interval=-5 must not be negative"),
+    (["checkpoint.optimizer_format=zero3"], "checkpoint.optimizer_format expects one of "
+     "fully_reshardable, dp_reshardable"),
+    (["checkpoint.load={tmp}/missing"], "checkpoint.load={tmp}/missing does not exist; point it "
+     "at a saved checkpoint"),
+    (["checkpoint.load=~/no-such-checkpoint-dir"], "(~ is not expanded; write the full path)"),
+    (["checkpoint.load={tmp}/a_file.txt"], "checkpoint.load={tmp}/a_file.txt is a file, not a "
+     "checkpoint directory"),
+    (["checkpoint.load={tmp}/ckpt/metadata.json"], "is a file, not a checkpoint directory; set "
+     "checkpoint.load={tmp}/ckpt"),
+    (["checkpoint.load={tmp}/empty_dir"], "checkpoint.load={tmp}/empty_dir is an empty "
+     "directory"),
+    (["checkpoint.load={tmp}/not_ckpt"], "checkpoint.load={tmp}/not_ckpt is not a Megatron "
+     "checkpoint (no metadata.json and no latest file)"),
+    (["checkpoint.load={tmp}/run"], "checkpoint.load={tmp}/run is a run directory, not a "
+     "checkpoint; set checkpoint.load={tmp}/run/checkpoints"),
+    (["checkpoint.load={tmp}/bad_latest"], "latest names step_0000300, but "
+     "{tmp}/bad_latest/step_0000300 does not exist"),
+    (["checkpoint.load={tmp}/unfinished"], "{tmp}/unfinished/step_0000300 has no metadata.json "
+     "(an unfinished save?); point checkpoint.load at a finished step, e.g. "
+     "checkpoint.load={tmp}/unfinished/step_0000100"),
+    (["checkpoint.load={tmp}/empty_latest"], "its latest file names no step"),
+    (["checkpoint.load={tmp}/steps_only"], "checkpoint.load={tmp}/steps_only has no latest file; "
+     "point it at one of its steps, e.g. checkpoint.load={tmp}/steps_only/step_0000200"),
+    (["ckpt.load=/x"], "there is no section 'ckpt' (nearest: checkpoint); did you mean "
+     "checkpoint.load?"),
+    # logging
+    (["logging.log_interval=0"], "logging.log_interval=0 must be at least 1"),
+    (["logging.progress_bar=sometimes"], "logging.progress_bar expects true or false"),
+    (["logging.metrics=true"], "unknown config key 'logging.metrics'; did you mean "
+     "logging.metrics_file"),
+    # plugins.cpu_runtime
+    (["plugins.cpu_runtime.threads_per_rank=0"], "plugins.cpu_runtime.threads_per_rank=0 must be "
+     "at least 1"),
+    (["plugins.cpu_runtime.enabled=maybe"], "plugins.cpu_runtime.enabled expects one of auto, "
+     "on, off, got 'maybe'"),
+    (["plugins.cpu.threads_per_rank=2"], "there is no section 'plugins.cpu' (nearest: "
+     "plugins.cpu_runtime"),
+    (["cpu_runtime.enabled=on"], "did you mean plugins.cpu_runtime.enabled?"),
+    # plugins.fp8
+    (["plugins.fp8.format=e5m2"], "plugins.fp8.format expects one of hybrid, e4m3 or null"),
+    (["plugins.fp8.format=hybrid", "model.ffn_hidden_size=200"], "plugins.fp8.format=hybrid "
+     "needs model.ffn_hidden_size divisible by 16, got 200"),
+    (["fp8.format=hybrid"], "there is no section 'fp8' (nearest: plugins.fp8); did you mean "
+     "plugins.fp8.format"),
+    (["plugins.fp8=hybrid"], "'plugins.fp8' is a section, not a value"),
+    (["plugins.zz=1"], "unknown config key 'plugins.zz'; section plugins has cpu_runtime, fp8"),
+    # top-level keys
+    (["dry_run=perhaps"], "dry_run expects true or false, got 'perhaps'"),
+    (["name="], "name is empty; give it a value, e.g. name=tiny_tp2_pp2"),
+    (["output_dir="], "output_dir is empty; give it a value, e.g. output_dir=runs"),
+    (["output_dir=' '"], "output_dir=' ' is empty"),
+    (["run_dir="], "run_dir is empty; give it a value (a string), or run_dir=null"),
+    (["output_dir={tmp}/a_file.txt"], "output_dir={tmp}/a_file.txt is a file, not a directory"),
+    (["output_dir={tmp}/a_file.txt/runs"], "output_dir={tmp}/a_file.txt/runs cannot be created: "
+     "{tmp}/a_file.txt is a file"),
+    (["run_dir={tmp}/a_file.txt"], "run_dir={tmp}/a_file.txt is a file, not a directory; set "
+     "run_dir to a writable directory, or run_dir=null"),
+    (["model=3"], "'model' is a section, not a value; set one of its fields"),
+    (["modle=3"], "unknown config key 'modle'; did you mean the section model?"),
+    # sections that do not exist
+    (["modle.hidden_size=8"], "there is no section 'modle' (nearest: model); did you mean "
+     "model.hidden_size?"),
+    (["foo.bar=1"], f"there is no section 'foo'; the sections are {SECTIONS}"),
+    (["plugin.fp8.format=hybrid"], "there is no section 'plugin'"),
+    # recipe= and config= mistakes
+    (["recipe=tiny_dp3"], "unknown recipe 'tiny_dp3'; did you mean tiny_dp2"),
+    (["recipe="], "recipe= is empty; give it a value, e.g. recipe=tiny_dp1"),
+    (["recipe=tiny_dp1", "recipe=tiny_dp2"], "recipe= given twice (tiny_dp1, tiny_dp2); keep one"),
+    (["recipe=tiny_dp1", "config=x.yaml"], "give either recipe=tiny_dp1 or config=x.yaml, not "
+     "both"),
+    (["config="], "config= is empty; give it a value, e.g. config=runs/<run>/config.yaml"),
+    (["config={tmp}/missing.yaml"], "config file {tmp}/missing.yaml does not exist; pass a saved "
+     "config"),
+    (["config={tmp}/empty_dir"], "config file {tmp}/empty_dir is a directory, not a file"),
+    (["config={tmp}/run"], "is a directory, not a file; pass the file, e.g. "
+     "config={tmp}/run/config.yaml"),
+    (["config={tmp}/bad.yaml"], "config file {tmp}/bad.yaml is not valid YAML at line 2"),
+    (["config={tmp}/list.yaml"], "must hold a mapping of config sections, not a list"),
+    (["config={tmp}/empty.yaml"], "config file {tmp}/empty.yaml is empty"),
+    (["config={tmp}/modle.yaml"], "config file {tmp}/modle.yaml: there is no section 'modle'"),
+    (["config={tmp}/typo.yaml"], "config file {tmp}/typo.yaml: unknown config key "
+     "'train.micro_batch'"),
+    (["config={tmp}/nan.yaml"], "optimizer.lr=nan must be a finite number"),
+    # malformed command lines
+    (["--lr", "1"], "'--lr' is not an override; write KEY=VALUE without dashes"),
+    (["a.b", "=", "c"], "'a.b' is not an override; write KEY=VALUE with no spaces around '='"),
+    (["tp=2"], "unknown config key 'tp'; did you mean parallel.tensor?"),
+    (["dp=2"], "'dp' cannot be set; data parallel size is derived"),
+    (["gbs=16"], "unknown config key 'gbs'; did you mean train.global_batch_size"),
+    (["tiny_dp1"], "'tiny_dp1' is not an override; write KEY=VALUE"),
+    (["model..hidden_size=3"], "the key 'model..hidden_size' has an empty part between dots"),
+    (["model.hidden_size=[1,"], "cannot parse the value '[1,'"),
+    (["optimizer.lr=${foo}"], "cannot resolve 'optimizer.lr'"),
+]
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def _checkpoint(path: Path) -> None:
+    """A finished Megatron checkpoint directory, as far as the path rules look."""
+    _write(path / "metadata.json", '{"sharded_backend": "torch_dist"}')
+
+
+@pytest.fixture(scope="module")
+def paths_dir(tmp_path_factory) -> Path:
+    """Files, broken checkpoints and config files the table names as `{tmp}/...`."""
+    tmp = tmp_path_factory.mktemp("bad_inputs")
+    _write(tmp / "a_file.txt", "not a directory\n")
+    (tmp / "empty_dir").mkdir()
+    _write(tmp / "not_ckpt" / "notes.txt", "hello\n")
+    _checkpoint(tmp / "ckpt")
+    _write(tmp / "run" / "config.yaml", "name: tiny_tp2_pp2\n")
+    _checkpoint(tmp / "run" / "checkpoints" / "step_0000300")
+    _write(tmp / "run" / "checkpoints" / "latest", "step_0000300")
+    _write(tmp / "bad_latest" / "latest", "step_0000300\n")
+    _write(tmp / "unfinished" / "latest", "step_0000300")
+    (tmp / "unfinished" / "step_0000300").mkdir()
+    _checkpoint(tmp / "unfinished" / "step_0000100")
+    _write(tmp / "empty_latest" / "latest", "")
+    _checkpoint(tmp / "steps_only" / "step_0000100")
+    _checkpoint(tmp / "steps_only" / "step_0000200")
+    _write(tmp / "bad.yaml", "model: [\n")
+    _write(tmp / "list.yaml", "- 1\n- 2\n")
+    _write(tmp / "empty.yaml", "")
+    _write(tmp / "modle.yaml", "modle:\n  hidden_size: 8\n")
+    _write(tmp / "typo.yaml", "train:\n  micro_batch: 2\n")
+    _write(tmp / "nan.yaml", "optimizer:\n  lr: .nan\n")
+    return tmp
+
+
+def _fill(texts: list[str], tmp: Path) -> list[str]:
+    return [text.replace("{tmp}", str(tmp)) for text in texts]
+
+
+def test_table_is_large_distinct_and_covers_every_section() -> None:
+    argvs = [tuple(argv) for argv, _ in BAD_INPUTS]
+    assert len(argvs) >= 60 and len(set(argvs)) == len(argvs)
+    text = " ".join(" ".join(argv) for argv in argvs)
+    for section in SECTIONS.split(", "):
+        assert f"{section}." in text, section
+    for kind in ("recipe=", "config=", "=nan", "=inf", "output_dir=", "run_dir=", "dry_run="):
+        assert kind in text, kind
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"), BAD_INPUTS, ids=[" ".join(argv) for argv, _ in BAD_INPUTS]
+)
+def test_bad_input_is_one_line_naming_the_fix(argv, expected, paths_dir) -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(_fill(argv, paths_dir))
+    message = str(caught.value)
+    assert _fill([expected], paths_dir)[0] in message
+    assert "\n" not in message and message.strip() == message
+
+
+def test_output_dir_that_cannot_be_written_is_named(tmp_path, monkeypatch) -> None:
+    # Root may write anywhere, so the permission answer is stubbed rather than chmod-ed.
+    monkeypatch.setattr("recipes.config.paths.os.access", lambda path, mode: False)
+    cfg = get_recipe("tiny_dp1")
+    cfg.output_dir = str(tmp_path / "new" / "runs")
+    message = check_output_dir(cfg)
+    assert message == (
+        f"output_dir={tmp_path}/new/runs cannot be written (its parent {tmp_path} is not "
+        f"writable by this user); set output_dir to a writable directory, e.g. "
+        f"output_dir={Path.home() / 'runs'}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["modle.hidden_size=8"], "error: override 'modle.hidden_size=8': there is no section "
+         "'modle' (nearest: model); did you mean model.hidden_size?"),
+        (["optimizer.lr=nan"], "error: optimizer.lr=nan must be a finite number"),
+        (["checkpoint.load={tmp}/empty_dir"], "error: checkpoint.load={tmp}/empty_dir is an "
+         "empty directory"),
+    ],
+)
+def test_entry_point_prints_one_error_line_and_exits_2(args, expected, paths_dir) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("RANK", None)
+    done = subprocess.run(
+        [sys.executable, "scripts/pretrain.py", *_fill(args, paths_dir)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(_fill([expected], paths_dir)[0])
+    assert "Traceback" not in done.stderr + done.stdout

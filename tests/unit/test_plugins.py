@@ -1,0 +1,101 @@
+"""The plugin protocol: hooks run in registry order, chain their results, and carry state."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from plugins.cpu_runtime.config import CpuRuntimeConfig
+from plugins.fp8.config import Fp8Config
+from plugins.protocol import EvalResult, Plugin, PluginSet, RuntimeContext, StepMetrics
+from plugins.registry import PluginsConfig, build_plugins
+
+
+class Recorder(Plugin):
+    """A plugin that appends its name to whatever passes through, and remembers events."""
+
+    def __init__(self, name: str, state: dict | None = None) -> None:
+        self.name = name
+        self.events: list[str] = []
+        self.state = state or {}
+
+    def microbatch(self, batch):
+        return {**batch, "seen": [*batch.get("seen", []), self.name]}
+
+    def forward_kwargs(self, batch, kwargs):
+        return {**kwargs, self.name: batch["seen"]}
+
+    def after_step(self, metrics):
+        self.events.append(f"step {metrics.step}")
+
+    def after_eval(self, evaluation):
+        self.events.append(f"eval {evaluation.step} {evaluation.loss}")
+
+    def state_dict(self):
+        return dict(self.state)
+
+    def load_state_dict(self, state):
+        self.state = dict(state)
+
+
+def test_hooks_chain_in_order_and_reach_every_plugin():
+    first, second = Recorder("first"), Recorder("second")
+    plugins = PluginSet([first, second])
+    batch = plugins.microbatch({"tokens": 1})
+    assert batch["seen"] == ["first", "second"]
+    kwargs = plugins.forward_kwargs(batch, {"input_ids": 1})
+    assert kwargs == {"input_ids": 1, "first": ["first", "second"], "second": ["first", "second"]}
+    plugins.after_step(StepMetrics(step=3, loss=1.0, lr=0.1, grad_norm=1.0, loss_tokens=10,
+                                   step_time_s=0.5))
+    plugins.after_eval(EvalResult(step=3, loss=2.5, loss_tokens=7))
+    assert first.events == second.events == ["step 3", "eval 3 2.5"]
+
+
+def test_plugin_state_round_trips_by_name_and_empty_states_are_left_out():
+    saved = PluginSet([Recorder("a", {"count": 4}), Recorder("b")]).state_dict()
+    assert saved == {"a": {"count": 4}}
+    fresh_a, fresh_b = Recorder("a"), Recorder("b", {"kept": 1})
+    PluginSet([fresh_a, fresh_b]).load_state_dict(saved)
+    assert fresh_a.state == {"count": 4} and fresh_b.state == {"kept": 1}
+
+
+def test_registry_builds_only_what_the_config_turns_on_and_names_it():
+    default = build_plugins(PluginsConfig())
+    assert [p.name for p in default] == ["cpu_runtime"]  # fp8 is off by default
+    none = build_plugins(PluginsConfig(cpu_runtime=CpuRuntimeConfig(enabled="off")))
+    assert list(none) == []
+    fp8 = build_plugins(PluginsConfig(fp8=Fp8Config(format="hybrid")))
+    assert [p.name for p in fp8] == ["cpu_runtime", "fp8"]
+
+
+def test_every_plugin_config_brings_its_rules():
+    config = PluginsConfig()
+    names = [name for name, _ in config.configs()]
+    assert names == [f.name for f in dataclasses.fields(PluginsConfig)]
+    assert {rule.__name__ for rule in config.rules()} == {
+        "check_threads_per_rank", "check_fp8_shapes"}
+
+
+def test_cpu_runtime_decides_where_ranks_run_and_their_threads():
+    auto = CpuRuntimeConfig()
+    assert auto.runs_ranks_on_cpu(gpus=0, nodes=1)
+    assert not auto.runs_ranks_on_cpu(gpus=0, nodes=8)  # a GPU node without GPUs is broken
+    assert not auto.runs_ranks_on_cpu(gpus=4, nodes=1)
+    assert CpuRuntimeConfig(enabled="on").runs_ranks_on_cpu(gpus=8, nodes=8)
+    assert not CpuRuntimeConfig(enabled="off").runs_ranks_on_cpu(gpus=0, nodes=1)
+    env = PluginsConfig(cpu_runtime=CpuRuntimeConfig(threads_per_rank=3)).launch_environment()
+    assert env == {"OMP_NUM_THREADS": "3"}
+
+
+def test_runtime_context_defaults_to_a_cuda_node():
+    runtime = PluginSet([]).setup_runtime(RuntimeContext())
+    assert (runtime.backend, runtime.device, runtime.cpu_initialization) == ("nccl", "cuda", False)
+
+
+def test_fp8_plugin_sets_the_format_through_the_transformer_config():
+    from recipes.registry import get_recipe
+    from trainer.mcore_translation import build_transformer_config
+
+    config = build_transformer_config(get_recipe("tiny_dp1"), cpu_initialization=True)
+    assert config.fp8 is None
+    plugin = Fp8Config(format="e4m3").build()
+    assert plugin is not None and plugin.transformer_config(config).fp8 == "e4m3"

@@ -1,0 +1,81 @@
+"""The scripts' commands: what one rank of each does once the entry pipeline hands it a config.
+
+Each `Command` pairs a script with its rank function and its own options; `scripts/*.py` are
+one line each around `trainer.pipeline.main(COMMAND)`. Heavy imports stay inside the rank
+functions, so `--help` and every refusal stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from recipes.config.schema import RunConfig
+from trainer.pipeline import Command, Option
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def pretrain_rank(cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> int:
+    """Train on this rank, then print and record the summary (rank 0)."""
+    import torch
+
+    from trainer.loop import run_training
+    from trainer.metrics import RunReporter
+    from trainer.session import start_session
+    from trainer.summary import build_summary, print_summary
+
+    session = start_session(cfg, run_dir)
+    log = cfg.logging
+    reporter = RunReporter(run_dir, cfg.train.train_iters, log.log_interval, log.progress_bar)
+    with reporter:
+        history = run_training(session, reporter)
+    summary = build_summary(session, history)
+    session.plugins.run_end(summary)
+    if torch.distributed.get_rank() == 0:
+        print_summary(summary, reporter.console)
+        reporter.record("summary", summary)
+    return 0
+
+
+def bench_step_rank(cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> int:
+    """Alternate our step and a bare Megatron Core step; rank 0 prints medians and ratio."""
+    import torch
+
+    from trainer.benchmark import compare_step_times
+    from trainer.session import start_session
+
+    session = start_session(cfg, run_dir)
+    figures = compare_step_times(session, options["steps"], options["warmup"])
+    if torch.distributed.get_rank() == 0:
+        print(
+            f"bench {cfg.name}: ours {figures['ours_s'] * 1e3:.1f} ms/step, bare Megatron Core "
+            f"{figures['bare_s'] * 1e3:.1f} ms/step, ratio {figures['ratio']:.3f} "
+            f"(median of {figures['steps']} after {figures['warmup']} warm-up)"
+        )
+        print(json.dumps(figures))
+    return 0
+
+
+def _script_help(name: str) -> str:
+    """A script's own docstring is its usage text (read without importing the script)."""
+    import ast
+
+    return ast.get_docstring(ast.parse((SCRIPTS / name).read_text(encoding="utf-8"))) or ""
+
+
+PRETRAIN = Command(
+    script=SCRIPTS / "pretrain.py",
+    help=_script_help("pretrain.py"),
+    run_rank=pretrain_rank,
+)
+
+BENCH_STEP = Command(
+    script=SCRIPTS / "bench_step.py",
+    help=_script_help("bench_step.py"),
+    run_rank=bench_step_rank,
+    options={
+        "steps": Option(default=20, help="measured rounds of each step"),
+        "warmup": Option(default=3, help="rounds discarded first"),
+    },
+)

@@ -1,0 +1,177 @@
+"""A training session on this rank: runtime, process groups, model, optimizer, data, run state.
+
+Order (each a named function): plugins' runtime setup -> default process group -> Megatron's
+parallel state -> seeds -> transformer config (+ plugin hook) -> model chunks (+ layer-spec
+hook) -> optional weights -> precision wrapper and DDP -> optimizer + scheduler -> data ->
+optional full checkpoint (run state included). Plugins attach only through the `PluginSet`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.optimizer import MegatronOptimizer, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+from plugins.protocol import PluginSet, RuntimeContext
+from plugins.registry import build_plugins
+from recipes.config.schema import RunConfig
+from trainer import checkpointing
+from trainer.data import GlobalBatches, load_samples
+from trainer.mcore_translation import (
+    build_ddp_config,
+    build_optimizer_config,
+    build_transformer_config,
+    initialize_parallel_state,
+)
+from trainer.model import build_model_chunks, wrap_for_precision, wrap_with_ddp
+from trainer.state import RngState, RunState
+
+
+@dataclass
+class TrainingSession:
+    """Everything one rank trains with; `state` is where the run stands."""
+
+    cfg: RunConfig
+    run_dir: Path
+    plugins: PluginSet
+    model: list[DistributedDataParallel]  # one per virtual pipeline stage
+    optimizer: MegatronOptimizer
+    scheduler: OptimizerParamScheduler
+    train_batches: GlobalBatches
+    heldout_batches: GlobalBatches
+    eval_steps: int  # held-out global batches per evaluation (0 = no evaluation)
+    state: RunState
+    start_step: int = 0  # the step this session started from (a resume's step, or 0)
+
+    def capture_state(self) -> RunState:
+        """The run state as a checkpoint saves it: counters, data position, plugins, RNG."""
+        return RunState(
+            step=self.state.step,
+            consumed_samples=self.state.consumed_samples,
+            consumed_tokens=self.state.consumed_tokens,
+            data=self.train_batches.state_dict(),
+            plugins=self.plugins.state_dict(),
+            world_size=torch.distributed.get_world_size(),
+            rng=RngState.capture(),
+        )
+
+    def restore_state(self, state: RunState) -> None:
+        """Continue from a loaded run state (RNG streams only when the checkpoint had them)."""
+        self.state = state
+        self.start_step = state.step
+        self.train_batches.load_state_dict(state.data)
+        self.plugins.load_state_dict(state.plugins)
+        if state.rng is not None:
+            state.rng.restore()
+
+
+def start_runtime(cfg: RunConfig) -> tuple[PluginSet, RuntimeContext]:
+    """Plugins' runtime setup, then the default process group and Megatron's parallel state."""
+    plugins = build_plugins(cfg.plugins)
+    runtime = plugins.setup_runtime(RuntimeContext())
+    if runtime.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(
+            backend=runtime.backend, timeout=timedelta(minutes=10)
+        )
+    initialize_parallel_state(cfg.layout)
+    return plugins, runtime
+
+
+def start_session(cfg: RunConfig, run_dir: Path) -> TrainingSession:
+    """The whole set-up of one rank: runtime, process groups and the training session."""
+    plugins, runtime = start_runtime(cfg)
+    return build_session(cfg, run_dir, plugins, runtime)
+
+
+def set_seeds(seed: int) -> None:
+    # Megatron-LM's convention: each pipeline stage draws its own stream (dropout differs).
+    seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def build_scheduler(cfg: RunConfig, optimizer) -> OptimizerParamScheduler:
+    """Schedules count samples, as Megatron-LM does when it steps by the global batch."""
+    s, gbs = cfg.scheduler, cfg.train.global_batch_size
+    decay_iters = s.decay_iters or cfg.train.train_iters
+    wsd_iters = s.wsd_decay_iters or max(1, decay_iters // 10)
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0,
+        max_lr=cfg.optimizer.lr,
+        min_lr=cfg.optimizer.min_lr,
+        lr_warmup_steps=s.warmup_iters * gbs,
+        lr_decay_steps=decay_iters * gbs,
+        lr_decay_style={"wsd": "WSD"}.get(s.style, s.style),
+        start_wd=cfg.optimizer.weight_decay,
+        end_wd=cfg.optimizer.weight_decay,
+        wd_incr_steps=decay_iters * gbs,
+        wd_incr_style="constant",
+        wsd_decay_steps=wsd_iters * gbs if s.style == "wsd" else None,
+        lr_wsd_decay_style=s.wsd_decay_style if s.style == "wsd" else None,
+    )
+
+
+def _per_chunk(functions: list):
+    """Megatron's schedules take one callable for one chunk, a list for several."""
+    return functions[0] if len(functions) == 1 else functions
+
+
+def _wire_schedule_hooks(cfg: RunConfig, config, model: list, optimizer) -> None:
+    """Give Megatron's schedules the DDP/optimizer callbacks Megatron-LM would set."""
+    config.grad_scale_func = optimizer.scale_loss
+    config.finalize_model_grads_func = finalize_model_grads
+    if cfg.optimizer.overlap_grad_reduce:
+        # Only with overlap: grad_sync_func without it reduce-scatters twice (silently wrong).
+        config.no_sync_func = _per_chunk([chunk.no_sync for chunk in model])
+        config.grad_sync_func = _per_chunk([chunk.start_grad_sync for chunk in model])
+    if cfg.optimizer.overlap_param_gather:
+        config.param_sync_func = _per_chunk([chunk.start_param_sync for chunk in model])
+
+
+def _data(cfg: RunConfig) -> tuple[GlobalBatches, GlobalBatches, int]:
+    samples = load_samples(cfg)
+    dp_rank = parallel_state.get_data_parallel_rank()
+    train = GlobalBatches(samples.train, cfg, dp_rank, samples.eod)
+    heldout = GlobalBatches(samples.heldout, cfg, dp_rank, samples.eod)
+    eval_steps = min(cfg.train.eval_iters, len(samples.heldout) // cfg.train.global_batch_size)
+    return train, heldout, eval_steps
+
+
+def build_session(
+    cfg: RunConfig, run_dir: Path, plugins: PluginSet, runtime: RuntimeContext
+) -> TrainingSession:
+    set_seeds(cfg.train.seed)
+    config = build_transformer_config(cfg, cpu_initialization=runtime.cpu_initialization)
+    config = plugins.transformer_config(config)
+    chunks = build_model_chunks(cfg, config, plugins)
+    load = cfg.checkpoint.load
+    if load is not None and cfg.checkpoint.load_model_only:
+        checkpointing.load_model_weights(load, chunks)
+    model = wrap_with_ddp(wrap_for_precision(chunks, config), config, build_ddp_config(cfg))
+    optimizer = get_megatron_optimizer(build_optimizer_config(cfg), model)
+    scheduler = build_scheduler(cfg, optimizer)
+    _wire_schedule_hooks(cfg, config, model, optimizer)
+    train, heldout, eval_steps = _data(cfg)
+    session = TrainingSession(
+        cfg=cfg, run_dir=run_dir, plugins=plugins, model=model, optimizer=optimizer,
+        scheduler=scheduler, train_batches=train, heldout_batches=heldout,
+        eval_steps=eval_steps, state=RunState(world_size=torch.distributed.get_world_size()),
+    )
+    if load is not None and not cfg.checkpoint.load_model_only:
+        session.restore_state(checkpointing.load_checkpoint(session, load))
+    return session
