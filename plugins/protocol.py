@@ -37,6 +37,14 @@ from typing import Any
 Rule = Callable[[Any], str | None]
 
 
+class UserError(ValueError):
+    """A mistake the user can fix, found at run time (a plugin meeting data it cannot use).
+
+    The message is one line naming what is wrong and the fix; entry points print it as
+    `error: <message>` with exit code 2. `ConfigError` (recipes/config/errors.py) is one.
+    """
+
+
 @dataclass
 class RuntimeContext:
     """What `setup_runtime` decides for this process; defaults are a CUDA node."""

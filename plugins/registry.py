@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from plugins.cpu_runtime.config import CpuRuntimeConfig
 from plugins.fp8.config import Fp8Config
+from plugins.packing.config import PackingConfig
 from plugins.protocol import PluginConfig, PluginSet, Rule
 
 
@@ -21,6 +22,7 @@ class PluginsConfig:
 
     cpu_runtime: CpuRuntimeConfig = field(default_factory=CpuRuntimeConfig)
     fp8: Fp8Config = field(default_factory=Fp8Config)
+    packing: PackingConfig = field(default_factory=PackingConfig)
 
     def configs(self) -> list[tuple[str, PluginConfig]]:
         """(name, config) of every plugin, in registry order."""

@@ -15,4 +15,8 @@ def to_compute_device(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     device = compute_device()
     if device.type == "cpu":
         return batch
-    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+    # Non-tensor values (e.g. a packed batch's max_seqlen as an int) stay on the host.
+    return {
+        key: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+        for key, value in batch.items()
+    }

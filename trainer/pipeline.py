@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plugins.protocol import UserError
 from recipes.config.errors import ConfigError
 from recipes.config.io import CONFIG_FILENAME, save_config
 from recipes.config.machine import check_machine, detect_machine
@@ -169,7 +170,7 @@ def main(command: Command, argv: Sequence[str] | None = None) -> int:
     quiet_library_noise()
     try:
         return run_pipeline(command, sys.argv[1:] if argv is None else argv)
-    except ConfigError as error:
+    except UserError as error:  # ConfigError, and plugins' run-time refusals
         _print_once(f"error: {error}")
         return EXIT_USER_ERROR
 

@@ -48,19 +48,20 @@ class SequenceParallelTorchNorm:
         return norm
 
 
-def _swap_torch_norms(node: Any, norm_class: type, replacement: type) -> Any:
-    """Copy of a spec tree with every `norm_class` (bare or as a ModuleSpec's module) replaced;
-    specs are dataclasses nested through fields and lists, shared objects are left untouched."""
-    if node is norm_class:
+def swap_spec_modules(node: Any, module_class: type, replacement: type) -> Any:
+    """Copy of a spec tree with every `module_class` (bare or as a ModuleSpec's module) replaced;
+    specs are dataclasses nested through fields and lists, shared objects are left untouched.
+    Used for the norms here and for the core attention (`packed_attention.py`)."""
+    if node is module_class:
         return replacement
     if isinstance(node, list):
-        return [_swap_torch_norms(item, norm_class, replacement) for item in node]
+        return [swap_spec_modules(item, module_class, replacement) for item in node]
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
         swapped = copy.copy(node)
         for spec_field in dataclasses.fields(node):
             value = getattr(node, spec_field.name)
             object.__setattr__(
-                swapped, spec_field.name, _swap_torch_norms(value, norm_class, replacement)
+                swapped, spec_field.name, swap_spec_modules(value, module_class, replacement)
             )
         return swapped
     return node
@@ -79,4 +80,4 @@ def adapt_local_layer_spec(spec: Any, config: Any) -> Any:
         return spec
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    return _swap_torch_norms(spec, WrappedTorchNorm, SequenceParallelTorchNorm)
+    return swap_spec_modules(spec, WrappedTorchNorm, SequenceParallelTorchNorm)

@@ -1,10 +1,12 @@
-"""The CPU runtime as a plugin: it decides the backend before process groups exist, and swaps
-the local spec's norms for sequence-parallel-capable ones. The trainer never names it."""
+"""The CPU runtime as a plugin: it decides the backend before process groups exist, and adapts the
+local spec to CPU: sequence-parallel-capable norms, and an attention that takes packed (THD)
+batches (`packed_attention.py`). The trainer never names it."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from plugins.cpu_runtime.packed_attention import use_packed_attention
 from plugins.cpu_runtime.runtime import activate_cpu_runtime, adapt_local_layer_spec
 from plugins.protocol import Plugin, RuntimeContext
 
@@ -23,5 +25,8 @@ class CpuRuntimePlugin(Plugin):
             runtime.cpu_initialization = True
 
     def layer_spec(self, spec: Any, config: Any) -> Any:
-        # Local-spec norms cannot run sequence parallel on CPU; the plugin swaps them.
-        return adapt_local_layer_spec(spec, config) if self.active else spec
+        if not self.active:
+            return spec
+        # Local-spec norms cannot run sequence parallel on CPU, and local attention refuses
+        # packed batches; the swapped-in attention runs unpacked batches exactly as before.
+        return use_packed_attention(adapt_local_layer_spec(spec, config))

@@ -23,7 +23,7 @@ from recipes.registry import get_recipe
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = (
     "model, parallel, cluster, train, optimizer, scheduler, precision, data, checkpoint, logging, "
-    "plugins.cpu_runtime, plugins.fp8"
+    "plugins.cpu_runtime, plugins.fp8, plugins.packing"
 )
 
 # (argv, text the one-line message must contain); the default recipe is tiny_tp2_pp2.
@@ -173,7 +173,7 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["fp8.format=hybrid"], "there is no section 'fp8' (nearest: plugins.fp8); did you mean "
      "plugins.fp8.format"),
     (["plugins.fp8=hybrid"], "'plugins.fp8' is a section, not a value"),
-    (["plugins.zz=1"], "unknown config key 'plugins.zz'; section plugins has cpu_runtime, fp8"),
+    (["plugins.zz=1"], "unknown config key 'plugins.zz'; section plugins has cpu_runtime, fp8, packing"),
     # top-level keys
     (["dry_run=perhaps"], "dry_run expects true or false, got 'perhaps'"),
     (["name="], "name is empty; give it a value, e.g. name=tiny_tp2_pp2"),

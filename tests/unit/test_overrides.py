@@ -74,7 +74,7 @@ def test_no_overrides_gives_an_equal_config() -> None:
          "cluster.gpus_per_node / (TP x PP x CP)"),
         ("zzz.qqq=1", "there is no section 'zzz'; the sections are model, parallel, cluster, "
          "train, optimizer, scheduler, precision, data, checkpoint, logging, "
-         "plugins.cpu_runtime, plugins.fp8"),
+         "plugins.cpu_runtime, plugins.fp8, plugins.packing"),
         ("plugins.fp9.format=hybrid", "there is no section 'plugins.fp9' (nearest: plugins.fp8"),
         ("fp8.format=hybrid", "there is no section 'fp8' (nearest: plugins.fp8); did you mean "
          "plugins.fp8.format?"),

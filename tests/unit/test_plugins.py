@@ -72,7 +72,8 @@ def test_every_plugin_config_brings_its_rules():
     names = [name for name, _ in config.configs()]
     assert names == [f.name for f in dataclasses.fields(PluginsConfig)]
     assert {rule.__name__ for rule in config.rules()} == {
-        "check_threads_per_rank", "check_fp8_shapes"}
+        "check_threads_per_rank", "check_fp8_shapes", "check_packing_micro_batch",
+        "check_packing_context_parallel"}
 
 
 def test_cpu_runtime_decides_where_ranks_run_and_their_threads():

@@ -122,6 +122,12 @@ RULE_CASES = [
      "checkpoint.load_model_only=true needs a checkpoint to load"),
     ("check_threads_per_rank", "tiny_dp1", ["plugins.cpu_runtime.threads_per_rank=0"],
      "plugins.cpu_runtime.threads_per_rank=0 must be at least 1"),
+    ("check_packing_micro_batch", "tiny_dp1", ["plugins.packing.enabled=true"],
+     "plugins.packing.enabled=true needs train.micro_batch_size=1"),
+    ("check_packing_context_parallel", "tiny_dp1",
+     ["plugins.packing.enabled=true", "train.micro_batch_size=1", "parallel.context=2",
+      "cluster.gpus_per_node=2"],
+     "does not support parallel.context=2 yet"),
 ]
 
 

@@ -1,0 +1,80 @@
+"""The packed micro-batch format, one row of several documents, as CPU and GPU both take it.
+
+A packed micro-batch is a dict of tensors for ONE row of `S` tokens (micro-batch size 1):
+
+    tokens        int64 [1, S]   the documents in order, then `pad_id` up to S
+    labels        int64 [1, S]   each document's own next token; `pad_id` where there is none
+    loss_mask     fp32  [1, S]   1 where the label is a next token of the same document, else 0
+    position_ids  int64 [1, S]   0.. restarted at every segment (documents, then the padding)
+    cu_seqlens    int32 [n + 1]  0, running segment ends, S: the n documents, then the padding
+                                 as a segment of its own when there is any
+    max_seqlen    int32 []       the longest segment (the longest document, unless the padding
+                                 is longer), never the row length when there are two segments
+
+A document of n tokens occupies n positions and gives n - 1 loss tokens: position i predicts
+token i + 1 of the same document, and its last position predicts nothing (loss mask 0), so no
+label crosses a boundary. This is Megatron's stream format with `eod_mask_loss`: end each
+document with its end-of-document token and the model learns to end documents but never to
+guess what the next one starts with (`docs/packed-sequences.md`, "Labels and loss mask").
+
+Why `max_seqlen` is a segment length: with THD, RoPE restarts positions per segment only while
+the rotary table is shorter than the row (`models/common/embeddings/rope_utils.py:224-225`,
+`:252-268`); a table of exactly S rows silently switches to positions that run on across
+documents. It must still cover every segment, padding included, or RoPE cannot slice it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import accumulate
+
+import numpy as np
+import torch
+
+PACKED_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "max_seqlen")
+
+
+def _as_documents(documents: Sequence) -> list[torch.Tensor]:
+    docs = [torch.as_tensor(np.asarray(doc), dtype=torch.long).reshape(-1) for doc in documents]
+    for index, doc in enumerate(docs):
+        if doc.numel() == 0:
+            raise ValueError(f"document {index} is empty; drop empty documents before packing")
+    return docs
+
+
+def segment_lengths(document_lengths: Sequence[int], seq_length: int) -> list[int]:
+    """Lengths of the row's segments: each document, then the padding (if any) as one more."""
+    used = sum(document_lengths)
+    if used > seq_length:
+        raise ValueError(
+            f"documents of {used} tokens do not fit a row of seq_length={seq_length}; pack fewer "
+            "documents per row or split long documents first"
+        )
+    padding = seq_length - used
+    return [*document_lengths, padding] if padding else list(document_lengths)
+
+
+def packed_row(documents: Sequence, seq_length: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """One packed micro-batch (see the module docstring) from `documents` (1-D token arrays,
+    placed in order) and the row length `seq_length`; the rest of the row is `pad_id`."""
+    docs = _as_documents(documents)
+    segments = segment_lengths([doc.numel() for doc in docs], seq_length)
+    tokens = torch.full((seq_length,), pad_id, dtype=torch.long)
+    labels = torch.full((seq_length,), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros(seq_length, dtype=torch.float32)
+    start = 0
+    for doc in docs:
+        end = start + doc.numel()
+        tokens[start:end] = doc
+        labels[start : end - 1] = doc[1:]
+        loss_mask[start : end - 1] = 1.0
+        start = end
+    positions = torch.cat([torch.arange(n, dtype=torch.long) for n in segments])
+    return {
+        "tokens": tokens[None],
+        "labels": labels[None],
+        "loss_mask": loss_mask[None],
+        "position_ids": positions[None],
+        "cu_seqlens": torch.tensor([0, *accumulate(segments)], dtype=torch.int32),
+        "max_seqlen": torch.tensor(max(segments), dtype=torch.int32),
+    }

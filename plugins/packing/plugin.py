@@ -1,0 +1,59 @@
+"""Hands each packed micro-batch's document boundaries to the model as THD `PackedSeqParams`.
+
+Every pipeline stage runs attention, so every stage must get the boundaries (a known failure
+elsewhere gave only the first and last stage `cu_seqlens`, and middle stages attended across
+documents). The trainer calls `forward_kwargs` for every micro-batch on every stage, which is
+where this plugin builds them. On GPU, Transformer Engine's attention consumes them (as
+`padding_causal`, `extensions/transformer_engine.py:2036-2043`); on CPU, the CPU runtime's
+`PackedDotProductAttention` turns them into a dense per-document causal mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from megatron.core.packed_seq_params import PackedSeqParams
+
+from plugins.protocol import Plugin, UserError
+
+
+def _check_packed(batch: dict[str, Any]) -> None:
+    missing = [key for key in ("cu_seqlens", "max_seqlen") if key not in batch]
+    if missing:
+        raise UserError(
+            f"plugins.packing.enabled=true but the micro-batch has no {'/'.join(missing)}: the "
+            "data source does not pack documents; use a packing data source or set "
+            "plugins.packing.enabled=false"
+        )
+    rows = batch["tokens"].shape[0]
+    if rows != 1:
+        raise UserError(
+            f"plugins.packing.enabled=true needs one packed row per micro-batch, got {rows}; "
+            "set train.micro_batch_size=1"
+        )
+
+
+def packed_seq_params(batch: dict[str, Any]) -> PackedSeqParams:
+    """THD parameters of one packed row (self-attention: the same boundaries for q and kv).
+
+    `max_seqlen` becomes a Python int: the rotary table is cached by its length
+    (`models/common/embeddings/rotary_pos_embedding.py:177`, an lru_cache), and TE takes an int.
+    """
+    _check_packed(batch)
+    cu_seqlens = batch["cu_seqlens"].reshape(-1).to(torch.int32)
+    max_seqlen = int(batch["max_seqlen"])
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_kv=cu_seqlens,
+        max_seqlen_q=max_seqlen,
+        max_seqlen_kv=max_seqlen,
+    )
+
+
+class PackingPlugin(Plugin):
+    def forward_kwargs(self, batch: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        # `attention_mask` is a required argument of GPTModel.forward, so it is set to None
+        # rather than removed: the boundaries replace any dense mask.
+        return {**kwargs, "attention_mask": None, "packed_seq_params": packed_seq_params(batch)}

@@ -1,0 +1,152 @@
+"""Per-rank functions for the packed-sequence equality test (run through `launch_ranks`).
+
+Each builds a real session through the trainer (a recipe plus overrides, the packing plugin on)
+and runs forward and backward through `trainer.step.run_schedule`, so the real hooks run: the
+packing plugin's `forward_kwargs` on every pipeline stage, the CPU runtime's attention swap,
+Megatron's schedules and `finalize_model_grads` (which divides by the loss tokens of the batch).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from recipes.config.resolve import resolve_config
+
+SEQ = 32  # one packed row: documents of 7, 12 and 9 tokens, then 4 padding tokens
+LENGTHS = (7, 12, 9)
+PAD_ID = 0
+# Three layers, so that PP3 has a middle stage that must get the boundaries too.
+PACKED_OVERRIDES = [
+    "model.num_layers=3",
+    f"model.seq_length={SEQ}",
+    "train.micro_batch_size=1",
+    "plugins.packing.enabled=true",
+]
+
+
+# Small synthetic data (the session needs some), no evaluation; the batches are built here.
+TEST_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=0",
+             "train.eval_interval=0"]
+
+
+def _session(payload: dict):
+    from trainer.session import start_session
+
+    cfg = resolve_config([f"recipe={payload['recipe']}", *TEST_DATA, *PACKED_OVERRIDES,
+                          *payload.get("overrides", [])])
+    cfg.checkpoint.save = False
+    cfg.logging.progress_bar = False
+    return start_session(cfg, Path(payload["run_dir"]))
+
+
+def _finish() -> None:
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+
+
+def documents() -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    return [rng.integers(1, 256, size=n) for n in LENGTHS]
+
+
+def _alone_row(document: np.ndarray) -> dict:
+    """The document alone at the start of a plain row: ordinary causal attention is exact for
+    it (the padding after it is never attended to), and the padding carries no loss."""
+    from plugins.packing.batch import packed_row
+
+    row = packed_row([document], SEQ, PAD_ID)
+    return {key: row[key] for key in ("tokens", "labels", "loss_mask", "position_ids")}
+
+
+def _forward_backward(session, microbatches: list[dict], plugins) -> tuple[list | None, dict]:
+    """[summed loss, loss tokens] (None off the last stage) and this rank's gradients."""
+    from trainer.step import run_schedule
+
+    for chunk in session.model:
+        chunk.zero_grad_buffer()
+    reports = run_schedule(session.model, microbatches, plugins, seq_length=SEQ,
+                           micro_batch_size=1, forward_only=False)
+    loss = None
+    if reports:
+        total = sum(report["lm loss"] for report in reports)
+        loss = [float(total[0]), int(total[1])]
+    grads = {
+        f"{index}.{name}": param.main_grad.detach().clone()
+        for index, chunk in enumerate(session.model)
+        for name, param in chunk.module.named_parameters()
+    }
+    return loss, grads
+
+
+def _max_difference(grads: dict, reference: dict) -> float:
+    return max(float((grads[name] - reference[name]).abs().max()) for name in reference)
+
+
+def _plain(plugins):
+    """The session's plugins without packing: batches go through Megatron's causal path."""
+    from plugins.protocol import PluginSet
+
+    return PluginSet([plugin for plugin in plugins if plugin.name != "packing"])
+
+
+def _ends_only(plugins):
+    """Control: the boundaries reach only the first and last pipeline stage (a failure seen
+    elsewhere with PP > 2); middle stages then attend across documents."""
+    from megatron.core import parallel_state
+
+    from plugins.protocol import Plugin, PluginSet
+
+    middle = not (parallel_state.is_pipeline_first_stage()
+                  or parallel_state.is_pipeline_last_stage())
+
+    class DropOnMiddleStages(Plugin):
+        name = "drop_on_middle_stages"
+
+        def forward_kwargs(self, batch, kwargs):
+            return {**kwargs, "packed_seq_params": None} if middle else kwargs
+
+    return PluginSet([*plugins, DropOnMiddleStages()])
+
+
+def packed_vs_alone(payload: dict) -> dict:
+    """One packed row of all documents against each document alone (three micro-batches of
+    one step), plus the controls that must differ. With `weights_dir` it first saves the
+    session's initial weights there (one launch fewer than a separate save)."""
+    from plugins.packing.batch import packed_row
+    from trainer.checkpointing import save_model_weights
+
+    session = _session(payload)
+    saved = None
+    if payload.get("weights_dir"):  # the reference run: save its initial weights for the rest
+        saved = str(save_model_weights(payload["weights_dir"], session.cfg, session.model))
+    docs = documents()
+    packed = packed_row(docs, SEQ, PAD_ID)
+    alone_loss, alone_grads = _forward_backward(
+        session, [_alone_row(doc) for doc in docs], _plain(session.plugins))
+    packed_loss, packed_grads = _forward_backward(session, [packed], session.plugins)
+    causal_loss, causal_grads = _forward_backward(session, [packed], _plain(session.plugins))
+    result = {
+        "weights": saved,
+        "alone": alone_loss,
+        "packed": packed_loss,
+        "causal_only": causal_loss,
+        "grad_max": max(float(g.abs().max()) for g in alone_grads.values()),
+        "grad_max_diff": _max_difference(packed_grads, alone_grads),
+        "causal_only_grad_max_diff": _max_difference(causal_grads, alone_grads),
+    }
+    if payload.get("row_max_seqlen_probe"):
+        # max_seqlen = row length switches THD RoPE to positions running across documents
+        # (rope_utils.py:224-250); with a per-document mask RoPE's relative form hides it here.
+        row = {**packed, "max_seqlen": packed["max_seqlen"].new_tensor(SEQ)}
+        row_loss, row_grads = _forward_backward(session, [row], session.plugins)
+        result["row_max_seqlen"] = row_loss
+        result["row_max_seqlen_grad_max_diff"] = _max_difference(row_grads, alone_grads)
+    if payload.get("middle_stage_control"):
+        ends_loss, ends_grads = _forward_backward(session, [packed], _ends_only(session.plugins))
+        result["ends_only"] = ends_loss
+        result["ends_only_grad_max_diff"] = _max_difference(ends_grads, alone_grads)
+    _finish()
+    return result

@@ -1,0 +1,123 @@
+"""Packing is exact: one packed row of several documents trains like each document alone.
+
+The summed loss and the gradients of one row holding documents of 7, 12 and 9 tokens plus 4
+padding tokens equal those of the three documents each run alone (three micro-batches of one
+step, same loss tokens, so `finalize_model_grads` divides both by 25), at TP1, TP2 with sequence
+parallelism and PP3 (a middle stage must get the boundaries too), all from one saved reference
+checkpoint (the TP1 run saves it: three launches in all). Controls show the comparison can
+fail: the packed row under causal-only attention (no document mask), and at PP3 with the
+boundaries withheld from the middle stage.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.dist
+
+ENTRY = "tests.dist.packed_runs"
+RECIPE = "tiny_dp1"
+LOSS_TOKENS = 6 + 11 + 8  # each document of n tokens gives n - 1
+# fp32 on CPU: the two runs differ only in summation order (measured: loss 1.1e-7 relative,
+# grads 9e-8 absolute on grads up to 0.55, at every layout).
+LOSS_REL_TOLERANCE = 1e-6
+GRAD_ABS_TOLERANCE = 1e-5
+# A wrong mask must move the loss and the gradients 100 times further than the tolerance (on
+# this untrained model the controls move the loss by about 1e-3 relative, the grads by ~0.1).
+CONTROL_MIN_REL = 100 * LOSS_REL_TOLERANCE
+
+# (id, ranks, overrides)
+LAYOUTS = [
+    ("tp1", 1, []),
+    ("tp2_sp", 2, ["parallel.tensor=2", "parallel.sequence_parallel=true",
+                   "cluster.gpus_per_node=2"]),
+    ("pp3", 3, ["parallel.pipeline=3", "cluster.gpus_per_node=3"]),
+]
+
+
+def _launch(launch_ranks, layout: str, run_dir, overrides: list[str], **extra) -> list[dict]:
+    _, ranks, layout_overrides = next(entry for entry in LAYOUTS if entry[0] == layout)
+    return launch_ranks(ranks, f"{ENTRY}:packed_vs_alone", {
+        "recipe": RECIPE,
+        "run_dir": str(run_dir),
+        "overrides": [*overrides, *layout_overrides],
+        "middle_stage_control": layout == "pp3",
+        "row_max_seqlen_probe": layout == "tp1",
+        **extra,
+    }, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def runs(launch_ranks, tmp_path_factory):
+    """run(layout id) -> the per-rank results, each layout launched once per module. The TP1
+    run saves its initial weights first; every other layout loads them."""
+    root = tmp_path_factory.mktemp("packed")
+    reference = _launch(launch_ranks, "tp1", root / "tp1", [], weights_dir=str(root / "w"))
+    load = [f"checkpoint.load={reference[0]['weights']}", "checkpoint.load_model_only=true"]
+    cache: dict[str, list[dict]] = {"tp1": reference}
+
+    def run(layout: str) -> list[dict]:
+        if layout not in cache:
+            cache[layout] = _launch(launch_ranks, layout, root / layout, load)
+        return cache[layout]
+
+    return run
+
+
+def _loss(results: list[dict], key: str) -> list:
+    """[summed loss, loss tokens] from the last stage (every rank reports it there)."""
+    losses = [r[key] for r in results if r[key] is not None]
+    assert losses and all(loss == losses[0] for loss in losses)
+    return losses[0]
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+@pytest.mark.parametrize("layout", [entry[0] for entry in LAYOUTS])
+def test_packed_row_equals_documents_alone(runs, layout):
+    results = runs(layout)
+    (alone, alone_tokens), (packed, tokens) = _loss(results, "alone"), _loss(results, "packed")
+    grad_diff = max(r["grad_max_diff"] for r in results)
+    grad_max = max(r["grad_max"] for r in results)
+    print(f"{layout}: loss {packed:.6f} vs {alone:.6f} (rel {_rel(packed, alone):.1e}), "
+          f"max |grad diff| {grad_diff:.1e} (max |grad| {grad_max:.1e})")
+    assert tokens == alone_tokens == LOSS_TOKENS
+    assert _rel(packed, alone) <= LOSS_REL_TOLERANCE
+    assert grad_max > 1e-3  # the gradients compared are not all (near) zero
+    assert grad_diff <= GRAD_ABS_TOLERANCE
+
+
+def test_causal_only_attention_is_detected(runs):
+    """Without the document mask tokens attend to earlier documents: the same comparison fails."""
+    results = runs("tp1")
+    alone, causal = _loss(results, "alone")[0], _loss(results, "causal_only")[0]
+    grad_diff = max(r["causal_only_grad_max_diff"] for r in results)
+    print(f"causal-only control: loss rel diff {_rel(causal, alone):.1e}, "
+          f"max |grad diff| {grad_diff:.1e}")
+    assert _rel(causal, alone) > CONTROL_MIN_REL
+    assert grad_diff > 100 * GRAD_ABS_TOLERANCE
+    # Not a control: RoPE with positions running across documents (max_seqlen = row length)
+    # gives the same scores under a per-document mask, since RoPE depends on differences only.
+    probe = _loss(results, "row_max_seqlen")[0]
+    print(f"max_seqlen = row length (no assertion): loss rel diff {_rel(probe, alone):.1e}, "
+          f"max |grad diff| {max(r['row_max_seqlen_grad_max_diff'] for r in results):.1e}")
+
+
+def test_boundaries_withheld_from_the_middle_stage_are_detected(runs):
+    results = runs("pp3")
+    alone, ends_only = _loss(results, "alone")[0], _loss(results, "ends_only")[0]
+    grad_diff = max(r["ends_only_grad_max_diff"] for r in results)
+    print(f"middle-stage control: loss rel diff {_rel(ends_only, alone):.1e}, "
+          f"max |grad diff| {grad_diff:.1e}")
+    assert _rel(ends_only, alone) > CONTROL_MIN_REL
+    assert grad_diff > 100 * GRAD_ABS_TOLERANCE
+
+
+def test_packed_loss_is_the_same_in_every_layout(runs):
+    """All layouts start from one checkpoint, so the packed row's loss agrees across them too."""
+    losses = {layout: _loss(runs(layout), "packed")[0] for layout, _, _ in LAYOUTS}
+    worst = max(_rel(loss, losses["tp1"]) for loss in losses.values())
+    print(f"packed loss per layout: {losses} (max rel diff {worst:.1e})")
+    assert worst <= 1e-5

@@ -1,0 +1,208 @@
+"""The packed micro-batch format, the packing plugin's rules and THD parameters, and the CPU
+backend's document mask and spec swap (the numerics are in tests/dist/test_packed_equivalence.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from plugins.cpu_runtime.packed_attention import document_causal_mask, use_packed_attention
+from plugins.packing.batch import PACKED_KEYS, packed_row
+from plugins.packing.config import (
+    PackingConfig,
+    check_packing_context_parallel,
+    check_packing_micro_batch,
+)
+from plugins.packing.plugin import PackingPlugin
+from plugins.protocol import UserError
+from plugins.registry import PluginsConfig, build_plugins
+from recipes.config.overrides import apply_overrides
+from recipes.config.validation import failing_rules, validate
+from recipes.registry import get_recipe
+
+SEQ = 32
+PAD = 0
+LENGTHS = (7, 12, 9)  # + 4 padding tokens
+
+
+def _documents(lengths=LENGTHS) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(1, 256, size=n) for n in lengths]
+
+
+def _segment_of(cu_seqlens: torch.Tensor, length: int) -> list[int]:
+    bounds = cu_seqlens.tolist()
+    return [next(s for s in range(len(bounds) - 1) if bounds[s] <= i < bounds[s + 1])
+            for i in range(length)]
+
+
+def test_packed_row_has_the_documented_fields_shapes_and_dtypes():
+    row = packed_row(_documents(), SEQ, PAD)
+    assert tuple(row) == PACKED_KEYS
+    for key in ("tokens", "labels", "loss_mask", "position_ids"):
+        assert row[key].shape == (1, SEQ), key
+    assert row["tokens"].dtype == row["labels"].dtype == row["position_ids"].dtype == torch.long
+    assert row["loss_mask"].dtype == torch.float32
+    assert row["cu_seqlens"].dtype == torch.int32 and row["cu_seqlens"].dim() == 1
+    assert row["cu_seqlens"].tolist() == [0, 7, 19, 28, 32]  # padding is a segment of its own
+    assert row["max_seqlen"].dim() == 0 and int(row["max_seqlen"]) == 12  # longest document
+
+
+def test_labels_never_cross_a_document_boundary():
+    docs = _documents()
+    row = packed_row(docs, SEQ, PAD)
+    tokens, labels = row["tokens"][0], row["labels"][0]
+    mask = row["loss_mask"][0]
+    segment = _segment_of(row["cu_seqlens"], SEQ)
+    for i in range(SEQ):
+        if mask[i]:
+            assert i + 1 < SEQ and segment[i + 1] == segment[i]
+            assert labels[i] == tokens[i + 1]
+    # Each document of n tokens gives n - 1 loss tokens; its last position none.
+    ends = row["cu_seqlens"].tolist()[1:4]
+    assert [float(mask[end - 1]) for end in ends] == [0.0, 0.0, 0.0]
+    assert int(mask.sum()) == sum(n - 1 for n in LENGTHS)
+    start = 0
+    for doc in docs:
+        assert tokens[start : start + len(doc)].tolist() == doc.tolist()
+        start += len(doc)
+
+
+def test_positions_restart_per_segment_and_padding_carries_no_loss():
+    row = packed_row(_documents(), SEQ, PAD)
+    expected = [*range(7), *range(12), *range(9), *range(4)]
+    assert row["position_ids"][0].tolist() == expected
+    assert row["tokens"][0, 28:].tolist() == [PAD] * 4
+    assert row["loss_mask"][0, 28:].tolist() == [0.0] * 4
+
+
+def test_full_row_has_no_padding_segment_and_long_padding_sets_max_seqlen():
+    full = packed_row(_documents((20, 12)), SEQ, PAD)
+    assert full["cu_seqlens"].tolist() == [0, 20, 32] and int(full["max_seqlen"]) == 20
+    # max_seqlen must cover every segment, padding included, or RoPE cannot slice its table.
+    short = packed_row(_documents((3, 5)), SEQ, PAD)
+    assert short["cu_seqlens"].tolist() == [0, 3, 8, 32] and int(short["max_seqlen"]) == 24
+    assert int(short["max_seqlen"]) < SEQ  # never the row length with two or more segments
+
+
+@pytest.mark.parametrize(("lengths", "message"), [
+    ((20, 13), "documents of 33 tokens do not fit a row of seq_length=32; pack fewer"),
+    ((5, 0), "document 1 is empty; drop empty documents before packing"),
+])
+def test_packed_row_refuses_what_does_not_fit(lengths, message):
+    docs = [np.arange(1, n + 1) for n in lengths]
+    with pytest.raises(ValueError, match=message):
+        packed_row(docs, SEQ, PAD)
+
+
+def test_document_mask_is_one_causal_block_per_segment():
+    cu_seqlens = torch.tensor([0, 7, 19, 28, 32], dtype=torch.int32)
+    mask = document_causal_mask(cu_seqlens, SEQ)
+    assert mask.shape == (1, 1, SEQ, SEQ) and mask.dtype == torch.bool
+    segment = _segment_of(cu_seqlens, SEQ)
+    expected = torch.tensor([[not (segment[i] == segment[j] and j <= i) for j in range(SEQ)]
+                             for i in range(SEQ)])
+    assert torch.equal(mask[0, 0], expected)
+
+
+@pytest.mark.parametrize("bad", [[1, 7, 32], [0, 7, 30], [0, 19, 7, 32]])
+def test_document_mask_refuses_boundaries_that_do_not_cover_the_row(bad):
+    with pytest.raises(ValueError, match="cu_seqlens must start at 0, never decrease and end at"):
+        document_causal_mask(torch.tensor(bad, dtype=torch.int32), SEQ)
+
+
+def test_forward_kwargs_carry_thd_params_and_no_dense_mask():
+    row = packed_row(_documents(), SEQ, PAD)
+    base = {"input_ids": row["tokens"], "attention_mask": torch.ones(1), "labels": row["labels"]}
+    kwargs = PackingPlugin().forward_kwargs(row, base)
+    params = kwargs["packed_seq_params"]
+    assert kwargs["attention_mask"] is None
+    assert kwargs["input_ids"] is row["tokens"] and kwargs["labels"] is row["labels"]
+    assert params.qkv_format == "thd"
+    assert params.cu_seqlens_q.dtype == torch.int32
+    assert params.cu_seqlens_q.tolist() == params.cu_seqlens_kv.tolist() == [0, 7, 19, 28, 32]
+    assert params.max_seqlen_q == params.max_seqlen_kv == 12
+    assert type(params.max_seqlen_q) is int  # the rotary table's lru_cache key
+
+
+def test_forward_kwargs_refuse_unpacked_batches_in_one_line():
+    row = packed_row(_documents(), SEQ, PAD)
+    unpacked = {key: value for key, value in row.items() if key not in ("cu_seqlens", "max_seqlen")}
+    with pytest.raises(UserError, match="micro-batch has no cu_seqlens/max_seqlen: the data "
+                       "source does not pack documents"):
+        PackingPlugin().forward_kwargs(unpacked, {})
+    two_rows = {**row, "tokens": row["tokens"].expand(2, SEQ)}
+    with pytest.raises(UserError, match="one packed row per micro-batch, got 2"):
+        PackingPlugin().forward_kwargs(two_rows, {})
+
+
+# (rule, overrides on tiny_dp1 that break only that rule, its whole one-line message)
+PACKING_RULE_CASES = [
+    ("check_packing_micro_batch", ["plugins.packing.enabled=true"],
+     "plugins.packing.enabled=true needs train.micro_batch_size=1 (one packed row per "
+     "micro-batch: THD attention flattens the batch into one stream), got 2; set "
+     "train.micro_batch_size=1 and pack more documents into each row"),
+    ("check_packing_context_parallel",
+     ["plugins.packing.enabled=true", "train.micro_batch_size=1", "parallel.context=2",
+      "cluster.gpus_per_node=2"],
+     "plugins.packing.enabled=true does not support parallel.context=2 yet (packed documents "
+     "would need padding to 2 x CP); set parallel.context=1"),
+]
+
+
+@pytest.mark.parametrize(("rule", "overrides", "message"), PACKING_RULE_CASES,
+                         ids=[case[0] for case in PACKING_RULE_CASES])
+def test_packing_rules_name_field_value_and_fix(rule, overrides, message):
+    cfg = apply_overrides(get_recipe("tiny_dp1"), overrides)
+    assert failing_rules(cfg) == [rule]
+    with pytest.raises(UserError) as caught:
+        validate(cfg)
+    assert str(caught.value) == message
+
+
+def test_packing_rules_pass_when_packing_is_off_or_fits():
+    off = apply_overrides(get_recipe("tiny_dp1"), ["parallel.context=2", "cluster.gpus_per_node=2"])
+    fits = apply_overrides(get_recipe("tiny_dp1"),
+                           ["plugins.packing.enabled=true", "train.micro_batch_size=1"])
+    for cfg in (off, fits):
+        assert check_packing_micro_batch(cfg) is None
+        assert check_packing_context_parallel(cfg) is None
+    validate(fits)
+
+
+def test_packing_is_off_by_default_and_built_by_name_when_on():
+    assert [p.name for p in build_plugins(PluginsConfig())] == ["cpu_runtime"]
+    plugins = build_plugins(PluginsConfig(packing=PackingConfig(enabled=True)))
+    assert [p.name for p in plugins] == ["cpu_runtime", "packing"]
+    assert isinstance(plugins.plugins[-1], PackingPlugin)
+
+
+def test_cpu_runtime_swaps_in_the_packed_attention_and_keeps_the_norm_swap():
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from plugins.cpu_runtime.config import CpuRuntimeConfig
+    from plugins.cpu_runtime.packed_attention import PackedDotProductAttention
+    from plugins.cpu_runtime.plugin import CpuRuntimePlugin
+    from plugins.cpu_runtime.runtime import SequenceParallelTorchNorm
+
+    config = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2,
+                               tensor_model_parallel_size=2, sequence_parallel=True)
+    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, pp_rank=0)
+    plugin = CpuRuntimePlugin(CpuRuntimeConfig())
+    assert plugin.layer_spec(spec, config) is spec  # inactive (e.g. on GPU): untouched
+    plugin.active = True  # as setup_runtime sets it on CPU, without patching this process
+    adapted = plugin.layer_spec(spec, config)
+    for layer in adapted.layer_specs:
+        attention = layer.submodules.self_attention.submodules
+        assert attention.core_attention is PackedDotProductAttention
+        assert layer.submodules.input_layernorm is SequenceParallelTorchNorm
+    assert adapted.layer_norm is SequenceParallelTorchNorm
+    # Megatron's shared specs are left as they were.
+    assert spec.layer_specs[0].submodules.self_attention.submodules.core_attention is (
+        DotProductAttention)
+    assert use_packed_attention(spec).layer_specs[0].submodules.self_attention.submodules \
+        .core_attention is PackedDotProductAttention
