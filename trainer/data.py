@@ -1,101 +1,252 @@
-"""Token samples and the micro-batches each data-parallel rank trains on.
+"""Samples and the micro-batches each data-parallel rank trains on, from every kind of source.
 
-Every rank builds the same sample table from the corpus (cheap at this size) and takes its own
-slice of each global batch, so any DP/TP/PP layout sees exactly the same global batches.
-Later data sources (Megatron indexed datasets, packed sequences) replace `load_samples`.
+A `SampleSource` turns sample indices into one micro-batch. Sources:
+- `TokenTable`: an in-memory byte-level corpus (the Python standard library, or synthetic
+  text for golden numerics), cut into overlapping seq+1 windows; reshuffled each epoch.
+- `MegatronSamples`: prepared datasets through Megatron Core's own `BlendedMegatronDatasetBuilder`
+  and `GPTDataset` (blend weights, train/held-out split, its shuffling, and with
+  `data.documents=inter_document` its per-document `cu_seqlens`), in the packed batch format
+  (`trainer/packed_batch.py`) when documents are kept apart.
+- `PackedSamples`: exact packs of whole documents (`data_prep.packing`), one packed row each.
+`GlobalBatches` cuts every source alike: global batch k is samples [kG, (k+1)G) of the source's
+order, each DP rank takes its contiguous share, in micro-batches. The data position that a
+checkpoint saves is the number of global batches taken.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from data_prep.corpus import corpus_documents
 from data_prep.tokenizer import ByteTokenizer
+from recipes.config.blend import Blend, load_blend
 from recipes.config.errors import ConfigError
 from recipes.config.schema import RunConfig
+from trainer.packed_batch import packed_row
 
 MicroBatch = dict[str, torch.Tensor]
 
 
+class SampleSource(Protocol):
+    reshuffle_each_epoch: bool  # whether GlobalBatches permutes the order every epoch
+
+    def __len__(self) -> int: ...
+
+    def microbatch(self, indices: np.ndarray) -> MicroBatch: ...
+
+
 @dataclass(frozen=True)
-class SampleTable:
-    """Samples of `seq_length + 1` tokens: inputs are [:-1], labels are [1:]."""
+class TokenTable:
+    """Samples of `seq_length + 1` tokens from an in-memory stream: inputs [:-1], labels [1:]."""
 
-    train: np.ndarray
-    heldout: np.ndarray
+    samples: np.ndarray
     eod: int
+    eod_mask_loss: bool
+    reshuffle_each_epoch: bool = True
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def microbatch(self, indices: np.ndarray) -> MicroBatch:
+        rows = self.samples[indices]
+        tokens = torch.from_numpy(rows[:, :-1].copy())
+        labels = torch.from_numpy(rows[:, 1:].copy())
+        loss_mask = torch.ones(tokens.shape, dtype=torch.float32)
+        if self.eod_mask_loss:
+            # Do not train the end-of-document token to predict the next document's first token.
+            loss_mask[tokens == self.eod] = 0.0
+        positions = torch.arange(tokens.shape[1], dtype=torch.long).expand_as(tokens).contiguous()
+        return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask,
+                "position_ids": positions}
 
 
-def load_samples(cfg: RunConfig) -> SampleTable:
+def in_memory_sources(cfg: RunConfig) -> tuple[TokenTable, TokenTable]:
+    """Train and held-out tables from the byte-level corpus (held-out = the stream's tail)."""
     tokenizer = ByteTokenizer()
     documents = corpus_documents(cfg.data.source, cfg.data.max_corpus_bytes, cfg.train.seed)
     stream = tokenizer.encode_documents(documents)
-    width = cfg.model.seq_length + 1
-    # Consecutive samples overlap by one token so every token is a label exactly once.
-    count = (len(stream) - 1) // cfg.model.seq_length
+    seq = cfg.model.seq_length
+    count = (len(stream) - 1) // seq  # consecutive samples overlap by one token
     if count < 2:
         raise ConfigError(
-            f"the corpus gives only {len(stream)} tokens, too few for seq_length "
-            f"{cfg.model.seq_length}; raise data.max_corpus_bytes or lower model.seq_length"
+            f"the corpus gives only {len(stream)} tokens, too few for seq_length {seq}; raise "
+            "data.max_corpus_bytes or lower model.seq_length"
         )
-    starts = np.arange(count) * cfg.model.seq_length
-    samples = stream[starts[:, None] + np.arange(width)[None, :]]
-    heldout_count = max(1, int(count * cfg.data.heldout_fraction))
-    return SampleTable(samples[:-heldout_count], samples[-heldout_count:], tokenizer.eod)
+    samples = stream[(np.arange(count) * seq)[:, None] + np.arange(seq + 1)[None, :]]
+    heldout = max(1, int(count * cfg.data.heldout_fraction))
+    mask = cfg.data.eod_mask_loss
+    return (TokenTable(samples[:-heldout], tokenizer.eod, mask),
+            TokenTable(samples[-heldout:], tokenizer.eod, mask))
 
 
-def _to_microbatch(rows: np.ndarray, eod: int, eod_mask_loss: bool) -> MicroBatch:
-    tokens = torch.from_numpy(rows[:, :-1].copy())
-    labels = torch.from_numpy(rows[:, 1:].copy())
-    loss_mask = torch.ones(tokens.shape, dtype=torch.float32)
-    if eod_mask_loss:
-        # Do not train the end-of-document token to predict the next document's first token.
-        loss_mask[tokens == eod] = 0.0
-    positions = torch.arange(tokens.shape[1], dtype=torch.long).expand_as(tokens).contiguous()
-    return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": positions}
+class MegatronSamples:
+    """A Megatron Core dataset (GPTDataset or BlendedDataset) as a sample source; with
+    inter-document masking each sample becomes one packed row (micro-batch size 1)."""
+
+    reshuffle_each_epoch = False  # Megatron's dataset index is already shuffled, per epoch
+
+    def __init__(self, dataset, packed: bool) -> None:
+        self.dataset = dataset
+        self.packed = packed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def microbatch(self, indices: np.ndarray) -> MicroBatch:
+        samples = [self.dataset[int(i)] for i in indices]
+        batch = {key: torch.stack([s[key] for s in samples]) for key in
+                 ("tokens", "labels", "loss_mask", "position_ids")}
+        if self.packed:
+            cu = samples[0]["cu_seqlens"].to(torch.int32)
+            # Megatron pads cu_seqlens with its last value to a fixed length; keep the real ends.
+            ends = torch.unique_consecutive(cu)
+            batch["cu_seqlens"] = ends
+            batch["max_seqlen"] = int((ends[1:] - ends[:-1]).max())
+        return batch
+
+
+class _TokenizerFacts:
+    """What Megatron's GPTDataset asks of a tokenizer: the EOD id and the vocabulary size."""
+
+    def __init__(self, blend: Blend) -> None:
+        self.eod = blend.eod_id
+        self.vocab_size = blend.vocab_size
+        self.unique_identifiers = {"eod": blend.eod_id, "vocab_size": blend.vocab_size}
+
+
+def megatron_sources(cfg: RunConfig, blend: Blend, cache: Path, eval_samples: int):
+    """Train and held-out datasets built by Megatron Core's own blended dataset builder."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    inter_document = cfg.data.documents == "inter_document"
+    per_split = None if blend.valid is None else [
+        blend.weights(blend.train), blend.weights(blend.valid), None]
+    config = GPTDatasetConfig(
+        random_seed=cfg.train.seed, sequence_length=cfg.model.seq_length,
+        blend=blend.weights(blend.train) if blend.valid is None else None,
+        blend_per_split=per_split,
+        split=f"{blend.split[0]},{blend.split[1]},0" if blend.valid is None else None,
+        path_to_cache=str(cache), tokenizer=_TokenizerFacts(blend),
+        reset_position_ids=inter_document, reset_attention_mask=False,
+        eod_mask_loss=cfg.data.eod_mask_loss, create_attention_mask=False,
+        inter_document_masking=inter_document,
+    )
+    sizes = [cfg.train.train_iters * cfg.train.global_batch_size, eval_samples, 0]
+    train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True,
+                                                    config).build()
+    return MegatronSamples(train, inter_document), MegatronSamples(valid, inter_document)
+
+
+class PackedSamples:
+    """Exact packs of whole documents: sample i is pack i, one packed row (micro-batch 1)."""
+
+    reshuffle_each_epoch = False  # packs are shuffled once, seeded, when the index is built
+
+    def __init__(self, packs: Sequence[tuple[object, object, int]], seq_length: int, eod: int):
+        self.packs = list(packs)  # (indexed dataset, pack index, pack number)
+        self.seq_length = seq_length
+        self.eod = eod
+
+    def __len__(self) -> int:
+        return len(self.packs)
+
+    def microbatch(self, indices: np.ndarray) -> MicroBatch:
+        dataset, index, number = self.packs[int(indices[0])]
+        documents, starts, lengths = index.pack(number)
+        pieces = [dataset.get(int(d), offset=int(s), length=int(n))
+                  for d, s, n in zip(documents, starts, lengths, strict=True)]
+        return packed_row(pieces, self.seq_length, pad_id=self.eod)
+
+
+def _pack_index(prefix: str, seq_length: int, seed: int):
+    """The pack index of one prepared dataset, built beside it on first use (rank 0)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    from data_prep.packing import PackIndex, pack_documents, pack_index_paths, write_pack_index
+
+    dataset = IndexedDataset(prefix)
+    if torch.distributed.get_rank() == 0 and not pack_index_paths(prefix, seq_length)[2].exists():
+        packing = pack_documents(dataset.sequence_lengths, seq_length, seed=seed,
+                                 long_documents="split")
+        write_pack_index(prefix, packing, seq_length)
+    torch.distributed.barrier()
+    return dataset, PackIndex(prefix, seq_length)
+
+
+def packed_sources(cfg: RunConfig, blend: Blend) -> tuple[PackedSamples, PackedSamples]:
+    """Every pack of every train source once; held-out packs from `valid`, else the split."""
+    seq, seed = cfg.model.seq_length, cfg.train.seed
+
+    def packs(sources) -> list[tuple[object, object, int]]:
+        found = []
+        for source in sources:
+            dataset, index = _pack_index(source.prefix, seq, seed)
+            found += [(dataset, index, i) for i in range(len(index))]
+        return found
+
+    train = packs(blend.train)
+    if blend.valid is not None:
+        heldout = packs(blend.valid)
+    else:
+        count = max(1, round(len(train) * blend.split[1] / sum(blend.split)))
+        train, heldout = train[:-count], train[-count:]
+    return (PackedSamples(train, seq, blend.eod_id), PackedSamples(heldout, seq, blend.eod_id))
+
+
+def build_sources(cfg: RunConfig, run_dir: Path) -> tuple[SampleSource, SampleSource]:
+    """The train and held-out sources `cfg.data` names."""
+    if cfg.data.source != "blend":
+        return in_memory_sources(cfg)
+    blend = load_blend(str(cfg.data.blend))
+    if cfg.data.documents == "packed":
+        return packed_sources(cfg, blend)
+    eval_samples = max(1, cfg.train.eval_iters) * cfg.train.global_batch_size
+    return megatron_sources(cfg, blend, run_dir / "data_index", eval_samples)
 
 
 class GlobalBatches:
     """Yields, for each step, this DP rank's micro-batches of that step's global batch."""
 
-    def __init__(self, samples: np.ndarray, cfg: RunConfig, dp_rank: int, eod: int):
-        self.samples = samples
-        self.cfg = cfg
+    def __init__(self, source: SampleSource, cfg: RunConfig, dp_rank: int):
+        self.source = source
+        self.seed = cfg.train.seed
         self.dp_rank = dp_rank
-        self.eod = eod
+        self.micro_batch = cfg.train.micro_batch_size
         self.global_batch = cfg.train.global_batch_size
         self.per_replica = cfg.layout.samples_per_replica  # samples of a batch per DP rank
         self.next_batch = 0  # the data position: global batches taken by `take`
-        if len(samples) < self.global_batch:
+        if len(source) < self.global_batch:
             raise ConfigError(
-                f"the corpus has {len(samples)} training samples, fewer than one global batch "
-                f"({self.global_batch}); lower train.global_batch_size or raise "
-                "data.max_corpus_bytes"
+                f"the data has {len(source)} samples, fewer than one global batch "
+                f"({self.global_batch}); lower train.global_batch_size or add data"
             )
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng((self.cfg.train.seed, epoch)).permutation(len(self.samples))
+        if not self.source.reshuffle_each_epoch:
+            return np.arange(len(self.source))
+        return np.random.default_rng((self.seed, epoch)).permutation(len(self.source))
 
     def global_batch_indices(self, step: int) -> np.ndarray:
-        """Sample indices of global batch `step` (epochs reshuffle; a partial tail is dropped)."""
-        per_epoch = len(self.samples) // self.global_batch
+        """Sample indices of global batch `step` (a partial tail of an epoch is dropped)."""
+        per_epoch = len(self.source) // self.global_batch
         epoch, within = divmod(step, per_epoch)
         order = self._epoch_order(epoch)
         return order[within * self.global_batch : (within + 1) * self.global_batch]
 
     def microbatches(self, step: int) -> list[MicroBatch]:
         indices = self.global_batch_indices(step)
-        per_rank = self.per_replica
-        mine = indices[self.dp_rank * per_rank : (self.dp_rank + 1) * per_rank]
-        mbs = self.cfg.train.micro_batch_size
-        eod_mask = self.cfg.data.eod_mask_loss
-        return [
-            _to_microbatch(self.samples[mine[i : i + mbs]], self.eod, eod_mask)
-            for i in range(0, per_rank, mbs)
-        ]
+        mine = indices[self.dp_rank * self.per_replica : (self.dp_rank + 1) * self.per_replica]
+        return [self.source.microbatch(mine[i : i + self.micro_batch])
+                for i in range(0, self.per_replica, self.micro_batch)]
 
     def take(self) -> list[MicroBatch]:
         """This rank's micro-batches of the next global batch; advances the data position."""

@@ -26,7 +26,7 @@ from plugins.protocol import PluginSet, RuntimeContext
 from plugins.registry import build_plugins
 from recipes.config.schema import RunConfig
 from trainer import checkpointing
-from trainer.data import GlobalBatches, load_samples
+from trainer.data import GlobalBatches, build_sources
 from trainer.mcore_translation import (
     build_ddp_config,
     build_optimizer_config,
@@ -143,12 +143,12 @@ def _wire_schedule_hooks(cfg: RunConfig, config, model: list, optimizer) -> None
         config.param_sync_func = _per_chunk([chunk.start_param_sync for chunk in model])
 
 
-def _data(cfg: RunConfig) -> tuple[GlobalBatches, GlobalBatches, int]:
-    samples = load_samples(cfg)
+def _data(cfg: RunConfig, run_dir: Path) -> tuple[GlobalBatches, GlobalBatches, int]:
+    train_source, heldout_source = build_sources(cfg, run_dir)
     dp_rank = parallel_state.get_data_parallel_rank()
-    train = GlobalBatches(samples.train, cfg, dp_rank, samples.eod)
-    heldout = GlobalBatches(samples.heldout, cfg, dp_rank, samples.eod)
-    eval_steps = min(cfg.train.eval_iters, len(samples.heldout) // cfg.train.global_batch_size)
+    train = GlobalBatches(train_source, cfg, dp_rank)
+    heldout = GlobalBatches(heldout_source, cfg, dp_rank)
+    eval_steps = min(cfg.train.eval_iters, len(heldout_source) // cfg.train.global_batch_size)
     return train, heldout, eval_steps
 
 
@@ -166,7 +166,7 @@ def build_session(
     optimizer = get_megatron_optimizer(build_optimizer_config(cfg), model)
     scheduler = build_scheduler(cfg, optimizer)
     _wire_schedule_hooks(cfg, config, model, optimizer)
-    train, heldout, eval_steps = _data(cfg)
+    train, heldout, eval_steps = _data(cfg, run_dir)
     session = TrainingSession(
         cfg=cfg, run_dir=run_dir, plugins=plugins, model=model, optimizer=optimizer,
         scheduler=scheduler, train_batches=train, heldout_batches=heldout,

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from recipes.config.blend import load_blend
 from recipes.config.errors import ConfigError
 from recipes.config.schema import RunConfig
 
@@ -156,7 +157,25 @@ def check_run_dir(cfg: RunConfig) -> str | None:
 
 PathRule = Callable[[RunConfig], str | None]
 
-PATH_RULES: tuple[PathRule, ...] = (check_output_dir, check_run_dir, check_checkpoint_load_path)
+
+
+def check_data_blend(cfg: RunConfig) -> str | None:
+    """The blend file, its prefixes and manifests exist; its vocabulary fits the model."""
+    if cfg.data.source != "blend" or cfg.data.blend is None:
+        return None
+    try:
+        blend = load_blend(cfg.data.blend)
+    except ConfigError as error:
+        return str(error)
+    if blend.vocab_size > cfg.model.vocab_size:
+        return (f"data.blend={cfg.data.blend} holds token ids up to {blend.vocab_size - 1}, but "
+                f"model.vocab_size={cfg.model.vocab_size}; set model.vocab_size={blend.vocab_size}")
+    return None
+
+
+PATH_RULES: tuple[PathRule, ...] = (
+    check_output_dir, check_run_dir, check_checkpoint_load_path, check_data_blend,
+)
 
 
 def validate_paths(cfg: RunConfig) -> None:

@@ -129,8 +129,12 @@ class PrecisionConfig:
 class DataConfig:
     """Training text and tokenizer."""
 
-    source: Literal["python_stdlib", "synthetic"] = "python_stdlib"  # corpus to train on
-    tokenizer: Literal["byte"] = "byte"  # byte-level tokenizer: no download, vocab 256
+    source: Literal["python_stdlib", "synthetic", "blend"] = "python_stdlib"  # what to train on
+    blend: str | None = None  # source=blend: conf/data/<name>.yaml (prepared datasets, weights)
+    # How documents share a sample (blend only): concatenate and cut (Megatron's default),
+    # the same with attention kept inside documents, or exact packs (needs plugins.packing).
+    documents: Literal["concatenate", "inter_document", "packed"] = "concatenate"
+    tokenizer: Literal["byte"] = "byte"  # in-memory sources: byte-level, no download, vocab 256
     max_corpus_bytes: int = 4_000_000  # cap on text read from the corpus
     heldout_fraction: float = 0.05  # share of the token stream kept for held-out loss
     eod_mask_loss: bool = True  # no loss where the input is end-of-document (Megatron's flag)

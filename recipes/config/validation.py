@@ -406,6 +406,29 @@ def check_fractions(cfg: RunConfig) -> str | None:
         return (f"data.heldout_fraction={share} must be in (0, 1); set it, e.g. 0.05")
 
 
+def check_data_source(cfg: RunConfig) -> str | None:
+    """A blend is named exactly when it is the source; document modes other than concatenation
+    need a blend and the packing plugin (they produce packed batches), and vice versa."""
+    d, packing = cfg.data, cfg.plugins.packing.enabled
+    if d.source == "blend" and d.blend is None:
+        return ("data.source=blend needs data.blend=<file>; name one, e.g. "
+                "data.blend=conf/data/python_stdlib.yaml")
+    if d.source != "blend" and d.blend is not None:
+        return (f"data.blend={d.blend} is set but data.source={d.source}; set data.source=blend "
+                "or data.blend=null")
+    if d.documents != "concatenate" and d.source != "blend":
+        return (f"data.documents={d.documents} needs prepared data (data.source=blend); set "
+                "data.source=blend data.blend=<file> or data.documents=concatenate")
+    if (d.documents != "concatenate") != packing:
+        return (f"data.documents={d.documents} with plugins.packing.enabled={str(packing).lower()}"
+                ": packed batches need both; set data.documents=inter_document|packed with "
+                "plugins.packing.enabled=true, or data.documents=concatenate with it false")
+    if d.documents != "concatenate" and not d.eod_mask_loss:
+        return (f"data.documents={d.documents} needs data.eod_mask_loss=true (no label may cross "
+                "a document boundary); set data.eod_mask_loss=true")
+    return None
+
+
 def check_checkpoint_load(cfg: RunConfig) -> str | None:
     if cfg.checkpoint.load_model_only and cfg.checkpoint.load is None:
         return (
@@ -445,6 +468,7 @@ RULES: tuple[Rule, ...] = (
     check_learning_rate,
     check_fractions,
     check_checkpoint_load,
+    check_data_source,
 )
 
 

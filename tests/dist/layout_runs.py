@@ -44,13 +44,19 @@ def train_steps(payload: dict) -> dict:
     from trainer.step import train_step
 
     session = _session(payload)
-    losses, grad_norms = [], []
+    losses, grad_norms, loss_tokens, mask_tokens = [], [], [], []
     for _ in range(payload["steps"]):
+        batches = session.train_batches
+        # This rank's loss-mask ones of the coming batch (all of it on a single DP rank).
+        mask_tokens.append(int(sum(mb["loss_mask"].sum() for mb in
+                                   batches.microbatches(batches.next_batch))))
         metrics = train_step(session)
         losses.append(metrics.loss)
         grad_norms.append(metrics.grad_norm)
+        loss_tokens.append(metrics.loss_tokens)
     _finish()
-    return {"losses": losses, "grad_norms": grad_norms}
+    return {"losses": losses, "grad_norms": grad_norms, "loss_tokens": loss_tokens,
+            "mask_tokens": mask_tokens}
 
 
 def train_save_continue(payload: dict) -> dict:

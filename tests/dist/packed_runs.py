@@ -55,7 +55,7 @@ def documents() -> list[np.ndarray]:
 def _alone_row(document: np.ndarray) -> dict:
     """The document alone at the start of a plain row: ordinary causal attention is exact for
     it (the padding after it is never attended to), and the padding carries no loss."""
-    from plugins.packing.batch import packed_row
+    from trainer.packed_batch import packed_row
 
     row = packed_row([document], SEQ, PAD_ID)
     return {key: row[key] for key in ("tokens", "labels", "loss_mask", "position_ids")}
@@ -115,7 +115,7 @@ def packed_vs_alone(payload: dict) -> dict:
     """One packed row of all documents against each document alone (three micro-batches of
     one step), plus the controls that must differ. With `weights_dir` it first saves the
     session's initial weights there (one launch fewer than a separate save)."""
-    from plugins.packing.batch import packed_row
+    from trainer.packed_batch import packed_row
     from trainer.checkpointing import save_model_weights
 
     session = _session(payload)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from plugins.cpu_runtime.packed_attention import document_causal_mask, use_packed_attention
-from plugins.packing.batch import PACKED_KEYS, packed_row
 from plugins.packing.config import (
     PackingConfig,
     check_packing_context_parallel,
@@ -21,6 +20,7 @@ from plugins.registry import PluginsConfig, build_plugins
 from recipes.config.overrides import apply_overrides
 from recipes.config.validation import failing_rules, validate
 from recipes.registry import get_recipe
+from trainer.packed_batch import PACKED_KEYS, packed_row
 
 SEQ = 32
 PAD = 0

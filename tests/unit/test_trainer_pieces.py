@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from recipes.registry import get_recipe
-from trainer.data import GlobalBatches, load_samples
+from trainer.data import GlobalBatches, in_memory_sources
 from trainer.step import masked_token_loss
 
 
@@ -26,35 +26,36 @@ def _synthetic(recipe: str, *overrides: str):
     cfg = apply_overrides(
         get_recipe(recipe), ["data.source=synthetic", "data.max_corpus_bytes=60000", *overrides]
     )
-    return cfg, load_samples(cfg)
+    train, _ = in_memory_sources(cfg)
+    return cfg, train
 
 
 def test_dp_ranks_split_each_global_batch_exactly_once():
     cfg, samples = _synthetic("tiny_dp2")
-    ranks = [GlobalBatches(samples.train, cfg, dp, samples.eod) for dp in range(2)]
+    ranks = [GlobalBatches(samples, cfg, dp) for dp in range(2)]
     for step in (0, 3):
         rows = [mb["tokens"] for r in ranks for mb in r.microbatches(step)]
         assert all(row.shape == (2, cfg.model.seq_length) for row in rows)
-        expected = samples.train[ranks[0].global_batch_indices(step)][:, :-1]
+        expected = samples.samples[ranks[0].global_batch_indices(step)][:, :-1]
         assert np.array_equal(torch.cat(rows).numpy(), expected)
 
 
 def test_labels_are_inputs_shifted_by_one_and_eod_inputs_carry_no_loss():
     cfg, samples = _synthetic("tiny_dp1")
-    batches = GlobalBatches(samples.train, cfg, 0, samples.eod)
+    batches = GlobalBatches(samples, cfg, 0)
     mb = batches.microbatches(0)[0]
     assert torch.equal(mb["tokens"][:, 1:], mb["labels"][:, :-1])
     assert torch.all(mb["loss_mask"][mb["tokens"] == samples.eod] == 0)
     assert torch.all(mb["loss_mask"][mb["tokens"] != samples.eod] == 1)
     total = sum(int(m["loss_mask"].sum()) for m in batches.microbatches(0))
-    rows = samples.train[batches.global_batch_indices(0)]
+    rows = samples.samples[batches.global_batch_indices(0)]
     assert total == int((rows[:, :-1] != samples.eod).sum())
 
 
 def test_epochs_reshuffle_and_cover_every_sample():
     cfg, samples = _synthetic("tiny_dp1")
-    batches = GlobalBatches(samples.train, cfg, 0, samples.eod)
-    per_epoch = len(samples.train) // cfg.train.global_batch_size
+    batches = GlobalBatches(samples, cfg, 0)
+    per_epoch = len(samples) // cfg.train.global_batch_size
     first = np.concatenate([batches.global_batch_indices(s) for s in range(per_epoch)])
     second = np.concatenate([batches.global_batch_indices(per_epoch + s) for s in range(2)])
     assert len(set(first.tolist())) == len(first)

@@ -1,0 +1,545 @@
+"""Exact sequence packing: documents into rows of `pack_size` tokens, and an on-disk pack index.
+
+Why: a packed row holds whole documents (or contiguous pieces of them) side by side, so each
+token can attend only within its own document while rows stay almost free of padding. The
+packer is exact best-fit-decreasing over the *global* histogram of document lengths: every
+document of the corpus is seen at once (packing small batches separately wastes rows), and all
+documents of one length are placed in one bulk step, so the work grows with the number of
+distinct lengths, not with the number of documents.
+
+How best fit is done in bulk: open packs are grouped by their remaining space. Lengths are
+visited from the longest down. A piece of length L goes to the pack with the least remaining
+space r >= L; that pack then has r - L left, which is again the best fit while it is >= L, so
+each pack in group r takes r // L pieces in a row and every pack of a group behaves alike. The
+groups r = L, L + 1, ... are therefore consumed whole, in order, until the pieces of length L
+run out; what is left opens new packs of pack_size // L pieces each.
+
+Conventions:
+- Documents longer than the pack follow `long_documents`: "split" (pretraining) cuts them into
+  pack-sized pieces plus one shorter last piece, which is packed like any document; "truncate"
+  (fine-tuning) keeps the first `pack_size` tokens and drops the rest.
+- A piece is one contiguous span `[start, start + length)` of one document; document tokens are
+  never reordered. Pieces of a split document are placed independently: they need not be in
+  consecutive packs or in start order across packs.
+- Within a pack, pieces are in the order best fit placed them: longest first, equal lengths in
+  ascending document id (a pack never holds two pieces of one document). The packs themselves
+  are shuffled after packing, seeded, so the pack order (and hence the training order) is a
+  deterministic function of the lengths, pack size, policy and seed, and resuming a run never
+  reshuffles it.
+- Zero-length documents are skipped and counted (`empty_documents`); they are in no pack.
+
+The pack index (`write_pack_index` / `PackIndex`) stores a packing beside an indexed dataset
+with prefix P (`P.bin`, `P.idx`) as three files, published by rename only once complete:
+`P.pack<pack_size>.pieces.npy` (int64, one row per piece: document id, start, length, in pack
+order), `P.pack<pack_size>.offsets.npy` (int64, packs + 1 entries: pack i is rows
+offsets[i]:offsets[i + 1]) and `P.pack<pack_size>.json` (pack size, policy, seed, statistics).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from bisect import bisect_left, insort
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+LONG_DOCUMENT_POLICIES = ("split", "truncate")
+INDEX_FORMAT = "mcore-recipes pack index 1"
+MAX_PACK_SIZE = 1 << 24  # the histogram and the open-pack table grow with the pack size
+
+
+@dataclass(frozen=True)
+class PackingStats:
+    """What a packing achieved. Token counts are after truncation."""
+
+    documents: int  # input documents, empty ones included
+    empty_documents: int  # zero-length documents: skipped, in no pack
+    tokens: int  # tokens placed in packs
+    pieces: int  # contiguous spans placed; a split document gives several
+    packs: int
+    lower_bound: int  # ceil(tokens / pack_size): no packing can use fewer packs
+    efficiency: float  # tokens / (packs * pack_size): share of row slots holding tokens
+    packing_factor: float  # pieces / packs: attention segments per row (a piece counts as one)
+    max_pieces_per_pack: int
+    split_documents: int  # documents cut into several pieces ("split")
+    truncated_documents: int  # documents cut to pack_size tokens ("truncate")
+    dropped_tokens: int  # tokens removed by truncation
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Pieces in pack order; pack i is pieces pack_offsets[i]:pack_offsets[i + 1]."""
+
+    pack_size: int
+    long_documents: str
+    seed: int
+    doc_ids: np.ndarray  # int64, per piece: which document
+    starts: np.ndarray  # int64, per piece: first token's offset within the document
+    lengths: np.ndarray  # int64, per piece: tokens
+    pack_offsets: np.ndarray  # int64, packs + 1 entries
+    stats: PackingStats
+
+    def __len__(self) -> int:
+        return len(self.pack_offsets) - 1
+
+    def pack(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(document ids, starts, lengths) of pack `i`'s pieces."""
+        lo, hi = _pack_bounds(self.pack_offsets, i, "packing")
+        return self.doc_ids[lo:hi], self.starts[lo:hi], self.lengths[lo:hi]
+
+
+def pack_documents(
+    lengths, pack_size: int, *, long_documents: str = "split", seed: int = 0
+) -> Packing:
+    """Pack documents of the given token `lengths` (document id = index) into packs."""
+    lengths = _checked_lengths(lengths)
+    _check_settings(pack_size, long_documents, seed)
+    pack_size = int(pack_size)
+    pieces, counts = _cut_pieces(lengths, pack_size, long_documents)
+    tails = int(np.count_nonzero(pieces.size))
+    if tails + len(pieces.full_doc) == 0:
+        raise ValueError(f"all {len(lengths)} documents have length 0; there is nothing to pack")
+    # Last pieces longest first, equal lengths in document order; the empty ones sort last.
+    by_length = _stable_argsort(pack_size - pieces.size, pack_size)[:tails]
+    placements = _best_fit_decreasing(pieces.size, pack_size, len(pieces.full_doc))
+    order, size, offsets = _in_shuffled_pack_order(placements, seed)
+    doc, start = _documents_and_starts(pieces, lengths, by_length, order, size)
+    tokens = int(size.sum())
+    packs = len(offsets) - 1
+    stats = PackingStats(
+        documents=len(lengths),
+        empty_documents=len(lengths) - int(np.count_nonzero(lengths)),
+        tokens=tokens,
+        pieces=len(size),
+        packs=packs,
+        lower_bound=-(-tokens // pack_size),
+        efficiency=tokens / (packs * pack_size),
+        packing_factor=len(size) / packs,
+        max_pieces_per_pack=int(np.diff(offsets).max()),
+        **counts,
+    )
+    arrays = [_frozen(a) for a in (doc, start, size, offsets)]
+    return Packing(pack_size, long_documents, int(seed), *arrays, stats)
+
+
+def next_fit_pack_count(lengths, pack_size: int) -> int:
+    """Packs used by naive next-fit in document order (documents longer than the pack split):
+    the baseline that benchmarks and tests compare best fit against."""
+    lengths = _checked_lengths(lengths)
+    _check_settings(pack_size, "split", 0)
+    packs, space = 0, 0
+    for length in lengths.tolist():
+        full, rest = divmod(length, pack_size)
+        packs += full
+        if rest > space:
+            packs += 1
+            space = pack_size
+        space -= rest
+    return packs
+
+
+def _checked_lengths(lengths) -> np.ndarray:
+    array = np.asarray(lengths)
+    if array.ndim != 1:
+        raise ValueError(
+            f"document lengths must be one-dimensional, got shape {array.shape}; pass one "
+            "length per document"
+        )
+    if len(array) == 0:
+        raise ValueError("document lengths are empty; pass at least one document length")
+    if array.dtype.kind not in "iu":
+        raise ValueError(
+            f"document lengths must be integers, got dtype {array.dtype}; convert them with "
+            ".astype(np.int64)"
+        )
+    array = array.astype(np.int64, copy=False)
+    low = int(array.argmin())
+    if array[low] < 0:
+        raise ValueError(
+            f"document {low} has length {int(array[low])}; lengths count tokens and must be >= 0"
+        )
+    return array
+
+
+def _check_settings(pack_size, long_documents, seed) -> None:
+    if not _is_int(pack_size) or pack_size <= 0:
+        raise ValueError(f"pack_size {pack_size!r} must be a positive integer (tokens per pack)")
+    if pack_size > MAX_PACK_SIZE:
+        raise ValueError(
+            f"pack_size {pack_size} is above {MAX_PACK_SIZE:,}, the largest this packer's "
+            "length histogram supports; use a smaller pack"
+        )
+    if long_documents not in LONG_DOCUMENT_POLICIES:
+        raise ValueError(
+            f"long_documents {long_documents!r} is not a policy; use 'split' (pretraining) or "
+            "'truncate' (fine-tuning)"
+        )
+    if not _is_int(seed) or seed < 0:
+        raise ValueError(f"seed {seed!r} must be a non-negative integer")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """Pieces to pack: every document's last (or only) piece, `size[d]` tokens long (0: none),
+    and the pack-sized pieces that splitting cuts from the documents marked `long` (None when
+    there are none)."""
+
+    size: np.ndarray
+    long: np.ndarray | None
+    full_doc: np.ndarray
+    full_start: np.ndarray
+
+
+def _cut_pieces(lengths: np.ndarray, pack_size: int, policy: str) -> tuple[_Pieces, dict]:
+    long = lengths > pack_size
+    any_long = bool(long.any())
+    counts = {"split_documents": 0, "truncated_documents": 0, "dropped_tokens": 0}
+    size = lengths.copy() if any_long else lengths
+    full_doc = full_start = np.zeros(0, np.int64)
+    if any_long and policy == "truncate":
+        counts["truncated_documents"] = int(np.count_nonzero(long))
+        counts["dropped_tokens"] = int((lengths[long] - pack_size).sum())
+        size[long] = pack_size
+    elif any_long:
+        counts["split_documents"] = int(np.count_nonzero(long))
+        size[long] %= pack_size
+        long_ids = np.flatnonzero(long)
+        full = lengths[long_ids] // pack_size
+        full_doc = np.repeat(long_ids, full)
+        first = np.repeat(np.cumsum(full) - full, full)
+        full_start = (np.arange(len(full_doc)) - first) * pack_size
+    split_long = long if any_long and policy == "split" else None
+    return _Pieces(size, split_long, full_doc, full_start), counts
+
+
+def _documents_and_starts(pieces: _Pieces, lengths, by_length, order, size):
+    """Document and start offset of every piece in pack order. `order` indexes the pieces
+    sorted longest first: the last pieces (`by_length`: their documents), then the pack-sized
+    ones."""
+    tails = len(by_length)
+    source = np.concatenate([by_length, pieces.full_doc]) if len(pieces.full_doc) else by_length
+    doc = source[order]
+    start = np.zeros(len(doc), np.int64)
+    if pieces.long is not None:
+        of_long = np.flatnonzero(pieces.long[doc])
+        full = order[of_long] >= tails
+        start[of_long[full]] = pieces.full_start[order[of_long[full]] - tails]
+        last = of_long[~full]
+        start[last] = lengths[doc[last]] - size[last]
+    return doc, start
+
+
+@dataclass(frozen=True)
+class _Placements:
+    """Best fit's placements in order: placement p puts `each[p]` pieces of `length[p]` into
+    pack `pack[p]`; together they take the pieces sorted longest first, in turn."""
+
+    pack: np.ndarray
+    each: np.ndarray
+    length: np.ndarray
+    packs: int
+
+
+def _best_fit_decreasing(size: np.ndarray, pack_size: int, full_pieces: int) -> _Placements:
+    """Best fit of the last pieces, then one pack for each pack-sized piece."""
+    histogram = np.bincount(size, minlength=pack_size + 1)
+    histogram[0] = 0
+    present = np.flatnonzero(histogram)[::-1]  # longest first
+    alone = present[2 * present > pack_size]
+    open_packs = _OpenPacks(pack_size, alone, histogram[alone])
+    counts = histogram.tolist()
+    for length in present[len(alone) :].tolist():
+        open_packs.place(length, counts[length])
+    later = np.array(open_packs.moves, np.int64).reshape(-1)
+    moves = np.concatenate([open_packs.first_moves, later])
+    moves = moves.reshape(-1, 5).T
+    pack = _pack_ids(moves[0], moves[1], moves[2], pack_size)
+    packs = int(pack.max()) + 1 if len(pack) else 0
+    each, length = np.repeat(moves[3], moves[2]), np.repeat(moves[4], moves[2])
+    ones = np.ones(full_pieces, np.int64)
+    return _Placements(
+        np.concatenate([pack, packs + np.arange(full_pieces)]),
+        np.concatenate([each, ones]),
+        np.concatenate([length, ones * pack_size]),
+        packs + full_pieces,
+    )
+
+
+class _OpenPacks:
+    """How many open packs have each remaining space (`packs_at`), and the moves that best fit
+    makes (`first_moves` flat, then `moves`): (from space, to space, packs, pieces each,
+    length); from space 0 opens new packs, to space 0 fills them."""
+
+    def __init__(self, pack_size: int, alone: np.ndarray, counts: np.ndarray):
+        """Start with the pieces longer than half a pack (`alone`, longest first): none fits
+        beside another, so each opens a pack of its own, in one bulk step."""
+        self.pack_size = pack_size
+        left = pack_size - alone
+        first = np.stack([np.zeros_like(alone), left, counts, np.ones_like(alone), alone], 1)
+        self.first_moves = first.reshape(-1)
+        self.packs_at = dict(zip(left[left > 0].tolist(), counts[left > 0].tolist(), strict=True))
+        self.spaces = sorted(self.packs_at)  # remaining spaces that hold at least one open pack
+        self.moves: list[tuple[int, int, int, int, int]] = []
+
+    def place(self, length: int, n: int) -> None:
+        """Best fit for `n` pieces of `length`: least remaining space first, then new packs."""
+        spaces, packs_at = self.spaces, self.packs_at
+        i = bisect_left(spaces, length)
+        while n and i < len(spaces):
+            space = spaces[i]
+            packs = packs_at[space]
+            each = space // length
+            if n < each * packs:
+                self._place_some(space, packs, each, length, n)
+                return
+            del spaces[i], packs_at[space]
+            n -= each * packs
+            self._move(space, packs, each, length)
+            i = bisect_left(spaces, length)
+        if n:
+            each = self.pack_size // length
+            full, rest = divmod(n, each)
+            self._move(0, full, each, length)
+            self._move(0, int(rest > 0), rest, length)
+
+    def _place_some(self, space: int, packs: int, each: int, length: int, n: int) -> None:
+        """The last space reached takes the remaining n pieces: whole packs, then one pack
+        takes the rest."""
+        full, rest = divmod(n, each)
+        left = packs - full - (rest > 0)
+        if left:
+            self.packs_at[space] = left
+        else:
+            del self.packs_at[space]
+            self.spaces.remove(space)
+        self._move(space, full, each, length)
+        self._move(space, int(rest > 0), rest, length)
+
+    def _move(self, space: int, packs: int, each: int, length: int) -> None:
+        if not packs:
+            return
+        left = (space or self.pack_size) - each * length
+        self.moves.append((space, left, packs, each, length))
+        if left:
+            if left in self.packs_at:
+                self.packs_at[left] += packs
+            else:
+                self.packs_at[left] = packs
+                insort(self.spaces, left)
+
+
+def _pack_ids(source, target, packs, pack_size: int) -> np.ndarray:
+    """Pack id (in opening order) of every placement, one per pack per move. Packs with equal
+    remaining space are interchangeable, so a move away from a space takes the packs that
+    arrived there first; each placement is followed back to the one that opened its pack."""
+    source, target = np.repeat(source, packs), np.repeat(target, packs)
+    arrived = _stable_argsort(target, pack_size)  # placements by space reached, in order
+    leaving = np.flatnonzero(source)  # placements into packs opened before
+    leaving = leaving[_stable_argsort(source[leaving], pack_size)]
+    space = source[leaving]
+    nth = np.arange(len(leaving)) - _group_starts(space, pack_size)[space]
+    previous = np.arange(len(source))
+    previous[leaving] = arrived[_group_starts(target, pack_size)[space] + nth]
+    while True:  # pointer doubling: each placement to the first placement of its pack
+        earlier = previous[previous]
+        if np.array_equal(earlier, previous):
+            break
+        previous = earlier
+    return (np.cumsum(source == 0) - 1)[previous]
+
+
+def _group_starts(keys: np.ndarray, max_key: int) -> np.ndarray:
+    """Where each key's group starts once `keys` are sorted."""
+    counts = np.bincount(keys, minlength=max_key + 1)
+    return np.cumsum(counts) - counts
+
+
+def _stable_argsort(keys: np.ndarray, max_key: int) -> np.ndarray:
+    """Stable argsort of non-negative keys through numpy's 16-bit radix sort (one pass per
+    16 bits), several times faster than the comparison sort used for wider integers."""
+    if max_key >= 1 << 32:
+        return np.argsort(keys, kind="stable")
+    order = np.argsort(keys.astype(np.uint16), kind="stable")  # the low 16 bits
+    if max_key < 1 << 16:
+        return order
+    high = (keys[order] >> 16).astype(np.uint16)
+    return order[np.argsort(high, kind="stable")]
+
+
+def _in_shuffled_pack_order(placements: _Placements, seed: int):
+    """Packs in a seeded random order, each pack's pieces in placement order: the sorted-piece
+    position of every piece in that order, the pieces' lengths and the packs' offsets."""
+    packs = placements.packs
+    rank = np.empty(packs, np.int64)
+    rank[np.random.default_rng(seed).permutation(packs)] = np.arange(packs)
+    first = np.cumsum(placements.each) - placements.each  # sorted position of the first piece
+    pack_rank = rank[placements.pack]
+    by_pack = _stable_argsort(pack_rank, packs - 1)
+    each = placements.each[by_pack]
+    out_first = np.cumsum(each) - each
+    order = np.repeat(first[by_pack] - out_first, each)
+    order += np.arange(len(order))
+    per_pack = np.bincount(pack_rank, weights=placements.each, minlength=packs)
+    offsets = np.zeros(packs + 1, np.int64)
+    np.cumsum(per_pack.astype(np.int64), out=offsets[1:])
+    return order, np.repeat(placements.length[by_pack], each), offsets
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array = np.ascontiguousarray(array, dtype=np.int64)
+    array.flags.writeable = False
+    return array
+
+
+def _pack_bounds(offsets: np.ndarray, i: int, what: str) -> tuple[int, int]:
+    packs = len(offsets) - 1
+    if not _is_int(i) or not 0 <= i < packs:
+        raise IndexError(f"pack {i!r} is out of range for the {what}; it has packs 0..{packs - 1}")
+    return int(offsets[i]), int(offsets[i + 1])
+
+
+def pack_index_paths(prefix: str | os.PathLike, pack_size: int) -> tuple[Path, Path, Path]:
+    """(pieces, offsets, json) file paths of the pack index beside the dataset `prefix`."""
+    stem = f"{os.fspath(prefix)}.pack{int(pack_size)}"
+    return Path(f"{stem}.pieces.npy"), Path(f"{stem}.offsets.npy"), Path(f"{stem}.json")
+
+
+def write_pack_index(prefix: str | os.PathLike, packing: Packing, pack_size: int) -> None:
+    """Write `packing` as the pack index of `prefix`. All three files are written under
+    temporary names first and renamed into place only when every one is complete, the JSON
+    (which `PackIndex` reads first and checks the arrays against) last; a failed write
+    publishes nothing and leaves an existing index as it was."""
+    if pack_size != packing.pack_size:
+        raise ValueError(
+            f"the packing was made for pack size {packing.pack_size}, not {pack_size}; write it "
+            f"with pack_size={packing.pack_size}"
+        )
+    pieces_path, offsets_path, json_path = pack_index_paths(prefix, pack_size)
+    pieces = np.stack([packing.doc_ids, packing.starts, packing.lengths], axis=1)
+    meta = json.dumps(_index_meta(packing), indent=1).encode()
+    writers = [
+        (pieces_path, lambda f: np.save(f, pieces)),
+        (offsets_path, lambda f: np.save(f, packing.pack_offsets)),
+        (json_path, lambda f: f.write(meta)),
+    ]
+    written: list[tuple[Path, Path]] = []
+    try:
+        for path, write in writers:
+            written.append((path.with_name(f"{path.name}.tmp{os.getpid()}"), path))
+            with open(written[-1][0], "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+        for temporary, path in written:
+            os.replace(temporary, path)
+    finally:
+        for temporary, _ in written:
+            temporary.unlink(missing_ok=True)
+
+
+def _index_meta(packing: Packing) -> dict:
+    return {
+        "format": INDEX_FORMAT,
+        "pack_size": packing.pack_size,
+        "long_documents": packing.long_documents,
+        "seed": packing.seed,
+        "pieces": len(packing.doc_ids),
+        "packs": len(packing),
+        "stats": packing.stats.to_dict(),
+    }
+
+
+class PackIndex:
+    """A pack index on disk (see `write_pack_index`), memory-mapped: pages are read when a pack
+    is asked for. Pickling (e.g. into data-loader workers) carries only the paths and the
+    metadata; the arrays are mapped again on first use."""
+
+    def __init__(self, prefix: str | os.PathLike, pack_size: int):
+        self.pieces_path, self.offsets_path, self.json_path = pack_index_paths(prefix, pack_size)
+        self.meta = _read_index_meta(self.json_path, pack_size)
+        self.stats = PackingStats(**self.meta["stats"])
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
+        self._mapped()  # fail now, not in the middle of training
+
+    def __len__(self) -> int:
+        return self.meta["packs"]
+
+    def pack(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(document ids, starts, lengths) of pack `i`'s pieces, read-only views."""
+        pieces, offsets = self._mapped()
+        lo, hi = _pack_bounds(offsets, i, f"pack index {self.json_path}")
+        rows = pieces[lo:hi]
+        return rows[:, 0], rows[:, 1], rows[:, 2]
+
+    def _mapped(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            pieces = _map_array(self.pieces_path, (self.meta["pieces"], 3))
+            offsets = _map_array(self.offsets_path, (self.meta["packs"] + 1,))
+            if offsets[0] != 0 or offsets[-1] != len(pieces):
+                raise ValueError(
+                    f"pack index file {self.offsets_path} does not span its "
+                    f"{len(pieces)} pieces; rewrite the index with write_pack_index"
+                )
+            self._arrays = pieces, offsets
+        return self._arrays
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_arrays": None}
+
+
+def _read_index_meta(path: Path, pack_size: int) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"pack index file {path} is missing; write it with write_pack_index"
+        )
+    try:
+        meta = json.loads(path.read_text())
+        names = {f.name for f in fields(PackingStats)}
+        valid = (
+            meta["format"] == INDEX_FORMAT
+            and int(meta["pieces"]) >= 0
+            and int(meta["packs"]) >= 0
+            and set(meta["stats"]) == names
+        )
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        valid = False
+    if not valid:
+        raise ValueError(
+            f"pack index file {path} is not a valid {INDEX_FORMAT!r} file; rewrite the index "
+            "with write_pack_index"
+        )
+    if meta["pack_size"] != pack_size:
+        raise ValueError(
+            f"pack index file {path} is for pack size {meta['pack_size']}, not {pack_size}; "
+            f"open it with pack_size={meta['pack_size']}"
+        )
+    return meta
+
+
+def _map_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"pack index file {path} is missing; rewrite the index with write_pack_index"
+        )
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as error:
+        raise ValueError(
+            f"pack index file {path} is corrupt or truncated ({error}); rewrite the index with "
+            "write_pack_index"
+        ) from None
+    if array.dtype != np.int64 or array.shape != shape:
+        raise ValueError(
+            f"pack index file {path} holds {array.dtype} {array.shape}, expected int64 {shape}; "
+            "rewrite the index with write_pack_index"
+        )
+    return array

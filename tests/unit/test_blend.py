@@ -1,0 +1,107 @@
+"""Blend files: read and checked before any rank starts, every mistake one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from recipes.config.blend import load_blend
+from recipes.config.errors import ConfigError
+from recipes.config.overrides import apply_overrides
+from recipes.config.paths import check_data_blend
+from recipes.registry import get_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _dataset(folder: Path, name: str) -> str:
+    prefix = folder / name
+    for suffix in (".bin", ".idx"):
+        prefix.with_name(name + suffix).write_bytes(b"x")
+    return str(prefix)
+
+
+def _manifest(folder: Path, shards: dict[str, int], eod: int = 0, vocab: int = 512) -> str:
+    for name in shards:
+        _dataset(folder, name)
+    path = folder / "prep.json"
+    path.write_text(json.dumps({"eod_id": eod, "vocab_size": vocab, "shards": [
+        {"prefix": name, "tokens": tokens} for name, tokens in shards.items()]}))
+    return str(path)
+
+
+def _blend(folder: Path, text: str) -> str:
+    path = folder / "blend.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_manifest_shards_share_their_weight_by_tokens(tmp_path):
+    manifest = _manifest(tmp_path, {"a": 300, "b": 100})
+    other = _dataset(tmp_path, "c")
+    blend = load_blend(_blend(tmp_path, f"train:\n  - {{manifest: {manifest}, weight: 0.8}}\n"
+                                        f"  - {{prefix: {other}, weight: 0.2}}\n"))
+    prefixes, weights = blend.weights(blend.train)
+    assert [Path(p).name for p in prefixes] == ["a", "b", "c"]
+    assert weights == pytest.approx([0.6, 0.2, 0.2])
+    assert (blend.eod_id, blend.vocab_size, blend.split, blend.valid) == (0, 512, (95.0, 5.0), None)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("train:\n  - {prefix: {missing}, weight: 1}\neod_id: 0\nvocab_size: 9\n",
+         "has no {missing}.bin or {missing}.idx; prepare it with scripts/prepare_data.py"),
+        ("train:\n  - {prefix: {ok}, weight: -1}\neod_id: 0\nvocab_size: 9\n",
+         "weight -1 of"),
+        ("train:\n  - {prefix: {ok}, weight: 0}\neod_id: 0\nvocab_size: 9\n",
+         "all weights are zero; give at least one source a positive weight"),
+        ("train:\n  - {prefix: {ok}, weight: .nan}\neod_id: 0\nvocab_size: 9\n",
+         "must be a finite number >= 0"),
+        ("train:\n  - {prefix: {ok}}\n", "needs eod_id and vocab_size"),
+        ("train: []\n", "must be non-empty lists"),
+        ("valid: []\n", "needs a 'train' list"),
+        ("train:\n  - {prefix: {ok}, manifest: x.json}\n", "needs exactly one of"),
+        ("train:\n  - {manifest: nowhere.json}\n", "manifest nowhere.json is missing"),
+        ("train:\n  - {prefix: {ok}}\neod_id: 0\nvocab_size: 9\nsplit: [100, 0]\n",
+         "split [100, 0] must be [train, held-out] shares"),
+        ("train: [\n", "is not valid YAML"),
+    ],
+)
+def test_blend_mistakes_are_one_line(tmp_path, text, message):
+    ok, missing = _dataset(tmp_path, "ok"), str(tmp_path / "missing")
+    path = _blend(tmp_path, text.replace("{ok}", ok).replace("{missing}", missing))
+    with pytest.raises(ConfigError) as caught:
+        load_blend(path)
+    assert message.replace("{missing}", missing) in str(caught.value)
+    assert str(caught.value).startswith(f"data.blend={path}") and "\n" not in str(caught.value)
+
+
+def test_manifests_must_agree_on_the_tokenizer(tmp_path):
+    (tmp_path / "x").mkdir()
+    first = _manifest(tmp_path, {"a": 1}, eod=0)
+    second = _manifest(tmp_path / "x", {"b": 1}, eod=5)
+    with pytest.raises(ConfigError, match=r"manifests disagree on \(eod_id, vocab_size\)"):
+        load_blend(_blend(tmp_path, f"train:\n  - {{manifest: {first}}}\n"
+                                    f"  - {{manifest: {second}}}\n"))
+
+
+def test_the_run_checks_the_blend_and_its_vocabulary_before_launch(tmp_path):
+    manifest = _manifest(tmp_path, {"a": 10}, vocab=300)
+    path = _blend(tmp_path, f"train:\n  - {{manifest: {manifest}}}\n")
+    cfg = apply_overrides(get_recipe("tiny_dp1"), ["data.source=blend", f"data.blend={path}"])
+    assert check_data_blend(cfg) == (
+        f"data.blend={path} holds token ids up to 299, but model.vocab_size=256; set "
+        "model.vocab_size=300")
+    cfg.model.vocab_size = 300
+    assert check_data_blend(cfg) is None
+    cfg.data.blend = str(tmp_path / "none.yaml")
+    assert "does not exist; name a blend file" in check_data_blend(cfg)
+
+
+def test_the_nemotron_style_example_is_a_well_formed_blend():
+    """Its sources live on a cluster; here only their absence may be reported."""
+    with pytest.raises(ConfigError, match="manifest /data/prepared/web_crawl_high"):
+        load_blend(str(REPO / "conf" / "data" / "nemotron_style_example.yaml"))
