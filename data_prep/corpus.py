@@ -6,6 +6,7 @@ same Python version.
 
 from __future__ import annotations
 
+import json
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,3 +56,14 @@ def corpus_documents(source: str, max_bytes: int, seed: int = 0) -> Iterator[str
         return synthetic_documents(max_bytes, seed)
     raise ValueError(f"unknown corpus source {source!r}")
 
+
+def write_corpus_jsonl(source: str, path: Path, max_bytes: int, seed: int = 0) -> Path:
+    """A named built-in corpus as one JSONL file (`{"text": ...}` per document), written under
+    a temporary name and renamed when complete, so scripts/prepare_data.py can read it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w", encoding="utf-8") as handle:
+        for text in corpus_documents(source, max_bytes, seed):
+            handle.write(json.dumps({"text": text}) + "\n")
+    partial.rename(path)
+    return path

@@ -114,8 +114,19 @@ def tiny_pp2_dp2_overlap() -> RunConfig:
     return cfg
 
 
+def stdlib_bpe_tp2_pp2() -> RunConfig:
+    """The default run: the tiny GPT, TP2 x PP2 on 4 CPU ranks, on the Python standard library
+    prepared once (data_cache/) with a locally trained 2048-token BPE."""
+    cfg = tiny_tp2_pp2()
+    cfg.model.vocab_size = 2048
+    cfg.data.source = "blend"
+    cfg.data.blend = "conf/data/python_stdlib.yaml"
+    return cfg
+
+
 # Registered in this order; the first is the default recipe.
 RECIPES = (
+    stdlib_bpe_tp2_pp2,
     tiny_tp2_pp2,
     tiny_dp1,
     tiny_dp1_recompute,

@@ -36,11 +36,11 @@ def parse(argv: list[str]) -> dict[str, str]:
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep or key not in values or not value:
-            raise SystemExit(f"error: '{arg}' is not one of blend=FILE, steps=N, recipe=NAME; "
+            raise ValueError(f"'{arg}' is not one of blend=FILE, steps=N, recipe=NAME; "
                              "e.g. python scripts/bench_documents.py blend=conf/data/x.yaml")
         values[key] = value
     if not values["blend"] or not values["steps"].isdigit() or int(values["steps"]) < 3:
-        raise SystemExit("error: give blend=<file> and steps=N (N >= 3), e.g. "
+        raise ValueError("give blend=<file> and steps=N (N >= 3), e.g. "
                          "blend=conf/data/python_stdlib.yaml steps=20")
     return values
 
@@ -91,7 +91,11 @@ def main(argv: list[str]) -> int:
     if any(arg in ("--help", "-h", "help") for arg in argv):
         print(__doc__.strip())
         return 0
-    args = parse(argv)
+    try:
+        args = parse(argv)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     from recipes.config.overrides import apply_overrides
     from recipes.registry import get_recipe
 

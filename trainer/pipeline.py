@@ -26,6 +26,7 @@ from plugins.protocol import UserError
 from recipes.config.errors import ConfigError
 from recipes.config.io import CONFIG_FILENAME, save_config
 from recipes.config.machine import check_machine, detect_machine
+from recipes.config.paths import validate_paths
 from recipes.config.resolve import ListRecipesRequested, resolve_config
 from recipes.config.schema import RunConfig
 from recipes.registry import format_recipe_list
@@ -149,7 +150,7 @@ def run_pipeline(command: Command, argv: Sequence[str]) -> int:
         return 0
     options, rest = split_options(command, argv)
     try:
-        cfg = resolve_config(rest)
+        cfg = resolve_config(rest, check_paths=False)
     except ListRecipesRequested:
         print(help_text(command))
         return 0
@@ -158,6 +159,11 @@ def run_pipeline(command: Command, argv: Sequence[str]) -> int:
 
         run_dry_run(cfg)
         return 0
+    if not under_launcher():  # ranks of an outside launch must not race to prepare data
+        from trainer.prepared_data import prepare_missing_data
+
+        prepare_missing_data(cfg)
+    validate_paths(cfg)
     check_machine(cfg, detect_machine(), rest)
     cfg, run_dir = prepare_run_dir(cfg)
     if under_launcher():

@@ -61,12 +61,13 @@ def parse_args(argv: Sequence[str]) -> ParsedArgs:
     return parsed
 
 
-def resolve_config(argv: Sequence[str]) -> RunConfig:
+def resolve_config(argv: Sequence[str], *, check_paths: bool = True) -> RunConfig:
     """Build, override and validate the configuration the command line describes.
 
     Raises `ListRecipesRequested` for `recipe=list`/`--help`/`-h`, and `ConfigError` (one
     line, with the fix) for any mistake, including paths the config names (checked here, before
-    any rank starts). Does not check the machine; see `recipes.config.machine`.
+    any rank starts, unless `check_paths=False`: the entry pipeline first makes data a blend
+    says how to prepare). Does not check the machine; see `recipes.config.machine`.
     """
     parsed = parse_args(argv)
     if parsed.config is not None:
@@ -75,5 +76,6 @@ def resolve_config(argv: Sequence[str]) -> RunConfig:
         base = get_recipe(parsed.recipe or DEFAULT_RECIPE)
     cfg = apply_overrides(base, parsed.overrides)
     validate(cfg)
-    validate_paths(cfg)
+    if check_paths:
+        validate_paths(cfg)
     return cfg

@@ -121,6 +121,11 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["data.heldout_fraction=0"], "data.heldout_fraction=0.0 must be in (0, 1)"),
     (["data.heldout_fraction=nan"], "data.heldout_fraction=nan must be a finite number"),
     (["data.max_corpus_bytes=0"], "data.max_corpus_bytes=0 must be at least 1"),
+    (["data.documents=chunks"],
+     "data.documents expects one of concatenate, inter_document, packed"),
+    (["recipe=tiny_dp1", "data.source=blend"], "data.source=blend needs data.blend=<file>"),
+    (["recipe=tiny_dp1", "data.source=blend", "data.blend={tmp}/no_blend.yaml"],
+     "no_blend.yaml does not exist; name a blend file"),
     # checkpoint
     (["checkpoint.load_model_only=true"], "checkpoint.load_model_only=true needs a checkpoint"),
     (["checkpoint.load="], "checkpoint.load is empty; give it a value (a string), or "
@@ -166,6 +171,10 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["plugins.cpu.threads_per_rank=2"], "there is no section 'plugins.cpu' (nearest: "
      "plugins.cpu_runtime"),
     (["cpu_runtime.enabled=on"], "did you mean plugins.cpu_runtime.enabled?"),
+    # plugins.packing
+    (["plugins.packing.enabled=maybe"], "plugins.packing.enabled expects true or false"),
+    (["recipe=tiny_dp1", "plugins.packing.enabled=true"],
+     "plugins.packing.enabled=true: packed batches need both"),
     # plugins.fp8
     (["plugins.fp8.format=e5m2"], "plugins.fp8.format expects one of hybrid, e4m3 or null"),
     (["plugins.fp8.format=hybrid", "model.ffn_hidden_size=200"], "plugins.fp8.format=hybrid "
@@ -173,10 +182,11 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["fp8.format=hybrid"], "there is no section 'fp8' (nearest: plugins.fp8); did you mean "
      "plugins.fp8.format"),
     (["plugins.fp8=hybrid"], "'plugins.fp8' is a section, not a value"),
-    (["plugins.zz=1"], "unknown config key 'plugins.zz'; section plugins has cpu_runtime, fp8, packing"),
+    (["plugins.zz=1"],
+     "unknown config key 'plugins.zz'; section plugins has cpu_runtime, fp8, packing"),
     # top-level keys
     (["dry_run=perhaps"], "dry_run expects true or false, got 'perhaps'"),
-    (["name="], "name is empty; give it a value, e.g. name=tiny_tp2_pp2"),
+    (["name="], "name is empty; give it a value, e.g. name=stdlib_bpe_tp2_pp2"),
     (["output_dir="], "output_dir is empty; give it a value, e.g. output_dir=runs"),
     (["output_dir=' '"], "output_dir=' ' is empty"),
     (["run_dir="], "run_dir is empty; give it a value (a string), or run_dir=null"),

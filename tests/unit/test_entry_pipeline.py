@@ -31,7 +31,7 @@ def test_help_works_for_every_script(script):
     assert "Traceback" not in result.stderr
     assert f"usage: python scripts/{script.name}" in result.stdout
     if script in RECIPE_SCRIPTS:
-        assert "recipes (default tiny_tp2_pp2):" in result.stdout
+        assert "recipes (default stdlib_bpe_tp2_pp2):" in result.stdout
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])

@@ -138,15 +138,19 @@ def test_forward_kwargs_refuse_unpacked_batches_in_one_line():
         PackingPlugin().forward_kwargs(two_rows, {})
 
 
+# Packed batches come from prepared data: the data side of every case is consistent.
+PACKED_DATA = ["data.source=blend", "data.blend=conf/data/python_stdlib.yaml",
+               "data.documents=packed"]
+
 # (rule, overrides on tiny_dp1 that break only that rule, its whole one-line message)
 PACKING_RULE_CASES = [
-    ("check_packing_micro_batch", ["plugins.packing.enabled=true"],
+    ("check_packing_micro_batch", ["plugins.packing.enabled=true", *PACKED_DATA],
      "plugins.packing.enabled=true needs train.micro_batch_size=1 (one packed row per "
      "micro-batch: THD attention flattens the batch into one stream), got 2; set "
      "train.micro_batch_size=1 and pack more documents into each row"),
     ("check_packing_context_parallel",
      ["plugins.packing.enabled=true", "train.micro_batch_size=1", "parallel.context=2",
-      "cluster.gpus_per_node=2"],
+      "cluster.gpus_per_node=2", *PACKED_DATA],
      "plugins.packing.enabled=true does not support parallel.context=2 yet (packed documents "
      "would need padding to 2 x CP); set parallel.context=1"),
 ]
@@ -165,7 +169,8 @@ def test_packing_rules_name_field_value_and_fix(rule, overrides, message):
 def test_packing_rules_pass_when_packing_is_off_or_fits():
     off = apply_overrides(get_recipe("tiny_dp1"), ["parallel.context=2", "cluster.gpus_per_node=2"])
     fits = apply_overrides(get_recipe("tiny_dp1"),
-                           ["plugins.packing.enabled=true", "train.micro_batch_size=1"])
+                           ["plugins.packing.enabled=true", "train.micro_batch_size=1",
+                            *PACKED_DATA])
     for cfg in (off, fits):
         assert check_packing_micro_batch(cfg) is None
         assert check_packing_context_parallel(cfg) is None

@@ -103,11 +103,13 @@ def test_aliases_point_to_config_a_and_b() -> None:
     assert set(ALIASES.values()) <= set(RECIPES)
 
 
-def test_default_recipe_is_tiny_tp2_pp2_on_four_cpu_ranks() -> None:
+def test_default_recipe_is_the_tiny_tp2_pp2_model_on_prepared_stdlib() -> None:
     cfg = get_recipe(DEFAULT_RECIPE)
-    assert DEFAULT_RECIPE == "tiny_tp2_pp2"
+    assert DEFAULT_RECIPE == "stdlib_bpe_tp2_pp2"
     assert cfg.cluster.world_size == 4
-    assert (cfg.model.vocab_size, cfg.data.tokenizer, cfg.precision.dtype) == (256, "byte", "fp32")
+    assert (cfg.model.vocab_size, cfg.data.source, cfg.precision.dtype) == (2048, "blend", "fp32")
+    assert cfg.data.blend == "conf/data/python_stdlib.yaml"
+    assert cfg.parallel == get_recipe("tiny_tp2_pp2").parallel
 
 
 def test_get_recipe_returns_a_fresh_config() -> None:
@@ -148,7 +150,7 @@ def test_tiny_layouts_train_the_same_model_on_the_same_batch() -> None:
 def test_large_recipes_use_64_gpus() -> None:
     for name in RECIPES:
         cfg = get_recipe(name)
-        if not name.startswith("tiny_"):
+        if cfg.cluster.world_size > 16:
             assert (cfg.cluster.nodes, cfg.cluster.gpus_per_node) == (8, 8), name
             assert cfg.precision.dtype == "bf16" and cfg.optimizer.distributed, name
 

@@ -1,0 +1,376 @@
+"""What `scripts/prepare_data.py` is asked to do, checked before any heavy import.
+
+`PrepareConfig` is the whole request (torch-free, like the run schema). The command line is a
+list of `key=value` words; `recipes.config.overrides` is written around `RunConfig` (its key
+lists, suggestions and OmegaConf merge all name that root), so this module keeps its own small
+typed parser with the same one-line messages: an unknown key names the closest keys, a wrong
+type names what the key expects, an empty value says what to give. The rules are pure functions
+returning None or one line; the path checks (inputs, tokenizer path, output folder) read the
+filesystem but import nothing heavy, so a mistake is refused in well under a second, before
+datasets, tokenizers, torch or Megatron are loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import glob
+import os
+import re
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from recipes.config.errors import ConfigError
+
+TRAIN_PREFIX = "train:"  # tokenizer=train:VOCAB trains a byte-level BPE on the corpus
+MIN_TRAIN_VOCAB = 257  # 256 byte symbols + the end-of-document token
+MAX_VOCAB = 2**31 - 1  # token ids are stored as int32 at most
+TOKENIZER_FILE = "tokenizer.json"  # what a Hugging Face tokenizer directory holds
+# Input formats by file suffix -> the `datasets` packaged builder that reads them.
+FORMATS = {
+    ".txt": "text", ".text": "text", ".md": "text",
+    ".jsonl": "json", ".json": "json", ".ndjson": "json",
+    ".parquet": "parquet",
+}
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # datasets decompresses these on the fly
+REQUIRED = ("input", "output", "tokenizer")
+EXAMPLES = {
+    "input": "data/*.jsonl",
+    "output": "data/corpus",
+    "tokenizer": "train:32000",
+    "text_field": "text",
+    "num_proc": "4",
+    "shard_size": "1000000",
+    "eod_token": "'<|endoftext|>'",
+}
+# Names people type from habit (Megatron's preprocess_data flags, other tools): suggestions.
+_HABITUAL_NAMES = {
+    "inputs": "input", "data": "input", "files": "input", "data_files": "input",
+    "output_prefix": "output", "out": "output", "prefix": "output",
+    "tokenizer_path": "tokenizer", "tokenizer_model": "tokenizer", "vocab": "tokenizer",
+    "vocab_size": "tokenizer", "json_keys": "text_field", "field": "text_field",
+    "text_key": "text_field", "key": "text_field", "workers": "num_proc",
+    "num_workers": "num_proc", "nproc": "num_proc", "processes": "num_proc",
+    "eod": "eod_token", "eos_token": "eod_token", "append_eod": "eod_token",
+}
+
+
+@dataclass(kw_only=True)
+class PrepareConfig:
+    """One preparation: local text/JSONL/Parquet files -> Megatron Core indexed datasets."""
+
+    input: str  # files, a directory or a glob (several joined by commas)
+    output: str  # prefix: datasets <output>_<name>.bin/.idx, <output>.json, .tokenizer.json
+    tokenizer: str  # tokenizer.json, a directory holding one, or train:VOCAB
+    text_field: str = "text"  # JSONL/Parquet field holding the text (text files: the text)
+    sample_by: Literal["line", "paragraph", "document"] = "line"  # text files: one document is
+    num_proc: int = 1  # tokenizing processes (datasets' map)
+    shard_size: int | None = None  # documents per dataset; None = one dataset per input file
+    eod_token: str | None = None  # end-of-document token; None = the tokenizer's own
+    seed: int = 1234  # set before any step; nothing here draws random numbers today
+
+    @property
+    def train_vocab(self) -> int | None:
+        """VOCAB of `tokenizer=train:VOCAB`, or None for a tokenizer loaded from a path."""
+        if not self.tokenizer.startswith(TRAIN_PREFIX):
+            return None
+        text = self.tokenizer[len(TRAIN_PREFIX):]
+        return int(text) if text.isdigit() else None
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def field_types() -> dict[str, Any]:
+    hints = typing.get_type_hints(PrepareConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(PrepareConfig)}
+
+
+def describe_type(tp: Any) -> str:
+    """'an integer', 'an integer or null', 'one of line, paragraph, document', 'text'."""
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(str(v) for v in typing.get_args(tp))
+    if isinstance(tp, types.UnionType):
+        names = [describe_type(a) for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(names) + " or null"
+    return {int: "an integer", str: "text"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def closest_keys(key: str) -> list[str]:
+    keys = list(field_types())
+    near = [_HABITUAL_NAMES[key]] if key in _HABITUAL_NAMES else []
+    near += [k for k in keys if len(key) > 2 and (k.startswith(key) or key.startswith(k))]
+    near += difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
+    return list(dict.fromkeys(near))[:3]
+
+
+def _unknown_key_message(key: str) -> str:
+    near = closest_keys(key)
+    keys = ", ".join(field_types())
+    hint = f"did you mean {', '.join(near)}?" if near else f"the keys are {keys}"
+    return f"unknown key '{key}'; {hint}"
+
+
+def _convert(key: str, value: str, tp: Any) -> Any:
+    """The text of `key=value` as the field's type, or a one-line ConfigError."""
+    nullable = isinstance(tp, types.UnionType) and type(None) in typing.get_args(tp)
+    if nullable and value.lower() in ("null", "none"):
+        return None
+    base = next(a for a in typing.get_args(tp) if a is not type(None)) if nullable else tp
+    options = typing.get_args(base) if typing.get_origin(base) is Literal else ()
+    if options and value in options:
+        return value
+    if base is int and re.fullmatch(r"[+-]?\d[\d_]*", value):
+        return int(value)
+    if base is str:
+        return value
+    raise ConfigError(
+        f"{key} expects {describe_type(tp)}, got '{value}'; e.g. {key}={_example(key)}"
+    )
+
+
+def _example(key: str) -> str:
+    if key in EXAMPLES:
+        return EXAMPLES[key]
+    default = next(f.default for f in dataclasses.fields(PrepareConfig) if f.name == key)
+    return "null" if default is None else str(default)
+
+
+def split_argument(text: str) -> tuple[str, str]:
+    """`key=value` -> ('key', 'value'); anything else is a one-line error saying the form."""
+    key, sep, value = text.partition("=")
+    if text.startswith("-"):
+        raise ConfigError(
+            f"'{text}' is not an argument; write KEY=VALUE without dashes, e.g. "
+            "input=data/train.jsonl (--help shows the usage)"
+        )
+    if not sep or not key or key != key.strip():
+        raise ConfigError(
+            f"'{text}' is not KEY=VALUE; write it with no spaces around '=', "
+            "e.g. input=data/train.jsonl (quote a glob: input='data/*.jsonl')"
+        )
+    return key, value
+
+
+def parse_args(argv: Sequence[str]) -> PrepareConfig:
+    """`key=value` words -> `PrepareConfig` (a later word wins over an earlier one)."""
+    types_by_key = field_types()
+    values: dict[str, Any] = {}
+    for text in argv:
+        key, value = split_argument(text)
+        if key not in types_by_key:
+            raise ConfigError(_unknown_key_message(key))
+        if not value.strip():
+            raise ConfigError(f"{key} is empty; give it a value, e.g. {key}={_example(key)}")
+        values[key] = _convert(key, value, types_by_key[key])
+    missing = [key for key in REQUIRED if key not in values]
+    if missing:
+        given = ", ".join(f"{key}={_example(key)}" for key in missing)
+        raise ConfigError(f"missing {', '.join(missing)}; give {given} (--help shows the usage)")
+    return PrepareConfig(**values)
+
+
+# ----------------------------------------------------------------------------- pure rules
+
+
+def check_empty_text(cfg: PrepareConfig) -> str | None:
+    """Text fields that name nothing (a library caller can pass '')."""
+    for key in ("input", "output", "tokenizer", "text_field", "eod_token"):
+        value = getattr(cfg, key)
+        if isinstance(value, str) and not value.strip():
+            return f"{key}='{value}' is empty; give it a value, e.g. {key}={_example(key)}"
+
+
+def check_counts(cfg: PrepareConfig) -> str | None:
+    if cfg.num_proc < 1:
+        return f"num_proc={cfg.num_proc} must be at least 1, e.g. num_proc={os.cpu_count() or 1}"
+    if cfg.shard_size is not None and cfg.shard_size < 1:
+        return (
+            f"shard_size={cfg.shard_size} must be at least 1 document, or shard_size=null for "
+            "one dataset per input file"
+        )
+
+
+def check_train_vocab(cfg: PrepareConfig) -> str | None:
+    """`train:VOCAB` needs a whole number that holds the 256 bytes and the end-of-document."""
+    if not cfg.tokenizer.startswith(TRAIN_PREFIX):
+        return None
+    vocab = cfg.train_vocab
+    if vocab is None:
+        return (
+            f"tokenizer={cfg.tokenizer}: VOCAB must be a whole number of tokens, "
+            "e.g. tokenizer=train:32000"
+        )
+    if not MIN_TRAIN_VOCAB <= vocab <= MAX_VOCAB:
+        return (
+            f"tokenizer={cfg.tokenizer}: a byte-level BPE needs {MIN_TRAIN_VOCAB} to "
+            f"{MAX_VOCAB} tokens (256 bytes + end-of-document at least), e.g. train:32000"
+        )
+
+
+def check_output_prefix(cfg: PrepareConfig) -> str | None:
+    """`output` names files (`<output>_<name>.bin` ...), so it cannot end in a folder mark."""
+    name = Path(cfg.output).name
+    if cfg.output.endswith(("/", os.sep)) or name in ("", ".", ".."):
+        return (
+            f"output={cfg.output} is a folder, not a file prefix; name the files, "
+            f"e.g. output={os.path.join(cfg.output, 'corpus')}"
+        )
+
+
+def check_text_field(cfg: PrepareConfig) -> str | None:
+    if cfg.text_field != cfg.text_field.strip():
+        return f"text_field='{cfg.text_field}' has spaces around it; e.g. text_field=text"
+
+
+RULES: tuple[Callable[[PrepareConfig], str | None], ...] = (
+    check_empty_text, check_counts, check_train_vocab, check_output_prefix, check_text_field,
+)
+
+
+# ----------------------------------------------------------------------------- path checks
+
+
+def input_format(path: Path) -> str | None:
+    """The datasets builder for a file ('text', 'json', 'parquet'), or None if not a corpus."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in COMPRESSIONS:
+        suffixes = suffixes[:-1]
+    return FORMATS.get(suffixes[-1]) if suffixes else None
+
+
+def _known_suffixes() -> str:
+    return ", ".join(FORMATS)
+
+
+def output_files(output: str) -> tuple[Path, ...]:
+    """The corpus-like files a preparation writes (a folder input must not read them back)."""
+    prefix = Path(output).expanduser()
+    return tuple(prefix.with_name(prefix.name + s) for s in (".json", ".tokenizer.json"))
+
+
+def _expand(part: str, skip: frozenset[Path]) -> list[Path]:
+    """One comma-separated piece of `input`: a file, a directory (recursive) or a glob;
+    a folder or glob leaves out the files in `skip` (this run's own outputs)."""
+    path = Path(part).expanduser()
+    if glob.has_magic(part):
+        matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
+        files = [p for p in matches if p.is_file() and p.resolve() not in skip]
+        if not files:
+            raise ConfigError(f"input={part} matches no files; check the pattern or the folder")
+        return files
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and input_format(p)
+                       and not any(x.startswith(".") for x in p.relative_to(path).parts)
+                       and p.resolve() not in skip)
+        if not files:
+            raise ConfigError(
+                f"input={part} is a folder with no corpus files; it needs files ending in "
+                f"{_known_suffixes()}"
+            )
+        return files
+    if not path.exists():
+        raise ConfigError(f"input={part} does not exist; give files, a folder or a glob")
+    return [path]
+
+
+def resolve_inputs(spec: str, output: str | None = None) -> list[Path]:
+    """Every input file `input=` names, in order (sorted within a folder or glob), each
+    checked to be a non-empty file of a known format and not one `output` would write."""
+    written = frozenset(p.resolve() for p in output_files(output)) if output else frozenset()
+    files: list[Path] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if part:
+            files += _expand(part, written)
+    if not files:
+        raise ConfigError(f"input={spec} names no files; e.g. input={EXAMPLES['input']}")
+    for path in files:
+        if path.resolve() in written:
+            raise ConfigError(
+                f"input file {path} is a file this run writes (output={output}); "
+                "choose another output or leave the file out of input="
+            )
+        if input_format(path) is None:
+            raise ConfigError(
+                f"input file {path} has an unknown format ('{path.suffix}'); corpus files end in "
+                f"{_known_suffixes()} (optionally compressed: {', '.join(COMPRESSIONS)})"
+            )
+        if path.stat().st_size == 0:
+            raise ConfigError(f"input file {path} is empty (0 bytes); remove it from input=")
+    return list(dict.fromkeys(files))
+
+
+def shard_names(files: Sequence[Path]) -> list[str]:
+    """One dataset name per input file: its path below the files' common folder, without
+    the suffixes, '/' -> '_' (`a/part-0.jsonl`, `b/part-0.jsonl` -> a_part-0, b_part-0), so
+    independent jobs on different files of one corpus never collide."""
+    resolved = [p.resolve() for p in files]
+    root = Path(os.path.commonpath([p.parent for p in resolved]))
+    names = []
+    for path in resolved:
+        relative = path.relative_to(root)
+        stem = relative.name.split(".")[0] or relative.stem
+        text = "_".join([*relative.parent.parts, stem])
+        names.append(re.sub(r"[^A-Za-z0-9._-]+", "_", text))
+    counts = {name: names.count(name) for name in names}
+    return [f"{n}_{i:05d}" if counts[n] > 1 else n for i, n in enumerate(names)]
+
+
+def check_tokenizer_path(cfg: PrepareConfig) -> str | None:
+    """A tokenizer given by path must be a file or a folder holding tokenizer.json."""
+    if cfg.tokenizer.startswith(TRAIN_PREFIX):
+        return None
+    expected = (
+        "give a tokenizer.json file, a Hugging Face tokenizer folder holding tokenizer.json, "
+        "or train:VOCAB (e.g. tokenizer=train:32000)"
+    )
+    path = Path(cfg.tokenizer).expanduser()
+    if not path.exists():
+        return f"tokenizer={cfg.tokenizer} does not exist; {expected}"
+    if path.is_dir() and not (path / TOKENIZER_FILE).is_file():
+        held = ", ".join(sorted(p.name for p in path.iterdir())[:5]) or "nothing"
+        return (
+            f"tokenizer={cfg.tokenizer} is a folder without {TOKENIZER_FILE} (it holds {held}); "
+            f"{expected}"
+        )
+    return None
+
+
+def check_output_dir(cfg: PrepareConfig) -> str | None:
+    """The output's folder must exist (or be creatable) and be writable; the prefix itself
+    must not be a folder."""
+    prefix = Path(cfg.output).expanduser()
+    if prefix.is_dir():
+        return (
+            f"output={cfg.output} is a folder; give a file prefix inside it, "
+            f"e.g. output={prefix / 'corpus'}"
+        )
+    folder = prefix.parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p == Path(p.anchor))
+    if not existing.is_dir():
+        return (
+            f"output={cfg.output}: its folder cannot be created because {existing} is a file; "
+            "choose another output prefix"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"output={cfg.output}: the folder {existing} is not writable; choose another output"
+    return None
+
+
+PATH_CHECKS: tuple[Callable[[PrepareConfig], str | None], ...] = (
+    check_tokenizer_path, check_output_dir,
+)
+
+
+def validate(cfg: PrepareConfig) -> list[Path]:
+    """Run the pure rules, then the path checks; return the input files. Raises `ConfigError`
+    with the first message."""
+    for rule in (*RULES, *PATH_CHECKS):
+        message = rule(cfg)
+        if message:
+            raise ConfigError(message)
+    return resolve_inputs(cfg.input, cfg.output)

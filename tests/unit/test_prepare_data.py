@@ -1,0 +1,291 @@
+"""`scripts/prepare_data.py` and `data_prep.prepare`: local files -> Megatron indexed datasets.
+
+One small corpus (a text file, JSONL with a text field, Parquet written by `datasets`, each with
+empty documents) is prepared once in this process with a freshly trained BPE and once by the
+script in a subprocess; the datasets must read back through Megatron's `IndexedDataset` to the
+tokenizer's encoding of each document plus the EOD id, and the two runs must agree byte for
+byte (which also shows BPE training is the same in another process). Bad inputs must each be
+one `ConfigError` line and leave nothing behind that looks like a dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from data_prep import prepare as prepare_module
+from data_prep.config import PrepareConfig, parse_args, validate
+from data_prep.prepare import prepare
+from data_prep.tokenizers import prepare_tokenizer
+from recipes.config.errors import ConfigError
+
+# Reading a dataset outside a process group makes Megatron warn about the rank; datasets'
+# map forks its workers from this multi-threaded test process (as it does everywhere).
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning"),
+    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+]
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "prepare_data.py"
+VOCAB = 300
+
+TEXT_LINES = ["the first line of text", "", "   ", "a second line, with 123 digits",
+              "éàü unicode déjà vu", "last line"]
+JSONL_ROWS = [{"id": 1, "text": "json document one"}, {"id": 2, "text": ""},
+              {"id": 3, "text": None}, {"id": 4, "text": "json document four\nwith two lines"}]
+PARQUET_TEXTS = ["parquet row zero", "\n\t", "parquet row two is a little longer than zero"]
+EXPECTED = {  # shard name -> the documents it must hold
+    "a": [t for t in TEXT_LINES if t.strip()],
+    "b": ["json document one", "json document four\nwith two lines"],
+    "c": ["parquet row zero", "parquet row two is a little longer than zero"],
+}
+SKIPPED = {"a": 2, "b": 2, "c": 1}
+
+
+def write_corpus(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "a.txt").write_text("\n".join(TEXT_LINES) + "\n", encoding="utf-8")
+    (folder / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in JSONL_ROWS))
+    datasets.Dataset.from_dict({"text": PARQUET_TEXTS, "n": [0, 1, 2]}).to_parquet(
+        str(folder / "c.parquet"))
+    return folder
+
+
+def dataset_like(folder: Path) -> list[str]:
+    """Files a reader could mistake for output, and leftover work folders."""
+    return sorted(p.name for p in folder.iterdir()
+                  if p.suffix in (".bin", ".idx", ".json") or p.name.endswith(".tmp"))
+
+
+def read_back(prefix: Path) -> list[list[int]]:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    data = IndexedDataset(str(prefix))
+    return [data[i].tolist() for i in range(len(data))]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def script_run(corpus: Path, tmp_path_factory):
+    """The script on the same corpus in a subprocess, started first so that its imports
+    (Megatron's take seconds) overlap the in-process run."""
+    out = tmp_path_factory.mktemp("script") / "corpus"
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), f"input={corpus}", f"output={out}",
+         f"tokenizer=train:{VOCAB}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=REPO)
+    yield out, process
+    if process.poll() is None:
+        process.kill()
+        process.communicate()
+
+
+@pytest.fixture(scope="module")
+def first(corpus: Path, script_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("first") / "corpus"
+    return prepare(PrepareConfig(input=str(corpus), output=str(out), tokenizer=f"train:{VOCAB}"))
+
+
+def test_datasets_read_back_to_the_tokenizers_encoding(first) -> None:
+    tokenizer = Tokenizer.from_file(str(first.tokenizer_file))
+    eod = first.tokenizer.eod_id
+    assert tokenizer.id_to_token(eod) == "<|endoftext|>" and first.dtype == "uint16"
+    assert tokenizer.get_vocab_size() <= VOCAB
+    for name, documents in EXPECTED.items():
+        expected = [tokenizer.encode(text).ids + [eod] for text in documents]
+        assert read_back(first.output.with_name(f"corpus_{name}")) == expected
+
+
+def test_one_shard_per_input_with_counts_and_manifest(first) -> None:
+    assert [s.prefix for s in first.shards] == ["corpus_a", "corpus_b", "corpus_c"]
+    for shard, name in zip(first.shards, "abc", strict=True):
+        assert shard.documents == len(EXPECTED[name])
+        assert shard.skipped_empty == SKIPPED[name]
+    saved = json.loads(first.manifest.read_text())
+    assert saved["shards"][1] == {"prefix": "corpus_b", "source": saved["shards"][1]["source"],
+                                  "documents": 2, "skipped_empty": 2,
+                                  "tokens": first.shards[1].tokens}
+    assert saved["blend"] == [first.shards[0].tokens, "corpus_a", first.shards[1].tokens,
+                              "corpus_b", first.shards[2].tokens, "corpus_c"]
+    assert saved["skipped_empty"] == 5 and saved["tokens"] == first.tokens
+    assert dataset_like(first.output.parent) == [
+        "corpus.json", "corpus.tokenizer.json", "corpus_a.bin", "corpus_a.idx", "corpus_b.bin",
+        "corpus_b.idx", "corpus_c.bin", "corpus_c.idx"]
+
+
+def test_script_end_to_end_gives_byte_identical_outputs(first, script_run) -> None:
+    """A second run, in another process (BPE trained again there), writes the same bytes."""
+    out, process = script_run
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    assert "prepared 8 documents (5 empty skipped)" in stdout
+    assert "tokens/s" in stdout and "3 shard(s)" in stdout
+    names = dataset_like(first.output.parent)
+    assert dataset_like(out.parent) == names
+    for name in names:
+        assert (out.parent / name).read_bytes() == (first.output.parent / name).read_bytes(), name
+
+
+def test_saved_tokenizer_many_processes_and_shard_size(first, corpus: Path, tmp_path,
+                                                       monkeypatch) -> None:
+    """The saved tokenizer (given as a folder) with num_proc=2 writes the same datasets;
+    shard_size splits an input into numbered datasets, also across tokenizing windows."""
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes(first.tokenizer_file.read_bytes())
+    again = prepare(PrepareConfig(input=f"{corpus}/*.jsonl,{corpus}/a.txt",
+                                  output=str(tmp_path / "corpus"), tokenizer=str(folder),
+                                  num_proc=2))
+    assert [s.prefix for s in again.shards] == ["corpus_b", "corpus_a"]
+    for name in ("corpus_a.bin", "corpus_a.idx", "corpus_b.bin", "corpus_b.idx"):
+        assert (tmp_path / name).read_bytes() == (first.output.parent / name).read_bytes()
+    monkeypatch.setattr(prepare_module, "WINDOW_BYTES", 24)  # a window every line or two
+    split = prepare(PrepareConfig(input=f"{corpus}/a.txt", output=str(tmp_path / "s"),
+                                  tokenizer=str(first.tokenizer_file), shard_size=2))
+    assert [(s.prefix, s.documents) for s in split.shards] == [
+        ("s_a_00000", 2), ("s_a_00001", 2)]
+    assert sum(s.skipped_empty for s in split.shards) == SKIPPED["a"]
+    assert sum(read_back(tmp_path / "s_a_00000") + read_back(tmp_path / "s_a_00001"), []) == \
+        sum(read_back(first.output.with_name("corpus_a")), [])
+
+
+def test_missing_eod_is_added_as_a_special_token(tmp_path, corpus: Path) -> None:
+    words = {w: i for i, w in enumerate(["[UNK]", "the", "first", "line", "of", "text"])}
+    plain = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    plain.pre_tokenizer = pre_tokenizers.Whitespace()
+    plain.save(str(tmp_path / "plain.json"))
+    result = prepare(PrepareConfig(input=f"{corpus}/a.txt", output=str(tmp_path / "w"),
+                                   tokenizer=str(tmp_path / "plain.json")))
+    assert (result.tokenizer.eod_id, result.tokenizer.eod_added) == (6, True)
+    assert read_back(tmp_path / "w_a")[0] == [1, 2, 3, 4, 5, 6]
+    saved = Tokenizer.from_file(str(result.tokenizer_file))
+    assert saved.token_to_id("<|endoftext|>") == 6
+
+
+def test_eod_of_a_tokenizer_folder_comes_from_its_config(tmp_path) -> None:
+    words = {"[UNK]": 0, "<|endoftext|>": 1, "</s>": 2, "word": 3}
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    Tokenizer(models.WordLevel(words, unk_token="[UNK]")).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "</s>"}}))
+    cfg = PrepareConfig(input="x", output="y", tokenizer=str(folder))
+    assert prepare_tokenizer(cfg).eod_id == 2
+    (folder / "tokenizer_config.json").unlink()
+    assert prepare_tokenizer(cfg).eod_id == 1  # the first known end-of-text token
+
+
+def test_outputs_inside_the_input_folder_are_not_read_back(first, corpus: Path,
+                                                            tmp_path) -> None:
+    folder = tmp_path / "data"
+    shutil.copytree(corpus, folder)
+    cfg = PrepareConfig(input=str(folder), output=str(folder / "out"),
+                        tokenizer=str(first.tokenizer_file))
+    assert [s.prefix for s in prepare(cfg).shards] == ["out_a", "out_b", "out_c"]
+    assert [s.prefix for s in prepare(cfg).shards] == ["out_a", "out_b", "out_c"]
+    with pytest.raises(ConfigError, match="out.json is a file this run writes"):
+        validate(PrepareConfig(input=f"{folder}/a.txt,{folder}/out.json",
+                               output=str(folder / "out"), tokenizer="train:300"))
+
+
+def bad_files(root: Path) -> dict[str, Path]:
+    """Inputs that must be refused, written once."""
+    root.mkdir(exist_ok=True)
+    files = {"empty": root / "empty.jsonl", "blank": root / "blank.txt",
+             "fields": root / "fields.jsonl", "number": root / "number.jsonl",
+             "broken": root / "broken.jsonl", "garbage_tok": root / "garbage.json",
+             "a_file": root / "a_file", "odd": root / "notes.csv", "nojson": root / "tokdir"}
+    files["empty"].write_text("")
+    files["blank"].write_text("\n   \n\n")
+    files["fields"].write_text('{"content": "x", "id": 1}\n')
+    files["number"].write_text('{"text": 5, "body": "x"}\n')
+    files["broken"].write_text('{"text": "ok"}\n{"text": \n')
+    files["garbage_tok"].write_text("{not json")
+    files["a_file"].write_text("x")
+    files["odd"].write_text("a,b\n")
+    files["nojson"].mkdir(exist_ok=True)
+    (files["nojson"] / "vocab.json").write_text("{}")
+    return files
+
+
+# (arguments on top of a good input/output/tokenizer, text the one line must contain)
+BAD = [
+    ({"input": "{root}/nothing*.jsonl"}, "matches no files"),
+    ({"input": "{root}/missing.jsonl"}, "input={root}/missing.jsonl does not exist"),
+    ({"input": "{root}/empty.jsonl"}, "is empty (0 bytes); remove it from input="),
+    ({"input": "{root}/notes.csv"}, "has an unknown format ('.csv')"),
+    ({"input": "{root}/blank.txt"}, "has no text: all 3 lines are empty"),
+    ({"input": "{root}/fields.jsonl"}, "has no field 'text'; its fields are content, id; "
+     "set text_field=content"),
+    ({"input": "{root}/number.jsonl"}, "field 'text' holds int64, not text; set text_field to "
+     "a text field (text fields: body)"),
+    ({"input": "{root}/broken.jsonl"}, "cannot be read as JSON lines"),
+    ({"tokenizer": "{root}/none.json"}, "tokenizer={root}/none.json does not exist; give a "
+     "tokenizer.json file"),
+    ({"tokenizer": "{root}/tokdir"}, "is a folder without tokenizer.json (it holds vocab.json)"),
+    ({"tokenizer": "{root}/garbage.json"}, "cannot be loaded as a Hugging Face tokenizers file"),
+    ({"tokenizer": "train:100"}, "a byte-level BPE needs 257 to"),
+    ({"tokenizer": "train:big"}, "VOCAB must be a whole number"),
+    ({"output": "{root}/a_file/corpus"}, "its folder cannot be created because {root}/a_file is "
+     "a file"),
+    ({"output": "{root}"}, "output={root} is a folder; give a file prefix inside it"),
+    ({"num_proc": 0}, "num_proc=0 must be at least 1"),
+    ({"eod_token": "<nope>"}, "eod_token=<nope> is not a token of tokenizer="),
+]
+
+
+@pytest.mark.parametrize(("changes", "expected"), BAD, ids=[e[:30] for _, e in BAD])
+def test_bad_input_is_one_line_and_leaves_no_dataset(changes, expected, corpus, first,
+                                                     tmp_path_factory) -> None:
+    root = tmp_path_factory.getbasetemp() / "bad"
+    if not root.exists():
+        bad_files(root)
+    out = tmp_path_factory.mktemp("out")
+    args = {"input": str(corpus / "b.jsonl"), "output": str(out / "corpus"),
+            "tokenizer": str(first.tokenizer_file)}
+    args.update({k: v.format(root=root) if isinstance(v, str) else v for k, v in changes.items()})
+    with pytest.raises(ConfigError) as error:
+        prepare(PrepareConfig(**args))
+    message = str(error.value)
+    assert expected.format(root=root) in message and "\n" not in message, message
+    assert dataset_like(out) == []
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["inptu=a.txt"], "unknown key 'inptu'; did you mean input?"),
+    (["json_keys=text"], "unknown key 'json_keys'; did you mean text_field?"),
+    (["input=a", "output=b", "tokenizer=c", "num_proc=two"],
+     "num_proc expects an integer, got 'two'; e.g. num_proc=4"),
+    (["input=a", "output=", "tokenizer=c"], "output is empty; give it a value, e.g. "
+     "output=data/corpus"),
+    (["input=a", "sample_by=page", "output=b", "tokenizer=c"],
+     "sample_by expects one of line, paragraph, document, got 'page'"),
+    (["input=a"], "missing output, tokenizer; give output=data/corpus, tokenizer=train:32000"),
+    (["input", "a.txt"], "'input' is not KEY=VALUE"),
+    (["--input=a"], "'--input=a' is not an argument; write KEY=VALUE without dashes"),
+    (["input=a", "output=data/", "tokenizer=c"], "output=data/ is a folder, not a file prefix"),
+])
+def test_command_line_mistakes_are_one_line(argv, expected) -> None:
+    with pytest.raises(ConfigError) as error:
+        validate(parse_args(argv))
+    assert expected in str(error.value) and "\n" not in str(error.value)
+
+
+def test_script_bad_input_exits_2_with_one_line(tmp_path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), f"input={tmp_path}/*.jsonl", f"output={tmp_path}/c",
+         "tokenizer=train:1000"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 2
+    assert done.stderr == f"error: input={tmp_path}/*.jsonl matches no files; check the " \
+        "pattern or the folder\n"
+    assert done.stdout == ""
