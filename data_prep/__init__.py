@@ -1,1 +1,2 @@
-"""Corpus reading, tokenization and (later) Megatron indexed datasets and sequence packing."""
+"""Offline data: tokenizing local files into Megatron indexed datasets, exact sequence packing
+and its index, and the built-in corpora (the Python standard library, synthetic text)."""

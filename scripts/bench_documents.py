@@ -53,8 +53,9 @@ def layout_figures(blend_path: str, seq: int) -> dict[str, dict[str, float]]:
     from data_prep.packing import pack_documents
     from recipes.config.blend import load_blend
 
-    lengths = np.concatenate([IndexedDataset(s.prefix).sequence_lengths.astype(np.int64)
-                              for s in load_blend(blend_path).train])
+    # Keep each dataset alive while its memory-mapped lengths are read (it unmaps on deletion).
+    datasets = [IndexedDataset(s.prefix) for s in load_blend(blend_path).train]
+    lengths = np.concatenate([d.sequence_lengths.astype(np.int64) for d in datasets])
     ends = np.cumsum(lengths)
     starts = ends - lengths
     cut = int(((starts // seq) != ((ends - 1) // seq)).sum())
