@@ -46,6 +46,7 @@ EXAMPLES = {
     "num_proc": "4",
     "shard_size": "1000000",
     "eod_token": "'<|endoftext|>'",
+    "pack_size": "4096",
 }
 # Names people type from habit (Megatron's preprocess_data flags, other tools): suggestions.
 _HABITUAL_NAMES = {
@@ -71,7 +72,8 @@ class PrepareConfig:
     num_proc: int = 1  # tokenizing processes (datasets' map)
     shard_size: int | None = None  # documents per dataset; None = one dataset per input file
     eod_token: str | None = None  # end-of-document token; None = the tokenizer's own
-    seed: int = 1234  # set before any step; nothing here draws random numbers today
+    seed: int = 1234  # seeds the packing index's shuffled pack order
+    pack_size: int | None = None  # also write an exact packing index for rows of this length
 
     @property
     def train_vocab(self) -> int | None:
@@ -156,12 +158,17 @@ def split_argument(text: str) -> tuple[str, str]:
     return key, value
 
 
+# Spellings accepted for a field (the issue tracker and the README use the dotted one).
+KEY_ALIASES = {"packing.seq_length": "pack_size"}
+
+
 def parse_args(argv: Sequence[str]) -> PrepareConfig:
     """`key=value` words -> `PrepareConfig` (a later word wins over an earlier one)."""
     types_by_key = field_types()
     values: dict[str, Any] = {}
     for text in argv:
         key, value = split_argument(text)
+        key = KEY_ALIASES.get(key, key)
         if key not in types_by_key:
             raise ConfigError(_unknown_key_message(key))
         if not value.strip():
@@ -188,6 +195,11 @@ def check_empty_text(cfg: PrepareConfig) -> str | None:
 def check_counts(cfg: PrepareConfig) -> str | None:
     if cfg.num_proc < 1:
         return f"num_proc={cfg.num_proc} must be at least 1, e.g. num_proc={os.cpu_count() or 1}"
+    if cfg.pack_size is not None and cfg.pack_size < 2:
+        return (
+            f"pack_size={cfg.pack_size} cannot hold a document and its next token; give rows "
+            "of at least 2 tokens, e.g. packing.seq_length=4096, or leave it unset"
+        )
     if cfg.shard_size is not None and cfg.shard_size < 1:
         return (
             f"shard_size={cfg.shard_size} must be at least 1 document, or shard_size=null for "

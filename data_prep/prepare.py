@@ -92,6 +92,8 @@ class PrepareResult:
     dtype: str  # uint16 or int32
     seconds: float  # the whole preparation, tokenizer training included
     train_seconds: float  # training the tokenizer (0 when loaded)
+    pack_size: int | None = None  # rows of the packing indexes written (pack_size=)
+    packs: tuple = ()  # PackingStats of each shard's packing index
 
     @property
     def documents(self) -> int:
@@ -460,7 +462,9 @@ def prepare(cfg: PrepareConfig, *, progress: bool | None = None,
         dtype = dataset_dtype(prepared.vocab_size)
         shards = write_all(corpora, cfg, prepared, output, work, dtype,
                            _progress(progress, console or Console()))
-        return _finish(cfg, output, work, prepared, shards, dtype, started, train_seconds)
+        packs = write_pack_indexes(shards, output, cfg) if cfg.pack_size else ()
+        result = _finish(cfg, output, work, prepared, shards, dtype, started, train_seconds)
+        return replace(result, packs=packs, pack_size=cfg.pack_size)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -476,6 +480,23 @@ def write_all(corpora: Sequence[_Corpus], cfg: PrepareConfig, prepared: Prepared
             encoder = Encoder(prepared, corpus.column)
             shards += write_corpus(corpus, cfg, encoder, output, work, dtype, bar)
     return shards
+
+
+def write_pack_indexes(shards: Sequence[Shard], output: Path, cfg: PrepareConfig) -> tuple:
+    """An exact packing index beside every dataset (data_prep/packing.py), before the manifest
+    that marks the preparation complete; returns each shard's packing statistics."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    from data_prep.packing import pack_documents, write_pack_index
+
+    stats = []
+    for shard in shards:
+        prefix = str(output.parent / shard.prefix)
+        dataset = IndexedDataset(prefix)  # kept alive while its mapped lengths are read
+        packing = pack_documents(dataset.sequence_lengths, int(cfg.pack_size), seed=cfg.seed)
+        write_pack_index(prefix, packing, int(cfg.pack_size))
+        stats.append(packing.stats)
+    return tuple(stats)
 
 
 def _finish(cfg: PrepareConfig, output: Path, work: Path, prepared: PreparedTokenizer,
@@ -508,7 +529,19 @@ def summary_line(result: PrepareResult) -> str:
         f"{result.tokens:,} tokens in {len(result.shards)} shard(s), "
         f"{result.tokens_per_second:,.0f} tokens/s over {result.seconds:.1f} s{trained}; "
         f"{result.dtype}, vocab {tok.vocab_size:,}, {eod}; manifest {result.manifest}"
+        + _packing_text(result)
     )
+
+
+def _packing_text(result: PrepareResult) -> str:
+    if not result.packs:
+        return ""
+    packs = sum(s.packs for s in result.packs)
+    bound = sum(s.lower_bound for s in result.packs)
+    tokens = sum(s.tokens for s in result.packs)
+    efficiency = tokens / (packs * int(result.pack_size or 1)) if packs else 0.0
+    return (f"; {packs:,} packs of {result.pack_size:,} tokens (lower bound {bound:,}), "
+            f"packing efficiency {efficiency:.2%}")
 
 
 def summary_table(result: PrepareResult) -> Table:

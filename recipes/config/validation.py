@@ -408,7 +408,7 @@ def check_fractions(cfg: RunConfig) -> str | None:
 
 def check_data_source(cfg: RunConfig) -> str | None:
     """A blend is named exactly when it is the source; document modes other than concatenation
-    need a blend and the packing plugin (they produce packed batches), and vice versa."""
+    need a blend and the packing plugin (they produce packed batches)."""
     d, packing = cfg.data, cfg.plugins.packing.enabled
     if d.source == "blend" and d.blend is None:
         return ("data.source=blend needs data.blend=<file>; name one, e.g. "
@@ -419,10 +419,10 @@ def check_data_source(cfg: RunConfig) -> str | None:
     if d.documents != "concatenate" and d.source != "blend":
         return (f"data.documents={d.documents} needs prepared data (data.source=blend); set "
                 "data.source=blend data.blend=<file> or data.documents=concatenate")
-    if (d.documents != "concatenate") != packing:
-        return (f"data.documents={d.documents} with plugins.packing.enabled={str(packing).lower()}"
-                ": packed batches need both; set data.documents=inter_document|packed with "
-                "plugins.packing.enabled=true, or data.documents=concatenate with it false")
+    if d.documents != "concatenate" and not packing:
+        # Without the plugin the model would get no cu_seqlens and attend across documents.
+        return (f"data.documents={d.documents} makes packed batches, which need the packing "
+                "plugin; set plugins.packing.enabled=true (and train.micro_batch_size=1)")
     if d.documents != "concatenate" and not d.eod_mask_loss:
         return (f"data.documents={d.documents} needs data.eod_mask_loss=true (no label may cross "
                 "a document boundary); set data.eod_mask_loss=true")

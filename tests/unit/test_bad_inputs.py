@@ -174,7 +174,9 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     # plugins.packing
     (["plugins.packing.enabled=maybe"], "plugins.packing.enabled expects true or false"),
     (["recipe=tiny_dp1", "plugins.packing.enabled=true"],
-     "plugins.packing.enabled=true: packed batches need both"),
+     "plugins.packing.enabled=true needs train.micro_batch_size=1"),
+    (["recipe=tiny_dp1", "data.source=blend", "data.blend=x.yaml", "data.documents=packed"],
+     "data.documents=packed makes packed batches, which need the packing plugin"),
     # plugins.fp8
     (["plugins.fp8.format=e5m2"], "plugins.fp8.format expects one of hybrid, e4m3 or null"),
     (["plugins.fp8.format=hybrid", "model.ffn_hidden_size=200"], "plugins.fp8.format=hybrid "

@@ -289,3 +289,27 @@ def test_script_bad_input_exits_2_with_one_line(tmp_path) -> None:
     assert done.stderr == f"error: input={tmp_path}/*.jsonl matches no files; check the " \
         "pattern or the folder\n"
     assert done.stdout == ""
+
+
+def test_packing_index_beside_every_dataset_holds_every_document(corpus: Path, tmp_path) -> None:
+    """packing.seq_length=N also writes an exact packing index per dataset, before the
+    manifest; its pieces rebuild every document and no pack overflows."""
+    from data_prep.packing import PackIndex
+
+    out = tmp_path / "packed"
+    result = prepare(parse_args([f"input={corpus}", f"output={out}",
+                                 f"tokenizer=train:{VOCAB}", "packing.seq_length=16"]))
+    assert result.pack_size == 16 and len(result.packs) == len(result.shards)
+    assert "packs of 16 tokens" in prepare_module.summary_line(result)
+    for shard in result.shards:
+        prefix = out.parent / shard.prefix
+        documents = read_back(prefix)
+        index = PackIndex(prefix, 16)
+        rebuilt: dict[int, list[int]] = {}
+        for i in range(len(index)):
+            ids, starts, lengths = index.pack(i)
+            assert int(lengths.sum()) <= 16
+            for d, s, n in zip(ids, starts, lengths, strict=True):
+                rebuilt.setdefault(int(d), []).append((int(s), documents[int(d)][s:s + n]))
+        assert {d: [t for _, piece in sorted(p) for t in piece] for d, p in rebuilt.items()} == {
+            d: doc for d, doc in enumerate(documents)}

@@ -130,7 +130,7 @@ RULE_CASES = [
      "data.documents=packed needs prepared data (data.source=blend)"),
     ("check_data_source", "tiny_dp1",
      ["data.source=blend", "data.blend=x.yaml", "data.documents=inter_document"],
-     "packed batches need both"),
+     "makes packed batches, which need the packing plugin; set plugins.packing.enabled=true"),
     ("check_packing_micro_batch", "tiny_dp1",
      ["plugins.packing.enabled=true", "data.source=blend", "data.blend=x.yaml",
       "data.documents=packed"],
