@@ -167,6 +167,11 @@ def check_data_blend(cfg: RunConfig) -> str | None:
         blend = load_blend(cfg.data.blend)
     except ConfigError as error:
         return str(error)
+    weights = {source.weight for source in blend.train} - {0.0}
+    if cfg.data.documents == "packed" and len(weights) > 1:
+        return (f"data.blend={cfg.data.blend} weights its sources, but data.documents=packed "
+                "trains on every pack of every source once; give the sources equal weights, or "
+                "use data.documents=inter_document to keep the weights")
     if blend.vocab_size > cfg.model.vocab_size:
         return (f"data.blend={cfg.data.blend} holds token ids up to {blend.vocab_size - 1}, but "
                 f"model.vocab_size={cfg.model.vocab_size}; set model.vocab_size={blend.vocab_size}")

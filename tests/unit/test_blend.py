@@ -101,6 +101,18 @@ def test_the_run_checks_the_blend_and_its_vocabulary_before_launch(tmp_path):
     assert "does not exist; name a blend file" in check_data_blend(cfg)
 
 
+def test_packed_documents_refuse_weights_they_would_ignore(tmp_path):
+    first, second = _dataset(tmp_path, "a"), _dataset(tmp_path, "b")
+    path = _blend(tmp_path, f"train:\n  - {{prefix: {first}, weight: 0.7}}\n"
+                            f"  - {{prefix: {second}, weight: 0.3}}\neod_id: 0\nvocab_size: 256\n")
+    cfg = apply_overrides(get_recipe("tiny_dp1"), [
+        "data.source=blend", f"data.blend={path}", "data.documents=packed",
+        "plugins.packing.enabled=true", "train.micro_batch_size=1"])
+    assert "trains on every pack of every source once" in check_data_blend(cfg)
+    cfg.data.documents = "inter_document"
+    assert check_data_blend(cfg) is None
+
+
 def test_the_nemotron_style_example_is_a_well_formed_blend():
     """Its sources live on a cluster; here only their absence may be reported."""
     with pytest.raises(ConfigError, match="manifest /data/prepared/web_crawl_high"):
