@@ -543,3 +543,16 @@ def _map_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
             "rewrite the index with write_pack_index"
         )
     return array
+
+
+def build_pack_index(prefix: str | os.PathLike, pack_size: int, *, seed: int = 0,
+                     long_documents: str = "split") -> PackingStats:
+    """Pack the documents of the Megatron indexed dataset at `prefix` and write the index
+    beside it; the one place both data preparation and the trainer build an index."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    dataset = IndexedDataset(str(prefix))  # kept alive while its mapped lengths are read
+    packing = pack_documents(dataset.sequence_lengths, pack_size, seed=seed,
+                             long_documents=long_documents)
+    write_pack_index(prefix, packing, pack_size)
+    return packing.stats

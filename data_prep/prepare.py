@@ -485,18 +485,10 @@ def write_all(corpora: Sequence[_Corpus], cfg: PrepareConfig, prepared: Prepared
 def write_pack_indexes(shards: Sequence[Shard], output: Path, cfg: PrepareConfig) -> tuple:
     """An exact packing index beside every dataset (data_prep/packing.py), before the manifest
     that marks the preparation complete; returns each shard's packing statistics."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from data_prep.packing import build_pack_index
 
-    from data_prep.packing import pack_documents, write_pack_index
-
-    stats = []
-    for shard in shards:
-        prefix = str(output.parent / shard.prefix)
-        dataset = IndexedDataset(prefix)  # kept alive while its mapped lengths are read
-        packing = pack_documents(dataset.sequence_lengths, int(cfg.pack_size), seed=cfg.seed)
-        write_pack_index(prefix, packing, int(cfg.pack_size))
-        stats.append(packing.stats)
-    return tuple(stats)
+    return tuple(build_pack_index(output.parent / shard.prefix, int(cfg.pack_size), seed=cfg.seed)
+                 for shard in shards)
 
 
 def _finish(cfg: PrepareConfig, output: Path, work: Path, prepared: PreparedTokenizer,

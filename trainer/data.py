@@ -171,15 +171,12 @@ def _pack_index(prefix: str, seq_length: int, seed: int):
     """The pack index of one prepared dataset, built beside it on first use (rank 0)."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    from data_prep.packing import PackIndex, pack_documents, pack_index_paths, write_pack_index
+    from data_prep.packing import PackIndex, build_pack_index, pack_index_paths
 
-    dataset = IndexedDataset(prefix)
     if torch.distributed.get_rank() == 0 and not pack_index_paths(prefix, seq_length)[2].exists():
-        packing = pack_documents(dataset.sequence_lengths, seq_length, seed=seed,
-                                 long_documents="split")
-        write_pack_index(prefix, packing, seq_length)
+        build_pack_index(prefix, seq_length, seed=seed)
     torch.distributed.barrier()
-    return dataset, PackIndex(prefix, seq_length)
+    return IndexedDataset(prefix), PackIndex(prefix, seq_length)
 
 
 def packed_sources(cfg: RunConfig, blend: Blend) -> tuple[PackedSamples, PackedSamples]:
@@ -224,6 +221,7 @@ class GlobalBatches:
         self.global_batch = cfg.train.global_batch_size
         self.per_replica = cfg.layout.samples_per_replica  # samples of a batch per DP rank
         self.next_batch = 0  # the data position: global batches taken by `take`
+        self._order: tuple[int, np.ndarray] | None = None  # (epoch, its order), reused per step
         if len(source) < self.global_batch:
             raise ConfigError(
                 f"the data has {len(source)} samples, fewer than one global batch "
@@ -231,16 +229,20 @@ class GlobalBatches:
             )
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
-        if not self.source.reshuffle_each_epoch:
-            return np.arange(len(self.source))
-        return np.random.default_rng((self.seed, epoch)).permutation(len(self.source))
+        """The epoch's sample order, drawn once per epoch (not once per step)."""
+        if self._order is None or self._order[0] != epoch:
+            order = np.random.default_rng((self.seed, epoch)).permutation(len(self.source))
+            self._order = (epoch, order)
+        return self._order[1]
 
     def global_batch_indices(self, step: int) -> np.ndarray:
         """Sample indices of global batch `step` (a partial tail of an epoch is dropped)."""
         per_epoch = len(self.source) // self.global_batch
         epoch, within = divmod(step, per_epoch)
-        order = self._epoch_order(epoch)
-        return order[within * self.global_batch : (within + 1) * self.global_batch]
+        start = within * self.global_batch
+        if not self.source.reshuffle_each_epoch:  # the source is already in training order
+            return np.arange(start, start + self.global_batch)
+        return self._epoch_order(epoch)[start : start + self.global_batch]
 
     def microbatches(self, step: int) -> list[MicroBatch]:
         indices = self.global_batch_indices(step)
