@@ -47,6 +47,7 @@ EXAMPLES = {
     "shard_size": "1000000",
     "eod_token": "'<|endoftext|>'",
     "pack_size": "4096",
+    "pad_multiple": "4",
 }
 # Names people type from habit (Megatron's preprocess_data flags, other tools): suggestions.
 _HABITUAL_NAMES = {
@@ -74,6 +75,7 @@ class PrepareConfig:
     eod_token: str | None = None  # end-of-document token; None = the tokenizer's own
     seed: int = 1234  # seeds the packing index's shuffled pack order
     pack_size: int | None = None  # also write an exact packing index for rows of this length
+    pad_multiple: int = 1  # the index pads each document to a multiple of this (CP: 2 x CP)
 
     @property
     def train_vocab(self) -> int | None:
@@ -159,7 +161,7 @@ def split_argument(text: str) -> tuple[str, str]:
 
 
 # Spellings accepted for a field (the issue tracker and the README use the dotted one).
-KEY_ALIASES = {"packing.seq_length": "pack_size"}
+KEY_ALIASES = {"packing.seq_length": "pack_size", "packing.pad_multiple": "pad_multiple"}
 
 
 def parse_args(argv: Sequence[str]) -> PrepareConfig:
@@ -207,6 +209,28 @@ def check_counts(cfg: PrepareConfig) -> str | None:
         )
 
 
+def check_pad_multiple(cfg: PrepareConfig) -> str | None:
+    """A run with context parallel size CP trains on packs whose documents are padded to a
+    multiple of 2 x CP; its rows (`pack_size`) are then a multiple of 2 x CP too."""
+    multiple, size = cfg.pad_multiple, cfg.pack_size
+    if multiple < 1:
+        return (
+            f"pad_multiple={multiple} must be at least 1 (1: no padding; for context parallel "
+            "2 x CP, e.g. packing.pad_multiple=4 for CP2)"
+        )
+    if multiple > 1 and size is None:
+        return (
+            f"pad_multiple={multiple} pads documents in a packing index, but none is written; "
+            f"also give packing.seq_length=<row length>, or leave pad_multiple unset"
+        )
+    if multiple > 1 and size % multiple:
+        fits = size - size % multiple or multiple
+        return (
+            f"pack_size={size} is not a multiple of pad_multiple={multiple} (context parallel "
+            f"cuts every row into 2 x CP chunks); give e.g. packing.seq_length={fits}"
+        )
+
+
 def check_train_vocab(cfg: PrepareConfig) -> str | None:
     """`train:VOCAB` needs a whole number that holds the 256 bytes and the end-of-document."""
     if not cfg.tokenizer.startswith(TRAIN_PREFIX):
@@ -240,7 +264,8 @@ def check_text_field(cfg: PrepareConfig) -> str | None:
 
 
 RULES: tuple[Callable[[PrepareConfig], str | None], ...] = (
-    check_empty_text, check_counts, check_train_vocab, check_output_prefix, check_text_field,
+    check_empty_text, check_counts, check_pad_multiple, check_train_vocab, check_output_prefix,
+    check_text_field,
 )
 
 

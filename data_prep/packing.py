@@ -27,12 +27,23 @@ Conventions:
   deterministic function of the lengths, pack size, policy and seed, and resuming a run never
   reshuffles it.
 - Zero-length documents are skipped and counted (`empty_documents`); they are in no pack.
+- With `pad_multiple` m > 1 (context parallel: m = 2 x CP, since Megatron cuts every document of
+  a packed row into 2 x CP chunks) every piece occupies its length rounded up to a multiple of m
+  in its pack, the padding after its own tokens (`trainer/packed_batch.py`, `packed_row(...,
+  pad_multiple=m)`). The pack size must then be a multiple of m, so split pieces of the pack size
+  need no padding. Best fit runs on these padded lengths, in slots of m positions (the same
+  placements as on padded lengths in tokens, with a histogram m times shorter); the pieces stored
+  keep their real lengths, and the statistics count real tokens, so `efficiency` shows what the
+  padding costs. With m = 1 nothing changes: same packs, same files, same bytes.
 
 The pack index (`write_pack_index` / `PackIndex`) stores a packing beside an indexed dataset
 with prefix P (`P.bin`, `P.idx`) as three files, published by rename only once complete:
 `P.pack<pack_size>.pieces.npy` (int64, one row per piece: document id, start, length, in pack
 order), `P.pack<pack_size>.offsets.npy` (int64, packs + 1 entries: pack i is rows
 offsets[i]:offsets[i + 1]) and `P.pack<pack_size>.json` (pack size, policy, seed, statistics).
+A packing for a pad multiple m > 1 is a different packing, so its files are named
+`P.pack<pack_size>.pad<m>.*` and its JSON records `pad_multiple`; an m = 1 index keeps the plain
+name and has no such key, so indexes written before pad multiples existed stay valid.
 """
 
 from __future__ import annotations
@@ -83,6 +94,7 @@ class Packing:
     lengths: np.ndarray  # int64, per piece: tokens
     pack_offsets: np.ndarray  # int64, packs + 1 entries
     stats: PackingStats
+    pad_multiple: int = 1  # each piece occupies its length rounded up to a multiple of this
 
     def __len__(self) -> int:
         return len(self.pack_offsets) - 1
@@ -94,21 +106,25 @@ class Packing:
 
 
 def pack_documents(
-    lengths, pack_size: int, *, long_documents: str = "split", seed: int = 0
+    lengths, pack_size: int, *, long_documents: str = "split", seed: int = 0,
+    pad_multiple: int = 1,
 ) -> Packing:
-    """Pack documents of the given token `lengths` (document id = index) into packs."""
+    """Pack documents of the given token `lengths` (document id = index) into packs; with
+    `pad_multiple` m, each piece takes its length rounded up to a multiple of m."""
     lengths = _checked_lengths(lengths)
-    _check_settings(pack_size, long_documents, seed)
-    pack_size = int(pack_size)
+    _check_settings(pack_size, long_documents, seed, pad_multiple)
+    pack_size, multiple = int(pack_size), int(pad_multiple)
     pieces, counts = _cut_pieces(lengths, pack_size, long_documents)
     tails = int(np.count_nonzero(pieces.size))
     if tails + len(pieces.full_doc) == 0:
         raise ValueError(f"all {len(lengths)} documents have length 0; there is nothing to pack")
-    # Last pieces longest first, equal lengths in document order; the empty ones sort last.
-    by_length = _stable_argsort(pack_size - pieces.size, pack_size)[:tails]
-    placements = _best_fit_decreasing(pieces.size, pack_size, len(pieces.full_doc))
-    order, size, offsets = _in_shuffled_pack_order(placements, seed)
-    doc, start = _documents_and_starts(pieces, lengths, by_length, order, size)
+    # Best fit in slots of `multiple` positions: a piece of n tokens takes ceil(n / multiple).
+    slots, room = -(-pieces.size // multiple), pack_size // multiple
+    # Last pieces longest (padded) first, equal ones in document order; the empty ones sort last.
+    by_length = _stable_argsort(room - slots, room)[:tails]
+    placements = _best_fit_decreasing(slots, room, len(pieces.full_doc))
+    order, offsets = _in_shuffled_pack_order(placements, seed)
+    doc, start, size = _documents_and_starts(pieces, lengths, by_length, order, pack_size)
     tokens = int(size.sum())
     packs = len(offsets) - 1
     stats = PackingStats(
@@ -124,7 +140,7 @@ def pack_documents(
         **counts,
     )
     arrays = [_frozen(a) for a in (doc, start, size, offsets)]
-    return Packing(pack_size, long_documents, int(seed), *arrays, stats)
+    return Packing(pack_size, long_documents, int(seed), *arrays, stats, multiple)
 
 
 def next_fit_pack_count(lengths, pack_size: int) -> int:
@@ -166,7 +182,7 @@ def _checked_lengths(lengths) -> np.ndarray:
     return array
 
 
-def _check_settings(pack_size, long_documents, seed) -> None:
+def _check_settings(pack_size, long_documents, seed, pad_multiple=1) -> None:
     if not _is_int(pack_size) or pack_size <= 0:
         raise ValueError(f"pack_size {pack_size!r} must be a positive integer (tokens per pack)")
     if pack_size > MAX_PACK_SIZE:
@@ -181,6 +197,17 @@ def _check_settings(pack_size, long_documents, seed) -> None:
         )
     if not _is_int(seed) or seed < 0:
         raise ValueError(f"seed {seed!r} must be a non-negative integer")
+    if not _is_int(pad_multiple) or pad_multiple <= 0:
+        raise ValueError(
+            f"pad_multiple {pad_multiple!r} must be a positive integer (1: no padding; context "
+            "parallel: 2 x CP)"
+        )
+    if pack_size % pad_multiple:
+        fits = pack_size - pack_size % pad_multiple or pad_multiple
+        raise ValueError(
+            f"pack_size {pack_size} is not a multiple of pad_multiple {pad_multiple}; use a "
+            f"pack size divisible by it, e.g. {fits}"
+        )
 
 
 def _is_int(value) -> bool:
@@ -221,13 +248,14 @@ def _cut_pieces(lengths: np.ndarray, pack_size: int, policy: str) -> tuple[_Piec
     return _Pieces(size, split_long, full_doc, full_start), counts
 
 
-def _documents_and_starts(pieces: _Pieces, lengths, by_length, order, size):
-    """Document and start offset of every piece in pack order. `order` indexes the pieces
-    sorted longest first: the last pieces (`by_length`: their documents), then the pack-sized
-    ones."""
+def _documents_and_starts(pieces: _Pieces, lengths, by_length, order, pack_size: int):
+    """Document, start offset and (real) length of every piece in pack order. `order` indexes
+    the pieces sorted longest first: the last pieces (`by_length`: their documents), then the
+    pack-sized ones."""
     tails = len(by_length)
     source = np.concatenate([by_length, pieces.full_doc]) if len(pieces.full_doc) else by_length
     doc = source[order]
+    size = np.where(order < tails, pieces.size[doc], pack_size)
     start = np.zeros(len(doc), np.int64)
     if pieces.long is not None:
         of_long = np.flatnonzero(pieces.long[doc])
@@ -235,22 +263,22 @@ def _documents_and_starts(pieces: _Pieces, lengths, by_length, order, size):
         start[of_long[full]] = pieces.full_start[order[of_long[full]] - tails]
         last = of_long[~full]
         start[last] = lengths[doc[last]] - size[last]
-    return doc, start
+    return doc, start, size
 
 
 @dataclass(frozen=True)
 class _Placements:
-    """Best fit's placements in order: placement p puts `each[p]` pieces of `length[p]` into
-    pack `pack[p]`; together they take the pieces sorted longest first, in turn."""
+    """Best fit's placements in order: placement p puts `each[p]` pieces into pack `pack[p]`;
+    together they take the pieces sorted longest first, in turn."""
 
     pack: np.ndarray
     each: np.ndarray
-    length: np.ndarray
     packs: int
 
 
 def _best_fit_decreasing(size: np.ndarray, pack_size: int, full_pieces: int) -> _Placements:
-    """Best fit of the last pieces, then one pack for each pack-sized piece."""
+    """Best fit of the last pieces (`size`, in units of the pack's `pack_size`), then one pack
+    for each pack-sized piece."""
     histogram = np.bincount(size, minlength=pack_size + 1)
     histogram[0] = 0
     present = np.flatnonzero(histogram)[::-1]  # longest first
@@ -264,12 +292,10 @@ def _best_fit_decreasing(size: np.ndarray, pack_size: int, full_pieces: int) -> 
     moves = moves.reshape(-1, 5).T
     pack = _pack_ids(moves[0], moves[1], moves[2], pack_size)
     packs = int(pack.max()) + 1 if len(pack) else 0
-    each, length = np.repeat(moves[3], moves[2]), np.repeat(moves[4], moves[2])
-    ones = np.ones(full_pieces, np.int64)
+    each = np.repeat(moves[3], moves[2])
     return _Placements(
         np.concatenate([pack, packs + np.arange(full_pieces)]),
-        np.concatenate([each, ones]),
-        np.concatenate([length, ones * pack_size]),
+        np.concatenate([each, np.ones(full_pieces, np.int64)]),
         packs + full_pieces,
     )
 
@@ -377,7 +403,7 @@ def _stable_argsort(keys: np.ndarray, max_key: int) -> np.ndarray:
 
 def _in_shuffled_pack_order(placements: _Placements, seed: int):
     """Packs in a seeded random order, each pack's pieces in placement order: the sorted-piece
-    position of every piece in that order, the pieces' lengths and the packs' offsets."""
+    position of every piece in that order and the packs' offsets."""
     packs = placements.packs
     rank = np.empty(packs, np.int64)
     rank[np.random.default_rng(seed).permutation(packs)] = np.arange(packs)
@@ -391,7 +417,7 @@ def _in_shuffled_pack_order(placements: _Placements, seed: int):
     per_pack = np.bincount(pack_rank, weights=placements.each, minlength=packs)
     offsets = np.zeros(packs + 1, np.int64)
     np.cumsum(per_pack.astype(np.int64), out=offsets[1:])
-    return order, np.repeat(placements.length[by_pack], each), offsets
+    return order, offsets
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
@@ -407,9 +433,14 @@ def _pack_bounds(offsets: np.ndarray, i: int, what: str) -> tuple[int, int]:
     return int(offsets[i]), int(offsets[i + 1])
 
 
-def pack_index_paths(prefix: str | os.PathLike, pack_size: int) -> tuple[Path, Path, Path]:
-    """(pieces, offsets, json) file paths of the pack index beside the dataset `prefix`."""
+def pack_index_paths(
+    prefix: str | os.PathLike, pack_size: int, pad_multiple: int = 1
+) -> tuple[Path, Path, Path]:
+    """(pieces, offsets, json) file paths of the pack index beside the dataset `prefix`; the
+    name carries the pad multiple when it is above 1."""
     stem = f"{os.fspath(prefix)}.pack{int(pack_size)}"
+    if int(pad_multiple) != 1:
+        stem += f".pad{int(pad_multiple)}"
     return Path(f"{stem}.pieces.npy"), Path(f"{stem}.offsets.npy"), Path(f"{stem}.json")
 
 
@@ -423,7 +454,8 @@ def write_pack_index(prefix: str | os.PathLike, packing: Packing, pack_size: int
             f"the packing was made for pack size {packing.pack_size}, not {pack_size}; write it "
             f"with pack_size={packing.pack_size}"
         )
-    pieces_path, offsets_path, json_path = pack_index_paths(prefix, pack_size)
+    pieces_path, offsets_path, json_path = pack_index_paths(prefix, pack_size,
+                                                             packing.pad_multiple)
     pieces = np.stack([packing.doc_ids, packing.starts, packing.lengths], axis=1)
     meta = json.dumps(_index_meta(packing), indent=1).encode()
     writers = [
@@ -447,9 +479,11 @@ def write_pack_index(prefix: str | os.PathLike, packing: Packing, pack_size: int
 
 
 def _index_meta(packing: Packing) -> dict:
+    padded = {"pad_multiple": packing.pad_multiple} if packing.pad_multiple != 1 else {}
     return {
         "format": INDEX_FORMAT,
         "pack_size": packing.pack_size,
+        **padded,  # absent for m = 1: such an index is byte for byte what it always was
         "long_documents": packing.long_documents,
         "seed": packing.seed,
         "pieces": len(packing.doc_ids),
@@ -461,11 +495,15 @@ def _index_meta(packing: Packing) -> dict:
 class PackIndex:
     """A pack index on disk (see `write_pack_index`), memory-mapped: pages are read when a pack
     is asked for. Pickling (e.g. into data-loader workers) carries only the paths and the
-    metadata; the arrays are mapped again on first use."""
+    metadata; the arrays are mapped again on first use. `pack` gives real piece lengths; a row
+    built from an index with `pad_multiple` m > 1 pads each piece to a multiple of m
+    (`packed_row(..., pad_multiple=index.pad_multiple)`), which the packing left room for."""
 
-    def __init__(self, prefix: str | os.PathLike, pack_size: int):
-        self.pieces_path, self.offsets_path, self.json_path = pack_index_paths(prefix, pack_size)
-        self.meta = _read_index_meta(self.json_path, pack_size)
+    def __init__(self, prefix: str | os.PathLike, pack_size: int, pad_multiple: int = 1):
+        self.pieces_path, self.offsets_path, self.json_path = pack_index_paths(
+            prefix, pack_size, pad_multiple)
+        self.meta = _read_index_meta(self.json_path, pack_size, pad_multiple)
+        self.pad_multiple = pad_multiple
         self.stats = PackingStats(**self.meta["stats"])
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None
         self._mapped()  # fail now, not in the middle of training
@@ -496,7 +534,7 @@ class PackIndex:
         return {**self.__dict__, "_arrays": None}
 
 
-def _read_index_meta(path: Path, pack_size: int) -> dict:
+def _read_index_meta(path: Path, pack_size: int, pad_multiple: int) -> dict:
     if not path.is_file():
         raise FileNotFoundError(
             f"pack index file {path} is missing; write it with write_pack_index"
@@ -509,6 +547,7 @@ def _read_index_meta(path: Path, pack_size: int) -> dict:
             and int(meta["pieces"]) >= 0
             and int(meta["packs"]) >= 0
             and set(meta["stats"]) == names
+            and int(meta.get("pad_multiple", 1)) >= 1
         )
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         valid = False
@@ -521,6 +560,12 @@ def _read_index_meta(path: Path, pack_size: int) -> dict:
         raise ValueError(
             f"pack index file {path} is for pack size {meta['pack_size']}, not {pack_size}; "
             f"open it with pack_size={meta['pack_size']}"
+        )
+    stored = meta.get("pad_multiple", 1)
+    if stored != pad_multiple:
+        raise ValueError(
+            f"pack index file {path} pads documents to multiples of {stored}, not "
+            f"{pad_multiple}; open it with pad_multiple={stored}"
         )
     return meta
 
@@ -546,13 +591,13 @@ def _map_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def build_pack_index(prefix: str | os.PathLike, pack_size: int, *, seed: int = 0,
-                     long_documents: str = "split") -> PackingStats:
+                     long_documents: str = "split", pad_multiple: int = 1) -> PackingStats:
     """Pack the documents of the Megatron indexed dataset at `prefix` and write the index
     beside it; the one place both data preparation and the trainer build an index."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     dataset = IndexedDataset(str(prefix))  # kept alive while its mapped lengths are read
     packing = pack_documents(dataset.sequence_lengths, pack_size, seed=seed,
-                             long_documents=long_documents)
+                             long_documents=long_documents, pad_multiple=pad_multiple)
     write_pack_index(prefix, packing, pack_size)
     return packing.stats

@@ -94,6 +94,7 @@ class PrepareResult:
     train_seconds: float  # training the tokenizer (0 when loaded)
     pack_size: int | None = None  # rows of the packing indexes written (pack_size=)
     packs: tuple = ()  # PackingStats of each shard's packing index
+    pad_multiple: int = 1  # documents padded to multiples of this in those indexes
 
     @property
     def documents(self) -> int:
@@ -464,7 +465,8 @@ def prepare(cfg: PrepareConfig, *, progress: bool | None = None,
                            _progress(progress, console or Console()))
         packs = write_pack_indexes(shards, output, cfg) if cfg.pack_size else ()
         result = _finish(cfg, output, work, prepared, shards, dtype, started, train_seconds)
-        return replace(result, packs=packs, pack_size=cfg.pack_size)
+        return replace(result, packs=packs, pack_size=cfg.pack_size,
+                       pad_multiple=cfg.pad_multiple)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -487,7 +489,8 @@ def write_pack_indexes(shards: Sequence[Shard], output: Path, cfg: PrepareConfig
     that marks the preparation complete; returns each shard's packing statistics."""
     from data_prep.packing import build_pack_index
 
-    return tuple(build_pack_index(output.parent / shard.prefix, int(cfg.pack_size), seed=cfg.seed)
+    return tuple(build_pack_index(output.parent / shard.prefix, int(cfg.pack_size), seed=cfg.seed,
+                                  pad_multiple=cfg.pad_multiple)
                  for shard in shards)
 
 
@@ -532,7 +535,9 @@ def _packing_text(result: PrepareResult) -> str:
     bound = sum(s.lower_bound for s in result.packs)
     tokens = sum(s.tokens for s in result.packs)
     efficiency = tokens / (packs * int(result.pack_size or 1)) if packs else 0.0
-    return (f"; {packs:,} packs of {result.pack_size:,} tokens (lower bound {bound:,}), "
+    padded = (f", each document padded to a multiple of {result.pad_multiple}"
+              if result.pad_multiple > 1 else "")
+    return (f"; {packs:,} packs of {result.pack_size:,} tokens (lower bound {bound:,}{padded}), "
             f"packing efficiency {efficiency:.2%}")
 
 

@@ -18,7 +18,8 @@ module stays torch-free, so they are typed `Any` and named here):
                                     (slice for context parallel, add packing metadata)
     forward_kwargs(batch, kwargs)   keyword arguments of GPTModel.forward for that batch -> kwargs
                                     (e.g. packed_seq_params)
-    after_step(metrics)             after every optimizer step, on every rank
+    after_step(metrics)             after every optimizer step, on every rank; a plugin may
+                                    add its figures to `metrics.extra` (logged with the step)
     after_eval(evaluation)          after every held-out evaluation, on every rank
     state_dict() / load_state_dict(state)   the plugin's part of the checkpointed run state
     run_end(summary)                once, after training and the final checkpoint
@@ -66,6 +67,8 @@ class StepMetrics:
     loss_tokens: int  # loss-contributing tokens of the global batch, each counted once
     step_time_s: float
     skipped: bool = False  # the optimizer did not apply this update (e.g. fp16 overflow)
+    # Plugins' own figures of this step, by name (filled in `after_step`; logged with the step).
+    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
@@ -149,6 +152,13 @@ class PluginConfig:
     def launch_environment(self) -> dict[str, str]:
         """Environment variables for locally launched ranks (set before torch starts them)."""
         return {}
+
+    def machine_problem(self, machine: Any, on_cpu: bool) -> str | None:
+        """What this machine lacks for this plugin as configured, as one line naming the field,
+        its value and the fix, or None. `machine` is the machine check's description (GPUs,
+        compute capability, Transformer Engine version; `recipes/config/machine.py`) and
+        `on_cpu` whether the ranks will run on CPU; asked before any rank starts."""
+        return None
 
 
 @dataclass

@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from plugins.context_parallel.config import ContextParallelConfig
 from plugins.cpu_runtime.config import CpuRuntimeConfig
 from plugins.fp8.config import Fp8Config
+from plugins.moe.config import MoeConfig
 from plugins.packing.config import PackingConfig
 from plugins.protocol import PluginConfig, PluginSet, Rule
 
@@ -23,6 +25,8 @@ class PluginsConfig:
     cpu_runtime: CpuRuntimeConfig = field(default_factory=CpuRuntimeConfig)
     fp8: Fp8Config = field(default_factory=Fp8Config)
     packing: PackingConfig = field(default_factory=PackingConfig)
+    context_parallel: ContextParallelConfig = field(default_factory=ContextParallelConfig)
+    moe: MoeConfig = field(default_factory=MoeConfig)
 
     def configs(self) -> list[tuple[str, PluginConfig]]:
         """(name, config) of every plugin, in registry order."""

@@ -114,6 +114,35 @@ def tiny_pp2_dp2_overlap() -> RunConfig:
     return cfg
 
 
+def tiny_cp(context: int, ranks: int, **parallel) -> RunConfig:
+    """Tiny GPT with each sequence split over `context` CP ranks (load-balanced chunks)."""
+    cfg = tiny_base(ranks=ranks)
+    cfg.parallel = ParallelConfig(context=context, **parallel)
+    return cfg
+
+
+def tiny_cp2() -> RunConfig:
+    """Tiny GPT, context parallel over 2 ranks: each holds 2 of the sequence's 4 chunks."""
+    return tiny_cp(2, ranks=2)
+
+
+def tiny_cp4() -> RunConfig:
+    """Tiny GPT, context parallel over 4 ranks (8 chunks of 16 tokens)."""
+    return tiny_cp(4, ranks=4)
+
+
+def tiny_cp2_tp2_sp() -> RunConfig:
+    """Tiny GPT on 4 ranks, CP2 x TP2 with sequence parallel."""
+    return tiny_cp(2, ranks=4, tensor=2, sequence_parallel=True)
+
+
+def tiny_cp2_pp2_distopt() -> RunConfig:
+    """Tiny GPT on 4 ranks, CP2 x PP2 with the distributed optimizer (sharded over DP x CP)."""
+    cfg = tiny_cp(2, ranks=4, pipeline=2)
+    cfg.optimizer.distributed = True
+    return cfg
+
+
 def stdlib_bpe_tp2_pp2() -> RunConfig:
     """The default run: the tiny GPT, TP2 x PP2 on 4 CPU ranks, on the Python standard library
     prepared once (data_cache/) with a locally trained 2048-token BPE."""
@@ -138,4 +167,8 @@ RECIPES = (
     tiny_pp2_vpp2,
     tiny_tp2_sp_dp2_distopt,
     tiny_pp2_dp2_overlap,
+    tiny_cp2,
+    tiny_cp4,
+    tiny_cp2_tp2_sp,
+    tiny_cp2_pp2_distopt,
 )

@@ -5,14 +5,27 @@ state dict -> `dist_checkpointing.save`. Tensors are keyed by global names (laye
 include the pipeline offset), so weights saved from one layout load into any other.
 A full checkpoint holds model, optimizer, scheduler and the typed `RunState` (step, consumed
 samples and tokens, data position, plugin states; each rank's RNG streams as a sharded object),
-so resuming restores all of it. Megatron Core 0.19.2 needs four fixes on the
+so resuming restores all of it; with fp16 the optimizer's part holds the loss scaler's scale,
+growth tracker and hysteresis tracker (`grad_scaler` in Megatron's optimizer state dict,
+optimizer/optimizer.py:1133-1134 and 1208-1213). Megatron Core 0.19.2 needs four fixes on the
 distributed-optimizer load path; they are applied here, around Megatron's own calls, without
 editing the installed package. `docs/checkpoints.md` lists each defect with its file:line.
+
+Publication is atomic so that a crash never leaves a half-written checkpoint under a final name:
+a save is written to `step_NNNNNNN.tmp-<token>` (one token for all ranks), renamed to
+`step_NNNNNNN` by rank 0 once every rank finished, and only then is `latest` replaced (write to
+a temporary file, rename). A crash at any point leaves the previous checkpoint or the new one as
+the newest complete step, which is what a resume picks (`recipes/config/paths.py`
+`newest_checkpoint`). `checkpoint.keep_last` rotation runs after publication and never deletes
+the step this run resumed from.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import uuid
 from pathlib import Path
 
 import torch
@@ -20,6 +33,15 @@ from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.utils import unwrap_model
 
+from recipes.config.paths import (
+    LATEST_FILE,
+    STEP_PREFIX,
+    TMP_INFIX,
+    complete_steps,
+    is_checkpoint,
+    newest_checkpoint,
+    step_of,
+)
 from recipes.config.schema import RunConfig
 from trainer.state import RngState, RunState
 
@@ -67,13 +89,77 @@ def _rng_sharded(rng: RngState | None, world_size: int) -> ShardedObject:
     return ShardedObject("rng_state", data, (world_size,), (rank,), replica_id=0)
 
 
-def save_checkpoint(session, directory: str | Path) -> Path:
-    """Write model, optimizer, scheduler and the run state after `session.state.step` steps."""
-    state: RunState = session.capture_state()
-    path = Path(directory) / f"step_{state.step:07d}"
-    if torch.distributed.get_rank() == 0:
-        path.mkdir(parents=True, exist_ok=True)
-    torch.distributed.barrier()
+def _shared_token(step: int) -> str:
+    """A name part unique to this save and identical on every rank (rank 0 draws it)."""
+    token = [f"{step}-{uuid.uuid4().hex[:8]}" if torch.distributed.get_rank() == 0 else None]
+    torch.distributed.broadcast_object_list(token, src=0)
+    return token[0]
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in `path` durable (cheap; skipped where directories cannot be opened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rank 0: rename the finished save into place, then point `latest` at it."""
+    root = final.parent
+    if final.exists():  # a re-save of a step (a resume from an earlier one): replace it
+        replaced = root / f"{final.name}{TMP_INFIX}replaced"
+        shutil.rmtree(replaced, ignore_errors=True)
+        final.rename(replaced)
+        tmp.rename(final)
+        shutil.rmtree(replaced, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    marker = root / f"{LATEST_FILE}{TMP_INFIX}{os.getpid()}"
+    with open(marker, "w", encoding="utf-8") as f:
+        f.write(final.name)
+        f.flush()
+        os.fsync(f.fileno())
+    marker.replace(root / LATEST_FILE)
+    _fsync_dir(root)
+
+
+def checkpoints_to_delete(
+    existing_steps: list[int], keep_last: int | None, resumed_from: int | None
+) -> list[int]:
+    """The complete steps `checkpoint.keep_last` rotation deletes: all but the newest
+    `keep_last`, never `resumed_from` (the step this run loaded); none when `keep_last` is None."""
+    if keep_last is None:
+        return []
+    older = sorted(existing_steps)[:-keep_last]
+    return [step for step in older if step != resumed_from]
+
+
+def _stale_saves(root: Path, newest: int) -> list[Path]:
+    """`.tmp-` directories of saves at or before the newest published step (crash leftovers)."""
+    stale = []
+    for path in root.glob(f"{STEP_PREFIX}*{TMP_INFIX}*"):
+        step = step_of(path.name.split(TMP_INFIX)[0])
+        if path.is_dir() and step is not None and step <= newest:
+            stale.append(path)
+    return stale
+
+
+def _rotate(root: Path, keep_last: int | None, resumed_from: Path | None) -> None:
+    """Rank 0, after publication: drop rotated-out steps and leftovers of crashed saves."""
+    steps = {step_of(p.name): p for p in complete_steps(root)}
+    protected = None
+    if resumed_from is not None and resumed_from.parent.resolve() == root.resolve():
+        protected = step_of(resumed_from.name)
+    for step in checkpoints_to_delete(list(steps), keep_last, protected):
+        shutil.rmtree(steps[step], ignore_errors=True)
+    for path in _stale_saves(root, max(steps, default=-1)):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _write_sharded(session, state: RunState, path: Path) -> None:
     metadata = content_metadata(session.cfg)
     with _parameters_gathered(session.model):
         sharded = model_sharded_state_dict(session.model, metadata)
@@ -82,17 +168,44 @@ def save_checkpoint(session, directory: str | Path) -> Path:
         sharded["run_state"] = state.common()
         sharded["rng_state"] = _rng_sharded(state.rng, state.world_size)
         dist_checkpointing.save(sharded, str(path), content_metadata=metadata)
+
+
+def save_checkpoint(session, directory: str | Path) -> Path:
+    """Write model, optimizer, scheduler and the run state after `session.state.step` steps,
+    and publish it atomically as `<directory>/step_NNNNNNN` (module docstring).
+
+    Call it only between optimizer steps: the run loop (`trainer/loop.py`) saves after
+    `train_step` has returned, when gradients are applied and `state.step` counts the step.
+    Nothing marks a step in progress, so that is the caller's contract, not checked here.
+    """
+    state: RunState = session.capture_state()
+    root = Path(directory)
+    final = root / f"{STEP_PREFIX}{state.step:07d}"
+    tmp = root / f"{final.name}{TMP_INFIX}{_shared_token(state.step)}"
     if torch.distributed.get_rank() == 0:
-        (Path(directory) / "latest").write_text(path.name)
+        tmp.mkdir(parents=True)
     torch.distributed.barrier()
-    return path
+    _write_sharded(session, state, tmp)
+    torch.distributed.barrier()  # every rank's shards are written
+    if torch.distributed.get_rank() == 0:
+        _publish(tmp, final)
+        _rotate(root, session.cfg.checkpoint.keep_last, session.resumed_from)
+    torch.distributed.barrier()
+    return final
 
 
 def resolve_checkpoint_dir(path: str | Path) -> Path:
-    """A run's checkpoint root (follows its `latest` marker) or one step directory."""
+    """One step directory, or the step a checkpoint root resumes from: the one `latest` names
+    when complete, else the newest complete one (`.tmp-` saves ignored). `checkpoint.load` was
+    checked before any rank started (`recipes/config/paths.py`); a root without a complete step
+    here is a programming error."""
     path = Path(path)
-    latest = path / "latest"
-    return path / latest.read_text().strip() if latest.exists() else path
+    if is_checkpoint(path):
+        return path
+    newest = newest_checkpoint(path)
+    if newest is None:
+        raise FileNotFoundError(f"{path} holds no complete checkpoint")
+    return newest
 
 
 def load_model_weights(path: str | Path, model: list) -> None:

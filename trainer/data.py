@@ -7,7 +7,9 @@ A `SampleSource` turns sample indices into one micro-batch. Sources:
   and `GPTDataset` (blend weights, train/held-out split, its shuffling, and with
   `data.documents=inter_document` its per-document `cu_seqlens`), in the packed batch format
   (`trainer/packed_batch.py`) when documents are kept apart.
-- `PackedSamples`: exact packs of whole documents (`data_prep.packing`), one packed row each.
+- `PackedSamples`: exact packs of whole documents (`data_prep.packing`), one packed row each;
+  under context parallelism packed for, and padded to, per-document multiples of 2 x CP, since
+  Megatron cuts every document of a packed row into 2 x CP chunks.
 `GlobalBatches` cuts every source alike: global batch k is samples [kG, (k+1)G) of the source's
 order, each DP rank takes its contiguous share, in micro-batches. The data position that a
 checkpoint saves is the number of global batches taken.
@@ -147,14 +149,17 @@ def megatron_sources(cfg: RunConfig, blend: Blend, cache: Path, eval_samples: in
 
 
 class PackedSamples:
-    """Exact packs of whole documents: sample i is pack i, one packed row (micro-batch 1)."""
+    """Exact packs of whole documents: sample i is pack i, one packed row (micro-batch 1), each
+    document padded to a multiple of `pad_multiple` (the packs were made for that multiple)."""
 
     reshuffle_each_epoch = False  # packs are shuffled once, seeded, when the index is built
 
-    def __init__(self, packs: Sequence[tuple[object, object, int]], seq_length: int, eod: int):
+    def __init__(self, packs: Sequence[tuple[object, object, int]], seq_length: int, eod: int,
+                 pad_multiple: int = 1):
         self.packs = list(packs)  # (indexed dataset, pack index, pack number)
         self.seq_length = seq_length
         self.eod = eod
+        self.pad_multiple = pad_multiple
 
     def __len__(self) -> int:
         return len(self.packs)
@@ -164,29 +169,39 @@ class PackedSamples:
         documents, starts, lengths = index.pack(number)
         pieces = [dataset.get(int(d), offset=int(s), length=int(n))
                   for d, s, n in zip(documents, starts, lengths, strict=True)]
-        return packed_row(pieces, self.seq_length, pad_id=self.eod)
+        return packed_row(pieces, self.seq_length, pad_id=self.eod,
+                          pad_multiple=self.pad_multiple)
 
 
-def _pack_index(prefix: str, seq_length: int, seed: int):
-    """The pack index of one prepared dataset, built beside it on first use (rank 0)."""
+def document_pad_multiple(cfg: RunConfig) -> int:
+    """What each packed document's length is padded to a multiple of: 2 x CP under context
+    parallelism (Megatron's per-document split, `core/utils.py:2413-2414`), else 1."""
+    cp = cfg.parallel.context
+    return 2 * cp if cp > 1 else 1
+
+
+def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int):
+    """The pack index of one prepared dataset for this pad multiple, built beside it on first
+    use (rank 0)."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     from data_prep.packing import PackIndex, build_pack_index, pack_index_paths
 
-    if torch.distributed.get_rank() == 0 and not pack_index_paths(prefix, seq_length)[2].exists():
-        build_pack_index(prefix, seq_length, seed=seed)
+    found = pack_index_paths(prefix, seq_length, pad_multiple)[2].exists()
+    if torch.distributed.get_rank() == 0 and not found:
+        build_pack_index(prefix, seq_length, seed=seed, pad_multiple=pad_multiple)
     torch.distributed.barrier()
-    return IndexedDataset(prefix), PackIndex(prefix, seq_length)
+    return IndexedDataset(prefix), PackIndex(prefix, seq_length, pad_multiple)
 
 
 def packed_sources(cfg: RunConfig, blend: Blend) -> tuple[PackedSamples, PackedSamples]:
     """Every pack of every train source once; held-out packs from `valid`, else the split."""
-    seq, seed = cfg.model.seq_length, cfg.train.seed
+    seq, seed, multiple = cfg.model.seq_length, cfg.train.seed, document_pad_multiple(cfg)
 
     def packs(sources) -> list[tuple[object, object, int]]:
         found = []
         for source in sources:
-            dataset, index = _pack_index(source.prefix, seq, seed)
+            dataset, index = _pack_index(source.prefix, seq, seed, multiple)
             found += [(dataset, index, i) for i in range(len(index))]
         return found
 
@@ -196,7 +211,8 @@ def packed_sources(cfg: RunConfig, blend: Blend) -> tuple[PackedSamples, PackedS
     else:
         count = max(1, round(len(train) * blend.split[1] / sum(blend.split)))
         train, heldout = train[:-count], train[-count:]
-    return (PackedSamples(train, seq, blend.eod_id), PackedSamples(heldout, seq, blend.eod_id))
+    return (PackedSamples(train, seq, blend.eod_id, multiple),
+            PackedSamples(heldout, seq, blend.eod_id, multiple))
 
 
 def build_sources(cfg: RunConfig, run_dir: Path) -> tuple[SampleSource, SampleSource]:

@@ -1,8 +1,9 @@
 """The step loop: train, check, report, evaluate, checkpoint; plugins hear each event.
 
-Per step: `train_step` -> non-finite check -> history and report -> `after_step` hook ->
-held-out evaluation when due (`after_eval` hook) -> checkpoint when due. Nothing here knows a
-specific plugin; every plugin attaches through the session's `PluginSet`.
+Per step: `train_step` -> skipped-update count (fp16 overflow) -> non-finite check -> history
+-> `after_step` hook (plugins may add figures) -> report -> held-out evaluation when due
+(`after_eval` hook) -> checkpoint when due. Nothing here knows a specific plugin; every plugin
+attaches through the session's `PluginSet`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def check_finite(session: TrainingSession, metrics: StepMetrics) -> None:
     Loss and grad norm are already reduced over all ranks, so every rank takes the same branch;
     the per-rank search runs only on failure and costs nothing on healthy steps.
     """
-    if math.isfinite(metrics.loss) and math.isfinite(metrics.grad_norm):
+    # A skipped update (fp16 overflow) has no grad norm by design; the loss scaler handles it.
+    if math.isfinite(metrics.loss) and (metrics.skipped or math.isfinite(metrics.grad_norm)):
         return
     ranks = _ranks_with_nonfinite_grads(session.model)
     if not ranks:
@@ -55,6 +57,34 @@ def check_finite(session: TrainingSession, metrics: StepMetrics) -> None:
         f"{metrics.grad_norm} ({where}); lower optimizer.lr, raise scheduler.warmup_iters or "
         "use precision.dtype=bf16/fp32 instead of fp16"
     )
+
+
+def loss_scale(session: TrainingSession) -> float:
+    """The optimizer's current loss scale (1.0 without loss scaling)."""
+    return float(session.optimizer.get_loss_scale())
+
+
+def record_skipped_update(
+    session: TrainingSession, reporter: RunReporter, metrics: StepMetrics, scale_before: float
+) -> None:
+    """Count a step whose update the optimizer skipped and say so; stop when dynamic loss
+    scaling is stuck (gradients overflow even at `precision.min_loss_scale`), where Megatron
+    would skip every remaining step."""
+    session.state.skip()
+    p = session.cfg.precision
+    reporter.print(
+        f"step {metrics.step}: gradients overflowed at loss scale {scale_before:g}; update "
+        f"skipped, loss scale now {loss_scale(session):g} "
+        f"({session.state.skipped_steps} skipped so far)"
+    )
+    if session.cfg.train.exit_on_nonfinite and p.loss_scale is None and (
+        scale_before <= p.min_loss_scale
+    ):
+        raise NonFiniteError(
+            f"gradients overflow at step {metrics.step} even at "
+            f"precision.min_loss_scale={p.min_loss_scale:g}; lower optimizer.lr, raise "
+            "scheduler.warmup_iters or use precision.dtype=bf16 instead of fp16"
+        )
 
 
 def _due(step: int, interval: int, total: int) -> bool:
@@ -76,14 +106,18 @@ def run_training(session: TrainingSession, reporter: RunReporter) -> RunHistory:
     if session.eval_steps > 0:
         _evaluate(session, history, reporter)
     while session.state.step < total:
+        scale = loss_scale(session) if cfg.precision.dtype == "fp16" else 1.0  # no GPU sync
         metrics = train_step(session)
+        if metrics.skipped:
+            record_skipped_update(session, reporter, metrics, scale)
         if cfg.train.exit_on_nonfinite:
             check_finite(session, metrics)
         history.record_step(metrics.loss, metrics.step_time_s, metrics.loss_tokens)
+        session.plugins.after_step(metrics)  # plugins may add figures to metrics.extra
         reporter.step(metrics, total)
-        session.plugins.after_step(metrics)
         if session.eval_steps > 0 and _due(metrics.step, cfg.train.eval_interval, total):
             _evaluate(session, history, reporter)
+        # After the whole optimizer step: the only place a run saves (docs/checkpoints.md).
         if cfg.checkpoint.save and _due(metrics.step, cfg.checkpoint.save_interval, total):
             path = checkpointing.save_checkpoint(session, session.run_dir / "checkpoints")
             history.checkpoint = str(path)

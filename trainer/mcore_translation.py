@@ -3,7 +3,9 @@
 Parallel sizes (from the run's `Layout`, through `parallel_sizes`), precision and model shape
 are translated here and nowhere else: process groups (`initialize_parallel_state`),
 `TransformerConfig`, `DistributedDataParallelConfig` and the optimizer's `OptimizerConfig`.
-Plugins adjust the transformer config through their hook afterwards (FP8, for one).
+Plugins adjust the transformer config through their hook afterwards (FP8, for one). Precision
+reaches Megatron here as `precision.dtype` (params/pipeline dtype, bf16/fp16 flags of the
+transformer and optimizer configs) and fp16's loss-scale settings (optimizer config).
 """
 
 from __future__ import annotations
@@ -144,9 +146,26 @@ def build_ddp_config(cfg: RunConfig) -> DistributedDataParallelConfig:
     )
 
 
+def _loss_scale_fields(cfg: RunConfig) -> dict:
+    """fp16 loss scaling, as Megatron's optimizer reads it (`optimizer/__init__.py:649-662`):
+    a static scale when `loss_scale` is set, else a DynamicGradScaler for fp16 (x2 growth after
+    `loss_scale_window` clean steps, x0.5 after `hysteresis` overflows). A step whose gradients
+    overflow returns `update_successful=False` (`optimizer/optimizer.py:820-822`): the trainer
+    then skips the scheduler and counts the step as skipped."""
+    p = cfg.precision
+    return {
+        "loss_scale": p.loss_scale,
+        "initial_loss_scale": p.initial_loss_scale,
+        "min_loss_scale": p.min_loss_scale,
+        "loss_scale_window": p.loss_scale_window,
+        "hysteresis": p.hysteresis,
+    }
+
+
 def build_optimizer_config(cfg: RunConfig) -> MegatronOptimizerConfig:
     o, dtype = cfg.optimizer, cfg.precision.dtype
     return MegatronOptimizerConfig(
+        **_loss_scale_fields(cfg),
         optimizer="adam",
         lr=o.lr,
         min_lr=o.min_lr,

@@ -93,10 +93,12 @@ class RunReporter:
             status = f"loss {metrics.loss:.4f}  {metrics.tokens_per_s:,.0f} tok/s"
             self.progress.update(self.task, completed=metrics.step, status=status)
         if metrics.step % self.log_interval == 0 or metrics.step == total_steps:
+            # Plugins' figures (`StepMetrics.extra`) follow the core ones; the record has them all.
+            extra = "".join(f" | {name} {value:.4g}" for name, value in metrics.extra.items())
             self.print(
                 f"step {metrics.step:>5}/{total_steps} | loss {metrics.loss:.4f} | "
                 f"lr {metrics.lr:.3e} | grad norm {metrics.grad_norm:.3f} | "
-                f"{metrics.tokens_per_s:,.0f} tok/s | {metrics.step_time_s:.3f} s/step"
+                f"{metrics.tokens_per_s:,.0f} tok/s | {metrics.step_time_s:.3f} s/step{extra}"
             )
 
     def heldout(self, evaluation: EvalResult) -> None:

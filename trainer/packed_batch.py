@@ -54,23 +54,35 @@ def segment_lengths(document_lengths: Sequence[int], seq_length: int) -> list[in
     return [*document_lengths, padding] if padding else list(document_lengths)
 
 
-def packed_row(documents: Sequence, seq_length: int, pad_id: int) -> dict[str, torch.Tensor]:
+def _padded(length: int, multiple: int) -> int:
+    return -(-length // multiple) * multiple
+
+
+def packed_row(
+    documents: Sequence, seq_length: int, pad_id: int, pad_multiple: int = 1
+) -> dict[str, torch.Tensor]:
     """One packed micro-batch (see the module docstring) from `documents` (1-D token arrays,
-    placed in order) and the row length `seq_length`; the rest of the row is `pad_id`."""
+    placed in order) and the row length `seq_length`; the rest of the row is `pad_id`.
+
+    With `pad_multiple` > 1 (context parallel: 2 x CP) each document occupies a multiple of that
+    many positions, its own padding after it (loss 0, never attended to by the document's
+    tokens, which come first); the row then also carries `cu_seqlens_padded`, the segment
+    bounds in the row, while `cu_seqlens` counts each document's own tokens."""
     docs = _as_documents(documents)
-    segments = segment_lengths([doc.numel() for doc in docs], seq_length)
+    real = [doc.numel() for doc in docs]
+    segments = segment_lengths([_padded(n, pad_multiple) for n in real], seq_length)
     tokens = torch.full((seq_length,), pad_id, dtype=torch.long)
     labels = torch.full((seq_length,), pad_id, dtype=torch.long)
     loss_mask = torch.zeros(seq_length, dtype=torch.float32)
     start = 0
-    for doc in docs:
+    for doc, room in zip(docs, segments, strict=False):
         end = start + doc.numel()
         tokens[start:end] = doc
         labels[start : end - 1] = doc[1:]
         loss_mask[start : end - 1] = 1.0
-        start = end
+        start += room
     positions = torch.cat([torch.arange(n, dtype=torch.long) for n in segments])
-    return {
+    row = {
         "tokens": tokens[None],
         "labels": labels[None],
         "loss_mask": loss_mask[None],
@@ -78,3 +90,8 @@ def packed_row(documents: Sequence, seq_length: int, pad_id: int) -> dict[str, t
         "cu_seqlens": torch.tensor([0, *accumulate(segments)], dtype=torch.int32),
         "max_seqlen": torch.tensor(max(segments), dtype=torch.int32),
     }
+    if pad_multiple > 1:
+        own = [*real, *segments[len(real):]]  # the row's trailing padding stays one segment
+        row["cu_seqlens_padded"] = row["cu_seqlens"]
+        row["cu_seqlens"] = torch.tensor([0, *accumulate(own)], dtype=torch.int32)
+    return row

@@ -52,6 +52,8 @@ class TrainingSession:
     eval_steps: int  # held-out global batches per evaluation (0 = no evaluation)
     state: RunState
     start_step: int = 0  # the step this session started from (a resume's step, or 0)
+    # The step directory a full resume loaded (rotation never deletes it); None otherwise.
+    resumed_from: Path | None = None
 
     def capture_state(self) -> RunState:
         """The run state as a checkpoint saves it: counters, data position, plugins, RNG."""
@@ -59,6 +61,7 @@ class TrainingSession:
             step=self.state.step,
             consumed_samples=self.state.consumed_samples,
             consumed_tokens=self.state.consumed_tokens,
+            skipped_steps=self.state.skipped_steps,
             data=self.train_batches.state_dict(),
             plugins=self.plugins.state_dict(),
             world_size=torch.distributed.get_world_size(),
@@ -173,5 +176,6 @@ def build_session(
         eval_steps=eval_steps, state=RunState(world_size=torch.distributed.get_world_size()),
     )
     if load is not None and not cfg.checkpoint.load_model_only:
-        session.restore_state(checkpointing.load_checkpoint(session, load))
+        session.resumed_from = checkpointing.resolve_checkpoint_dir(load)
+        session.restore_state(checkpointing.load_checkpoint(session, session.resumed_from))
     return session

@@ -63,22 +63,29 @@ class RunState:
     step: int = 0  # optimizer steps done
     consumed_samples: int = 0  # training samples of all global batches so far
     consumed_tokens: int = 0  # loss tokens of those batches, each counted once
+    skipped_steps: int = 0  # of those steps, updates the optimizer skipped (fp16 overflow)
     data: dict[str, int] = field(default_factory=dict)  # the training data's position
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)  # each plugin's own state
     world_size: int = 1  # ranks of the run that saved it (RNG streams are per rank)
     rng: RngState | None = None  # this rank's streams; per rank in the checkpoint
 
     def advance(self, samples: int, loss_tokens: int) -> None:
-        """Count one applied optimizer step of `samples` samples."""
+        """Count one optimizer step of `samples` samples. As in Megatron-LM, a step whose update
+        was skipped (fp16 overflow) still counts and consumes its batch; `skip` marks it."""
         self.step += 1
         self.consumed_samples += samples
         self.consumed_tokens += loss_tokens
 
+    def skip(self) -> None:
+        """Mark the step just counted as one whose update the optimizer skipped."""
+        self.skipped_steps += 1
+
     def common(self) -> dict[str, Any]:
         """The part every rank shares (saved once)."""
         return {"step": self.step, "consumed_samples": self.consumed_samples,
-                "consumed_tokens": self.consumed_tokens, "data": dict(self.data),
-                "plugins": dict(self.plugins), "world_size": self.world_size}
+                "consumed_tokens": self.consumed_tokens, "skipped_steps": self.skipped_steps,
+                "data": dict(self.data), "plugins": dict(self.plugins),
+                "world_size": self.world_size}
 
     @classmethod
     def from_common(cls, values: dict[str, Any], rng: RngState | None) -> RunState:

@@ -1,6 +1,7 @@
 """The CPU runtime as a plugin: it decides the backend before process groups exist, and adapts the
-local spec to CPU: sequence-parallel-capable norms, and an attention that takes packed (THD)
-batches (`packed_attention.py`). The trainer never names it."""
+local spec to CPU: sequence-parallel-capable norms, an attention that takes packed (THD)
+batches (`packed_attention.py`) and, under context parallel, a reference CP attention
+(`cp_attention.py`, a test backend). The trainer never names it."""
 
 from __future__ import annotations
 
@@ -28,5 +29,10 @@ class CpuRuntimePlugin(Plugin):
         if not self.active:
             return spec
         # Local-spec norms cannot run sequence parallel on CPU, and local attention refuses
-        # packed batches; the swapped-in attention runs unpacked batches exactly as before.
-        return use_packed_attention(adapt_local_layer_spec(spec, config))
+        # packed batches and CP; the swapped-in attentions run other batches exactly as before.
+        spec = use_packed_attention(adapt_local_layer_spec(spec, config))
+        if config.context_parallel_size > 1:
+            from plugins.cpu_runtime.cp_attention import use_cp_attention
+
+            spec = use_cp_attention(spec)
+        return spec

@@ -32,6 +32,13 @@ __all__ = [
 # Patches carried out by the one process-wide TorchFunctionMode (see device_mode.py).
 _MODE_PATCHES = ("device_redirect", "cuda_type_names", "backward_in_mode")
 
+def install_thd_partition() -> None:
+    """TE's per-document CP partition for Megatron's packed CP split (`cp_attention.py`)."""
+    from plugins.cpu_runtime.cp_attention import install_thd_partition as install
+
+    install()
+
+
 # Patches that are one installer each, in the order they are applied.
 _INSTALLERS: dict[str, Callable[[], None]] = {
     "cuda_stand_ins": install_cuda_stand_ins,
@@ -39,6 +46,7 @@ _INSTALLERS: dict[str, Callable[[], None]] = {
     "eager": disable_dynamo,
     "gloo_uneven_all_gather": install_uneven_all_gather,
     "all_to_all_list_splits": install_list_split_sizes,
+    "thd_cp_partition": install_thd_partition,
 }
 
 PATCH_NAMES: tuple[str, ...] = (*_MODE_PATCHES, *_INSTALLERS)

@@ -1,57 +1,297 @@
-"""Config of the FP8 plugin (torch-free): which FP8 format Transformer Engine trains in.
+"""Config of the FP8 plugin (torch-free): the FP8 presets, their rules and machine needs.
 
 FP8 is a plugin, not a core precision field: it is optional and GPU-only, needs Transformer
-Engine, brings rules of its own (GEMM dimensions divisible by 16; more with each FP8 recipe)
-and changes the run only through the transformer config. `precision.dtype` stays core: every
-run has one, and Megatron's optimizer, DDP and Float16Module all read it.
+Engine (TE), brings rules of its own (GEMM shapes; per-recipe limits) and machine needs of its
+own (CUDA, TE, compute capability), and changes the run only through the transformer config.
+`precision.dtype` and fp16 loss scaling stay core (`recipes/config/schema.py`): every run has a
+dtype, and Megatron's optimizer, DDP and Float16Module read it.
+
+The four FP8 presets are `plugins.fp8.recipe` values, trained on top of `precision.dtype=bf16`
+(Megatron's `Fp8Recipe`, megatron/core/enums.py:12-19; TE recipe objects chosen in
+megatron/core/fp8_utils.py:714-760). Megatron also accepts FP8 with fp32 or fp16 weights, so
+this plugin does not refuse them; the layers kept out of FP8 then run in that dtype.
+
+    delayed     per-tensor scale from an amax history (TE DelayedScaling: amax_history_len,
+                amax_compute_algo, margin are read only here, extensions/transformer_engine.py:3246)
+    tensorwise  per-tensor current scaling (TE Float8CurrentScaling)
+    blockwise   1x128 / 128x128 block scales (TE Float8BlockScaling)
+    mxfp8       32-element micro-block scales in E8M0 (TE MXFP8BlockScaling; Blackwell)
+
+Every refusal here is a pure function: config rules take the run config, machine rules take this
+config, the machine description and whether the ranks run on CPU. Each returns None or one line.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
+
+from packaging.version import InvalidVersion, Version
 
 from plugins.protocol import Plugin, PluginConfig, Rule
 
-FP8_MULTIPLE = 16  # Transformer Engine FP8 GEMMs need every matrix dimension divisible by 16
-
-
-def check_fp8_shapes(cfg: Any) -> str | None:
-    """FP8 GEMMs need hidden, MLP and per-rank token dimensions that are multiples of 16."""
-    if cfg.plugins.fp8.format is None:
-        return None
-    m, p = cfg.model, cfg.parallel
-    sp_split = p.tensor if p.sequence_parallel else 1
-    tokens = m.seq_length // (p.context * sp_split) * cfg.train.micro_batch_size
-    dims = {
-        "model.hidden_size": m.hidden_size,
-        "model.ffn_hidden_size": m.ffn_hidden_size,
-        "model.moe_ffn_hidden_size": m.moe_ffn_hidden_size,
-        "tokens per rank per micro-batch (seq_length / CP [/ TP with SP] x micro_batch_size)": (
-            tokens
-        ),
-    }
-    for name, value in dims.items():
-        if value is not None and value % FP8_MULTIPLE:
-            return (
-                f"plugins.fp8.format={cfg.plugins.fp8.format} needs {name} divisible by "
-                f"{FP8_MULTIPLE}, got {value}; adjust it or set plugins.fp8.format=null"
-            )
-    return None
+FP8_MULTIPLE = 16  # TE FP8 GEMMs need every matrix dimension divisible by 16
+MXFP8_MULTIPLE = 32  # MXFP8 scales blocks of 32 elements (megatron/core/fp8_utils.py:318-323)
+# Lowest compute capability per recipe (TE's check_fp8_support / check_fp8_block_scaling_support
+# / check_mxfp8_support in transformer_engine/pytorch/fp8.py or quantization.py).
+MIN_COMPUTE_CAPABILITY = {
+    "delayed": (8, 9), "tensorwise": (8, 9), "blockwise": (9, 0), "mxfp8": (10, 0),
+}
+# Lowest TE per recipe before Megatron refuses it at the first forward (fp8_utils.py:732-765).
+MIN_TE_VERSION = {
+    "delayed": "1.0", "tensorwise": "2.2.0.dev0", "blockwise": "2.3.0.dev0", "mxfp8": "2.1.0",
+}
+DELAYED_ONLY = ("amax_history_len", "amax_compute_algo", "margin")
 
 
 @dataclass(kw_only=True)
 class Fp8Config(PluginConfig):
-    """FP8 training through Transformer Engine (GPU only)."""
+    """FP8 training through Transformer Engine (GPU only); off while `format` is null."""
 
-    format: Literal["hybrid", "e4m3"] | None = None  # FP8 recipe format; None = off
+    format: Literal["hybrid", "e4m3"] | None = None  # e4m3 fwd / e5m2 bwd, or e4m3 both; None = off
+    recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] = "delayed"  # scaling recipe
+    # Delayed scaling only; defaults are TE DelayedScaling's own (Megatron's are 1, most_recent).
+    amax_history_len: int = 1024  # steps of amax history per tensor
+    amax_compute_algo: Literal["max", "most_recent"] = "max"  # amax taken from that history
+    margin: int = 0  # scale = (fp8 max / amax) / 2^margin
+    # Transformer layers kept out of FP8 at each end, in precision.dtype (bf16 in every preset);
+    # not with delayed scaling.
+    first_layers_bf16: int = 0  # layers at the start of the model kept out of FP8
+    last_layers_bf16: int = 0  # layers at the end of the model kept out of FP8
 
     def rules(self) -> tuple[Rule, ...]:
-        return (check_fp8_shapes,)
+        return (
+            check_fp8_settings_unused, check_fp8_delayed_settings,
+            check_fp8_scaling_values, check_fp8_bf16_layers_recipe, check_fp8_bf16_layers_range,
+            check_fp8_bf16_layers_leave_fp8, check_fp8_shapes,
+        )
+
+    def machine_problem(self, machine: Any, on_cpu: bool) -> str | None:
+        if self.format is None:
+            return None
+        for check in MACHINE_CHECKS:
+            if problem := check(self, machine, on_cpu):
+                return problem
+        return None
+
+    def transformer_fields(self) -> dict[str, Any]:
+        """The Megatron `TransformerConfig` fields this config sets (empty when off)."""
+        if self.format is None:
+            return {}
+        bf16_ends = self.first_layers_bf16 > 0 or self.last_layers_bf16 > 0
+        return {
+            "fp8": self.format,
+            "fp8_recipe": self.recipe,
+            "fp8_amax_history_len": self.amax_history_len,
+            "fp8_amax_compute_algo": self.amax_compute_algo,
+            "fp8_margin": self.margin,
+            "first_last_layers_bf16": bf16_ends,
+            # Megatron reads the counts only when first_last_layers_bf16 is on (fp8_utils.py:675).
+            "num_layers_at_start_in_bf16": self.first_layers_bf16 if bf16_ends else 1,
+            "num_layers_at_end_in_bf16": self.last_layers_bf16 if bf16_ends else 1,
+        }
 
     def build(self) -> Plugin | None:
         if self.format is None:
             return None
         from plugins.fp8.plugin import Fp8Plugin
 
-        return Fp8Plugin(self.format)
+        return Fp8Plugin(self.transformer_fields())
+
+
+def _default(name: str) -> Any:
+    return next(f.default for f in fields(Fp8Config) if f.name == name)
+
+
+def _on(cfg: Any) -> str:
+    """How messages name the switch that is on: `plugins.fp8.format=hybrid`."""
+    return f"plugins.fp8.format={cfg.plugins.fp8.format}"
+
+
+# ---- config rules (pure functions of the run config) ----------------------------------------
+
+
+def check_fp8_settings_unused(cfg: Any) -> str | None:
+    """FP8 settings changed while FP8 is off would silently do nothing."""
+    fp8 = cfg.plugins.fp8
+    if fp8.format is not None:
+        return None
+    for f in fields(fp8):
+        if f.name != "format" and getattr(fp8, f.name) != f.default:
+            return (
+                f"plugins.fp8.{f.name}={getattr(fp8, f.name)} has no effect while "
+                "plugins.fp8.format=null; turn FP8 on with plugins.fp8.format=hybrid or leave "
+                f"plugins.fp8.{f.name} at its default"
+            )
+    return None
+
+
+def check_fp8_delayed_settings(cfg: Any) -> str | None:
+    """Only TE's DelayedScaling reads amax history, its algorithm and the margin
+    (megatron/core/extensions/transformer_engine.py:3246-3252); other recipes ignore them."""
+    fp8 = cfg.plugins.fp8
+    if fp8.format is None or fp8.recipe == "delayed":
+        return None
+    for name in DELAYED_ONLY:
+        if getattr(fp8, name) != _default(name):
+            return (
+                f"plugins.fp8.{name}={getattr(fp8, name)} is read only by delayed scaling, but "
+                f"plugins.fp8.recipe={fp8.recipe}; set plugins.fp8.recipe=delayed or leave "
+                f"plugins.fp8.{name} at its default"
+            )
+    return None
+
+
+def check_fp8_scaling_values(cfg: Any) -> str | None:
+    """An empty amax history or a negative margin reach TE only inside the first forward."""
+    fp8 = cfg.plugins.fp8
+    if fp8.amax_history_len < 1:
+        return (
+            f"plugins.fp8.amax_history_len={fp8.amax_history_len} must be at least 1; set it, "
+            "e.g. plugins.fp8.amax_history_len=1024"
+        )
+    for name in ("margin", "first_layers_bf16", "last_layers_bf16"):
+        if getattr(fp8, name) < 0:
+            return f"plugins.fp8.{name}={getattr(fp8, name)} must not be negative; set it to 0"
+    return None
+
+
+def check_fp8_bf16_layers_recipe(cfg: Any) -> str | None:
+    """Megatron refuses bf16 end layers with delayed scaling (transformer_config.py:1402): the
+    per-layer FP8 context would break its amax reduction (fp8_utils.py:826-830)."""
+    fp8 = cfg.plugins.fp8
+    if fp8.format is None or fp8.recipe != "delayed":
+        return None
+    for name in ("first_layers_bf16", "last_layers_bf16"):
+        if getattr(fp8, name) > 0:
+            return (
+                f"plugins.fp8.{name}={getattr(fp8, name)} cannot be used with "
+                "plugins.fp8.recipe=delayed (Megatron refuses bf16 layers with delayed scaling); "
+                f"set plugins.fp8.recipe=tensorwise or plugins.fp8.{name}=0"
+            )
+    return None
+
+
+def check_fp8_bf16_layers_range(cfg: Any) -> str | None:
+    """Megatron allows at most one pipeline stage's layers at each end
+    (transformer_config.py:1404-1430)."""
+    fp8 = cfg.plugins.fp8
+    per_stage = cfg.model.num_layers // cfg.parallel.pipeline
+    if fp8.format is None:
+        return None
+    for name in ("first_layers_bf16", "last_layers_bf16"):
+        if getattr(fp8, name) > per_stage:
+            return (
+                f"plugins.fp8.{name}={getattr(fp8, name)} exceeds the {per_stage} layers of one "
+                f"pipeline stage (model.num_layers={cfg.model.num_layers} / "
+                f"parallel.pipeline={cfg.parallel.pipeline}); lower it to {per_stage} or less"
+            )
+    return None
+
+
+def check_fp8_bf16_layers_leave_fp8(cfg: Any) -> str | None:
+    """Keeping every layer in bf16 would train without FP8 while claiming it (house rule)."""
+    fp8 = cfg.plugins.fp8
+    kept = fp8.first_layers_bf16 + fp8.last_layers_bf16
+    if fp8.format is None or kept < cfg.model.num_layers:
+        return None
+    return (
+        f"plugins.fp8.first_layers_bf16={fp8.first_layers_bf16} + "
+        f"plugins.fp8.last_layers_bf16={fp8.last_layers_bf16} keep all "
+        f"{cfg.model.num_layers} layers in bf16, so nothing trains in FP8; lower them or set "
+        "plugins.fp8.format=null"
+    )
+
+
+def _gemm_dims(cfg: Any) -> dict[str, int | None]:
+    m, p = cfg.model, cfg.parallel
+    sp_split = p.tensor if p.sequence_parallel else 1
+    tokens = m.seq_length // (p.context * sp_split) * cfg.train.micro_batch_size
+    return {
+        "model.hidden_size": m.hidden_size,
+        "model.ffn_hidden_size": m.ffn_hidden_size,
+        "model.moe_ffn_hidden_size": m.moe_ffn_hidden_size,
+        "model.ffn_hidden_size / parallel.tensor (the MLP width on one TP rank)": (
+            m.ffn_hidden_size // p.tensor
+        ),
+        "tokens per rank per micro-batch (seq_length / CP [/ TP with SP] x micro_batch_size)": (
+            tokens
+        ),
+    }
+
+
+def check_fp8_shapes(cfg: Any) -> str | None:
+    """FP8 GEMMs need hidden, MLP and per-rank token dimensions that are multiples of 16 (32
+    for MXFP8, whose scales cover blocks of 32)."""
+    fp8 = cfg.plugins.fp8
+    if fp8.format is None:
+        return None
+    multiple = MXFP8_MULTIPLE if fp8.recipe == "mxfp8" else FP8_MULTIPLE
+    what = "plugins.fp8.recipe=mxfp8" if fp8.recipe == "mxfp8" else _on(cfg)
+    for name, value in _gemm_dims(cfg).items():
+        if value is not None and value % multiple:
+            return (
+                f"{what} needs {name} divisible by {multiple}, got {value}; adjust it or set "
+                "plugins.fp8.format=null"
+            )
+    return None
+
+
+# ---- machine rules (this config, the machine description, whether ranks run on CPU) ---------
+
+
+def fp8_needs_cuda(fp8: Fp8Config, machine: Any, on_cpu: bool) -> str | None:
+    if not on_cpu and machine.gpus > 0:
+        return None
+    found = f"found {machine.gpus} GPU{'' if machine.gpus == 1 else 's'}"
+    where = "the CPU runtime" if on_cpu else "no GPU"
+    return (
+        f"plugins.fp8.format={fp8.format} needs CUDA GPUs (Transformer Engine's FP8 GEMMs), but "
+        f"this run would train on {where} ({found}); run on a GPU node or set "
+        "plugins.fp8.format=null"
+    )
+
+
+def fp8_needs_transformer_engine(fp8: Fp8Config, machine: Any, on_cpu: bool) -> str | None:
+    if machine.transformer_engine is not None:
+        return None
+    return (
+        f"plugins.fp8.format={fp8.format} needs Transformer Engine, which is not installed here "
+        "(without it Megatron silently trains without FP8); install it with pip install "
+        "--no-build-isolation 'transformer_engine[pytorch]' or set plugins.fp8.format=null"
+    )
+
+
+def fp8_transformer_engine_version(fp8: Fp8Config, machine: Any, on_cpu: bool) -> str | None:
+    found, needed = machine.transformer_engine, MIN_TE_VERSION[fp8.recipe]
+    try:
+        if found is None or Version(found) >= Version(needed):
+            return None
+    except InvalidVersion:  # 'unknown' or a local build's own scheme: TE decides at run time
+        return None
+    return (
+        f"plugins.fp8.recipe={fp8.recipe} needs Transformer Engine >= {needed} (Megatron refuses "
+        f"it otherwise), found {found}; upgrade Transformer Engine or set "
+        "plugins.fp8.recipe=delayed"
+    )
+
+
+def fp8_compute_capability(fp8: Fp8Config, machine: Any, on_cpu: bool) -> str | None:
+    found = machine.compute_capability
+    needed = MIN_COMPUTE_CAPABILITY[fp8.recipe]
+    if found is None or tuple(found) >= needed:
+        return None
+    hint = (
+        "plugins.fp8.recipe=tensorwise" if needed > (8, 9) and tuple(found) >= (8, 9)
+        else "plugins.fp8.format=null (bf16 alone)"
+    )
+    return (
+        f"plugins.fp8.recipe={fp8.recipe} needs GPU compute capability "
+        f"{needed[0]}.{needed[1]} or higher, this GPU has {found[0]}.{found[1]}; use {hint}"
+    )
+
+
+MACHINE_CHECKS = (
+    fp8_needs_cuda, fp8_needs_transformer_engine, fp8_transformer_engine_version,
+    fp8_compute_capability,
+)

@@ -1,17 +1,33 @@
-"""Sets the FP8 format on the transformer config; Transformer Engine's layers do the rest."""
+"""Sets the FP8 fields on the transformer config; Transformer Engine's layers do the rest.
+
+Megatron reads them in three places: `fp8_utils.get_fp8_recipe` builds TE's recipe object
+(megatron/core/fp8_utils.py:714-770), `TransformerBlock` enters the FP8 context around all layers
+for delayed scaling and per layer otherwise, which is what lets the first and last layers stay
+out of FP8 (transformer/transformer_block.py:600-660, fp8_utils.py:673-689).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from plugins.protocol import Plugin
+from plugins.protocol import Plugin, UserError
 
 
 class Fp8Plugin(Plugin):
-    def __init__(self, fp8_format: str) -> None:
-        self.fp8_format = fp8_format  # Megatron's TransformerConfig.fp8: 'hybrid' or 'e4m3'
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields  # TransformerConfig fields, from Fp8Config.transformer_fields()
 
     def transformer_config(self, config: Any) -> Any:
-        # `replace` re-runs TransformerConfig's own checks with FP8 on.
-        return dataclasses.replace(config, fp8=self.fp8_format)
+        # `replace` re-runs TransformerConfig's own checks with FP8 on. What they refuse that our
+        # rules cannot see before launch (e.g. MoE FP8 without Transformer Engine >= 1.7 in a
+        # dry run, transformer_config.py:2294-2299) becomes one line, not a traceback.
+        try:
+            return dataclasses.replace(config, **self.fields)
+        except ValueError as error:
+            reason = " ".join(str(error).split())
+            raise UserError(
+                f"plugins.fp8.format={self.fields['fp8']} with "
+                f"plugins.fp8.recipe={self.fields['fp8_recipe']}: Megatron refuses this "
+                f"transformer config: {reason}"
+            ) from None

@@ -27,13 +27,17 @@ def check_packing_micro_batch(cfg: Any) -> str | None:
 
 
 def check_packing_context_parallel(cfg: Any) -> str | None:
-    """THD with CP needs every document padded to a multiple of 2 x CP and per-rank RoPE offsets
-    (`core/utils.py:2413-2414`); neither the batch format nor the tests cover that yet."""
-    cp = cfg.parallel.context
-    if cfg.plugins.packing.enabled and cp != 1:
+    """THD with CP needs every document padded to a multiple of 2 x CP (`core/utils.py:2413-2414`,
+    `cu_seqlens_padded`). Exact packs do that: under CP the pack index is built for padded
+    lengths and each row pads its documents (`trainer/data.py`, `document_pad_multiple`). Megatron's
+    GPTDataset rows (`inter_document`) are cut from the document stream and not padded per
+    document, so that mode stays refused with CP."""
+    cp, documents = cfg.parallel.context, cfg.data.documents
+    if documents == "inter_document" and cp != 1:
         return (
-            f"plugins.packing.enabled=true does not support parallel.context={cp} yet (packed "
-            "documents would need padding to 2 x CP); set parallel.context=1"
+            f"data.documents=inter_document does not support parallel.context={cp} (Megatron's "
+            "GPTDataset rows do not pad each document to a multiple of 2 x CP); set "
+            "data.documents=packed (pads each document) or parallel.context=1"
         )
     return None
 

@@ -35,18 +35,24 @@ def _check_packed(batch: dict[str, Any]) -> None:
 
 
 def packed_seq_params(batch: dict[str, Any]) -> PackedSeqParams:
-    """THD parameters of one packed row (self-attention: the same boundaries for q and kv).
+    """THD parameters of one packed row (self-attention: the same boundaries for q and kv; the
+    padded bounds too when documents are padded, as context parallel needs).
 
     `max_seqlen` becomes a Python int: the rotary table is cached by its length
     (`models/common/embeddings/rotary_pos_embedding.py:177`, an lru_cache), and TE takes an int.
     """
     _check_packed(batch)
     cu_seqlens = batch["cu_seqlens"].reshape(-1).to(torch.int32)
+    padded = batch.get("cu_seqlens_padded")
+    if padded is not None:  # documents padded in the row (context parallel: to 2 x CP)
+        padded = padded.reshape(-1).to(torch.int32)
     max_seqlen = int(batch["max_seqlen"])
     return PackedSeqParams(
         qkv_format="thd",
         cu_seqlens_q=cu_seqlens,
         cu_seqlens_kv=cu_seqlens,
+        cu_seqlens_q_padded=padded,
+        cu_seqlens_kv_padded=padded,
         max_seqlen_q=max_seqlen,
         max_seqlen_kv=max_seqlen,
     )

@@ -1,14 +1,20 @@
 """Is this machine (and this launch) able to run the recipe? Checked in well under a second.
 
 GPUs are counted from the NVIDIA driver's device files, never by importing torch, so a wrong
-machine is reported before any heavy import.
+machine is reported before any heavy import. Where GPUs are visible, their compute capability
+comes from `nvidia-smi` and Transformer Engine's version from its installed metadata (no
+import); each plugin config then says what it lacks on this machine (`machine_problem`).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +32,8 @@ class MachineInfo:
 
     gpus: int  # GPUs visible to this process (after CUDA_VISIBLE_DEVICES)
     launched_world_size: int | None  # WORLD_SIZE from torchrun/srun; None = not launched
+    compute_capability: tuple[int, int] | None = None  # lowest of the GPUs; None = unknown
+    transformer_engine: str | None = None  # installed TE version ('unknown'); None = absent
 
 
 def count_gpus(
@@ -80,13 +88,53 @@ def refuse_plain_srun(environ: Mapping[str, str]) -> None:
         )
 
 
+def parse_compute_capabilities(nvidia_smi_output: str) -> tuple[int, int] | None:
+    """The lowest `major.minor` in `nvidia-smi --query-gpu=compute_cap` output, or None."""
+    found = [
+        (int(major), int(minor))
+        for major, minor in re.findall(r"^\s*(\d+)\.(\d+)\s*$", nvidia_smi_output, re.M)
+    ]
+    return min(found) if found else None
+
+
+def gpu_compute_capability() -> tuple[int, int] | None:
+    """Lowest compute capability of this node's GPUs from nvidia-smi (None when it cannot say;
+    drivers before 510 lack the `compute_cap` query)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        result = subprocess.run(
+            [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_compute_capabilities(result.stdout) if result.returncode == 0 else None
+
+
+def transformer_engine_version() -> str | None:
+    """Installed Transformer Engine version from package metadata (as Megatron reads it,
+    megatron/core/utils.py:315), 'unknown' for an importable copy without metadata, or None."""
+    for distribution in ("transformer-engine", "transformer-engine-torch"):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown" if importlib.util.find_spec("transformer_engine") else None
+
+
 def detect_machine(environ: Mapping[str, str] | None = None) -> MachineInfo:
-    """GPUs visible here and the launcher's world size (no torch import)."""
+    """GPUs visible here, the launcher's world size and, with GPUs, their compute capability
+    and Transformer Engine (no torch import)."""
     env = os.environ if environ is None else environ
     refuse_plain_srun(env)
+    gpus = count_gpus(visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
     return MachineInfo(
-        gpus=count_gpus(visible_devices=env.get("CUDA_VISIBLE_DEVICES")),
+        gpus=gpus,
         launched_world_size=launched_world_size(env),
+        compute_capability=gpu_compute_capability() if gpus else None,
+        transformer_engine=transformer_engine_version() if gpus else None,
     )
 
 
@@ -103,11 +151,28 @@ def check_machine(
 
     Multi-node recipes must be launched with a matching WORLD_SIZE on nodes with enough GPUs.
     Single-node recipes run on GPUs, or without CUDA on the CPU runtime (one local process per
-    rank, at most CPU_RANK_CAP). `cfg.dry_run` skips the check. `command_args` (the user's
-    arguments) make the suggested dry-run command reproduce their overrides.
+    rank, at most CPU_RANK_CAP). Then each plugin says what it lacks here (FP8: CUDA,
+    Transformer Engine, compute capability). `cfg.dry_run` skips the check. `command_args` (the
+    user's arguments) make the suggested dry-run command reproduce their overrides.
     """
     if cfg.dry_run:
         return
+    check_ranks(cfg, machine, command_args)
+    check_plugin_needs(cfg, machine)
+
+
+def check_plugin_needs(cfg: RunConfig, machine: MachineInfo) -> None:
+    """The first plugin (registry order) that finds this machine lacking raises its line."""
+    on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
+    for _, plugin_config in cfg.plugins.configs():
+        if problem := plugin_config.machine_problem(machine, on_cpu):
+            raise ConfigError(problem)
+
+
+def check_ranks(
+    cfg: RunConfig, machine: MachineInfo, command_args: Sequence[str] | None = None
+) -> None:
+    """Enough GPUs (or CPU ranks) on this node for the recipe's world, launched consistently."""
     c, gpus, launched = cfg.cluster, machine.gpus, machine.launched_world_size
     world = c.world_size
     needs = (

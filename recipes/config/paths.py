@@ -9,6 +9,10 @@ A dry run reads and writes no files, so it skips them (its checkpoint may live o
 What a checkpoint looks like (see `trainer/checkpointing.py`): Megatron's `torch_dist` format
 writes `metadata.json` into the checkpoint directory when a save finishes; a run keeps its
 checkpoints in `<run_dir>/checkpoints/step_NNNNNNN/` with a `latest` file naming the newest one.
+A save is written under `step_NNNNNNN.tmp-<token>` and renamed only once every rank finished, so
+a crash leaves at most a `.tmp-` directory (ignored here) or a `latest` naming a directory that is
+gone; the root then resumes from its newest complete step (`newest_checkpoint`), and only a root
+with no complete step at all is an error, raised here before any rank starts.
 """
 
 from __future__ import annotations
@@ -25,46 +29,68 @@ CHECKPOINT_MARKER = "metadata.json"  # written by megatron.core.dist_checkpointi
 LATEST_FILE = "latest"  # a run's checkpoint root names its newest step directory here
 RUN_CHECKPOINTS = "checkpoints"  # where a run directory keeps its checkpoints
 CHECKPOINT_EXAMPLE = "runs/<run>/checkpoints"
+STEP_PREFIX = "step_"  # step_NNNNNNN: a published checkpoint
+TMP_INFIX = ".tmp-"  # step_NNNNNNN.tmp-<token>: a save in progress (or one a crash left)
 
 
-def _is_checkpoint(path: Path) -> bool:
+def is_checkpoint(path: Path) -> bool:
+    """A finished Megatron checkpoint: its save got as far as writing `metadata.json`."""
     return (path / CHECKPOINT_MARKER).is_file()
 
 
-def _complete_steps(root: Path) -> list[str]:
-    """Names of the finished step directories under a checkpoint root, oldest first."""
-    return sorted(p.name for p in root.glob("step_*") if p.is_dir() and _is_checkpoint(p))
+def step_of(name: str) -> int | None:
+    """The step of a published `step_NNNNNNN` name (None for anything else, `.tmp-` included)."""
+    digits = name[len(STEP_PREFIX):]
+    return int(digits) if name.startswith(STEP_PREFIX) and digits.isdigit() else None
 
 
-def _latest_problem(load: str, root: Path) -> str | None:
-    """A checkpoint root whose `latest` file must name a finished step directory."""
+def complete_steps(root: Path) -> list[Path]:
+    """The finished, published step directories under a checkpoint root, oldest first."""
+    found = [
+        (step_of(p.name), p) for p in root.glob(f"{STEP_PREFIX}*")
+        if step_of(p.name) is not None and p.is_dir() and is_checkpoint(p)
+    ]
+    return [p for _, p in sorted(found)]
+
+
+def _latest_name(root: Path) -> str | None:
     try:
-        step = (root / LATEST_FILE).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as err:
-        reason = getattr(err, "strerror", None) or "not text"
-        return (
-            f"checkpoint.load={load}: its {LATEST_FILE} file cannot be read ({reason}); fix it "
-            "or point checkpoint.load at one step directory"
-        )
-    steps = _complete_steps(root)
-    fix = (
-        f"point checkpoint.load at a finished step, e.g. checkpoint.load={root / steps[-1]}"
-        if steps
-        else "point checkpoint.load at another checkpoint or set checkpoint.load=null"
-    )
-    if not step or "/" in step or step in (".", ".."):
-        return f"checkpoint.load={load}: its {LATEST_FILE} file names no step ('{step}'); {fix}"
-    if not (root / step).is_dir():
-        return (
-            f"checkpoint.load={load}: {LATEST_FILE} names {step}, but {root / step} does not "
-            f"exist; {fix}"
-        )
-    if not _is_checkpoint(root / step):
-        return (
-            f"checkpoint.load={load}: {LATEST_FILE} names {step}, but {root / step} has no "
-            f"{CHECKPOINT_MARKER} (an unfinished save?); {fix}"
-        )
-    return None
+        return (root / LATEST_FILE).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def newest_checkpoint(root: Path) -> Path | None:
+    """The step a checkpoint root resumes from: the one `latest` names when it is a complete
+    step directory, else the newest complete one (a crash between rename and marker, or a lost
+    marker); None when the root holds no complete step."""
+    name = _latest_name(root)
+    if name and step_of(name) is not None and is_checkpoint(root / name):
+        return root / name
+    steps = complete_steps(root)
+    return steps[-1] if steps else None
+
+
+def _unfinished_saves(root: Path) -> list[str]:
+    return sorted(p.name for p in root.glob(f"{STEP_PREFIX}*{TMP_INFIX}*") if p.is_dir())
+
+
+def _no_complete_step_message(load: str, root: Path) -> str:
+    """A checkpoint root (a `latest` file or step directories) with no step to resume from."""
+    fix = "point checkpoint.load at another checkpoint or set checkpoint.load=null"
+    name = _latest_name(root)
+    if (root / LATEST_FILE).exists() and not name:
+        what = "names no step ('')" if name == "" else "cannot be read"
+        return f"checkpoint.load={load}: its {LATEST_FILE} file {what}; {fix}"
+    if name and not (root / name).is_dir():
+        return (f"checkpoint.load={load}: {LATEST_FILE} names {name}, but {root / name} does not "
+                f"exist and no other step is complete; {fix}")
+    if name:
+        return (f"checkpoint.load={load}: {LATEST_FILE} names {name}, but {root / name} has no "
+                f"{CHECKPOINT_MARKER} (an unfinished save?) and no other step is complete; {fix}")
+    unfinished = _unfinished_saves(root)
+    return (f"checkpoint.load={load} holds no complete checkpoint, only unfinished saves "
+            f"({', '.join(unfinished)}); {fix}")
 
 
 def _not_a_checkpoint_message(load: str, path: Path) -> str:
@@ -74,12 +100,6 @@ def _not_a_checkpoint_message(load: str, path: Path) -> str:
             f"checkpoint.load={load} is a run directory, not a checkpoint; set "
             f"checkpoint.load={path / RUN_CHECKPOINTS}"
         )
-    steps = _complete_steps(path)
-    if steps:
-        return (
-            f"checkpoint.load={load} has no {LATEST_FILE} file; point it at one of its steps, "
-            f"e.g. checkpoint.load={path / steps[-1]}"
-        )
     return (
         f"checkpoint.load={load} is not a Megatron checkpoint (no {CHECKPOINT_MARKER} and no "
         f"{LATEST_FILE} file); point it at a saved checkpoint, e.g. "
@@ -87,8 +107,17 @@ def _not_a_checkpoint_message(load: str, path: Path) -> str:
     )
 
 
+def _directory_problem(load: str, path: Path) -> str | None:
+    """A `checkpoint.load` directory: one checkpoint, or a root with a complete step."""
+    if is_checkpoint(path) or newest_checkpoint(path) is not None:
+        return None
+    if (path / LATEST_FILE).exists() or _unfinished_saves(path):
+        return _no_complete_step_message(load, path)
+    return _not_a_checkpoint_message(load, path)
+
+
 def check_checkpoint_load_path(cfg: RunConfig) -> str | None:
-    """`checkpoint.load` is a finished checkpoint or a run's checkpoint root (`latest`)."""
+    """`checkpoint.load` is a finished checkpoint or a checkpoint root with a complete step."""
     load = cfg.checkpoint.load
     if load is None or not load.strip():
         return None  # empty text is `check_empty_strings`'s message
@@ -115,11 +144,7 @@ def check_checkpoint_load_path(cfg: RunConfig) -> str | None:
             f"checkpoint.load={load} is an empty directory; point it at a saved checkpoint, "
             f"e.g. checkpoint.load={CHECKPOINT_EXAMPLE}, or set checkpoint.load=null"
         )
-    if (path / LATEST_FILE).exists():
-        return _latest_problem(load, path)
-    if not _is_checkpoint(path):
-        return _not_a_checkpoint_message(load, path)
-    return None
+    return _directory_problem(load, path)
 
 
 def directory_problem(key: str, value: str, fix: str) -> str | None:

@@ -8,7 +8,7 @@ config classes, composed in `plugins/registry.py`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from plugins.registry import PluginsConfig
@@ -117,12 +117,76 @@ class SchedulerConfig:
     wsd_decay_style: Literal["linear", "cosine", "exponential", "minus_sqrt"] = "linear"
 
 
+# fp16 loss scaling, as Megatron's OptimizerConfig names it (defaults: Megatron's own,
+# megatron/core/optimizer/optimizer_config.py:216-230).
+LOSS_SCALE_FIELDS = (
+    "loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis"
+)
+
+
+def _precision_default(name: str):
+    return next(f.default for f in fields(PrecisionConfig) if f.name == name)
+
+
+def check_loss_scale_positive(cfg: RunConfig) -> str | None:
+    """Megatron asserts these (`optimizer/grad_scaler.py:19, 109-124`) only once ranks run."""
+    for name in LOSS_SCALE_FIELDS:
+        value = getattr(cfg.precision, name)
+        if value is not None and value <= 0:
+            example = _precision_default(name) or 65536
+            return (
+                f"precision.{name}={value:g} must be positive; set it, e.g. "
+                f"precision.{name}={example:g}"
+            )
+    return None
+
+
+def check_min_loss_scale(cfg: RunConfig) -> str | None:
+    """Dynamic scaling starts at the initial scale and never goes below the minimum."""
+    p = cfg.precision
+    if p.min_loss_scale > p.initial_loss_scale:
+        return (
+            f"precision.min_loss_scale={p.min_loss_scale:g} is above "
+            f"precision.initial_loss_scale={p.initial_loss_scale:g}; lower the minimum or "
+            "raise the initial scale"
+        )
+    return None
+
+
+def check_loss_scale_needs_fp16(cfg: RunConfig) -> str | None:
+    """Loss scaling exists for fp16's narrow exponent range; bf16 and fp32 need none, and a
+    static `loss_scale` would still scale their loss (`optimizer/__init__.py:649-650`)."""
+    p = cfg.precision
+    if p.dtype == "fp16":
+        return None
+    for name in LOSS_SCALE_FIELDS:
+        value = getattr(p, name)
+        if value != _precision_default(name):
+            return (
+                f"precision.{name}={value:g} only applies to fp16 training, but "
+                f"precision.dtype={p.dtype}; set precision.dtype=fp16 or leave "
+                f"precision.{name} at its default"
+            )
+    return None
+
+
 @dataclass(kw_only=True)
 class PrecisionConfig:
-    """Number formats of parameters and compute (FP8 is the `plugins.fp8` plugin)."""
+    """Number formats of parameters and compute, and fp16's loss scaling (Megatron's optimizer,
+    DDP and Float16Module read these on every run; FP8 is the `plugins.fp8` plugin)."""
 
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"  # parameter / compute dtype
     grad_reduce_in_fp32: bool = True  # keep DP gradient buffers in fp32
+    # fp16 only: a step whose gradients overflow is skipped (lr unchanged) and counted.
+    loss_scale: float | None = None  # static loss scale; None = dynamic loss scaling
+    initial_loss_scale: float = 2.0**32  # dynamic: scale of the first step
+    min_loss_scale: float = 1.0  # dynamic: floor of the scale
+    loss_scale_window: int = 1000  # dynamic: overflow-free steps before the scale doubles
+    hysteresis: int = 2  # dynamic: overflowing steps before the scale halves
+
+    def rules(self) -> tuple:
+        """This section's validation rules (pure functions of the whole run config)."""
+        return (check_loss_scale_positive, check_min_loss_scale, check_loss_scale_needs_fp16)
 
 
 @dataclass(kw_only=True)
@@ -149,6 +213,7 @@ class CheckpointConfig:
     load: str | None = None  # checkpoint directory to start from
     load_model_only: bool = False  # load weights only (fresh optimizer and step 0)
     optimizer_format: Literal["fully_reshardable", "dp_reshardable"] = "fully_reshardable"
+    keep_last: int | None = None  # keep the newest N saved steps (+ the resumed-from); None: all
 
 
 @dataclass(kw_only=True)

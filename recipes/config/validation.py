@@ -437,6 +437,15 @@ def check_checkpoint_load(cfg: RunConfig) -> str | None:
         )
 
 
+def check_keep_last(cfg: RunConfig) -> str | None:
+    """Rotation keeps the newest `keep_last` steps; keeping none would delete every save."""
+    keep = cfg.checkpoint.keep_last
+    if keep is not None and keep < 1:
+        return (f"checkpoint.keep_last={keep} must be at least 1; set checkpoint.keep_last=1 or "
+                "more, or checkpoint.keep_last=null to keep every checkpoint")
+    return None
+
+
 Rule = Callable[[RunConfig], str | None]
 
 RULES: tuple[Rule, ...] = (
@@ -468,13 +477,15 @@ RULES: tuple[Rule, ...] = (
     check_learning_rate,
     check_fractions,
     check_checkpoint_load,
+    check_keep_last,
     check_data_source,
 )
 
 
 def all_rules(cfg: RunConfig) -> tuple[Rule, ...]:
-    """The core rules, then each plugin's own rules (from the plugin configs `cfg` holds)."""
-    return (*RULES, *cfg.plugins.rules())
+    """The core rules, the precision section's (fp16 loss scaling, beside `PrecisionConfig`),
+    then each plugin's own rules (from the plugin configs `cfg` holds)."""
+    return (*RULES, *cfg.precision.rules(), *cfg.plugins.rules())
 
 
 def validate(cfg: RunConfig) -> None:

@@ -2,8 +2,9 @@
 
     results = launch_ranks(2, "tests.dist.my_checks:check_something", {"key": "value"})
 
-starts 2 local processes with `python -m torch.distributed.run --standalone` (which picks a
-free port itself), each running tests/dist/rank_entry.py: join the gloo group, call
+starts 2 local ranks, forked by the session's rank fork server (tests/dist/fork_server.py:
+torch and Megatron Core are imported once per session, not once per rank), each doing what
+tests/dist/rank_entry.py does: join the gloo group through a store on a port the OS picks, call
 `check_something(payload)`, and write its JSON-serialisable result. `launch` returns the
 results in rank order, or raises `RankLaunchError` (a RuntimeError) carrying the tail of each
 rank's stderr. The entry runs with the default gloo group already initialised; it decides
@@ -12,14 +13,12 @@ itself whether to activate the CPU runtime. The repo root is on the ranks' PYTHO
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,6 @@ def _failure_report(what: str, run_dir: Path, nprocs: int) -> str:
     parts = [what]
     for rank in range(nprocs):
         parts.append(f"--- rank {rank} stderr (tail) ---\n{_tail(run_dir / f'rank{rank}.stderr')}")
-    parts.append(f"--- launcher output (tail) ---\n{_tail(run_dir / 'launcher.log')}")
     return "\n".join(parts)
 
 
@@ -59,48 +57,57 @@ def _child_environment() -> dict[str, str]:
     return env
 
 
-def _stop_timed_out_launch(launcher: subprocess.Popen, run_dir: Path) -> None:
-    """Ends the launcher and its ranks. torchrun stops its ranks on SIGTERM, but it starts
-    each rank in a session of its own, so any rank still alive after that is killed by the
-    pid it recorded."""
-    launcher.terminate()
-    try:
-        launcher.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(launcher.pid, signal.SIGKILL)
-        launcher.wait()
-    for pid_file in run_dir.glob("rank*.pid"):
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+class ForkServer:
+    """The session's tests/dist/fork_server.py process: it has imported torch and Megatron
+    Core once and forks the ranks of each launch (see its docstring for why and how)."""
 
-
-def _run_launcher(command: list[str], run_dir: Path, timeout: float, nprocs: int) -> None:
-    with open(run_dir / "launcher.log", "w") as log:
-        launcher = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+    def __init__(self, log_path: Path) -> None:
+        self._log = open(log_path, "w")
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "tests.dist.fork_server"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
             cwd=REPO_ROOT,
             env=_child_environment(),
-            start_new_session=True,  # its own process group, for the SIGKILL fallback
+            text=True,
         )
-        try:
-            returncode = launcher.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _stop_timed_out_launch(launcher, run_dir)
-            raise RankLaunchError(
-                _failure_report(f"ranks timed out after {timeout} s", run_dir, nprocs)
-            ) from None
-    if returncode != 0:
+        self._reply()  # {"ready": true} once the imports are done
+
+    def _reply(self) -> dict:
+        line = self._process.stdout.readline()
+        if not line:
+            raise RankLaunchError(f"the rank fork server stopped; see {self._log.name}")
+        return json.loads(line)
+
+    def launch(self, request: dict) -> dict:
+        self._process.stdin.write(json.dumps(request) + "\n")
+        self._process.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        self._process.stdin.close()
+        self._process.wait(timeout=STOP_GRACE_S)
+        self._log.close()
+
+
+def _check_launch(reply: dict, run_dir: Path, timeout: float, nprocs: int) -> None:
+    if reply["timed_out"]:
+        what = f"ranks timed out after {timeout} s"
+        raise RankLaunchError(_failure_report(what, run_dir, nprocs))
+    failed = [rank for rank, code in enumerate(reply["returncodes"]) if code != 0]
+    if failed:
+        codes = reply["returncodes"]
         raise RankLaunchError(
-            _failure_report(f"ranks failed (launcher exit code {returncode})", run_dir, nprocs)
+            _failure_report(f"ranks {failed} failed (exit codes {codes})", run_dir, nprocs)
         )
 
 
 @pytest.fixture(scope="session")
-def launch_ranks(tmp_path_factory: pytest.TempPathFactory) -> LaunchRanks:
+def launch_ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchRanks]:
     """A callable `launch(nprocs, entry, payload=None, timeout=300) -> list[result per rank]`."""
     base_dir = tmp_path_factory.mktemp("ranks")
+    server = ForkServer(base_dir / "fork_server.log")
 
     def launch(
         nprocs: int, entry: str, payload: dict | None = None, timeout: float = 300
@@ -108,19 +115,11 @@ def launch_ranks(tmp_path_factory: pytest.TempPathFactory) -> LaunchRanks:
         run_dir = Path(tempfile.mkdtemp(prefix="launch-", dir=base_dir))
         payload_path = run_dir / "payload.json"
         payload_path.write_text(json.dumps(payload or {}))
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nprocs}",
-            str(RANK_ENTRY),
-            entry,
-            str(payload_path),
-            str(run_dir),
-            str(timeout),
-        ]
-        _run_launcher(command, run_dir, timeout, nprocs)
+        reply = server.launch({
+            "nprocs": nprocs, "entry": entry, "payload": str(payload_path),
+            "run_dir": str(run_dir), "timeout": timeout,
+        })
+        _check_launch(reply, run_dir, timeout, nprocs)
         missing = [rank for rank in range(nprocs) if not (run_dir / f"rank{rank}.json").exists()]
         if missing:
             raise RankLaunchError(
@@ -128,4 +127,5 @@ def launch_ranks(tmp_path_factory: pytest.TempPathFactory) -> LaunchRanks:
             )
         return [json.loads((run_dir / f"rank{rank}.json").read_text()) for rank in range(nprocs)]
 
-    return launch
+    yield launch
+    server.close()

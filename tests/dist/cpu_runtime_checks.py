@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plugins.cpu_runtime.runtime import activate_cpu_runtime, adapt_local_layer_spec
 from plugins.cpu_runtime.config import CpuRuntimeConfig
+from plugins.cpu_runtime.runtime import activate_cpu_runtime, adapt_local_layer_spec
 
 
 def _tp_group_and_rank() -> tuple[dist.ProcessGroup, int]:

@@ -11,13 +11,16 @@ from pathlib import Path
 from recipes.config.resolve import resolve_config
 
 # Small, machine-independent data so losses depend on numerics only, not the Python version.
-TEST_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=0", "train.eval_interval=0"]
+TEST_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=0",
+             "train.eval_interval=0"]
 
 
 def _session(payload: dict):
     from trainer.session import start_session
 
-    cfg = resolve_config([f"recipe={payload['recipe']}", *TEST_DATA, *payload.get("overrides", [])])
+    cfg = resolve_config(
+        [f"recipe={payload['recipe']}", *TEST_DATA, *payload.get("overrides", [])]
+    )
     cfg.checkpoint.save = False
     cfg.logging.progress_bar = False
     return start_session(cfg, Path(payload["run_dir"]))
@@ -87,3 +90,21 @@ def resume_and_train(payload: dict) -> dict:
     _finish()
     return {"start": start, "losses": losses, "lr": lr,
             "consumed": [state.consumed_samples, state.consumed_tokens]}
+
+
+def train_saving_each_step(payload: dict) -> dict:
+    """Train up to `steps`, saving a full checkpoint after every optimizer step (as the run
+    loop does when `checkpoint.save_interval=1`); what the checkpoint root then holds."""
+    from trainer.checkpointing import save_checkpoint
+    from trainer.step import train_step
+
+    session = _session(payload)
+    start, resumed_from = session.start_step, session.resumed_from
+    root = Path(payload["checkpoint_dir"])
+    while session.state.step < payload["steps"]:
+        train_step(session)
+        save_checkpoint(session, root)
+    _finish()
+    return {"start": start, "resumed_from": resumed_from and resumed_from.name,
+            "entries": sorted(p.name for p in root.iterdir()) if root.exists() else [],
+            "latest": (root / "latest").read_text() if (root / "latest").exists() else None}

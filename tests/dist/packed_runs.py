@@ -63,6 +63,9 @@ def _alone_row(document: np.ndarray) -> dict:
 
 def _forward_backward(session, microbatches: list[dict], plugins) -> tuple[list | None, dict]:
     """[summed loss, loss tokens] (None off the last stage) and this rank's gradients."""
+    import torch
+    from megatron.core import parallel_state
+
     from trainer.step import run_schedule
 
     for chunk in session.model:
@@ -72,6 +75,8 @@ def _forward_backward(session, microbatches: list[dict], plugins) -> tuple[list 
     loss = None
     if reports:
         total = sum(report["lm loss"] for report in reports)
+        # Each CP rank holds the loss of its own chunks: the row's is their sum.
+        torch.distributed.all_reduce(total, group=parallel_state.get_context_parallel_group())
         loss = [float(total[0]), int(total[1])]
     grads = {
         f"{index}.{name}": param.main_grad.detach().clone()
@@ -115,15 +120,16 @@ def packed_vs_alone(payload: dict) -> dict:
     """One packed row of all documents against each document alone (three micro-batches of
     one step), plus the controls that must differ. With `weights_dir` it first saves the
     session's initial weights there (one launch fewer than a separate save)."""
-    from trainer.packed_batch import packed_row
     from trainer.checkpointing import save_model_weights
+    from trainer.packed_batch import packed_row
 
     session = _session(payload)
     saved = None
     if payload.get("weights_dir"):  # the reference run: save its initial weights for the rest
         saved = str(save_model_weights(payload["weights_dir"], session.cfg, session.model))
     docs = documents()
-    packed = packed_row(docs, SEQ, PAD_ID)
+    # Context parallel cuts every document into 2 x CP chunks: each is padded to a multiple.
+    packed = packed_row(docs, SEQ, PAD_ID, pad_multiple=payload.get("pad_multiple", 1))
     alone_loss, alone_grads = _forward_backward(
         session, [_alone_row(doc) for doc in docs], _plain(session.plugins))
     packed_loss, packed_grads = _forward_backward(session, [packed], session.plugins)

@@ -36,3 +36,17 @@ def write_blend(folder: Path, prefix: str, split: tuple[int, int] = (90, 10)) ->
         "eod_id: 0\nvocab_size: 256\n", encoding="utf-8"
     )
     return str(path)
+
+
+def train_steps_on_packs_padded_for(payload: dict) -> dict:
+    """Rank entry: `tests.dist.layout_runs.train_steps` on the pack index made for the pad
+    multiple `payload['index_pad_multiple']` (what a run at CP = multiple / 2 reads), its rows
+    built without per-document padding: the same documents in the same rows, as plain packed
+    rows, the reference a context-parallel run on that index must equal. The trainer picks the
+    index by the run's own CP size, so this rank swaps the index lookup (this process only)."""
+    from tests.dist import layout_runs
+    from trainer import data
+
+    multiple, find = payload["index_pad_multiple"], data._pack_index
+    data._pack_index = lambda prefix, seq, seed, _multiple: find(prefix, seq, seed, multiple)
+    return layout_runs.train_steps(payload)

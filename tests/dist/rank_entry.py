@@ -1,6 +1,8 @@
-"""One rank of a `launch_ranks` run (started by torch.distributed.run).
+"""One rank of a `launch_ranks` run: forked by tests/dist/fork_server.py (what the fixture
+uses), or started by torch.distributed.run for debugging a case by hand:
 
-usage: rank_entry.py MODULE:FUNCTION PAYLOAD_JSON RESULT_DIR TIMEOUT_S
+    python -m torch.distributed.run --standalone --nproc-per-node=N tests/dist/rank_entry.py \
+        MODULE:FUNCTION PAYLOAD_JSON RESULT_DIR TIMEOUT_S
 
 Joins the gloo process group, calls FUNCTION(payload) and writes its JSON-serialisable return
 value to RESULT_DIR/rank<RANK>.json. This rank's stderr goes to RESULT_DIR/rank<RANK>.stderr so
@@ -30,29 +32,47 @@ def _resolve(entry: str):
     return getattr(importlib.import_module(module_name), function_name)
 
 
-def main() -> None:
-    entry, payload_path, result_dir, timeout_s = sys.argv[1:5]
-    rank = int(os.environ["RANK"])
-    result_dir = Path(result_dir)
+def start_rank(rank: int, result_dir: Path) -> None:
+    """Sends this rank's stderr to its file and records its pid (torchrun and the fork server
+    start each rank in a session of its own; the launcher kills a hung rank by this pid)."""
     _send_stderr_to_file(result_dir, rank)
-    # torchrun gives each rank its own session; the launcher kills a hung rank by this pid.
     (result_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
-    payload = json.loads(Path(payload_path).read_text())
 
+
+def run_rank(entry: str, payload_path: Path, result_dir: Path, timeout_s: float,
+             store=None) -> None:
+    """Joins the gloo group (through `store` when given, else torchrun's environment), calls
+    the entry and writes its result."""
     import torch
     import torch.distributed as dist
 
+    payload = json.loads(payload_path.read_text())
     torch.set_num_threads(int(payload.get("threads", 1)))
     # Collectives give up after the launch's own timeout instead of gloo's 30 min default.
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(timeout_s)))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if store is None:
+        dist.init_process_group("gloo", timeout=timeout)
+    else:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
     try:
         result = _resolve(entry)(payload)
+        rank = int(os.environ["RANK"])
         partial = result_dir / f"rank{rank}.json.partial"
         partial.write_text(json.dumps(result))
         partial.rename(result_dir / f"rank{rank}.json")
     finally:
         if dist.is_initialized():  # the entry may have torn it down itself
             dist.destroy_process_group()
+
+
+def main() -> None:
+    entry, payload_path, result_dir, timeout_s = sys.argv[1:5]
+    result_dir = Path(result_dir)
+    start_rank(int(os.environ["RANK"]), result_dir)
+    run_rank(entry, Path(payload_path), result_dir, float(timeout_s))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@ LAYOUTS = [
                              "optimizer.overlap_param_gather=true"]),
     ("tiny_dp1_recompute", 1, []),
     ("tiny_tp2_pp2", 4, ["train.recompute=full", "parallel.sequence_parallel=true"]),
+    # Context parallel: Megatron's load-balanced chunks, the CPU runtime's reference attention.
+    ("tiny_cp2", 2, []),
+    ("tiny_cp4", 4, []),
+    ("tiny_cp2_tp2_sp", 4, []),
+    ("tiny_cp2_pp2_distopt", 4, []),
 ]
 
 

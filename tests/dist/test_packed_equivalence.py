@@ -4,7 +4,8 @@ The summed loss and the gradients of one row holding documents of 7, 12 and 9 to
 padding tokens equal those of the three documents each run alone (three micro-batches of one
 step, same loss tokens, so `finalize_model_grads` divides both by 25), at TP1, TP2 with sequence
 parallelism and PP3 (a middle stage must get the boundaries too), all from one saved reference
-checkpoint (the TP1 run saves it: three launches in all). Controls show the comparison can
+checkpoint (the TP1 run saves it), and at CP2 with each document padded to a multiple of
+2 x CP. Controls show the comparison can
 fail: the packed row under causal-only attention (no document mask), and at PP3 with the
 boundaries withheld from the middle stage.
 """
@@ -32,7 +33,11 @@ LAYOUTS = [
     ("tp2_sp", 2, ["parallel.tensor=2", "parallel.sequence_parallel=true",
                    "cluster.gpus_per_node=2"]),
     ("pp3", 3, ["parallel.pipeline=3", "cluster.gpus_per_node=3"]),
+    # Documents padded to multiples of 2 x CP = 4 (7, 12, 9 -> 8, 12, 12: the whole row), split
+    # per document by Megatron, `cu_seqlens_q_padded` set, RoPE positions per padded document.
+    ("cp2", 2, ["parallel.context=2", "cluster.gpus_per_node=2"]),
 ]
+PAD_MULTIPLE = {"cp2": 4}
 
 
 def _launch(launch_ranks, layout: str, run_dir, overrides: list[str], **extra) -> list[dict]:
@@ -43,6 +48,7 @@ def _launch(launch_ranks, layout: str, run_dir, overrides: list[str], **extra) -
         "overrides": [*overrides, *layout_overrides],
         "middle_stage_control": layout == "pp3",
         "row_max_seqlen_probe": layout == "tp1",
+        "pad_multiple": PAD_MULTIPLE.get(layout, 1),
         **extra,
     }, timeout=120)
 

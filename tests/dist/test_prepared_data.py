@@ -2,8 +2,10 @@
 
 From one reference checkpoint, packed rows (documents kept apart by the packing plugin) train
 the same losses at TP2 x PP2 as on one rank; effective tokens count loss tokens only (padding
-excluded); and a run stopped after two steps and resumed continues bit-identically, with the
-same samples in the same order, on a blend and on packed data.
+excluded); packed data at CP2 (packs made for documents padded to multiples of 4, each row's
+documents so padded, cut per document by Megatron) trains the losses of the same packs as plain
+rows on one rank; and a run stopped after two steps and resumed continues bit-identically, with
+the same samples in the same order, on a blend and on packed data.
 """
 
 from __future__ import annotations
@@ -58,6 +60,31 @@ def test_packed_rows_train_alike_at_tp2_pp2_and_count_no_padding(
     # Loss tokens are the loss-mask ones: never padding, never a label across documents.
     assert single["loss_tokens"] == single["mask_tokens"]
     assert all(tokens < 8 * 128 for tokens in single["loss_tokens"])
+
+
+def test_packed_data_at_cp2_trains_as_its_packs_unpadded_on_one_rank(
+    launch_ranks, blend, reference_weights, tmp_path
+):
+    """The CP2 run reads the pack index for pad multiple 2 x CP = 4 and pads every document in
+    its rows; the reference reads the same index on one rank and places the same documents side
+    by side with no padding (the plain packed rows the layout and equivalence tests vouch for).
+    Equal losses over four steps (so equal updates too) and equal loss tokens mean the padding
+    carries no loss and is never attended to, every document token is there, and the CP split
+    of each padded document, its RoPE positions and its attention are exact. The rows differ
+    between the two runs (padding inside versus none), so nothing is compared with itself."""
+    overrides = [f"checkpoint.load={reference_weights}", "checkpoint.load_model_only=true",
+                 *blend, *PACKED]
+    plain = launch_ranks(1, "tests.dist.prepared_data:train_steps_on_packs_padded_for", {
+        "recipe": "tiny_dp1", "steps": STEPS, "run_dir": str(tmp_path / "cp1"),
+        "overrides": overrides, "index_pad_multiple": 4,
+    })[0]
+    cp2 = _train(launch_ranks, "tiny_cp2", 2, [*blend, *PACKED], reference_weights,
+                 tmp_path / "cp2")
+    print(f"CP2 {cp2['losses']} vs CP1 unpadded {plain['losses']}")
+    assert cp2["losses"] == pytest.approx(plain["losses"], abs=LOSS_TOLERANCE, rel=0)
+    assert cp2["loss_tokens"] == plain["loss_tokens"] == plain["mask_tokens"]
+    # Every step trains real documents only: rows are padded, so fewer tokens than slots.
+    assert all(0 < tokens < 8 * 128 for tokens in cp2["loss_tokens"])
 
 
 @pytest.mark.parametrize("documents", [[], PACKED], ids=["blend", "packed"])

@@ -23,7 +23,7 @@ from recipes.registry import get_recipe
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = (
     "model, parallel, cluster, train, optimizer, scheduler, precision, data, checkpoint, logging, "
-    "plugins.cpu_runtime, plugins.fp8, plugins.packing"
+    "plugins.cpu_runtime, plugins.fp8, plugins.packing, plugins.context_parallel"
 )
 
 # (argv, text the one-line message must contain); the default recipe is tiny_tp2_pp2.
@@ -115,6 +115,8 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
      "or false"),
     (["precision.fp8=hybrid"], "unknown config key 'precision.fp8'; did you mean "
      "plugins.fp8.format"),
+    (["precision.hysteresis=two"], "precision.hysteresis expects an integer, got 'two'"),
+    (["precision.loss_scale=big"], "precision.loss_scale expects a number or null, got 'big'"),
     # data
     (["data.source=wikipedia"], "data.source expects one of python_stdlib, synthetic"),
     (["data.tokenizer=gpt2"], "data.tokenizer expects one of byte, got 'gpt2'"),
@@ -150,12 +152,15 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
      "checkpoint; set checkpoint.load={tmp}/run/checkpoints"),
     (["checkpoint.load={tmp}/bad_latest"], "latest names step_0000300, but "
      "{tmp}/bad_latest/step_0000300 does not exist"),
+    # A root whose `latest` is broken but which holds a complete step resumes from that step
+    # (tests/unit/test_checkpoint_publication.py); only a root with no complete step is refused.
     (["checkpoint.load={tmp}/unfinished"], "{tmp}/unfinished/step_0000300 has no metadata.json "
-     "(an unfinished save?); point checkpoint.load at a finished step, e.g. "
-     "checkpoint.load={tmp}/unfinished/step_0000100"),
+     "(an unfinished save?) and no other step is complete; point checkpoint.load at another "
+     "checkpoint or set checkpoint.load=null"),
     (["checkpoint.load={tmp}/empty_latest"], "its latest file names no step"),
-    (["checkpoint.load={tmp}/steps_only"], "checkpoint.load={tmp}/steps_only has no latest file; "
-     "point it at one of its steps, e.g. checkpoint.load={tmp}/steps_only/step_0000200"),
+    (["checkpoint.load={tmp}/tmp_only"], "checkpoint.load={tmp}/tmp_only holds no complete "
+     "checkpoint, only unfinished saves (step_0000100.tmp-100-ab12); point checkpoint.load at "
+     "another checkpoint or set checkpoint.load=null"),
     (["ckpt.load=/x"], "there is no section 'ckpt' (nearest: checkpoint); did you mean "
      "checkpoint.load?"),
     # logging
@@ -177,6 +182,17 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
      "plugins.packing.enabled=true needs train.micro_batch_size=1"),
     (["recipe=tiny_dp1", "data.source=blend", "data.blend=x.yaml", "data.documents=packed"],
      "data.documents=packed makes packed batches, which need the packing plugin"),
+    # plugins.context_parallel
+    (["recipe=tiny_cp2", "plugins.context_parallel.comm_type=ring"],
+     "plugins.context_parallel.comm_type expects one of p2p, a2a, allgather, a2a+p2p"),
+    (["recipe=tiny_cp4", "plugins.context_parallel.comm_type=a2a+p2p"],
+     "comm_type=a2a+p2p needs plugins.context_parallel.hierarchical_sizes whose product is "
+     "parallel.context=4, got None"),
+    (["recipe=tiny_cp2", "plugins.context_parallel.hierarchical_sizes=[2,1]"],
+     "plugins.context_parallel.hierarchical_sizes=[2, 1] is only used with comm_type=a2a+p2p"),
+    (["recipe=tiny_cp4", "plugins.context_parallel.comm_type=a2a",
+      "model.num_attention_heads=2", "model.hidden_size=64"],
+     "comm_type=a2a splits heads over 4 CP ranks, but model.num_attention_heads=2"),
     # plugins.fp8
     (["plugins.fp8.format=e5m2"], "plugins.fp8.format expects one of hybrid, e4m3 or null"),
     (["plugins.fp8.format=hybrid", "model.ffn_hidden_size=200"], "plugins.fp8.format=hybrid "
@@ -184,8 +200,29 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["fp8.format=hybrid"], "there is no section 'fp8' (nearest: plugins.fp8); did you mean "
      "plugins.fp8.format"),
     (["plugins.fp8=hybrid"], "'plugins.fp8' is a section, not a value"),
+    (["plugins.fp8.recipe=fp8"], "plugins.fp8.recipe expects one of delayed, tensorwise, "
+     "blockwise, mxfp8, got 'fp8'"),
+    (["plugins.fp8.amax_compute_algo=mean"], "plugins.fp8.amax_compute_algo expects one of max, "
+     "most_recent"),
+    (["plugins.fp8.recipe=mxfp8"], "plugins.fp8.recipe=mxfp8 has no effect while "
+     "plugins.fp8.format=null; turn FP8 on with plugins.fp8.format=hybrid"),
+    (["plugins.fp8.format=hybrid", "plugins.fp8.first_layers_bf16=1"],
+     "plugins.fp8.first_layers_bf16=1 cannot be used with plugins.fp8.recipe=delayed"),
+    (["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise", "plugins.fp8.margin=2"],
+     "plugins.fp8.margin=2 is read only by delayed scaling, but plugins.fp8.recipe=tensorwise"),
+    (["plugins.fp8.format=hybrid", "plugins.fp8.amax_history_len=0"],
+     "plugins.fp8.amax_history_len=0 must be at least 1"),
+    (["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise",
+      "plugins.fp8.last_layers_bf16=3"], "plugins.fp8.last_layers_bf16=3 exceeds the 2 layers of "
+     "one pipeline stage (model.num_layers=4 / parallel.pipeline=2); lower it to 2 or less"),
+    (["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise",
+      "plugins.fp8.first_layers_bf16=2", "plugins.fp8.last_layers_bf16=2"],
+     "keep all 4 layers in bf16, so nothing trains in FP8"),
+    (["plugins.fp8.format=hybrid", "plugins.fp8.recipe=mxfp8", "model.ffn_hidden_size=272"],
+     "plugins.fp8.recipe=mxfp8 needs model.ffn_hidden_size divisible by 32, got 272"),
     (["plugins.zz=1"],
-     "unknown config key 'plugins.zz'; section plugins has cpu_runtime, fp8, packing"),
+     "unknown config key 'plugins.zz'; section plugins has cpu_runtime, fp8, packing, "
+     "context_parallel"),
     # top-level keys
     (["dry_run=perhaps"], "dry_run expects true or false, got 'perhaps'"),
     (["name="], "name is empty; give it a value, e.g. name=stdlib_bpe_tp2_pp2"),
@@ -260,10 +297,8 @@ def paths_dir(tmp_path_factory) -> Path:
     _write(tmp / "bad_latest" / "latest", "step_0000300\n")
     _write(tmp / "unfinished" / "latest", "step_0000300")
     (tmp / "unfinished" / "step_0000300").mkdir()
-    _checkpoint(tmp / "unfinished" / "step_0000100")
     _write(tmp / "empty_latest" / "latest", "")
-    _checkpoint(tmp / "steps_only" / "step_0000100")
-    _checkpoint(tmp / "steps_only" / "step_0000200")
+    _checkpoint(tmp / "tmp_only" / "step_0000100.tmp-100-ab12")  # a crash before the rename
     _write(tmp / "bad.yaml", "model: [\n")
     _write(tmp / "list.yaml", "- 1\n- 2\n")
     _write(tmp / "empty.yaml", "")

@@ -174,8 +174,11 @@ UNIT_CHECKS: dict[str, Callable[[], None]] = {
     "eager": check_eager,
     "backward_in_mode": check_backward_in_mode,
 }
-# Shown necessary by tests/dist/test_cpu_runtime_dist.py instead (they need a process group).
-DIST_TESTED_PATCHES = {"gloo_uneven_all_gather", "all_to_all_list_splits", "backward_in_mode"}
+# Shown necessary by tests/dist/test_cpu_runtime_dist.py and test_context_parallel.py instead
+# (they need a process group).
+DIST_TESTED_PATCHES = {
+    "gloo_uneven_all_gather", "all_to_all_list_splits", "backward_in_mode", "thd_cp_partition",
+}
 
 
 def run_checks_in_this_process(enabled: str, skip: list[str], names: list[str]) -> None:

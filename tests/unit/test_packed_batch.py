@@ -150,9 +150,10 @@ PACKING_RULE_CASES = [
      "train.micro_batch_size=1 and pack more documents into each row"),
     ("check_packing_context_parallel",
      ["plugins.packing.enabled=true", "train.micro_batch_size=1", "parallel.context=2",
-      "cluster.gpus_per_node=2", *PACKED_DATA],
-     "plugins.packing.enabled=true does not support parallel.context=2 yet (packed documents "
-     "would need padding to 2 x CP); set parallel.context=1"),
+      "cluster.gpus_per_node=2", *PACKED_DATA, "data.documents=inter_document"],
+     "data.documents=inter_document does not support parallel.context=2 (Megatron's GPTDataset "
+     "rows do not pad each document to a multiple of 2 x CP); set data.documents=packed (pads "
+     "each document) or parallel.context=1"),
 ]
 
 
@@ -178,10 +179,11 @@ def test_packing_rules_pass_when_packing_is_off_or_fits():
 
 
 def test_packing_is_off_by_default_and_built_by_name_when_on():
-    assert [p.name for p in build_plugins(PluginsConfig())] == ["cpu_runtime"]
+    always = ["cpu_runtime", "context_parallel"]  # CP acts only when the model's CP size > 1
+    assert [p.name for p in build_plugins(PluginsConfig())] == always
     plugins = build_plugins(PluginsConfig(packing=PackingConfig(enabled=True)))
-    assert [p.name for p in plugins] == ["cpu_runtime", "packing"]
-    assert isinstance(plugins.plugins[-1], PackingPlugin)
+    assert [p.name for p in plugins] == ["cpu_runtime", "packing", "context_parallel"]
+    assert isinstance(plugins.plugins[1], PackingPlugin)
 
 
 def test_cpu_runtime_swaps_in_the_packed_attention_and_keeps_the_norm_swap():
@@ -211,3 +213,16 @@ def test_cpu_runtime_swaps_in_the_packed_attention_and_keeps_the_norm_swap():
         DotProductAttention)
     assert use_packed_attention(spec).layer_specs[0].submodules.self_attention.submodules \
         .core_attention is PackedDotProductAttention
+
+
+def test_documents_padded_for_context_parallel_keep_their_tokens_and_loss():
+    docs = [np.arange(1, 8), np.arange(1, 13), np.arange(1, 10)]  # 7, 12 and 9 tokens
+    row = packed_row(docs, 32, pad_id=0, pad_multiple=4)
+    assert row["cu_seqlens_padded"].tolist() == [0, 8, 20, 32]  # 8, 12, 12: multiples of 4
+    assert row["cu_seqlens"].tolist() == [0, 7, 19, 28]  # each document's own tokens
+    assert row["position_ids"][0].tolist() == [*range(8), *range(12), *range(12)]
+    assert row["loss_mask"][0].sum() == 6 + 11 + 8
+    assert row["tokens"][0, 7] == 0 and row["loss_mask"][0, 6:8].tolist() == [0.0, 0.0]
+    assert row["tokens"][0, 20:29].tolist() == list(range(1, 10))
+    plain = packed_row(docs, 32, pad_id=0)
+    assert "cu_seqlens_padded" not in plain and plain["cu_seqlens"].tolist() == [0, 7, 19, 28, 32]

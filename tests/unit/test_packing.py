@@ -1,7 +1,10 @@
-"""Sequence packing: tokens conserved, packs bounded, accounting, determinism, quality, index."""
+"""Sequence packing: tokens conserved, packs bounded, accounting, determinism, quality, index;
+and packing for a pad multiple (context parallel: 2 x CP), read back into padded rows."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pickle
 
 import numpy as np
@@ -22,6 +25,8 @@ LENGTHS = st.lists(st.integers(0, 130), min_size=1, max_size=120).filter(any)
 PACK_SIZES = st.integers(1, 40)
 POLICIES = st.sampled_from(["split", "truncate"])
 SEEDS = st.integers(0, 2**32)
+PAD_MULTIPLES = st.integers(1, 8)
+SLOTS = st.integers(1, 12)  # pack size = pad multiple x slots
 EXAMPLES = settings(max_examples=60, deadline=None)
 
 
@@ -98,12 +103,18 @@ def test_split_and_truncate_accounting(lengths, pack_size):
         assert stats.packing_factor == stats.pieces / stats.packs
 
 
-def _best_fit_piece_by_piece(lengths: list[int], pack_size: int) -> list[int]:
-    """Reference best-fit-decreasing: each piece, longest first, into the fullest pack it fits."""
+def _padded(lengths, multiple: int) -> np.ndarray:
+    return -(-np.asarray(lengths, np.int64) // multiple) * multiple
+
+
+def _best_fit_piece_by_piece(lengths: list[int], pack_size: int, multiple: int = 1) -> list[int]:
+    """Reference best-fit-decreasing: each piece, longest first, into the fullest pack it fits
+    (pieces padded to `multiple` first)."""
     pieces = []
     for n in lengths:
         full, rest = divmod(n, pack_size)
         pieces += [pack_size] * full + ([rest] if rest else [])
+    pieces = _padded(pieces, multiple).tolist()
     fills: list[int] = []
     for piece in sorted(pieces, reverse=True):
         fits = [i for i, fill in enumerate(fills) if fill + piece <= pack_size]
@@ -278,3 +289,166 @@ def test_index_refuses_a_different_pack_size(tmp_path):
     meta.rename(pack_index_paths(prefix, 2048)[2])
     with pytest.raises(ValueError, match="is for pack size 1024, not 2048"):
         PackIndex(prefix, 2048)
+
+
+# ----------------------------------------------------------------------------- pad multiples
+
+# sha256 of the three index files of `_written` (lognormal 2000, pack 1024, seed 3) as the packer
+# wrote them before pad multiples existed: an m = 1 index must stay byte for byte the same.
+M1_INDEX_SHA256 = "92b36b1264afcab336ee2a1170d938e4627bd0f402bc37aeb2771448bb086dc1"
+
+
+@EXAMPLES
+@given(LENGTHS, PAD_MULTIPLES, SLOTS, POLICIES, SEEDS)
+def test_padded_packing_places_every_token_once_and_padded_packs_fit(
+    lengths, multiple, slots, policy, seed
+):
+    pack_size = multiple * slots
+    packing = pack_documents(lengths, pack_size, long_documents=policy, seed=seed,
+                             pad_multiple=multiple)
+    assert packing.pad_multiple == multiple
+    # Every kept token of every document in exactly one piece, pieces tiling their document.
+    _assert_documents_tiled(packing, np.asarray(lengths))
+    # Each piece padded to the multiple: every pack still fits, and no pack is empty.
+    padded = np.add.reduceat(_padded(packing.lengths, multiple), packing.pack_offsets[:-1])
+    assert np.all(padded <= pack_size), padded
+    assert packing.stats.tokens == int(packing.lengths.sum())
+    # Split pieces other than a document's last are pack-sized: multiples of m, no padding.
+    order = np.lexsort((packing.starts, packing.doc_ids))
+    doc = packing.doc_ids[order]
+    not_last = np.r_[doc[1:] == doc[:-1], False]
+    assert np.all(packing.lengths[order][not_last] == pack_size)
+
+
+@EXAMPLES
+@given(LENGTHS, PAD_MULTIPLES, SLOTS)
+def test_padded_placement_is_exactly_best_fit_decreasing_on_padded_lengths(
+    lengths, multiple, slots
+):
+    pack_size = multiple * slots
+    packing = pack_documents(lengths, pack_size, pad_multiple=multiple)
+    fills = np.add.reduceat(_padded(packing.lengths, multiple), packing.pack_offsets[:-1])
+    assert sorted(fills.tolist()) == _best_fit_piece_by_piece(lengths, pack_size, multiple)
+
+
+@EXAMPLES
+@given(LENGTHS, PAD_MULTIPLES, SLOTS, POLICIES, SEEDS)
+def test_lengths_already_multiples_pack_exactly_as_without_padding(
+    lengths, multiple, slots, policy, seed
+):
+    """Packing in slots of m is packing the padded lengths in tokens: when no document needs
+    padding, the packing is the m = 1 packing, piece for piece and in the same order."""
+    scaled = [multiple * n for n in lengths]
+    padded = pack_documents(scaled, multiple * slots, long_documents=policy, seed=seed,
+                            pad_multiple=multiple)
+    plain = pack_documents(scaled, multiple * slots, long_documents=policy, seed=seed)
+    for name in ("doc_ids", "starts", "lengths", "pack_offsets", "stats"):
+        assert np.array_equal(getattr(padded, name), getattr(plain, name)), name
+
+
+def test_an_m1_index_keeps_its_name_and_bytes(tmp_path):
+    packing, prefix = _written(tmp_path)
+    assert packing.pad_multiple == 1
+    paths = pack_index_paths(prefix, 1024, 1)
+    assert paths == pack_index_paths(prefix, 1024)
+    assert "pad_multiple" not in json.loads(paths[2].read_text())
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in paths)).hexdigest()
+    assert digest == M1_INDEX_SHA256
+
+
+def test_padded_index_has_its_own_name_and_refuses_another_multiple(tmp_path):
+    prefix = tmp_path / "corpus_text_document"
+    packing = pack_documents(_lognormal(500), 1024, seed=3, pad_multiple=8)
+    write_pack_index(prefix, packing, 1024)
+    paths = pack_index_paths(prefix, 1024, 8)
+    assert sorted(tmp_path.iterdir()) == sorted(paths)
+    assert paths[0].name == "corpus_text_document.pack1024.pad8.pieces.npy"
+    assert json.loads(paths[2].read_text())["pad_multiple"] == 8
+    index = PackIndex(prefix, 1024, 8)
+    assert index.pad_multiple == 8 and index.stats == packing.stats
+    for got, want in zip(index.pack(0), packing.pack(0), strict=True):
+        assert np.array_equal(got, want)
+    with pytest.raises(FileNotFoundError, match=r"pack1024\.json is missing"):
+        PackIndex(prefix, 1024)
+    for padded, plain in zip(paths, pack_index_paths(prefix, 1024), strict=True):
+        padded.rename(plain)
+    with pytest.raises(ValueError, match="pads documents to multiples of 8, not 1; open it with "
+                       "pad_multiple=8") as error:
+        PackIndex(prefix, 1024)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"pad_multiple": 0}, "pad_multiple 0 must be a positive integer"),
+        ({"pad_multiple": -4}, "pad_multiple -4 must be a positive integer"),
+        ({"pad_multiple": True}, "pad_multiple True must be a positive integer"),
+        ({"pad_multiple": 2.0}, "pad_multiple 2.0 must be a positive integer"),
+        ({"pack_size": 30, "pad_multiple": 4},
+         "pack_size 30 is not a multiple of pad_multiple 4; use a pack size divisible by it, "
+         "e.g. 28"),
+        ({"pack_size": 2, "pad_multiple": 4}, "e.g. 4$"),
+    ],
+)
+def test_bad_pad_multiples_raise_one_line_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message) as error:
+        pack_documents([3, 5], **{"pack_size": 8, **kwargs})
+    assert "\n" not in str(error.value)
+
+
+class _Documents:
+    """What PackedSamples reads from an indexed dataset: `get(document, offset, length)`."""
+
+    def __init__(self, documents: list[np.ndarray]):
+        self.documents = documents
+
+    def get(self, i: int, offset: int, length: int) -> np.ndarray:
+        return self.documents[i][offset : offset + length]
+
+
+def test_rows_of_a_padded_index_pad_each_document_and_hold_every_token_once(tmp_path):
+    """The trainer's read-back (`PackedSamples` over a `PackIndex` for m = 4): each piece's real
+    tokens start its segment, the segment is the piece padded to the next multiple of m, the
+    padding carries no loss, and every token of every document is in exactly one row."""
+    from trainer.data import PackedSamples
+
+    multiple, seq = 4, 64
+    lengths = np.random.default_rng(5).integers(1, 150, 300)  # some longer than a row: split
+    ends = np.cumsum(lengths)
+    documents = [np.arange(end - n, end) + 1 for n, end in zip(lengths, ends, strict=True)]
+    write_pack_index(tmp_path / "c", pack_documents(lengths, seq, seed=1, pad_multiple=multiple),
+                     seq)
+    index = PackIndex(tmp_path / "c", seq, multiple)
+    rows = PackedSamples([(_Documents(documents), index, i) for i in range(len(index))], seq,
+                         eod=0, pad_multiple=multiple)
+    seen, loss_tokens = [], 0
+    for i in range(len(rows)):
+        row = rows.microbatch(np.array([i]))
+        bounds, own = row["cu_seqlens_padded"].tolist(), row["cu_seqlens"].tolist()
+        tokens, mask = row["tokens"][0].numpy(), row["loss_mask"][0].numpy()
+        assert bounds[-1] == seq
+        for d in range(len(index.pack(i)[0])):
+            start, end, real = bounds[d], bounds[d + 1], own[d + 1] - own[d]
+            assert (end - start) % multiple == 0 and 0 <= end - start - real < multiple
+            seen.append(tokens[start : start + real])
+            assert np.all(tokens[start + real : end] == 0)
+            padding = end - start - real
+            assert mask[start:end].tolist() == [1.0] * (real - 1) + [0.0] * (padding + 1)
+        loss_tokens += int(mask.sum())
+    assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(1, ends[-1] + 1))
+    assert loss_tokens == int(ends[-1]) - len(seen)  # each piece's tokens minus one
+
+
+def test_packed_data_under_context_parallel_validates_and_pads_to_2cp():
+    from recipes.config.overrides import apply_overrides
+    from recipes.config.validation import failing_rules
+    from recipes.registry import get_recipe
+    from trainer.data import document_pad_multiple
+
+    packed = ["data.source=blend", "data.blend=conf/data/python_stdlib.yaml",
+              "data.documents=packed", "plugins.packing.enabled=true", "train.micro_batch_size=1"]
+    for recipe, multiple in (("tiny_dp1", 1), ("tiny_cp2", 4), ("tiny_cp4", 8)):
+        cfg = apply_overrides(get_recipe(recipe), packed)
+        assert failing_rules(cfg) == [], recipe
+        assert document_pad_multiple(cfg) == multiple

@@ -60,11 +60,12 @@ def test_plugin_state_round_trips_by_name_and_empty_states_are_left_out():
 
 def test_registry_builds_only_what_the_config_turns_on_and_names_it():
     default = build_plugins(PluginsConfig())
-    assert [p.name for p in default] == ["cpu_runtime"]  # fp8 is off by default
-    none = build_plugins(PluginsConfig(cpu_runtime=CpuRuntimeConfig(enabled="off")))
-    assert list(none) == []
+    # fp8 is off by default; context_parallel is always built and acts only when CP > 1.
+    assert [p.name for p in default] == ["cpu_runtime", "context_parallel"]
+    gpu = build_plugins(PluginsConfig(cpu_runtime=CpuRuntimeConfig(enabled="off")))
+    assert [p.name for p in gpu] == ["context_parallel"]
     fp8 = build_plugins(PluginsConfig(fp8=Fp8Config(format="hybrid")))
-    assert [p.name for p in fp8] == ["cpu_runtime", "fp8"]
+    assert [p.name for p in fp8] == ["cpu_runtime", "fp8", "context_parallel"]
 
 
 def test_every_plugin_config_brings_its_rules():
@@ -72,8 +73,10 @@ def test_every_plugin_config_brings_its_rules():
     names = [name for name, _ in config.configs()]
     assert names == [f.name for f in dataclasses.fields(PluginsConfig)]
     assert {rule.__name__ for rule in config.rules()} == {
-        "check_threads_per_rank", "check_fp8_shapes", "check_packing_micro_batch",
-        "check_packing_context_parallel"}
+        "check_threads_per_rank", "check_fp8_settings_unused", "check_fp8_delayed_settings",
+        "check_fp8_scaling_values", "check_fp8_bf16_layers_recipe", "check_fp8_bf16_layers_range",
+        "check_fp8_bf16_layers_leave_fp8", "check_fp8_shapes", "check_packing_micro_batch",
+        "check_packing_context_parallel", "check_cp_hierarchical_sizes", "check_cp_a2a_heads"}
 
 
 def test_cpu_runtime_decides_where_ranks_run_and_their_threads():

@@ -240,6 +240,10 @@ BAD = [
      "a file"),
     ({"output": "{root}"}, "output={root} is a folder; give a file prefix inside it"),
     ({"num_proc": 0}, "num_proc=0 must be at least 1"),
+    ({"pad_multiple": 0}, "pad_multiple=0 must be at least 1 (1: no padding; for context "
+     "parallel 2 x CP, e.g. packing.pad_multiple=4 for CP2)"),
+    ({"pad_multiple": 4}, "pad_multiple=4 pads documents in a packing index, but none is "
+     "written; also give packing.seq_length=<row length>, or leave pad_multiple unset"),
     ({"eod_token": "<nope>"}, "eod_token=<nope> is not a token of tokenizer="),
 ]
 
@@ -274,6 +278,9 @@ def test_bad_input_is_one_line_and_leaves_no_dataset(changes, expected, corpus, 
     (["input", "a.txt"], "'input' is not KEY=VALUE"),
     (["--input=a"], "'--input=a' is not an argument; write KEY=VALUE without dashes"),
     (["input=a", "output=data/", "tokenizer=c"], "output=data/ is a folder, not a file prefix"),
+    (["input=a", "output=b", "tokenizer=c", "packing.seq_length=30", "packing.pad_multiple=4"],
+     "pack_size=30 is not a multiple of pad_multiple=4 (context parallel cuts every row into "
+     "2 x CP chunks); give e.g. packing.seq_length=28"),
 ])
 def test_command_line_mistakes_are_one_line(argv, expected) -> None:
     with pytest.raises(ConfigError) as error:
@@ -291,24 +298,32 @@ def test_script_bad_input_exits_2_with_one_line(tmp_path) -> None:
     assert done.stdout == ""
 
 
-def test_packing_index_beside_every_dataset_holds_every_document(corpus: Path, tmp_path) -> None:
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_packing_index_beside_every_dataset_holds_every_document(corpus: Path, tmp_path,
+                                                                 multiple: int) -> None:
     """packing.seq_length=N also writes an exact packing index per dataset, before the
-    manifest; its pieces rebuild every document and no pack overflows."""
-    from data_prep.packing import PackIndex
+    manifest; its pieces rebuild every document and no pack overflows, with each piece padded
+    to a multiple of packing.pad_multiple (the index a CP2 run reads)."""
+    from data_prep.packing import PackIndex, pack_index_paths
 
     out = tmp_path / "packed"
-    result = prepare(parse_args([f"input={corpus}", f"output={out}",
-                                 f"tokenizer=train:{VOCAB}", "packing.seq_length=16"]))
+    result = prepare(parse_args([f"input={corpus}", f"output={out}", f"tokenizer=train:{VOCAB}",
+                                 "packing.seq_length=16", f"packing.pad_multiple={multiple}"]))
     assert result.pack_size == 16 and len(result.packs) == len(result.shards)
+    assert result.pad_multiple == multiple
     assert "packs of 16 tokens" in prepare_module.summary_line(result)
+    padded_text = "each document padded to a multiple of 4"
+    assert (padded_text in prepare_module.summary_line(result)) == (multiple > 1)
     for shard in result.shards:
         prefix = out.parent / shard.prefix
+        assert pack_index_paths(prefix, 16, multiple)[2].name == (
+            f"{shard.prefix}.pack16.json" if multiple == 1 else f"{shard.prefix}.pack16.pad4.json")
         documents = read_back(prefix)
-        index = PackIndex(prefix, 16)
+        index = PackIndex(prefix, 16, multiple)
         rebuilt: dict[int, list[int]] = {}
         for i in range(len(index)):
             ids, starts, lengths = index.pack(i)
-            assert int(lengths.sum()) <= 16
+            assert int((-(-lengths // multiple) * multiple).sum()) <= 16
             for d, s, n in zip(ids, starts, lengths, strict=True):
                 rebuilt.setdefault(int(d), []).append((int(s), documents[int(d)][s:s + n]))
         assert {d: [t for _, piece in sorted(p) for t in piece] for d, p in rebuilt.items()} == {

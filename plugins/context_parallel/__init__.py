@@ -1,0 +1,1 @@
+"""Context parallelism: load-balanced sequence chunks per CP rank, and Megatron's CP comm type."""

@@ -1,0 +1,74 @@
+"""Config of the context-parallel plugin (torch-free): how CP ranks exchange keys and values.
+
+The CP size itself is a layout degree (`parallel.context`, owned by `recipes/config/layout.py`);
+this plugin owns what CP needs beyond the degree: the batch split per CP rank (Megatron Core's
+load-balanced chunks) and Transformer Engine's communication scheme (`cp_comm_type`,
+`core/transformer/transformer_config.py`, passed to TE's attention by
+`core/extensions/transformer_engine.py`). The schemes: `p2p` passes K/V around a ring,
+overlapped with compute; `allgather` gathers all K/V first; `a2a` (Ulysses) swaps the sequence
+split for a head split, so each CP rank needs whole heads; `a2a+p2p` does a2a inside groups and
+p2p between them, with the group sizes in `hierarchical_sizes`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from plugins.protocol import Plugin, PluginConfig, Rule
+
+
+def check_cp_hierarchical_sizes(cfg: Any) -> str | None:
+    """a2a+p2p needs the two levels' sizes, whose product is the CP size; others take none."""
+    cp_cfg, cp = cfg.plugins.context_parallel, cfg.parallel.context
+    sizes = cp_cfg.hierarchical_sizes
+    if cp_cfg.comm_type == "a2a+p2p":
+        if not sizes or math.prod(sizes) != cp:
+            return (
+                f"plugins.context_parallel.comm_type=a2a+p2p needs "
+                f"plugins.context_parallel.hierarchical_sizes whose product is parallel.context="
+                f"{cp}, got {sizes}; set e.g. plugins.context_parallel.hierarchical_sizes="
+                f"[{2 if cp % 2 == 0 else cp},{cp // 2 if cp % 2 == 0 else 1}]"
+            )
+    elif sizes is not None:
+        return (
+            f"plugins.context_parallel.hierarchical_sizes={sizes} is only used with "
+            f"comm_type=a2a+p2p, got comm_type={cp_cfg.comm_type}; remove it"
+        )
+    return None
+
+
+def check_cp_a2a_heads(cfg: Any) -> str | None:
+    """a2a splits each TP rank's attention heads (and KV groups) over CP: they must divide."""
+    cp_cfg, m, p = cfg.plugins.context_parallel, cfg.model, cfg.parallel
+    if cp_cfg.comm_type not in ("a2a", "a2a+p2p") or p.context == 1:
+        return None
+    a2a_size = p.context if cp_cfg.comm_type == "a2a" else (cp_cfg.hierarchical_sizes or [1])[0]
+    groups = m.num_query_groups or m.num_attention_heads
+    for name, heads in (("model.num_attention_heads", m.num_attention_heads),
+                        ("model.num_query_groups", groups)):
+        if (heads // p.tensor) % a2a_size:
+            return (
+                f"plugins.context_parallel.comm_type={cp_cfg.comm_type} splits heads over "
+                f"{a2a_size} CP ranks, but {name}={heads} / TP{p.tensor} does not divide by it; "
+                "use comm_type=p2p or change the heads"
+            )
+    return None
+
+
+@dataclass(kw_only=True)
+class ContextParallelConfig(PluginConfig):
+    """Context parallelism: load-balanced sequence chunks per CP rank and the K/V exchange."""
+
+    comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = "p2p"  # TE's cp_comm_type
+    hierarchical_sizes: list[int] | None = None  # a2a+p2p: [a2a size, p2p size], product = CP
+
+    def rules(self) -> tuple[Rule, ...]:
+        return (check_cp_hierarchical_sizes, check_cp_a2a_heads)
+
+    def build(self) -> Plugin | None:
+        # Always built: it does nothing unless the model's CP size is above 1.
+        from plugins.context_parallel.plugin import ContextParallelPlugin
+
+        return ContextParallelPlugin(self)

@@ -1,0 +1,179 @@
+"""Reports the router's figures after every optimizer step, global over all ranks.
+
+Load-balancing loss: Megatron Core's router records each layer's loss, per micro-batch, in its
+MoE metrics tracker (`transformer/moe/router.py:596-603`, `transformer/moe/moe_logging.py:94`):
+each TP x CP rank holds a partial value. `MoEMetricsTracker.report` (`moe_logging.py:130-212`)
+sums it over PP and TP x CP, averages it over DP, scales it by 1 / micro-batches, takes the mean
+over MoE layers and clears it for the next step: the figure Megatron-LM logs as
+`load_balancing_loss`. This plugin calls that, so the figure is Megatron's own.
+
+Tokens per expert: Megatron keeps no count (the router's `local_tokens_per_expert` exists only
+with expert bias, `router.py:177-198`), so a forward hook on each router adds up its routing
+map, the tokens x experts mask the router returns (`router.py:840-868`). The hook is attached
+where the router is built: the layer spec's `MoESubmodules.router` (`moe_layer.py:152-157`)
+becomes a builder that builds the same Megatron router and registers the hook, so no Megatron
+layer is forked. Like Megatron's own counters (`router.py:728-739`) it counts only training
+forwards with grad enabled: evaluation is left out, and a layer under full recompute counts once
+(its first forward runs under no_grad, `tensor_parallel/random.py:606`). DP, CP and (with
+sequence parallelism) TP ranks route different tokens and PP ranks different layers, so the sum
+over the world is the global count; without sequence parallelism TP ranks route the same
+tokens and only TP rank 0 counts them.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.transformer.moe.moe_layer import MoESubmodules
+from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+
+from plugins.protocol import Plugin, RunStart, RuntimeContext, StepMetrics
+
+# Tracker names of Megatron's load-balancing losses, by `moe_router_load_balancing_type`.
+LOSS_NAMES = {
+    "aux_loss": "load_balancing_loss",
+    "seq_aux_loss": "seq_load_balancing_loss",
+    "global_aux_loss": "global_load_balancing_loss",
+}
+
+
+def wrap_routers(node: Any, wrap: Callable[[Any], Any]) -> Any:
+    """Copy of a layer/block spec tree with every `MoESubmodules.router` replaced by
+    `wrap(router)`; walks dataclasses, lists and the `functools.partial` the MoE spec is
+    (`models/gpt/moe_module_specs.py:87-89`). Nodes without routers are returned as they are."""
+    if isinstance(node, MoESubmodules):
+        wrapped = copy.copy(node)
+        wrapped.router = wrap(node.router)
+        return wrapped
+    if isinstance(node, functools.partial):
+        args = [wrap_routers(arg, wrap) for arg in node.args]
+        keywords = {key: wrap_routers(value, wrap) for key, value in node.keywords.items()}
+        return functools.partial(node.func, *args, **keywords)
+    if isinstance(node, list):
+        return [wrap_routers(item, wrap) for item in node]
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        wrapped = copy.copy(node)
+        for spec_field in dataclasses.fields(node):
+            value = wrap_routers(getattr(node, spec_field.name), wrap)
+            object.__setattr__(wrapped, spec_field.name, value)
+        return wrapped
+    return node
+
+
+def tracked_loss_names(config: Any) -> list[str]:
+    """Tracker names of the load-balancing losses this TransformerConfig turns on (the load
+    balancing type and its coefficient may each be one value or a list, `router.py:385-398`)."""
+    types = config.moe_router_load_balancing_type
+    types = types if isinstance(types, list) else [types]
+    coeffs = config.moe_aux_loss_coeff
+    coeffs = coeffs if isinstance(coeffs, list) else [coeffs] * len(types)
+    return [LOSS_NAMES[t] for t, c in zip(types, coeffs, strict=True) if t in LOSS_NAMES and c]
+
+
+class RoutedTokenCounter:
+    """Tokens each expert received this step, per layer, from this rank's routers."""
+
+    def __init__(self) -> None:
+        self.counts: torch.Tensor | None = None  # [layers, experts], float64
+
+    def router_builder(self, build_router: Callable[..., Any], num_layers: int) -> Callable:
+        """A router builder: Megatron's router as `build_router` makes it, hook registered."""
+
+        def build(*args: Any, **kwargs: Any) -> Any:
+            router = build_router(*args, **kwargs)
+            router.register_forward_hook(functools.partial(self._count, num_layers))
+            return router
+
+        return build
+
+    def _count(self, num_layers: int, router: Any, inputs: Any, outputs: Any) -> None:
+        if not (router.training and torch.is_grad_enabled()):
+            return
+        routing_map = outputs[1]  # bool [tokens, experts]
+        if self.counts is None:
+            shape = (num_layers, routing_map.shape[-1])
+            self.counts = torch.zeros(shape, dtype=torch.float64, device=routing_map.device)
+        with torch.no_grad():
+            self.counts[router.layer_number - 1] += routing_map.sum(dim=0)
+
+    def global_counts(self, config: Any, device: Any) -> torch.Tensor:
+        """[MoE layers, experts] tokens of the whole global batch (a collective over the world);
+        this rank's counts start again from zero. `device` serves ranks without routers."""
+        local = self.counts
+        if local is None:
+            local = torch.zeros(config.num_layers, config.num_moe_experts, dtype=torch.float64,
+                                device=device)
+        duplicates = not config.sequence_parallel and (
+            parallel_state.get_tensor_model_parallel_rank() > 0)
+        total = torch.zeros_like(local) if duplicates else local.clone()
+        torch.distributed.all_reduce(total)
+        local.zero_()
+        return total[total.sum(dim=1) > 0]
+
+
+def router_figures(per_layer: torch.Tensor, per_expert: bool) -> dict[str, float]:
+    """Imbalance (max / mean tokens per expert; the worst MoE layer) and, with `per_expert`,
+    each expert's tokens (mean over MoE layers, so they sum to tokens x top-k)."""
+    imbalance = per_layer.max(dim=1).values / per_layer.mean(dim=1)
+    figures = {"moe_imbalance": float(imbalance.max())}
+    if per_expert:
+        for expert, tokens in enumerate(per_layer.mean(dim=0).tolist()):
+            figures[f"moe_tokens_e{expert}"] = tokens
+    return figures
+
+
+class MoePlugin(Plugin):
+    def __init__(self, config: Any) -> None:  # the plugin's MoeConfig
+        self.config = config
+        self.model_config: Any = None  # Megatron's TransformerConfig, when the model has experts
+        self.microbatches = 1  # per DP rank and step; set at run start
+        self.counter = RoutedTokenCounter()
+        self.runtime = RuntimeContext()  # the run's, once `setup_runtime` has seen it
+        self.last_per_layer: list[list[float]] = []  # the last step's [MoE layer][expert] tokens
+
+    def setup_runtime(self, runtime: RuntimeContext) -> None:
+        self.runtime = runtime  # shared: later plugins may still choose the device
+
+    def _device(self) -> torch.device:
+        if self.runtime.device == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device(self.runtime.device)
+
+    def layer_spec(self, spec: Any, config: Any) -> Any:
+        if not config.num_moe_experts:
+            return spec
+        self.model_config = config
+        return wrap_routers(
+            spec, lambda router: self.counter.router_builder(router, config.num_layers)
+        )
+
+    def run_start(self, start: RunStart) -> None:
+        self.microbatches = start.config.layout.microbatches
+
+    def _load_balancing_losses(self) -> dict[str, float]:
+        """Megatron's reduced load-balancing losses (a collective), empty when it has none."""
+        names = tracked_loss_names(self.model_config)
+        if not names:
+            return {}
+        config, reduced = self.model_config, {}
+        get_moe_metrics_tracker().report(
+            loss_scale=1 / self.microbatches, iteration=0, track_names=names,
+            num_layers=config.num_layers, moe_layer_freq=config.moe_layer_freq,
+            mtp_num_layers=config.mtp_num_layers, force_initialize=True,
+            total_loss_dict=reduced,
+        )
+        return {"moe_" + name: float(reduced[name]) for name in names}
+
+    def after_step(self, metrics: StepMetrics) -> None:
+        if self.model_config is None:
+            return
+        per_layer = self.counter.global_counts(self.model_config, self._device())
+        self.last_per_layer = per_layer.tolist()
+        metrics.extra.update(self._load_balancing_losses())
+        metrics.extra.update(router_figures(per_layer, self.config.per_expert))
