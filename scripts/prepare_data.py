@@ -27,6 +27,10 @@ arguments:
   eod_token=   end-of-document token (default: the tokenizer's own, e.g. <|endoftext|>,
                <|end_of_text|>, </s>; <|endoftext|> is added when it has none)
   seed=        set before any step (default 1234)
+  packing.seq_length=    also write an exact pack index for rows of that many tokens beside
+                         every dataset (packs, lower bound and efficiency in the summary)
+  packing.pad_multiple=  with packing.seq_length: pad each document to a multiple of this
+                         many tokens in the packs (context parallel needs 2 x CP; default 1)
 
 Every document becomes one sequence: the tokenizer's encoding of it (its own special tokens,
 e.g. a BOS, included) followed by one end-of-document id. Empty and whitespace-only documents

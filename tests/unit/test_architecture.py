@@ -88,3 +88,10 @@ def test_nothing_refers_outside_the_repository():
         and any(text in path.read_text(encoding="utf-8", errors="replace") for text in outside)
     ]
     assert offenders == []
+
+
+def test_test_files_have_unique_names():
+    """The test folders are not packages, so pytest imports test files by basename: two files
+    of one name in unit/ and dist/ stop the whole suite at collection."""
+    names = [path.name for path in (REPO / "tests").rglob("test_*.py")]
+    assert sorted({name for name in names if names.count(name) > 1}) == []
