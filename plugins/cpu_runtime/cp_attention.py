@@ -94,16 +94,20 @@ class ContextParallelDotProductAttention(PackedDotProductAttention):
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(_without_cp(config), *args, **kwargs)
         self.cp_group = parallel_state.get_context_parallel_group()
-        self._mask_cache: dict[tuple, torch.Tensor] = {}
+        self._cpu_cp_mask: torch.Tensor | None = None
 
     def _mask(self, local_length: int, params: PackedSeqParams | None) -> torch.Tensor:
-        cp, rank = self.cp_group.size(), self.cp_group.rank()
-        bounds = None if params is None else _self_attention_boundaries(params).tolist()
-        key = (local_length, None if bounds is None else tuple(bounds))
-        if key not in self._mask_cache:
+        """The mask, built once: per module for whole rows (it depends only on the length), and
+        once per micro-batch for packed rows, on the `PackedSeqParams` every layer shares."""
+        holder = self if params is None else params
+        cached = getattr(holder, "_cpu_cp_mask", None)
+        if cached is None or cached.size(-2) != local_length:
+            cp, rank = self.cp_group.size(), self.cp_group.rank()
+            bounds = None if params is None else _self_attention_boundaries(params).tolist()
             positions = cp_positions(local_length * cp, cp, bounds)
-            self._mask_cache = {key: cp_causal_mask(positions, rank, bounds)}
-        return self._mask_cache[key]
+            cached = cp_causal_mask(positions, rank, bounds)
+            holder._cpu_cp_mask = cached
+        return cached
 
     def forward(
         self,
