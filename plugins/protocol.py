@@ -37,6 +37,21 @@ from typing import Any
 
 Rule = Callable[[Any], str | None]
 
+# Steps at the start of a process excluded from throughput (allocator, first collectives).
+WARMUP_STEPS = 1
+# Steps right after the warm-up that the trainer runs under torch.profiler to measure exposed
+# communication (recipes/throughput.py); throughput leaves them out. torch allows one profiler
+# at a time, so a plugin that profiles must avoid them: they are part of this contract.
+PROFILE_STEPS = 2
+
+
+def profiled_steps(steps_in_process: int) -> range:
+    """Indices (0-based, from this process's first step) run under the trainer's profiler: the
+    PROFILE_STEPS after the warm-up, only when at least as many measured steps remain."""
+    if steps_in_process < WARMUP_STEPS + 2 * PROFILE_STEPS:
+        return range(0)
+    return range(WARMUP_STEPS, WARMUP_STEPS + PROFILE_STEPS)
+
 
 class UserError(ValueError):
     """A mistake the user can fix, found at run time (a plugin meeting data it cannot use).
@@ -67,6 +82,16 @@ class StepMetrics:
     loss_tokens: int  # loss-contributing tokens of the global batch, each counted once
     step_time_s: float
     skipped: bool = False  # the optimizer did not apply this update (e.g. fp16 overflow)
+    # Where the step's time went, in seconds, averaged over ranks (recipes/throughput.py).
+    data_wait_s: float = 0.0  # taking the next global batch's micro-batches
+    forward_backward_s: float = 0.0  # the pipeline schedule over all micro-batches
+    optimizer_s: float = 0.0  # the optimizer update and scheduler step
+    # Communication not hidden behind compute; only on profiled steps (else None), which
+    # state the slowest rank's exposed time and step time.
+    exposed_comm_s: float | None = None
+    model_tflops_per_gpu: float = 0.0  # useful model FLOPs / step time / ranks (no recompute)
+    mfu: float | None = None  # model_tflops_per_gpu / peak for the precision; None: no peak
+    measured: bool = True  # counted in the run's throughput: after warm-up, not profiled
     # Plugins' own figures of this step, by name (filled in `after_step`; logged with the step).
     extra: dict[str, float] = field(default_factory=dict)
 

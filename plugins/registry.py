@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from plugins.context_parallel.config import ContextParallelConfig
 from plugins.cpu_runtime.config import CpuRuntimeConfig
 from plugins.fp8.config import Fp8Config
+from plugins.logging.config import LoggingConfig
 from plugins.moe.config import MoeConfig
 from plugins.packing.config import PackingConfig
+from plugins.profiler.config import ProfilerConfig
 from plugins.protocol import PluginConfig, PluginSet, Rule
 
 
@@ -27,6 +29,8 @@ class PluginsConfig:
     packing: PackingConfig = field(default_factory=PackingConfig)
     context_parallel: ContextParallelConfig = field(default_factory=ContextParallelConfig)
     moe: MoeConfig = field(default_factory=MoeConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)  # last: sees every figure
 
     def configs(self) -> list[tuple[str, PluginConfig]]:
         """(name, config) of every plugin, in registry order."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 
-from recipes import llama3, mixtral, nemotron, tiny
+from recipes import hf_tiny, llama3, llama31, mixtral, nemotron, tiny
 from recipes.config.errors import ConfigError
 from recipes.config.schema import RunConfig
 
@@ -18,7 +18,8 @@ def _by_name(*families: tuple[Callable[[], RunConfig], ...]) -> dict[str, Callab
 # One explicit list: each family file ends with the tuple of its recipes (nothing registers
 # itself on import). The tiny layouts come first; their first entry is the default recipe.
 RECIPES: dict[str, Callable[[], RunConfig]] = _by_name(
-    tiny.RECIPES, llama3.RECIPES, nemotron.RECIPES, mixtral.RECIPES
+    tiny.RECIPES, llama3.RECIPES, llama31.RECIPES, nemotron.RECIPES, mixtral.RECIPES,
+    hf_tiny.RECIPES,
 )
 
 # Short names for the domain text's two 64-GPU layouts (config A and config B).

@@ -17,13 +17,25 @@ a save is written to `step_NNNNNNN.tmp-<token>` (one token for all ranks), renam
 a temporary file, rename). A crash at any point leaves the previous checkpoint or the new one as
 the newest complete step, which is what a resume picks (`recipes/config/paths.py`
 `newest_checkpoint`). `checkpoint.keep_last` rotation runs after publication and never deletes
-the step this run resumed from.
+the step this run resumed from. Before the rename, rank 0 writes `run.json` (counters, layout,
+versions, tokenizer, resolved config, size and CRC-32 of every file, each rank checksumming its
+own), which the launching process checks before a later start (`recipes/config/saved_run.py`).
+A save is refused while `train_step` is under way: checkpoints sit on optimizer-step boundaries.
+
+Loading unpickles no code where torch allows it: non-tensor objects go through the restricted
+`weights_only` unpickler (`_weights_only_objects`); only torch DCP's own `.metadata` index is a
+plain pickle (docs/checkpoints.md, "Untrusted checkpoints"). A resume takes this run's learning
+rates and Adam settings and its schedule, with the position (samples consumed) from the save.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import pickle
+import platform
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -31,8 +43,13 @@ from pathlib import Path
 import torch
 from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.strategies.torch import MCoreLoadPlanner
 from megatron.core.utils import unwrap_model
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 
+from plugins.protocol import UserError
+from recipes.config.io import config_dict
 from recipes.config.paths import (
     LATEST_FILE,
     STEP_PREFIX,
@@ -41,6 +58,13 @@ from recipes.config.paths import (
     is_checkpoint,
     newest_checkpoint,
     step_of,
+)
+from recipes.config.saved_run import (
+    MANIFEST_FILE,
+    MANIFEST_FORMAT,
+    file_record,
+    layout_record,
+    tokenizer_identity,
 )
 from recipes.config.schema import RunConfig
 from trainer.state import RngState, RunState
@@ -106,17 +130,21 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def _publish(tmp: Path, final: Path) -> None:
-    """Rank 0: rename the finished save into place, then point `latest` at it."""
-    root = final.parent
+def _rename_into_place(tmp: Path, final: Path) -> None:
+    """Rank 0, once every rank finished: the save becomes a complete step by one rename."""
     if final.exists():  # a re-save of a step (a resume from an earlier one): replace it
-        replaced = root / f"{final.name}{TMP_INFIX}replaced"
+        replaced = final.parent / f"{final.name}{TMP_INFIX}replaced"
         shutil.rmtree(replaced, ignore_errors=True)
         final.rename(replaced)
         tmp.rename(final)
         shutil.rmtree(replaced, ignore_errors=True)
     else:
         tmp.rename(final)
+
+
+def _point_latest(final: Path) -> None:
+    """Rank 0, last: `latest` names the new step (written aside, then renamed over)."""
+    root = final.parent
     marker = root / f"{LATEST_FILE}{TMP_INFIX}{os.getpid()}"
     with open(marker, "w", encoding="utf-8") as f:
         f.write(final.name)
@@ -159,25 +187,128 @@ def _rotate(root: Path, keep_last: int | None, resumed_from: Path | None) -> Non
         shutil.rmtree(path, ignore_errors=True)
 
 
+# --- Save/load speed (issue #7 item 8; figures in docs/checkpoints.md) -------------------------
+
+
+@contextlib.contextmanager
+def _in_process_write_results():
+    """A synchronous save hands its write results over an in-process queue. Megatron's default
+    is a multiprocessing Manager queue started with `spawn` on the first save of each process
+    (strategies/filesystem_async.py:52-66, called at :200); the Manager's fresh interpreter
+    imports torch to unpickle the first `put` (:345), which cost 3-4 s of every first save."""
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    previous = filesystem_async._results_queue
+    filesystem_async._results_queue = queue.Queue()
+    try:
+        yield
+    finally:
+        filesystem_async._results_queue = previous
+
+
+@contextlib.contextmanager
+def _gc_frozen():
+    """Megatron ends the fully_reshardable optimizer state with a full `gc.collect()`
+    (optimizer/distrib_optimizer.py:1569), 0.4 s over a trainer's heap on save and on load.
+    Objects older than the call are frozen (`gc.freeze`, O(1)), so it scans only new ones."""
+    import gc
+
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _save_strategy():
+    """DP replicas split the writing (Megatron-LM's `--ckpt-fully-parallel-save`): otherwise
+    the first replica writes every replicated tensor, e.g. all of a fully_reshardable
+    optimizer state, while the others wait (strategies/fully_parallel.py:46-138)."""
+    from megatron.core import parallel_state
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+        FullyParallelSaveStrategyWrapper,
+    )
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+    dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    return FullyParallelSaveStrategyWrapper(TorchDistSaveShardedStrategy(), dp_group)
+
+
 def _write_sharded(session, state: RunState, path: Path) -> None:
     metadata = content_metadata(session.cfg)
     with _parameters_gathered(session.model):
         sharded = model_sharded_state_dict(session.model, metadata)
-        sharded["optimizer"] = session.optimizer.sharded_state_dict(sharded, metadata=metadata)
+        with _gc_frozen():
+            sharded["optimizer"] = session.optimizer.sharded_state_dict(sharded, metadata=metadata)
         sharded["scheduler"] = session.scheduler.state_dict()
         sharded["run_state"] = state.common()
         sharded["rng_state"] = _rng_sharded(state.rng, state.world_size)
-        dist_checkpointing.save(sharded, str(path), content_metadata=metadata)
+        with _in_process_write_results():
+            dist_checkpointing.save(sharded, str(path), _save_strategy(),
+                                    content_metadata=metadata)
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"torch": torch.__version__, "python": platform.python_version()}
+    for package in ("megatron-core", "mcore-recipes"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "unknown"
+    return found
+
+
+def _own_files(tmp: Path, rank: int) -> list[Path]:
+    """The files this rank wrote: Megatron's writer names rank r's shards `__r_<n>.distcp`
+    (dist_checkpointing/strategies/filesystem_async.py:495); rank 0 also writes the shared ones
+    (`.metadata`, `metadata.json`, `common.pt`)."""
+    files = [p for p in tmp.iterdir() if p.is_file()]
+    own = [p for p in files if p.name.startswith(f"__{rank}_")]
+    if rank == 0:
+        own += [p for p in files if not re.match(r"__\d+_", p.name)]
+    return own
+
+
+def _manifest(session, state: RunState, files: dict[str, dict]) -> dict:
+    cfg = session.cfg
+    return {
+        "format": MANIFEST_FORMAT, "step": state.step, "consumed_samples": state.consumed_samples,
+        "consumed_tokens": state.consumed_tokens, "world_size": state.world_size,
+        "layout": layout_record(cfg.layout), "padded_vocab_size": cfg.layout.padded_vocab,
+        "versions": _versions(), "tokenizer": tokenizer_identity(cfg),
+        "config": config_dict(cfg), "files": dict(sorted(files.items())),
+    }
+
+
+def _write_manifest(session, state: RunState, tmp: Path) -> None:
+    """Every rank checksums the files it wrote; rank 0 writes `run.json` with all of them
+    (recipes/config/saved_run.py reads it before a later launch)."""
+    rank = torch.distributed.get_rank()
+    records = {p.name: file_record(p) for p in _own_files(tmp, rank)}
+    gathered = [None] * torch.distributed.get_world_size() if rank == 0 else None
+    torch.distributed.gather_object(records, gathered, dst=0)
+    if rank != 0:
+        return
+    files = {name: record for part in gathered for name, record in part.items()}
+    with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as f:
+        json.dump(_manifest(session, state, files), f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def save_checkpoint(session, directory: str | Path) -> Path:
     """Write model, optimizer, scheduler and the run state after `session.state.step` steps,
     and publish it atomically as `<directory>/step_NNNNNNN` (module docstring).
 
-    Call it only between optimizer steps: the run loop (`trainer/loop.py`) saves after
-    `train_step` has returned, when gradients are applied and `state.step` counts the step.
-    Nothing marks a step in progress, so that is the caller's contract, not checked here.
+    Only between optimizer steps: `train_step` marks the session while a step is in progress,
+    and a save then is refused (a programming error: the run loop saves after the step).
     """
+    if session.mid_step:
+        raise RuntimeError("save_checkpoint inside an optimizer step; save after train_step")
     state: RunState = session.capture_state()
     root = Path(directory)
     final = root / f"{STEP_PREFIX}{state.step:07d}"
@@ -187,8 +318,10 @@ def save_checkpoint(session, directory: str | Path) -> Path:
     torch.distributed.barrier()
     _write_sharded(session, state, tmp)
     torch.distributed.barrier()  # every rank's shards are written
+    _write_manifest(session, state, tmp)
     if torch.distributed.get_rank() == 0:
-        _publish(tmp, final)
+        _rename_into_place(tmp, final)
+        _point_latest(final)
         _rotate(root, session.cfg.checkpoint.keep_last, session.resumed_from)
     torch.distributed.barrier()
     return final
@@ -208,12 +341,69 @@ def resolve_checkpoint_dir(path: str | Path) -> Path:
     return newest
 
 
+def _load_bytes_weights_only(planner, read_item, value) -> None:
+    """`DefaultLoadPlanner.load_bytes` (torch/distributed/checkpoint/default_planner.py:381-392)
+    with `weights_only=True`: a checkpoint's non-tensor objects (the RNG streams, Megatron's
+    optimizer param groups) are unpickled by torch's restricted unpickler, which builds tensors,
+    numbers, strings and containers and refuses anything else instead of running it."""
+    try:
+        loaded = torch.load(value, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise UntrustedCheckpointError(
+            f"the checkpoint object {read_item.dest_index.fqn} holds pickled code or classes "
+            f"({_refused_global(error)}), which are not loaded; load only checkpoints this "
+            "project saved, from a source you trust"
+        ) from None
+    if planner.flatten_state_dict:
+        set_element(planner.original_state_dict,
+                    planner.mappings[read_item.dest_index.fqn], loaded)
+    else:
+        planner.state_dict[read_item.dest_index.fqn] = loaded
+
+
+def _refused_global(error: Exception) -> str:
+    """The global torch's unpickler refused, e.g. `GLOBAL builtins.open`."""
+    for line in str(error).splitlines():
+        if "Unsupported global" in line or "GLOBAL" in line:
+            return line.strip().removeprefix("WeightsUnpickler error: ")[:120]
+    return type(error).__name__
+
+
+class UntrustedCheckpointError(UserError):
+    """A checkpoint object that the restricted unpickler refuses (one line for the user)."""
+
+
+@contextlib.contextmanager
+def _weights_only_objects():
+    """While loading: Megatron's load planner unpickles byte objects with weights_only."""
+    original = MCoreLoadPlanner.load_bytes
+    MCoreLoadPlanner.load_bytes = _load_bytes_weights_only
+    try:
+        yield
+    finally:
+        MCoreLoadPlanner.load_bytes = original
+
+
+def _load(template: dict, path: Path) -> dict:
+    """`dist_checkpointing.load` with weights-only objects; a refused object is raised as the
+    one-line `UntrustedCheckpointError`, not inside torch's `CheckpointException` report."""
+    try:
+        with _weights_only_objects():
+            return dist_checkpointing.load(template, str(path))
+    except CheckpointException as failure:
+        for wrapped in failure.failures.values():
+            error = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+            if isinstance(error, UntrustedCheckpointError):
+                raise error from None
+        raise
+
+
 def load_model_weights(path: str | Path, model: list) -> None:
     """Load only the weights (any layout) into this rank's model chunks."""
     path = resolve_checkpoint_dir(path)
     metadata = dist_checkpointing.load_content_metadata(str(path)) or {}
     template = model_sharded_state_dict(model, metadata)
-    loaded = dist_checkpointing.load(template, str(path))
+    loaded = _load(template, path)
     for i, chunk in enumerate(unwrap_model(model)):
         chunk.load_state_dict(loaded[_model_key(i, len(model))])
 
@@ -225,9 +415,10 @@ def save_model_weights(directory: str | Path, cfg: RunConfig, model: list) -> Pa
         path.mkdir(parents=True, exist_ok=True)
     torch.distributed.barrier()
     metadata = content_metadata(cfg)
-    dist_checkpointing.save(
-        model_sharded_state_dict(model, metadata), str(path), content_metadata=metadata
-    )
+    with _in_process_write_results():
+        dist_checkpointing.save(
+            model_sharded_state_dict(model, metadata), str(path), content_metadata=metadata
+        )
     torch.distributed.barrier()
     return path
 
@@ -289,6 +480,33 @@ def _give_each_param_its_own_step(optimizer) -> None:
                 state["step"] = state["step"].detach().clone()
 
 
+def _this_runs_hyperparameters(cfg: RunConfig) -> dict:
+    o = cfg.optimizer
+    return {"max_lr": o.lr, "min_lr": o.min_lr, "betas": (o.adam_beta1, o.adam_beta2),
+            "eps": o.adam_eps}
+
+
+def _adopt_hyperparameters(loaded, values: dict) -> None:
+    """Resume with this run's learning rates and Adam settings, not the saved ones.
+
+    Megatron's param groups carry `max_lr`/`min_lr`, which the scheduler reads
+    (optimizer_param_scheduler.py `get_lr`), and the distributed optimizer matches saved groups
+    to its own by them (distrib_optimizer.py:941-970, a KeyError when the lr changed); torch's
+    `load_state_dict` would restore the saved betas and eps. Every group of this project's
+    optimizer uses the config's values (no per-group overrides), so they are written into each
+    saved group before the load; a changed value is stated before launch."""
+    if isinstance(loaded, dict):
+        for key, value in loaded.items():
+            if key == "param_groups" and isinstance(value, list):
+                for group in value:
+                    group.update({k: v for k, v in values.items() if k in group})
+            else:
+                _adopt_hyperparameters(value, values)
+    elif isinstance(loaded, list):
+        for value in loaded:
+            _adopt_hyperparameters(value, values)
+
+
 def _saved_world_size(path: Path) -> int:
     """World size of the run that wrote the checkpoint (from its common state)."""
     common = dist_checkpointing.load_common_state_dict(str(path))
@@ -306,18 +524,20 @@ def load_checkpoint(session, path: str | Path) -> RunState:
     model, optimizer = session.model, session.optimizer
     _create_state_if_missing(optimizer)
     template = model_sharded_state_dict(model, metadata)
-    template["optimizer"] = optimizer.sharded_state_dict(
-        template, is_loading=True, metadata=metadata
-    )
+    with _gc_frozen():
+        template["optimizer"] = optimizer.sharded_state_dict(
+            template, is_loading=True, metadata=metadata
+        )
     world_size = torch.distributed.get_world_size()
     same_world = _saved_world_size(path) == world_size
     if same_world:
         template["rng_state"] = _rng_sharded(RngState.capture(), world_size)
-    loaded = dist_checkpointing.load(template, str(path))
+    loaded = _load(template, path)
     for i, chunk in enumerate(unwrap_model(model)):
         chunk.load_state_dict(loaded[_model_key(i, len(model))])
     # Fix 3: the dp_reshardable loader copies into leaf params without no_grad
     # (distrib_optimizer.py:2061); fp32 then fails with an in-place-on-leaf error.
+    _adopt_hyperparameters(loaded["optimizer"], _this_runs_hyperparameters(session.cfg))
     with torch.no_grad(), _keep_step_out_of_param_state(optimizer):
         optimizer.load_state_dict(loaded["optimizer"])
     _give_each_param_its_own_step(optimizer)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from recipes.config.errors import ConfigError
 from recipes.config.schema import RunConfig
 from trainer.pipeline import Command, Option
 
@@ -57,6 +58,24 @@ def bench_step_rank(cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> i
     return 0
 
 
+def check_resume_options(options: dict[str, int]) -> None:
+    if options["save_at"] >= options["steps"]:
+        raise ConfigError(f"save_at={options['save_at']} must be below steps={options['steps']}, "
+                          f"e.g. steps={options['save_at'] + 3}")
+
+
+def validate_resume_rank(cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> int:
+    """Continuous vs resumed on every rank; rank 0 prints the table. Exit 1 on any failure."""
+    import torch
+
+    from trainer.resume_check import format_table, run_resume_check
+
+    rows = run_resume_check(cfg, run_dir, options)
+    if torch.distributed.get_rank() == 0:
+        print(format_table(cfg.name, rows, options), flush=True)
+    return 0 if all(ok for *_, ok in rows) else 1
+
+
 def _script_help(name: str) -> str:
     """A script's own docstring is its usage text (read without importing the script)."""
     import ast
@@ -78,4 +97,15 @@ BENCH_STEP = Command(
         "steps": Option(default=20, help="measured rounds of each step"),
         "warmup": Option(default=3, help="rounds discarded first"),
     },
+)
+
+VALIDATE_RESUME = Command(
+    script=SCRIPTS / "validate_resume.py",
+    help=_script_help("validate_resume.py"),
+    run_rank=validate_resume_rank,
+    options={
+        "steps": Option(default=6, help="steps of each run"),
+        "save_at": Option(default=3, help="the step after which the checkpoint is saved"),
+    },
+    check_options=check_resume_options,
 )

@@ -12,7 +12,7 @@ A `SampleSource` turns sample indices into one micro-batch. Sources:
   Megatron cuts every document of a packed row into 2 x CP chunks.
 `GlobalBatches` cuts every source alike: global batch k is samples [kG, (k+1)G) of the source's
 order, each DP rank takes its contiguous share, in micro-batches. The data position that a
-checkpoint saves is the number of global batches taken.
+checkpoint saves is the number of samples taken, so it survives a change of batch or DP size.
 """
 
 from __future__ import annotations
@@ -227,7 +227,11 @@ def build_sources(cfg: RunConfig, run_dir: Path) -> tuple[SampleSource, SampleSo
 
 
 class GlobalBatches:
-    """Yields, for each step, this DP rank's micro-batches of that step's global batch."""
+    """Yields, for each step, this DP rank's micro-batches of that step's global batch.
+
+    The data position is counted in samples, as Megatron-LM's consumed samples are: a resume
+    with another global batch size or another DP size continues at the same sample.
+    """
 
     def __init__(self, source: SampleSource, cfg: RunConfig, dp_rank: int):
         self.source = source
@@ -236,7 +240,7 @@ class GlobalBatches:
         self.micro_batch = cfg.train.micro_batch_size
         self.global_batch = cfg.train.global_batch_size
         self.per_replica = cfg.layout.samples_per_replica  # samples of a batch per DP rank
-        self.next_batch = 0  # the data position: global batches taken by `take`
+        self.next_sample = 0  # the data position: samples taken by `take` (tails included)
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its order), reused per step
         if len(source) < self.global_batch:
             raise ConfigError(
@@ -251,29 +255,47 @@ class GlobalBatches:
             self._order = (epoch, order)
         return self._order[1]
 
-    def global_batch_indices(self, step: int) -> np.ndarray:
-        """Sample indices of global batch `step` (a partial tail of an epoch is dropped)."""
-        per_epoch = len(self.source) // self.global_batch
-        epoch, within = divmod(step, per_epoch)
-        start = within * self.global_batch
+    def _batch_at(self, position: int) -> tuple[np.ndarray, int]:
+        """Sample indices of the global batch starting at sample `position`, and the position
+        after it. An epoch is the whole global batches that fit; a batch that would run past
+        them (the dropped tail, or after a change of batch size) starts the next epoch."""
+        per_epoch = len(self.source) // self.global_batch * self.global_batch
+        epoch, within = divmod(position, per_epoch)
+        if within + self.global_batch > per_epoch:
+            epoch, within = epoch + 1, 0
+        end = epoch * per_epoch + within + self.global_batch
         if not self.source.reshuffle_each_epoch:  # the source is already in training order
-            return np.arange(start, start + self.global_batch)
-        return self._epoch_order(epoch)[start : start + self.global_batch]
+            return np.arange(within, within + self.global_batch), end
+        return self._epoch_order(epoch)[within : within + self.global_batch], end
 
-    def microbatches(self, step: int) -> list[MicroBatch]:
-        indices = self.global_batch_indices(step)
+    def global_batch_indices(self, step: int) -> np.ndarray:
+        """Sample indices of global batch `step` of a run (a partial tail of an epoch is
+        dropped)."""
+        return self._batch_at(step * self.global_batch)[0]
+
+    def _mine(self, indices: np.ndarray) -> list[MicroBatch]:
         mine = indices[self.dp_rank * self.per_replica : (self.dp_rank + 1) * self.per_replica]
         return [self.source.microbatch(mine[i : i + self.micro_batch])
                 for i in range(0, self.per_replica, self.micro_batch)]
 
+    def microbatches(self, step: int) -> list[MicroBatch]:
+        """This rank's micro-batches of global batch `step` (held-out batches, benchmarks)."""
+        return self._mine(self.global_batch_indices(step))
+
+    def upcoming(self) -> list[MicroBatch]:
+        """This rank's micro-batches of the batch `take` returns next (without taking it)."""
+        return self._mine(self._batch_at(self.next_sample)[0])
+
     def take(self) -> list[MicroBatch]:
         """This rank's micro-batches of the next global batch; advances the data position."""
-        microbatches = self.microbatches(self.next_batch)
-        self.next_batch += 1
-        return microbatches
+        indices, self.next_sample = self._batch_at(self.next_sample)
+        return self._mine(indices)
 
     def state_dict(self) -> dict[str, int]:
-        return {"next_batch": self.next_batch}
+        return {"next_sample": self.next_sample}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.next_batch = int(state["next_batch"])
+        if "next_batch" in state:  # checkpoints before positions were counted in samples
+            self.next_sample = int(state["next_batch"]) * self.global_batch
+            return
+        self.next_sample = int(state["next_sample"])

@@ -94,20 +94,32 @@ def _build_shard(cfg: RunConfig, plugins: PluginSet, coords: RankCoordinates) ->
 
 
 def collect_shards(cfg: RunConfig) -> list[ShardReport]:
-    """Every distinct shard of the layout, each built once, with the ranks holding a copy."""
+    """Every distinct shard of the layout, each built once, with the ranks holding a copy.
+
+    The shards are built in the smallest world that has them all (`shard_world`: DP and CP
+    change no rank's weights): Megatron's parallel-state set-up creates every group of the
+    world on each fake rank, which at 16,384 ranks costs seconds per shard. Each report then
+    carries the coordinates and the ranks of the full layout."""
     from plugins.registry import build_plugins
+    from recipes.plan.command import shard_world
 
     # Plugins set up the runtime as on a real rank: without CUDA the model is Megatron's local
     # spec, which needs the CPU runtime's patches (MoE dispatchers create CUDA streams).
     plugins = build_plugins(cfg.plugins)
     plugins.setup_runtime(RuntimeContext(dry_run=True))
-    layout = cfg.layout
+    small_cfg = shard_world(cfg)
+    built: dict[tuple[int, int, int], ShardReport] = {}
+    for rank in range(small_cfg.layout.world_size):
+        coords = small_cfg.layout.coordinates(rank)
+        if coords.shard_key() not in built:
+            built[coords.shard_key()] = _build_shard(small_cfg, plugins, coords)
     shards: dict[tuple[int, int, int], ShardReport] = {}
+    layout = cfg.layout
     for rank in range(layout.world_size):
         coords = layout.coordinates(rank)
         key = coords.shard_key()
         if key not in shards:
-            shards[key] = _build_shard(cfg, plugins, coords)
+            shards[key] = dataclasses.replace(built[key], coords=coords, ranks=[])
         shards[key].ranks.append(rank)
     return sorted(shards.values(), key=lambda s: s.coords.shard_key())
 

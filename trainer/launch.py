@@ -13,13 +13,13 @@ def launch_local_ranks(
     """Run `script` on `nprocs` local ranks (free rendezvous port); returns the exit code.
 
     `environment` (from the plugins, e.g. threads per CPU rank) is set before torchrun reads it,
-    unless the user set the variable already.
+    unless the user set the variable already, and removed again when the ranks are done.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    for key, value in environment.items():
-        os.environ.setdefault(key, value)
+    added = [key for key in environment if key not in os.environ]
+    os.environ.update({key: environment[key] for key in added})
     # A failed rank has printed its own one-line reason; the launcher's report would repeat it.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = get_args_parser().parse_args(
@@ -31,4 +31,7 @@ def launch_local_ranks(
         # Each rank already printed its own one-line error; only the exit code is left to pass on.
         codes = [f.exitcode for f in failure.failures.values() if f.exitcode]
         return max(codes, default=1)
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
     return 0

@@ -114,6 +114,8 @@ def build_transformer_config(
         attention_dropout=m.attention_dropout,
         init_method_std=m.init_method_std,
         **parallel_sizes(cfg.layout),
+        num_layers_in_first_pipeline_stage=cfg.parallel.first_stage_layers,
+        num_layers_in_last_pipeline_stage=cfg.parallel.last_stage_layers,
         sequence_parallel=cfg.parallel.sequence_parallel,
         params_dtype=dtype,
         pipeline_dtype=dtype,

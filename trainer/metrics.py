@@ -1,7 +1,9 @@
 """Step metrics: loss reduction across ranks, log lines, progress bar, metrics.jsonl, summary.
 
 Effective tokens/s counts each loss token of the global batch once: tokens on different DP
-ranks (and CP chunks) add up; TP/PP ranks that work on the same tokens do not add again.
+ranks (and CP chunks) add up; TP/PP ranks that work on the same tokens do not add again
+(definitions in `recipes/throughput.py`). The log line adds model TFLOP/s per GPU, MFU when
+the run names a peak, and where the step's time went.
 """
 
 from __future__ import annotations
@@ -17,26 +19,64 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from plugins.protocol import EvalResult, StepMetrics
+from recipes.throughput import counts_loss_tokens
 from trainer.device import compute_device
 
 
 def reduce_loss_over_world(loss_reports: list[dict]) -> tuple[float, int]:
-    """(mean loss per token, loss tokens) of the global batch, known on every rank.
+    """(mean loss per token, loss tokens) of the global batch, known on every rank."""
+    loss, tokens, _ = reduce_step_over_world(loss_reports, [])
+    return loss, tokens
+
+
+def reduce_step_over_world(
+    loss_reports: list[dict], phase_seconds: list[float]
+) -> tuple[float, int, list[float]]:
+    """(mean loss per token, loss tokens, each phase's mean seconds over ranks), on every rank.
 
     Only last-stage ranks hold losses; the TP-rank-0 of each DP x CP replica contributes, so a
-    token is counted once however many TP/PP ranks computed it.
+    token is counted once however many TP/PP ranks computed it (`counts_loss_tokens`). The
+    phase times ride on the same all-reduce: timing costs no extra collective.
     """
-    total = torch.zeros(2, dtype=torch.float64, device=compute_device())
-    contributes = (
-        parallel_state.is_pipeline_last_stage(ignore_virtual=True)
-        and parallel_state.get_tensor_model_parallel_rank() == 0
+    total = torch.zeros(2 + len(phase_seconds), dtype=torch.float64, device=compute_device())
+    contributes = counts_loss_tokens(
+        parallel_state.get_tensor_model_parallel_rank(),
+        parallel_state.is_pipeline_last_stage(ignore_virtual=True),
     )
     if contributes:
         for report in loss_reports:
-            total += report["lm loss"].detach().to(torch.float64)
+            total[:2] += report["lm loss"].detach().to(torch.float64)
+    if phase_seconds:
+        total[2:] = torch.tensor(phase_seconds, dtype=torch.float64)
     torch.distributed.all_reduce(total)
-    tokens = int(total[1].item())
-    return (total[0].item() / max(tokens, 1)), tokens
+    values = total.tolist()
+    tokens = int(values[1])
+    ranks = torch.distributed.get_world_size()
+    return values[0] / max(tokens, 1), tokens, [value / ranks for value in values[2:]]
+
+
+def max_over_world(values: list[float]) -> list[float]:
+    """The largest of every rank's value, element by element (the slowest rank sets what a
+    step waits for)."""
+    figures = torch.tensor(values, dtype=torch.float64, device=compute_device())
+    torch.distributed.all_reduce(figures, op=torch.distributed.ReduceOp.MAX)
+    return figures.tolist()
+
+
+def format_speed(metrics: StepMetrics) -> str:
+    """Model TFLOP/s per GPU and MFU ('MFU ?' when the run names no peak)."""
+    mfu = "?" if metrics.mfu is None else f"{metrics.mfu:.1%}"
+    return f"{metrics.model_tflops_per_gpu:.3g} TFLOP/s/GPU | MFU {mfu}"
+
+
+def format_breakdown(metrics: StepMetrics) -> str:
+    """Shares of the step: data wait, forward-backward, optimizer (+ exposed comm, profiled)."""
+    total = metrics.step_time_s or 1.0
+    text = (f"data {metrics.data_wait_s / total:.0%} fwd-bwd "
+            f"{metrics.forward_backward_s / total:.0%} opt {metrics.optimizer_s / total:.0%}")
+    if metrics.exposed_comm_s is not None:
+        text += f" comm exposed {metrics.exposed_comm_s / total:.0%} (profiled)"
+    return text
 
 
 def make_console() -> Console:
@@ -93,12 +133,14 @@ class RunReporter:
             status = f"loss {metrics.loss:.4f}  {metrics.tokens_per_s:,.0f} tok/s"
             self.progress.update(self.task, completed=metrics.step, status=status)
         if metrics.step % self.log_interval == 0 or metrics.step == total_steps:
-            # Plugins' figures (`StepMetrics.extra`) follow the core ones; the record has them all.
+            # Plugins' figures (`StepMetrics.extra`) follow the core ones, then speed and the
+            # step's breakdown; the record has them all.
             extra = "".join(f" | {name} {value:.4g}" for name, value in metrics.extra.items())
             self.print(
                 f"step {metrics.step:>5}/{total_steps} | loss {metrics.loss:.4f} | "
                 f"lr {metrics.lr:.3e} | grad norm {metrics.grad_norm:.3f} | "
-                f"{metrics.tokens_per_s:,.0f} tok/s | {metrics.step_time_s:.3f} s/step{extra}"
+                f"{metrics.tokens_per_s:,.0f} tok/s | {metrics.step_time_s:.3f} s/step{extra} | "
+                f"{format_speed(metrics)} | {format_breakdown(metrics)}"
             )
 
     def heldout(self, evaluation: EvalResult) -> None:

@@ -73,6 +73,8 @@ def build_model_chunks(
             share_embeddings_and_output_weights=cfg.model.share_embeddings_and_output_weights,
             position_embedding_type=cfg.model.position_embedding,
             rotary_base=cfg.model.rotary_base,
+            rope_scaling=cfg.model.rope_scaling_factor is not None,
+            rope_scaling_factor=cfg.model.rope_scaling_factor or 8.0,
             vp_stage=vp_stage,
         )
         for param in chunk.parameters():

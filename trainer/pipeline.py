@@ -26,13 +26,15 @@ from plugins.protocol import UserError
 from recipes.config.errors import ConfigError
 from recipes.config.io import CONFIG_FILENAME, save_config
 from recipes.config.machine import check_machine, detect_machine
-from recipes.config.paths import validate_paths
+from recipes.config.paths import checkpoint_preflight, validate_paths
 from recipes.config.resolve import ListRecipesRequested, resolve_config
 from recipes.config.schema import RunConfig
 from recipes.registry import format_recipe_list
 
 EXIT_USER_ERROR = 2
 EXIT_NONFINITE = 3
+# Set for self-launched ranks: the launching process already ran the checkpoint's pre-flight.
+PREFLIGHT_DONE_ENV = "MCORE_RECIPES_PREFLIGHT_DONE"
 HELP_ARGS = ("--help", "-h", "help")
 
 RankFunction = Callable[[RunConfig, Path, dict[str, int]], int]
@@ -54,6 +56,9 @@ class Command:
     help: str  # the script's docstring: usage and examples
     run_rank: RankFunction  # (config, run dir, options) -> exit code, on every rank
     options: dict[str, Option] = field(default_factory=dict)
+    # Checks the options together before anything starts (raises ConfigError); None: no check.
+    check_options: Callable[[dict[str, int]], None] | None = None
+    local: Callable[[list[str]], int] | None = None  # runs here instead, starting no ranks
 
 
 def quiet_library_noise() -> None:
@@ -62,6 +67,7 @@ def quiet_library_noise() -> None:
     Call before Megatron is imported: most of these fire at import time.
     """
     warnings.filterwarnings("ignore", module=r"megatron\..*")
+    warnings.filterwarnings("ignore", module=r"torch\.distributed\.checkpoint\..*")
     warnings.filterwarnings("ignore", category=FutureWarning)
     for name in ("megatron", "torch.utils.cpp_extension"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -128,7 +134,22 @@ def self_launch(command: Command, cfg: RunConfig, run_dir: Path, options: dict[s
     print(f"launching {world} local ranks; outputs in {run_dir}", flush=True)
     args = [f"config={run_dir / CONFIG_FILENAME}", f"run_dir={run_dir}",
             *(f"{key}={value}" for key, value in options.items())]
-    return launch_local_ranks(world, command.script, args, cfg.plugins.launch_environment())
+    environment = {**cfg.plugins.launch_environment(), PREFLIGHT_DONE_ENV: "1"}
+    return launch_local_ranks(world, command.script, args, environment)
+
+
+def preflight(cfg: RunConfig, machine) -> None:
+    """Once per run (in the launching process, or on rank 0 of an outside launch): the plan's
+    summary, or a one-line refusal of a layout that cannot fit (recipes/plan/fit.py); then the
+    loaded checkpoint's checks, and what a resume continues from and changes."""
+    if os.environ.get(PREFLIGHT_DONE_ENV) or os.environ.get("RANK", "0") != "0":
+        return
+    from recipes.plan.fit import check_fits, summary_line
+
+    on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
+    print(summary_line(check_fits(cfg, attention="explicit" if on_cpu else None)), flush=True)
+    for line in checkpoint_preflight(cfg):
+        print(f"resume: {line}", flush=True)
 
 
 def run_as_rank(command: Command, cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> int:
@@ -149,7 +170,11 @@ def run_pipeline(command: Command, argv: Sequence[str]) -> int:
         print(help_text(command))
         return 0
     options, rest = split_options(command, argv)
+    if command.check_options is not None:
+        command.check_options(options)
     try:
+        if command.local is not None:  # e.g. the planner: resolves its own config, no ranks
+            return command.local(rest)
         cfg = resolve_config(rest, check_paths=False)
     except ListRecipesRequested:
         print(help_text(command))
@@ -164,7 +189,9 @@ def run_pipeline(command: Command, argv: Sequence[str]) -> int:
 
         prepare_missing_data(cfg)
     validate_paths(cfg)
-    check_machine(cfg, detect_machine(), rest)
+    machine = detect_machine()
+    check_machine(cfg, machine, rest)
+    preflight(cfg, machine)
     cfg, run_dir = prepare_run_dir(cfg)
     if under_launcher():
         return run_as_rank(command, cfg, run_dir, options)

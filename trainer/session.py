@@ -54,6 +54,7 @@ class TrainingSession:
     start_step: int = 0  # the step this session started from (a resume's step, or 0)
     # The step directory a full resume loaded (rotation never deletes it); None otherwise.
     resumed_from: Path | None = None
+    mid_step: bool = False  # set by train_step while a step is under way (no saves then)
 
     def capture_state(self) -> RunState:
         """The run state as a checkpoint saves it: counters, data position, plugins, RNG."""
@@ -126,6 +127,11 @@ def build_scheduler(cfg: RunConfig, optimizer) -> OptimizerParamScheduler:
         wd_incr_style="constant",
         wsd_decay_steps=wsd_iters * gbs if s.style == "wsd" else None,
         lr_wsd_decay_style=s.wsd_decay_style if s.style == "wsd" else None,
+        # On resume this run's lr, schedule and batch apply (stated before launch); only the
+        # position, the samples consumed (`num_steps`), comes from the checkpoint. Megatron's
+        # default keeps the checkpoint's values silently (optimizer_param_scheduler.py:328-339).
+        override_opt_param_scheduler=True,
+        use_checkpoint_opt_param_scheduler=False,
     )
 
 

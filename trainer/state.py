@@ -48,12 +48,18 @@ class RngState:
         get_cuda_rng_tracker().set_states(self.tracker)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"python": self.python, "numpy": self.numpy, "torch_cpu": self.torch_cpu,
-                "torch_cuda": self.torch_cuda, "tracker": self.tracker}
+        """Tensors, numbers, strings and containers only, so a checkpoint loads it with
+        `torch.load(weights_only=True)` (NumPy's key array becomes a list of ints)."""
+        name, keys, *rest = self.numpy
+        return {"python": self.python, "numpy": (name, keys.tolist(), *rest),
+                "torch_cpu": self.torch_cpu, "torch_cuda": self.torch_cuda,
+                "tracker": self.tracker}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RngState:
-        return cls(**values)
+        name, keys, *rest = values["numpy"]
+        numpy_state = (name, np.asarray(keys, dtype=np.uint32), *rest)
+        return cls(**{**values, "numpy": numpy_state})
 
 
 @dataclass

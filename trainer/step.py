@@ -1,4 +1,8 @@
-"""One optimizer step and one held-out evaluation through Megatron's pipeline schedules."""
+"""One optimizer step and one held-out evaluation through Megatron's pipeline schedules.
+
+The step is timed as a whole optimizer step with its phases (data wait, forward-backward,
+optimizer) and, on profiled steps, its exposed communication; see `trainer/throughput.py`.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,11 @@ import torch
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from plugins.protocol import EvalResult, PluginSet, StepMetrics
+from recipes.throughput import is_measured, model_flops_utilisation, step_flops, tflops_per_gpu
 from trainer.data import MicroBatch
 from trainer.device import to_compute_device
-from trainer.metrics import reduce_loss_over_world
+from trainer.metrics import max_over_world, reduce_loss_over_world, reduce_step_over_world
+from trainer.throughput import StepClock, run_peak_tflops, start_profiler, stop_profiler
 
 
 def masked_token_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
@@ -72,36 +78,70 @@ def run_schedule(
     )
 
 
-def train_step(session) -> StepMetrics:
-    """Forward/backward over the next global batch's micro-batches, then one optimizer update;
-    the session's run state advances by one step."""
-    cfg = session.cfg
-    start = time.perf_counter()
-    microbatches = session.train_batches.take()
+def _forward_backward(session, microbatches: list[MicroBatch]) -> list[dict]:
     for chunk in session.model:
         chunk.zero_grad_buffer()
     session.optimizer.zero_grad()
-    reports = run_schedule(
+    return run_schedule(
         session.model,
         microbatches,
         session.plugins,
-        seq_length=cfg.model.seq_length,
-        micro_batch_size=cfg.train.micro_batch_size,
+        seq_length=session.cfg.model.seq_length,
+        micro_batch_size=session.cfg.train.micro_batch_size,
         forward_only=False,
     )
-    updated, grad_norm, _ = session.optimizer.step()
+
+
+def train_step(session) -> StepMetrics:
+    """Forward/backward over the next global batch's micro-batches, then one optimizer update;
+    the session's run state advances by one step.
+
+    Every rank starts the step's clock together (a barrier: rank 0's logging between steps is
+    not step time) and stops it after the loss all-reduce, which no rank leaves before every
+    rank has updated; phases are marked in between (recipes/throughput.py for what counts).
+    """
+    cfg = session.cfg
+    index, steps_in_process = session.state.step - session.start_step, (
+        cfg.train.train_iters - session.start_step)
+    torch.distributed.barrier()
+    profiler = start_profiler(index, steps_in_process)
+    start, clock = time.perf_counter(), StepClock()
+    session.mid_step = True  # until the update is applied: no checkpoint may be taken
+    # Named ranges for the profiler plugin's trace (plugins/profiler/plugin.py).
+    with torch.profiler.record_function("data wait"):
+        microbatches = session.train_batches.take()
+    clock.mark()
+    with torch.profiler.record_function("forward-backward"):
+        reports = _forward_backward(session, microbatches)
+    clock.mark()
+    with torch.profiler.record_function("optimizer"):
+        updated, grad_norm, _ = session.optimizer.step()
     if updated:
         session.scheduler.step(increment=cfg.train.global_batch_size)
-    loss, tokens = reduce_loss_over_world(reports)
+    clock.mark()
+    loss, tokens, phases = reduce_step_over_world(reports, clock.seconds())
     session.state.advance(cfg.train.global_batch_size, tokens)
+    session.mid_step = False
+    step_time = time.perf_counter() - start
+    exposed = None
+    if profiler is not None:  # exposed time and step time of the slowest rank, as one share
+        exposed, step_time = max_over_world([stop_profiler(profiler), step_time])
+    tflops = tflops_per_gpu(step_flops(cfg), step_time, torch.distributed.get_world_size())
     return StepMetrics(
         step=session.state.step,
         loss=loss,
         lr=session.optimizer.param_groups[0]["lr"],
         grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
         loss_tokens=tokens,
-        step_time_s=time.perf_counter() - start,
+        step_time_s=step_time,
         skipped=not updated,
+        data_wait_s=phases[0],
+        forward_backward_s=phases[1],
+        optimizer_s=phases[2],
+        exposed_comm_s=exposed,
+        model_tflops_per_gpu=tflops,
+        mfu=model_flops_utilisation(tflops, run_peak_tflops(cfg)),
+        measured=is_measured(index, steps_in_process),
     )
 
 

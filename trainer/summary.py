@@ -1,17 +1,28 @@
-"""The one-screen end-of-run summary: layout, parameters, tokens, speed, loss, outputs."""
+"""The one-screen end-of-run summary: layout, parameters, tokens, speed, loss, outputs.
+
+Speed is stated as the scaling harness reads it: effective tokens/s over whole measured steps,
+model TFLOP/s per GPU and MFU (unknown without a peak), with the batch, sequence length and
+precision that make two runs comparable (`recipes/throughput.py`).
+"""
 
 from __future__ import annotations
-
-import statistics
 
 import torch
 from megatron.core import parallel_state
 from rich.console import Console
 from rich.table import Table
 
+from recipes.throughput import (
+    is_measured,
+    measured_throughput,
+    model_flops_utilisation,
+    step_flops,
+    tflops_per_gpu,
+)
 from trainer.device import compute_device
 from trainer.model import distinct_parameter_counts
 from trainer.state import RunHistory
+from trainer.throughput import run_peak_tflops
 
 
 def describe_run_layout(cfg) -> str:
@@ -37,10 +48,28 @@ def model_parameter_count(model: list) -> int:
     return round(total.item())
 
 
+def speed_summary(cfg, history: RunHistory) -> dict:
+    """Effective tokens/s over the measured steps (whole steps after warm-up, outside the
+    profiler window: sum of tokens over sum of seconds), model TFLOP/s per GPU at that speed
+    and MFU (None without a peak)."""
+    steps = history.step_times
+    measured = [step for index, step in enumerate(steps) if is_measured(index, len(steps))]
+    kept = measured or steps
+    seconds = sum(t for t, _ in kept)
+    world = cfg.layout.world_size
+    tflops = tflops_per_gpu(step_flops(cfg) * len(kept), seconds, world)
+    peak = run_peak_tflops(cfg)
+    return {
+        "effective_tokens_per_s": measured_throughput(steps) if steps else 0.0,
+        "measured_steps": len(measured),
+        "model_tflops_per_gpu": tflops,
+        "peak_tflops": peak,
+        "mfu": model_flops_utilisation(tflops, peak),
+    }
+
+
 def build_summary(session, history: RunHistory) -> dict:
     cfg = session.cfg
-    times = history.step_times[1:] or history.step_times  # first step warms up
-    tokens_per_s = statistics.median(tok / t for t, tok in times) if times else 0.0
     steps_run = cfg.train.train_iters - session.start_step
     heldout = history.heldout
     return {
@@ -50,7 +79,10 @@ def build_summary(session, history: RunHistory) -> dict:
         "parameters": model_parameter_count(session.model),
         "steps": steps_run,
         "tokens_seen": steps_run * cfg.train.global_batch_size * cfg.model.seq_length,
-        "loss_tokens_per_s": tokens_per_s,
+        "global_batch_size": cfg.train.global_batch_size,
+        "seq_length": cfg.model.seq_length,
+        "precision": cfg.precision.dtype,
+        **speed_summary(cfg, history),
         "first_train_loss": history.first_loss,
         "final_train_loss": history.final_loss,
         "heldout_loss_start": heldout[0][1] if heldout else None,
@@ -77,7 +109,8 @@ def print_summary(summary: dict, console: Console) -> None:
     labels = {
         "layout": "layout", "backend": "backend", "parameters": "parameters",
         "steps": "optimizer steps", "tokens_seen": "tokens seen",
-        "loss_tokens_per_s": "effective tokens/s (median)",
+        "effective_tokens_per_s": "effective tokens/s (measured steps)",
+        "model_tflops_per_gpu": "model TFLOP/s per GPU", "mfu": "MFU (- = no peak named)",
         "first_train_loss": "train loss, first step", "final_train_loss": "train loss, last step",
         "heldout_loss_start": "held-out loss, start", "heldout_loss_end": "held-out loss, end",
         "run_dir": "run directory", "checkpoint": "checkpoint",

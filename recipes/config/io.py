@@ -20,6 +20,11 @@ def config_to_yaml(cfg: RunConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
+def config_dict(cfg: RunConfig) -> dict:
+    """The configuration as plain nested dicts (every field, defaults included): JSON-ready."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+
+
 def save_config(cfg: RunConfig, path: str | Path) -> Path:
     """Write `cfg` as YAML to `path` (parents created) and return the path."""
     path = Path(path)

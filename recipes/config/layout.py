@@ -95,6 +95,8 @@ class Layout:
     expert_tensor: int | None = None  # None = same as tensor
     sequence_parallel: bool = False
     num_layers: int = 1
+    first_stage_layers: int | None = None  # uneven pipeline: layers on the first stage
+    last_stage_layers: int | None = None  # ... and on the last; the middle share the rest
     vocab_size: int = 1
     vocab_multiple: int = 128  # Megatron's make_vocab_size_divisible_by (before x TP)
     global_batch: int = 1
@@ -109,6 +111,7 @@ class Layout:
             tensor=p.tensor, pipeline=p.pipeline, virtual_pipeline=p.virtual_pipeline,
             context=p.context, expert=p.expert, expert_tensor=p.expert_tensor,
             sequence_parallel=p.sequence_parallel, num_layers=m.num_layers,
+            first_stage_layers=p.first_stage_layers, last_stage_layers=p.last_stage_layers,
             vocab_size=m.vocab_size, vocab_multiple=m.make_vocab_size_divisible_by,
             global_batch=t.global_batch_size, micro_batch=t.micro_batch_size,
         )
@@ -155,6 +158,21 @@ class Layout:
     @property
     def layers_per_stage(self) -> int:
         return self.num_layers // self.pipeline
+
+    def stage_layers(self) -> list[int]:
+        """Transformer layers on each pipeline stage, as Megatron assigns them: the first and
+        last stage's own counts when set, the rest split evenly over the middle stages."""
+        first, last = self.first_stage_layers, self.last_stage_layers
+        if self.pipeline == 1 or (first is None and last is None):
+            return [self.num_layers // self.pipeline] * self.pipeline
+        middle = self.pipeline - (first is not None) - (last is not None)
+        rest = self.num_layers - (first or 0) - (last or 0)
+        counts = [rest // middle if middle else 0] * self.pipeline
+        if first is not None:
+            counts[0] = first
+        if last is not None:
+            counts[-1] = last
+        return counts
 
     @property
     def layers_per_chunk(self) -> int:

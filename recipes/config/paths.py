@@ -23,6 +23,7 @@ from pathlib import Path
 
 from recipes.config.blend import load_blend
 from recipes.config.errors import ConfigError
+from recipes.config.saved_run import damaged_file, incompatibility, read_manifest, resume_notes
 from recipes.config.schema import RunConfig
 
 CHECKPOINT_MARKER = "metadata.json"  # written by megatron.core.dist_checkpointing when done
@@ -147,6 +148,51 @@ def check_checkpoint_load_path(cfg: RunConfig) -> str | None:
     return _directory_problem(load, path)
 
 
+def loaded_step(load: str) -> Path | None:
+    """The step directory `checkpoint.load` names or resumes from (None: no complete step)."""
+    path = Path(load)
+    return path if is_checkpoint(path) else newest_checkpoint(path)
+
+
+def previous_step(step_dir: Path) -> Path | None:
+    """The newest complete step before `step_dir` in its checkpoint root."""
+    step = step_of(step_dir.name)
+    earlier = [p for p in complete_steps(step_dir.parent)
+               if step is not None and step_of(p.name) < step]
+    return earlier[-1] if earlier else None
+
+
+def _damage_message(load: str, step_dir: Path, damage: str) -> str:
+    previous = previous_step(step_dir)
+    if previous is None:
+        fallback = "no earlier complete checkpoint exists; start without checkpoint.load"
+    else:
+        fallback = (f"fall back to the previous complete checkpoint with checkpoint.load="
+                    f"{previous} (or delete {step_dir}: the root then resumes from it)")
+    return f"checkpoint.load={load}: {damage}; {fallback}"
+
+
+def checkpoint_preflight(cfg: RunConfig) -> list[str]:
+    """The checkpoint a run loads, checked against its `run.json` before any rank starts:
+    a damaged file or a model that cannot load it raises `ConfigError` (one line); returns the
+    lines that say what a full resume continues from and what it changes."""
+    load = cfg.checkpoint.load
+    if cfg.dry_run or load is None or check_checkpoint_load_path(cfg) is not None:
+        return []
+    step_dir = loaded_step(load)
+    manifest = read_manifest(step_dir) if step_dir is not None else None
+    if manifest is None:  # written by another tool: Megatron's own checks apply at load
+        return []
+    damage = damaged_file(step_dir, manifest, cfg.checkpoint.verify == "checksum")
+    if damage:
+        raise ConfigError(_damage_message(load, step_dir, damage))
+    reason = incompatibility(cfg, manifest)
+    if reason:
+        raise ConfigError(f"checkpoint.load={load} does not fit this run's model: {reason}; "
+                          "use the saved value, or start from another checkpoint")
+    return [] if cfg.checkpoint.load_model_only else resume_notes(cfg, step_dir, manifest)
+
+
 def directory_problem(key: str, value: str, fix: str) -> str | None:
     """`value` is a directory, or can be created: its nearest existing parent is a writable
     directory. `fix` ends the message (what to set instead)."""
@@ -203,8 +249,18 @@ def check_data_blend(cfg: RunConfig) -> str | None:
     return None
 
 
+def check_cluster_spec(cfg: RunConfig) -> str | None:
+    """`cluster.spec` names a readable cluster file (its peak TFLOP/s gives the MFU)."""
+    spec = cfg.cluster.spec
+    if spec is None or Path(spec).is_file():
+        return None
+    return (f"cluster.spec={spec} does not exist; name a cluster file, e.g. "
+            "cluster.spec=conf/cluster/h100_80gb_8x8.yaml, or cluster.spec=null")
+
+
 PATH_RULES: tuple[PathRule, ...] = (
     check_output_dir, check_run_dir, check_checkpoint_load_path, check_data_blend,
+    check_cluster_spec,
 )
 
 

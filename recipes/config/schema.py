@@ -32,6 +32,7 @@ class ModelConfig:
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"  # norm layer type
     position_embedding: Literal["rope", "learned_absolute"] = "rope"  # position encoding
     rotary_base: int = 10000  # RoPE theta
+    rope_scaling_factor: float | None = None  # Llama 3.1 RoPE scaling (8.0); None = no scaling
     add_bias_linear: bool = True  # biases in linear layers (MoE models need False)
     share_embeddings_and_output_weights: bool = True  # tie input embedding and output layer
     hidden_dropout: float = 0.0  # dropout after attention / MLP
@@ -56,6 +57,10 @@ class ParallelConfig:
     expert: int = 1  # expert model parallel size (EP)
     expert_tensor: int | None = None  # TP size inside experts; None = same as tensor
     sequence_parallel: bool = False  # shard norm/dropout activations over the TP group
+    # Uneven pipeline (Megatron's num_layers_in_first/last_pipeline_stage): layers on the first
+    # and last stage; the middle stages share the rest evenly. None = an even split.
+    first_stage_layers: int | None = None  # layers on the first stage; None = even split
+    last_stage_layers: int | None = None  # layers on the last stage; None = even split
     # Pipeline point-to-point options; interleaving needs overlap on and batching off.
     overlap_p2p_comm: bool = True  # overlap pipeline sends/receives with compute
     batch_p2p_comm: bool = False  # batch pipeline sends/receives (wrong with interleaving)
@@ -68,6 +73,9 @@ class ClusterConfig:
     nodes: int = 1  # machines
     gpus_per_node: int = 4  # ranks per machine (local CPU processes when there is no GPU)
     gpu_memory_gib: float = 80.0  # memory of one accelerator, for the planner
+    # A conf/cluster/*.yaml file describing the machines: its peak TFLOP/s per precision gives
+    # the run's MFU (None: MFU is reported as unknown, not guessed).
+    spec: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -214,6 +222,9 @@ class CheckpointConfig:
     load_model_only: bool = False  # load weights only (fresh optimizer and step 0)
     optimizer_format: Literal["fully_reshardable", "dp_reshardable"] = "fully_reshardable"
     keep_last: int | None = None  # keep the newest N saved steps (+ the resumed-from); None: all
+    # Before launch, check the loaded checkpoint's files against its run.json: sizes and CRC-32
+    # ("checksum", reads every byte once) or sizes only ("size", for very large checkpoints).
+    verify: Literal["checksum", "size"] = "checksum"
 
 
 @dataclass(kw_only=True)

@@ -186,10 +186,31 @@ def check_head_width(cfg: RunConfig) -> str | None:
         )
 
 
+def _uneven_stages(cfg: RunConfig) -> str | None:
+    """First/last stage layer counts (Megatron's num_layers_in_first/last_pipeline_stage): with
+    pipelining, positive, divisible by VPP, leaving the middle stages an even share."""
+    p, layers = cfg.parallel, cfg.model.num_layers
+    vpp = p.virtual_pipeline or 1
+    for name in ("first_stage_layers", "last_stage_layers"):
+        value = getattr(p, name)
+        if value is not None and (p.pipeline < 2 or value < 1 or value % vpp):
+            return (f"parallel.{name}={value} needs parallel.pipeline >= 2 and a positive count "
+                    f"divisible by VPP{vpp}; set it so, or parallel.{name}=null")
+    middle = p.pipeline - (p.first_stage_layers is not None) - (p.last_stage_layers is not None)
+    rest = layers - (p.first_stage_layers or 0) - (p.last_stage_layers or 0)
+    if rest < 0 or bool(rest) != bool(middle) or (middle and rest % (middle * vpp)):
+        return (f"model.num_layers={layers} minus parallel.first_stage_layers/last_stage_layers "
+                f"leaves {rest} layers for {middle} middle stages (x VPP{vpp}); they must split "
+                "evenly")
+    return None
+
+
 def check_layers_per_stage(cfg: RunConfig) -> str | None:
     """Layers split evenly over pipeline stages (and virtual stages with interleaving)."""
     p, layers = cfg.parallel, cfg.model.num_layers
     vpp = p.virtual_pipeline or 1
+    if p.first_stage_layers is not None or p.last_stage_layers is not None:
+        return _uneven_stages(cfg)
     if layers % (p.pipeline * vpp):
         split = f"PP{p.pipeline} x VPP{vpp} = {p.pipeline * vpp}" if vpp > 1 else f"PP{p.pipeline}"
         return (

@@ -19,6 +19,7 @@ port the OS picks (port 0), published to the others in DIR/store_port, so no por
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -135,7 +136,16 @@ def _wait(pids: list[int], timeout_s: float) -> tuple[list[int | None], bool]:
         if pid not in codes:
             os.kill(pid, signal.SIGKILL)
             codes[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        _stop_group(pid)
     return [codes[pid] for pid in pids], timed_out
+
+
+def _stop_group(pid: int) -> None:
+    """Each rank leads its own process group (`os.setsid`); a rank killed before its atexit
+    handlers ran leaves its helper processes (the checkpoint writer's manager) in that group:
+    stop them too, as the rank's own exit would have."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def serve() -> None:

@@ -51,8 +51,7 @@ def train_steps(payload: dict) -> dict:
     for _ in range(payload["steps"]):
         batches = session.train_batches
         # This rank's loss-mask ones of the coming batch (all of it on a single DP rank).
-        mask_tokens.append(int(sum(mb["loss_mask"].sum() for mb in
-                                   batches.microbatches(batches.next_batch))))
+        mask_tokens.append(int(sum(mb["loss_mask"].sum() for mb in batches.upcoming())))
         metrics = train_step(session)
         losses.append(metrics.loss)
         grad_norms.append(metrics.grad_norm)
@@ -60,36 +59,6 @@ def train_steps(payload: dict) -> dict:
     _finish()
     return {"losses": losses, "grad_norms": grad_norms, "loss_tokens": loss_tokens,
             "mask_tokens": mask_tokens}
-
-
-def train_save_continue(payload: dict) -> dict:
-    """Train `steps` steps, saving a full checkpoint after `save_after`; the uninterrupted run."""
-    from trainer.checkpointing import save_checkpoint
-    from trainer.step import train_step
-
-    session = _session(payload)
-    losses = []
-    for _ in range(payload["steps"]):
-        losses.append(train_step(session).loss)
-        if session.state.step == payload["save_after"]:
-            save_checkpoint(session, payload["checkpoint_dir"])
-    state = session.state
-    _finish()
-    return {"losses": losses, "consumed": [state.consumed_samples, state.consumed_tokens]}
-
-
-def resume_and_train(payload: dict) -> dict:
-    """Fresh processes: load the full checkpoint, then train up to `steps`."""
-    from trainer.step import train_step
-
-    session = _session(payload)
-    start = session.start_step
-    losses = [train_step(session).loss for _ in range(start, payload["steps"])]
-    lr = session.optimizer.param_groups[0]["lr"]
-    state = session.state
-    _finish()
-    return {"start": start, "losses": losses, "lr": lr,
-            "consumed": [state.consumed_samples, state.consumed_tokens]}
 
 
 def train_saving_each_step(payload: dict) -> dict:

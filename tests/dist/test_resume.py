@@ -1,25 +1,32 @@
-"""Save -> new processes -> load continues bit-identically to the uninterrupted run.
+"""Save -> new processes -> load continues exactly like the uninterrupted run.
 
-Covers the distributed optimizer's four load-path fixes in trainer/checkpointing.py: without
-any one of them the resumed losses drift by ~1e-2 or the load fails. The run state comes back
-whole: consumed samples and tokens, the data position, and each rank's RNG streams (the
-dropout case differs from the first resumed step on without them).
+Exactly means, per step after the resume: the same loss, learning rate and consumed tokens, bit
+for bit, and the same token ids in the same order on every rank (a digest of each micro-batch).
+Covers the distributed optimizer's four load-path fixes in trainer/checkpointing.py (without
+any one of them the resumed losses drift by ~1e-2 or the load fails), interleaved pipelines,
+dropout (each rank's CPU generator and Megatron's tracker streams must resume), and ten random
+stop points of the single-rank tiny model. A checkpoint saved at TP2 x PP2 resumes at other
+layouts (weights and optimizer state resharded) within float tolerance, with the same samples.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from tests.dist.resume_runs import random_points
+
 pytestmark = pytest.mark.dist
 
-ENTRY = "tests.dist.layout_runs"
+ENTRY = "tests.dist.resume_runs"
 STEPS, SAVE_AFTER = 5, 2
+RESHARD_TOLERANCE = 2e-5  # fp32 on CPU: layouts differ only in summation order
 
 CASES = [
     ("tiny_dp2_distopt", 2, []),
     ("tiny_dp2_distopt", 2, ["checkpoint.optimizer_format=dp_reshardable"]),
     ("tiny_dp2_distopt", 2, ["precision.dtype=bf16"]),
     ("tiny_tp2_pp2", 4, []),
+    ("tiny_pp2_vpp2", 2, []),
     ("tiny_dp2_distopt", 2, ["optimizer.overlap_grad_reduce=true",
                              "optimizer.overlap_param_gather=true"]),
     # Dropout draws from the CPU generator and Megatron's TP tracker: the RNG state must resume.
@@ -34,13 +41,60 @@ CASES = [
 def test_resumed_run_equals_uninterrupted_run(launch_ranks, tmp_path, recipe, ranks, overrides):
     checkpoints = tmp_path / "checkpoints"
     common = {"recipe": recipe, "steps": STEPS, "run_dir": str(tmp_path)}
-    continuous = launch_ranks(ranks, f"{ENTRY}:train_save_continue", {
-        **common, "overrides": overrides, "save_after": SAVE_AFTER,
+    continuous = launch_ranks(ranks, f"{ENTRY}:continuous", {
+        **common, "overrides": overrides, "save_at": [SAVE_AFTER],
+        "checkpoint_dir": str(checkpoints),
+    })
+    resumed = launch_ranks(ranks, f"{ENTRY}:resumed", {
+        **common, "overrides": [*overrides, f"checkpoint.load={checkpoints}"],
+    })
+    for rank, (before, after) in enumerate(zip(continuous, resumed, strict=True)):
+        assert after["start"] == SAVE_AFTER
+        assert after["records"] == before["records"][SAVE_AFTER:], f"rank {rank}"
+
+
+def test_ten_random_stop_points_resume_exactly(launch_ranks, tmp_path):
+    steps = 12
+    points = random_points(seed=7, last=steps, count=10)
+    common = {"recipe": "tiny_dp1", "steps": steps, "run_dir": str(tmp_path),
+              "checkpoint_dir": str(tmp_path / "checkpoints")}
+    continuous = launch_ranks(1, f"{ENTRY}:continuous", {**common, "save_at": points})[0]
+    runs = launch_ranks(1, f"{ENTRY}:stop_points", {**common, "points": points})[0]
+    for point in points:
+        assert runs[str(point)]["start"] == point
+        assert runs[str(point)]["records"] == continuous["records"][point:], f"stop at {point}"
+
+
+@pytest.fixture(scope="module")
+def saved_at_tp2_pp2(launch_ranks, tmp_path_factory) -> tuple[str, list[dict]]:
+    """The uninterrupted TP2 x PP2 run (distributed optimizer), saved after SAVE_AFTER steps."""
+    root = tmp_path_factory.mktemp("tp2_pp2")
+    checkpoints = root / "checkpoints"
+    result = launch_ranks(4, f"{ENTRY}:continuous", {
+        "recipe": "tiny_tp2_pp2", "steps": STEPS, "run_dir": str(root),
+        "overrides": ["optimizer.distributed=true"], "save_at": [SAVE_AFTER],
         "checkpoint_dir": str(checkpoints),
     })[0]
-    resumed = launch_ranks(ranks, f"{ENTRY}:resume_and_train", {
-        **common, "overrides": [*overrides, f"checkpoint.load={checkpoints}"],
+    return str(checkpoints), result["records"]
+
+
+@pytest.mark.parametrize(("recipe", "ranks", "overrides"), [
+    ("tiny_dp1", 1, []),
+    ("tiny_pp2_vpp2", 2, []),
+    ("tiny_dp2_distopt", 2, []),
+], ids=["tp1_pp1", "pp2_vpp2", "dp2_distopt"])
+def test_resume_at_another_layout_continues_the_run(
+    launch_ranks, saved_at_tp2_pp2, tmp_path, recipe, ranks, overrides
+):
+    checkpoints, before = saved_at_tp2_pp2
+    after = launch_ranks(ranks, f"{ENTRY}:resumed", {
+        "recipe": recipe, "steps": STEPS, "run_dir": str(tmp_path),
+        "overrides": [*overrides, "optimizer.distributed=true", f"checkpoint.load={checkpoints}"],
     })[0]
-    assert resumed["start"] == SAVE_AFTER
-    assert resumed["losses"] == continuous["losses"][SAVE_AFTER:]
-    assert resumed["consumed"] == continuous["consumed"]
+    assert after["start"] == SAVE_AFTER
+    expected = before[SAVE_AFTER:]
+    # Consumed samples and tokens continue from the checkpoint whatever the DP size.
+    assert [(r["samples"], r["tokens"], r["lr"]) for r in after["records"]] == [
+        (r["samples"], r["tokens"], r["lr"]) for r in expected]
+    for got, want in zip(after["records"], expected, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], abs=RESHARD_TOLERANCE)

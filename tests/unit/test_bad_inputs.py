@@ -146,6 +146,8 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
      "checkpoint.load={tmp}/ckpt"),
     (["checkpoint.load={tmp}/empty_dir"], "checkpoint.load={tmp}/empty_dir is an empty "
      "directory"),
+    (["cluster.spec={tmp}/missing.yaml"], "cluster.spec={tmp}/missing.yaml does not exist; name "
+     "a cluster file"),
     (["checkpoint.load={tmp}/not_ckpt"], "checkpoint.load={tmp}/not_ckpt is not a Megatron "
      "checkpoint (no metadata.json and no latest file)"),
     (["checkpoint.load={tmp}/run"], "checkpoint.load={tmp}/run is a run directory, not a "

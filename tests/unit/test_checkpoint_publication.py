@@ -16,11 +16,18 @@ import pytest
 from recipes.config.paths import check_checkpoint_load_path, newest_checkpoint
 from recipes.registry import get_recipe
 from trainer.checkpointing import (
-    _publish,
+    _point_latest,
+    _rename_into_place,
     _rotate,
     checkpoints_to_delete,
     resolve_checkpoint_dir,
 )
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """What rank 0 does once every rank's files are written."""
+    _rename_into_place(tmp, final)
+    _point_latest(final)
 
 
 def _complete(path: Path) -> Path:

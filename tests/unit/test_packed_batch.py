@@ -179,10 +179,10 @@ def test_packing_rules_pass_when_packing_is_off_or_fits():
 
 
 def test_packing_is_off_by_default_and_built_by_name_when_on():
-    always = ["cpu_runtime", "context_parallel"]  # CP acts only when the model's CP size > 1
+    always = ["cpu_runtime", "context_parallel", "logging"]  # CP acts only when CP > 1
     assert [p.name for p in build_plugins(PluginsConfig())] == always
     plugins = build_plugins(PluginsConfig(packing=PackingConfig(enabled=True)))
-    assert [p.name for p in plugins] == ["cpu_runtime", "packing", "context_parallel"]
+    assert [p.name for p in plugins] == ["cpu_runtime", "packing", "context_parallel", "logging"]
     assert isinstance(plugins.plugins[1], PackingPlugin)
 
 

@@ -60,12 +60,13 @@ def test_plugin_state_round_trips_by_name_and_empty_states_are_left_out():
 
 def test_registry_builds_only_what_the_config_turns_on_and_names_it():
     default = build_plugins(PluginsConfig())
-    # fp8 is off by default; context_parallel is always built and acts only when CP > 1.
-    assert [p.name for p in default] == ["cpu_runtime", "context_parallel"]
+    # fp8 is off by default; context_parallel is always built and acts only when CP > 1;
+    # logging is on by default (each run draws its loss curve).
+    assert [p.name for p in default] == ["cpu_runtime", "context_parallel", "logging"]
     gpu = build_plugins(PluginsConfig(cpu_runtime=CpuRuntimeConfig(enabled="off")))
-    assert [p.name for p in gpu] == ["context_parallel"]
+    assert [p.name for p in gpu] == ["context_parallel", "logging"]
     fp8 = build_plugins(PluginsConfig(fp8=Fp8Config(format="hybrid")))
-    assert [p.name for p in fp8] == ["cpu_runtime", "fp8", "context_parallel"]
+    assert [p.name for p in fp8] == ["cpu_runtime", "fp8", "context_parallel", "logging"]
 
 
 def test_every_plugin_config_brings_its_rules():
@@ -76,7 +77,8 @@ def test_every_plugin_config_brings_its_rules():
         "check_threads_per_rank", "check_fp8_settings_unused", "check_fp8_delayed_settings",
         "check_fp8_scaling_values", "check_fp8_bf16_layers_recipe", "check_fp8_bf16_layers_range",
         "check_fp8_bf16_layers_leave_fp8", "check_fp8_shapes", "check_packing_micro_batch",
-        "check_packing_context_parallel", "check_cp_hierarchical_sizes", "check_cp_a2a_heads"}
+        "check_packing_context_parallel", "check_cp_hierarchical_sizes", "check_cp_a2a_heads",
+        "check_profiler_window"}
 
 
 def test_cpu_runtime_decides_where_ranks_run_and_their_threads():

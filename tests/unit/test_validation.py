@@ -85,6 +85,9 @@ RULE_CASES = [
      "(in-place-on-view error in the expert MLP); set model.add_bias_linear=false"),
     ("check_moe_tensor_parallel", "tiny_tp2", ["model.num_moe_experts=2", *MOE_NO_BIAS],
      "MoE with parallel.tensor=2 needs sequence parallel"),
+    ("check_profiler_window", "tiny_dp1", ["plugins.profiler.enabled=true",
+                                           "plugins.profiler.steps=0"],
+     "plugins.profiler.steps=0 must be at least 1, e.g. steps=2"),
     ("check_fp8_shapes", "tiny_dp1", ["plugins.fp8.format=hybrid", "model.ffn_hidden_size=200"],
      "plugins.fp8.format=hybrid needs model.ffn_hidden_size divisible by 16, got 200; adjust it or "
      "set plugins.fp8.format=null"),

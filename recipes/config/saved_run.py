@@ -1,0 +1,196 @@
+"""What a checkpoint says about the run that saved it, read before any rank starts.
+
+Every checkpoint this project saves holds `run.json` beside Megatron's files: the run's counters
+(step, consumed samples and tokens), its layout, the versions of torch, megatron-core and this
+project, the tokenizer it trained with, the whole resolved config, and the size and CRC-32 of
+every file of the checkpoint. It is plain JSON, so the launching process reads it without torch
+and without unpickling anything, and three questions are answered in about a second instead of
+after every rank has built its model:
+
+- Is the checkpoint intact? A file missing, shorter or with another CRC than at save time is
+  named in one line, together with the previous complete checkpoint to fall back to.
+- Can this run load it? A model of another shape, vocabulary or tokenizer cannot; the first
+  differing field is named (refused, as Megatron would only fail later with a shape error).
+- What changes on resume? A changed global batch, learning rate, schedule or layout is allowed
+  and stated: the schedule and the data continue from the consumed samples, this run's values
+  apply from the next step, and a new layout reshards weights and optimizer state.
+
+Checkpoints without `run.json` (written by other tools) are loaded without these checks.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+MANIFEST_FILE = "run.json"
+MANIFEST_FORMAT = 1
+CHUNK_BYTES = 8 << 20
+
+# Model fields that decide the saved tensors' names or shapes: a change cannot load.
+SHAPE_FIELDS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+    "kv_channels", "vocab_size", "activation", "normalization", "position_embedding",
+    "add_bias_linear", "share_embeddings_and_output_weights", "num_moe_experts",
+    "moe_ffn_hidden_size",
+)
+# Fields a resume may change; each change is stated before launch (sections, then fields).
+STATED_FIELDS = (
+    "train.global_batch_size", "train.micro_batch_size", "train.train_iters", "train.seed",
+    "optimizer.lr", "optimizer.min_lr", "optimizer.weight_decay", "optimizer.clip_grad",
+    "scheduler.style", "scheduler.warmup_iters", "scheduler.decay_iters", "precision.dtype",
+    "model.seq_length", "model.rotary_base", "model.rope_scaling_factor", "data.source",
+    "data.blend", "data.documents",
+)
+LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "dp")
+
+
+def file_record(path: Path) -> dict[str, int]:
+    """Size and CRC-32 of one file, read in chunks (what `run.json` lists per file)."""
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+    return {"bytes": size, "crc32": crc}
+
+
+def layout_record(layout) -> dict[str, int]:
+    return {"tp": layout.tensor, "pp": layout.pipeline, "vpp": layout.virtual_stages,
+            "cp": layout.context, "ep": layout.expert, "dp": layout.data_parallel}
+
+
+def layout_text(record: dict[str, int]) -> str:
+    parts = [f"{key.upper()}{record[key]}" for key in LAYOUT_KEYS if record.get(key, 1) > 1]
+    return "x".join(parts) or "one rank"
+
+
+def tokenizer_identity(cfg) -> dict[str, Any]:
+    """The tokenizer a run's data was made with: the byte tokenizer, or the blend's ids and the
+    CRC-32 of each tokenizer file its manifests name."""
+    if cfg.data.source != "blend" or cfg.data.blend is None:
+        return {"kind": cfg.data.tokenizer}
+    import yaml
+
+    from recipes.config.blend import load_blend
+
+    blend = load_blend(cfg.data.blend)
+    loaded = yaml.safe_load(Path(cfg.data.blend).read_text(encoding="utf-8")) or {}
+    files = set()
+    for entry in [*(loaded.get("train") or []), *(loaded.get("valid") or [])]:
+        manifest = Path(str(entry.get("manifest", ""))) if isinstance(entry, dict) else Path()
+        if manifest.suffix == ".json" and manifest.is_file():
+            named = json.loads(manifest.read_text(encoding="utf-8")).get("tokenizer")
+            if named and (manifest.parent / named).is_file():
+                files.add(file_record(manifest.parent / named)["crc32"])
+    return {"kind": "prepared", "vocab_size": blend.vocab_size, "eod_id": blend.eod_id,
+            "files_crc32": sorted(files)}
+
+
+def read_manifest(step_dir: Path) -> dict[str, Any] | None:
+    """The checkpoint's `run.json`, or None when it has none (or an unreadable one)."""
+    try:
+        manifest = json.loads((step_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and "files" in manifest else None
+
+
+def damaged_file(step_dir: Path, manifest: dict[str, Any], checksums: bool) -> str | None:
+    """The first file of the checkpoint that is missing, truncated or changed since the save."""
+    for name, saved in sorted(manifest["files"].items()):
+        path = step_dir / name
+        if not path.is_file():
+            return f"{step_dir.name}/{name} is missing"
+        size = path.stat().st_size
+        if size != saved["bytes"]:
+            return (f"{step_dir.name}/{name} is truncated or changed "
+                    f"({size} of {saved['bytes']} bytes)")
+        if checksums and file_record(path)["crc32"] != saved["crc32"]:
+            return f"{step_dir.name}/{name} is corrupted (its CRC-32 differs from the save's)"
+    return None
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}` (how overrides name fields)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def shape_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """`model.X=a` (saved) vs `model.X=b` (this run) for the first shape field that differs."""
+    for name in SHAPE_FIELDS:
+        key = f"model.{name}"
+        if key in saved and saved[key] != current.get(key):
+            return f"it was saved with {key}={saved[key]}, this run has {key}={current.get(key)}"
+    return None
+
+
+def tokenizer_mismatch(saved: dict[str, Any] | None, current: dict[str, Any]) -> str | None:
+    if saved is None or saved == current:
+        return None
+    return (f"it was trained with tokenizer {_tokenizer_text(saved)}, this run's data uses "
+            f"{_tokenizer_text(current)}")
+
+
+def _tokenizer_text(identity: dict[str, Any]) -> str:
+    if identity.get("kind") != "prepared":
+        return repr(identity.get("kind"))
+    return (f"(vocab {identity.get('vocab_size')}, EOD {identity.get('eod_id')}, files "
+            f"{identity.get('files_crc32')})")
+
+
+def stated_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`field a -> b` for every field a resume may change and this run did."""
+    return [f"{key} {saved[key]} -> {current.get(key)}" for key in STATED_FIELDS
+            if key in saved and saved[key] != current.get(key)]
+
+
+def _current(cfg) -> dict[str, Any]:
+    from recipes.config.io import config_dict
+
+    return flatten(config_dict(cfg))
+
+
+def _padding_mismatch(cfg, manifest: dict[str, Any]) -> str | None:
+    saved = manifest.get("padded_vocab_size")
+    padded = cfg.layout.padded_vocab
+    if saved is None or saved == padded:
+        return None
+    return (f"its vocabulary is padded to {saved} rows, this run pads to {padded} "
+            "(model.make_vocab_size_divisible_by x TP); choose model.make_vocab_size_divisible_by "
+            f"so that TP {cfg.parallel.tensor} pads to {saved}")
+
+
+def incompatibility(cfg, manifest: dict[str, Any]) -> str | None:
+    """Why this run cannot load the checkpoint's model at all (shape, padding, tokenizer)."""
+    saved = flatten(manifest.get("config") or {})
+    return (shape_mismatch(saved, _current(cfg)) or _padding_mismatch(cfg, manifest)
+            or tokenizer_mismatch(manifest.get("tokenizer"), tokenizer_identity(cfg)))
+
+
+def resume_notes(cfg, step_dir: Path, manifest: dict[str, Any]) -> list[str]:
+    """What a full resume continues from and what it changes, one line each (printed)."""
+    notes = [f"resuming from {step_dir} (step {manifest['step']}, "
+             f"{manifest['consumed_samples']} samples, {manifest['consumed_tokens']} loss tokens; "
+             f"saved by mcore-recipes {manifest['versions'].get('mcore-recipes')}, torch "
+             f"{manifest['versions'].get('torch')}, megatron-core "
+             f"{manifest['versions'].get('megatron-core')})"]
+    changes = stated_changes(flatten(manifest.get("config") or {}), _current(cfg))
+    if changes:
+        notes.append(f"changed since the save: {', '.join(changes)}; this run's values apply "
+                     "from the next step, the schedule and the data continue from sample "
+                     f"{manifest['consumed_samples']}")
+    saved_layout, layout = manifest.get("layout") or {}, layout_record(cfg.layout)
+    if saved_layout and saved_layout != layout:
+        notes.append(f"layout {layout_text(saved_layout)} ({manifest.get('world_size')} ranks) "
+                     f"-> {layout_text(layout)} ({cfg.layout.world_size} ranks): weights and "
+                     "optimizer state are resharded; per-rank RNG streams start afresh")
+    return notes

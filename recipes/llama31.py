@@ -1,0 +1,69 @@
+"""Llama 3.1 405B in the three pretraining layouts the Llama 3 paper reports (Table 4).
+
+126 layers over 16 pipeline stages: the first and last stage hold one layer fewer (7) than the
+middle ones (8), which leaves room for the embedding and the output layer and loss
+(`parallel.first_stage_layers` / `last_stage_layers`, Megatron's
+num_layers_in_first/last_pipeline_stage). The uneven ends rule out interleaving here (Megatron
+needs them divisible by the virtual stages), so the schedule is 1F1B. Each step is 16M tokens:
+2,048 sequences of 8,192, or 128 of 131,072 for long-context training.
+"""
+
+from __future__ import annotations
+
+from recipes.common import large_run_base
+from recipes.config.schema import ClusterConfig, ModelConfig, ParallelConfig, RunConfig
+
+
+def llama31_405b_model() -> ModelConfig:
+    """Llama-3.1-405B shape: 126 layers, width 16,384, GQA 128/8, SwiGLU 53,248, RMSNorm."""
+    return ModelConfig(
+        num_layers=126,
+        hidden_size=16384,
+        ffn_hidden_size=53248,
+        num_attention_heads=128,
+        num_query_groups=8,
+        seq_length=8192,
+        vocab_size=128256,
+        activation="swiglu",
+        normalization="RMSNorm",
+        position_embedding="rope",
+        rotary_base=500_000,
+        add_bias_linear=False,
+        share_embeddings_and_output_weights=False,
+        init_method_std=0.02,
+    )
+
+
+def _llama31_405b(nodes: int, context: int, seq_length: int, global_batch: int) -> RunConfig:
+    cfg = large_run_base(llama31_405b_model(), lr=8e-5)
+    cfg.model.seq_length = seq_length
+    cfg.cluster = ClusterConfig(nodes=nodes, gpus_per_node=8, gpu_memory_gib=80.0)
+    cfg.parallel = ParallelConfig(tensor=8, pipeline=16, context=context,
+                                  sequence_parallel=True, first_stage_layers=7,
+                                  last_stage_layers=7)
+    cfg.train.micro_batch_size = 1
+    cfg.train.global_batch_size = global_batch
+    cfg.scheduler.warmup_iters = 8000
+    return cfg
+
+
+def llama31_405b_tp8_pp16_dp64() -> RunConfig:
+    """Llama-3.1-405B on 8,192 GPUs: TP8 x PP16 (7/8.../7 layers) x DP64, 2,048 x 8k per step."""
+    return _llama31_405b(nodes=1024, context=1, seq_length=8192, global_batch=2048)
+
+
+def llama31_405b_tp8_pp16_dp128() -> RunConfig:
+    """Llama-3.1-405B on 16,384 GPUs: TP8 x PP16 (7/8.../7 layers) x DP128, 2,048 x 8k."""
+    return _llama31_405b(nodes=2048, context=1, seq_length=8192, global_batch=2048)
+
+
+def llama31_405b_128k_tp8_cp16_pp16_dp8() -> RunConfig:
+    """Llama-3.1-405B at 128k on 16,384 GPUs: TP8 x CP16 x PP16 x DP8, 128 x 128k per step."""
+    return _llama31_405b(nodes=2048, context=16, seq_length=131_072, global_batch=128)
+
+
+RECIPES = (
+    llama31_405b_tp8_pp16_dp64,
+    llama31_405b_tp8_pp16_dp128,
+    llama31_405b_128k_tp8_cp16_pp16_dp8,
+)

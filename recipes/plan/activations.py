@@ -1,0 +1,168 @@
+"""Activation memory per GPU: what a layer keeps for its backward, times what is in flight.
+
+Per layer and token the terms are Korthikanti et al. (2022, "Reducing activation
+recomputation", Table 2), written per tensor so GQA, gated MLPs, dropout off, FP32, CP and MoE
+come out right: norm inputs, QKV input, Q/K/V, the attention scores (explicit attention keeps
+softmax output, dropout mask and dropout output per head and key; flash attention keeps only a
+FP32 log-sum-exp per head), projection input, MLP input, activation input and output, and the
+one-byte dropout masks when dropout is on. Tensor parallel splits the matmul-side tensors;
+sequence parallel also splits the rest; context parallel splits the sequence. Selective
+recompute drops the attention-score terms; full recompute keeps each block's input and rebuilds
+one block's activations at a time. Differences from Megatron-LM's own estimator are deliberate
+and listed in docs/planner.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from recipes.plan.params import stage_layer_counts
+from recipes.plan.schedule import layer_microbatches_in_flight
+
+Attention = Literal["flash", "explicit"]
+_ACT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def tensor_bytes(*shape: int, element_bytes: int = 2) -> int:
+    """Bytes of a dense tensor: [2, 2048, 4096] in BF16 is 32 MiB."""
+    total = element_bytes
+    for size in shape:
+        total *= size
+    return total
+
+
+def score_bytes(batch: int, heads: int, length: int, element_bytes: int = 2) -> int:
+    """One explicit attention-score matrix per head: b·h·n² elements."""
+    return tensor_bytes(batch, heads, length, length, element_bytes=element_bytes)
+
+
+@dataclass(frozen=True)
+class LayerTerms:
+    """Bytes per token of one transformer layer on one rank, by how TP/SP split them."""
+
+    split: float  # divided by TP already (matmul inputs/outputs inside the TP region)
+    replicated: float  # full on every TP rank unless sequence parallel splits it
+    scores: float  # attention scores (explicit) or log-sum-exp (flash), divided by TP
+
+
+def _attention_terms(m: Any, d: int, attention: Attention, keys: int, tp: int) -> LayerTerms:
+    heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
+    width = m.kv_channels or m.hidden_size // heads
+    query, key_value = heads * width, 2 * groups * width
+    masks = m.hidden_size if m.hidden_dropout > 0 else 0
+    replicated = 2 * d * m.hidden_size + masks  # norm input, QKV input, dropout mask
+    split = d * (query + key_value) / tp + d * query / tp  # Q, K, V and projection input
+    if attention == "explicit":
+        per_key = d + ((1 + d) if m.attention_dropout > 0 else 0)
+        scores = heads / tp * keys * per_key
+    else:
+        scores = 4 * heads / tp  # FP32 log-sum-exp per head
+    return LayerTerms(split=split, replicated=replicated, scores=scores)
+
+
+def _mlp_terms(m: Any, d: int, layout: Any) -> LayerTerms:
+    h = m.hidden_size
+    gate = 2 if m.activation == "swiglu" else 1
+    masks = h if m.hidden_dropout > 0 else 0
+    replicated = 2 * d * h + masks  # norm input, MLP input, dropout mask
+    if not m.num_moe_experts:
+        ffn = m.ffn_hidden_size
+        return LayerTerms(split=d * ffn * (gate + 1) / layout.tensor, replicated=replicated,
+                          scores=0.0)
+    ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
+    topk, etp = m.moe_router_topk, layout.expert_tensor_size
+    # Each routed copy: expert input, activation input and output; then the unpermuted output.
+    routed = topk * (d * h + d * ffn * (gate + 1) / etp + d * h)
+    router = 4 * m.num_moe_experts  # FP32 router logits
+    return LayerTerms(split=routed / layout.tensor, replicated=replicated + router, scores=0.0)
+
+
+def layer_bytes_per_token(cfg: Any, attention: Attention) -> LayerTerms:
+    m, layout = cfg.model, cfg.layout
+    d = _ACT_BYTES[cfg.precision.dtype]
+    att = _attention_terms(m, d, attention, m.seq_length // layout.context, layout.tensor)
+    mlp = _mlp_terms(m, d, layout)
+    return LayerTerms(att.split + mlp.split, att.replicated + mlp.replicated, att.scores)
+
+
+def layer_bytes(cfg: Any, attention: Attention, recompute: str | None = None) -> float:
+    """Bytes one layer keeps for one micro-batch on one rank (no recompute, or selective)."""
+    layout, t = cfg.layout, cfg.train
+    terms = layer_bytes_per_token(cfg, attention)
+    tokens = t.micro_batch_size * cfg.model.seq_length // layout.context
+    replicated = terms.replicated / (layout.tensor if layout.sequence_parallel else 1)
+    scores = 0.0 if (recompute or t.recompute) == "selective" else terms.scores
+    return tokens * (terms.split + replicated + scores)
+
+
+def _tokens(cfg: Any) -> float:
+    layout = cfg.layout
+    return cfg.train.micro_batch_size * cfg.model.seq_length / layout.context
+
+
+def checkpoint_bytes(cfg: Any) -> float:
+    """Full recompute: the input kept per recompute block of one micro-batch."""
+    layout = cfg.layout
+    d = _ACT_BYTES[cfg.precision.dtype]
+    split = layout.tensor if layout.sequence_parallel else 1
+    return _tokens(cfg) * d * cfg.model.hidden_size / split
+
+
+def embedding_bytes(cfg: Any) -> float:
+    """First stage, per micro-batch in flight: token ids (8 bytes) and the embedding dropout
+    mask, split by TP under sequence parallel (Megatron's estimator's terms)."""
+    layout, m = cfg.layout, cfg.model
+    mask = m.hidden_size if m.hidden_dropout > 0 else 0
+    split = layout.tensor if layout.sequence_parallel else 1
+    return _tokens(cfg) * (8 + mask) / split
+
+
+def output_bytes(cfg: Any) -> float:
+    """Last stage, one micro-batch: final-norm and output-layer inputs, FP32 logits for the
+    vocabulary-parallel cross entropy (the vocabulary is split over TP)."""
+    layout, m = cfg.layout, cfg.model
+    d = _ACT_BYTES[cfg.precision.dtype]
+    split = layout.tensor if layout.sequence_parallel else 1
+    return _tokens(cfg) * (2 * d * m.hidden_size / split + 4 * layout.padded_vocab / layout.tensor)
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    """Activation bytes on one rank of one pipeline stage at its peak."""
+
+    stage: int
+    layers: int
+    in_flight: float  # micro-batches' worth of the stage's layers held
+    per_layer: float  # one layer, one micro-batch (what recompute leaves kept)
+    layers_total: float
+    embedding: float
+    output: float
+    recompute_working: float  # full recompute: one block rebuilt during backward
+
+    @property
+    def total(self) -> float:
+        return self.layers_total + self.embedding + self.output + self.recompute_working
+
+
+def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
+    """Each stage's activations at its peak (the first stage holds the most micro-batches)."""
+    layout, t = cfg.layout, cfg.train
+    stages = stage_layer_counts(cfg)
+    full = layer_bytes(cfg, attention)
+    block = t.recompute_num_layers
+    result = []
+    for stage, chunks in enumerate(stages):
+        layers = sum(chunks)
+        flight = layer_microbatches_in_flight(stage, layout.pipeline, layout.virtual_stages,
+                                              layout.microbatches)
+        if t.recompute == "full":
+            per_layer = checkpoint_bytes(cfg) / block
+            working = full * min(block, max(chunks))
+        else:
+            per_layer, working = full, 0.0
+        embedding = embedding_bytes(cfg) * flight if stage == 0 else 0.0
+        output = output_bytes(cfg) if stage == len(stages) - 1 else 0.0
+        result.append(StageActivations(stage, layers, flight, per_layer,
+                                       per_layer * layers * flight, embedding, output, working))
+    return result

@@ -1,0 +1,132 @@
+"""Assemble one plan: for each pipeline stage its parameters, model state, activations, peak
+and traffic; then placement, bubble and batch. Every figure comes from the component modules;
+this file only puts them together for the worst rank of each stage (all ranks of a stage hold
+the same sizes: TP, CP, DP and EP ranks differ in which slice they hold, not in its size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from recipes.plan.activations import StageActivations, stage_activations
+from recipes.plan.batch import BatchPlan, batch_plan
+from recipes.plan.cluster import ClusterSpec
+from recipes.plan.comm import Traffic, crossing_kinds, stage_traffic
+from recipes.plan.memory import ModelState, rank_model_state, sharding_of, state_bytes_of
+from recipes.plan.params import ParamCount, model_parameters, stage_layer_counts, stage_params
+from recipes.plan.placement import GroupSummary, drawing, group_summaries
+from recipes.plan.schedule import Bubble, bubble, in_flight_1f1b, in_flight_all_forward
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the recipe does not say: the planner's own choices (scripts/plan.py options)."""
+
+    sharding: str | None = None  # None: the run's (distributed optimizer or none)
+    offload: bool = False  # optimizer state in CPU memory
+    attention: str | None = None  # None: the cluster's kernel
+    fp8_weights: bool = False  # FP8 training that keeps FP8 (not BF16) weights
+    token_budget: int | None = None  # tokens to train on, for steps and GPU-hours
+    mfu: float = 0.4  # share of peak FLOP/s a step reaches, for GPU-hours
+    listed_groups: int | None = None  # groups written out per kind (None: all)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stage: int
+    layers: list[int]  # per virtual chunk
+    params: ParamCount
+    state: ModelState
+    activations: StageActivations
+    traffic: list[Traffic]
+
+    @property
+    def peak(self) -> float:
+        return self.state.total + self.activations.total
+
+    def contributors(self) -> list[tuple[str, float]]:
+        """What the peak is made of, largest first."""
+        a = self.activations
+        items = {**self.state.items(),
+                 f"activations ({a.layers} layers x {a.in_flight:g} micro-batches)":
+                     a.layers_total,
+                 "embedding inputs": a.embedding, "logits and loss": a.output,
+                 "full-recompute working set": a.recompute_working}
+        return sorted(((k, v) for k, v in items.items() if v > 0), key=lambda kv: -kv[1])
+
+
+@dataclass(frozen=True)
+class Plan:
+    cfg: Any
+    cluster: ClusterSpec
+    options: PlanOptions
+    sharding: str
+    attention: str
+    parameters: int
+    stages: list[StagePlan]
+    groups: list[GroupSummary]
+    drawing: list[str]
+    bubble_1f1b: Bubble
+    bubble_interleaved: Bubble | None
+    in_flight: dict[str, int]
+    batch: BatchPlan
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def worst(self) -> StagePlan:
+        return max(self.stages, key=lambda s: s.peak)
+
+    @property
+    def fits(self) -> bool:
+        return self.worst.peak <= self.cluster.gpu_memory_bytes
+
+
+def _peak_tflops(cfg: Any, cluster: ClusterSpec) -> float:
+    fp8 = getattr(getattr(cfg.plugins, "fp8", None), "format", None)
+    return cluster.peak_tflops["fp8" if fp8 else cfg.precision.dtype]
+
+
+def _notes(cfg: Any, cluster: ClusterSpec) -> list[str]:
+    layout, notes = cfg.layout, []
+    if layout.nodes > cluster.nodes:
+        notes.append(f"the layout needs {layout.nodes:,} nodes; {cluster.name} has "
+                     f"{cluster.nodes:,}")
+    return notes
+
+
+def stage_plans(cfg: Any, cluster: ClusterSpec, options: PlanOptions) -> list[StagePlan]:
+    """Memory and traffic of each stage's worst rank (the part a fit check needs)."""
+    sharding = sharding_of(cfg, options.sharding)
+    per = state_bytes_of(cfg, options.fp8_weights)
+    attention = options.attention or cluster.attention
+    crossing = crossing_kinds(cfg.layout)
+    plans = []
+    for stage, (count, act, layers) in enumerate(zip(
+            stage_params(cfg), stage_activations(cfg, attention), stage_layer_counts(cfg),
+            strict=True)):
+        state = rank_model_state(cfg, count, per, sharding, options.offload)
+        traffic = stage_traffic(cfg, cluster, crossing, stage, count, sharding != "none")
+        plans.append(StagePlan(stage, layers, count, state, act, traffic))
+    return plans
+
+
+def make_plan(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None) -> Plan:
+    options = options or PlanOptions()
+    layout = cfg.layout
+    parameters = model_parameters(cfg)
+    m, pp, vpp = layout.microbatches, layout.pipeline, layout.virtual_stages
+    return Plan(
+        cfg=cfg, cluster=cluster, options=options, sharding=sharding_of(cfg, options.sharding),
+        attention=options.attention or cluster.attention, parameters=parameters,
+        stages=stage_plans(cfg, cluster, options),
+        groups=group_summaries(layout, options.listed_groups,
+                              moe=bool(cfg.model.num_moe_experts)), drawing=drawing(layout),
+        bubble_1f1b=bubble(pp, 1, m),
+        bubble_interleaved=bubble(pp, vpp, m) if vpp > 1 else None,
+        in_flight={"all_forward": in_flight_all_forward(m),
+                   "one_f_one_b": in_flight_1f1b(0, pp, m)},
+        batch=batch_plan(cfg, parameters, _peak_tflops(cfg, cluster), options.mfu,
+                         options.token_budget),
+        notes=_notes(cfg, cluster),
+    )

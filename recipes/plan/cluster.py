@@ -1,0 +1,119 @@
+"""Cluster files (`conf/cluster/*.yaml`): the machine a plan is made for.
+
+A cluster file says what the planner cannot know from a recipe: GPUs per node, memory per GPU,
+bandwidth inside a node and between nodes (per GPU, one direction), and peak dense TFLOP/s by
+precision. It is read here, without torch, and every mistake is one line naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recipes.config.errors import ConfigError
+
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+CLUSTER_DIR = Path(__file__).resolve().parents[2] / "conf" / "cluster"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    name: str
+    nodes: int  # nodes that exist
+    gpus_per_node: int
+    gpu_memory_gb: float  # GB = 1e9 bytes
+    intra_node_gb_per_s: float  # per GPU, one direction
+    inter_node_gb_per_s: float  # per GPU, one direction
+    attention: str  # 'flash' (scores never stored) or 'explicit' (n x n scores kept)
+    peak_tflops: dict[str, float]  # dense, per GPU, by precision
+
+    @property
+    def gpu_memory_bytes(self) -> float:
+        return self.gpu_memory_gb * 1e9
+
+
+_NUMBERS = ("nodes", "gpus_per_node", "gpu_memory_gb", "intra_node_gb_per_s",
+            "inter_node_gb_per_s")
+
+
+def _check_number(path: str, key: str, value: Any) -> None:
+    integral = key in ("nodes", "gpus_per_node")
+    ok = isinstance(value, int) if integral else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or value <= 0:
+        kind = "a positive whole number" if integral else "a positive number"
+        raise ConfigError(f"{path}: {key}={value!r} must be {kind}")
+
+
+def _check_keys(path: str, data: dict) -> None:
+    known = [f.name for f in dataclasses.fields(ClusterSpec)]
+    for key in data:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {near[0]}?" if near else f"known keys: {', '.join(known)}"
+            raise ConfigError(f"{path}: unknown key '{key}'; {hint}")
+    for key in known:
+        if key not in data:
+            raise ConfigError(f"{path}: '{key}' is missing; add it (see conf/cluster/*.yaml)")
+
+
+def _peak(path: str, value: Any) -> dict[str, float]:
+    if not isinstance(value, dict) or set(value) != set(PRECISIONS):
+        raise ConfigError(f"{path}: peak_tflops must give TFLOP/s for each of "
+                          f"{', '.join(PRECISIONS)}")
+    for key, number in value.items():
+        _check_number(path, f"peak_tflops.{key}", number)
+    return {key: float(number) for key, number in value.items()}
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Read and check a cluster file; a missing file or bad key is one ConfigError line."""
+    file = Path(path)
+    if not file.is_file():
+        found = sorted(p.name for p in CLUSTER_DIR.glob("*.yaml"))
+        raise ConfigError(f"cluster={path} does not exist; use one of conf/cluster/"
+                          f"{{{','.join(found)}}}" if found else f"cluster={path} does not exist")
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must be a mapping of keys to values (see conf/cluster/)")
+    _check_keys(str(path), data)
+    for key in _NUMBERS:
+        _check_number(str(path), key, data[key])
+    if data["attention"] not in ("flash", "explicit"):
+        raise ConfigError(f"{path}: attention={data['attention']!r} must be flash or explicit")
+    return ClusterSpec(**{**data, "name": str(data["name"]),
+                          "peak_tflops": _peak(str(path), data["peak_tflops"])})
+
+
+def recipe_cluster(cfg: Any, network_of: ClusterSpec | None = None) -> ClusterSpec:
+    """The recipe's own `cluster` section as a spec (memory from `cluster.gpu_memory_gib`);
+    bandwidths and peaks from `network_of` (the H100 file's when none is given)."""
+    base = network_of or load_cluster(CLUSTER_DIR / "h100_80gb_8x8.yaml")
+    c = cfg.cluster
+    return dataclasses.replace(base, name=f"recipe ({base.name} network)", nodes=c.nodes,
+                               gpus_per_node=c.gpus_per_node,
+                               gpu_memory_gb=c.gpu_memory_gib * 2**30 / 1e9)
+
+
+def apply_cluster(cfg: Any, cluster: ClusterSpec) -> Any:
+    """The config on this cluster's nodes: same world size, the cluster's GPUs per node (a world
+    smaller than a node uses part of one node)."""
+    world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    if world < cluster.gpus_per_node:  # part of one node
+        cluster = dataclasses.replace(cluster, gpus_per_node=world)
+    if world % cluster.gpus_per_node:
+        raise ConfigError(
+            f"the recipe's {world} ranks do not fill nodes of {cluster.gpus_per_node} GPUs "
+            f"({cluster.name}); change cluster.nodes or pick another cluster file")
+    nodes = world // cluster.gpus_per_node
+    new_cluster = dataclasses.replace(cfg.cluster, nodes=nodes,
+                                      gpus_per_node=cluster.gpus_per_node,
+                                      gpu_memory_gib=cluster.gpu_memory_gb * 1e9 / 2**30)
+    return dataclasses.replace(cfg, cluster=new_cluster)

@@ -1,0 +1,141 @@
+"""Does the worst rank fit, what fills it, and which single change would make it fit.
+
+A suggestion is a real, validated configuration planned again, not a rule of thumb: each
+candidate (recompute, distributed optimizer, ZeRO-3-style sharding, a smaller micro-batch, more
+TP inside the node, more PP) is applied to the config, checked by the project's validation
+rules (a candidate that breaks one is dropped) and re-planned; those that fit are listed with
+their peak. `check_fits` is what `pretrain.py` calls before launch.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from recipes.config.errors import ConfigError
+from recipes.plan.build import Plan, PlanOptions, make_plan, stage_plans
+from recipes.plan.cluster import ClusterSpec, recipe_cluster
+
+GB = 1e9
+
+
+def size_text(value: float) -> str:
+    """'12.55 GB', or '866.3 kB' / '3.41 MB' for the tiny recipes."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= scale / 10 or unit == "kB":
+            return f"{value / scale:,.2f} {unit}"
+    return f"{value:g} B"
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    change: str  # the overrides to type, e.g. 'train.recompute=full'
+    peak: float  # worst-rank peak bytes after the change
+    fits: bool
+
+
+def _set(cfg: Any, **fields: Any) -> Any:
+    new = copy.deepcopy(cfg)
+    for dotted, value in fields.items():
+        section, name = dotted.split("__")
+        setattr(getattr(new, section), name, value)
+    return new
+
+
+def _candidates(cfg: Any) -> list[tuple[str, Callable[[], Any], str | None]]:
+    """(overrides, config builder, sharding) for each single change worth trying."""
+    p, t, layout = cfg.parallel, cfg.train, cfg.layout
+    found: list[tuple[str, Callable[[], Any], str | None]] = []
+    if t.recompute != "selective" and t.recompute != "full":
+        found.append(("train.recompute=selective", lambda: _set(cfg, train__recompute="selective"),
+                      None))
+    if t.recompute != "full":
+        found.append(("train.recompute=full", lambda: _set(cfg, train__recompute="full"), None))
+    if not cfg.optimizer.distributed:
+        found.append(("optimizer.distributed=true",
+                      lambda: _set(cfg, optimizer__distributed=True), None))
+    found.append(("sharding=optim_grads_params (Megatron FSDP, ZeRO-3)", lambda: cfg,
+                  "optim_grads_params"))
+    if t.micro_batch_size > 1:
+        smaller = t.micro_batch_size // 2
+        found.append((f"train.micro_batch_size={smaller}",
+                      lambda: _set(cfg, train__micro_batch_size=smaller), None))
+    if p.tensor * 2 <= cfg.cluster.gpus_per_node:
+        found.append((f"parallel.tensor={p.tensor * 2} parallel.sequence_parallel=true",
+                      lambda: _set(cfg, parallel__tensor=p.tensor * 2,
+                                   parallel__sequence_parallel=True), None))
+    if layout.data_parallel % 2 == 0:
+        found.append((f"parallel.pipeline={p.pipeline * 2}",
+                      lambda: _set(cfg, parallel__pipeline=p.pipeline * 2), None))
+    return found
+
+
+def _worst_peak(cfg: Any, cluster: ClusterSpec, options: PlanOptions) -> float:
+    return max(s.peak for s in stage_plans(cfg, cluster, options))
+
+
+def suggestions(plan: Plan) -> list[Suggestion]:
+    """Single changes, validated and re-planned, fitting ones first, lowest peak first."""
+    from recipes.config.validation import validate
+
+    found = []
+    for change, build, sharding in _candidates(plan.cfg):
+        candidate = build()
+        try:
+            validate(candidate)
+        except ConfigError:
+            continue
+        options = plan.options if sharding is None else _with_sharding(plan.options, sharding)
+        peak = _worst_peak(candidate, plan.cluster, options)
+        found.append(Suggestion(change, peak, peak <= plan.cluster.gpu_memory_bytes))
+    return sorted(found, key=lambda s: (not s.fits, s.peak))
+
+
+def _with_sharding(options: PlanOptions, sharding: str) -> PlanOptions:
+    from dataclasses import replace
+
+    return replace(options, sharding=sharding)
+
+
+def top_contributors(plan: Plan, n: int = 3) -> list[tuple[str, float]]:
+    return plan.worst.contributors()[:n]
+
+
+def summary_line(plan: Plan) -> str:
+    """One line for the start of a run: layout, worst rank against memory, bubble, batch."""
+    w, b = plan.worst, plan.batch
+    verdict = "fits" if plan.fits else "DOES NOT FIT"
+    return (
+        f"plan: {plan.cfg.layout.describe()} on {plan.cfg.layout.nodes} x "
+        f"{plan.cfg.layout.gpus_per_node}; worst rank (stage {w.stage}) {size_text(w.peak)} of "
+        f"{plan.cluster.gpu_memory_gb:.1f} GB, {verdict} (model state "
+        f"{size_text(w.state.total)}, activations {size_text(w.activations.total)}); bubble "
+        f"{(plan.bubble_interleaved or plan.bubble_1f1b).fraction_of_step:.1%}; global batch "
+        f"{b.global_batch} ({b.tokens_per_step:,} tokens)"
+    )
+
+
+def refusal(plan: Plan) -> str:
+    """The one-line reason a layout cannot run, naming its biggest contributors and a fix."""
+    w = plan.worst
+    parts = ", ".join(f"{name} {size / GB:.1f} GB" for name, size in top_contributors(plan))
+    fixes = [s.change for s in suggestions(plan) if s.fits][:2]
+    hint = f"try {' or '.join(fixes)}" if fixes else "more TP/PP or fewer tokens per micro-batch"
+    return (f"the layout needs {w.peak / GB:.1f} GB on a rank of pipeline stage {w.stage} but a "
+            f"GPU has {plan.cluster.gpu_memory_gb:.1f} GB (cluster.gpu_memory_gib); largest: "
+            f"{parts}; {hint} (scripts/plan.py shows the whole plan)")
+
+
+def check_fits(cfg: Any, cluster: ClusterSpec | None = None, attention: str | None = None) -> Plan:
+    """Plan the run on its own cluster section; raise ConfigError if the worst rank cannot fit.
+
+    Called before launch (attention='explicit' on CPU, where Megatron's local attention keeps
+    the scores); returns the plan so the caller can print `summary_line(plan)`.
+    """
+    options = PlanOptions(listed_groups=0, attention=attention)
+    plan = make_plan(cfg, cluster or recipe_cluster(cfg), options)
+    if not plan.fits:
+        raise ConfigError(refusal(plan))
+    return plan

@@ -1,0 +1,121 @@
+"""Model-state bytes on one rank: weights, gradients, FP32 master weights and Adam moments.
+
+What each parameter costs depends on the precision (what the weights and gradient buffers are
+stored in, whether an FP32 master copy exists) and on what data parallel shards: nothing
+(plain DDP), the optimizer state (Megatron's distributed optimizer, ZeRO-1; Megatron FSDP's
+`optim`), also gradients (`optim_grads`, ZeRO-2), also weights (`optim_grads_params`, ZeRO-3);
+optimizer CPU offload moves master weights and moments off the GPU. Dense weights shard over
+DP x CP (Megatron reduces dense gradients over that group), expert weights over expert-DP.
+The byte table is the domain text's: BF16 weights and gradients, FP32 master, two FP32 moments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from recipes.config.errors import ConfigError
+from recipes.plan.params import ParamCount
+
+Sharding = Literal["none", "dist_opt", "optim", "optim_grads", "optim_grads_params"]
+SHARDINGS: tuple[str, ...] = ("none", "dist_opt", "optim", "optim_grads", "optim_grads_params")
+# What each sharding splits over data parallel: (optimizer state, gradients, weights).
+_SHARDED: dict[str, tuple[bool, bool, bool]] = {
+    "none": (False, False, False),
+    "dist_opt": (True, False, False),
+    "optim": (True, False, False),
+    "optim_grads": (True, True, False),
+    "optim_grads_params": (True, True, True),
+}
+_SIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes each parameter costs, before sharding."""
+
+    weight: int  # the model's copy (what forward reads)
+    grad: int  # the gradient buffer
+    master: int  # FP32 master copy kept by the optimizer (0 when weights are FP32)
+    moments: int = 8  # Adam's two FP32 moments
+
+    @property
+    def total(self) -> int:
+        return self.weight + self.grad + self.master + self.moments
+
+
+def state_bytes(dtype: str, *, grad_in_fp32: bool, fp8_weights: bool = False) -> StateBytes:
+    """Per-parameter bytes for `precision.dtype` (fp32/bf16/fp16); FP8 training keeps BF16
+    weights unless `fp8_weights` (Transformer Engine FP8 parameters, one byte each)."""
+    weight = 1 if fp8_weights else _SIZE[dtype]
+    grad = 4 if (grad_in_fp32 or dtype == "fp32") else _SIZE[dtype]
+    master = 0 if dtype == "fp32" else 4
+    return StateBytes(weight=weight, grad=grad, master=master)
+
+
+def state_bytes_of(cfg: Any, fp8_weights: bool = False) -> StateBytes:
+    return state_bytes(cfg.precision.dtype, grad_in_fp32=cfg.precision.grad_reduce_in_fp32,
+                       fp8_weights=fp8_weights)
+
+
+def sharding_of(cfg: Any, override: str | None = None) -> str:
+    """The run's sharding: the distributed optimizer when `optimizer.distributed`, else none;
+    the planner's `sharding=` option asks about the others."""
+    if override is None:
+        return "dist_opt" if cfg.optimizer.distributed else "none"
+    if override not in SHARDINGS:
+        raise ConfigError(f"sharding={override} is not known; use one of {', '.join(SHARDINGS)}")
+    return override
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Bytes of each model-state item on one rank."""
+
+    weights: float
+    grads: float
+    master: float
+    moments: float
+    offloaded: float = 0.0  # optimizer state moved to CPU memory (not on the GPU)
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.master + self.moments
+
+    def items(self) -> dict[str, float]:
+        return {"weights": self.weights, "gradients": self.grads,
+                "fp32 master weights": self.master, "Adam moments": self.moments}
+
+
+def _sharded(params: float, shards: int, bytes_per: int, split: bool) -> float:
+    return params * bytes_per / (shards if split else 1)
+
+
+def model_state(params: float, shards: int, per: StateBytes, sharding: str,
+                offload: bool = False) -> ModelState:
+    """Model state of `params` parameters whose data-parallel group has `shards` ranks."""
+    optim, grads, weights = _SHARDED[sharding]
+    master = _sharded(params, shards, per.master, optim)
+    moments = _sharded(params, shards, per.moments, optim)
+    return ModelState(
+        weights=_sharded(params, shards, per.weight, weights),
+        grads=_sharded(params, shards, per.grad, grads),
+        master=0.0 if offload else master,
+        moments=0.0 if offload else moments,
+        offloaded=master + moments if offload else 0.0,
+    )
+
+
+def add(a: ModelState, b: ModelState) -> ModelState:
+    return ModelState(a.weights + b.weights, a.grads + b.grads, a.master + b.master,
+                      a.moments + b.moments, a.offloaded + b.offloaded)
+
+
+def rank_model_state(cfg: Any, count: ParamCount, per: StateBytes, sharding: str,
+                     offload: bool = False) -> ModelState:
+    """One rank's model state: dense weights shard over DP x CP, experts over expert-DP."""
+    layout = cfg.layout
+    dense = model_state(count.dense, layout.data_parallel * layout.context, per, sharding,
+                        offload)
+    expert = model_state(count.expert, layout.expert_data_parallel, per, sharding, offload)
+    return add(dense, expert)

@@ -1,0 +1,142 @@
+"""A plan as text for people and as JSON for tools (the same figures, bytes exact in JSON).
+
+The text answers, in order: does it fit (and what fills the worst rank, what would fix it),
+what each stage holds, where ranks sit and which groups cross nodes, what each rank sends per
+step, how big the bubble is, and what the batch is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from recipes.plan.build import Plan, StagePlan
+from recipes.plan.fit import GB, suggestions, summary_line
+
+MIB = 2**20
+
+
+def _gb(value: float) -> str:
+    """GB with two decimals; small values keep three significant digits (tiny recipes)."""
+    return f"{value / GB:,.2f}" if value >= GB / 100 or value == 0 else f"{value / GB:.3g}"
+
+
+def _stage_rows(plan: Plan) -> list[str]:
+    rows = ["stage  layers      params/rank    weights  grads  master  Adam   activ.  "
+            "peak GB  (in flight)"]
+    for s in plan.stages:
+        st, a = s.state, s.activations
+        layers = "+".join(str(n) for n in s.layers)
+        rows.append(
+            f"{s.stage:>5}  {layers:<10}  {s.params.total:>13,}  {_gb(st.weights):>7}  "
+            f"{_gb(st.grads):>5}  {_gb(st.master):>6}  {_gb(st.moments):>5}  "
+            f"{_gb(a.total):>6}  {_gb(s.peak):>7}  ({a.in_flight:g})")
+    return rows
+
+
+def _fit_lines(plan: Plan) -> list[str]:
+    w = plan.worst
+    verdict = "fits" if plan.fits else "does NOT fit"
+    lines = [f"worst rank: stage {w.stage}, peak {_gb(w.peak)} GB of "
+             f"{plan.cluster.gpu_memory_gb:.1f} GB: {verdict}", "  largest contributors:"]
+    lines += [f"    {name:<48} {_gb(size):>8} GB" for name, size in w.contributors()[:5]]
+    if w.state.offloaded:
+        lines.append(f"  optimizer state offloaded to CPU: {_gb(w.state.offloaded)} GB")
+    if not plan.fits:
+        lines.append("  suggestions (each alone, validated and re-planned):")
+        lines += [f"    {s.change:<58} peak {_gb(s.peak)} GB{'  fits' if s.fits else ''}"
+                  for s in suggestions(plan)]
+    return lines
+
+
+def _traffic_lines(stage: StagePlan) -> list[str]:
+    lines = [f"communication per optimizer step, one rank of stage {stage.stage}:"]
+    for t in stage.traffic:
+        where = "inter-node" if t.inter_node else "intra-node"
+        lines.append(f"  {t.group:<10} {t.operation:<34} {_gb(t.bytes_sent):>9} GB  "
+                     f"{where:<10} {t.seconds * 1e3:>9.1f} ms")
+    return lines or ["communication: none (one rank)"]
+
+
+def _shorten(text: str, width: int = 92) -> str:
+    """A long group ('N0:G0 N1:G0 ... N127:G0') cut to its first places and a count."""
+    if len(text) <= width:
+        return text
+    places = text.split()
+    head = text[:width].rsplit(" ", 1)[0]
+    return f"{head} ... ({len(places)} nodes; --json lists all)"
+
+
+def _placement_lines(plan: Plan) -> list[str]:
+    lines = ["placement (pN tN dN = pipeline stage, TP rank, DP replica):"]
+    lines += ["  " + line for line in plan.drawing]
+    for g in plan.groups:
+        cross = f"{g.crossing:,} cross nodes" if g.crossing else "all inside a node"
+        lines.append(f"  {g.kind:<9} {g.count:>6,} groups of {g.size:<5} {cross}")
+        for text in g.groups[:4]:
+            lines.append(f"      {_shorten(text)}")
+        if g.count > 4 and g.groups:
+            lines.append(f"      ... {g.count - 4:,} more (--json lists all)")
+    return lines
+
+
+def _schedule_lines(plan: Plan) -> list[str]:
+    b1, bi, b = plan.bubble_1f1b, plan.bubble_interleaved, plan.batch
+    lines = [f"bubble: 1F1B {b1.fraction_of_step:.1%} of the step ({b1.slots} idle of "
+             f"{b1.slots + b1.work_slots} slots)"]
+    if bi:
+        lines[0] += f"; interleaved {bi.fraction_of_step:.1%}"
+    flight = plan.in_flight
+    lines.append(f"micro-batches in flight on stage 0: all-forward {flight['all_forward']}, "
+                 f"1F1B {flight['one_f_one_b']}")
+    lines.append(f"batch: {b.micro_batch} x DP{b.data_parallel} x {b.accumulation} accumulation ="
+                 f" {b.global_batch} sequences, {b.tokens_per_step:,} tokens per step")
+    if b.step_seconds:
+        lines.append(f"  compute-bound step at {b.mfu:.0%} MFU: {b.step_seconds:.2f} s")
+    if b.steps:
+        hours = f", {b.gpu_hours:,.0f} GPU-hours" if b.gpu_hours else ""
+        lines.append(f"  {b.token_budget:,} tokens: {b.steps:,} steps{hours}")
+    return lines
+
+
+def text_report(plan: Plan) -> str:
+    cfg, c = plan.cfg, plan.cluster
+    head = [f"plan for {cfg.name}: {cfg.layout.describe(show_sequence_parallel=True)} on "
+            f"{cfg.layout.nodes:,} x {cfg.layout.gpus_per_node} ({c.name}), "
+            f"{plan.parameters:,} parameters, {cfg.precision.dtype}, sharding {plan.sharding}, "
+            f"{plan.attention} attention, recompute {cfg.train.recompute}"]
+    parts = [head, plan.notes, _fit_lines(plan), _stage_rows(plan), _placement_lines(plan),
+             _traffic_lines(plan.worst), _schedule_lines(plan), [summary_line(plan)]]
+    return "\n".join(line for part in parts for line in part)
+
+
+def _stage_json(s: StagePlan) -> dict[str, Any]:
+    return {
+        "stage": s.stage, "layers": s.layers,
+        "params": {**dataclasses.asdict(s.params), "total": s.params.total},
+        "model_state_bytes": {**dataclasses.asdict(s.state), "total": s.state.total},
+        "activation_bytes": {**dataclasses.asdict(s.activations), "total": s.activations.total},
+        "peak_bytes": s.peak,
+        "contributors": [{"name": k, "bytes": v} for k, v in s.contributors()],
+        "traffic": [dataclasses.asdict(t) for t in s.traffic],
+    }
+
+
+def json_report(plan: Plan) -> dict[str, Any]:
+    layout = plan.cfg.layout
+    return {
+        "recipe": plan.cfg.name, "layout": layout.describe(), "world_size": layout.world_size,
+        "nodes": layout.nodes, "gpus_per_node": layout.gpus_per_node,
+        "cluster": dataclasses.asdict(plan.cluster), "parameters": plan.parameters,
+        "sharding": plan.sharding, "attention": plan.attention,
+        "fits": plan.fits, "worst_stage": plan.worst.stage, "peak_bytes": plan.worst.peak,
+        "suggestions": [dataclasses.asdict(s) for s in suggestions(plan)] if not plan.fits
+        else [],
+        "stages": [_stage_json(s) for s in plan.stages],
+        "groups": [dataclasses.asdict(g) for g in plan.groups], "drawing": plan.drawing,
+        "bubble": {"1f1b": dataclasses.asdict(plan.bubble_1f1b),
+                   "interleaved": dataclasses.asdict(plan.bubble_interleaved)
+                   if plan.bubble_interleaved else None},
+        "in_flight_stage0": plan.in_flight, "batch": dataclasses.asdict(plan.batch),
+        "notes": plan.notes,
+    }

@@ -1,0 +1,71 @@
+"""Convert between Hugging Face Llama/Mixtral models and this project's Megatron checkpoints.
+
+usage: python scripts/convert.py import hf=DIR out=DIR recipe=NAME [section.field=value ...]
+       python scripts/convert.py export checkpoint=DIR out=DIR [max_shard_size=BYTES]
+
+  python scripts/convert.py import hf=~/models/Meta-Llama-3-8B out=ckpt/llama3-8b \\
+      recipe=llama3_8b_tp8_dp8
+  python scripts/pretrain.py recipe=llama3_8b_tp8_dp8 checkpoint.load=ckpt/llama3-8b \\
+      checkpoint.load_model_only=true
+  python scripts/convert.py export checkpoint=runs/<run>/checkpoints out=hf/my-model
+
+import:
+  hf=          a local Hugging Face model directory: config.json and *.safetensors (one file,
+               or shards with model.safetensors.index.json); LlamaForCausalLM (Llama 3 / 3.1)
+               or MixtralForCausalLM
+  recipe=      the recipe you will train (or config=FILE); its model must be the HF model's
+               shape (each differing field is named), and its layout sets the vocabulary padding
+               (make_vocab_size_divisible_by x TP): load the checkpoint into layouts that pad
+               alike. Overrides (model.*, parallel.*) apply as in pretrain.py.
+  out=         a new directory: a Megatron torch_dist checkpoint (loads into any TP/PP/VPP/EP
+               layout with checkpoint.load=<out> checkpoint.load_model_only=true), its
+               config.yaml, and hf/ (the source's config.json and tokenizer files)
+export:
+  checkpoint=  a run's checkpoints directory (its newest complete step) or one step directory;
+               the model shape is read from the run's config.yaml
+  out=         a new directory: config.json, model*.safetensors (+ index), tokenizer files of
+               an imported model; loads with transformers' from_pretrained
+  max_shard_size=  bytes per safetensors shard (default 5 GiB, as transformers)
+
+Tensors keep their dtype both ways; import -> export gives byte-identical tensors. Conversion
+runs in this one process on CPU (CUDA is hidden: Megatron's local layer spec names the weights).
+The output is written to <out>.tmp-<pid> and renamed when complete. A mistake prints
+`error: <one line>` and exits with code 2; the last line gives seconds and peak memory.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch: the local spec, on CPU (docstring)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from recipes.config.errors import ConfigError  # noqa: E402
+from recipes.config.resolve import ListRecipesRequested  # noqa: E402
+from trainer.pipeline import EXIT_USER_ERROR, HELP_ARGS  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    if any(arg in HELP_ARGS for arg in argv):
+        print(__doc__)
+        return 0
+    from rich.console import Console
+
+    from trainer.interop import cli
+
+    try:
+        request = cli.parse(argv)
+        cfg = cli.import_config(request) if request.command == "import" else None
+        cli.run(request, cfg, Console())
+    except ListRecipesRequested:
+        from recipes.registry import format_recipe_list
+
+        print(format_recipe_list())
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
+    return 0
+
+
+if __name__ == "__main__":  # dist_checkpointing's save starts a process that imports this file
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,47 @@
+"""Launch a recipe on a Slurm cluster (or this machine) as a NeMo-Run experiment.
+
+usage: python scripts/launch.py recipe=NAME cluster=conf/cluster/<name>.yaml
+           [executor=slurm|local] [--dry-run] [account=A] [partition=P] [time=HH:MM:SS]
+           [retries=N] [job_dir=DIR] [container_image=IMAGE] [section.field=value ...]
+
+    python scripts/launch.py recipe=8b_tp8_pp4_dp2 cluster=conf/cluster/h100_80gb_8x8.yaml --dry-run
+    python scripts/launch.py recipe=8b_tp8_pp4_dp2 cluster=conf/cluster/h100_80gb_8x8.yaml \
+        account=my_account partition=batch time=04:00:00 retries=2
+    python scripts/launch.py recipe=tiny_dp2 cluster=conf/cluster/cpu_local.yaml executor=local
+
+executor=slurm (default) renders an sbatch script through nemo_run.SlurmExecutor and its
+torchrun launcher: nodes = the recipe's ranks / the cluster's GPUs per node, one torchrun per
+node, a c10d rendezvous on the allocation's first node, `sbatch --requeue` (retries=N requeues
+a failed job N times) and submits it; --dry-run prints the script instead. executor=local runs
+torchrun on this machine through nemo_run.LocalExecutor. The recipe and overrides are checked
+as pretrain.py checks them before anything is submitted. Needs the `launch` extra.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from plugins.protocol import UserError  # noqa: E402
+from recipes.config.resolve import ListRecipesRequested  # noqa: E402
+from recipes.registry import format_recipe_list  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    if any(arg in ("--help", "-h", "help") for arg in argv):
+        print(__doc__.strip() + "\n\n" + format_recipe_list())
+        return 0
+    from trainer.cluster_launch import run_launch
+
+    try:
+        return run_launch(argv)
+    except ListRecipesRequested:
+        print(__doc__.strip() + "\n\n" + format_recipe_list())
+        return 0
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

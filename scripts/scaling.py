@@ -1,0 +1,27 @@
+"""Scaling efficiency: run one recipe at several world sizes and report whether it paid off.
+
+usage: python scripts/scaling.py [recipe=NAME | config=FILE] scaling.world_sizes=[1,2,4]
+           scaling.mode=weak|strong [scaling.steps=N] [scaling.cluster=FILE]
+           [scaling.token_budget=TOKENS] [scaling.out=DIR] [section.field=value ...]
+
+    python scripts/scaling.py recipe=tiny_dp1 scaling.world_sizes=[1,2,4] scaling.mode=weak
+    python scripts/scaling.py recipe=tiny_dp1 scaling.world_sizes=[1,2,4] scaling.mode=strong \
+        train.global_batch_size=16
+
+Each size is a pretrain run on local ranks (the recipe's TP x PP x CP kept, DP grown). weak:
+per-replica batch fixed; strong: global batch fixed. scaling.steps (default 8): 1 warm-up, 2
+profiled (exposed communication), the rest measured. scaling.cluster names a conf/cluster file
+whose peak gives MFU (otherwise MFU is unknown). Writes report.txt, report.json,
+throughput.png and efficiency.png to scaling.out (default runs/scaling-<recipe>-<mode>-<time>).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from trainer.pipeline import main  # noqa: E402
+from trainer.scaling import scaling_command  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(scaling_command()))

@@ -1,0 +1,160 @@
+"""Per-rank functions for the Hugging Face interop tests (run through the `launch_ranks` fixture),
+and the tiny random-weight Hugging Face models they convert (built by the test process).
+
+Conversions run on a launched rank because they set up Megatron's parallel state and the CPU
+runtime's process-wide patches, which the pytest process must not carry. Sessions are built by
+`layout_runs._session`, exactly as a run builds them, from the imported checkpoint
+(`checkpoint.load=<dir> checkpoint.load_model_only=true`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.dist.layout_runs import _finish, _session
+
+VOCAB = 300  # the tiny recipes' vocabulary (padded to 320 by Megatron)
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def hf_config(kind: str):
+    """The transformers config of recipe hf_tiny_<kind>'s model (recipes/hf_tiny.py)."""
+    from transformers import LlamaConfig, MixtralConfig
+
+    common = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+              "max_position_embeddings": 32}
+    if kind == "llama":
+        return LlamaConfig(**common, num_hidden_layers=4, rope_theta=500_000.0,
+                           rope_scaling=LLAMA3_SCALING, tie_word_embeddings=False)
+    return MixtralConfig(**common, num_hidden_layers=2, rope_theta=1_000_000.0,
+                         num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=True)
+
+
+def make_hf_model(kind: str, directory: Path, seed: int = 0) -> Path:
+    """A randomly initialised model of that shape, saved as transformers saves it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config(kind), dtype=torch.float32)
+    model.save_pretrained(directory)
+    return directory
+
+
+def _quiet_progress():
+    from rich.progress import Progress
+
+    return Progress(disable=True)
+
+
+def import_checkpoint(payload: dict) -> dict:
+    """scripts/convert.py import on this (only) rank; the import's figures."""
+    from recipes.config.resolve import resolve_config
+    from trainer.interop.importer import import_hf
+
+    cfg = resolve_config([f"recipe={payload['recipe']}", *payload.get("overrides", [])],
+                         check_paths=False)
+    with _quiet_progress() as progress:
+        result = import_hf(Path(payload["hf"]), cfg, Path(payload["out"]), progress)
+    return {"tensors": result.tensors, "bytes": result.bytes, "seconds": result.seconds,
+            "peak_rss": _peak_rss()}
+
+
+def export_checkpoint(payload: dict) -> dict:
+    """scripts/convert.py export on this (only) rank."""
+    from trainer.interop.exporter import export_hf
+
+    with _quiet_progress() as progress:
+        result = export_hf(Path(payload["checkpoint"]), Path(payload["out"]), progress,
+                           payload.get("max_shard_bytes", 5 * 1024**3))
+    return {"tensors": result.tensors, "bytes": result.bytes, "seconds": result.seconds,
+            "peak_rss": _peak_rss()}
+
+
+def _loaded_session(payload: dict):
+    return _session({**payload, "overrides": [
+        f"checkpoint.load={payload['checkpoint']}", "checkpoint.load_model_only=true",
+        *payload.get("overrides", []),
+    ]})
+
+
+def logits(payload: dict) -> list:
+    """One forward pass of the one-rank model loaded from the checkpoint: [b, s, padded vocab]."""
+    import torch
+
+    session = _loaded_session(payload)
+    tokens = torch.tensor(payload["tokens"])
+    positions = torch.arange(tokens.shape[1]).expand_as(tokens).contiguous()
+    model = session.model[0]
+    model.eval()
+    with torch.no_grad():
+        out = model(input_ids=tokens, position_ids=positions, attention_mask=None)
+    _finish()
+    return out.tolist()
+
+
+def _microbatches(rows: list, micro_batch: int) -> list[dict]:
+    import torch
+
+    samples = torch.tensor(rows)
+    tokens, labels = samples[:, :-1].contiguous(), samples[:, 1:].contiguous()
+    positions = torch.arange(tokens.shape[1]).expand_as(tokens).contiguous()
+    return [{"tokens": tokens[i:i + micro_batch], "labels": labels[i:i + micro_batch],
+             "position_ids": positions[i:i + micro_batch],
+             "loss_mask": torch.ones_like(tokens[i:i + micro_batch], dtype=torch.float32)}
+            for i in range(0, len(rows), micro_batch)]
+
+
+def layout_loss_and_save(payload: dict) -> dict:
+    """Load the checkpoint into this layout, the mean loss over `rows` (every DP rank runs all of
+    them: the mean is unchanged), then save the weights from this layout for the export."""
+    import torch
+
+    from recipes.config.io import save_config
+    from trainer.checkpointing import save_model_weights
+    from trainer.metrics import reduce_loss_over_world
+    from trainer.step import run_schedule
+
+    session = _loaded_session(payload)
+    cfg = session.cfg
+    for chunk in session.model:
+        chunk.eval()
+    with torch.no_grad():
+        reports = run_schedule(session.model, _microbatches(payload["rows"], 2), session.plugins,
+                               seq_length=cfg.model.seq_length, micro_batch_size=2,
+                               forward_only=True)
+    loss, tokens = reduce_loss_over_world(reports)
+    save_model_weights(payload["save_dir"], cfg, session.model)
+    if torch.distributed.get_rank() == 0:
+        save_config(cfg, Path(payload["save_dir"]) / "config.yaml")
+    _finish()
+    return {"loss": loss, "tokens": tokens}
+
+
+def published_shapes(payload: dict) -> dict:
+    """For each recipe: the Megatron names and shapes the import writes (from the mapping) and
+    those of the recipe's real model built on the meta device at TP1, vocabulary padded as the
+    recipe's layout pads it."""
+    from recipes.registry import get_recipe
+    from trainer.interop import megatron_side
+    from trainer.interop.mapping import Shapes, megatron_shape, rules
+
+    found = {}
+    for recipe in payload["recipes"]:
+        cfg = get_recipe(recipe)
+        shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
+        with megatron_side.one_process(cfg) as one:
+            model = megatron_side.weight_shapes(megatron_side.meta_template(one))
+        found[recipe] = {
+            "imported": {r.megatron: list(megatron_shape(r, shapes)) for r in rules(shapes)},
+            "model": {name: list(shape) for name, shape in model.items()},
+        }
+    return found
+
+
+def _peak_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,0 +1,135 @@
+"""Per-rank functions for the resume and fault tests (run through the `launch_ranks` fixture).
+
+A step's record is what "resumes exactly" means: its loss, the learning rate it applied, the
+loss tokens consumed so far, and a digest of the token ids this rank trained on (the same
+samples in the same order). Sessions are built as `scripts/pretrain.py` builds them
+(tests/dist/layout_runs.py `_session`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+from pathlib import Path
+
+from tests.dist.layout_runs import _finish, _session
+
+
+def _digest(microbatches: list) -> str:
+    h = hashlib.sha256()
+    for mb in microbatches:
+        h.update(mb["tokens"].numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _step(session) -> dict:
+    from trainer.step import train_step
+
+    digest = _digest(session.train_batches.upcoming())
+    metrics = train_step(session)
+    return {"step": metrics.step, "loss": metrics.loss, "lr": metrics.lr,
+            "tokens": session.state.consumed_tokens,
+            "samples": session.state.consumed_samples, "data": digest}
+
+
+def _train(session, steps: int, save_at=(), root: Path | None = None) -> list[dict]:
+    from trainer.checkpointing import save_checkpoint
+
+    records = []
+    while session.state.step < steps:
+        records.append(_step(session))
+        if session.state.step in save_at:
+            save_checkpoint(session, root)
+    return records
+
+
+def continuous(payload: dict) -> dict:
+    """The uninterrupted run: `steps` steps, saving full checkpoints after `save_at`."""
+    session = _session(payload)
+    records = _train(session, payload["steps"], set(payload.get("save_at", ())),
+                     Path(payload.get("checkpoint_dir", ".")))
+    _finish()
+    return {"records": records}
+
+
+def resumed(payload: dict) -> dict:
+    """Fresh processes: load the checkpoint named in the overrides, train up to `steps`."""
+    session = _session(payload)
+    start = session.start_step
+    records = _train(session, payload["steps"])
+    resumed_from = session.resumed_from and session.resumed_from.name
+    _finish()
+    return {"start": start, "resumed_from": resumed_from, "records": records}
+
+
+def stop_points(payload: dict) -> dict:
+    """Ten resumes in one launch: from each of `points` (saved by a continuous run in
+    `checkpoint_dir`), a new session loads that step and trains up to `steps`."""
+    root = Path(payload["checkpoint_dir"])
+    runs = {}
+    for point in payload["points"]:
+        overrides = [*payload.get("overrides", []), f"checkpoint.load={root / f'step_{point:07d}'}"]
+        session = _session({**payload, "overrides": overrides})
+        runs[str(point)] = {"start": session.start_step,
+                            "records": _train(session, payload["steps"])}
+        _finish()
+    return runs
+
+
+def die_during_save(payload: dict) -> dict:
+    """Resume, train one step, and SIGKILL rank `kill_rank` as the save reaches `kill_at` (a
+    function of trainer/checkpointing.py): the crash the next start must survive."""
+    from trainer import checkpointing
+
+    target = getattr(checkpointing, payload["kill_at"])
+
+    def killed(*args, **kwargs):
+        import torch
+
+        if torch.distributed.get_rank() == payload["kill_rank"]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return target(*args, **kwargs)
+
+    setattr(checkpointing, payload["kill_at"], killed)
+    session = _session(payload)
+    _train(session, session.start_step + 1, {session.start_step + 1},
+           Path(payload["checkpoint_dir"]))
+    return {"survived": True}  # not reached: the killed rank's peers are stopped with it
+
+
+def save_with_planted_object(payload: dict) -> dict:
+    """A checkpoint whose RNG object carries pickled code (as a tampered file would), then an
+    attempt to load it: the restricted unpickler must refuse it without running it."""
+    from trainer.checkpointing import UntrustedCheckpointError, load_checkpoint, save_checkpoint
+    from trainer.state import RngState
+
+    marker = Path(payload["marker"])
+    session = _session(payload)
+    _train(session, 1)
+    original = RngState.as_dict
+    RngState.as_dict = lambda self: {**original(self), "planted": _Planted(str(marker))}
+    path = save_checkpoint(session, payload["checkpoint_dir"])
+    RngState.as_dict = original
+    try:
+        load_checkpoint(session, path)
+        refused = None
+    except UntrustedCheckpointError as error:
+        refused = str(error)
+    _finish()
+    return {"refused": refused, "ran_code": marker.exists()}
+
+
+class _Planted:
+    """Unpickling this runs `open(path, "w")`: the code a malicious checkpoint would run."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def random_points(seed: int, last: int, count: int) -> list[int]:
+    return sorted(random.Random(seed).sample(range(1, last), count))

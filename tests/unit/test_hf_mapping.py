@@ -1,0 +1,113 @@
+"""The Hugging Face <-> Megatron Core mappings (trainer/interop/mapping.py), without a process
+group: QKV interleaved per query group, fused gate/up, vocabulary padding, the names and shapes
+transformers writes, and the published Llama 3 / Mixtral shapes against our recipes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from recipes.registry import get_recipe
+from tests.dist.hf_runs import make_hf_model
+from trainer.interop import hf_config, memory
+from trainer.interop.mapping import Rule, Shapes, hf_shapes, rules, to_hf, to_megatron
+
+GQA = Shapes(layers=1, hidden=8, heads=4, groups=2, head_dim=2, ffn=6, vocab=5, padded_vocab=8,
+             experts=None, tied=False)
+
+
+def _numbered(rows: int, cols: int, start: int, dtype=torch.float32) -> torch.Tensor:
+    return torch.arange(start, start + rows * cols, dtype=dtype).reshape(rows, cols)
+
+
+def test_qkv_rows_are_grouped_q_heads_then_k_then_v() -> None:
+    s, hd = GQA, GQA.head_dim
+    q, k, v = _numbered(8, 8, 0), _numbered(4, 8, 1000), _numbered(4, 8, 2000)
+    qkv = to_megatron(Rule("qkv", ("q", "k", "v"), "qkv"), [q, k, v], s)
+    heads_per_group = s.heads // s.groups
+    expected = []
+    for g in range(s.groups):  # Megatron: [q heads of group g; k head g; v head g] per group
+        expected += [q[g * heads_per_group * hd:(g + 1) * heads_per_group * hd],
+                     k[g * hd:(g + 1) * hd], v[g * hd:(g + 1) * hd]]
+    assert torch.equal(qkv, torch.cat(expected))
+    assert qkv.shape == ((s.heads + 2 * s.groups) * hd, s.hidden)
+
+
+@pytest.mark.parametrize("kind, parts", [("qkv", 3), ("gate_up", 2), ("vocab", 1), ("copy", 1)])
+def test_round_trip_is_byte_identical_in_bf16(kind: str, parts: int) -> None:
+    rule = Rule("m", tuple(f"h{i}" for i in range(parts)), kind)
+    shapes = hf_shapes(rule, GQA) if kind != "copy" else [(3, 8)]
+    originals = [torch.randn(shape).to(torch.bfloat16) for shape in shapes]
+    back = to_hf(rule, to_megatron(rule, originals, GQA), GQA)
+    for original, again in zip(originals, back, strict=True):
+        assert again.dtype == torch.bfloat16
+        assert again.view(torch.int16).equal(original.view(torch.int16))
+
+
+def test_gate_up_is_gate_then_up_and_vocab_padding_is_zero_rows() -> None:
+    gate, up = _numbered(6, 8, 0), _numbered(6, 8, 100)
+    assert torch.equal(to_megatron(Rule("f", ("g", "u"), "gate_up"), [gate, up], GQA),
+                       torch.cat([gate, up]))
+    embedding = _numbered(5, 8, 1)
+    padded = to_megatron(Rule("e", ("e",), "vocab"), [embedding], GQA)
+    assert padded.shape == (8, 8)
+    assert torch.equal(padded[:5], embedding) and torch.count_nonzero(padded[5:]) == 0
+
+
+@pytest.mark.parametrize("kind, recipe", [("llama", "hf_tiny_llama"),
+                                          ("mixtral", "hf_tiny_mixtral")])
+def test_names_and_shapes_are_the_ones_transformers_writes(kind, recipe, tmp_path) -> None:
+    saved = make_hf_model(kind, tmp_path / kind)
+    with safe_open(saved / "model.safetensors", framework="pt") as f:
+        written = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    cfg = get_recipe(recipe)
+    shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
+    ours = {name: shape for rule in rules(shapes)
+            for name, shape in zip(rule.hf, hf_shapes(rule, shapes), strict=True)}
+    assert ours == written
+
+
+# Published config.json values (the fields the mapping reads) and parameter counts.
+LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+             "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+             "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+             "tie_word_embeddings": False, "vocab_size": 128256, "hidden_act": "silu"}
+LLAMA3_70B = {**LLAMA3_8B, "hidden_size": 8192, "intermediate_size": 28672,
+              "num_attention_heads": 64, "num_hidden_layers": 80}
+MIXTRAL_8X7B = {"architectures": ["MixtralForCausalLM"], "hidden_size": 4096,
+                "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+                "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+                "rms_norm_eps": 1e-05, "rope_theta": 1e6, "tie_word_embeddings": False,
+                "vocab_size": 32000, "hidden_act": "silu"}
+PUBLISHED = [
+    ("llama3_8b_tp8_dp8", LLAMA3_8B, 8_030_261_248),
+    ("llama3_70b_tp4_pp4_cp2_vpp5_dp2", LLAMA3_70B, 70_553_706_496),
+    ("mixtral_8x7b_tp1_pp4_ep8_dp16", MIXTRAL_8X7B, 46_702_792_704),
+]
+
+
+@pytest.mark.parametrize("recipe, published, parameters", PUBLISHED)
+def test_published_configs_match_our_recipes_and_parameter_counts(
+    recipe, published, parameters
+) -> None:
+    cfg = get_recipe(recipe)
+    hf_config.compare_with_recipe(published, cfg.model, recipe)  # raises on any difference
+    shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
+    count = sum(torch.Size(shape).numel() for rule in rules(shapes)
+                for shape in hf_shapes(rule, shapes))
+    assert count == parameters
+
+
+def test_memory_estimates_for_llama3_8b_in_bf16() -> None:
+    """Must-show 6's estimate for the 8B shape (bf16, vocabulary padded for TP8)."""
+    cfg = get_recipe("llama3_8b_tp8_dp8")
+    shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
+    weights = memory.hf_bytes(shapes, 2)
+    imported = memory.import_peak(shapes, 2)
+    exported = memory.export_peak(shapes, 2, 5 * 1024**3)
+    assert weights == 2 * 8_030_261_248  # the sum of the published shards, headers aside
+    assert weights < imported < weights + 2**30  # + padding (2 x 768 rows) + one fused input
+    assert exported < imported / 2  # streamed: embedding twice + one 5 GiB shard
+    print(f"\nLlama-3-8B bf16: shards {weights / 1e9:.2f} GB; import holds "
+          f"{imported / 1e9:.2f} GB, export {exported / 1e9:.2f} GB of weights at the peak")

@@ -1,0 +1,87 @@
+"""Cluster files load and refuse bad keys in one line; the fit check refuses what cannot fit,
+names the biggest contributors, and its suggestions really fit when applied."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from recipes.config.errors import ConfigError
+from recipes.plan.build import make_plan
+from recipes.plan.cluster import CLUSTER_DIR, apply_cluster, load_cluster
+from recipes.plan.fit import check_fits, suggestions, summary_line
+from recipes.registry import RECIPES, get_recipe
+
+
+@pytest.mark.parametrize("path", sorted(CLUSTER_DIR.glob("*.yaml")))
+def test_cluster_files_load(path):
+    spec = load_cluster(path)
+    assert spec.gpu_memory_gb > 0 and set(spec.peak_tflops) == {"bf16", "fp16", "fp8", "fp32"}
+
+
+def test_the_domain_texts_cluster():
+    spec = load_cluster(CLUSTER_DIR / "h100_80gb_8x8.yaml")
+    assert (spec.nodes, spec.gpus_per_node, spec.gpu_memory_gb) == (8, 8, 80)
+    assert spec.intra_node_gb_per_s > spec.inter_node_gb_per_s
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (("gpus_per_node: 8", "gpu_per_node: 8"), "unknown key 'gpu_per_node'; did you mean"),
+    (("gpu_memory_gb: 80", "gpu_memory_gb: -80"), "gpu_memory_gb=-80 must be a positive"),
+    (("attention: flash", "attention: fast"), "attention='fast' must be flash or explicit"),
+    (("  fp8: 1979\n", ""), "peak_tflops must give TFLOP/s for each of"),
+])
+def test_bad_cluster_files_are_one_line(tmp_path: Path, edit, message):
+    text = (CLUSTER_DIR / "h100_80gb_8x8.yaml").read_text().replace(*edit)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        load_cluster(bad)
+
+
+def test_apply_cluster_keeps_the_world_size():
+    h200 = load_cluster(CLUSTER_DIR / "h200_1x8.yaml")
+    cfg = apply_cluster(get_recipe("llama3_8b_tp8_dp8"), h200)
+    assert (cfg.cluster.nodes, cfg.cluster.gpus_per_node) == (8, 8)
+    assert cfg.cluster.gpu_memory_gib * 2**30 == pytest.approx(141e9)
+    tiny = apply_cluster(get_recipe("tiny_tp2_pp2"), h200)  # 4 ranks: part of one node
+    assert (tiny.cluster.nodes, tiny.cluster.gpus_per_node) == (1, 4)
+    twelve = copy.deepcopy(get_recipe("tiny_dp1"))
+    twelve.cluster.nodes, twelve.cluster.gpus_per_node = 3, 4
+    with pytest.raises(ConfigError, match="12 ranks do not fill nodes of 8 GPUs"):
+        apply_cluster(twelve, h200)
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_every_registered_recipe_fits_its_own_cluster(name):
+    plan = check_fits(get_recipe(name))
+    assert plan.fits and summary_line(plan).startswith("plan: ")
+
+
+def _too_big():
+    cfg = copy.deepcopy(get_recipe("llama3_70b_tp4_pp4_cp2_vpp5_dp2"))
+    cfg.train.micro_batch_size, cfg.train.global_batch_size = 4, 256
+    return cfg
+
+
+def test_refusal_names_contributors_and_a_fix():
+    with pytest.raises(ConfigError) as error:
+        check_fits(_too_big())
+    line = str(error.value)
+    assert "\n" not in line and "pipeline stage 0" in line and "activations" in line
+    assert "try train.recompute=full" in line
+
+
+def test_suggestions_that_claim_to_fit_do_fit_when_applied():
+    cfg = _too_big()
+    plan = make_plan(cfg, load_cluster(CLUSTER_DIR / "h100_80gb_8x8.yaml"))
+    fitting = [s for s in suggestions(plan) if s.fits]
+    assert fitting and not plan.fits
+    full = copy.deepcopy(cfg)
+    full.train.recompute = "full"
+    replanned = make_plan(full, plan.cluster)
+    assert replanned.fits
+    full_peak = next(s.peak for s in fitting if s.change == "train.recompute=full")
+    assert full_peak == replanned.worst.peak

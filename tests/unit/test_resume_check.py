@@ -1,0 +1,50 @@
+"""The continuous-vs-resumed checks of `scripts/validate_resume.py` on hand-made records: each
+kind of difference fails its own row only, and bad options are one line before any launch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from trainer.commands import VALIDATE_RESUME
+from trainer.pipeline import main
+from trainer.resume_check import StepRecord, compare, format_table
+
+RECORDS = [StepRecord(2.5, 1e-3, 100, "aa"), StepRecord(2.4, 9e-4, 200, "bb")]
+SAME_RNG = ("r1", "r1", "r2", "r2")
+
+
+def _failing(rows: list[tuple]) -> list[str]:
+    return [check for check, _, ok in rows if not ok]
+
+
+def test_identical_runs_pass_every_check():
+    assert _failing(compare(RECORDS, list(RECORDS), SAME_RNG)) == []
+
+
+@pytest.mark.parametrize(("change", "check"), [
+    ({"loss": 2.4000001}, "loss"),
+    ({"lr": 8e-4}, "learning rate"),
+    ({"tokens": 201}, "consumed tokens"),
+    ({"data": "cc"}, "data order"),
+])
+def test_each_difference_fails_its_own_row(change, check):
+    resumed = [RECORDS[0], dataclasses.replace(RECORDS[1], **change)]
+    assert _failing(compare(RECORDS, resumed, SAME_RNG)) == [check]
+
+
+def test_rng_streams_that_differ_after_the_load_fail():
+    assert _failing(compare(RECORDS, list(RECORDS), ("r1", "rX", "r2", "r2"))) == ["RNG streams"]
+
+
+def test_table_names_each_check_and_the_verdict():
+    rows = compare(RECORDS, [RECORDS[0], dataclasses.replace(RECORDS[1], data="cc")], SAME_RNG)
+    text = format_table("tiny_dp1", rows, {"steps": 4, "save_at": 2})
+    assert "  data order       FAIL    1 of 2 batches with identical token ids" in text
+    assert text.splitlines()[-1] == "resume is NOT exact"
+
+
+def test_save_at_not_below_steps_is_one_line_before_launch(capsys):
+    assert main(VALIDATE_RESUME, ["recipe=tiny_dp1", "steps=3", "save_at=3"]) == 2
+    assert capsys.readouterr().err == ("error: save_at=3 must be below steps=3, e.g. steps=6\n")

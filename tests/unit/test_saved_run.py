@@ -1,0 +1,177 @@
+"""What a checkpoint's `run.json` lets the launching process decide, without torch or ranks:
+damaged files (each kind named), a model that cannot load it (each field alone), the changes a
+resume states, the data position in samples across a change of batch size, and the rule that
+saves happen only between optimizer steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from recipes.config.errors import ConfigError
+from recipes.config.overrides import apply_overrides
+from recipes.config.paths import checkpoint_preflight, previous_step
+from recipes.config.saved_run import (
+    MANIFEST_FILE,
+    damaged_file,
+    file_record,
+    flatten,
+    incompatibility,
+    layout_record,
+    resume_notes,
+    shape_mismatch,
+    stated_changes,
+    tokenizer_identity,
+    tokenizer_mismatch,
+)
+from recipes.registry import get_recipe
+
+
+def _cfg(*overrides: str, recipe: str = "tiny_dp2"):
+    return apply_overrides(get_recipe(recipe), ["data.source=synthetic", *overrides])
+
+
+def _write_step(root: Path, step: int, cfg, files: dict[str, bytes]) -> Path:
+    """A step directory as a save leaves it: Megatron's files and a matching run.json."""
+    from recipes.config.io import config_dict
+
+    path = root / f"step_{step:07d}"
+    path.mkdir(parents=True)
+    for name, data in {"metadata.json": b"{}", **files}.items():
+        (path / name).write_bytes(data)
+    manifest = {
+        "format": 1, "step": step, "consumed_samples": 8 * step, "consumed_tokens": 1000 * step,
+        "world_size": 2, "layout": layout_record(cfg.layout),
+        "padded_vocab_size": cfg.layout.padded_vocab,
+        "versions": {"torch": "t", "megatron-core": "m", "mcore-recipes": "p"},
+        "tokenizer": tokenizer_identity(cfg), "config": config_dict(cfg),
+        "files": {p.name: file_record(p) for p in path.iterdir()},
+    }
+    (path / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return path
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    cfg = _cfg()
+    root = tmp_path / "checkpoints"
+    _write_step(root, 2, cfg, {"__0_0.distcp": b"a" * 64})
+    _write_step(root, 4, cfg, {"__0_0.distcp": b"b" * 64, "__1_0.distcp": b"c" * 64})
+    (root / "latest").write_text("step_0000004")
+    return root
+
+
+def _manifest(step_dir: Path) -> dict:
+    return json.loads((step_dir / MANIFEST_FILE).read_text())
+
+
+def test_an_intact_checkpoint_has_no_damaged_file(root):
+    step = root / "step_0000004"
+    assert damaged_file(step, _manifest(step), checksums=True) is None
+
+
+@pytest.mark.parametrize(("damage", "expected"), [
+    (lambda p: p.unlink(), "step_0000004/__1_0.distcp is missing"),
+    (lambda p: p.write_bytes(b"c" * 10), "is truncated or changed (10 of 64 bytes)"),
+    (lambda p: p.write_bytes(b"d" * 64), "is corrupted (its CRC-32 differs"),
+])
+def test_each_kind_of_damage_is_named(root, damage, expected):
+    step = root / "step_0000004"
+    damage(step / "__1_0.distcp")
+    assert expected in damaged_file(step, _manifest(step), checksums=True)
+
+
+def test_size_only_verification_skips_the_checksum(root):
+    step = root / "step_0000004"
+    (step / "__1_0.distcp").write_bytes(b"d" * 64)
+    assert damaged_file(step, _manifest(step), checksums=False) is None
+
+
+def test_damage_is_refused_with_the_previous_checkpoint_as_fallback(root):
+    (root / "step_0000004" / "__1_0.distcp").write_bytes(b"d" * 64)
+    with pytest.raises(ConfigError) as refused:
+        checkpoint_preflight(_cfg(f"checkpoint.load={root}"))
+    assert str(refused.value) == (
+        f"checkpoint.load={root}: step_0000004/__1_0.distcp is corrupted (its CRC-32 differs "
+        f"from the save's); fall back to the previous complete checkpoint with "
+        f"checkpoint.load={root / 'step_0000002'} (or delete {root / 'step_0000004'}: the root "
+        "then resumes from it)")
+    assert previous_step(root / "step_0000002") is None
+
+
+@pytest.mark.parametrize("override", [
+    "model.num_layers=8", "model.hidden_size=128", "model.ffn_hidden_size=512",
+    "model.num_attention_heads=8", "model.num_query_groups=2", "model.vocab_size=512",
+    "model.activation=swiglu", "model.normalization=RMSNorm",
+    "model.share_embeddings_and_output_weights=false", "model.add_bias_linear=false",
+])
+def test_each_shape_field_alone_refuses_the_load(override):
+    saved = flatten(_config(_cfg()))
+    field = override.split("=")[0]
+    mismatch = shape_mismatch(saved, flatten(_config(_cfg(override))))
+    assert mismatch.startswith(f"it was saved with {field}=")
+    assert mismatch.endswith(f"this run has {override.replace('false', 'False')}")
+
+
+def _config(cfg) -> dict:
+    from recipes.config.io import config_dict
+
+    return config_dict(cfg)
+
+
+def test_vocabulary_padding_and_tokenizer_changes_are_refused(root):
+    manifest = _manifest(root / "step_0000004")
+    padded = incompatibility(_cfg("model.make_vocab_size_divisible_by=512"), manifest)
+    assert padded.startswith("its vocabulary is padded to 256 rows, this run pads to 512")
+    assert tokenizer_mismatch({"kind": "byte"}, {"kind": "prepared", "vocab_size": 4096,
+                                                "eod_id": 0, "files_crc32": [7]}) == (
+        "it was trained with tokenizer 'byte', this run's data uses (vocab 4096, EOD 0, files "
+        "[7])")
+    assert incompatibility(_cfg("train.global_batch_size=16"), manifest) is None
+
+
+def test_a_resume_states_what_it_continues_from_and_what_changed(root):
+    cfg = _cfg(f"checkpoint.load={root}", "train.global_batch_size=16", "optimizer.lr=0.001",
+               "parallel.tensor=2")
+    notes = resume_notes(cfg, root / "step_0000004", _manifest(root / "step_0000004"))
+    assert notes[0].startswith(f"resuming from {root / 'step_0000004'} (step 4, 32 samples, "
+                               "4000 loss tokens; saved by mcore-recipes p, torch t")
+    assert notes[1].startswith("changed since the save: train.global_batch_size 8 -> 16, "
+                               "optimizer.lr 0.003 -> 0.001; this run's values apply")
+    assert notes[2].startswith("layout DP2 (2 ranks) -> TP2 (2 ranks): weights and optimizer")
+    assert stated_changes(flatten(_config(cfg)), flatten(_config(cfg))) == []
+
+
+def test_weights_only_start_states_nothing(root):
+    cfg = _cfg(f"checkpoint.load={root}", "checkpoint.load_model_only=true",
+               "optimizer.lr=0.001")
+    assert checkpoint_preflight(cfg) == []
+
+
+def test_data_position_in_samples_survives_a_change_of_global_batch():
+    from trainer.data import GlobalBatches, in_memory_sources
+
+    cfg8 = _cfg("data.max_corpus_bytes=60000", recipe="tiny_dp1")
+    cfg16 = _cfg("data.max_corpus_bytes=60000", "train.global_batch_size=16", recipe="tiny_dp1")
+    source, _ = in_memory_sources(cfg8)
+    eight = GlobalBatches(source, cfg8, 0)
+    taken = np.concatenate([eight.global_batch_indices(s) for s in range(4)])
+    for _ in range(2):
+        eight.take()
+    sixteen = GlobalBatches(source, cfg16, 0)
+    sixteen.load_state_dict(eight.state_dict())
+    assert eight.state_dict() == {"next_sample": 16}
+    rows = np.concatenate([mb["tokens"].numpy() for mb in sixteen.take()])
+    assert np.array_equal(rows, source.samples[taken[16:32]][:, :-1])
+    assert sixteen.state_dict() == {"next_sample": 32}
+
+
+def test_a_save_inside_an_optimizer_step_is_refused():
+    from trainer.checkpointing import save_checkpoint
+
+    with pytest.raises(RuntimeError, match="inside an optimizer step"):
+        save_checkpoint(SimpleNamespace(mid_step=True), "unused")

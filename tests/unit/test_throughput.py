@@ -1,0 +1,95 @@
+"""The throughput definitions on hand-made cases and the worked scaling example, exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipes.throughput import (
+    PROFILE_STEPS,
+    WARMUP_STEPS,
+    RankTokens,
+    counts_loss_tokens,
+    effective_loss_tokens,
+    exposed_time,
+    gpu_hours_for_tokens,
+    hours_for_tokens,
+    is_measured,
+    measured_throughput,
+    model_flops_utilisation,
+    profiled_steps,
+    scaling_efficiency,
+    tokens_per_second,
+)
+
+ROW = [1, 1, 1, 1, 0, 0]  # 4 loss tokens, then 2 padding positions
+
+
+def test_padding_and_masked_positions_are_not_counted():
+    rank = RankTokens(tp_rank=0, last_pipeline_stage=True, loss_masks=[ROW, [0, 1, 1, 0]])
+    assert effective_loss_tokens([rank]) == 6
+
+
+def test_each_dp_replica_adds_its_own_tokens_once():
+    replicas = [RankTokens(0, True, [ROW]), RankTokens(0, True, [[1, 1, 1]])]
+    assert effective_loss_tokens(replicas) == 7
+
+
+def test_tp_and_pp_copies_of_the_same_tokens_are_not_counted_again():
+    # TP2 x PP2 on one replica: four ranks see the same 4 loss tokens; only one reports them.
+    copies = [RankTokens(tp, last, [ROW]) for tp in (0, 1) for last in (False, True)]
+    assert effective_loss_tokens(copies) == 4
+    assert [counts_loss_tokens(tp, last) for tp in (0, 1) for last in (False, True)] == [
+        False, True, False, False]
+
+
+def test_cp_chunks_add_up_to_the_original_sequence():
+    sequence = [1, 1, 1, 0, 1, 1, 1, 1]  # 7 loss tokens, one masked
+    chunks = [sequence[:2] + sequence[6:], sequence[2:6]]  # Megatron's CP2 chunk pairs
+    ranks = [RankTokens(0, True, [chunk]) for chunk in chunks]
+    tp_copies = [RankTokens(1, True, [chunk]) for chunk in chunks]
+    assert effective_loss_tokens(ranks + tp_copies) == 7
+
+
+def test_worked_example_8_to_16_gpus():
+    assert scaling_efficiency(17_000, 16, 10_000, 8) == pytest.approx(0.85, abs=1e-15)
+    assert round(hours_for_tokens(1e9, 10_000), 1) == 27.8
+    assert round(hours_for_tokens(1e9, 17_000), 1) == 16.3
+    assert round(gpu_hours_for_tokens(1e9, 10_000, 8), 1) == 222.2
+    assert round(gpu_hours_for_tokens(1e9, 17_000, 16), 1) == 261.4
+
+
+def test_efficiency_is_one_for_linear_scaling_and_relative_to_the_base_size():
+    assert scaling_efficiency(4_000, 4, 1_000, 1) == 1.0
+    assert scaling_efficiency(3_000, 4, 1_500, 2) == 1.0
+    assert scaling_efficiency(3_000, 4, 1_000, 1) == 0.75
+
+
+def test_throughput_is_tokens_over_whole_step_time_not_a_mean_of_rates():
+    steps = [(1.0, 100), (3.0, 100)]
+    assert tokens_per_second(steps) == 50.0  # mean of rates would say 66.7
+
+
+def test_warm_up_and_profiled_steps_leave_the_throughput():
+    steps = [(10.0, 100)] + [(1.0, 100)] * (PROFILE_STEPS + 4)
+    for index in profiled_steps(len(steps)):
+        steps[index] = (5.0, 100)
+    assert measured_throughput(steps) == 100.0
+    assert not is_measured(0, len(steps)) and WARMUP_STEPS == 1
+    assert list(profiled_steps(len(steps))) == list(range(1, 1 + PROFILE_STEPS))
+
+
+def test_short_runs_are_not_profiled_and_count_every_step_when_too_short():
+    assert len(profiled_steps(WARMUP_STEPS + 2 * PROFILE_STEPS - 1)) == 0
+    assert measured_throughput([(2.0, 100)]) == 50.0
+
+
+def test_mfu_is_unknown_without_a_peak():
+    assert model_flops_utilisation(50.0, None) is None
+    assert model_flops_utilisation(50.0, 200.0) == 0.25
+
+
+def test_exposed_communication_excludes_what_compute_hides():
+    comm = [(0.0, 4.0), (3.0, 6.0), (10.0, 11.0)]  # union: [0, 6] and [10, 11] = 7 s
+    compute = [(1.0, 2.0), (5.0, 12.0)]  # hides 1 s, 1 s and 1 s
+    assert exposed_time(comm, compute) == 4.0
+    assert exposed_time(comm, []) == 7.0

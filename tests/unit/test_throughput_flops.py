@@ -1,0 +1,104 @@
+"""The FLOPs formula against Megatron-LM's `num_floating_point_operations` where both apply,
+and the choices it states: causal attention counted half, GQA, SwiGLU, MoE's routed experts,
+recomputation not counted."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+from megatron.training.training import num_floating_point_operations
+
+from recipes.registry import get_recipe
+from recipes.throughput import (
+    FlopsShape,
+    attention_flops_per_square,
+    forward_flops_per_token,
+    step_flops,
+    tflops_per_gpu,
+    training_flops,
+)
+
+
+def _megatron_args(cfg) -> SimpleNamespace:
+    m = cfg.model
+    return SimpleNamespace(
+        num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
+        seq_length=m.seq_length, num_attention_heads=m.num_attention_heads,
+        kv_channels=m.kv_channels or m.hidden_size // m.num_attention_heads,
+        group_query_attention=m.num_query_groups is not None,
+        num_query_groups=m.num_query_groups, swiglu=m.activation == "swiglu",
+        num_experts=m.num_moe_experts, moe_layer_freq=1, moe_router_topk=m.moe_router_topk,
+        moe_ffn_hidden_size=m.moe_ffn_hidden_size, moe_latent_size=None,
+        moe_shared_expert_intermediate_size=None, mtp_num_layers=None,
+        multi_latent_attention=False, attention_output_gate=False,
+        experimental_attention_variant=None, hybrid_layer_pattern=None,
+        is_hybrid_model=False, padded_vocab_size=cfg.layout.padded_vocab,
+    )
+
+
+@pytest.mark.parametrize("name", [
+    "tiny_dp1",  # GELU, multi-head
+    "llama3_8b_tp8_dp8",  # SwiGLU, GQA 8 groups
+    "llama3_70b_tp4_pp4_cp2_vpp5_dp2",  # CP and interleaving change nothing
+    "nemotron4_15b_tp8_pp2_dp4",  # squared ReLU: two matrices, like GELU
+    "mixtral_8x7b_tp1_pp4_ep8_dp16",  # MoE: top-2 of 8 experts
+    "mixtral_tiny_ep1",
+])
+def test_equals_megatron_training_formula(name):
+    cfg = get_recipe(name)
+    ours = step_flops(cfg)
+    theirs = num_floating_point_operations(_megatron_args(cfg), cfg.train.global_batch_size)
+    assert ours == pytest.approx(theirs, rel=1e-12)
+
+
+def test_packed_documents_count_their_own_squares_like_megatron():
+    cfg = get_recipe("llama3_8b_tp8_dp8")
+    lengths = [1000, 3000, 96]  # one 4,096-token row holding three documents
+    ours = training_flops(FlopsShape.from_config(cfg), sum(lengths), sum(n * n for n in lengths))
+    theirs = num_floating_point_operations(
+        _megatron_args(cfg), 1, seqlen_squared_sum_in_batch=sum(n * n for n in lengths),
+        total_real_tokens_in_batch=sum(lengths))
+    assert ours == pytest.approx(theirs, rel=1e-12)
+
+
+def _shape(**changes) -> FlopsShape:
+    base = dict(num_layers=1, hidden_size=8, ffn_hidden_size=32, num_attention_heads=2,
+                num_query_groups=2, kv_channels=4, padded_vocab_size=16, swiglu=False)
+    return FlopsShape(**{**base, **changes})
+
+
+def test_causal_attention_is_half_of_all_position_pairs():
+    shape = _shape()
+    query = 2 * 4
+    full = 2 * query + 2 * query  # QK^T and PV for every pair of positions, 2 FLOPs a MAC
+    assert attention_flops_per_square(shape) == full / 2
+
+
+def test_gqa_shrinks_only_the_key_value_projections():
+    mha = forward_flops_per_token(_shape())
+    gqa = forward_flops_per_token(_shape(num_query_groups=1))
+    assert mha - gqa == 2 * 8 * (2 * 4)  # K and V of one group fewer, 8 wide -> 4 wide each
+
+
+def test_swiglu_adds_a_third_mlp_matrix():
+    gelu, swiglu = forward_flops_per_token(_shape()), forward_flops_per_token(_shape(swiglu=True))
+    assert swiglu - gelu == 2 * 8 * 32
+
+
+def test_moe_counts_routed_experts_not_all_experts():
+    top2 = _shape(num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=32)
+    dense_twice = _shape(ffn_hidden_size=64)
+    assert forward_flops_per_token(top2) == forward_flops_per_token(dense_twice)
+
+
+def test_recomputation_is_not_useful_work():
+    cfg = get_recipe("tiny_dp1")
+    recomputing = copy.deepcopy(cfg)
+    recomputing.train.recompute = "full"
+    assert step_flops(recomputing) == step_flops(cfg) > 0
+
+
+def test_tflops_per_gpu_divides_over_gpus_and_seconds():
+    assert tflops_per_gpu(8e12, 2.0, 4) == 1.0

@@ -1,0 +1,102 @@
+"""`scripts/convert.py`'s commands: parse, check what is cheap first, convert, print the figures.
+
+Why apart from the script: the script stays a thin, torch-light entry (a mistake in the command
+line, the Hugging Face config or the recipe is refused in about a second, before torch and
+Megatron are imported), and the tests drive the same functions. Every user mistake is a
+`ConfigError`, printed by the script as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recipes.config.errors import ConfigError
+
+COMMANDS = {"import": ("hf", "out"), "export": ("checkpoint", "out")}
+OPTIONAL = {"export": ("max_shard_size",)}
+
+
+@dataclass
+class Request:
+    command: str
+    paths: dict[str, Path] = field(default_factory=dict)
+    options: dict[str, int] = field(default_factory=dict)
+    rest: list[str] = field(default_factory=list)  # recipe=/config= and overrides (import)
+
+
+def parse(argv: list[str]) -> Request:
+    if not argv or argv[0] not in COMMANDS:
+        got = f"'{argv[0]}'" if argv else "nothing"
+        raise ConfigError(f"convert needs a command, import or export, first (got {got}); "
+                          "--help shows usage")
+    request = Request(argv[0])
+    required, optional = COMMANDS[request.command], OPTIONAL.get(request.command, ())
+    for arg in argv[1:]:
+        key, sep, value = arg.partition("=")
+        if key in required and sep and value.strip():
+            request.paths[key] = Path(value)
+        elif key in optional and value.isdigit() and int(value) > 0:
+            request.options[key] = int(value)
+        elif key in (*required, *optional):
+            raise ConfigError(f"{key}= needs a value, e.g. {key}=<dir>")
+        elif request.command == "import":
+            request.rest.append(arg)
+        else:
+            raise ConfigError(f"export does not take '{arg}'; it takes checkpoint=DIR out=DIR "
+                              "[max_shard_size=BYTES]")
+    missing = [key for key in required if key not in request.paths]
+    if missing:
+        raise ConfigError(f"{request.command} needs {' '.join(f'{k}=DIR' for k in missing)}; "
+                          "--help shows usage")
+    if request.paths["out"].exists():  # before any heavy import; checked again before writing
+        raise ConfigError(f"out={request.paths['out']} already exists; choose a new directory "
+                          "or remove it")
+    return request
+
+
+def import_config(request: Request):
+    """The recipe to import for (before torch): its config, checked against the HF config."""
+    from recipes.config.resolve import resolve_config
+    from trainer.interop import hf_config
+
+    if not any(arg.split("=", 1)[0] in ("recipe", "config") for arg in request.rest):
+        raise ConfigError("import needs recipe=NAME (or config=FILE): the recipe you will train "
+                          "(recipe=list shows them)")
+    cfg = resolve_config(request.rest, check_paths=False)
+    hf = hf_config.read_hf_config(request.paths["hf"])
+    hf_config.family(hf)
+    hf_config.compare_with_recipe(hf, cfg.model, cfg.name)
+    return cfg
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def gib(count: int) -> str:
+    return f"{count / 1024**3:.2f} GiB" if count >= 1024**3 else f"{count / 1024**2:.1f} MiB"
+
+
+def run(request: Request, cfg, console) -> None:
+    """The conversion itself (heavy imports here), then one summary line of figures."""
+    from rich.progress import Progress
+
+    from trainer.interop import exporter, importer
+
+    started = time.perf_counter()
+    with Progress(console=console, transient=True) as progress:
+        if request.command == "import":
+            result = importer.import_hf(request.paths["hf"], cfg, request.paths["out"], progress)
+            held = result.bytes  # one save call needs the whole converted model
+        else:
+            shard = request.options.get("max_shard_size", exporter.hf_files.DEFAULT_SHARD_BYTES)
+            result = exporter.export_hf(request.paths["checkpoint"], request.paths["out"],
+                                        progress, shard)
+            held = result.peak_bytes
+    console.print(f"{request.command}: {result.tensors} tensors, {gib(result.bytes)} -> "
+                  f"{result.out} in {time.perf_counter() - started:.1f} s; peak RSS "
+                  f"{gib(peak_rss_bytes())} (weights held at once: at most {gib(held)})")

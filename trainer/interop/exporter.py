@@ -1,0 +1,156 @@
+"""Export: a Megatron checkpoint of any layout -> a Hugging Face model directory.
+
+Why it needs no training session: the checkpoint's keys are global, so one process builds the
+run's model on the meta device at TP1 (`megatron_side`) to learn where each weight is stored,
+and reads the full tensors of one transformer layer at a time (`region_reader`), in the dtype
+they were stored in, whatever TP/PP/VPP/EP layout wrote them. Each layer is re-laid to Hugging
+Face's names (`mapping`), handed to size-limited safetensors shards, and dropped: the peak is
+one layer plus the shard being filled. The model shape comes from the run's `config.yaml` (next
+to the checkpoint, or two levels up in `runs/<run>/config.yaml`); config.json keeps the fields of
+the imported model when the checkpoint is an import, or the run started from one (its
+`checkpoint.load` holds `hf/config.json`), and its tokenizer files travel along. The directory
+is published by one rename.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from itertools import groupby
+from pathlib import Path
+
+import torch
+
+from recipes.config.errors import ConfigError
+from recipes.config.io import load_config
+from recipes.config.paths import is_checkpoint, newest_checkpoint
+from recipes.config.schema import RunConfig
+from trainer.interop import hf_config, hf_files, megatron_side, region_reader
+from trainer.interop.importer import HF_SUBDIR
+from trainer.interop.mapping import Rule, Shapes, megatron_shape, rules, to_hf
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    tensors: int
+    bytes: int
+    seconds: float
+    peak_bytes: int  # weights held at once: the largest layer plus the shard being filled
+
+
+def resolve_step(path: Path) -> Path:
+    """One complete step directory: the one given, or the one a checkpoint root resumes from."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"checkpoint={path} does not exist; give a run's checkpoints "
+                          "directory (runs/<run>/checkpoints) or one step directory")
+    if is_checkpoint(path):
+        return path
+    newest = newest_checkpoint(path)
+    if newest is None:
+        raise ConfigError(f"checkpoint={path} holds no complete Megatron checkpoint; give a run's "
+                          "checkpoints directory (runs/<run>/checkpoints) or one step directory")
+    return newest
+
+
+def run_config(step: Path) -> RunConfig:
+    """The config of the run that wrote `step` (an imported checkpoint keeps one beside it)."""
+    for folder in (step, step.parent, step.parent.parent):
+        if (folder / "config.yaml").is_file():
+            return load_config(folder / "config.yaml")
+    raise ConfigError(f"no config.yaml beside checkpoint {step} or in its run directory; "
+                      "export reads the model shape from the run's config.yaml")
+
+
+def _by_layer(plan: list[Rule]) -> list[list[Rule]]:
+    """One group per transformer layer (embedding, norm and head alone): the load unit."""
+    def layer(rule: Rule) -> str:
+        parts = rule.megatron.split(".")
+        return ".".join(parts[:3]) if parts[:2] == ["decoder", "layers"] else rule.megatron
+
+    return [list(group) for _, group in groupby(plan, key=layer)]
+
+
+def _imported_files(step: Path, cfg: RunConfig) -> Path | None:
+    """The `hf/` folder of the import this checkpoint is, or the run started from."""
+    candidates = [step]
+    if cfg.checkpoint.load:  # a run trained from an import: follow it
+        candidates.append(Path(cfg.checkpoint.load))
+    for folder in candidates:
+        if (folder / HF_SUBDIR / "config.json").is_file():
+            return folder / HF_SUBDIR
+    return None
+
+
+def _base_config(side: Path | None) -> dict | None:
+    return json.loads((side / "config.json").read_text(encoding="utf-8")) if side else None
+
+
+def _write_layers(template, plan, shapes, step: Path, writer, progress) -> tuple:
+    """Every layer into the writer; (dtype, bytes of the largest layer)."""
+    where = megatron_side.regions(template)
+    stored = region_reader.stored_tensors(step)
+    task = progress.add_task("export", total=len(plan))
+    dtype, largest = None, 0
+    for group in _by_layer(plan):
+        wanted = {rule.megatron: where[rule.megatron] for rule in group}
+        loaded = region_reader.read_regions(step, wanted, stored)
+        largest = max(largest, sum(t.numel() * t.element_size() for t in loaded.values()))
+        for rule in group:
+            tensor = loaded.pop(rule.megatron).reshape(megatron_shape(rule, shapes))
+            dtype = dtype or tensor.dtype
+            writer.add(zip(rule.hf, to_hf(rule, tensor, shapes), strict=True))
+            progress.advance(task)
+    return dtype, largest
+
+
+def _copy_tokenizer(cfg: RunConfig, side: Path | None, directory: Path) -> None:
+    """An imported model's own files (tokenizer, generation config); else the tokenizer of the
+    run's prepared data; a byte-level run (no tokenizer file) exports none."""
+    imported = hf_files.side_files(side) if side else []
+    for path in imported:
+        shutil.copy2(path, directory / path.name)
+    trained = None if imported else hf_files.run_tokenizer(cfg.data.blend)
+    if trained is not None:
+        hf_files.write_tokenizer(*trained, directory)
+
+
+def _check_against_model(template: dict, plan: list[Rule], shapes: Shapes) -> None:
+    ours = {rule.megatron: megatron_shape(rule, shapes) for rule in plan}
+    if ours != megatron_side.weight_shapes(template):
+        raise RuntimeError("mapping and Megatron model disagree on names or shapes")
+
+
+def export_hf(checkpoint: Path, out: Path, progress,
+              max_shard_bytes: int = hf_files.DEFAULT_SHARD_BYTES) -> ExportResult:
+    """Write the Hugging Face directory `out` from a checkpoint root or step (module doc)."""
+    started = time.perf_counter()
+    hf_files.refuse_existing(out)
+    step = resolve_step(checkpoint)
+    cfg = run_config(step)
+    hf_config.check_llama_shaped(cfg.model, f"the model of checkpoint {step}")
+    shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
+    plan = rules(shapes)
+    with megatron_side.one_process(cfg) as one:
+        template = megatron_side.meta_template(one)
+        _check_against_model(template, plan, shapes)
+        tmp = hf_files.temporary_dir(out)
+        try:
+            writer = hf_files.ShardWriter(tmp, max_shard_bytes)
+            dtype, largest = _write_layers(template, plan, shapes, step, writer, progress)
+            writer.finish()
+            side = _imported_files(step, cfg)
+            config = hf_config.hf_config_for(cfg.model, DTYPE_NAMES[dtype], _base_config(side))
+            (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+            _copy_tokenizer(cfg, side, tmp)
+            hf_files.publish(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return ExportResult(out, sum(len(r.hf) for r in plan), writer.total_bytes,
+                        time.perf_counter() - started,
+                        largest + min(max_shard_bytes, writer.total_bytes))

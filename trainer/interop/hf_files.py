@@ -1,0 +1,183 @@
+"""Reading a Hugging Face model directory shard by shard, and writing one atomically.
+
+Why: published models are tens of gigabytes in several `safetensors` shards. Reading goes through
+`safetensors.safe_open` (memory-mapped; a tensor is read when asked for), one shard open at a time
+in file order, and every name, shard and shape is checked from the shards' headers before any
+output exists, so a missing shard or tensor is refused in one line, not after minutes of work.
+Writing fills size-limited shards as tensors arrive and publishes the directory by one rename:
+a crash leaves only a `.tmp-` directory, never something that looks like a complete model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from recipes.config.errors import ConfigError
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+# Files of a model directory that are not weights and travel with it (tokenizer, generation).
+SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+              "tokenizer.model", "generation_config.json")
+DEFAULT_SHARD_BYTES = 5 * 1024**3  # transformers' default max_shard_size
+
+
+def _weight_map(model_dir: Path) -> dict[str, str]:
+    """Tensor name -> shard file name, from the index or from the shards' own headers."""
+    index = model_dir / INDEX
+    if index.is_file():
+        try:
+            return dict(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ConfigError(f"{index} is not a safetensors index ({error}); re-download "
+                              "the model") from None
+    shards = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    if not shards:
+        raise ConfigError(f"hf={model_dir} holds no *.safetensors weights (only safetensors are "
+                          "read); download the model's safetensors files")
+    found = {}
+    for shard in shards:
+        with safe_open(model_dir / shard, framework="pt") as f:
+            found.update({name: shard for name in f.keys()})
+    return found
+
+
+class HFWeights:
+    """The tensors of one model directory, read one shard at a time."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.dir = Path(model_dir)
+        self.weight_map = _weight_map(self.dir)
+        missing = sorted({s for s in self.weight_map.values() if not (self.dir / s).is_file()})
+        if missing:
+            raise ConfigError(f"hf={self.dir}: shard {missing[0]} named by {INDEX} is missing "
+                              f"({len(missing)} missing in all); re-download the model")
+        self._open: tuple[str, object] | None = None
+
+    def shard_of(self, name: str) -> str:
+        if name not in self.weight_map:
+            raise ConfigError(f"hf={self.dir} lacks tensor {name}; the model is not the "
+                              "architecture its config.json names, or a download is incomplete")
+        return self.weight_map[name]
+
+    def _handle(self, shard: str):
+        if self._open is None or self._open[0] != shard:
+            self.close()
+            self._open = (shard, safe_open(self.dir / shard, framework="pt").__enter__())
+        return self._open[1]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """From the shard's header only (no data read)."""
+        return tuple(self._handle(self.shard_of(name)).get_slice(name).get_shape())
+
+    def get(self, name: str) -> torch.Tensor:
+        return self._handle(self.shard_of(name)).get_tensor(name)
+
+    def close(self) -> None:
+        if self._open is not None:
+            self._open[1].__exit__(None, None, None)
+            self._open = None
+
+    def shard_bytes(self) -> list[int]:
+        return [(self.dir / s).stat().st_size for s in sorted(set(self.weight_map.values()))]
+
+
+def side_files(model_dir: Path) -> list[Path]:
+    return [Path(model_dir) / name for name in SIDE_FILES if (Path(model_dir) / name).is_file()]
+
+
+def run_tokenizer(blend_path: str | None) -> tuple[Path, str | None] | None:
+    """The tokenizer a run trained with: from its blend's first manifest (prepare_data writes
+    `<output>.tokenizer.json` and names it there, with its end-of-document token), if any."""
+    import yaml
+
+    if not blend_path or not Path(blend_path).is_file():
+        return None
+    loaded = yaml.safe_load(Path(blend_path).read_text(encoding="utf-8")) or {}
+    for entry in loaded.get("train") or []:
+        manifest = Path(str(entry.get("manifest", ""))) if isinstance(entry, dict) else None
+        if manifest is None or not manifest.is_file():
+            continue
+        facts = json.loads(manifest.read_text(encoding="utf-8"))
+        tokenizer = manifest.parent / str(facts.get("tokenizer", ""))
+        if tokenizer.is_file():
+            return tokenizer, facts.get("eod_token")
+    return None
+
+
+def write_tokenizer(tokenizer: Path, eod_token: str | None, directory: Path) -> None:
+    """tokenizer.json and the tokenizer_config.json transformers needs to load it."""
+    shutil.copy2(tokenizer, directory / "tokenizer.json")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    if eod_token:
+        config["eos_token"] = eod_token
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def refuse_existing(out: Path) -> None:
+    if out.exists():
+        raise ConfigError(f"out={out} already exists; choose a new directory or remove it")
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Make a finished temporary directory the output, by one rename."""
+    refuse_existing(out)
+    tmp.rename(out)
+
+
+def temporary_dir(out: Path) -> Path:
+    """An empty `<out>.tmp-<pid>` beside the output (same filesystem: the rename is atomic)."""
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+class ShardWriter:
+    """Writes tensors into `model-NNNNN-of-NNNNN.safetensors` shards of at most `max_bytes`."""
+
+    def __init__(self, directory: Path, max_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+        self.dir, self.max_bytes = directory, max_bytes
+        self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.written: list[tuple[str, list[str]]] = []  # (temporary file name, tensor names)
+        self.total_bytes = 0
+
+    def add(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in items:
+            size = tensor.numel() * tensor.element_size()
+            if self.pending and self.pending_bytes + size > self.max_bytes:
+                self._flush()
+            self.pending[name] = tensor
+            self.pending_bytes += size
+            self.total_bytes += size
+
+    def _flush(self) -> None:
+        name = f"part-{len(self.written):05d}.safetensors"
+        save_file(self.pending, self.dir / name, metadata={"format": "pt"})
+        self.written.append((name, list(self.pending)))
+        self.pending, self.pending_bytes = {}, 0
+
+    def finish(self) -> None:
+        """Final names, and the index when there is more than one shard."""
+        if self.pending:
+            self._flush()
+        count = len(self.written)
+        if count == 1:
+            (self.dir / self.written[0][0]).rename(self.dir / SINGLE)
+            return
+        weight_map = {}
+        for number, (temporary, names) in enumerate(self.written, start=1):
+            final = f"model-{number:05d}-of-{count:05d}.safetensors"
+            (self.dir / temporary).rename(self.dir / final)
+            weight_map.update({name: final for name in names})
+        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+        (self.dir / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,119 @@
+"""Import: a Hugging Face Llama/Mixtral directory -> a Megatron checkpoint any layout loads.
+
+Why this order: everything that can be wrong with the input (not a model, an unmapped
+architecture, a recipe of another shape, a missing shard or tensor, a tensor of the wrong shape)
+is checked from config.json and the shards' headers before a byte of weights is read or any
+output exists. Then the shards are read one at a time in file order, each Hugging Face tensor
+re-laid into Megatron's (`mapping`), and written once as a torch_dist checkpoint through the
+model's own sharded state dict (`megatron_side`), into a temporary directory renamed at the end.
+The checkpoint's tensors keep the Hugging Face dtype; the loading run casts them to its own.
+
+Memory: the source is read shard by shard, but one `dist_checkpointing.save` call needs every
+tensor it writes, so the converted model is held once in its dtype (about 16 GB for Llama-3-8B
+in bf16); `memory.import_peak` gives the figure from the model's shape before starting.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from recipes.config.errors import ConfigError
+from recipes.config.io import save_config
+from recipes.config.schema import RunConfig
+from trainer.interop import hf_config, hf_files, megatron_side
+from trainer.interop.mapping import Rule, Shapes, hf_shapes, megatron_shape, rules, to_megatron
+
+HF_SUBDIR = "hf"  # config.json and tokenizer files of the source, kept for the export
+
+
+@dataclass
+class ImportResult:
+    out: Path
+    tensors: int
+    bytes: int
+    seconds: float
+
+
+@dataclass
+class Source:
+    """A checked Hugging Face directory: its config, its shards and the plan to convert it."""
+
+    config: dict
+    weights: hf_files.HFWeights
+    shapes: Shapes
+    plan: list[Rule]
+
+
+def _in_file_order(plan: list[Rule], weights: hf_files.HFWeights) -> list[Rule]:
+    shards = sorted(set(weights.weight_map.values()))
+    return sorted(plan, key=lambda rule: shards.index(weights.shard_of(rule.hf[0])))
+
+
+def check_source(hf_dir: Path, cfg: RunConfig) -> Source:
+    """Every check that needs no weight data: config, shards, names and shapes (headers)."""
+    config = hf_config.read_hf_config(hf_dir)
+    hf_config.family(config)
+    hf_config.compare_with_recipe(config, cfg.model, cfg.name)
+    weights = hf_files.HFWeights(hf_dir)
+    shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
+    plan = _in_file_order(rules(shapes), weights)
+    for rule in plan:
+        for name, wanted in zip(rule.hf, hf_shapes(rule, shapes), strict=True):
+            got = weights.shape(name)
+            if got != wanted:
+                raise ConfigError(f"hf tensor {name} has shape {list(got)} but recipe "
+                                  f"{cfg.name} needs {list(wanted)}; the weights do not match "
+                                  "their config.json")
+    return Source(config, weights, shapes, plan)
+
+
+def _check_against_model(template: dict, source: Source) -> None:
+    """The mapping must produce exactly the names and shapes the Megatron model holds."""
+    ours = {rule.megatron: megatron_shape(rule, source.shapes) for rule in source.plan}
+    model = megatron_side.weight_shapes(template)
+    if ours != model:
+        differ = sorted(set(ours.items()) ^ set(model.items()))[:4]
+        raise RuntimeError(f"mapping and Megatron model disagree (first: {differ})")
+
+
+def _convert(source: Source, progress) -> dict:
+    tensors = {}
+    task = progress.add_task("import", total=len(source.plan))
+    for rule in source.plan:
+        parts = [source.weights.get(name) for name in rule.hf]
+        tensors[rule.megatron] = to_megatron(rule, parts, source.shapes)
+        progress.advance(task)
+    source.weights.close()
+    return tensors
+
+
+def _write_side_files(source: Source, hf_dir: Path, directory: Path) -> None:
+    side = directory / HF_SUBDIR
+    side.mkdir()
+    shutil.copy2(Path(hf_dir) / "config.json", side / "config.json")
+    for path in hf_files.side_files(hf_dir):
+        shutil.copy2(path, side / path.name)
+
+
+def import_hf(hf_dir: Path, cfg: RunConfig, out: Path, progress) -> ImportResult:
+    """Convert `hf_dir` for recipe `cfg` into the checkpoint directory `out` (module doc)."""
+    started = time.perf_counter()
+    hf_files.refuse_existing(out)
+    source = check_source(hf_dir, cfg)
+    with megatron_side.one_process(cfg) as one:
+        template = megatron_side.meta_template(one)
+        _check_against_model(template, source)
+        tensors = _convert(source, progress)
+        tmp = hf_files.temporary_dir(out)
+        try:
+            megatron_side.save(template, tensors, one, tmp)
+            save_config(cfg, tmp / "config.yaml")
+            _write_side_files(source, hf_dir, tmp)
+            hf_files.publish(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    return ImportResult(out, len(tensors), size, time.perf_counter() - started)

@@ -1,0 +1,140 @@
+"""Megatron's side of a conversion: one process, the model's sharded state dict as the template.
+
+Why a template from the real model: the keys, global shapes, layer/expert offsets and the fused
+gate/up factories a checkpoint must hold are exactly what `GPTModel.sharded_state_dict` produces,
+so the converter asks the model (built on the meta device, no memory, as the dry run does) on one
+rank at TP1 x PP1 x EP1, where every state-dict name carries global layer and expert numbers.
+Because those keys are global (`singleton_local_shards=False`), a checkpoint written here loads
+into any layout (`checkpoint.load=<dir> checkpoint.load_model_only=true`: the loading model's own
+sharded state dict reshards TP/PP/VPP/EP), and any layout's checkpoint is read back here.
+The vocabulary stays padded as the recipe's layout pads it (`make_vocab_size_divisible_by` x TP),
+so the embedding's global shape is the one the recipe's ranks expect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from recipes.config.schema import ClusterConfig, ParallelConfig, RunConfig
+
+Template = dict  # state-dict name -> ShardedTensor | ShardedTensorFactory | ShardedObject
+
+
+def single_rank(cfg: RunConfig) -> RunConfig:
+    """The same model on one rank, its vocabulary padded as `cfg`'s layout pads it."""
+    one = dataclasses.replace(
+        cfg, parallel=ParallelConfig(), cluster=ClusterConfig(nodes=1, gpus_per_node=1),
+        model=dataclasses.replace(
+            cfg.model,
+            make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by
+            * cfg.parallel.tensor,
+        ),
+    )
+    one.train = dataclasses.replace(cfg.train, global_batch_size=cfg.train.micro_batch_size)
+    return one
+
+
+def _start_group() -> bool:
+    """A gloo group of one process (unless the caller already runs in one)."""
+    if torch.distributed.is_initialized():
+        return False
+    store = torch.distributed.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    torch.distributed.init_process_group(
+        "gloo", store=store, rank=0, world_size=1, timeout=timedelta(minutes=30)
+    )
+    return True
+
+
+@contextlib.contextmanager
+def one_process(cfg: RunConfig) -> Iterator[RunConfig]:
+    """Megatron's parallel state for `single_rank(cfg)` in this process; yields that config."""
+    from megatron.core import parallel_state
+
+    from plugins.protocol import RuntimeContext
+    from plugins.registry import build_plugins
+    from trainer.mcore_translation import initialize_parallel_state
+
+    one = single_rank(cfg)
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() != 1:
+        raise RuntimeError("conversion runs in one process (world size 1)")
+    build_plugins(one.plugins).setup_runtime(RuntimeContext())
+    created = _start_group()
+    initialize_parallel_state(one.layout)
+    try:
+        yield one
+    finally:
+        parallel_state.destroy_model_parallel()
+        if created:
+            torch.distributed.destroy_process_group()
+
+
+def meta_template(one: RunConfig) -> Template:
+    """The TP1 model's sharded state dict, flat by state-dict name, built on the meta device."""
+    from plugins.registry import build_plugins
+    from trainer.checkpointing import content_metadata
+    from trainer.mcore_translation import build_transformer_config
+    from trainer.model import build_model_chunks
+
+    plugins = build_plugins(one.plugins)
+    config = plugins.transformer_config(
+        build_transformer_config(one, cpu_initialization=True, meta_device=True)
+    )
+    with torch.device("meta"):
+        (chunk,) = build_model_chunks(one, config, plugins)
+    return chunk.sharded_state_dict(metadata=content_metadata(one))
+
+
+def is_weight(item) -> bool:
+    """ShardedTensors and their factories hold weights; ShardedObjects are extra state."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    return isinstance(item, ShardedTensor | ShardedTensorFactory)
+
+
+def weight_shapes(template: Template) -> dict[str, tuple[int, ...]]:
+    """State-dict name -> shape on one rank (the global shape of that layer's tensor)."""
+    return {name: tuple(item.data.shape) for name, item in template.items() if is_weight(item)}
+
+
+def save(template: Template, tensors: dict[str, torch.Tensor], one: RunConfig, path: Path) -> None:
+    """Write the template with `tensors` as its data (dtype as given) as a torch_dist checkpoint."""
+    from megatron.core import dist_checkpointing
+
+    from trainer.checkpointing import content_metadata
+
+    for name, item in template.items():
+        if is_weight(item):
+            item.data = tensors[name]
+    metadata = content_metadata(one)
+    dist_checkpointing.save({"model": template}, str(path), content_metadata=metadata)
+
+
+def regions(template: Template) -> dict:
+    """State-dict name -> the `Region` of the checkpoint holding it: its key, and at the
+    layer (and expert) offsets of the name, the whole extent of the TP1 tensor. A fused gate/up
+    factory stores [gate; up] globally, which at TP1 is exactly the fused local tensor."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    from trainer.interop.region_reader import Region
+
+    found = {}
+    for name, item in template.items():
+        if not is_weight(item):
+            continue
+        shard = item if isinstance(item, ShardedTensor) else _first_built(item)
+        prepend = shard.global_offset[: shard.prepend_axis_num]
+        shape = tuple(item.data.shape)
+        found[name] = Region(shard.key, (*prepend, *(0,) * len(shape)),
+                             (*(1,) * len(prepend), *shape))
+    return found
+
+
+def _first_built(factory):
+    built = factory.build()
+    return next(iter(built.values())) if isinstance(built, dict) else built[0]

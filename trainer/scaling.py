@@ -1,0 +1,489 @@
+"""Scaling harness: one recipe at several world sizes, and whether more GPUs paid off.
+
+Each size is an ordinary `scripts/pretrain.py` run (so local ranks start through torch's
+launcher exactly as a user's run does); the harness reads each run's `metrics.jsonl` and writes
+a report: a table, JSON and PNG plots. Weak scaling keeps the per-replica batch and grows the
+global batch with DP; strong scaling keeps the global batch and lets accumulation shrink. Two
+sizes are compared only when their training conditions match (equal GPU counts are not equal
+jobs): efficiency T_G / ((G/G0) * T_G0) is stated against the smallest comparable size, with
+time and GPU-hours for a token budget, and each size gets a diagnosis of its dominant
+bottleneck backed by the figure that triggered it. Definitions: `recipes/throughput.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recipes.config.errors import ConfigError
+from recipes.throughput import (
+    PROFILE_STEPS,
+    WARMUP_STEPS,
+    gpu_hours_for_tokens,
+    hours_for_tokens,
+    model_flops_utilisation,
+    scaling_efficiency,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+MIN_STEPS = WARMUP_STEPS + 2 * PROFILE_STEPS  # warm-up, profiled window, as many measured
+MODES = ("weak", "strong")
+
+
+@dataclass
+class ScalingOptions:
+    """The `scaling.*` arguments."""
+
+    world_sizes: list[int] = field(default_factory=lambda: [1, 2, 4])
+    mode: str = "weak"
+    steps: int = 8  # optimizer steps per size: 1 warm-up, 2 profiled, the rest measured
+    cluster: str | None = None  # conf/cluster/*.yaml whose peak gives MFU; None: MFU unknown
+    token_budget: float = 1e9  # tokens the time and GPU-hours columns are stated for
+    out: str | None = None  # report directory; default runs/scaling-<recipe>-<mode>-<time>
+
+
+def _positive_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{key}={value} must be a positive whole number, e.g. {key}=8")
+    return value
+
+
+def _world_sizes(text: str) -> list[int]:
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
+    value = [value] if isinstance(value, int) else value
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"scaling.world_sizes={text} must be a list of rank counts, "
+                          "e.g. scaling.world_sizes=[1,2,4]")
+    sizes = [_positive_int("scaling.world_sizes", size) for size in value]
+    if len(set(sizes)) != len(sizes):
+        raise ConfigError(f"scaling.world_sizes={text} repeats a size; give each size once")
+    return sorted(sizes)
+
+
+def _set_option(options: ScalingOptions, key: str, value: str) -> None:
+    if key == "world_sizes":
+        options.world_sizes = _world_sizes(value)
+    elif key == "mode":
+        if value not in MODES:
+            raise ConfigError(f"scaling.mode={value} must be weak or strong "
+                              "(weak: per-replica batch fixed; strong: global batch fixed)")
+        options.mode = value
+    elif key == "steps":
+        steps = _positive_int("scaling.steps", yaml.safe_load(value))
+        if steps < MIN_STEPS:
+            raise ConfigError(f"scaling.steps={steps} leaves no measured steps after "
+                              f"{WARMUP_STEPS} warm-up and {PROFILE_STEPS} profiled ones; "
+                              f"use scaling.steps={MIN_STEPS} or more")
+        options.steps = steps
+    elif key == "token_budget":
+        budget = yaml.safe_load(value)
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
+            raise ConfigError(f"scaling.token_budget={value} must be a positive number, "
+                              "e.g. scaling.token_budget=1e9")
+        options.token_budget = float(budget)
+    else:
+        setattr(options, key, value)
+
+
+def parse_scaling_args(argv: list[str]) -> tuple[ScalingOptions, list[str]]:
+    """The `scaling.*` options, and the rest (recipe/config and run overrides)."""
+    options, rest = ScalingOptions(), []
+    known = [name for name in ScalingOptions.__dataclass_fields__]
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if not key.startswith("scaling."):
+            rest.append(arg)
+            continue
+        name = key.removeprefix("scaling.")
+        if name not in known:
+            raise ConfigError(f"unknown option {key}; known: "
+                              + ", ".join(f"scaling.{k}" for k in known))
+        _set_option(options, name, value)
+    return options, rest
+
+
+@dataclass(frozen=True)
+class Point:
+    """One world size of the sweep and the overrides that make its run."""
+
+    gpus: int
+    data_parallel: int
+    global_batch: int
+    microbatches: int  # micro-batches per replica per step (accumulation)
+    overrides: tuple[str, ...]
+
+
+def _global_batch(cfg: Any, mode: str, gpus: int, dp: int) -> int:
+    t = cfg.train
+    if mode == "weak":
+        return cfg.layout.samples_per_replica * dp
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        raise ConfigError(
+            f"scaling.mode=strong keeps train.global_batch_size={t.global_batch_size}, which "
+            f"is not a multiple of micro-batch {t.micro_batch_size} x DP{dp} at {gpus} ranks; "
+            f"raise train.global_batch_size to {t.micro_batch_size * dp} or drop {gpus} from "
+            "scaling.world_sizes")
+    return t.global_batch_size
+
+
+def plan_points(cfg: Any, options: ScalingOptions, report_dir: Path) -> list[Point]:
+    """Each size's layout and batch (the recipe's TP x PP x CP kept, DP grown)."""
+    model_parallel = cfg.layout.model_parallel
+    points = []
+    for gpus in options.world_sizes:
+        if gpus % model_parallel:
+            raise ConfigError(
+                f"scaling.world_sizes has {gpus}, not a multiple of the recipe's TP x PP x "
+                f"CP = {model_parallel} ranks per replica; use multiples of {model_parallel}")
+        dp = gpus // model_parallel
+        batch = _global_batch(cfg, options.mode, gpus, dp)
+        overrides = (
+            "cluster.nodes=1", f"cluster.gpus_per_node={gpus}",
+            f"train.global_batch_size={batch}", f"train.train_iters={options.steps}",
+            "scheduler.warmup_iters=1", "checkpoint.save=false", "train.eval_iters=0",
+            "train.eval_interval=0",
+            "logging.progress_bar=false", f"logging.log_interval={options.steps}",
+            f"run_dir={report_dir / f'G{gpus}'}",
+        )
+        microbatches = batch // (cfg.train.micro_batch_size * dp)
+        points.append(Point(gpus, dp, batch, microbatches, overrides))
+    return points
+
+
+# --- reading a finished run ---------------------------------------------------------------
+
+def _records(run_dir: Path) -> tuple[list[dict], dict]:
+    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    train = [r for r in records if r["kind"] == "train"]
+    summary = next(r for r in records if r["kind"] == "summary")
+    return train, summary
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def read_point(run_dir: Path, cfg: Any, point: Point, peak: float | None) -> dict:
+    """One size's figures from its run: throughput, speed, conditions and step breakdown."""
+    train, summary = _records(run_dir)
+    measured = [r for r in train if r.get("measured", True)] or train
+    step = _mean([r["step_time_s"] for r in measured])
+    tflops = summary["model_tflops_per_gpu"]
+    return {
+        "gpus": point.gpus,
+        "layout": summary["layout"],
+        "backend": summary["backend"],
+        "effective_tokens_per_s": summary["effective_tokens_per_s"],
+        "model_tflops_per_gpu": tflops,
+        "mfu": model_flops_utilisation(tflops, peak) if peak else summary["mfu"],
+        "step_time_s": step,
+        "data_wait_s": _mean([r["data_wait_s"] for r in measured]),
+        "forward_backward_s": _mean([r["forward_backward_s"] for r in measured]),
+        "optimizer_s": _mean([r["optimizer_s"] for r in measured]),
+        "exposed_comm_s": _mean([r["exposed_comm_s"] for r in train
+                                 if r.get("exposed_comm_s") is not None]),
+        "profiled_step_time_s": _mean([r["step_time_s"] for r in train
+                                       if r.get("exposed_comm_s") is not None]),
+        "measured_steps": summary["measured_steps"],
+        "loss_tokens_per_step": _mean([r["loss_tokens"] for r in measured]),
+        "conditions": {**conditions(cfg, point),
+                       "loss_tokens_per_step": round(_mean([r["loss_tokens"] for r in train]))},
+    }
+
+
+def conditions(cfg: Any, point: Point) -> dict:
+    """What must match for two sizes to train the same job (weak scaling: per replica)."""
+    m = cfg.model
+    return {
+        "model": f"L{m.num_layers} h{m.hidden_size} ffn{m.ffn_hidden_size} "
+                 f"heads{m.num_attention_heads}/{m.num_query_groups or m.num_attention_heads} "
+                 f"{m.activation} vocab{m.vocab_size} experts{m.num_moe_experts or 0}",
+        "seq_length": m.seq_length,
+        "precision": cfg.precision.dtype,
+        "micro_batch_size": cfg.train.micro_batch_size,
+        "recompute": cfg.train.recompute,
+        "data": f"{cfg.data.source}/{cfg.data.documents}",
+        "global_batch": point.global_batch,
+        "samples_per_replica": point.global_batch // point.data_parallel,
+        "tokens_per_step": point.global_batch * m.seq_length,
+    }
+
+
+def condition_differences(base: dict, other: dict, mode: str) -> list[str]:
+    """The training conditions in which `other` differs from `base`, as 'name a vs b'; weak
+    scaling grows the global batch by design, strong scaling keeps it."""
+    allowed = {"global_batch", "tokens_per_step", "loss_tokens_per_step"} if mode == "weak" else {
+        "samples_per_replica"}
+    return [f"{key} {base[key]} vs {other[key]}" for key in base
+            if key not in allowed and base[key] != other.get(key)]
+
+
+# --- comparing sizes and diagnosing each --------------------------------------------------
+
+def compare(points: list[dict], mode: str, token_budget: float) -> None:
+    """Add efficiency against the smallest size, or why a size is not comparable, and time
+    and GPU-hours for the token budget, to each point (in place)."""
+    base = points[0]
+    for point in points:
+        differences = condition_differences(base["conditions"], point["conditions"], mode)
+        point["comparable_with"] = None if differences else base["gpus"]
+        point["not_comparable"] = differences
+        rate = point["effective_tokens_per_s"]
+        point["efficiency"] = None if differences or not rate else scaling_efficiency(
+            rate, point["gpus"], base["effective_tokens_per_s"], base["gpus"])
+        point["hours_for_budget"] = hours_for_tokens(token_budget, rate) if rate else None
+        point["gpu_hours_for_budget"] = (
+            gpu_hours_for_tokens(token_budget, rate, point["gpus"]) if rate else None)
+
+
+# Shares of the step above which a cause is named; below them the step is compute-bound.
+DATA_WAIT_SHARE = 0.10
+COMM_SHARE = 0.20
+COMM_GROWTH = 0.05  # exposed-comm share this much above the smallest size's
+OPTIMIZER_SHARE = 0.25
+
+CHANGES = {
+    "data wait": "more data-loader workers and prefetching the next batches while the step "
+                 "computes, then measure the same steps again",
+    "exposed communication": "overlap the DP gradient reduce with backward "
+                             "(optimizer.overlap_grad_reduce=true), synchronise DP less often "
+                             "(more accumulation per step), keep TP/PP groups inside a node",
+    "optimizer update": "shard the optimizer over DP (optimizer.distributed=true) so each rank "
+                        "updates only its share",
+    "compute": "nothing is waiting: raise the micro-batch if memory allows, or compare MFU "
+               "with the accelerator's peak",
+}
+
+
+def _shares(point: dict) -> dict[str, float]:
+    step = point["step_time_s"] or 1.0
+    comm_step = point["profiled_step_time_s"] or step
+    comm = (point["exposed_comm_s"] or 0.0) / comm_step
+    fwd_bwd = point["forward_backward_s"] / step
+    return {"data wait": point["data_wait_s"] / step, "exposed communication": comm,
+            "optimizer update": point["optimizer_s"] / step,
+            "compute": max(0.0, fwd_bwd - comm)}
+
+
+def diagnose(point: dict, base: dict) -> dict:
+    """The dominant bottleneck of one size, the change to try and the figure behind it."""
+    shares, base_comm = _shares(point), _shares(base)["exposed communication"]
+    triggered = []
+    if shares["data wait"] >= DATA_WAIT_SHARE:
+        triggered.append("data wait")
+    comm = shares["exposed communication"]
+    if comm >= COMM_SHARE and (point is base or comm >= base_comm + COMM_GROWTH):
+        triggered.append("exposed communication")
+    if shares["optimizer update"] >= OPTIMIZER_SHARE:
+        triggered.append("optimizer update")
+    cause = max(triggered, key=shares.get) if triggered else "compute"
+    evidence = f"{cause} {shares[cause]:.0%} of the step"
+    if cause == "exposed communication" and point is not base:
+        evidence += f" (vs {base_comm:.0%} at {base['gpus']} ranks)"
+    return {"bottleneck": cause, "evidence": evidence, "change": CHANGES[cause],
+            "shares": {name: round(value, 4) for name, value in shares.items()}}
+
+
+# --- the report -------------------------------------------------------------------------------
+
+def _fmt(value: Any, spec: str) -> str:
+    """`value` in `spec`, or '-' (unknown) right-aligned to the same width."""
+    width = "".join(ch for ch in spec.split(".")[0] if ch.isdigit())
+    return format(value, spec) if value is not None else "-".rjust(int(width or 1))
+
+
+def format_table(report: dict) -> str:
+    """The report as text: one row per size, the conditions, then each size's diagnosis."""
+    head = (f"{'GPUs':>4} {'layout':<26} {'batch':>5} {'tok/step':>8} {'tokens/s':>10} "
+            f"{'eff.':>6} {'TFLOP/s/GPU':>11} {'MFU':>6} {'data':>5} {'fwd-bwd':>7} "
+            f"{'opt':>5} {'comm':>5} {'h/budget':>9} {'GPU-h':>9}")
+    lines = [report["title"], head]
+    for p in report["points"]:
+        s, c = p["diagnosis"]["shares"], p["conditions"]
+        lines.append(
+            f"{p['gpus']:>4} {p['layout']:<26} {c['global_batch']:>5} "
+            f"{c['tokens_per_step']:>8} {p['effective_tokens_per_s']:>10,.0f} "
+            f"{_fmt(p['efficiency'], '>6.1%')} {p['model_tflops_per_gpu']:>11.4g} "
+            f"{_fmt(p['mfu'], '>6.1%')} {s['data wait']:>5.0%} "
+            f"{p['forward_backward_s'] / p['step_time_s']:>7.0%} {s['optimizer update']:>5.0%} "
+            f"{s['exposed communication']:>5.0%} {_fmt(p['hours_for_budget'], '>9.1f')} "
+            f"{_fmt(p['gpu_hours_for_budget'], '>9.1f')}")
+    lines += ["", *report["notes"], ""]
+    for p in report["points"]:
+        d = p["diagnosis"]
+        lines.append(f"{p['gpus']} ranks: {d['bottleneck']} ({d['evidence']}) -> {d['change']}")
+        if "caveat" in d:
+            lines.append(f"  caveat: {d['caveat']}")
+        if p["not_comparable"]:
+            lines.append(f"  not comparable with {report['points'][0]['gpus']} ranks: "
+                         + "; ".join(p["not_comparable"]))
+    return "\n".join(lines)
+
+
+def _notes(cfg: Any, options: ScalingOptions, points: list[dict]) -> list[str]:
+    c = points[0]["conditions"]
+    kind = ("per-replica batch fixed, global batch grows with DP (different jobs per token "
+            "seen; compare speed, not convergence)" if options.mode == "weak"
+            else "global batch fixed, accumulation shrinks as DP grows")
+    device = "CPU ranks (gloo): CPU figures, not GPU ones" if "CPU" in points[0]["backend"] \
+        else "GPU ranks"
+    peak = (f"MFU against {options.cluster}" if options.cluster
+            else "MFU unknown: no peak (give scaling.cluster=conf/cluster/<file>.yaml)")
+    return [
+        f"{options.mode} scaling: {kind}; {device}",
+        f"sequence length {c['seq_length']}, precision {c['precision']}, micro-batch "
+        f"{c['micro_batch_size']}, {options.steps} steps per size ({WARMUP_STEPS} warm-up, "
+        f"{PROFILE_STEPS} profiled for exposed communication, the rest measured)",
+        f"efficiency = T_G / ((G/G0) * T_G0) against G0 = {points[0]['gpus']}; time and "
+        f"GPU-hours for {options.token_budget:.3g} loss tokens; {peak}",
+    ]
+
+
+def write_plots(report: dict, report_dir: Path) -> list[Path]:
+    """throughput.png and efficiency.png against GPUs, each with the ideal (linear) line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = report["points"]
+    base = points[0]
+    gpus = [p["gpus"] for p in points]
+    ideal = [base["effective_tokens_per_s"] * g / base["gpus"] for g in gpus]
+    figures = {
+        "throughput.png": ("effective tokens/s", [p["effective_tokens_per_s"] for p in points],
+                           ideal),
+        "efficiency.png": ("scaling efficiency", [p["efficiency"] for p in points],
+                           [1.0] * len(gpus)),
+    }
+    paths = []
+    for name, (label, values, reference) in figures.items():
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(gpus, reference, "--", color="gray", label="ideal (linear from "
+                f"{base['gpus']} ranks)")
+        shown = [(g, v) for g, v in zip(gpus, values, strict=True) if v is not None]
+        ax.plot([g for g, _ in shown], [v for _, v in shown], "o-", label="measured")
+        ax.set_xlabel("GPUs (ranks)")
+        ax.set_ylabel(label)
+        ax.set_xticks(gpus)
+        ax.set_title(report["title"], fontsize=9)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(report_dir / name, dpi=100)
+        plt.close(fig)
+        paths.append(report_dir / name)
+    return paths
+
+
+def build_report(cfg: Any, options: ScalingOptions, points: list[dict]) -> dict:
+    """The comparisons, the diagnoses and the notes that make the figures readable."""
+    compare(points, options.mode, options.token_budget)
+    cores = os.cpu_count() or 1
+    for point in points:
+        point["diagnosis"] = diagnose(point, points[0])
+        if "CPU" in point["backend"] and point["gpus"] > cores:
+            point["diagnosis"]["caveat"] = (
+                f"{point['gpus']} CPU ranks share {cores} cores: a rank waiting for a "
+                "descheduled peer shows up as communication")
+    device = "CPU" if "CPU" in points[0]["backend"] else "GPU"
+    return {
+        "title": f"{cfg.name}: {options.mode} scaling over {options.world_sizes} ranks "
+                 f"({device} figures)",
+        "recipe": cfg.name,
+        "mode": options.mode,
+        "options": asdict(options),
+        "notes": _notes(cfg, options, points),
+        "points": points,
+    }
+
+
+# --- running the sweep ------------------------------------------------------------------------
+
+def _run_point(base_config: Path, point: Point, log: Path) -> None:
+    """One size as an ordinary pretrain run; its output goes to `log`."""
+    command = [sys.executable, str(ROOT / "scripts" / "pretrain.py"),
+               f"config={base_config}", *point.overrides]
+    with log.open("w") as handle:
+        code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT,
+                              cwd=ROOT).returncode
+    if code:
+        tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
+        raise ScalingRunFailed(f"the {point.gpus}-rank run failed (exit {code}): "
+                               f"{tail[0] if tail else 'no output'}; full output in {log}")
+
+
+class ScalingRunFailed(ConfigError):
+    """A size's run exited non-zero; the message names the size, its last line and its log."""
+
+
+def _check_points(base_config: Path, points: list[Point]) -> None:
+    """Every size's config is valid before the first run starts (one line if not)."""
+    from recipes.config.resolve import resolve_config
+
+    for point in points:
+        resolve_config([f"config={base_config}",
+                        *(o for o in point.overrides if not o.startswith("run_dir="))],
+                       check_paths=False)
+
+
+def _report_dir(cfg: Any, options: ScalingOptions) -> Path:
+    if options.out:
+        return Path(options.out).resolve()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return (Path(cfg.output_dir) / f"scaling-{cfg.name}-{options.mode}-{stamp}").resolve()
+
+
+def run_scaling(argv: list[str]) -> int:
+    """The whole sweep: check every size, run each, write and print the report."""
+    from recipes.config.io import save_config
+    from recipes.config.resolve import resolve_config
+    from recipes.plan.cluster import load_cluster
+
+    options, rest = parse_scaling_args(list(argv))
+    cfg = resolve_config(rest, check_paths=False)
+    peak = load_cluster(options.cluster).peak_tflops.get(cfg.precision.dtype) \
+        if options.cluster else None
+    report_dir = _report_dir(cfg, options)
+    base_config = save_config(cfg, report_dir / "base_config.yaml")
+    points = plan_points(cfg, options, report_dir)
+    _check_points(base_config, points)
+    results = []
+    for point in points:
+        print(f"scaling: {point.gpus} ranks (DP{point.data_parallel}, global batch "
+              f"{point.global_batch}, {point.microbatches} micro-batches per replica)",
+              flush=True)
+        _run_point(base_config, point, report_dir / f"G{point.gpus}.log")
+        results.append(read_point(report_dir / f"G{point.gpus}", cfg, point, peak))
+    report = build_report(cfg, options, results)
+    (report_dir / "report.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    write_plots(report, report_dir)
+    table = format_table(report)
+    (report_dir / "report.txt").write_text(table + "\n", encoding="utf-8")
+    print(table)
+    print(f"report: {report_dir} (report.txt, report.json, throughput.png, efficiency.png)")
+    return 0
+
+
+def _no_ranks(cfg: Any, run_dir: Path, options: dict[str, int]) -> int:
+    raise RuntimeError("scripts/scaling.py starts its runs through scripts/pretrain.py")
+
+
+def scaling_command():
+    """The `Command` of scripts/scaling.py: local (it starts pretrain runs, not ranks)."""
+    from trainer.commands import _script_help
+    from trainer.pipeline import Command
+
+    return Command(script=ROOT / "scripts" / "scaling.py", help=_script_help("scaling.py"),
+                   run_rank=_no_ranks, local=run_scaling)
