@@ -10,27 +10,19 @@ needs them divisible by the virtual stages), so the schedule is 1F1B. Each step 
 
 from __future__ import annotations
 
+import dataclasses
+
 from recipes.common import large_run_base
 from recipes.config.schema import ClusterConfig, ModelConfig, ParallelConfig, RunConfig
+from recipes.llama3 import llama3_8b_model
 
 
 def llama31_405b_model() -> ModelConfig:
-    """Llama-3.1-405B shape: 126 layers, width 16,384, GQA 128/8, SwiGLU 53,248, RMSNorm."""
-    return ModelConfig(
-        num_layers=126,
-        hidden_size=16384,
-        ffn_hidden_size=53248,
-        num_attention_heads=128,
-        num_query_groups=8,
-        seq_length=8192,
-        vocab_size=128256,
-        activation="swiglu",
-        normalization="RMSNorm",
-        position_embedding="rope",
-        rotary_base=500_000,
-        add_bias_linear=False,
-        share_embeddings_and_output_weights=False,
-        init_method_std=0.02,
+    """Llama-3.1-405B shape: the Llama 3 family at 126 layers, width 16,384, GQA 128/8, SwiGLU
+    53,248, with Llama 3.1's RoPE scaling (factor 8)."""
+    return dataclasses.replace(
+        llama3_8b_model(), num_layers=126, hidden_size=16384, ffn_hidden_size=53248,
+        num_attention_heads=128, rope_scaling_factor=8.0,
     )
 
 

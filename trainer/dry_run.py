@@ -10,6 +10,7 @@ ranks are copies. Placement (node:GPU of every rank) follows Megatron's rank ord
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from dataclasses import dataclass
 
@@ -93,6 +94,37 @@ def _build_shard(cfg: RunConfig, plugins: PluginSet, coords: RankCoordinates) ->
         _stop_fake_rank()
 
 
+# Shards already built in this process, by `shard_signature` (recipes that differ only in
+# DP, CP or batch, like the three Llama 3.1 405B layouts, hold the same shards).
+_BUILT: dict[str, dict[tuple[int, int, int], ShardReport]] = {}
+
+
+def shard_signature(small_cfg: RunConfig) -> str:
+    """What decides the shards' parameters: the model (its sequence length only for learned
+    position embeddings), the parallel sizes, precision and plugins; not the run's name,
+    batch, optimizer or data."""
+    from recipes.config.io import config_dict
+
+    values = config_dict(small_cfg)
+    if values["model"]["position_embedding"] != "learned_absolute":
+        values["model"].pop("seq_length")
+    keep = ("model", "parallel", "precision", "plugins", "cluster")
+    return json.dumps({key: values[key] for key in keep}, sort_keys=True)
+
+
+def _distinct_shards(small_cfg: RunConfig, plugins: PluginSet) -> dict:
+    """Each distinct shard of the small world, built once per process and signature."""
+    signature = shard_signature(small_cfg)
+    if signature not in _BUILT:
+        built: dict[tuple[int, int, int], ShardReport] = {}
+        for rank in range(small_cfg.layout.world_size):
+            coords = small_cfg.layout.coordinates(rank)
+            if coords.shard_key() not in built:
+                built[coords.shard_key()] = _build_shard(small_cfg, plugins, coords)
+        _BUILT[signature] = built
+    return _BUILT[signature]
+
+
 def collect_shards(cfg: RunConfig) -> list[ShardReport]:
     """Every distinct shard of the layout, each built once, with the ranks holding a copy.
 
@@ -107,12 +139,7 @@ def collect_shards(cfg: RunConfig) -> list[ShardReport]:
     # spec, which needs the CPU runtime's patches (MoE dispatchers create CUDA streams).
     plugins = build_plugins(cfg.plugins)
     plugins.setup_runtime(RuntimeContext(dry_run=True))
-    small_cfg = shard_world(cfg)
-    built: dict[tuple[int, int, int], ShardReport] = {}
-    for rank in range(small_cfg.layout.world_size):
-        coords = small_cfg.layout.coordinates(rank)
-        if coords.shard_key() not in built:
-            built[coords.shard_key()] = _build_shard(small_cfg, plugins, coords)
+    built = _distinct_shards(shard_world(cfg), plugins)
     shards: dict[tuple[int, int, int], ShardReport] = {}
     layout = cfg.layout
     for rank in range(layout.world_size):

@@ -51,17 +51,20 @@ def shard(cfg, plugins, rank):
     finally:
         dry_run._stop_fake_rank()
 
-out = {}
+out, by_signature = {}, {}
 for name in sys.argv[1:]:
     cfg = shard_world(get_recipe(name))  # same shards, DP and CP shrunk away
-    plugins = build_plugins(cfg.plugins)
-    plugins.setup_runtime(RuntimeContext(dry_run=True))
-    layout, built = cfg.layout, {}
-    for rank in range(layout.world_size):
-        key = layout.coordinates(rank).shard_key()
-        if key not in built:
-            built[key] = shard(cfg, plugins, rank)
-    out[name] = [[list(k), v] for k, v in built.items()]
+    signature = dry_run.shard_signature(cfg)  # recipes with the same shards: built once
+    if signature not in by_signature:
+        plugins = build_plugins(cfg.plugins)
+        plugins.setup_runtime(RuntimeContext(dry_run=True))
+        layout, built = cfg.layout, {}
+        for rank in range(layout.world_size):
+            key = layout.coordinates(rank).shard_key()
+            if key not in built:
+                built[key] = shard(cfg, plugins, rank)
+        by_signature[signature] = [[list(k), v] for k, v in built.items()]
+    out[name] = by_signature[signature]
 print(json.dumps(out))
 '''
 
