@@ -66,14 +66,14 @@ def resumed(payload: dict) -> dict:
 
 def stop_points(payload: dict) -> dict:
     """Ten resumes in one launch: from each of `points` (saved by a continuous run in
-    `checkpoint_dir`), a new session loads that step and trains up to `steps`."""
+    `checkpoint_dir`), a new session loads that step and trains `after` more steps."""
     root = Path(payload["checkpoint_dir"])
     runs = {}
     for point in payload["points"]:
         overrides = [*payload.get("overrides", []), f"checkpoint.load={root / f'step_{point:07d}'}"]
         session = _session({**payload, "overrides": overrides})
-        runs[str(point)] = {"start": session.start_step,
-                            "records": _train(session, payload["steps"])}
+        end = min(point + payload["after"], payload["steps"])
+        runs[str(point)] = {"start": session.start_step, "records": _train(session, end)}
         _finish()
     return runs
 
