@@ -40,15 +40,17 @@ Rule = Callable[[Any], str | None]
 # Steps at the start of a process excluded from throughput (allocator, first collectives).
 WARMUP_STEPS = 1
 # Steps right after the warm-up that the trainer runs under torch.profiler to measure exposed
-# communication (recipes/throughput.py); throughput leaves them out. torch allows one profiler
-# at a time, so a plugin that profiles must avoid them: they are part of this contract.
+# communication when `logging.exposed_comm` asks for it (recipes/throughput.py); throughput
+# leaves them out. torch allows one profiler at a time, so a plugin that profiles must avoid
+# them: they are part of this contract.
 PROFILE_STEPS = 2
 
 
-def profiled_steps(steps_in_process: int) -> range:
-    """Indices (0-based, from this process's first step) run under the trainer's profiler: the
-    PROFILE_STEPS after the warm-up, only when at least as many measured steps remain."""
-    if steps_in_process < WARMUP_STEPS + 2 * PROFILE_STEPS:
+def profiled_steps(steps_in_process: int, *, exposed_comm: bool) -> range:
+    """Indices (0-based, from this process's first step) run under the trainer's profiler: with
+    `exposed_comm` (the run's `logging.exposed_comm`), the PROFILE_STEPS after the warm-up, only
+    when at least as many measured steps remain; none otherwise."""
+    if not exposed_comm or steps_in_process < WARMUP_STEPS + 2 * PROFILE_STEPS:
         return range(0)
     return range(WARMUP_STEPS, WARMUP_STEPS + PROFILE_STEPS)
 
@@ -92,6 +94,13 @@ class StepMetrics:
     model_tflops_per_gpu: float = 0.0  # useful model FLOPs / step time / ranks (no recompute)
     mfu: float | None = None  # model_tflops_per_gpu / peak for the precision; None: no peak
     measured: bool = True  # counted in the run's throughput: after warm-up, not profiled
+    # Peak memory of the busiest rank in GiB: device memory allocated on GPU, the process's
+    # resident set on CPU ranks. Measured on logged steps only (else None): it costs a
+    # collective.
+    memory_gib: float | None = None
+    # Each pipeline stage's compute seconds (its busiest rank), from the profiled steps only
+    # (else None): a stage that computes much longer than the others holds every step up.
+    stage_compute_s: list[float] | None = None
     # Plugins' own figures of this step, by name (filled in `after_step`; logged with the step).
     extra: dict[str, float] = field(default_factory=dict)
 

@@ -23,11 +23,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from plugins.protocol import PROFILE_STEPS, WARMUP_STEPS, profiled_steps  # noqa: F401
-
-SECONDS_PER_HOUR = 3600.0
 # Which steps of a process are warm-up and which the trainer profiles is part of the plugin
 # contract (a profiler plugin must avoid them): plugins/protocol.py holds it.
+from plugins.protocol import WARMUP_STEPS, profiled_steps
+
+SECONDS_PER_HOUR = 3600.0
 
 
 # --- which tokens count -------------------------------------------------------------------
@@ -59,9 +59,11 @@ def effective_loss_tokens(ranks: Iterable[RankTokens]) -> int:
 
 # --- which steps count --------------------------------------------------------------------
 
-def is_measured(index: int, steps_in_process: int) -> bool:
-    """Whether step `index` of this process enters throughput: after warm-up, not profiled."""
-    return index >= WARMUP_STEPS and index not in profiled_steps(steps_in_process)
+def is_measured(index: int, steps_in_process: int, *, exposed_comm: bool) -> bool:
+    """Whether step `index` of this process enters throughput: after warm-up, not profiled
+    (`exposed_comm`: the run profiles steps to measure exposed communication)."""
+    return index >= WARMUP_STEPS and index not in profiled_steps(
+        steps_in_process, exposed_comm=exposed_comm)
 
 
 def tokens_per_second(steps: Sequence[tuple[float, int]]) -> float:
@@ -71,10 +73,11 @@ def tokens_per_second(steps: Sequence[tuple[float, int]]) -> float:
     return sum(tokens for _, tokens in steps) / seconds if seconds > 0 else 0.0
 
 
-def measured_throughput(steps: Sequence[tuple[float, int]]) -> float:
+def measured_throughput(steps: Sequence[tuple[float, int]], *, exposed_comm: bool) -> float:
     """Effective tokens/s over a process's (seconds, loss tokens) per step, measured steps
     only; with too few steps for a warm-up, every step counts."""
-    kept = [step for index, step in enumerate(steps) if is_measured(index, len(steps))]
+    kept = [step for index, step in enumerate(steps)
+            if is_measured(index, len(steps), exposed_comm=exposed_comm)]
     return tokens_per_second(kept or list(steps))
 
 

@@ -2,7 +2,8 @@
 
 usage: python scripts/launch.py recipe=NAME cluster=conf/cluster/<name>.yaml
            [executor=slurm|local] [--dry-run] [account=A] [partition=P] [time=HH:MM:SS]
-           [retries=N] [job_dir=DIR] [container_image=IMAGE] [section.field=value ...]
+           [retries=N] [rdzv_port=N] [job_dir=DIR] [container_image=IMAGE]
+           [section.field=value ...]
 
     python scripts/launch.py recipe=8b_tp8_pp4_dp2 cluster=conf/cluster/h100_80gb_8x8.yaml --dry-run
     python scripts/launch.py recipe=8b_tp8_pp4_dp2 cluster=conf/cluster/h100_80gb_8x8.yaml \
@@ -11,10 +12,14 @@ usage: python scripts/launch.py recipe=NAME cluster=conf/cluster/<name>.yaml
 
 executor=slurm (default) renders an sbatch script through nemo_run.SlurmExecutor and its
 torchrun launcher: nodes = the recipe's ranks / the cluster's GPUs per node, one torchrun per
-node, a c10d rendezvous on the allocation's first node, `sbatch --requeue` (retries=N requeues
-a failed job N times) and submits it; --dry-run prints the script instead. executor=local runs
-torchrun on this machine through nemo_run.LocalExecutor. The recipe and overrides are checked
-as pretrain.py checks them before anything is submitted. Needs the `launch` extra.
+node, a c10d rendezvous on the allocation's first node (port rdzv_port=N, 1024-65535, default
+one in 20000-29999 derived from the experiment name and launch time), `sbatch --requeue`
+(retries=N requeues a failed job N times) and submits it; --dry-run prints the script instead.
+The job's run directory is fixed at launch (<job_dir>/runs/<recipe>-<UTC time>, or run_dir=)
+and runs with checkpoint.resume=true, so a requeued job continues from its newest checkpoint.
+executor=local runs torchrun on this machine through nemo_run.LocalExecutor. Both put
+scripts/agent (our torchrun agent) first on PATH. The recipe and overrides are checked as
+pretrain.py checks them before anything is submitted. Needs the `launch` extra.
 """
 
 import sys

@@ -3,8 +3,10 @@
 Both steps run in the same processes on the same DDP model, optimizer and layout, alternating
 (ours, bare, ours, bare, ...) so machine drift hits both equally. The bare step is what a
 hand-written Megatron Core loop does with micro-batches already in memory: zero grads,
-`forward_backward_func`, `optimizer.step`, scheduler step. Ours adds data slicing, loss
-reduction across ranks, metrics and hooks. Reported: median step times and their ratio.
+`forward_backward_func`, `optimizer.step`, scheduler step, and the loss all-reduce over DP x CP
+that Megatron-LM's own `train_step` runs every step for its log. Ours adds data slicing, the
+loss reduction over the whole world (with the phase times riding on it), metrics and hooks.
+Reported: median step times and their ratio.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import statistics
 import time
 
 import torch
+from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from trainer.device import compute_device, to_compute_device
@@ -22,7 +25,19 @@ from trainer.step import train_step
 def _bare_loss(loss_mask, output):
     mask = loss_mask.reshape(-1)
     total = torch.sum(output.float().reshape(-1) * mask)
-    return total, mask.sum().to(torch.int), {"lm loss": total.detach()}
+    count = mask.sum().to(torch.int)
+    return total, count, {"lm loss": torch.stack([total.detach(), count.float()])}
+
+
+def _reduce_loss_like_megatron_lm(reports: list[dict]) -> None:
+    """What Megatron-LM's `train_step` does after every update: the last stage sums the
+    micro-batches' [loss, tokens] and all-reduces them over DP x CP for the log
+    (megatron/training/training.py:2537-2548 in megatron-core 0.19.2)."""
+    if not reports or not parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+        return
+    summed = torch.vstack([report["lm loss"].view(-1) for report in reports]).sum(dim=0)
+    torch.distributed.all_reduce(
+        summed, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
 
 
 def _bare_forward_step(data_iterator, model):
@@ -39,7 +54,7 @@ def bare_step(session, microbatches: list) -> float:
         chunk.zero_grad_buffer()
     session.optimizer.zero_grad()
     iterators = iter(microbatches) if len(model) == 1 else [iter(microbatches) for _ in model]
-    get_forward_backward_func()(
+    reports = get_forward_backward_func()(
         forward_step_func=_bare_forward_step,
         data_iterator=iterators,
         model=model if len(model) > 1 else model[0],
@@ -50,6 +65,7 @@ def bare_step(session, microbatches: list) -> float:
     )
     session.optimizer.step()
     session.scheduler.step(increment=cfg.train.global_batch_size)
+    _reduce_loss_like_megatron_lm(reports)
     return time.perf_counter() - start
 
 

@@ -11,15 +11,26 @@ What is checked here, before anything is submitted: the recipe and overrides (as
 resolves them), the cluster file (`recipes/plan/cluster.py`), that the recipe's ranks fill
 whole nodes of the cluster and that the cluster has that many nodes. nemo_run is imported only
 inside functions: the rest of the project works without the `launch` extra.
+
+What a Slurm job fixes at launch, because `scontrol requeue` reruns the same script with the
+same arguments: the run directory (on shared storage, `<job_dir>/runs/<recipe>-<UTC time>`)
+and `checkpoint.resume=true`, so every requeue continues the run from its newest checkpoint
+instead of starting a new one; and the c10d rendezvous port, derived from the experiment name
+and the launch time (NeMo-Run's fixed 29500 would collide between jobs sharing a first node).
+NeMo-Run starts the command `torchrun` by name, so `scripts/agent` goes first on PATH: our
+torchrun agent (a torchrun-compatible wrapper that names rendezvous timeouts and dead ranks).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +39,9 @@ from recipes.config.errors import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 EXECUTORS = ("slurm", "local")
 TEXT_OPTIONS = ("account", "partition", "time", "job_dir", "container_image")
+AGENT_DIR = REPO / "scripts" / "agent"  # our `torchrun` agent, first on the jobs' PATH
+PORT_LIMITS = (1024, 65535)  # rdzv_port=N: no privileged ports
+DEFAULT_PORTS = range(20000, 30000)  # the derived default rendezvous port lies here
 
 
 @dataclass
@@ -36,6 +50,7 @@ class LaunchArgs:
     executor: str = "slurm"
     dry_run: bool = False
     retries: int = 0  # times Slurm requeues the job after a failure
+    rdzv_port: int | None = None  # c10d rendezvous port (None: derived at launch)
     text: dict[str, str] = field(default_factory=dict)  # account, partition, time, ...
     rest: list[str] = field(default_factory=list)  # recipe/config and overrides
 
@@ -48,6 +63,15 @@ def _job_path(path: str) -> str:
         return str(resolved.relative_to(REPO))
     except ValueError:
         return str(resolved)
+
+
+def parse_port(value: str) -> int:
+    low, high = PORT_LIMITS
+    if not value.isdigit() or not low <= int(value) <= high:
+        raise ConfigError(f"rdzv_port={value} must be a port number from {low} to {high}, e.g. "
+                          "rdzv_port=23456, or leave it out for one derived from the experiment "
+                          "name and launch time")
+    return int(value)
 
 
 def parse_launch_args(argv: Sequence[str]) -> LaunchArgs:
@@ -68,6 +92,8 @@ def parse_launch_args(argv: Sequence[str]) -> LaunchArgs:
             if not value.isdigit():
                 raise ConfigError(f"retries={value} must be a whole number, e.g. retries=2")
             parsed.retries = int(value)
+        elif sep and key == "rdzv_port":
+            parsed.rdzv_port = parse_port(value)
         elif sep and key in TEXT_OPTIONS:
             parsed.text[key] = value
         else:
@@ -83,14 +109,18 @@ class LaunchPlan:
     nodes: int
     gpus_per_node: int
     script_args: list[str]
+    rdzv_port: int | None = None  # set for Slurm by `pin_slurm_run`
 
 
 def plan_launch(args: LaunchArgs) -> LaunchPlan:
-    """Resolve and validate the recipe, then place its ranks on the cluster's nodes."""
+    """Resolve and validate the recipe, then place its ranks on the cluster's nodes. Paths are
+    checked here; `checkpoint.resume` is left for the job to resolve when it (re)starts."""
+    from recipes.config.paths import validate_paths
     from recipes.config.resolve import resolve_config
     from recipes.plan.cluster import apply_cluster, load_cluster
 
-    cfg = resolve_config(args.rest)
+    cfg = resolve_config(args.rest, check_paths=False)
+    validate_paths(cfg, resume=False)
     if args.cluster is None:
         raise ConfigError("cluster= is missing; name a cluster file, e.g. "
                           "cluster=conf/cluster/h100_80gb_8x8.yaml")
@@ -126,6 +156,74 @@ def job_dir(args: LaunchArgs) -> str:
     return str(Path(args.text.get("job_dir") or get_nemorun_home()).resolve())
 
 
+def default_rdzv_port(experiment: str, now: datetime) -> int:
+    """A port in `DEFAULT_PORTS` from a CRC-32 of the experiment name and the launch time (to
+    the microsecond): two jobs whose first nodes coincide rarely pick the same one."""
+    digest = zlib.crc32(f"{experiment}@{now.isoformat()}".encode())
+    return DEFAULT_PORTS[digest % len(DEFAULT_PORTS)]
+
+
+def _claim(path: Path) -> bool:
+    """Create `path` for this launch; False when another launch has it already."""
+    try:
+        path.mkdir(parents=True)
+    except FileExistsError:
+        return False
+    except OSError as err:
+        raise ConfigError(f"job_dir={path.parent.parent}: cannot create the run directory {path} "
+                          f"({err.strerror}); set job_dir to a writable shared directory") from None
+    return True
+
+
+def new_run_dir(base: Path, create: bool) -> Path:
+    """`base`, or `base-2`, `base-3`, ... when a launch in the same second took it: created
+    now when submitting (so no later launch takes it too), only named for a dry run."""
+    for attempt in range(1, 100):
+        path = base if attempt == 1 else base.with_name(f"{base.name}-{attempt}")
+        if _claim(path) if create else not path.exists():
+            return path
+    raise ConfigError(f"{base} and {base.name}-2 ... -99 exist; pass run_dir=<a new directory>")
+
+
+def requeue_args(cfg: Any, rest: Sequence[str], run_dir: Path) -> tuple[list[str], str]:
+    """pretrain.py's extra arguments on Slurm, and the line that says what a requeue does: the
+    run directory pinned now (unless the user named one) and `checkpoint.resume=true` (unless
+    the user set `checkpoint.resume` or `checkpoint.load`, which excludes it)."""
+    extra = [] if cfg.run_dir else [f"run_dir={run_dir}"]
+    where = cfg.run_dir or str(run_dir)
+    if cfg.checkpoint.load is not None:
+        return extra, (f"run directory: {where}; a requeued job starts again from "
+                       f"checkpoint.load={cfg.checkpoint.load}")
+    if not any(arg.startswith("checkpoint.resume=") for arg in rest):
+        extra.append("checkpoint.resume=true")
+    elif not cfg.checkpoint.resume:
+        return extra, f"run directory: {where}; a requeued job starts again from step 0"
+    return extra, f"run directory: {where} (a requeued job continues from its newest checkpoint)"
+
+
+def pin_slurm_run(plan: LaunchPlan, args: LaunchArgs, experiment: str,
+                  now: datetime | None = None) -> LaunchPlan:
+    """What a Slurm job fixes at launch so that each requeue continues the same run: the run
+    directory on shared storage, `checkpoint.resume=true` and the rendezvous port (printed)."""
+    now = now or datetime.now(UTC)
+    base = Path(job_dir(args)) / "runs" / f"{plan.cfg.name}-{now:%Y%m%d-%H%M%S}"
+    run_dir = base if plan.cfg.run_dir else new_run_dir(base, create=not args.dry_run)
+    extra, line = requeue_args(plan.cfg, args.rest, run_dir)
+    port = args.rdzv_port or default_rdzv_port(experiment, now)
+    print(line, flush=True)
+    print(rendezvous_line(plan.nodes, port, chosen=args.rdzv_port is not None), flush=True)
+    return dataclasses.replace(plan, script_args=[*plan.script_args, *extra], rdzv_port=port)
+
+
+def rendezvous_line(nodes: int, port: int, chosen: bool) -> str:
+    if nodes == 1:  # NeMo-Run's torchrun then rendezvous on localhost:0, a free port
+        return "rendezvous: one node, torchrun picks a free local port"
+    how = "rdzv_port" if chosen else (
+        f"derived from the experiment name and launch time, {DEFAULT_PORTS[0]}-"
+        f"{DEFAULT_PORTS[-1]}; rdzv_port=N to choose")
+    return f"rendezvous: c10d on port {port} of the job's first node ({how})"
+
+
 def slurm_executor(plan: LaunchPlan, args: LaunchArgs) -> Any:
     """NeMo-Run's Slurm executor: one torchrun per node, this checkout as the job's code."""
     import nemo_run as run
@@ -140,22 +238,33 @@ def slurm_executor(plan: LaunchPlan, args: LaunchArgs) -> Any:
         job_name_prefix="mcore-",
         # The checkout is on the cluster's shared file system: link it, do not archive it.
         packager=run.GitArchivePackager(symlink_from_remote_dir=str(REPO)),
-        # torchrun and python from this environment (on the shared file system too).
-        setup_lines=f'export PATH="{Path(sys.executable).parent}:$PATH"',
+        # Our torchrun agent, then torchrun and python from this environment (on the shared
+        # file system too): NeMo-Run's launch line names `torchrun`, so PATH picks it.
+        setup_lines=f'export PATH="{AGENT_DIR}:{Path(sys.executable).parent}:$PATH"',
     )
-    executor.launcher = run.Torchrun()  # NeMo-Run then asks one task per node
+    # NeMo-Run then asks one task per node; port None: NeMo-Run's default
+    port = {} if plan.rdzv_port is None else {"rdzv_port": plan.rdzv_port}
+    executor.launcher = run.Torchrun(**port)
     executor.retries = args.retries
     return executor
 
 
+def local_path(current: str) -> str:
+    """PATH for the local executor: our torchrun agent first, then this interpreter's bin dir
+    when it is not on PATH yet, then the rest."""
+    parts = [part for part in current.split(os.pathsep) if part and part != str(AGENT_DIR)]
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in parts:
+        parts.insert(0, bin_dir)
+    return os.pathsep.join([str(AGENT_DIR), *parts])
+
+
 def local_executor(plan: LaunchPlan) -> Any:
-    """NeMo-Run's local executor (torchx's local scheduler runs `torchrun` found on PATH: this
-    interpreter's, which need not be on PATH when the script is run as .venv/bin/python)."""
+    """NeMo-Run's local executor (torchx's local scheduler runs `torchrun` found on PATH: our
+    agent, then this interpreter's, which need not be on PATH when run as .venv/bin/python)."""
     import nemo_run as run
 
-    bin_dir = str(Path(sys.executable).parent)
-    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = os.pathsep.join(filter(None, [bin_dir, os.environ.get("PATH")]))
+    os.environ["PATH"] = local_path(os.environ.get("PATH", ""))
     return run.LocalExecutor(ntasks_per_node=plan.gpus_per_node, launcher="torchrun")
 
 
@@ -182,13 +291,21 @@ def rendered_script(experiment: Any) -> str:
 
 def run_launch(argv: Sequence[str]) -> int:
     """The whole launch command; every user mistake is a ConfigError (one line, exit 2)."""
-    args = parse_launch_args(argv)
+    return launch_parsed(parse_launch_args(argv))
+
+
+def launch_parsed(args: LaunchArgs) -> int:
+    """Check, place and submit (or render, or run here) one launch; the scaling harness
+    submits each of its sizes through this too (trainer/scaling_sweep.py)."""
     plan = plan_launch(args)
     _require_nemo_run()
     import nemo_run as run
 
+    experiment_name = f"mcore-{plan.cfg.name}"
+    if args.executor == "slurm":
+        plan = pin_slurm_run(plan, args, experiment_name)
     executor, task = build_task(plan, args)
-    with run.Experiment(f"mcore-{plan.cfg.name}", executor=executor, log_level="WARN",
+    with run.Experiment(experiment_name, executor=executor, log_level="WARN",
                         base_dir=job_dir(args)) as experiment:
         experiment.add(task, name="pretrain")
         if args.dry_run:

@@ -41,11 +41,15 @@ def parallel_sizes(layout: Layout) -> dict[str, int | None]:
     }
 
 
-def initialize_parallel_state(layout: Layout, *, create_gloo_groups: bool = True) -> None:
+def initialize_parallel_state(layout: Layout, *, create_gloo_groups: bool = True,
+                              timeout_minutes: int = 30) -> None:
     """Create Megatron's TP/PP/CP/EP/DP process groups for this layout (default PG must exist);
-    rank order is Megatron's default, the one `Layout.groups` reproduces."""
+    rank order is Megatron's default, the one `Layout.groups` reproduces. `timeout_minutes`
+    bounds a collective in these groups (`train.distributed_timeout_minutes`; Megatron's own
+    default is 30)."""
     parallel_state.initialize_model_parallel(
-        **parallel_sizes(layout), create_gloo_process_groups=create_gloo_groups
+        **parallel_sizes(layout), create_gloo_process_groups=create_gloo_groups,
+        distributed_timeout_minutes=timeout_minutes,
     )
 
 

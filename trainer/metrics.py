@@ -64,9 +64,13 @@ def max_over_world(values: list[float]) -> list[float]:
 
 
 def format_speed(metrics: StepMetrics) -> str:
-    """Model TFLOP/s per GPU and MFU ('MFU ?' when the run names no peak)."""
+    """Model TFLOP/s per GPU and MFU ('MFU ?' when the run names no peak), and the busiest
+    rank's peak memory where the step measured it."""
     mfu = "?" if metrics.mfu is None else f"{metrics.mfu:.1%}"
-    return f"{metrics.model_tflops_per_gpu:.3g} TFLOP/s/GPU | MFU {mfu}"
+    text = f"{metrics.model_tflops_per_gpu:.3g} TFLOP/s/GPU | MFU {mfu}"
+    if metrics.memory_gib is not None:
+        text += f" | peak mem {metrics.memory_gib:.2f} GiB"
+    return text
 
 
 def format_breakdown(metrics: StepMetrics) -> str:

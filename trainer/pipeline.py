@@ -6,8 +6,10 @@
 A script is a `Command`: its help text, its own `key=value` options and what one rank does.
 Every user mistake anywhere in the pipeline or on a rank is a `ConfigError` turned into one
 line, `error: <what and how to fix>`, and exit code 2, here and only here; a non-finite
-loss is exit code 3. The parent process imports no torch until the configuration is known to
-be valid, so a mistake or a wrong machine is refused in about a second.
+loss is exit code 3; a collective that failed because another rank left is one line naming
+that rank and exit code 1 (trainer/agent.py). The parent process imports no torch until the
+configuration is known to be valid, so a mistake or a wrong machine is refused in about a
+second.
 """
 
 from __future__ import annotations
@@ -153,16 +155,31 @@ def preflight(cfg: RunConfig, machine) -> None:
 
 
 def run_as_rank(command: Command, cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> int:
-    """This process is one rank: run the command, then tear the process groups down."""
+    """This process is one rank: run the command, then tear the process groups down.
+
+    Any other failure is reported to the run's store first (trainer/agent.py): a collective
+    that failed because another rank left ends in one line naming that rank and exit code 1;
+    this rank's own failure keeps its traceback, and its reason reaches the other ranks."""
+    from trainer.agent import report_failure
     from trainer.loop import NonFiniteError
 
+    peer_lost = False
     try:
         return command.run_rank(cfg, run_dir, options)
     except NonFiniteError as error:
         _print_once(f"error: {error}")
         return EXIT_NONFINITE
+    except UserError:
+        raise
+    except Exception as error:
+        code = report_failure(error)
+        if code is None:
+            raise
+        peer_lost = True
+        return code
     finally:
-        _shutdown()
+        if not peer_lost:  # tearing groups down with a rank gone can block (NCCL): just exit
+            _shutdown()
 
 
 def run_pipeline(command: Command, argv: Sequence[str]) -> int:

@@ -1,7 +1,7 @@
 """Scaling harness: one recipe at several world sizes, and whether more GPUs paid off.
 
-Each size is an ordinary `scripts/pretrain.py` run (so local ranks start through torch's
-launcher exactly as a user's run does); the harness reads each run's `metrics.jsonl` and writes
+Each size is an ordinary `scripts/pretrain.py` run, here or as a cluster job (running them:
+`trainer/scaling_sweep.py`); the harness reads each run's `metrics.jsonl` and writes
 a report: a table, JSON and PNG plots. Weak scaling keeps the per-replica batch and grows the
 global batch with DP; strong scaling keeps the global batch and lets accumulation shrink. Two
 sizes are compared only when their training conditions match (equal GPU counts are not equal
@@ -14,26 +14,21 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from plugins.protocol import PROFILE_STEPS, WARMUP_STEPS
 from recipes.config.errors import ConfigError
 from recipes.throughput import (
-    PROFILE_STEPS,
-    WARMUP_STEPS,
     gpu_hours_for_tokens,
     hours_for_tokens,
     model_flops_utilisation,
     scaling_efficiency,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 MIN_STEPS = WARMUP_STEPS + 2 * PROFILE_STEPS  # warm-up, profiled window, as many measured
 MODES = ("weak", "strong")
 
@@ -48,6 +43,7 @@ class ScalingOptions:
     cluster: str | None = None  # conf/cluster/*.yaml whose peak gives MFU; None: MFU unknown
     token_budget: float = 1e9  # tokens the time and GPU-hours columns are stated for
     out: str | None = None  # report directory; default runs/scaling-<recipe>-<mode>-<time>
+    report: str | None = None  # write the report of a finished sweep directory (cluster jobs)
 
 
 def _positive_int(key: str, value: Any) -> int:
@@ -154,6 +150,7 @@ def plan_points(cfg: Any, options: ScalingOptions, report_dir: Path) -> list[Poi
             "scheduler.warmup_iters=1", "checkpoint.save=false", "train.eval_iters=0",
             "train.eval_interval=0",
             "logging.progress_bar=false", f"logging.log_interval={options.steps}",
+            "logging.exposed_comm=true",  # the profiled window: exposed communication
             f"run_dir={report_dir / f'G{gpus}'}",
         )
         microbatches = batch // (cfg.train.micro_batch_size * dp)
@@ -175,13 +172,34 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def read_point(run_dir: Path, cfg: Any, point: Point, peak: float | None) -> dict:
-    """One size's figures from its run: throughput, speed, conditions and step breakdown."""
+def _stage_compute(train: list[dict]) -> list[float] | None:
+    """Each pipeline stage's compute seconds per step, averaged over the profiled steps."""
+    rows = [r["stage_compute_s"] for r in train if r.get("stage_compute_s")]
+    return [sum(column) / len(rows) for column in zip(*rows, strict=True)] if rows else None
+
+
+def _memory(train: list[dict], cfg: Any, model_state_gib: float | None) -> dict:
+    """The busiest rank's peak memory over the run, against the accelerator's capacity, and
+    the planner's model-state share of a rank (what is held before any activation)."""
+    peaks = [r["memory_gib"] for r in train if r.get("memory_gib") is not None]
+    return {"memory_gib": max(peaks) if peaks else None,
+            "memory_capacity_gib": cfg.cluster.gpu_memory_gib,
+            "model_state_gib": model_state_gib}
+
+
+def read_point(run_dir: Path, cfg: Any, point: Point, peak: float | None,
+               model_state_gib: float | None = None) -> dict:
+    """One size's figures from its run: throughput, speed, conditions, step breakdown,
+    memory, each pipeline stage's compute and the MoE routers' imbalance where present."""
     train, summary = _records(run_dir)
     measured = [r for r in train if r.get("measured", True)] or train
     step = _mean([r["step_time_s"] for r in measured])
     tflops = summary["model_tflops_per_gpu"]
     return {
+        **_memory(train, cfg, model_state_gib),
+        "stage_compute_s": _stage_compute(train),
+        "moe_imbalance": _mean([r["extra"]["moe_imbalance"] for r in measured
+                                if "moe_imbalance" in r.get("extra", {})]),
         "gpus": point.gpus,
         "layout": summary["layout"],
         "backend": summary["backend"],
@@ -253,6 +271,10 @@ DATA_WAIT_SHARE = 0.10
 COMM_SHARE = 0.20
 COMM_GROWTH = 0.05  # exposed-comm share this much above the smallest size's
 OPTIMIZER_SHARE = 0.25
+MEMORY_SHARE = 0.90  # peak memory of the busiest rank over the accelerator's capacity
+MODEL_STATE_SHARE = 0.50  # ... of which weights, grads and optimizer state (before activations)
+STAGE_IMBALANCE = 1.25  # busiest pipeline stage's compute over the stages' mean
+EXPERT_IMBALANCE = 1.50  # busiest expert's tokens over the mean (MoE routers)
 
 CHANGES = {
     "data wait": "more data-loader workers and prefetching the next batches while the step "
@@ -264,6 +286,16 @@ CHANGES = {
                         "updates only its share",
     "compute": "nothing is waiting: raise the micro-batch if memory allows, or compare MFU "
                "with the accelerator's peak",
+    "memory (model state)": "shard weights, gradients and optimizer state before activations "
+                            "arrive: optimizer.distributed=true, more TP or PP, or offload",
+    "memory (activations)": "smaller micro-batches with more accumulation, activation "
+                            "recompute (train.recompute=selective|full), SP/CP for long sequences",
+    "busy stage": "rebalance the pipeline: move layers off the busy stage "
+                  "(parallel.first_stage_layers / parallel.last_stage_layers; the first stage "
+                  "also holds the embedding, the last the output layer and loss) or interleave "
+                  "(parallel.virtual_pipeline)",
+    "busy expert": "balance the routers: raise model.moe_aux_loss_coeff (load-balancing loss) "
+                   "and check the router's token counts per expert again",
 }
 
 
@@ -277,8 +309,43 @@ def _shares(point: dict) -> dict[str, float]:
             "compute": max(0.0, fwd_bwd - comm)}
 
 
-def diagnose(point: dict, base: dict) -> dict:
-    """The dominant bottleneck of one size, the change to try and the figure behind it."""
+def memory_finding(point: dict) -> tuple[str, str] | None:
+    """(cause, evidence) when the busiest rank's peak nears the accelerator's capacity: model
+    state when the planner puts weights, grads and optimizer state at half of it or more."""
+    peak, capacity = point.get("memory_gib"), point.get("memory_capacity_gib")
+    if peak is None or not capacity or peak < MEMORY_SHARE * capacity:
+        return None
+    state = point.get("model_state_gib")
+    kind = "model state" if state and state >= MODEL_STATE_SHARE * capacity else "activations"
+    held = f"; model state {state:.1f} GiB" if state else ""
+    return (f"memory ({kind})",
+            f"peak {peak:.1f} GiB of {capacity:.1f} GiB ({peak / capacity:.0%}){held}")
+
+
+def stage_finding(point: dict) -> tuple[str, str] | None:
+    """(cause, evidence) when one pipeline stage computes much longer than the others."""
+    stages = point.get("stage_compute_s") or []
+    if len(stages) < 2 or not sum(stages):
+        return None
+    mean = sum(stages) / len(stages)
+    busiest = max(range(len(stages)), key=stages.__getitem__)
+    if stages[busiest] < STAGE_IMBALANCE * mean:
+        return None
+    return ("busy stage", f"stage {busiest} computes {stages[busiest]:.3g} s per step vs "
+                          f"{mean:.3g} s mean over {len(stages)} stages "
+                          f"({stages[busiest] / mean:.2f}x)")
+
+
+def expert_finding(point: dict) -> tuple[str, str] | None:
+    """(cause, evidence) when the routers send one expert far more tokens than the mean."""
+    imbalance = point.get("moe_imbalance")
+    if imbalance is None or imbalance < EXPERT_IMBALANCE:
+        return None
+    return ("busy expert", f"busiest expert {imbalance:.2f}x the mean tokens per expert")
+
+
+def _time_cause(point: dict, base: dict) -> tuple[str, str, dict[str, float]]:
+    """The phase that dominates the step's time (compute when nothing waits)."""
     shares, base_comm = _shares(point), _shares(base)["exposed communication"]
     triggered = []
     if shares["data wait"] >= DATA_WAIT_SHARE:
@@ -292,7 +359,23 @@ def diagnose(point: dict, base: dict) -> dict:
     evidence = f"{cause} {shares[cause]:.0%} of the step"
     if cause == "exposed communication" and point is not base:
         evidence += f" (vs {base_comm:.0%} at {base['gpus']} ranks)"
-    return {"bottleneck": cause, "evidence": evidence, "change": CHANGES[cause],
+    return cause, evidence, shares
+
+
+def diagnose(point: dict, base: dict) -> dict:
+    """The dominant bottleneck of one size, the change to try and the figure behind it.
+
+    Memory near capacity comes first (nothing else can be tried until the run fits with room);
+    then the phase that dominates the step's time. A busy pipeline stage or expert is named
+    beside it (`also`), each with its own figure and change.
+    """
+    cause, evidence, shares = _time_cause(point, base)
+    findings = [f for f in (memory_finding(point), stage_finding(point), expert_finding(point))
+                if f is not None]
+    if findings and findings[0][0].startswith("memory"):
+        (cause, evidence), findings = findings[0], findings[1:]
+    also = [{"bottleneck": c, "evidence": e, "change": CHANGES[c]} for c, e in findings]
+    return {"bottleneck": cause, "evidence": evidence, "change": CHANGES[cause], "also": also,
             "shares": {name: round(value, 4) for name, value in shares.items()}}
 
 
@@ -324,6 +407,9 @@ def format_table(report: dict) -> str:
     for p in report["points"]:
         d = p["diagnosis"]
         lines.append(f"{p['gpus']} ranks: {d['bottleneck']} ({d['evidence']}) -> {d['change']}")
+        for extra in d.get("also", []):
+            lines.append(f"  also {extra['bottleneck']} ({extra['evidence']}) -> "
+                         f"{extra['change']}")
         if "caveat" in d:
             lines.append(f"  caveat: {d['caveat']}")
         if p["not_comparable"]:
@@ -407,83 +493,3 @@ def build_report(cfg: Any, options: ScalingOptions, points: list[dict]) -> dict:
         "notes": _notes(cfg, options, points),
         "points": points,
     }
-
-
-# --- running the sweep ------------------------------------------------------------------------
-
-def _run_point(base_config: Path, point: Point, log: Path) -> None:
-    """One size as an ordinary pretrain run; its output goes to `log`."""
-    command = [sys.executable, str(ROOT / "scripts" / "pretrain.py"),
-               f"config={base_config}", *point.overrides]
-    with log.open("w") as handle:
-        code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT,
-                              cwd=ROOT).returncode
-    if code:
-        tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
-        raise ScalingRunFailed(f"the {point.gpus}-rank run failed (exit {code}): "
-                               f"{tail[0] if tail else 'no output'}; full output in {log}")
-
-
-class ScalingRunFailed(ConfigError):
-    """A size's run exited non-zero; the message names the size, its last line and its log."""
-
-
-def _check_points(base_config: Path, points: list[Point]) -> None:
-    """Every size's config is valid before the first run starts (one line if not)."""
-    from recipes.config.resolve import resolve_config
-
-    for point in points:
-        resolve_config([f"config={base_config}",
-                        *(o for o in point.overrides if not o.startswith("run_dir="))],
-                       check_paths=False)
-
-
-def _report_dir(cfg: Any, options: ScalingOptions) -> Path:
-    if options.out:
-        return Path(options.out).resolve()
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return (Path(cfg.output_dir) / f"scaling-{cfg.name}-{options.mode}-{stamp}").resolve()
-
-
-def run_scaling(argv: list[str]) -> int:
-    """The whole sweep: check every size, run each, write and print the report."""
-    from recipes.config.io import save_config
-    from recipes.config.resolve import resolve_config
-    from recipes.plan.cluster import load_cluster
-
-    options, rest = parse_scaling_args(list(argv))
-    cfg = resolve_config(rest, check_paths=False)
-    peak = load_cluster(options.cluster).peak_tflops.get(cfg.precision.dtype) \
-        if options.cluster else None
-    report_dir = _report_dir(cfg, options)
-    base_config = save_config(cfg, report_dir / "base_config.yaml")
-    points = plan_points(cfg, options, report_dir)
-    _check_points(base_config, points)
-    results = []
-    for point in points:
-        print(f"scaling: {point.gpus} ranks (DP{point.data_parallel}, global batch "
-              f"{point.global_batch}, {point.microbatches} micro-batches per replica)",
-              flush=True)
-        _run_point(base_config, point, report_dir / f"G{point.gpus}.log")
-        results.append(read_point(report_dir / f"G{point.gpus}", cfg, point, peak))
-    report = build_report(cfg, options, results)
-    (report_dir / "report.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
-    write_plots(report, report_dir)
-    table = format_table(report)
-    (report_dir / "report.txt").write_text(table + "\n", encoding="utf-8")
-    print(table)
-    print(f"report: {report_dir} (report.txt, report.json, throughput.png, efficiency.png)")
-    return 0
-
-
-def _no_ranks(cfg: Any, run_dir: Path, options: dict[str, int]) -> int:
-    raise RuntimeError("scripts/scaling.py starts its runs through scripts/pretrain.py")
-
-
-def scaling_command():
-    """The `Command` of scripts/scaling.py: local (it starts pretrain runs, not ranks)."""
-    from trainer.commands import _script_help
-    from trainer.pipeline import Command
-
-    return Command(script=ROOT / "scripts" / "scaling.py", help=_script_help("scaling.py"),
-                   run_rank=_no_ranks, local=run_scaling)

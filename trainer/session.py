@@ -86,10 +86,12 @@ def start_runtime(cfg: RunConfig) -> tuple[PluginSet, RuntimeContext]:
     if runtime.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(
-            backend=runtime.backend, timeout=timedelta(minutes=10)
+        torch.distributed.init_process_group(  # how long a collective waits for a lost rank
+            backend=runtime.backend,
+            timeout=timedelta(minutes=cfg.train.distributed_timeout_minutes),
         )
-    initialize_parallel_state(cfg.layout)
+    initialize_parallel_state(
+        cfg.layout, timeout_minutes=cfg.train.distributed_timeout_minutes)
     return plugins, runtime
 
 

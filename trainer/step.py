@@ -11,6 +11,7 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
+from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from plugins.protocol import EvalResult, PluginSet, StepMetrics
@@ -18,7 +19,13 @@ from recipes.throughput import is_measured, model_flops_utilisation, step_flops,
 from trainer.data import MicroBatch
 from trainer.device import to_compute_device
 from trainer.metrics import max_over_world, reduce_loss_over_world, reduce_step_over_world
-from trainer.throughput import StepClock, run_peak_tflops, start_profiler, stop_profiler
+from trainer.throughput import (
+    StepClock,
+    peak_memory_gib,
+    run_peak_tflops,
+    start_profiler,
+    stop_profiler,
+)
 
 
 def masked_token_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
@@ -104,7 +111,7 @@ def train_step(session) -> StepMetrics:
     index, steps_in_process = session.state.step - session.start_step, (
         cfg.train.train_iters - session.start_step)
     torch.distributed.barrier()
-    profiler = start_profiler(index, steps_in_process)
+    profiler = start_profiler(index, steps_in_process, cfg.logging.exposed_comm)
     start, clock = time.perf_counter(), StepClock()
     session.mid_step = True  # until the update is applied: no checkpoint may be taken
     # Named ranges for the profiler plugin's trace (plugins/profiler/plugin.py).
@@ -122,10 +129,8 @@ def train_step(session) -> StepMetrics:
     loss, tokens, phases = reduce_step_over_world(reports, clock.seconds())
     session.state.advance(cfg.train.global_batch_size, tokens)
     session.mid_step = False
-    step_time = time.perf_counter() - start
-    exposed = None
-    if profiler is not None:  # exposed time and step time of the slowest rank, as one share
-        exposed, step_time = max_over_world([stop_profiler(profiler), step_time])
+    slowest = slowest_rank_figures(session, profiler, time.perf_counter() - start)
+    step_time = slowest["step_time_s"]
     tflops = tflops_per_gpu(step_flops(cfg), step_time, torch.distributed.get_world_size())
     return StepMetrics(
         step=session.state.step,
@@ -138,11 +143,43 @@ def train_step(session) -> StepMetrics:
         data_wait_s=phases[0],
         forward_backward_s=phases[1],
         optimizer_s=phases[2],
-        exposed_comm_s=exposed,
+        exposed_comm_s=slowest.get("exposed_comm_s"),
         model_tflops_per_gpu=tflops,
         mfu=model_flops_utilisation(tflops, run_peak_tflops(cfg)),
-        measured=is_measured(index, steps_in_process),
+        measured=is_measured(index, steps_in_process, exposed_comm=cfg.logging.exposed_comm),
+        memory_gib=slowest.get("memory_gib"),
+        stage_compute_s=slowest.get("stage_compute_s"),
     )
+
+
+def _memory_due(session) -> bool:
+    """Peak memory is gathered on the steps the log line shows (and the last)."""
+    step, cfg = session.state.step, session.cfg
+    return step % max(1, cfg.logging.log_interval) == 0 or step == cfg.train.train_iters
+
+
+def slowest_rank_figures(session, profiler, step_time: float) -> dict:
+    """The step's figures that are a maximum over ranks, in one MAX all-reduce and only on the
+    steps that need one: on profiled steps the slowest rank's exposed communication and step
+    time (kept together as one share) and each pipeline stage's compute seconds; on logged
+    steps the busiest rank's peak memory. Otherwise this rank's own step time."""
+    stages, memory = session.cfg.layout.pipeline, _memory_due(session)
+    values = []
+    if profiler is not None:
+        exposed, computed = stop_profiler(profiler)
+        per_stage = [0.0] * stages
+        per_stage[parallel_state.get_pipeline_model_parallel_rank()] = computed
+        values += [exposed, step_time, *per_stage]
+    if memory:
+        values.append(peak_memory_gib())
+    maxima = max_over_world(values) if values else []
+    figures: dict = {"step_time_s": step_time}
+    if profiler is not None:
+        figures.update(exposed_comm_s=maxima[0], step_time_s=maxima[1],
+                       stage_compute_s=maxima[2:2 + stages])
+    if memory:
+        figures["memory_gib"] = maxima[-1]
+    return figures
 
 
 def evaluate(session) -> EvalResult:

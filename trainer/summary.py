@@ -53,14 +53,17 @@ def speed_summary(cfg, history: RunHistory) -> dict:
     profiler window: sum of tokens over sum of seconds), model TFLOP/s per GPU at that speed
     and MFU (None without a peak)."""
     steps = history.step_times
-    measured = [step for index, step in enumerate(steps) if is_measured(index, len(steps))]
+    profiling = cfg.logging.exposed_comm
+    measured = [step for index, step in enumerate(steps)
+                if is_measured(index, len(steps), exposed_comm=profiling)]
     kept = measured or steps
     seconds = sum(t for t, _ in kept)
     world = cfg.layout.world_size
     tflops = tflops_per_gpu(step_flops(cfg) * len(kept), seconds, world)
     peak = run_peak_tflops(cfg)
     return {
-        "effective_tokens_per_s": measured_throughput(steps) if steps else 0.0,
+        "effective_tokens_per_s": (measured_throughput(steps, exposed_comm=profiling)
+                                   if steps else 0.0),
         "measured_steps": len(measured),
         "model_tflops_per_gpu": tflops,
         "peak_tflops": peak,

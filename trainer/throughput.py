@@ -4,7 +4,7 @@ A step's phases (data wait, forward-backward, optimizer) are marked with `perf_c
 and with CUDA events on GPU (kernels run asynchronously: host time alone would move work
 between phases), read once the step's loss reduction has synchronised the device. Exposed
 communication needs a profiler, which is too costly for every step: it runs only on the steps
-`recipes.throughput.profiled_steps` names, which throughput then leaves out. The definitions
+`plugins.protocol.profiled_steps` names, which throughput then leaves out. The definitions
 themselves live in the torch-free `recipes/throughput.py`.
 """
 
@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from recipes.throughput import exposed_time, profiled_steps, union_of
+from plugins.protocol import profiled_steps
+from recipes.throughput import exposed_time, union_of
 
 PHASES = ("data_wait", "forward_backward", "optimizer")
 # Profiler event names of collectives and point-to-point transfers (gloo, NCCL, c10d wrappers).
@@ -53,9 +54,10 @@ class StepClock:
         return [b - a for a, b in pairwise(self.marks)]
 
 
-def start_profiler(index: int, steps_in_process: int):
-    """A running torch profiler when step `index` is in the profiler window, else None."""
-    if index not in profiled_steps(steps_in_process):
+def start_profiler(index: int, steps_in_process: int, exposed_comm: bool):
+    """A running torch profiler when step `index` is in the profiler window (only when the run
+    measures exposed communication: `logging.exposed_comm`), else None."""
+    if index not in profiled_steps(steps_in_process, exposed_comm=exposed_comm):
         return None
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
@@ -121,12 +123,24 @@ def comm_and_compute(events: Iterable[Any], on_gpu: bool) -> tuple[list, list]:
     return [_interval(e) for e in comm_events], compute
 
 
-def stop_profiler(profiler) -> float:
-    """Seconds of this rank's communication not hidden behind its compute, in the window."""
+def stop_profiler(profiler) -> tuple[float, float]:
+    """(seconds of this rank's communication not hidden behind its compute, seconds this rank
+    computed), in the window."""
     with _native_stderr_silenced():
         profiler.stop()
     comm, compute = comm_and_compute(profiler.events(), torch.cuda.is_available())
-    return exposed_time(comm, compute)
+    return exposed_time(comm, compute), sum(end - start for start, end in union_of(compute))
+
+
+def peak_memory_gib() -> float:
+    """This rank's peak memory so far: device memory allocated on GPU (what the caching
+    allocator handed out, as `torch.cuda.max_memory_allocated` counts it), else the process's
+    peak resident set (`ru_maxrss`, KiB on Linux)."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def run_peak_tflops(cfg: Any) -> float | None:

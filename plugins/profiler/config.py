@@ -13,17 +13,20 @@ from typing import Any
 from plugins.protocol import Plugin, PluginConfig, Rule, profiled_steps
 
 
-def trainer_profiled_steps(start_step: int, total_steps: int) -> set[int]:
+def trainer_profiled_steps(start_step: int, total_steps: int, exposed_comm: bool) -> set[int]:
     """Step numbers the trainer itself runs under torch.profiler to measure exposed
-    communication (`profiled_steps` in plugins/protocol.py). torch allows one profiler at a
-    time: a second one started inside the first leaves the first with no events, so the window
-    must avoid them."""
-    return {start_step + 1 + index for index in profiled_steps(total_steps - start_step)}
+    communication when the run asks for it (`logging.exposed_comm`; `profiled_steps` in
+    plugins/protocol.py). torch allows one profiler at a time: a second one started inside the
+    first leaves the first with no events, so the window must avoid them."""
+    return {start_step + 1 + index
+            for index in profiled_steps(total_steps - start_step, exposed_comm=exposed_comm)}
 
 
-def window_clash(first: int, last: int, start_step: int, total_steps: int) -> list[int]:
+def window_clash(first: int, last: int, start_step: int, total_steps: int,
+                 exposed_comm: bool) -> list[int]:
     """The trainer's own profiled steps inside the window first..last, in order."""
-    return sorted(s for s in trainer_profiled_steps(start_step, total_steps) if first <= s <= last)
+    return sorted(s for s in trainer_profiled_steps(start_step, total_steps, exposed_comm)
+                  if first <= s <= last)
 
 
 def check_profiler_window(cfg: Any) -> str | None:
@@ -38,13 +41,14 @@ def check_profiler_window(cfg: Any) -> str | None:
     if last > total:
         return (f"plugins.profiler.start_step={p.start_step} with steps={p.steps} profiles up to "
                 f"step {last}, past train.train_iters={total}; lower plugins.profiler.start_step")
-    clash = window_clash(p.start_step, last, 0, total)
+    exposed = cfg.logging.exposed_comm
+    clash = window_clash(p.start_step, last, 0, total, exposed)
     if clash:
-        after = max(trainer_profiled_steps(0, total)) + 1
+        after = max(trainer_profiled_steps(0, total, exposed)) + 1
         return (f"plugins.profiler.start_step={p.start_step} with steps={p.steps} overlaps steps "
                 f"{clash[0]}-{clash[-1]}, which the trainer profiles itself to measure exposed "
-                f"communication (torch runs one profiler at a time); set "
-                f"plugins.profiler.start_step={after} or later")
+                f"communication (logging.exposed_comm=true; torch runs one profiler at a time); "
+                f"set plugins.profiler.start_step={after} or later, or logging.exposed_comm=false")
     return None
 
 
@@ -54,8 +58,8 @@ class ProfilerConfig(PluginConfig):
     available), one Chrome trace per profiled rank in `<run dir>/profile/`."""
 
     enabled: bool = False  # off by default: nothing is built, nothing runs
-    start_step: int = 5  # first profiled step (1-based; after warm-up and the trainer's
-    # own profiled steps 2-3)
+    start_step: int = 5  # first profiled step (1-based; after warm-up, and after steps 2-3
+    # that the trainer profiles itself with logging.exposed_comm=true)
     steps: int = 2  # steps in the window
     all_ranks: bool = False  # trace every rank, not only rank 0
     record_shapes: bool = False  # input shapes of each operator (larger trace)

@@ -43,7 +43,8 @@ class ProfilerPlugin(Plugin):
             return
         if start.start_step >= self.first:  # resumed past the window: nothing to trace
             return
-        clash = window_clash(self.first, self.last, start.start_step, start.total_steps)
+        clash = window_clash(self.first, self.last, start.start_step, start.total_steps,
+                             start.config.logging.exposed_comm)
         if clash:  # a resumed run moves the trainer's own profiled steps
             print(f"profiler: steps {self.first}-{self.last} overlap steps {clash} that the "
                   "trainer profiles itself; no trace (move plugins.profiler.start_step)",

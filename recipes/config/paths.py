@@ -13,16 +13,26 @@ A save is written under `step_NNNNNNN.tmp-<token>` and renamed only once every r
 a crash leaves at most a `.tmp-` directory (ignored here) or a `latest` naming a directory that is
 gone; the root then resumes from its newest complete step (`newest_checkpoint`), and only a root
 with no complete step at all is an error, raised here before any rank starts.
+
+`checkpoint.resume=true` (what a requeued Slurm job runs with) is resolved here as well, first:
+it becomes `checkpoint.load=<run_dir>/checkpoints` when that root holds a complete step, or a
+fresh start, said in one line, when it does not (a first attempt, or one that stopped before its
+first save). `validate_paths` is the first step of every entry point that reads the filesystem,
+in the launching process and on each rank of an outside launch, so a resume then meets every
+check and pre-flight a `checkpoint.load` meets, and the ranks and the run's `config.yaml` see a
+plain `checkpoint.load`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 from recipes.config.blend import load_blend
 from recipes.config.errors import ConfigError
+from recipes.config.io import CONFIG_FILENAME
 from recipes.config.saved_run import damaged_file, incompatibility, read_manifest, resume_notes
 from recipes.config.schema import RunConfig
 
@@ -264,10 +274,52 @@ PATH_RULES: tuple[PathRule, ...] = (
 )
 
 
-def validate_paths(cfg: RunConfig) -> None:
-    """Raise `ConfigError` with the first path problem (none for a dry run, which uses no files)."""
+def _fresh_start_note(cfg: RunConfig, run_dir: Path) -> str:
+    if (run_dir / CONFIG_FILENAME).is_file():
+        return (f"run_dir={cfg.run_dir} has a {CONFIG_FILENAME} but no complete checkpoint in "
+                f"{run_dir / RUN_CHECKPOINTS} (the last start stopped before its first save); "
+                "starting again from step 0")
+    return f"run_dir={cfg.run_dir} holds no checkpoint yet; starting from step 0"
+
+
+def resolve_resume(cfg: RunConfig) -> tuple[RunConfig, str | None]:
+    """`checkpoint.resume=true` as what it means for this start: `checkpoint.load=<run_dir>/
+    checkpoints` when that root holds a complete step (Megatron-LM's `--load` = `--save`), else
+    a fresh start and the line that says so. The result has `resume` off, so it is a plain
+    config to every later check, to the ranks and in the run's config.yaml. Returned unchanged
+    when resume is off or a rule about it is broken (that rule's message comes first)."""
+    checkpoint = cfg.checkpoint
+    if not checkpoint.resume or checkpoint.load is not None or not cfg.run_dir:
+        return cfg, None
+    if check_run_dir(cfg) is not None:
+        return cfg, None
+    run_dir = Path(cfg.run_dir).resolve()
+    root = run_dir / RUN_CHECKPOINTS
+    if root.is_dir() and newest_checkpoint(root) is not None:
+        resumed = dataclasses.replace(checkpoint, resume=False, load=str(root))
+        return dataclasses.replace(cfg, checkpoint=resumed), None
+    fresh = dataclasses.replace(checkpoint, resume=False)
+    return dataclasses.replace(cfg, checkpoint=fresh), _fresh_start_note(cfg, run_dir)
+
+
+def apply_resume(cfg: RunConfig) -> None:
+    """Resolve `checkpoint.resume` in `cfg` itself (the entry pipeline's object, so the path
+    checks, the pre-flight and the ranks after this see the result); the fresh-start line is
+    printed once, by the launching process or rank 0."""
+    resolved, note = resolve_resume(cfg)
+    cfg.checkpoint = resolved.checkpoint
+    if note and os.environ.get("RANK", "0") == "0":
+        print(f"resume: {note}", flush=True)
+
+
+def validate_paths(cfg: RunConfig, *, resume: bool = True) -> None:
+    """Raise `ConfigError` with the first path problem (none for a dry run, which uses no files).
+    First resolves `checkpoint.resume` in place (`apply_resume`) unless `resume=False` (a
+    launcher on a login node: the job resolves it when it starts)."""
     if cfg.dry_run:
         return
+    if resume:
+        apply_resume(cfg)
     for rule in PATH_RULES:
         message = rule(cfg)
         if message:

@@ -95,6 +95,9 @@ class TrainConfig:
     recompute: Literal["none", "full", "selective"] = "none"  # activation recomputation
     recompute_num_layers: int = 1  # layers per recompute block (full recompute)
     exit_on_nonfinite: bool = True  # stop with one line when loss or grad norm is NaN/inf
+    # Collective timeout (Megatron-LM's --distributed-timeout-minutes): how long a rank waits
+    # in a collective for a rank that died or hangs before it stops.
+    distributed_timeout_minutes: int = 10
 
 
 @dataclass(kw_only=True)
@@ -219,6 +222,9 @@ class CheckpointConfig:
     save: bool = True  # write a checkpoint at the end of the run
     save_interval: int = 0  # steps between checkpoints (0 = only at the end)
     load: str | None = None  # checkpoint directory to start from
+    # Continue from the newest complete checkpoint in <run_dir>/checkpoints when there is one,
+    # else start fresh (a requeued job resumes its run). Needs run_dir; not with `load`.
+    resume: bool = False
     load_model_only: bool = False  # load weights only (fresh optimizer and step 0)
     optimizer_format: Literal["fully_reshardable", "dp_reshardable"] = "fully_reshardable"
     keep_last: int | None = None  # keep the newest N saved steps (+ the resumed-from); None: all
@@ -234,6 +240,10 @@ class LoggingConfig:
     log_interval: int = 10  # steps between log lines
     progress_bar: bool = True  # rich progress bar on rank 0
     metrics_file: bool = True  # write metrics.jsonl in the run directory
+    # Run the 2 steps after warm-up under torch.profiler to measure communication not hidden
+    # behind compute (left out of tokens/s). Off by default: starting a profiler costs seconds
+    # on CPU; the scaling harness turns it on.
+    exposed_comm: bool = False
 
 
 @dataclass(kw_only=True)

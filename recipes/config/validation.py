@@ -458,12 +458,42 @@ def check_checkpoint_load(cfg: RunConfig) -> str | None:
         )
 
 
+def check_resume_needs_run_dir(cfg: RunConfig) -> str | None:
+    """`checkpoint.resume` continues the run in its own directory, so that directory must be
+    named: a made-up `<output_dir>/<name>-<time>` is new on every start and holds nothing."""
+    if cfg.checkpoint.resume and cfg.run_dir is None:
+        return ("checkpoint.resume=true needs an explicit run_dir (it continues the run saved "
+                "there); set run_dir=<run directory>, e.g. run_dir=runs/my-run, or "
+                "checkpoint.resume=false")
+    return None
+
+
+def check_resume_or_load(cfg: RunConfig) -> str | None:
+    """`checkpoint.resume` and `checkpoint.load` each say where the run starts from."""
+    load = cfg.checkpoint.load
+    if cfg.checkpoint.resume and load is not None:
+        return (f"checkpoint.resume=true and checkpoint.load={load} both say where to start; "
+                "keep one: checkpoint.load=null to continue this run_dir's own checkpoints, or "
+                "checkpoint.resume=false to start from checkpoint.load")
+    return None
+
+
 def check_keep_last(cfg: RunConfig) -> str | None:
     """Rotation keeps the newest `keep_last` steps; keeping none would delete every save."""
     keep = cfg.checkpoint.keep_last
     if keep is not None and keep < 1:
         return (f"checkpoint.keep_last={keep} must be at least 1; set checkpoint.keep_last=1 or "
                 "more, or checkpoint.keep_last=null to keep every checkpoint")
+    return None
+
+
+def check_distributed_timeout(cfg: RunConfig) -> str | None:
+    """A collective timeout of zero minutes or less would fail the first collective (or never
+    time out); torch needs a positive one."""
+    minutes = cfg.train.distributed_timeout_minutes
+    if minutes <= 0:
+        return (f"train.distributed_timeout_minutes={minutes} must be at least 1 (minutes a rank "
+                "waits in a collective); set it, e.g. train.distributed_timeout_minutes=10")
     return None
 
 
@@ -498,8 +528,11 @@ RULES: tuple[Rule, ...] = (
     check_learning_rate,
     check_fractions,
     check_checkpoint_load,
+    check_resume_needs_run_dir,
+    check_resume_or_load,
     check_keep_last,
     check_data_source,
+    check_distributed_timeout,
 )
 
 

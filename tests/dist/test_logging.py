@@ -63,8 +63,9 @@ def test_tensorboard_events_equal_metrics_jsonl(logged_run):
               for tag in events.Tags()["scalars"]}
     expected = _expected(logged_run)
     for tag in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s",
-                "heldout/loss"):
+                "train/model_tflops_per_gpu", "train/memory_gib", "heldout/loss"):
         assert tag in expected
+    assert sorted(expected["train/memory_gib"]) == [STEPS]  # logged steps only (and the last)
     assert set(expected) <= set(logged)
     for tag, values in expected.items():
         assert sorted(logged[tag]) == sorted(values), tag  # each step once, no duplicates

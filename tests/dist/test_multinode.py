@@ -2,16 +2,20 @@
 rendezvous over loopback (a port the OS picks) and train the tiny DP2 recipe, one rank each;
 their losses equal one agent's two-rank run, step for step.
 
-This is how a Slurm job starts (one torchrun per node, `scripts/launch.py`), minus Slurm.
+This is how a Slurm job starts (one torchrun per node, `scripts/launch.py`), minus Slurm. The
+same two agents, run as scripts/agent/torchrun (trainer/agent.py), show the faults of such a
+run ending in one line each: a node that never joins, a rank SIGKILLed mid-run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,3 +79,96 @@ def test_two_torchrun_agents_train_as_one_agent_does(tmp_path):
     assert [step for step, _ in two_nodes["train"]] == [1, 2, 3, 4]
     assert [step for step, _ in two_nodes["heldout"]] == [0, 2, 4]
     assert two_nodes == one_node  # bit-identical: the same ranks, met another way
+
+
+# -- clear failures: a node that never joins, a rank that dies ---------------------------------
+
+AGENT_DIR = REPO / "scripts" / "agent"  # its `torchrun` is trainer/agent.py (NeMo-Run's PATH)
+JOIN_TIMEOUT_S = 5
+FAULT_EXIT_BOUND_S = 60
+DYING_RUN_TIMEOUT_S = 180  # start-up and the kill, then the bound (a hung rank sleeps 120 s)
+DEATH_LINE = r"error: rank 1 \(node (\d), local rank 0\) died: signal SIGKILL"
+
+
+def agent_environment(**extra: str) -> dict[str, str]:
+    """As a NeMo-Run sbatch script has it: scripts/agent, then this environment's bin, on PATH."""
+    path = os.pathsep.join([str(AGENT_DIR), str(Path(sys.executable).parent),
+                            os.environ.get("PATH", "")])
+    return {**environment(), "PATH": path, **extra}
+
+
+def error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("error: ")]
+
+
+def test_a_node_that_never_joins_is_counted_in_one_line(tmp_path):
+    port = free_port()
+    args = ["torchrun", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=lonely",
+            f"--rdzv-conf=join_timeout={JOIN_TIMEOUT_S}", SCRIPT, *TRAIN,
+            f"run_dir={tmp_path}", "cluster.nodes=2", "cluster.gpus_per_node=1"]
+    start = time.monotonic()
+    agent = subprocess.run(args, cwd=REPO, env=agent_environment(), capture_output=True,
+                           text=True, timeout=FAULT_EXIT_BOUND_S)
+    elapsed = time.monotonic() - start
+    assert agent.returncode == 1, agent.stderr[-3000:]
+    assert elapsed < FAULT_EXIT_BOUND_S
+    assert "Traceback" not in agent.stderr + agent.stdout
+    assert error_lines(agent.stderr) == [
+        f"error: rendezvous at 127.0.0.1:{port} (id lonely) timed out after {JOIN_TIMEOUT_S} s: "
+        "1 of 2 nodes joined; start the missing node's torchrun (check its Slurm log) or raise "
+        "the wait with --rdzv-conf join_timeout=SECONDS"]
+
+
+def agents_with_a_dying_rank(tmp_path: Path, **extra: str) -> tuple[list[tuple[int, str]], float]:
+    """Two agents (scripts/agent/torchrun), one rank each; rank 1 is SIGKILLed before step 2.
+    Returns each agent's (exit code, stderr + stdout) and the seconds from the kill to the
+    last agent's exit."""
+    rendezvous = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                  f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=dying"]
+    args = ["torchrun", *rendezvous, str(REPO / "tests" / "dist" / "die_at_step.py"), *TRAIN,
+            f"run_dir={tmp_path / 'run'}", "cluster.nodes=2", "cluster.gpus_per_node=1",
+            "plugins.cpu_runtime.enabled=on"]
+    stamp = tmp_path / "killed_at"
+    env = agent_environment(DIE_RANK="1", DIE_AT_STEP="2", DIE_STAMP=str(stamp), **extra)
+    logs = [tmp_path / f"agent{i}.log" for i in range(2)]
+    agents = []
+    for log in logs:
+        with log.open("w") as out:
+            agents.append(subprocess.Popen(args, cwd=REPO, env=env, stdout=out,
+                                           stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + DYING_RUN_TIMEOUT_S
+    while any(a.poll() is None for a in agents) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ended = time.time()
+    for agent in agents:
+        if agent.poll() is None:
+            agent.kill()
+    results = [(agent.wait(), log.read_text()) for agent, log in zip(agents, logs, strict=True)]
+    assert stamp.exists(), "rank 1 was never killed:\n" + "\n".join(t for _, t in results)
+    return results, ended - float(stamp.read_text())
+
+
+@pytest.mark.parametrize("survivor", ["fails", "hangs"])
+def test_a_rank_that_dies_is_named_in_one_line(tmp_path, survivor):
+    """gloo: the survivor's collective fails at once and rank 0 names rank 1 from the run's
+    store. "hangs": rank 0 sleeps, as an NCCL rank waits for the collective timeout; its agent
+    reads the other agent's report and stops it."""
+    extra = {"HANG_RANK": "0"} if survivor == "hangs" else {}
+    results, seconds_after_kill = agents_with_a_dying_rank(tmp_path, **extra)
+    outputs = "\n".join(text for _, text in results)
+    assert all(code != 0 for code, _ in results), outputs[-3000:]
+    assert seconds_after_kill < FAULT_EXIT_BOUND_S
+    assert "Traceback" not in outputs
+    lines = error_lines(outputs)
+    death = [line for line in lines if re.fullmatch(DEATH_LINE, line)]
+    assert len(death) == 1, lines
+    other_node = 1 - int(re.fullmatch(DEATH_LINE, death[0]).group(1))  # nodes join in any order
+    stopped = f"error: node {other_node} stopped its ranks: {death[0][len('error: '):]}"
+    named = ("error: rank 0 stopped: rank 1 left the run during a collective (it wrote no report: "
+             "killed or crashed; see its own log)")
+    others = [line for line in lines if line not in death]
+    if survivor == "hangs":
+        assert others == [stopped]
+    else:  # rank 0 names rank 1; its agent adds its own line only if rank 0's exit lagged
+        assert named in others and set(others) <= {named, stopped}, others

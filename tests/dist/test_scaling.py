@@ -66,6 +66,9 @@ def test_run_records_mark_warm_up_and_profiled_steps(weak_sweep):
     train = [json.loads(line) for line in lines if '"kind": "train"' in line]
     assert [r["measured"] for r in train] == [False, False, False, True, True]
     assert [r["exposed_comm_s"] is not None for r in train] == [False, True, True, False, False]
+    assert [len(r["stage_compute_s"] or []) for r in train] == [0, 1, 1, 0, 0]  # one stage
+    assert [r["memory_gib"] is not None for r in train] == [False] * 4 + [True]  # logged step
+    assert train[-1]["memory_gib"] > 0.05  # a torch process's resident set on CPU ranks
     for record in train:
         assert min(record["data_wait_s"], record["forward_backward_s"], record["optimizer_s"]) > 0
         assert record["model_tflops_per_gpu"] > 0 and record["mfu"] is None
@@ -73,3 +76,17 @@ def test_run_records_mark_warm_up_and_profiled_steps(weak_sweep):
     measured = train[3:]
     expected = sum(r["loss_tokens"] for r in measured) / sum(r["step_time_s"] for r in measured)
     assert summary["effective_tokens_per_s"] == pytest.approx(expected)
+
+
+def test_the_report_is_written_again_from_the_sweep_directory(weak_sweep):
+    """What a cluster sweep does once its jobs have finished: read the runs, write the report."""
+    result, out = weak_sweep
+    before = (out / "report.txt").read_text()
+    (out / "report.txt").unlink()
+    again = subprocess.run([sys.executable, str(REPO / "scripts" / "scaling.py"),
+                            f"scaling.report={out}"],
+                           capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (out / "report.txt").read_text() == before
+    report = json.loads((out / "report.json").read_text())
+    assert all(point["memory_gib"] > 0 for point in report["points"])

@@ -2,22 +2,35 @@
 
 For every registered 64-GPU recipe on the 8 x 8 H100 cluster file: the script asks for nodes =
 world / GPUs per node with one task per node, starts one torchrun per node with a c10d
-rendezvous on the allocation's first node (found at run time, no host written in), passes the
-recipe and its placement to pretrain.py, and is submitted with requeue. Refusals are one line.
+rendezvous on the allocation's first node (found at run time, no host written in) on a port of
+this launch's own, passes the recipe and its placement to pretrain.py, and is submitted with
+requeue; every requeue continues the same run (a run directory pinned at launch and
+`checkpoint.resume=true`), and our torchrun agent (scripts/agent) comes first on PATH.
+Refusals are one line.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from recipes.config.errors import ConfigError
 from recipes.registry import canonical_name, get_recipe, recipe_names
-from trainer.cluster_launch import parse_launch_args, plan_launch, run_launch
+from trainer.cluster_launch import (
+    AGENT_DIR,
+    default_rdzv_port,
+    local_path,
+    new_run_dir,
+    parse_launch_args,
+    plan_launch,
+    run_launch,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = str(REPO / "conf" / "cluster" / "h100_80gb_8x8.yaml")
@@ -25,11 +38,25 @@ RECIPES_64 = sorted({canonical_name(name) for name in recipe_names()
                      if get_recipe(name).cluster.world_size == 64})
 
 
-def render(capsys, tmp_path: Path, *argv: str) -> str:
+BIN = Path(sys.executable).parent
+RUN_DIR = re.compile(r" run_dir=(\S+) ")
+
+
+def launch_output(capsys, tmp_path: Path, *argv: str) -> str:
+    """Everything a dry run prints: the run directory and rendezvous lines, then the script."""
     pytest.importorskip("nemo_run")
     assert run_launch([*argv, "--dry-run", f"job_dir={tmp_path}"]) == 0
-    out = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def render(capsys, tmp_path: Path, *argv: str) -> str:
+    out = launch_output(capsys, tmp_path, *argv)
     return out[out.index("sbatch --requeue"):] if "sbatch --requeue" in out else out
+
+
+def pretrain_args(script: str) -> str:
+    [srun] = [line for line in script.splitlines() if "torchrun " in line]
+    return srun[srun.index("scripts/pretrain.py "):]
 
 
 def test_there_are_64_gpu_recipes_to_check():
@@ -45,13 +72,20 @@ def test_sbatch_asks_one_torchrun_per_node_with_a_c10d_rendezvous(recipe, capsys
     launches = [line for line in script.splitlines() if "torchrun " in line]
     assert len(launches) == 1 and launches[0].startswith("srun ")  # one srun: a task per node
     torchrun = launches[0][launches[0].index("torchrun "):]
-    assert re.search(r"--rdzv-backend c10d --rdzv-endpoint \$head_node_ip:\d+ ", torchrun)
+    port = re.search(r"--rdzv-backend c10d --rdzv-endpoint \$head_node_ip:(\d+) ", torchrun)
+    assert port and 20000 <= int(port.group(1)) <= 29999  # derived, not NeMo-Run's 29500
     assert "--nnodes 8 --nproc-per-node 8 --node-rank $SLURM_NODEID" in torchrun
-    assert torchrun.endswith(f"scripts/pretrain.py recipe={recipe} cluster.nodes=8 "
-                             "cluster.gpus_per_node=8 cluster.spec=conf/cluster/h100_80gb_8x8.yaml")
+    # The run directory is fixed now, on the job's shared storage; every requeue resumes it.
+    run_dir = f"{tmp_path}/runs/{canonical_name(recipe)}-"
+    assert re.fullmatch(
+        f"scripts/pretrain.py recipe={recipe} cluster.nodes=8 cluster.gpus_per_node=8 "
+        f"cluster.spec=conf/cluster/h100_80gb_8x8.yaml run_dir={re.escape(run_dir)}"
+        r"\d{8}-\d{6} checkpoint.resume=true", pretrain_args(script))
     # The rendezvous host is the allocation's first node, looked up when the job runs.
     assert "nodes=( $( scontrol show hostnames $SLURM_JOB_NODELIST ) )" in script
-    assert f'export PATH="{Path(sys.executable).parent}:$PATH"' in script  # this env's torchrun
+    # Our torchrun agent first, then this environment's torchrun and python.
+    [path_line] = [line for line in script.splitlines() if line.startswith("export PATH=")]
+    assert path_line == f'export PATH="{REPO / "scripts" / "agent"}:{BIN}:$PATH"'
     assert not re.search(r"\b\d{1,3}(\.\d{1,3}){3}\b", script)  # no IP address written in
     assert "localhost" not in script and "--nodelist" not in script and " -w " not in \
         script.replace('-w "$head_node"', "")
@@ -71,6 +105,65 @@ def test_overrides_reach_pretrain_and_a_small_recipe_uses_part_of_a_node(capsys,
     assert "#SBATCH --nodes=1\n" in script
     assert "--nnodes 1 --nproc-per-node 2" in script
     assert "recipe=tiny_dp2 train.train_iters=70 cluster.nodes=1 cluster.gpus_per_node=2" in script
+    assert "--rdzv-endpoint localhost:0" in script  # one node: torchrun picks a free port
+
+
+def test_launch_prints_the_pinned_run_directory_and_the_port(capsys, tmp_path):
+    out = launch_output(capsys, tmp_path, "recipe=8b_tp8_pp4_dp2", f"cluster={H100}",
+                        "rdzv_port=31234")
+    run_dir = RUN_DIR.search(out).group(1)
+    assert f"run directory: {run_dir} (a requeued job continues from its newest checkpoint)\n" \
+        in out
+    assert "rendezvous: c10d on port 31234 of the job's first node (rdzv_port)\n" in out
+    assert "--rdzv-endpoint $head_node_ip:31234 " in out
+    assert not Path(run_dir).exists()  # a dry run creates nothing
+
+
+@pytest.mark.parametrize(("given", "expected", "line"), [
+    (["run_dir={mine}"], "run_dir={mine} cluster.nodes=8",
+     "run directory: {mine} (a requeued job continues from its newest checkpoint)"),
+    (["run_dir={mine}", "checkpoint.resume=false"],
+     "run_dir={mine} checkpoint.resume=false cluster.nodes=8",
+     "run directory: {mine}; a requeued job starts again from step 0"),
+    (["checkpoint.load={ckpt}"], "checkpoint.load={ckpt} cluster.nodes=8",
+     "; a requeued job starts again from checkpoint.load={ckpt}"),
+])
+def test_the_users_own_run_dir_resume_and_load_are_kept(given, expected, line, capsys,
+                                                        tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "metadata.json").write_text("{}")
+    names = {"mine": tmp_path / "mine", "ckpt": ckpt}
+    out = launch_output(capsys, tmp_path, "recipe=8b_tp8_pp4_dp2", f"cluster={H100}",
+                        *(arg.format(**names) for arg in given))
+    args = pretrain_args(out)
+    assert expected.format(**names) in args and line.format(**names) in out
+    assert args.count("run_dir=") == 1 and args.count("checkpoint.resume=") <= 1
+    assert args.endswith("checkpoint.resume=true") == (len(given) == 1 and "run_dir" in given[0])
+
+
+def test_the_default_port_depends_on_experiment_and_launch_time():
+    now = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    later = now.replace(microsecond=678902)
+    ports = {default_rdzv_port(name, when) for name in ("mcore-a", "mcore-b")
+             for when in (now, later)}
+    assert len(ports) == 4 and all(20000 <= port <= 29999 for port in ports)
+    assert default_rdzv_port("mcore-a", now) == default_rdzv_port("mcore-a", now)
+
+
+def test_two_launches_in_one_second_get_two_run_directories(tmp_path):
+    base = tmp_path / "runs" / "tiny_dp2-20250102-030405"
+    assert new_run_dir(base, create=True) == base and base.is_dir()
+    assert new_run_dir(base, create=False) == base.with_name(f"{base.name}-2")
+    assert new_run_dir(base, create=True) == base.with_name(f"{base.name}-2")
+    assert new_run_dir(base, create=True) == base.with_name(f"{base.name}-3")
+
+
+def test_the_local_executor_puts_our_agent_first_on_path():
+    assert local_path(f"/usr/bin{os.pathsep}{AGENT_DIR}").split(os.pathsep) == \
+        [str(AGENT_DIR), str(BIN), "/usr/bin"]
+    assert local_path(f"/usr/bin{os.pathsep}{BIN}").split(os.pathsep) == \
+        [str(AGENT_DIR), "/usr/bin", str(BIN)]  # this env's bin dir stays where it was
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -81,6 +174,12 @@ def test_overrides_reach_pretrain_and_a_small_recipe_uses_part_of_a_node(capsys,
      "executor=local runs on this machine only, but llama3_8b_tp8_pp4_dp2 needs 8 nodes"),
     (["recipe=tiny_dp2", f"cluster={H100}", "executor=k8s"], "executor=k8s is not known"),
     (["recipe=tiny_dp2", f"cluster={H100}", "retries=x"], "retries=x must be a whole number"),
+    (["recipe=tiny_dp2", f"cluster={H100}", "rdzv_port=80"],
+     "rdzv_port=80 must be a port number from 1024 to 65535, e.g. rdzv_port=23456"),
+    (["recipe=tiny_dp2", f"cluster={H100}", "rdzv_port=65536"],
+     "rdzv_port=65536 must be a port number from 1024 to 65535"),
+    (["recipe=tiny_dp2", f"cluster={H100}", "rdzv_port=x"],
+     "rdzv_port=x must be a port number from 1024 to 65535"),
     (["recipe=tiny_dp2", "cluster=nope.yaml"], "cluster=nope.yaml does not exist"),
 ])
 def test_launch_refusals_are_one_line(argv, message):

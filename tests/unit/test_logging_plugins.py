@@ -201,10 +201,12 @@ def test_profiler_window_rules():
     with pytest.raises(ConfigError, match=r"profiles up to step 11, past train.train_iters=10"):
         cfg("train.train_iters=10", "scheduler.warmup_iters=1", "plugins.profiler.start_step=10",
             "plugins.profiler.steps=2")
-    own = sorted(trainer_profiled_steps(0, 300))
-    if own:  # the trainer profiles some steps itself: a window over them is refused
-        with pytest.raises(ConfigError, match=f"overlaps steps {own[0]}-{own[-1]}"):
-            cfg(f"plugins.profiler.start_step={own[0]}")
+    assert trainer_profiled_steps(0, 300, exposed_comm=False) == set()
+    own = sorted(trainer_profiled_steps(0, 300, exposed_comm=True))
+    assert own == [2, 3]  # with logging.exposed_comm the trainer profiles these itself
+    assert check_profiler_window(cfg("plugins.profiler.start_step=2")) is None
+    with pytest.raises(ConfigError, match="overlaps steps 2-3.*logging.exposed_comm=false"):
+        cfg("plugins.profiler.start_step=2", "logging.exposed_comm=true")
 
 
 def test_profiler_traces_exactly_its_window(tmp_path):
@@ -214,7 +216,8 @@ def test_profiler_traces_exactly_its_window(tmp_path):
 
     assert ProfilerConfig().build() is None  # off by default: nothing is built
     plugin = ProfilerConfig(enabled=True, start_step=2, steps=2).build()
-    plugin.run_start(RunStart(config=None, run_dir=tmp_path, start_step=0, total_steps=4))
+    cfg = resolve_config(["recipe=tiny_dp1"], check_paths=False)  # exposed_comm off
+    plugin.run_start(RunStart(config=cfg, run_dir=tmp_path, start_step=0, total_steps=4))
     for step in range(1, 5):
         with torch.profiler.record_function(f"work of step {step}"):
             torch.ones(8) @ torch.ones(8)

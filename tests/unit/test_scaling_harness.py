@@ -171,3 +171,97 @@ def test_cpu_ranks_beyond_the_cores_carry_a_caveat(monkeypatch):
     assert "caveat" not in report["points"][0]["diagnosis"]
     assert "4 CPU ranks share 2 cores" in report["points"][1]["diagnosis"]["caveat"]
     assert "  caveat: 4 CPU ranks share 2 cores" in format_table(report)
+
+
+def test_memory_near_capacity_leads_and_names_model_state_or_activations():
+    base = _point(1, 1000)
+    states = _point(2, 1900) | {"memory_gib": 75.0, "memory_capacity_gib": 80.0,
+                                "model_state_gib": 50.0}
+    found = diagnose(states, base)
+    assert found["bottleneck"] == "memory (model state)"
+    assert found["evidence"] == "peak 75.0 GiB of 80.0 GiB (94%); model state 50.0 GiB"
+    assert "optimizer.distributed=true" in found["change"]
+    activations = states | {"model_state_gib": 10.0}
+    found = diagnose(activations, base)
+    assert found["bottleneck"] == "memory (activations)" and "recompute" in found["change"]
+    roomy = states | {"memory_gib": 70.0}  # 87.5% of capacity: below the 90% line
+    assert diagnose(roomy, base)["bottleneck"] == "compute"
+
+
+def test_one_busy_pipeline_stage_is_named_beside_the_time_cause():
+    base = _point(2, 1000)
+    busy = base | {"stage_compute_s": [0.6, 0.3]}
+    found = diagnose(busy, base)
+    assert found["bottleneck"] == "compute"
+    assert found["also"] == [{
+        "bottleneck": "busy stage",
+        "evidence": "stage 0 computes 0.6 s per step vs 0.45 s mean over 2 stages (1.33x)",
+        "change": found["also"][0]["change"]}]
+    assert "parallel.first_stage_layers" in found["also"][0]["change"]
+    even = base | {"stage_compute_s": [0.5, 0.45]}
+    assert diagnose(even, base)["also"] == []
+
+
+def test_a_busy_expert_is_named_from_the_routers_imbalance():
+    base = _point(2, 1000)
+    found = diagnose(base | {"moe_imbalance": 2.5}, base)
+    assert [a["bottleneck"] for a in found["also"]] == ["busy expert"]
+    assert found["also"][0]["evidence"] == "busiest expert 2.50x the mean tokens per expert"
+    assert "moe_aux_loss_coeff" in found["also"][0]["change"]
+    assert diagnose(base | {"moe_imbalance": 1.2}, base)["also"] == []
+    report = build_report(get_recipe("tiny_dp1"), ScalingOptions(world_sizes=[2]),
+                          [base | {"moe_imbalance": 2.5}])
+    assert "  also busy expert (busiest expert 2.50x" in format_table(report)
+
+
+def test_memory_and_stage_figures_are_read_from_the_run(tmp_path):
+    records = [_record(1, 9.0, False) | {"memory_gib": 1.5},
+               _record(2, 3.0, False, comm=1.5) | {"stage_compute_s": [2.0, 1.0]},
+               _record(3, 3.0, False, comm=0.5) | {"stage_compute_s": [1.0, 1.0]},
+               _record(4, 1.0, True) | {"memory_gib": 2.5, "extra": {"moe_imbalance": 3.0}},
+               {"kind": "summary", "layout": "TP1 x PP2 (2 ranks)", "backend": "CPU (gloo)",
+                "effective_tokens_per_s": 500.0, "model_tflops_per_gpu": 0.05, "mfu": None,
+                "measured_steps": 1}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    cfg = get_recipe("tiny_dp1")
+    figures = read_point(tmp_path, cfg, Point(2, 1, 8, 4, ()), None, model_state_gib=0.25)
+    assert figures["memory_gib"] == 2.5 and figures["model_state_gib"] == 0.25
+    assert figures["memory_capacity_gib"] == cfg.cluster.gpu_memory_gib
+    assert figures["stage_compute_s"] == [1.5, 1.0] and figures["moe_imbalance"] == 3.0
+
+
+def test_sizes_become_cluster_jobs_through_the_launcher(tmp_path):
+    """With cluster=, each size is one NeMo-Run job whose run directory lies in the sweep
+    directory; --dry-run prints each job's sbatch script (8 ranks: 1 node, 16 ranks: 2)."""
+    out = tmp_path / "sweep"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "scaling.py"), "recipe=tiny_dp1",
+         "scaling.world_sizes=[8,16]", "cluster=conf/cluster/h100_80gb_8x8.yaml",
+         f"scaling.out={out}", "--dry-run", f"job_dir={tmp_path / 'jobs'}"],
+        capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    scripts = result.stdout.split("scaling: ")[1:]
+    assert [s.splitlines()[0] for s in scripts] == ["8 ranks as a slurm job",
+                                                    "16 ranks as a slurm job"]
+    for script, nodes, gpus in zip(scripts, (1, 2), (8, 16), strict=True):
+        assert f"#SBATCH --nodes={nodes}\n" in script
+        assert f"run_dir={out / f'G{gpus}'}" in script and "logging.exposed_comm=true" in script
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [p["gpus"] for p in sweep["points"]] == [8, 16]
+    assert sweep["options"]["cluster"] == "conf/cluster/h100_80gb_8x8.yaml"  # its peak: MFU
+
+
+def test_a_report_of_unfinished_jobs_is_refused_in_one_line(tmp_path):
+    from trainer.scaling_sweep import save_sweep, write_report
+
+    with pytest.raises(ConfigError, match="holds no sweep.json; name the directory"):
+        write_report(tmp_path)
+    cfg = get_recipe("tiny_dp1")
+    options = ScalingOptions(world_sizes=[1, 2])
+    points = plan_points(cfg, options, tmp_path)
+    save_sweep(tmp_path, options, points, [cfg, cfg])
+    (tmp_path / "G1").mkdir()
+    (tmp_path / "G1" / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')
+    with pytest.raises(ConfigError, match=r"the run of 1 ranks has not finished \(no summary in "
+                                          r"G1/metrics.jsonl\); wait for its job"):
+        write_report(tmp_path)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from plugins.protocol import PROFILE_STEPS, WARMUP_STEPS, profiled_steps
 from recipes.throughput import (
-    PROFILE_STEPS,
-    WARMUP_STEPS,
     RankTokens,
     counts_loss_tokens,
     effective_loss_tokens,
@@ -16,7 +15,6 @@ from recipes.throughput import (
     is_measured,
     measured_throughput,
     model_flops_utilisation,
-    profiled_steps,
     scaling_efficiency,
     tokens_per_second,
 )
@@ -71,16 +69,26 @@ def test_throughput_is_tokens_over_whole_step_time_not_a_mean_of_rates():
 
 def test_warm_up_and_profiled_steps_leave_the_throughput():
     steps = [(10.0, 100)] + [(1.0, 100)] * (PROFILE_STEPS + 4)
-    for index in profiled_steps(len(steps)):
+    for index in profiled_steps(len(steps), exposed_comm=True):
         steps[index] = (5.0, 100)
-    assert measured_throughput(steps) == 100.0
-    assert not is_measured(0, len(steps)) and WARMUP_STEPS == 1
-    assert list(profiled_steps(len(steps))) == list(range(1, 1 + PROFILE_STEPS))
+    assert measured_throughput(steps, exposed_comm=True) == 100.0
+    assert not is_measured(0, len(steps), exposed_comm=True) and WARMUP_STEPS == 1
+    assert list(profiled_steps(len(steps), exposed_comm=True)) == list(
+        range(1, 1 + PROFILE_STEPS))
+
+
+def test_without_exposed_comm_only_the_warm_up_leaves_the_throughput():
+    steps = [(10.0, 100)] + [(1.0, 100)] * (PROFILE_STEPS + 4)
+    assert len(profiled_steps(len(steps), exposed_comm=False)) == 0
+    assert [is_measured(i, len(steps), exposed_comm=False) for i in range(3)] == [
+        False, True, True]
+    steps[1] = (5.0, 100)  # counted now: nothing profiles it
+    assert measured_throughput(steps, exposed_comm=False) < 100.0
 
 
 def test_short_runs_are_not_profiled_and_count_every_step_when_too_short():
-    assert len(profiled_steps(WARMUP_STEPS + 2 * PROFILE_STEPS - 1)) == 0
-    assert measured_throughput([(2.0, 100)]) == 50.0
+    assert len(profiled_steps(WARMUP_STEPS + 2 * PROFILE_STEPS - 1, exposed_comm=True)) == 0
+    assert measured_throughput([(2.0, 100)], exposed_comm=True) == 50.0
 
 
 def test_mfu_is_unknown_without_a_peak():

@@ -152,6 +152,14 @@ RULE_CASES = [
     ("check_keep_last", "tiny_dp1", ["checkpoint.keep_last=0"],
      "checkpoint.keep_last=0 must be at least 1; set checkpoint.keep_last=1 or more, or "
      "checkpoint.keep_last=null to keep every checkpoint"),
+    ("check_resume_needs_run_dir", "tiny_dp1", ["checkpoint.resume=true"],
+     "checkpoint.resume=true needs an explicit run_dir (it continues the run saved there); set "
+     "run_dir=<run directory>, e.g. run_dir=runs/my-run, or checkpoint.resume=false"),
+    ("check_resume_or_load", "tiny_dp1",
+     ["checkpoint.resume=true", "run_dir=runs/a", "checkpoint.load=runs/b/checkpoints"],
+     "checkpoint.resume=true and checkpoint.load=runs/b/checkpoints both say where to start; "
+     "keep one: checkpoint.load=null to continue this run_dir's own checkpoints, or "
+     "checkpoint.resume=false to start from checkpoint.load"),
     ("check_threads_per_rank", "tiny_dp1", ["plugins.cpu_runtime.threads_per_rank=0"],
      "plugins.cpu_runtime.threads_per_rank=0 must be at least 1"),
     ("check_data_source", "tiny_dp1", ["data.source=blend"],
@@ -177,6 +185,9 @@ RULE_CASES = [
     ("check_cp_a2a_heads", "tiny_cp4",
      ["plugins.context_parallel.comm_type=a2a", "model.num_attention_heads=2"],
      "comm_type=a2a splits heads over 4 CP ranks, but model.num_attention_heads=2"),
+    ("check_distributed_timeout", "tiny_dp1", ["train.distributed_timeout_minutes=0"],
+     "train.distributed_timeout_minutes=0 must be at least 1 (minutes a rank waits in a "
+     "collective); set it, e.g. train.distributed_timeout_minutes=10"),
 ]
 
 

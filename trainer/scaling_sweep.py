@@ -1,0 +1,211 @@
+"""Running a scaling sweep: each size as a pretrain run here, or as a cluster job.
+
+Here (no `cluster=`), each size is an ordinary `scripts/pretrain.py` run on local ranks
+started through torch's launcher, one after the other, and the report follows. With
+`cluster=conf/cluster/<file>.yaml` each size is submitted through `scripts/launch.py`'s
+NeMo-Run path (Slurm by default, `executor=local` for NeMo-Run's local executor) with its run
+directory inside the sweep directory (shared storage), and `scaling.report=DIR` writes the
+report once the jobs have finished. Either way the sweep directory holds `sweep.json` (the
+options and sizes), `base_config.yaml` and one run directory per size, so the report is read
+from files alone. The figures and the report itself: `trainer/scaling.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from recipes.config.errors import ConfigError
+from trainer.scaling import (
+    Point,
+    ScalingOptions,
+    build_report,
+    format_table,
+    parse_scaling_args,
+    plan_points,
+    read_point,
+    write_plots,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SWEEP_FILE = "sweep.json"
+LAUNCH_KEYS = ("cluster=", "executor=", "--dry-run", "--dry_run")
+
+
+class ScalingRunFailed(ConfigError):
+    """A size's run exited non-zero; the message names the size, its last line and its log."""
+
+
+def _run_point(base_config: Path, point: Point, log: Path) -> None:
+    """One size as an ordinary pretrain run on local ranks; its output goes to `log`."""
+    command = [sys.executable, str(ROOT / "scripts" / "pretrain.py"),
+               f"config={base_config}", *point.overrides]
+    with log.open("w") as handle:
+        code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT,
+                              cwd=ROOT).returncode
+    if code:
+        tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
+        raise ScalingRunFailed(f"the {point.gpus}-rank run failed (exit {code}): "
+                               f"{tail[0] if tail else 'no output'}; full output in {log}")
+
+
+def _check_points(base_config: Path, points: list[Point]) -> list[Any]:
+    """Every size's config, each valid before the first run starts (one line if not)."""
+    from recipes.config.resolve import resolve_config
+
+    return [resolve_config([f"config={base_config}",
+                            *(o for o in point.overrides if not o.startswith("run_dir="))],
+                           check_paths=False) for point in points]
+
+
+def model_state_gib(cfg: Any) -> float:
+    """The planner's weights + grads + optimizer state on the fullest rank (GiB): what memory
+    holds before any activation (recipes/plan)."""
+    from recipes.plan.build import PlanOptions, make_plan
+    from recipes.plan.cluster import recipe_cluster
+
+    plan = make_plan(cfg, recipe_cluster(cfg), PlanOptions(listed_groups=0))
+    return max(stage.state.total for stage in plan.stages) / 2**30
+
+
+def _report_dir(cfg: Any, options: ScalingOptions) -> Path:
+    if options.out:
+        return Path(options.out).resolve()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return (Path(cfg.output_dir) / f"scaling-{cfg.name}-{options.mode}-{stamp}").resolve()
+
+
+# --- the sweep directory ----------------------------------------------------------------------
+
+def save_sweep(sweep_dir: Path, options: ScalingOptions, points: list[Point],
+               configs: list[Any]) -> None:
+    """sweep.json: what the report needs besides the runs themselves."""
+    sweep = {"options": dataclasses.asdict(options),
+             "points": [dataclasses.asdict(point) for point in points],
+             "model_state_gib": [model_state_gib(cfg) for cfg in configs]}
+    (sweep_dir / SWEEP_FILE).write_text(json.dumps(sweep, indent=2), encoding="utf-8")
+
+
+def load_sweep(sweep_dir: Path) -> tuple[ScalingOptions, list[Point], list[float]]:
+    path = sweep_dir / SWEEP_FILE
+    if not path.is_file():
+        raise ConfigError(f"scaling.report={sweep_dir} holds no {SWEEP_FILE}; name the "
+                          "directory a scaling sweep wrote (it prints it when it starts)")
+    sweep = json.loads(path.read_text(encoding="utf-8"))
+    options = ScalingOptions(**sweep["options"])
+    points = [Point(**{**p, "overrides": tuple(p["overrides"])}) for p in sweep["points"]]
+    return options, points, sweep["model_state_gib"]
+
+
+def _finished(run_dir: Path) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.is_file() and '"kind": "summary"' in metrics.read_text(encoding="utf-8")
+
+
+def write_report(sweep_dir: Path) -> int:
+    """Read every size's run from the sweep directory; write and print the report."""
+    from recipes.config.resolve import resolve_config
+    from recipes.plan.cluster import load_cluster
+
+    sweep_dir = sweep_dir.resolve()
+    options, points, states = load_sweep(sweep_dir)
+    unfinished = [p.gpus for p in points if not _finished(sweep_dir / f"G{p.gpus}")]
+    if unfinished:
+        raise ConfigError(
+            f"scaling.report={sweep_dir}: the run of {unfinished[0]} ranks has not finished "
+            f"(no summary in G{unfinished[0]}/metrics.jsonl); wait for its job or read its log, "
+            "then run the same command again")
+    cfg = resolve_config([f"config={sweep_dir / 'base_config.yaml'}"], check_paths=False)
+    peak = load_cluster(options.cluster).peak_tflops.get(cfg.precision.dtype) \
+        if options.cluster else None
+    results = [read_point(sweep_dir / f"G{point.gpus}", cfg, point, peak, state)
+               for point, state in zip(points, states, strict=True)]
+    report = build_report(cfg, options, results)
+    (sweep_dir / "report.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    write_plots(report, sweep_dir)
+    table = format_table(report)
+    (sweep_dir / "report.txt").write_text(table + "\n", encoding="utf-8")
+    print(table)
+    print(f"report: {sweep_dir} (report.txt, report.json, throughput.png, efficiency.png)")
+    return 0
+
+
+# --- running it -------------------------------------------------------------------------------
+
+def _launch_args(rest: list[str]) -> tuple[Any, list[str]]:
+    """scripts/launch.py's own options (cluster=, executor=, account=, ...) when the sweep
+    runs as cluster jobs, else None; and the recipe arguments."""
+    if not any(arg.startswith(LAUNCH_KEYS) for arg in rest):
+        return None, rest
+    from trainer.cluster_launch import parse_launch_args
+
+    launch = parse_launch_args(rest)
+    return launch, launch.rest
+
+
+def _submit(base_config: Path, points: list[Point], launch: Any) -> None:
+    """Each size as a job through the launcher, which keeps the size's world (its
+    `cluster.nodes=1 cluster.gpus_per_node=G`) and places it on the cluster's nodes."""
+    from trainer.cluster_launch import launch_parsed
+
+    for point in points:
+        rest = [f"config={base_config}", *point.overrides]
+        print(f"scaling: {point.gpus} ranks as a {launch.executor} job", flush=True)
+        code = launch_parsed(dataclasses.replace(launch, rest=rest))
+        if code:
+            raise ScalingRunFailed(f"the {point.gpus}-rank job failed (exit {code}); its log "
+                                   f"is in the launcher's job directory")
+
+
+def _run_here(base_config: Path, points: list[Point], sweep_dir: Path) -> None:
+    for point in points:
+        print(f"scaling: {point.gpus} ranks (DP{point.data_parallel}, global batch "
+              f"{point.global_batch}, {point.microbatches} micro-batches per replica)",
+              flush=True)
+        _run_point(base_config, point, sweep_dir / f"G{point.gpus}.log")
+
+
+def run_scaling(argv: list[str]) -> int:
+    """The whole sweep: check every size, run each (or submit each), then the report."""
+    from recipes.config.io import save_config
+    from recipes.config.resolve import resolve_config
+
+    options, rest = parse_scaling_args(list(argv))
+    if options.report:
+        return write_report(Path(options.report))
+    launch, rest = _launch_args(rest)
+    if launch is not None and options.cluster is None:
+        options.cluster = launch.cluster  # its peak gives MFU
+    cfg = resolve_config(rest, check_paths=False)
+    sweep_dir = _report_dir(cfg, options)
+    base_config = save_config(cfg, sweep_dir / "base_config.yaml")
+    points = plan_points(cfg, options, sweep_dir)
+    save_sweep(sweep_dir, options, points, _check_points(base_config, points))
+    if launch is None:
+        _run_here(base_config, points, sweep_dir)
+    else:
+        _submit(base_config, points, launch)
+        if launch.dry_run or launch.executor == "slurm":
+            if not launch.dry_run:
+                print(f"scaling: {len(points)} jobs submitted; when every job has finished: "
+                      f"python scripts/scaling.py scaling.report={sweep_dir}")
+            return 0
+    return write_report(sweep_dir)
+
+
+def _no_ranks(cfg: Any, run_dir: Path, options: dict[str, int]) -> int:
+    raise RuntimeError("scripts/scaling.py starts its runs through scripts/pretrain.py")
+
+
+def scaling_command():
+    """The `Command` of scripts/scaling.py: local (it starts pretrain runs, not ranks)."""
+    from trainer.commands import _script_help
+    from trainer.pipeline import Command
+
+    return Command(script=ROOT / "scripts" / "scaling.py", help=_script_help("scaling.py"),
+                   run_rank=_no_ranks, local=run_scaling)
