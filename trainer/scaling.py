@@ -298,6 +298,11 @@ CHANGES = {
                    "and check the router's token counts per expert again",
 }
 
+# With several pipeline stages a rank also waits for its neighbours' activations and gradients
+# (the pipeline bubble), which the profiler sees as point-to-point communication.
+PIPELINE_WAIT = ("; with pipeline stages part of this is the bubble: more micro-batches per "
+                 "step (train.global_batch_size) or interleaving (parallel.virtual_pipeline)")
+
 
 def _shares(point: dict) -> dict[str, float]:
     step = point["step_time_s"] or 1.0
@@ -375,7 +380,10 @@ def diagnose(point: dict, base: dict) -> dict:
     if findings and findings[0][0].startswith("memory"):
         (cause, evidence), findings = findings[0], findings[1:]
     also = [{"bottleneck": c, "evidence": e, "change": CHANGES[c]} for c, e in findings]
-    return {"bottleneck": cause, "evidence": evidence, "change": CHANGES[cause], "also": also,
+    change = CHANGES[cause]
+    if cause == "exposed communication" and len(point.get("stage_compute_s") or []) > 1:
+        change += PIPELINE_WAIT
+    return {"bottleneck": cause, "evidence": evidence, "change": change, "also": also,
             "shares": {name: round(value, 4) for name, value in shares.items()}}
 
 

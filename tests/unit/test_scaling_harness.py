@@ -200,6 +200,10 @@ def test_one_busy_pipeline_stage_is_named_beside_the_time_cause():
     assert "parallel.first_stage_layers" in found["also"][0]["change"]
     even = base | {"stage_compute_s": [0.5, 0.45]}
     assert diagnose(even, base)["also"] == []
+    waiting = even | {"exposed_comm_s": 0.5}  # with stages, the bubble waits as p2p comm
+    assert diagnose(waiting, waiting)["change"].endswith(
+        "or interleaving (parallel.virtual_pipeline)")
+    assert "bubble" not in diagnose(_point(2, 1000, comm=0.5), base)["change"]
 
 
 def test_a_busy_expert_is_named_from_the_routers_imbalance():
