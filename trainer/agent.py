@@ -123,9 +123,19 @@ class RankExit:
 
 def rank_death_line(exits: Sequence[RankExit]) -> str | None:
     """`error: rank 1 (node 1, local rank 0) died: signal SIGKILL`, for the ranks a signal
-    stopped (the others printed their own reason), all on one line; None when there are none."""
+    stopped (the others printed their own reason), all on one line; None when there are none.
+    Ranks ended by SIGTERM beside another signal's death are torchrun stopping the node's other
+    ranks after the first failure (torch/distributed/elastic/agent/server/api.py:954,
+    `_stop_workers` once no restart is left): counted, not blamed."""
     deaths = sorted((e for e in exits if e.exitcode < 0), key=lambda e: e.rank)
-    return "error: " + "; ".join(e.describe() for e in deaths) if deaths else None
+    blamed = [e for e in deaths if e.exitcode != -signal.SIGTERM] or deaths
+    if not blamed:
+        return None
+    line = "error: " + "; ".join(e.describe() for e in blamed)
+    stopped = len(deaths) - len(blamed)
+    if stopped:
+        line += f" (torchrun then stopped {stopped} other rank{'s' * (stopped > 1)} of its node)"
+    return line
 
 
 def rank_exit_summary(exits: Sequence[RankExit]) -> str:
@@ -442,7 +452,7 @@ def _import_torch_quietly() -> None:
         os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
 
 
-def _quiet_elastic_logs() -> None:
+def quiet_elastic_logs() -> None:
     """Our lines replace torch's reports of the same faults. Each torch.distributed.elastic
     module sets its own logger's level (elastic/utils/logging.py, `_setup_logger`), so the
     parent's level alone would not hide them: set every one imported so far."""
@@ -476,7 +486,7 @@ def run_agent(argv: Sequence[str]) -> int:
 
     args = get_args_parser().parse_args(list(argv))  # torchrun's own usage errors: exit 2
     args.min_nodes, args.max_nodes = _nodes(args)
-    _quiet_elastic_logs()
+    quiet_elastic_logs()
     watch = RendezvousWatch()
     watch.install()
     try:

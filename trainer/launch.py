@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import os
+import sys
 from pathlib import Path
 
 
@@ -18,19 +18,25 @@ def launch_local_ranks(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    from trainer.agent import quiet_elastic_logs, rank_death_line, rank_exits
+
     added = [key for key in environment if key not in os.environ]
     os.environ.update({key: environment[key] for key in added})
     # A failed rank has printed its own one-line reason; the launcher's report would repeat it.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    quiet_elastic_logs()
     args = get_args_parser().parse_args(
         ["--standalone", f"--nproc-per-node={nprocs}", str(script), *script_args]
     )
     try:
         run(args)
     except ChildFailedError as failure:
-        # Each rank already printed its own one-line error; only the exit code is left to pass on.
+        # Each rank already printed its own one-line error, except one a signal stopped: name
+        # it (trainer/agent.py's line); the exit code is passed on.
+        line = rank_death_line(rank_exits(failure, 0))
+        if line:
+            print(line, file=sys.stderr, flush=True)
         codes = [f.exitcode for f in failure.failures.values() if f.exitcode]
-        return max(codes, default=1)
+        return max((code for code in codes if code > 0), default=1)
     finally:
         for key in added:
             os.environ.pop(key, None)

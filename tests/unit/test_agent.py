@@ -93,6 +93,12 @@ def test_a_rank_killed_by_a_signal_is_named_with_its_node():
         "error: rank 1 (node 0, local rank 1) died: signal SIGKILL; "
         "rank 2 (node 1, local rank 0) died: signal SIGSEGV")
     assert rank_death_line([RankExit(0, None, 0, 2)]) is None  # it printed its own reason
+    stopped_by_torchrun = [RankExit(0, 0, 0, -15), RankExit(1, 0, 1, -9), RankExit(2, 0, 2, -15)]
+    assert rank_death_line(stopped_by_torchrun) == (
+        "error: rank 1 (node 0, local rank 1) died: signal SIGKILL (torchrun then stopped 2 "
+        "other ranks of its node)")
+    assert rank_death_line([RankExit(3, 1, 0, -15)]) == (  # SIGTERM alone is the cause
+        "error: rank 3 (node 1, local rank 0) died: signal SIGTERM")
     assert rank_exit_summary([RankExit(4, None, 0, 2), RankExit(1, 0, 1, -15)]) == (
         "rank 1 (node 0, local rank 1) died: signal SIGTERM; "
         "rank 4 (node ?, local rank 0) exited with code 2")
