@@ -124,11 +124,15 @@ class RankExit:
 def rank_death_line(exits: Sequence[RankExit]) -> str | None:
     """`error: rank 1 (node 1, local rank 0) died: signal SIGKILL`, for the ranks a signal
     stopped (the others printed their own reason), all on one line; None when there are none.
-    Ranks ended by SIGTERM beside another signal's death are torchrun stopping the node's other
-    ranks after the first failure (torch/distributed/elastic/agent/server/api.py:954,
+    Ranks ended by SIGTERM beside another rank's death or own error are torchrun stopping the
+    node's other ranks after the first failure (torch/distributed/elastic/agent/server/api.py:954,
     `_stop_workers` once no restart is left): counted, not blamed."""
     deaths = sorted((e for e in exits if e.exitcode < 0), key=lambda e: e.rank)
-    blamed = [e for e in deaths if e.exitcode != -signal.SIGTERM] or deaths
+    blamed = [e for e in deaths if e.exitcode != -signal.SIGTERM]
+    if not blamed:
+        if any(e.exitcode > 0 for e in exits):  # it printed its reason; the rest were stopped
+            return None
+        blamed = deaths
     if not blamed:
         return None
     line = "error: " + "; ".join(e.describe() for e in blamed)

@@ -97,6 +97,8 @@ def test_a_rank_killed_by_a_signal_is_named_with_its_node():
     assert rank_death_line(stopped_by_torchrun) == (
         "error: rank 1 (node 0, local rank 1) died: signal SIGKILL (torchrun then stopped 2 "
         "other ranks of its node)")
+    own_error_then_stopped = [RankExit(0, 0, 0, 3), RankExit(1, 0, 1, -15)]
+    assert rank_death_line(own_error_then_stopped) is None  # rank 0 printed its own reason
     assert rank_death_line([RankExit(3, 1, 0, -15)]) == (  # SIGTERM alone is the cause
         "error: rank 3 (node 1, local rank 0) died: signal SIGTERM")
     assert rank_exit_summary([RankExit(4, None, 0, 2), RankExit(1, 0, 1, -15)]) == (
