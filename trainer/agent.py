@@ -129,9 +129,7 @@ def rank_death_line(exits: Sequence[RankExit]) -> str | None:
     `_stop_workers` once no restart is left): counted, not blamed."""
     deaths = sorted((e for e in exits if e.exitcode < 0), key=lambda e: e.rank)
     blamed = [e for e in deaths if e.exitcode != -signal.SIGTERM]
-    if not blamed:
-        if any(e.exitcode > 0 for e in exits):  # it printed its reason; the rest were stopped
-            return None
+    if not blamed and not any(e.exitcode > 0 for e in exits):  # none printed its own reason
         blamed = deaths
     if not blamed:
         return None
