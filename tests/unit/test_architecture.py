@@ -95,3 +95,12 @@ def test_test_files_have_unique_names():
     of one name in unit/ and dist/ stop the whole suite at collection."""
     names = [path.name for path in (REPO / "tests").rglob("test_*.py")]
     assert sorted({name for name in names if names.count(name) > 1}) == []
+
+
+def test_no_merge_leftovers_are_tracked():
+    """Backup files of a patch or merge (`*.orig`, `*.rej`) are never part of the house."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    assert [name for name in tracked if name.endswith((".orig", ".rej"))] == []
