@@ -6,14 +6,7 @@ Torch-free so the trainer, the scaling harness and the tests share one definitio
   (summed over DP replicas and CP chunks, never again for the TP/PP ranks that compute the same
   token; padding and masked positions carry no loss and are not counted), divided by the wall
   time of those whole steps after warm-up, outside the profiler window;
-- model FLOPs: the work the model needs for one global batch (causal attention counted half,
-  GQA's smaller K/V projections, SwiGLU's third matrix, MoE's routed experts only); activation
-  recomputation is extra work, not useful work, so it never raises the figure. Megatron-LM's
-  `num_floating_point_operations` gives the same number where both apply
-  (`tests/unit/test_throughput_flops.py`); this formula, like Megatron's, leaves out the router,
-  norms and element-wise work;
-- MFU: model TFLOP/s per GPU over the accelerator's peak for the run's precision; without a
-  peak it is unknown (None), never guessed;
+- model FLOPs and MFU: the one definition in `recipes/plan/flops.py`, shared with the planner;
 - scaling efficiency against the smallest size that runs the model: T_G / ((G/G0) * T_G0).
 """
 
@@ -21,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 # Which steps of a process are warm-up and which the trainer profiles is part of the plugin
 # contract (a profiler plugin must avoid them): plugins/protocol.py holds it.
@@ -96,90 +88,6 @@ def hours_for_tokens(token_budget: float, tokens_per_s: float) -> float:
 
 def gpu_hours_for_tokens(token_budget: float, tokens_per_s: float, gpus: int) -> float:
     return hours_for_tokens(token_budget, tokens_per_s) * gpus
-
-
-# --- FLOPs ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class FlopsShape:
-    """The model dimensions the FLOPs formula needs (from a RunConfig's `model`)."""
-
-    num_layers: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_attention_heads: int
-    num_query_groups: int
-    kv_channels: int
-    padded_vocab_size: int
-    swiglu: bool
-    num_experts: int | None = None
-    moe_router_topk: int = 0
-    moe_ffn_hidden_size: int | None = None
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> FlopsShape:
-        m = cfg.model
-        return cls(
-            num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
-            num_attention_heads=m.num_attention_heads,
-            num_query_groups=m.num_query_groups or m.num_attention_heads,
-            kv_channels=m.kv_channels or m.hidden_size // m.num_attention_heads,
-            padded_vocab_size=cfg.layout.padded_vocab, swiglu=m.activation == "swiglu",
-            num_experts=m.num_moe_experts, moe_router_topk=m.moe_router_topk,
-            moe_ffn_hidden_size=m.moe_ffn_hidden_size,
-        )
-
-
-def forward_flops_per_token(shape: FlopsShape) -> float:
-    """Matrix-multiply FLOPs of one token's forward pass, sequence-length term excluded.
-
-    A [m, k] x [k, n] product is 2mkn FLOPs. Per layer: Q (heads x kv_channels wide) and K, V
-    (query groups x kv_channels wide: GQA), the output projection, and the MLP: two matrices,
-    three with SwiGLU (gate and up). An MoE layer runs `topk` experts per token. Then logits.
-    """
-    s = shape
-    query, key_value = s.num_attention_heads * s.kv_channels, s.num_query_groups * s.kv_channels
-    projections = 2 * s.hidden_size * (query + 2 * key_value) + 2 * query * s.hidden_size
-    matrices = 3 if s.swiglu else 2
-    if s.num_experts:
-        width = (s.moe_ffn_hidden_size or s.ffn_hidden_size) * s.moe_router_topk
-    else:
-        width = s.ffn_hidden_size
-    mlp = 2 * s.hidden_size * width * matrices
-    return s.num_layers * (projections + mlp) + 2 * s.hidden_size * s.padded_vocab_size
-
-
-def attention_flops_per_square(shape: FlopsShape) -> float:
-    """Forward FLOPs per (sequence length)^2: QK^T and softmax(QK^T)V are 2 * 2 * query width
-    each per pair of positions; the causal mask keeps half the pairs."""
-    query = shape.num_attention_heads * shape.kv_channels
-    return shape.num_layers * (2 * 2 * query) / 2
-
-
-def training_flops(shape: FlopsShape, tokens: int, seqlen_squared_sum: int) -> float:
-    """Useful FLOPs of one optimizer step: forward plus backward (twice the forward: data and
-    weight gradients) over `tokens` positions whose sequences' squared lengths sum to
-    `seqlen_squared_sum`. Recomputed forwards are not counted."""
-    forward = tokens * forward_flops_per_token(shape)
-    forward += seqlen_squared_sum * attention_flops_per_square(shape)
-    return 3 * forward
-
-
-def step_flops(cfg: Any) -> float:
-    """Useful FLOPs of one global batch of the run (every row a full causal sequence)."""
-    samples, seq = cfg.train.global_batch_size, cfg.model.seq_length
-    return training_flops(FlopsShape.from_config(cfg), samples * seq, samples * seq * seq)
-
-
-def tflops_per_gpu(flops: float, seconds: float, gpus: int) -> float:
-    return flops / seconds / gpus / 1e12 if seconds > 0 else 0.0
-
-
-def model_flops_utilisation(tflops: float, peak_tflops: float | None) -> float | None:
-    """Achieved over peak; None when no peak is known (never a guessed peak)."""
-    if not peak_tflops:
-        return None
-    return tflops / peak_tflops
 
 
 # --- exposed communication ------------------------------------------------------------------

@@ -22,12 +22,8 @@ import yaml
 
 from plugins.protocol import PROFILE_STEPS, WARMUP_STEPS
 from recipes.config.errors import ConfigError
-from recipes.throughput import (
-    gpu_hours_for_tokens,
-    hours_for_tokens,
-    model_flops_utilisation,
-    scaling_efficiency,
-)
+from recipes.plan.flops import model_flops_utilisation
+from recipes.throughput import gpu_hours_for_tokens, hours_for_tokens, scaling_efficiency
 
 MIN_STEPS = WARMUP_STEPS + 2 * PROFILE_STEPS  # warm-up, profiled window, as many measured
 MODES = ("weak", "strong")

@@ -15,7 +15,8 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from plugins.protocol import EvalResult, PluginSet, StepMetrics
-from recipes.throughput import is_measured, model_flops_utilisation, step_flops, tflops_per_gpu
+from recipes.plan.flops import model_flops_utilisation, step_flops, tflops_per_gpu
+from recipes.throughput import is_measured
 from trainer.data import MicroBatch
 from trainer.device import to_compute_device
 from trainer.metrics import max_over_world, reduce_loss_over_world, reduce_step_over_world

@@ -12,13 +12,8 @@ from megatron.core import parallel_state
 from rich.console import Console
 from rich.table import Table
 
-from recipes.throughput import (
-    is_measured,
-    measured_throughput,
-    model_flops_utilisation,
-    step_flops,
-    tflops_per_gpu,
-)
+from recipes.plan.flops import model_flops_utilisation, step_flops, tflops_per_gpu
+from recipes.throughput import is_measured, measured_throughput
 from trainer.device import compute_device
 from trainer.model import distinct_parameter_counts
 from trainer.state import RunHistory

@@ -3,8 +3,9 @@ costs in steps and GPU-hours.
 
 Only data-parallel replicas read different samples: TP, PP and CP ranks share their replica's
 micro-batch, so multiplying them in would overstate the batch. GPU-hours come from the model's
-training FLOPs (6 per parameter per token plus causal attention) at a stated share of the
-cluster's peak (model FLOPs utilisation), not from a measured step.
+training FLOPs per token (`recipes/plan/flops.py`, the definition the trainer's MFU uses too:
+the matrix multiplies a token runs, routed experts only, plus causal attention) at a stated
+share of the cluster's peak (model FLOPs utilisation), not from a measured step.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from recipes.plan.flops import model_flops_per_token
 
 
 def global_batch(micro_batch: int, data_parallel: int, accumulation: int) -> int:
@@ -33,21 +36,12 @@ class BatchPlan:
     mfu: float
 
 
-def flops_per_token(cfg: Any, parameters: int) -> float:
-    """Training FLOPs per token: 6·N for the matmuls (forward + backward) plus causal attention
-    (6·L·s·heads·head width: QK^T and AV, half the square, three passes)."""
-    m = cfg.model
-    width = (m.kv_channels or m.hidden_size // m.num_attention_heads) * m.num_attention_heads
-    attention = 6 * m.num_layers * m.seq_length * width
-    return 6 * parameters + attention
-
-
-def batch_plan(cfg: Any, parameters: int, peak_tflops: float | None, mfu: float,
+def batch_plan(cfg: Any, peak_tflops: float | None, mfu: float,
                token_budget: int | None) -> BatchPlan:
     layout = cfg.layout
     gb = global_batch(layout.micro_batch, layout.data_parallel, layout.microbatches)
     tokens = gb * cfg.model.seq_length
-    per_token = flops_per_token(cfg, parameters)
+    per_token = model_flops_per_token(cfg)
     step_s = None
     if peak_tflops:
         step_s = per_token * tokens / (layout.world_size * peak_tflops * 1e12 * mfu)

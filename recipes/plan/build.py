@@ -126,7 +126,7 @@ def make_plan(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None
         bubble_interleaved=bubble(pp, vpp, m) if vpp > 1 else None,
         in_flight={"all_forward": in_flight_all_forward(m),
                    "one_f_one_b": in_flight_1f1b(0, pp, m)},
-        batch=batch_plan(cfg, parameters, _peak_tflops(cfg, cluster), options.mfu,
+        batch=batch_plan(cfg, _peak_tflops(cfg, cluster), options.mfu,
                          options.token_budget),
         notes=_notes(cfg, cluster),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from plugins.protocol import PROFILE_STEPS, WARMUP_STEPS, profiled_steps
+from recipes.plan.flops import model_flops_utilisation
 from recipes.throughput import (
     RankTokens,
     counts_loss_tokens,
@@ -14,7 +15,6 @@ from recipes.throughput import (
     hours_for_tokens,
     is_measured,
     measured_throughput,
-    model_flops_utilisation,
     scaling_efficiency,
     tokens_per_second,
 )

@@ -1,5 +1,7 @@
-"""The FLOPs formula against Megatron-LM's `num_floating_point_operations` where both apply,
-and the choices it states: causal attention counted half, GQA, SwiGLU, MoE's routed experts,
+"""The one FLOPs definition (recipes/plan/flops.py): against Megatron-LM's
+`num_floating_point_operations` where both apply, against a hand count of Mixtral-8x7B's
+published shape, the same for the planner and the trainer on every recipe, and the choices it
+states: causal attention counted half, GQA, SwiGLU, MoE's routed and shared experts,
 recomputation not counted."""
 
 from __future__ import annotations
@@ -10,15 +12,18 @@ from types import SimpleNamespace
 import pytest
 from megatron.training.training import num_floating_point_operations
 
-from recipes.registry import get_recipe
-from recipes.throughput import (
+from recipes.plan.build import make_plan
+from recipes.plan.cluster import recipe_cluster
+from recipes.plan.flops import (
     FlopsShape,
-    attention_flops_per_square,
+    attention_score_flops,
     forward_flops_per_token,
+    model_flops_per_token,
     step_flops,
     tflops_per_gpu,
     training_flops,
 )
+from recipes.registry import RECIPES, get_recipe
 
 
 def _megatron_args(cfg) -> SimpleNamespace:
@@ -63,9 +68,35 @@ def test_packed_documents_count_their_own_squares_like_megatron():
     assert ours == pytest.approx(theirs, rel=1e-12)
 
 
+def test_mixtral_8x7b_equals_a_hand_count_of_its_published_shape():
+    """Mixtral-8x7B: 32 layers, hidden 4096, 32 query heads of 128 over 8 KV groups, 8 SwiGLU
+    experts of width 14336 with 2 routed per token, vocabulary 32000; 4096-token rows."""
+    cfg = get_recipe("mixtral_8x7b_tp1_pp4_ep8_dp16")
+    hidden, layers, seq, vocab = 4096, 32, 4096, 32000
+    q, kv = 32 * 128, 8 * 128
+    projections = 2 * hidden * q + 2 * (2 * hidden * kv) + 2 * q * hidden  # Q, K and V, out
+    experts = 2 * (3 * 2 * hidden * 14336)  # two routed experts, three matrices each
+    scores = 2 * (2 * q) * seq / 2  # QK^T and PV over half the row under the causal mask
+    forward = layers * (projections + experts + scores) + 2 * hidden * vocab
+    assert model_flops_per_token(cfg) == 3 * forward
+    # The active path is about a quarter of the 46.7B parameters, so 6 x all of them overstates
+    # the work about 3.6 times: the planner's step time once did.
+    assert 6 * 46.7e9 / model_flops_per_token(cfg) > 3.3
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_planner_and_trainer_count_the_same_flops(name):
+    """The planner's FLOPs per token (its step time and GPU-hours) times a step's tokens are
+    the FLOPs the trainer divides by the step time for model TFLOP/s and MFU."""
+    cfg = get_recipe(name)
+    batch = make_plan(cfg, recipe_cluster(cfg)).batch
+    assert batch.flops_per_token * batch.tokens_per_step == step_flops(cfg)
+
+
 def _shape(**changes) -> FlopsShape:
-    base = dict(num_layers=1, hidden_size=8, ffn_hidden_size=32, num_attention_heads=2,
-                num_query_groups=2, kv_channels=4, padded_vocab_size=16, swiglu=False)
+    base = dict(hidden_size=8, padded_vocab_size=16, attention_layers=1, dense_mlp_layers=1,
+                moe_layers=0, num_attention_heads=2, num_query_groups=2, kv_channels=4,
+                ffn_hidden_size=32, gated=False)
     return FlopsShape(**{**base, **changes})
 
 
@@ -73,7 +104,9 @@ def test_causal_attention_is_half_of_all_position_pairs():
     shape = _shape()
     query = 2 * 4
     full = 2 * query + 2 * query  # QK^T and PV for every pair of positions, 2 FLOPs a MAC
-    assert attention_flops_per_square(shape) == full / 2
+    assert training_flops(shape, 10, 100) - 10 * 3 * forward_flops_per_token(shape) == (
+        3 * full * 100 / 2)
+    assert attention_score_flops(shape, 1) == full
 
 
 def test_gqa_shrinks_only_the_key_value_projections():
@@ -83,14 +116,18 @@ def test_gqa_shrinks_only_the_key_value_projections():
 
 
 def test_swiglu_adds_a_third_mlp_matrix():
-    gelu, swiglu = forward_flops_per_token(_shape()), forward_flops_per_token(_shape(swiglu=True))
+    gelu, swiglu = forward_flops_per_token(_shape()), forward_flops_per_token(_shape(gated=True))
     assert swiglu - gelu == 2 * 8 * 32
 
 
-def test_moe_counts_routed_experts_not_all_experts():
-    top2 = _shape(num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=32)
+def test_moe_counts_routed_and_shared_experts_not_all_experts():
+    top2 = _shape(dense_mlp_layers=0, moe_layers=1, moe_router_topk=2, moe_ffn_hidden_size=32)
     dense_twice = _shape(ffn_hidden_size=64)
     assert forward_flops_per_token(top2) == forward_flops_per_token(dense_twice)
+    shared = _shape(dense_mlp_layers=0, moe_layers=1, moe_router_topk=2, moe_ffn_hidden_size=32,
+                    moe_shared_ffn_hidden_size=32)
+    dense_thrice = _shape(ffn_hidden_size=96)
+    assert forward_flops_per_token(shared) == forward_flops_per_token(dense_thrice)
 
 
 def test_recomputation_is_not_useful_work():

@@ -1,0 +1,133 @@
+"""Model FLOPs: the one definition of the work a model needs, used by the planner (step time,
+GPU-hours), the trainer (model TFLOP/s per GPU, MFU) and the scaling harness.
+
+Counted: matrix multiplies, 2·m·k·n for an [m, k] x [k, n] product, forward and backward (the
+backward is twice the forward: data and weight gradients). Per layer, its token mixer and its
+MLP are counted by kind:
+
+- attention: Q (heads x kv_channels wide) and K, V (query groups x kv_channels wide: GQA), the
+  output projection, and the scores QK^T and softmax(QK^T)V over the positions each token
+  attends to, half the sequence under the causal mask;
+- dense MLP: two matrices, three with a gated unit (SwiGLU's gate and up);
+- MoE: the routed experts a token runs (top-k of them, not all) plus the shared experts;
+- then the logits over the padded vocabulary.
+
+Not counted (as in Megatron-LM's `num_floating_point_operations`, which gives the same number
+where both apply: tests/unit/test_flops.py): the router, norms, element-wise work, embedding
+lookups, and activation recomputation, which is extra work, not useful work, so it never raises
+the figure. A new token mixer (for example a Mamba layer) is one more kind: its per-token
+FLOPs and the number of layers of that kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Forward + backward: the backward computes the data and the weight gradient of every product.
+TRAINING_PASSES = 3
+
+
+@dataclass(frozen=True)
+class FlopsShape:
+    """The model dimensions the FLOPs definition needs, with the layers counted by kind."""
+
+    hidden_size: int
+    padded_vocab_size: int
+    attention_layers: int  # layers whose token mixer is self-attention
+    dense_mlp_layers: int  # layers with one dense MLP
+    moe_layers: int  # layers with a mixture-of-experts MLP
+    num_attention_heads: int
+    num_query_groups: int
+    kv_channels: int
+    ffn_hidden_size: int
+    gated: bool  # a gated linear unit (SwiGLU): three MLP matrices instead of two
+    moe_router_topk: int = 0
+    moe_ffn_hidden_size: int = 0  # one routed expert's width
+    moe_shared_ffn_hidden_size: int = 0  # the shared experts' width together (0: none)
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> FlopsShape:
+        """The shape of a run config's GPT model: every layer attention, then MLP or MoE."""
+        m = cfg.model
+        moe = m.num_moe_experts is not None
+        return cls(
+            hidden_size=m.hidden_size,
+            padded_vocab_size=cfg.layout.padded_vocab,
+            attention_layers=m.num_layers,
+            dense_mlp_layers=0 if moe else m.num_layers,
+            moe_layers=m.num_layers if moe else 0,
+            num_attention_heads=m.num_attention_heads,
+            num_query_groups=m.num_query_groups or m.num_attention_heads,
+            kv_channels=m.kv_channels or m.hidden_size // m.num_attention_heads,
+            ffn_hidden_size=m.ffn_hidden_size,
+            gated=m.activation == "swiglu",
+            moe_router_topk=m.moe_router_topk if moe else 0,
+            moe_ffn_hidden_size=(m.moe_ffn_hidden_size or m.ffn_hidden_size) if moe else 0,
+        )
+
+
+def attention_projection_flops(s: FlopsShape) -> float:
+    """Forward FLOPs per token of one attention layer's Q, K, V and output projections."""
+    query, key_value = s.num_attention_heads * s.kv_channels, s.num_query_groups * s.kv_channels
+    return 2 * s.hidden_size * (query + 2 * key_value) + 2 * query * s.hidden_size
+
+
+def attention_score_flops(s: FlopsShape, pairs: float) -> float:
+    """Forward FLOPs of every attention layer's QK^T and softmax(QK^T)V over `pairs` (query,
+    key) pairs: 2 · 2 · query width per pair. A causal row of n tokens has n²/2 of them."""
+    return s.attention_layers * 2 * 2 * s.num_attention_heads * s.kv_channels * pairs
+
+
+def mlp_flops(s: FlopsShape, width: int) -> float:
+    """Forward FLOPs per token of an MLP of inner `width` (two matrices, three when gated)."""
+    return 2 * s.hidden_size * width * (3 if s.gated else 2)
+
+
+def moe_flops(s: FlopsShape) -> float:
+    """Forward FLOPs per token of one MoE layer: the top-k routed experts and the shared ones."""
+    return mlp_flops(s, s.moe_router_topk * s.moe_ffn_hidden_size + s.moe_shared_ffn_hidden_size)
+
+
+def forward_flops_per_token(s: FlopsShape) -> float:
+    """Forward FLOPs of one token that do not depend on the sequence: every layer's mixer
+    projections and MLP, then the logits."""
+    return (s.attention_layers * attention_projection_flops(s)
+            + s.dense_mlp_layers * mlp_flops(s, s.ffn_hidden_size)
+            + s.moe_layers * moe_flops(s)
+            + 2 * s.hidden_size * s.padded_vocab_size)
+
+
+def training_flops(s: FlopsShape, tokens: int, seqlen_squared_sum: int) -> float:
+    """Useful FLOPs of training on `tokens` positions whose sequences' squared lengths sum to
+    `seqlen_squared_sum` (one full row of n tokens: n and n²; a packed row: each document's)."""
+    pairs = seqlen_squared_sum / 2  # the causal mask keeps half of each sequence's square
+    return TRAINING_PASSES * (tokens * forward_flops_per_token(s)
+                              + attention_score_flops(s, pairs))
+
+
+def training_flops_per_token(s: FlopsShape, seq_length: int) -> float:
+    """Useful FLOPs per token of training on full causal rows of `seq_length` tokens: on
+    average a token attends to half its row."""
+    return TRAINING_PASSES * (forward_flops_per_token(s) + attention_score_flops(s, seq_length / 2))
+
+
+def model_flops_per_token(cfg: Any) -> float:
+    """Training FLOPs per token of a run config's model at its sequence length."""
+    return training_flops_per_token(FlopsShape.from_config(cfg), cfg.model.seq_length)
+
+
+def step_flops(cfg: Any) -> float:
+    """Useful FLOPs of one global batch of the run (every row a full causal sequence)."""
+    return model_flops_per_token(cfg) * cfg.train.global_batch_size * cfg.model.seq_length
+
+
+def tflops_per_gpu(flops: float, seconds: float, gpus: int) -> float:
+    return flops / seconds / gpus / 1e12 if seconds > 0 else 0.0
+
+
+def model_flops_utilisation(tflops: float, peak_tflops: float | None) -> float | None:
+    """Achieved over peak; None when no peak is known (never a guessed peak)."""
+    if not peak_tflops:
+        return None
+    return tflops / peak_tflops
