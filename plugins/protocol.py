@@ -37,24 +37,6 @@ from typing import Any
 
 Rule = Callable[[Any], str | None]
 
-# Steps at the start of a process excluded from throughput (allocator, first collectives).
-WARMUP_STEPS = 1
-# Steps right after the warm-up that the trainer runs under torch.profiler to measure exposed
-# communication when `logging.exposed_comm` asks for it (recipes/throughput.py); throughput
-# leaves them out. torch allows one profiler at a time, so a plugin that profiles must avoid
-# them: they are part of this contract.
-PROFILE_STEPS = 2
-
-
-def profiled_steps(steps_in_process: int, *, exposed_comm: bool) -> range:
-    """Indices (0-based, from this process's first step) run under the trainer's profiler: with
-    `exposed_comm` (the run's `logging.exposed_comm`), the PROFILE_STEPS after the warm-up, only
-    when at least as many measured steps remain; none otherwise."""
-    if not exposed_comm or steps_in_process < WARMUP_STEPS + 2 * PROFILE_STEPS:
-        return range(0)
-    return range(WARMUP_STEPS, WARMUP_STEPS + PROFILE_STEPS)
-
-
 class UserError(ValueError):
     """A mistake the user can fix, found at run time (a plugin meeting data it cannot use).
 
@@ -84,7 +66,7 @@ class StepMetrics:
     loss_tokens: int  # loss-contributing tokens of the global batch, each counted once
     step_time_s: float
     skipped: bool = False  # the optimizer did not apply this update (e.g. fp16 overflow)
-    # Where the step's time went, in seconds, averaged over ranks (recipes/throughput.py).
+    # Where the step's time went, in seconds, averaged over ranks (trainer/throughput.py).
     data_wait_s: float = 0.0  # taking the next global batch's micro-batches
     forward_backward_s: float = 0.0  # the pipeline schedule over all micro-batches
     optimizer_s: float = 0.0  # the optimizer update and scheduler step
@@ -126,6 +108,19 @@ class RunStart:
     run_dir: Path
     start_step: int  # 0, or the step a checkpoint resumed from
     total_steps: int
+    # Step numbers the trainer runs under torch.profiler itself in this process (to measure
+    # exposed communication); torch runs one profiler at a time, so a plugin must avoid them.
+    profiled_steps: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class ProfileWindow:
+    """Steps first..last (1-based) a plugin runs torch.profiler over, and the key that moves
+    them (named in the refusal when they overlap the trainer's own profiled steps)."""
+
+    first: int
+    last: int
+    start_key: str
 
 
 class Plugin:
@@ -186,6 +181,11 @@ class PluginConfig:
     def launch_environment(self) -> dict[str, str]:
         """Environment variables for locally launched ranks (set before torch starts them)."""
         return {}
+
+    def profile_window(self, cfg: Any) -> ProfileWindow | None:
+        """The steps this plugin, so configured, runs torch.profiler over (None: it profiles
+        none); the trainer refuses an overlap with its own profiled steps before launch."""
+        return None
 
     def machine_problem(self, machine: Any, on_cpu: bool) -> str | None:
         """What this machine lacks for this plugin as configured, as one line naming the field,

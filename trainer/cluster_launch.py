@@ -118,8 +118,9 @@ def plan_launch(args: LaunchArgs) -> LaunchPlan:
     from recipes.config.paths import validate_paths
     from recipes.config.resolve import resolve_config
     from recipes.plan.cluster import apply_cluster, load_cluster
+    from trainer.throughput import RUN_RULES
 
-    cfg = resolve_config(args.rest, check_paths=False)
+    cfg = resolve_config(args.rest, check_paths=False, rules=RUN_RULES)
     validate_paths(cfg, resume=False)
     if args.cluster is None:
         raise ConfigError("cluster= is missing; name a cluster file, e.g. "

@@ -18,6 +18,7 @@ from trainer.metrics import RunReporter
 from trainer.session import TrainingSession
 from trainer.state import RunHistory
 from trainer.step import evaluate, train_step
+from trainer.throughput import trainer_profiled_steps
 
 
 class NonFiniteError(RuntimeError):
@@ -102,7 +103,9 @@ def run_training(session: TrainingSession, reporter: RunReporter) -> RunHistory:
     """The step loop from the session's step to `train.train_iters`; returns its history."""
     cfg, history = session.cfg, RunHistory()
     total = cfg.train.train_iters
-    session.plugins.run_start(RunStart(cfg, session.run_dir, session.state.step, total))
+    start = session.state.step
+    profiled = trainer_profiled_steps(start, total, cfg.logging.exposed_comm)
+    session.plugins.run_start(RunStart(cfg, session.run_dir, start, total, profiled))
     if session.eval_steps > 0:
         _evaluate(session, history, reporter)
     while session.state.step < total:

@@ -2,7 +2,7 @@
 
 Effective tokens/s counts each loss token of the global batch once: tokens on different DP
 ranks (and CP chunks) add up; TP/PP ranks that work on the same tokens do not add again
-(definitions in `recipes/throughput.py`). The log line adds model TFLOP/s per GPU, MFU when
+(definitions in `trainer/throughput.py`). The log line adds model TFLOP/s per GPU, MFU when
 the run names a peak, and where the step's time went.
 """
 
@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from plugins.protocol import EvalResult, StepMetrics
-from recipes.throughput import counts_loss_tokens
 from trainer.device import compute_device
+from trainer.throughput import counts_loss_tokens
 
 
 def reduce_loss_over_world(loss_reports: list[dict]) -> tuple[float, int]:

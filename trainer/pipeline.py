@@ -32,6 +32,7 @@ from recipes.config.paths import checkpoint_preflight, validate_paths
 from recipes.config.resolve import ListRecipesRequested, resolve_config
 from recipes.config.schema import RunConfig
 from recipes.registry import format_recipe_list
+from trainer.throughput import RUN_RULES
 
 EXIT_USER_ERROR = 2
 EXIT_NONFINITE = 3
@@ -192,7 +193,7 @@ def run_pipeline(command: Command, argv: Sequence[str]) -> int:
     try:
         if command.local is not None:  # e.g. the planner: resolves its own config, no ranks
             return command.local(rest)
-        cfg = resolve_config(rest, check_paths=False)
+        cfg = resolve_config(rest, check_paths=False, rules=RUN_RULES)
     except ListRecipesRequested:
         print(help_text(command))
         return 0

@@ -7,7 +7,7 @@ global batch with DP; strong scaling keeps the global batch and lets accumulatio
 sizes are compared only when their training conditions match (equal GPU counts are not equal
 jobs): efficiency T_G / ((G/G0) * T_G0) is stated against the smallest comparable size, with
 time and GPU-hours for a token budget, and each size gets a diagnosis of its dominant
-bottleneck backed by the figure that triggered it. Definitions: `recipes/throughput.py`.
+bottleneck backed by the figure that triggered it. Definitions: `trainer/throughput.py`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,15 @@ from typing import Any
 
 import yaml
 
-from plugins.protocol import PROFILE_STEPS, WARMUP_STEPS
 from recipes.config.errors import ConfigError
 from recipes.plan.flops import model_flops_utilisation
-from recipes.throughput import gpu_hours_for_tokens, hours_for_tokens, scaling_efficiency
+from trainer.throughput import (
+    PROFILE_STEPS,
+    WARMUP_STEPS,
+    gpu_hours_for_tokens,
+    hours_for_tokens,
+    scaling_efficiency,
+)
 
 MIN_STEPS = WARMUP_STEPS + 2 * PROFILE_STEPS  # warm-up, profiled window, as many measured
 MODES = ("weak", "strong")

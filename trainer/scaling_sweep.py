@@ -174,6 +174,7 @@ def run_scaling(argv: list[str]) -> int:
     """The whole sweep: check every size, run each (or submit each), then the report."""
     from recipes.config.io import save_config
     from recipes.config.resolve import resolve_config
+    from trainer.throughput import RUN_RULES
 
     options, rest = parse_scaling_args(list(argv))
     if options.report:
@@ -181,7 +182,7 @@ def run_scaling(argv: list[str]) -> int:
     launch, rest = _launch_args(rest)
     if launch is not None and options.cluster is None:
         options.cluster = launch.cluster  # its peak gives MFU
-    cfg = resolve_config(rest, check_paths=False)
+    cfg = resolve_config(rest, check_paths=False, rules=RUN_RULES)
     sweep_dir = _report_dir(cfg, options)
     base_config = save_config(cfg, sweep_dir / "base_config.yaml")
     points = plan_points(cfg, options, sweep_dir)

@@ -1,7 +1,7 @@
 """One optimizer step and one held-out evaluation through Megatron's pipeline schedules.
 
 The step is timed as a whole optimizer step with its phases (data wait, forward-backward,
-optimizer) and, on profiled steps, its exposed communication; see `trainer/throughput.py`.
+optimizer) and, on profiled steps, its exposed communication; see `trainer/step_clock.py`.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from plugins.protocol import EvalResult, PluginSet, StepMetrics
 from recipes.plan.flops import model_flops_utilisation, step_flops, tflops_per_gpu
-from recipes.throughput import is_measured
 from trainer.data import MicroBatch
 from trainer.device import to_compute_device
 from trainer.metrics import max_over_world, reduce_loss_over_world, reduce_step_over_world
-from trainer.throughput import (
+from trainer.step_clock import (
     StepClock,
     peak_memory_gib,
     run_peak_tflops,
     start_profiler,
     stop_profiler,
 )
+from trainer.throughput import is_measured
 
 
 def masked_token_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
@@ -106,7 +106,7 @@ def train_step(session) -> StepMetrics:
 
     Every rank starts the step's clock together (a barrier: rank 0's logging between steps is
     not step time) and stops it after the loss all-reduce, which no rank leaves before every
-    rank has updated; phases are marked in between (recipes/throughput.py for what counts).
+    rank has updated; phases are marked in between (trainer/throughput.py for what counts).
     """
     cfg = session.cfg
     index, steps_in_process = session.state.step - session.start_step, (

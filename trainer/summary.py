@@ -2,7 +2,7 @@
 
 Speed is stated as the scaling harness reads it: effective tokens/s over whole measured steps,
 model TFLOP/s per GPU and MFU (unknown without a peak), with the batch, sequence length and
-precision that make two runs comparable (`recipes/throughput.py`).
+precision that make two runs comparable (`trainer/throughput.py`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from rich.console import Console
 from rich.table import Table
 
 from recipes.plan.flops import model_flops_utilisation, step_flops, tflops_per_gpu
-from recipes.throughput import is_measured, measured_throughput
 from trainer.device import compute_device
 from trainer.model import distinct_parameter_counts
 from trainer.state import RunHistory
-from trainer.throughput import run_peak_tflops
+from trainer.step_clock import run_peak_tflops
+from trainer.throughput import is_measured, measured_throughput
 
 
 def describe_run_layout(cfg) -> str:

@@ -1,159 +1,144 @@
-"""Step timing for honest throughput: phase clocks, the profiler window, the run's peak.
+"""Honest throughput: what counts as a trained token and a comparable second, and which steps
+of a run are measured.
 
-A step's phases (data wait, forward-backward, optimizer) are marked with `perf_counter` on CPU
-and with CUDA events on GPU (kernels run asynchronously: host time alone would move work
-between phases), read once the step's loss reduction has synchronised the device. Exposed
-communication needs a profiler, which is too costly for every step: it runs only on the steps
-`plugins.protocol.profiled_steps` names, which throughput then leaves out. The definitions
-themselves live in the torch-free `recipes/throughput.py`.
+Torch-free, so the trainer, the scaling harness and the tests share one definition:
+
+- effective tokens/s: loss-contributing tokens of whole optimizer steps, each counted once
+  (summed over DP replicas and CP chunks, never again for the TP/PP ranks that compute the same
+  token; padding and masked positions carry no loss and are not counted), divided by the wall
+  time of those whole steps after warm-up, outside the profiled steps;
+- which steps count: the first `WARMUP_STEPS` of a process (allocator, first collectives) and
+  the `PROFILE_STEPS` after them that the trainer runs under torch.profiler when the run
+  measures exposed communication (`logging.exposed_comm`) are left out. torch runs one profiler
+  at a time, so a plugin that profiles steps must avoid those: `check_profile_windows` refuses
+  an overlap before launch, and `RunStart.profiled_steps` tells plugins at run time;
+- model FLOPs and MFU: the one definition in `recipes/plan/flops.py`, shared with the planner;
+- scaling efficiency against the smallest size that runs the model: T_G / ((G/G0) * T_G0).
 """
 
 from __future__ import annotations
 
-import bisect
-import functools
-import os
-import sys
-import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from itertools import pairwise
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-import torch
-
-from plugins.protocol import profiled_steps
-from recipes.throughput import exposed_time, union_of
-
-PHASES = ("data_wait", "forward_backward", "optimizer")
-# Profiler event names of collectives and point-to-point transfers (gloo, NCCL, c10d wrappers).
-_COMM_MARKERS = ("gloo:", "nccl", "c10d::", "record_param_comms")
+SECONDS_PER_HOUR = 3600.0
+# Steps at the start of a process excluded from throughput (allocator, first collectives).
+WARMUP_STEPS = 1
+# Steps right after the warm-up that the trainer profiles to measure exposed communication
+# when `logging.exposed_comm` asks for it; throughput leaves them out.
+PROFILE_STEPS = 2
 
 
-class StepClock:
-    """Marks phase boundaries of one step; `seconds()` gives each phase's duration."""
+# --- which steps count --------------------------------------------------------------------
 
-    def __init__(self) -> None:
-        self.cuda = torch.cuda.is_available()
-        self.marks: list[Any] = []
-        self.mark()
+def profiled_steps(steps_in_process: int, *, exposed_comm: bool) -> range:
+    """Indices (0-based, from this process's first step) the trainer runs under torch.profiler:
+    with `exposed_comm` (the run's `logging.exposed_comm`), the PROFILE_STEPS after the
+    warm-up, only when at least as many measured steps remain; none otherwise."""
+    if not exposed_comm or steps_in_process < WARMUP_STEPS + 2 * PROFILE_STEPS:
+        return range(0)
+    return range(WARMUP_STEPS, WARMUP_STEPS + PROFILE_STEPS)
 
-    def mark(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
+
+def trainer_profiled_steps(start_step: int, total_steps: int, exposed_comm: bool) -> frozenset:
+    """Step numbers (1-based, as logged) the trainer profiles in a process that trains from
+    `start_step` to `total_steps`."""
+    return frozenset(start_step + 1 + index for index in
+                     profiled_steps(total_steps - start_step, exposed_comm=exposed_comm))
+
+
+def check_profile_windows(cfg: Any) -> str | None:
+    """No plugin profiles a step the trainer profiles itself (torch runs one profiler at a
+    time: a second one started inside the first leaves the first with no events)."""
+    own = trainer_profiled_steps(0, cfg.train.train_iters, cfg.logging.exposed_comm)
+    for name, config in cfg.plugins.configs():
+        window = config.profile_window(cfg)
+        if window is None:
+            continue
+        clash = sorted(step for step in own if window.first <= step <= window.last)
+        if clash:
+            return (f"plugins.{name} profiles steps {window.first}-{window.last}, which overlaps "
+                    f"steps {clash[0]}-{clash[-1]} that the trainer profiles itself to measure "
+                    "exposed communication (logging.exposed_comm=true; torch runs one profiler "
+                    f"at a time); set {window.start_key}={max(own) + 1} or later, or "
+                    "logging.exposed_comm=false")
+    return None
+
+
+# Rules of how the trainer runs, beside the core rules and each plugin's own (checked by the
+# entry pipeline and the launcher before anything starts).
+RUN_RULES = (check_profile_windows,)
+
+
+def is_measured(index: int, steps_in_process: int, *, exposed_comm: bool) -> bool:
+    """Whether step `index` of this process enters throughput: after warm-up, not profiled
+    (`exposed_comm`: the run profiles steps to measure exposed communication)."""
+    return index >= WARMUP_STEPS and index not in profiled_steps(
+        steps_in_process, exposed_comm=exposed_comm)
+
+
+# --- which tokens count -------------------------------------------------------------------
+
+def counts_loss_tokens(tp_rank: int, last_pipeline_stage: bool) -> bool:
+    """Whether this rank's loss tokens enter the global count: only the last pipeline stage
+    holds losses, and of the TP ranks that share a token only TP rank 0 reports it. Every DP
+    replica and every CP chunk has its own TP-rank-0 last-stage rank, so those add up."""
+    return last_pipeline_stage and tp_rank == 0
+
+
+def tokens_per_second(steps: Sequence[tuple[float, int]]) -> float:
+    """Tokens over wall time of whole steps: sum of tokens / sum of seconds (not a mean of
+    per-step rates, which would weight a fast step like a slow one)."""
+    seconds = sum(t for t, _ in steps)
+    return sum(tokens for _, tokens in steps) / seconds if seconds > 0 else 0.0
+
+
+def measured_throughput(steps: Sequence[tuple[float, int]], *, exposed_comm: bool) -> float:
+    """Effective tokens/s over a process's (seconds, loss tokens) per step, measured steps
+    only; with too few steps for a warm-up, every step counts."""
+    kept = [step for index, step in enumerate(steps)
+            if is_measured(index, len(steps), exposed_comm=exposed_comm)]
+    return tokens_per_second(kept or list(steps))
+
+
+# --- scaling ------------------------------------------------------------------------------
+
+def scaling_efficiency(tokens_per_s: float, gpus: int, base_tokens_per_s: float,
+                       base_gpus: int) -> float:
+    """T_G / ((G / G0) * T_G0): 1.0 is perfect linear scaling from the base size."""
+    return tokens_per_s / ((gpus / base_gpus) * base_tokens_per_s)
+
+
+def hours_for_tokens(token_budget: float, tokens_per_s: float) -> float:
+    """Pure training time for a token budget (no evaluation, checkpoints or failures)."""
+    return token_budget / tokens_per_s / SECONDS_PER_HOUR
+
+
+def gpu_hours_for_tokens(token_budget: float, tokens_per_s: float, gpus: int) -> float:
+    return hours_for_tokens(token_budget, tokens_per_s) * gpus
+
+
+# --- exposed communication ------------------------------------------------------------------
+
+def union_of(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted disjoint intervals covering the same time as `intervals`."""
+    merged: list[list[float]] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
         else:
-            self.marks.append(time.perf_counter())
-
-    def seconds(self) -> list[float]:
-        """Durations between consecutive marks (synchronises the device on GPU)."""
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) / 1e3 for a, b in pairwise(self.marks)]
-        return [b - a for a, b in pairwise(self.marks)]
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
 
 
-def start_profiler(index: int, steps_in_process: int, exposed_comm: bool):
-    """A running torch profiler when step `index` is in the profiler window (only when the run
-    measures exposed communication: `logging.exposed_comm`), else None."""
-    if index not in profiled_steps(steps_in_process, exposed_comm=exposed_comm):
-        return None
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    profiler = torch.profiler.profile(activities=activities)
-    with _native_stderr_silenced():
-        profiler.start()
-    return profiler
-
-
-@contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
-    """The profiler's C++ side prints start/stop lines (and, without a GPU, a device-count
-    error) to stderr on every rank; they would bury the log, so stderr goes to /dev/null."""
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-def _is_comm(name: str) -> bool:
-    lowered = name.lower()
-    return any(marker in lowered for marker in _COMM_MARKERS)
-
-
-def _interval(event) -> tuple[float, float]:
-    return event.time_range.start / 1e6, event.time_range.end / 1e6
-
-
-def comm_and_compute(events: Iterable[Any], on_gpu: bool) -> tuple[list, list]:
-    """(communication, compute) intervals in seconds from profiler events.
-
-    On GPU: kernels, NCCL ones being communication. On CPU (gloo runs collectives on its own
-    threads while the calling thread waits unrecorded): communication ops on any thread, and
-    as compute the `aten::` ops on threads that are not inside a communication op.
-    """
-    events = list(events)
-    if on_gpu:
-        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
-        comm = [_interval(e) for e in kernels if _is_comm(e.name)]
-        return comm, [_interval(e) for e in kernels if not _is_comm(e.name)]
-    comm_events = [e for e in events if _is_comm(e.name)]
-    by_thread: dict[Any, list] = {}
-    for event in comm_events:
-        by_thread.setdefault(event.thread, []).append(_interval(event))
-    spans = {thread: union_of(intervals) for thread, intervals in by_thread.items()}
-    starts = {thread: [a for a, _ in union] for thread, union in spans.items()}
-
-    def nested_in_comm(event) -> bool:  # inside a communication op of its own thread
-        if event.thread not in spans:
-            return False
-        start, end = _interval(event)
-        at = bisect.bisect_right(starts[event.thread], start) - 1
-        return at >= 0 and end <= spans[event.thread][at][1]
-
-    compute = [_interval(e) for e in events
-               if e.name.startswith("aten::") and not nested_in_comm(e)]
-    return [_interval(e) for e in comm_events], compute
-
-
-def stop_profiler(profiler) -> tuple[float, float]:
-    """(seconds of this rank's communication not hidden behind its compute, seconds this rank
-    computed), in the window."""
-    with _native_stderr_silenced():
-        profiler.stop()
-    comm, compute = comm_and_compute(profiler.events(), torch.cuda.is_available())
-    return exposed_time(comm, compute), sum(end - start for start, end in union_of(compute))
-
-
-def peak_memory_gib() -> float:
-    """This rank's peak memory so far: device memory allocated on GPU (what the caching
-    allocator handed out, as `torch.cuda.max_memory_allocated` counts it), else the process's
-    peak resident set (`ru_maxrss`, KiB on Linux)."""
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**30
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-def run_peak_tflops(cfg: Any) -> float | None:
-    """Peak dense TFLOP/s per GPU for the run's precision, from the cluster file the config
-    names (`cluster.spec`, a conf/cluster/*.yaml path); None when none is named, so MFU is
-    unknown rather than guessed."""
-    spec = cfg.cluster.spec
-    return cluster_peak_tflops(str(spec), cfg.precision.dtype) if spec else None
-
-
-@functools.lru_cache(maxsize=8)
-def cluster_peak_tflops(path: str, precision: str) -> float | None:
-    """A cluster file's peak for one precision (read once per process)."""
-    from recipes.plan.cluster import load_cluster
-
-    return load_cluster(path).peak_tflops.get(precision)
+def exposed_time(communication: Iterable[tuple[float, float]],
+                 compute: Iterable[tuple[float, float]]) -> float:
+    """Time some communication runs while no computation does: the union of communication
+    intervals minus its overlap with the union of compute intervals. Communication hidden
+    behind compute costs nothing; only the rest adds to the step."""
+    comm, busy = union_of(communication), union_of(compute)
+    total = sum(end - start for start, end in comm)
+    for c_start, c_end in comm:
+        for b_start, b_end in busy:
+            total -= max(0.0, min(c_end, b_end) - max(c_start, b_start))
+    return total

@@ -10,23 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from plugins.protocol import Plugin, PluginConfig, Rule, profiled_steps
-
-
-def trainer_profiled_steps(start_step: int, total_steps: int, exposed_comm: bool) -> set[int]:
-    """Step numbers the trainer itself runs under torch.profiler to measure exposed
-    communication when the run asks for it (`logging.exposed_comm`; `profiled_steps` in
-    plugins/protocol.py). torch allows one profiler at a time: a second one started inside the
-    first leaves the first with no events, so the window must avoid them."""
-    return {start_step + 1 + index
-            for index in profiled_steps(total_steps - start_step, exposed_comm=exposed_comm)}
-
-
-def window_clash(first: int, last: int, start_step: int, total_steps: int,
-                 exposed_comm: bool) -> list[int]:
-    """The trainer's own profiled steps inside the window first..last, in order."""
-    return sorted(s for s in trainer_profiled_steps(start_step, total_steps, exposed_comm)
-                  if first <= s <= last)
+from plugins.protocol import Plugin, PluginConfig, ProfileWindow, Rule
 
 
 def check_profiler_window(cfg: Any) -> str | None:
@@ -41,14 +25,6 @@ def check_profiler_window(cfg: Any) -> str | None:
     if last > total:
         return (f"plugins.profiler.start_step={p.start_step} with steps={p.steps} profiles up to "
                 f"step {last}, past train.train_iters={total}; lower plugins.profiler.start_step")
-    exposed = cfg.logging.exposed_comm
-    clash = window_clash(p.start_step, last, 0, total, exposed)
-    if clash:
-        after = max(trainer_profiled_steps(0, total, exposed)) + 1
-        return (f"plugins.profiler.start_step={p.start_step} with steps={p.steps} overlaps steps "
-                f"{clash[0]}-{clash[-1]}, which the trainer profiles itself to measure exposed "
-                f"communication (logging.exposed_comm=true; torch runs one profiler at a time); "
-                f"set plugins.profiler.start_step={after} or later, or logging.exposed_comm=false")
     return None
 
 
@@ -67,6 +43,12 @@ class ProfilerConfig(PluginConfig):
 
     def rules(self) -> tuple[Rule, ...]:
         return (check_profiler_window,)
+
+    def profile_window(self, cfg: Any) -> ProfileWindow | None:
+        if not self.enabled:
+            return None
+        return ProfileWindow(self.start_step, self.start_step + self.steps - 1,
+                             "plugins.profiler.start_step")
 
     def build(self) -> Plugin | None:
         if not self.enabled:

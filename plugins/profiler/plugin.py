@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from plugins.profiler.config import window_clash
 from plugins.protocol import Plugin, RunStart, StepMetrics
 
 TRACE_DIR = "profile"
@@ -43,8 +42,7 @@ class ProfilerPlugin(Plugin):
             return
         if start.start_step >= self.first:  # resumed past the window: nothing to trace
             return
-        clash = window_clash(self.first, self.last, start.start_step, start.total_steps,
-                             start.config.logging.exposed_comm)
+        clash = sorted(s for s in start.profiled_steps if self.first <= s <= self.last)
         if clash:  # a resumed run moves the trainer's own profiled steps
             print(f"profiler: steps {self.first}-{self.last} overlap steps {clash} that the "
                   "trainer profiles itself; no trace (move plugins.profiler.start_step)",

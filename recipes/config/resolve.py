@@ -14,7 +14,7 @@ from recipes.config.io import load_config
 from recipes.config.overrides import apply_overrides, split_override
 from recipes.config.paths import validate_paths
 from recipes.config.schema import RunConfig
-from recipes.config.validation import validate
+from recipes.config.validation import Rule, validate
 from recipes.registry import DEFAULT_RECIPE, get_recipe
 
 HELP_ARGS = ("--help", "-h", "help")
@@ -61,13 +61,16 @@ def parse_args(argv: Sequence[str]) -> ParsedArgs:
     return parsed
 
 
-def resolve_config(argv: Sequence[str], *, check_paths: bool = True) -> RunConfig:
+def resolve_config(argv: Sequence[str], *, check_paths: bool = True,
+                   rules: Sequence[Rule] = ()) -> RunConfig:
     """Build, override and validate the configuration the command line describes.
 
     Raises `ListRecipesRequested` for `recipe=list`/`--help`/`-h`, and `ConfigError` (one
     line, with the fix) for any mistake, including paths the config names (checked here, before
     any rank starts, unless `check_paths=False`: the entry pipeline first makes data a blend
-    says how to prepare). Does not check the machine; see `recipes.config.machine`.
+    says how to prepare). `rules` are checked after the core and plugin rules (the trainer's
+    own, `trainer.throughput.RUN_RULES`). Does not check the machine; see
+    `recipes.config.machine`.
     """
     parsed = parse_args(argv)
     if parsed.config is not None:
@@ -75,7 +78,7 @@ def resolve_config(argv: Sequence[str], *, check_paths: bool = True) -> RunConfi
     else:
         base = get_recipe(parsed.recipe or DEFAULT_RECIPE)
     cfg = apply_overrides(base, parsed.overrides)
-    validate(cfg)
+    validate(cfg, rules)
     if check_paths:
         validate_paths(cfg)
     return cfg

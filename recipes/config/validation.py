@@ -12,7 +12,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from recipes.config.errors import ConfigError
@@ -542,9 +542,10 @@ def all_rules(cfg: RunConfig) -> tuple[Rule, ...]:
     return (*RULES, *cfg.precision.rules(), *cfg.plugins.rules())
 
 
-def validate(cfg: RunConfig) -> None:
-    """Raise `ConfigError` with the message of the first rule `cfg` breaks (`all_rules` order)."""
-    for rule in all_rules(cfg):
+def validate(cfg: RunConfig, extra: Sequence[Rule] = ()) -> None:
+    """Raise `ConfigError` with the message of the first rule `cfg` breaks (`all_rules` order,
+    then `extra`: rules of a program above this floor, e.g. the trainer's own)."""
+    for rule in (*all_rules(cfg), *extra):
         message = rule(cfg)
         if message:
             raise ConfigError(message)

@@ -19,10 +19,11 @@ from plugins.logging.curves import Curves, plot_curves, read_run
 from plugins.logging.offline_wandb import wait_for_history
 from plugins.logging.plugin import LoggingPlugin
 from plugins.logging.scalars import numeric_fields, tagged
-from plugins.profiler.config import check_profiler_window, trainer_profiled_steps
+from plugins.profiler.config import check_profiler_window
 from plugins.protocol import EvalResult, RunStart, StepMetrics, UserError
 from recipes.config.errors import ConfigError
 from recipes.config.resolve import resolve_config
+from trainer.throughput import RUN_RULES, check_profile_windows, trainer_profiled_steps
 
 REPO = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -193,7 +194,7 @@ def test_compare_runs_overlays_run_dirs_and_refuses_in_one_line(tmp_path):
 def test_profiler_window_rules():
     def cfg(*overrides: str):
         return resolve_config(["recipe=tiny_dp1", "plugins.profiler.enabled=true", *overrides],
-                              check_paths=False)
+                              check_paths=False, rules=RUN_RULES)
 
     assert check_profiler_window(cfg()) is None  # default window 5-6 of 300 steps
     with pytest.raises(ConfigError, match=r"plugins.profiler.steps=0 must be at least 1"):
@@ -205,8 +206,11 @@ def test_profiler_window_rules():
     own = sorted(trainer_profiled_steps(0, 300, exposed_comm=True))
     assert own == [2, 3]  # with logging.exposed_comm the trainer profiles these itself
     assert check_profiler_window(cfg("plugins.profiler.start_step=2")) is None
-    with pytest.raises(ConfigError, match="overlaps steps 2-3.*logging.exposed_comm=false"):
+    with pytest.raises(ConfigError, match="plugins.profiler profiles steps 2-3, which overlaps "
+                       "steps 2-3.*set plugins.profiler.start_step=4.*logging.exposed_comm=false"):
         cfg("plugins.profiler.start_step=2", "logging.exposed_comm=true")
+    assert check_profile_windows(cfg("plugins.profiler.start_step=4",
+                                     "logging.exposed_comm=true")) is None
 
 
 def test_profiler_traces_exactly_its_window(tmp_path):
@@ -227,3 +231,18 @@ def test_profiler_traces_exactly_its_window(tmp_path):
     names = {event.get("name") for event in json.loads(traces[0].read_text())["traceEvents"]}
     assert {"work of step 2", "work of step 3"} <= names
     assert not names & {"work of step 1", "work of step 4"}
+
+
+def test_profiler_stands_aside_for_the_trainers_own_profiled_steps(tmp_path, capsys):
+    """A resumed run moves the trainer's profiled steps; the plugin hears them in RunStart and
+    traces nothing rather than leaving the trainer's profiler without events."""
+    from plugins.profiler.config import ProfilerConfig
+
+    plugin = ProfilerConfig(enabled=True, start_step=12, steps=2).build()
+    cfg = resolve_config(["recipe=tiny_dp1"], check_paths=False)
+    own = trainer_profiled_steps(10, 20, exposed_comm=True)
+    assert own == {12, 13}
+    plugin.run_start(RunStart(config=cfg, run_dir=tmp_path, start_step=10, total_steps=20,
+                              profiled_steps=own))
+    assert plugin.trace_dir is None
+    assert "overlap steps [12, 13] that the trainer profiles itself" in capsys.readouterr().err

@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import pytest
 
-from plugins.protocol import PROFILE_STEPS, WARMUP_STEPS, profiled_steps
 from recipes.plan.flops import model_flops_utilisation
-from recipes.throughput import (
-    RankTokens,
+from trainer.throughput import (
+    PROFILE_STEPS,
+    WARMUP_STEPS,
     counts_loss_tokens,
-    effective_loss_tokens,
     exposed_time,
     gpu_hours_for_tokens,
     hours_for_tokens,
     is_measured,
     measured_throughput,
+    profiled_steps,
     scaling_efficiency,
     tokens_per_second,
 )
 
 ROW = [1, 1, 1, 1, 0, 0]  # 4 loss tokens, then 2 padding positions
+# What one rank computed in a step: its coordinates and its micro-batches' 0/1 loss masks.
+RankTokens = namedtuple("RankTokens", "tp_rank last_pipeline_stage loss_masks")
+
+
+def effective_loss_tokens(ranks) -> int:
+    """The trainer's world count (trainer/metrics.py): each rank that `counts_loss_tokens`
+    adds the ones of its loss masks; the others add nothing."""
+    return sum(sum(map(sum, rank.loss_masks)) for rank in ranks
+               if counts_loss_tokens(rank.tp_rank, rank.last_pipeline_stage))
 
 
 def test_padding_and_masked_positions_are_not_counted():

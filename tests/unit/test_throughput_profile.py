@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from recipes.throughput import exposed_time
-from trainer.throughput import comm_and_compute
+from trainer.step_clock import comm_and_compute
+from trainer.throughput import exposed_time
 
 
 def _event(name, thread, start_us, end_us, device=torch.autograd.DeviceType.CPU):

@@ -1,0 +1,158 @@
+"""Step timing for honest throughput: phase clocks, the profiler window, the run's peak.
+
+A step's phases (data wait, forward-backward, optimizer) are marked with `perf_counter` on CPU
+and with CUDA events on GPU (kernels run asynchronously: host time alone would move work
+between phases), read once the step's loss reduction has synchronised the device. Exposed
+communication needs a profiler, which is too costly for every step: it runs only on the steps
+`trainer.throughput.profiled_steps` names, which throughput then leaves out. The definitions
+themselves live in the torch-free `trainer/throughput.py`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from itertools import pairwise
+from typing import Any
+
+import torch
+
+from trainer.throughput import exposed_time, profiled_steps, union_of
+
+PHASES = ("data_wait", "forward_backward", "optimizer")
+# Profiler event names of collectives and point-to-point transfers (gloo, NCCL, c10d wrappers).
+_COMM_MARKERS = ("gloo:", "nccl", "c10d::", "record_param_comms")
+
+
+class StepClock:
+    """Marks phase boundaries of one step; `seconds()` gives each phase's duration."""
+
+    def __init__(self) -> None:
+        self.cuda = torch.cuda.is_available()
+        self.marks: list[Any] = []
+        self.mark()
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        """Durations between consecutive marks (synchronises the device on GPU)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in pairwise(self.marks)]
+        return [b - a for a, b in pairwise(self.marks)]
+
+
+def start_profiler(index: int, steps_in_process: int, exposed_comm: bool):
+    """A running torch profiler when step `index` is in the profiler window (only when the run
+    measures exposed communication: `logging.exposed_comm`), else None."""
+    if index not in profiled_steps(steps_in_process, exposed_comm=exposed_comm):
+        return None
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(activities=activities)
+    with _native_stderr_silenced():
+        profiler.start()
+    return profiler
+
+
+@contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """The profiler's C++ side prints start/stop lines (and, without a GPU, a device-count
+    error) to stderr on every rank; they would bury the log, so stderr goes to /dev/null."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _is_comm(name: str) -> bool:
+    lowered = name.lower()
+    return any(marker in lowered for marker in _COMM_MARKERS)
+
+
+def _interval(event) -> tuple[float, float]:
+    return event.time_range.start / 1e6, event.time_range.end / 1e6
+
+
+def comm_and_compute(events: Iterable[Any], on_gpu: bool) -> tuple[list, list]:
+    """(communication, compute) intervals in seconds from profiler events.
+
+    On GPU: kernels, NCCL ones being communication. On CPU (gloo runs collectives on its own
+    threads while the calling thread waits unrecorded): communication ops on any thread, and
+    as compute the `aten::` ops on threads that are not inside a communication op.
+    """
+    events = list(events)
+    if on_gpu:
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        comm = [_interval(e) for e in kernels if _is_comm(e.name)]
+        return comm, [_interval(e) for e in kernels if not _is_comm(e.name)]
+    comm_events = [e for e in events if _is_comm(e.name)]
+    by_thread: dict[Any, list] = {}
+    for event in comm_events:
+        by_thread.setdefault(event.thread, []).append(_interval(event))
+    spans = {thread: union_of(intervals) for thread, intervals in by_thread.items()}
+    starts = {thread: [a for a, _ in union] for thread, union in spans.items()}
+
+    def nested_in_comm(event) -> bool:  # inside a communication op of its own thread
+        if event.thread not in spans:
+            return False
+        start, end = _interval(event)
+        at = bisect.bisect_right(starts[event.thread], start) - 1
+        return at >= 0 and end <= spans[event.thread][at][1]
+
+    compute = [_interval(e) for e in events
+               if e.name.startswith("aten::") and not nested_in_comm(e)]
+    return [_interval(e) for e in comm_events], compute
+
+
+def stop_profiler(profiler) -> tuple[float, float]:
+    """(seconds of this rank's communication not hidden behind its compute, seconds this rank
+    computed), in the window."""
+    with _native_stderr_silenced():
+        profiler.stop()
+    comm, compute = comm_and_compute(profiler.events(), torch.cuda.is_available())
+    return exposed_time(comm, compute), sum(end - start for start, end in union_of(compute))
+
+
+def peak_memory_gib() -> float:
+    """This rank's peak memory so far: device memory allocated on GPU (what the caching
+    allocator handed out, as `torch.cuda.max_memory_allocated` counts it), else the process's
+    peak resident set (`ru_maxrss`, KiB on Linux)."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def run_peak_tflops(cfg: Any) -> float | None:
+    """Peak dense TFLOP/s per GPU for the run's precision, from the cluster file the config
+    names (`cluster.spec`, a conf/cluster/*.yaml path); None when none is named, so MFU is
+    unknown rather than guessed."""
+    spec = cfg.cluster.spec
+    return cluster_peak_tflops(str(spec), cfg.precision.dtype) if spec else None
+
+
+@functools.lru_cache(maxsize=8)
+def cluster_peak_tflops(path: str, precision: str) -> float | None:
+    """A cluster file's peak for one precision (read once per process)."""
+    from recipes.plan.cluster import load_cluster
+
+    return load_cluster(path).peak_tflops.get(precision)
