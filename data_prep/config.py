@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 
 TRAIN_PREFIX = "train:"  # tokenizer=train:VOCAB trains a byte-level BPE on the corpus
 MIN_TRAIN_VOCAB = 257  # 256 byte symbols + the end-of-document token

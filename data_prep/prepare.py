@@ -60,7 +60,7 @@ from data_prep.tokenizers import (  # noqa: E402
     prepare_tokenizer,
     serial_tokenizers,
 )
-from recipes.config.errors import ConfigError  # noqa: E402
+from plugins.protocol.errors import ConfigError  # noqa: E402
 
 WINDOW_BYTES = 16 << 20  # text tokenized per process between two writes / progress updates
 WINDOW_ROWS = 1 << 20  # and at most this many documents per process (many tiny lines)

@@ -26,7 +26,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from data_prep.config import TOKENIZER_FILE, TRAIN_PREFIX, PrepareConfig
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 
 DEFAULT_EOD = "<|endoftext|>"  # GPT-2's end of text; the trained tokenizer's id 0
 # End-of-document tokens of common tokenizers, tried in order when no eod_token= is given:

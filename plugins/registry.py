@@ -17,12 +17,12 @@ from plugins.logging.config import LoggingConfig
 from plugins.moe.config import MoeConfig
 from plugins.packing.config import PackingConfig
 from plugins.profiler.config import ProfilerConfig
-from plugins.protocol import PluginConfig, PluginSet, Rule
+from plugins.protocol.hooks import PluginConfig, PluginSet, Rule
 
 
 @dataclass(kw_only=True)
 class PluginsConfig:
-    """Features that attach at the trainer's hook points (`plugins/protocol.py`)."""
+    """Features that attach at the trainer's hook points (`plugins/protocol/hooks.py`)."""
 
     cpu_runtime: CpuRuntimeConfig = field(default_factory=CpuRuntimeConfig)
     fp8: Fp8Config = field(default_factory=Fp8Config)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 
+from plugins.protocol.errors import ConfigError
 from recipes import hf_tiny, llama3, llama31, mixtral, nemotron, tiny
-from recipes.config.errors import ConfigError
 from recipes.config.schema import RunConfig
 
 

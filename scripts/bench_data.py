@@ -31,7 +31,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core: no Rust thread pool
 os.environ["RAYON_NUM_THREADS"] = "1"
 
 from data_prep.config import split_argument  # noqa: E402
-from recipes.config.errors import ConfigError  # noqa: E402
+from plugins.protocol.errors import ConfigError  # noqa: E402
 
 DEFAULTS = {"corpus": "stdlib", "max_mb": "8", "vocab": "32000", "repeats": "5",
             "tokenizer": ""}

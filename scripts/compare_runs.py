@@ -16,8 +16,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from plugins.logging.curves import plot_curves, read_run  # noqa: E402
-from plugins.protocol import UserError  # noqa: E402
-from recipes.config.errors import ConfigError  # noqa: E402
+from plugins.protocol.errors import (
+    ConfigError,  # noqa: E402
+    UserError,  # noqa: E402
+)
 
 
 def compare(argv: list[str]) -> Path:

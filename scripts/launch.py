@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from plugins.protocol import UserError  # noqa: E402
+from plugins.protocol.errors import UserError  # noqa: E402
 from recipes.config.resolve import ListRecipesRequested  # noqa: E402
 from recipes.registry import format_recipe_list  # noqa: E402
 

@@ -45,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from data_prep.config import parse_args, validate  # noqa: E402
-from recipes.config.errors import ConfigError  # noqa: E402
+from plugins.protocol.errors import ConfigError  # noqa: E402
 from trainer.pipeline import EXIT_USER_ERROR, HELP_ARGS  # noqa: E402
 
 

@@ -48,7 +48,7 @@ from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 
-from plugins.protocol import UserError
+from plugins.protocol.errors import UserError
 from recipes.config.io import config_dict
 from recipes.config.paths import (
     LATEST_FILE,

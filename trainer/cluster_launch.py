@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 EXECUTORS = ("slurm", "local")

@@ -27,8 +27,8 @@ import torch
 
 from data_prep.corpus import corpus_documents
 from data_prep.tokenizer import ByteTokenizer
+from plugins.protocol.errors import ConfigError
 from recipes.config.blend import Blend, load_blend
-from recipes.config.errors import ConfigError
 from recipes.config.schema import RunConfig
 from trainer.packed_batch import packed_row
 

@@ -19,7 +19,8 @@ from megatron.core import parallel_state
 from rich.console import Console
 from rich.table import Table
 
-from plugins.protocol import PluginSet, RuntimeContext
+from plugins.protocol.events import RuntimeContext
+from plugins.protocol.hooks import PluginSet
 from recipes.config.layout import RankCoordinates
 from recipes.config.schema import RunConfig
 

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from plugins.protocol import RunStart, StepMetrics
+from plugins.protocol.events import RunStart, StepMetrics
 from trainer import checkpointing
 from trainer.metrics import RunReporter
 from trainer.session import TrainingSession

@@ -18,7 +18,7 @@ from megatron.core import parallel_state
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from plugins.protocol import EvalResult, StepMetrics
+from plugins.protocol.events import EvalResult, StepMetrics
 from trainer.device import compute_device
 from trainer.throughput import counts_loss_tokens
 

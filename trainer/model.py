@@ -21,7 +21,7 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.utils import unwrap_model
 
-from plugins.protocol import PluginSet
+from plugins.protocol.hooks import PluginSet
 from recipes.config.schema import RunConfig
 
 

@@ -24,8 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plugins.protocol import UserError
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError, UserError
 from recipes.config.io import CONFIG_FILENAME, save_config
 from recipes.config.machine import check_machine, detect_machine
 from recipes.config.paths import checkpoint_preflight, validate_paths

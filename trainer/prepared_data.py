@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.schema import RunConfig
 
 BUILT_IN_CORPORA = ("python_stdlib", "synthetic")

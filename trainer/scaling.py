@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.plan.flops import model_flops_utilisation
 from trainer.throughput import (
     PROFILE_STEPS,

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from trainer.scaling import (
     Point,
     ScalingOptions,

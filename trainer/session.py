@@ -22,7 +22,8 @@ from megatron.core.optimizer import MegatronOptimizer, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-from plugins.protocol import PluginSet, RuntimeContext
+from plugins.protocol.events import RuntimeContext
+from plugins.protocol.hooks import PluginSet
 from plugins.registry import build_plugins
 from recipes.config.schema import RunConfig
 from trainer import checkpointing

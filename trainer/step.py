@@ -14,7 +14,8 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from plugins.protocol import EvalResult, PluginSet, StepMetrics
+from plugins.protocol.events import EvalResult, StepMetrics
+from plugins.protocol.hooks import PluginSet
 from recipes.plan.flops import model_flops_utilisation, step_flops, tflops_per_gpu
 from trainer.data import MicroBatch
 from trainer.device import to_compute_device

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from plugins.protocol import Plugin, PluginConfig, Rule
+from plugins.protocol.hooks import Plugin, PluginConfig, Rule
 
 
 def check_cp_hierarchical_sizes(cfg: Any) -> str | None:

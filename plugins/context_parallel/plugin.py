@@ -22,7 +22,7 @@ from typing import Any
 from megatron.core import parallel_state
 from megatron.core.utils import get_batch_on_this_cp_rank
 
-from plugins.protocol import Plugin
+from plugins.protocol.hooks import Plugin
 
 
 class ContextParallelPlugin(Plugin):

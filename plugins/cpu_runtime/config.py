@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from plugins.protocol import Plugin, PluginConfig, Rule
+from plugins.protocol.hooks import Plugin, PluginConfig, Rule
 
 
 def check_threads_per_rank(cfg: Any) -> str | None:

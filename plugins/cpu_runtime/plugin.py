@@ -9,7 +9,8 @@ from typing import Any
 
 from plugins.cpu_runtime.packed_attention import use_packed_attention
 from plugins.cpu_runtime.runtime import activate_cpu_runtime, adapt_local_layer_spec
-from plugins.protocol import Plugin, RuntimeContext
+from plugins.protocol.events import RuntimeContext
+from plugins.protocol.hooks import Plugin
 
 
 class CpuRuntimePlugin(Plugin):

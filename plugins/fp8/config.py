@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from plugins.protocol import Plugin, PluginConfig, Rule
+from plugins.protocol.hooks import Plugin, PluginConfig, Rule
 
 FP8_MULTIPLE = 16  # TE FP8 GEMMs need every matrix dimension divisible by 16
 MXFP8_MULTIPLE = 32  # MXFP8 scales blocks of 32 elements (megatron/core/fp8_utils.py:318-323)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from plugins.protocol import Plugin, UserError
+from plugins.protocol.errors import UserError
+from plugins.protocol.hooks import Plugin
 
 
 class Fp8Plugin(Plugin):

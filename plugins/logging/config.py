@@ -12,7 +12,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from plugins.protocol import Plugin, PluginConfig
+from plugins.protocol.hooks import Plugin, PluginConfig
 
 
 @dataclass(kw_only=True)

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plugins.protocol import UserError
+from plugins.protocol.errors import UserError
 
 
 @dataclass

@@ -16,7 +16,8 @@ from typing import Any
 from plugins.logging.curves import Curves, plot_curves
 from plugins.logging.scalars import tagged
 from plugins.logging.writers import TensorBoardWriter, WandbWriter
-from plugins.protocol import EvalResult, Plugin, RunStart, StepMetrics
+from plugins.protocol.events import EvalResult, RunStart, StepMetrics
+from plugins.protocol.hooks import Plugin
 
 CURVE_FILE = "loss_curve.png"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plugins.protocol import Plugin, PluginConfig
+from plugins.protocol.hooks import Plugin, PluginConfig
 
 
 @dataclass(kw_only=True)

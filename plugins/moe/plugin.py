@@ -33,7 +33,8 @@ from megatron.core import parallel_state
 from megatron.core.transformer.moe.moe_layer import MoESubmodules
 from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
 
-from plugins.protocol import Plugin, RunStart, RuntimeContext, StepMetrics
+from plugins.protocol.events import RunStart, RuntimeContext, StepMetrics
+from plugins.protocol.hooks import Plugin
 
 # Tracker names of Megatron's load-balancing losses, by `moe_router_load_balancing_type`.
 LOSS_NAMES = {

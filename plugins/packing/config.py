@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from plugins.protocol import Plugin, PluginConfig, Rule
+from plugins.protocol.hooks import Plugin, PluginConfig, Rule
 
 
 def check_packing_micro_batch(cfg: Any) -> str | None:

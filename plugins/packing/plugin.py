@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from plugins.protocol import Plugin, UserError
+from plugins.protocol.errors import UserError
+from plugins.protocol.hooks import Plugin
 
 
 def _check_packed(batch: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from plugins.protocol import Plugin, PluginConfig, ProfileWindow, Rule
+from plugins.protocol.hooks import Plugin, PluginConfig, ProfileWindow, Rule
 
 
 def check_profiler_window(cfg: Any) -> str | None:

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from plugins.protocol import Plugin, RunStart, StepMetrics
+from plugins.protocol.events import RunStart, StepMetrics
+from plugins.protocol.hooks import Plugin
 
 TRACE_DIR = "profile"
 

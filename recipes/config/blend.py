@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 
 
 @dataclass(frozen=True)

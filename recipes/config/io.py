@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.overrides import merge_checked, to_run_config
 from recipes.config.schema import RunConfig
 

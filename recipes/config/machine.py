@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.schema import RunConfig
 
 CPU_RANK_CAP = 16  # most local CPU processes the CPU runtime runs for one single-node recipe

@@ -30,8 +30,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from plugins.protocol.errors import ConfigError
 from recipes.config.blend import load_blend
-from recipes.config.errors import ConfigError
 from recipes.config.io import CONFIG_FILENAME
 from recipes.config.saved_run import damaged_file, incompatibility, read_manifest, resume_notes
 from recipes.config.schema import RunConfig

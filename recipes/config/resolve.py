@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.io import load_config
 from recipes.config.overrides import apply_overrides, split_override
 from recipes.config.paths import validate_paths

@@ -15,7 +15,7 @@ import typing
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.layout import Layout
 from recipes.config.schema import RunConfig
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 CLUSTER_DIR = Path(__file__).resolve().parents[2] / "conf" / "cluster"

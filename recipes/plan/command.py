@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.plan.build import PlanOptions, make_plan
 from recipes.plan.cluster import apply_cluster, load_cluster, recipe_cluster
 from recipes.plan.memory import SHARDINGS

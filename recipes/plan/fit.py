@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.plan.build import Plan, PlanOptions, make_plan, stage_plans
 from recipes.plan.cluster import ClusterSpec, recipe_cluster
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.plan.params import ParamCount
 
 Sharding = Literal["none", "dist_opt", "optim", "optim_grads", "optim_grads_params"]

@@ -18,7 +18,7 @@ def _moe_plugin(session):
 
 def train_steps_with_figures(payload: dict) -> dict:
     """Per-step loss, grad norm, the plugin's figures and its per-layer token counts."""
-    from plugins.protocol import RunStart
+    from plugins.protocol.events import RunStart
     from trainer.step import train_step
 
     session = _session(payload)

@@ -92,7 +92,7 @@ def _max_difference(grads: dict, reference: dict) -> float:
 
 def _plain(plugins):
     """The session's plugins without packing: batches go through Megatron's causal path."""
-    from plugins.protocol import PluginSet
+    from plugins.protocol.hooks import PluginSet
 
     return PluginSet([plugin for plugin in plugins if plugin.name != "packing"])
 
@@ -102,7 +102,7 @@ def _ends_only(plugins):
     elsewhere with PP > 2); middle stages then attend across documents."""
     from megatron.core import parallel_state
 
-    from plugins.protocol import Plugin, PluginSet
+    from plugins.protocol.hooks import Plugin, PluginSet
 
     middle = not (parallel_state.is_pipeline_first_stage()
                   or parallel_state.is_pipeline_last_stage())

@@ -11,7 +11,8 @@ import contextlib
 import sys
 from pathlib import Path
 
-from plugins.protocol import Plugin, StepMetrics
+from plugins.protocol.events import StepMetrics
+from plugins.protocol.hooks import Plugin
 from recipes.config.resolve import resolve_config
 
 # Small, machine-independent data and no held-out evaluation: losses depend on numerics only.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.paths import checkpoint_preflight, newest_checkpoint
 from recipes.config.resolve import resolve_config
 from recipes.config.saved_run import MANIFEST_FILE, file_record

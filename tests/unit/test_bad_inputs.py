@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.paths import check_output_dir
 from recipes.config.resolve import resolve_config
 from recipes.registry import get_recipe

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from plugins.protocol.errors import ConfigError
 from recipes.config.blend import load_blend
-from recipes.config.errors import ConfigError
 from recipes.config.overrides import apply_overrides
 from recipes.config.paths import check_data_blend
 from recipes.registry import get_recipe

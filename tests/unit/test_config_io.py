@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.io import config_to_yaml, load_config, save_config
 from recipes.config.overrides import apply_overrides
 from recipes.config.schema import RunConfig

@@ -270,7 +270,7 @@ def test_every_patch_has_a_self_test():
 def test_config_mistakes_are_refused():
     from plugins.cpu_runtime.config import CpuRuntimeConfig
     from plugins.cpu_runtime.runtime import activate_cpu_runtime, cpu_runtime_active
-    from recipes.config.errors import ConfigError
+    from plugins.protocol.errors import ConfigError
     from recipes.config.overrides import apply_overrides
     from recipes.config.validation import validate
     from recipes.registry import get_recipe

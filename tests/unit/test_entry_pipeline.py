@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from trainer.commands import BENCH_STEP, PRETRAIN
 from trainer.pipeline import help_text, split_options
 

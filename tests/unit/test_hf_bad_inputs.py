@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
 from tests.dist.hf_runs import make_hf_model
 from trainer.interop import cli, hf_config

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.registry import canonical_name, get_recipe, recipe_names
 from trainer.cluster_launch import (
     AGENT_DIR,

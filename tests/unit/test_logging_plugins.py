@@ -20,8 +20,8 @@ from plugins.logging.offline_wandb import wait_for_history
 from plugins.logging.plugin import LoggingPlugin
 from plugins.logging.scalars import numeric_fields, tagged
 from plugins.profiler.config import check_profiler_window
-from plugins.protocol import EvalResult, RunStart, StepMetrics, UserError
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError, UserError
+from plugins.protocol.events import EvalResult, RunStart, StepMetrics
 from recipes.config.resolve import resolve_config
 from trainer.throughput import RUN_RULES, check_profile_windows, trainer_profiled_steps
 

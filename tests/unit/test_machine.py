@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.machine import (
     CPU_RANK_CAP,
     MachineInfo,

@@ -26,7 +26,7 @@ from plugins.moe.plugin import (
     tracked_loss_names,
     wrap_routers,
 )
-from plugins.protocol import StepMetrics
+from plugins.protocol.events import StepMetrics
 from plugins.registry import PluginsConfig, build_plugins
 from recipes.registry import RECIPES, get_recipe
 from trainer.metrics import RunReporter

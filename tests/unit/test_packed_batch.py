@@ -15,7 +15,7 @@ from plugins.packing.config import (
     check_packing_micro_batch,
 )
 from plugins.packing.plugin import PackingPlugin
-from plugins.protocol import UserError
+from plugins.protocol.errors import UserError
 from plugins.registry import PluginsConfig, build_plugins
 from recipes.config.overrides import apply_overrides
 from recipes.config.validation import failing_rules, validate

@@ -27,7 +27,7 @@ import json, sys, tempfile
 import torch
 from megatron.core import parallel_state
 from megatron.core.optimizer import get_megatron_optimizer
-from plugins.protocol import RuntimeContext
+from plugins.protocol.events import RuntimeContext
 from plugins.registry import build_plugins
 from recipes.config.resolve import resolve_config
 from trainer.mcore_translation import (build_ddp_config, build_optimizer_config,

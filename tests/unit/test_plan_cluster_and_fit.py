@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.plan.build import make_plan
 from recipes.plan.cluster import CLUSTER_DIR, apply_cluster, load_cluster
 from recipes.plan.fit import check_fits, suggestions, summary_line

@@ -27,7 +27,7 @@ PROBE = r'''
 import json, sys
 import torch
 from megatron.core import parallel_state
-from plugins.protocol import RuntimeContext
+from plugins.protocol.events import RuntimeContext
 from plugins.registry import build_plugins
 from recipes.plan.command import shard_world
 from recipes.registry import get_recipe

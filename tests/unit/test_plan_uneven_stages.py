@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.resolve import resolve_config
 from recipes.registry import get_recipe
 

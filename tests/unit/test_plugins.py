@@ -6,7 +6,8 @@ import dataclasses
 
 from plugins.cpu_runtime.config import CpuRuntimeConfig
 from plugins.fp8.config import Fp8Config
-from plugins.protocol import EvalResult, Plugin, PluginSet, RuntimeContext, StepMetrics
+from plugins.protocol.events import EvalResult, RuntimeContext, StepMetrics
+from plugins.protocol.hooks import Plugin, PluginSet
 from plugins.registry import PluginsConfig, build_plugins
 
 

@@ -19,8 +19,8 @@ import torch
 
 from plugins.fp8 import config as fp8_config
 from plugins.fp8.config import Fp8Config
+from plugins.protocol.errors import ConfigError
 from plugins.registry import build_plugins
-from recipes.config.errors import ConfigError
 from recipes.config.machine import MachineInfo, check_machine, parse_compute_capabilities
 from recipes.config.overrides import apply_overrides
 from recipes.config.schema import PrecisionConfig
@@ -288,7 +288,7 @@ def test_entry_point_refuses_fp8_here_with_one_line_and_exit_2(tmp_path) -> None
 
 
 def test_fp8_plugin_turns_what_megatron_refuses_into_one_line() -> None:
-    from plugins.protocol import UserError
+    from plugins.protocol.errors import UserError
     from trainer.mcore_translation import build_transformer_config
 
     cfg = apply_overrides(get_recipe("mixtral_tiny_ep1"), [*FP8, "plugins.fp8.recipe=tensorwise"])
@@ -356,7 +356,7 @@ def test_gpu_check_names_why_transformer_engine_cannot_be_installed(pip_output, 
 
 
 def _skipped_step(step: int) -> object:
-    from plugins.protocol import StepMetrics
+    from plugins.protocol.events import StepMetrics
 
     return StepMetrics(step=step, loss=5.5, lr=1e-3, grad_norm=float("nan"), loss_tokens=100,
                        step_time_s=0.1, skipped=True)

@@ -24,7 +24,7 @@ from data_prep import prepare as prepare_module
 from data_prep.config import PrepareConfig, parse_args, validate
 from data_prep.prepare import prepare
 from data_prep.tokenizers import prepare_tokenizer
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 
 # Reading a dataset outside a process group makes Megatron warn about the rank; datasets'
 # map forks its workers from this multi-threaded test process (as it does everywhere).

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
+from plugins.protocol.errors import ConfigError
 from recipes import llama3, mixtral, nemotron
-from recipes.config.errors import ConfigError
 from recipes.config.io import load_config, save_config
 from recipes.config.schema import ModelConfig, RunConfig
 from recipes.config.validation import validate

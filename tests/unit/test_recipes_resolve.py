@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.io import save_config
 from recipes.config.resolve import ListRecipesRequested, parse_args, resolve_config
 from recipes.registry import DEFAULT_RECIPE, get_recipe

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.io import save_config
 from recipes.config.overrides import apply_overrides
 from recipes.config.paths import check_checkpoint_load_path, resolve_resume, validate_paths

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.overrides import apply_overrides
 from recipes.config.paths import checkpoint_preflight, previous_step
 from recipes.config.saved_run import (

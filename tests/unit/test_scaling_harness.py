@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
 from trainer.scaling import (
     Point,

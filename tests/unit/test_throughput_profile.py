@@ -42,7 +42,7 @@ def test_gpu_nccl_kernels_are_communication_and_other_kernels_compute():
 
 
 def test_log_line_states_speed_mfu_and_breakdown(tmp_path, monkeypatch, capsys):
-    from plugins.protocol import StepMetrics
+    from plugins.protocol.events import StepMetrics
     from trainer.metrics import RunReporter
 
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.overrides import apply_overrides
 from recipes.config.validation import RULES, all_rules, failing_rules, validate
 from recipes.registry import get_recipe

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 
 COMMANDS = {"import": ("hf", "out"), "export": ("checkpoint", "out")}
 OPTIONAL = {"export": ("max_shard_size",)}

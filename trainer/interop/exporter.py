@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 from recipes.config.io import load_config
 from recipes.config.paths import is_checkpoint, newest_checkpoint
 from recipes.config.schema import RunConfig

@@ -56,7 +56,7 @@ def one_process(cfg: RunConfig) -> Iterator[RunConfig]:
     """Megatron's parallel state for `single_rank(cfg)` in this process; yields that config."""
     from megatron.core import parallel_state
 
-    from plugins.protocol import RuntimeContext
+    from plugins.protocol.events import RuntimeContext
     from plugins.registry import build_plugins
     from trainer.mcore_translation import initialize_parallel_state
 

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from recipes.config.errors import ConfigError
+from plugins.protocol.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The contract between the trainer and its plugins: hook points, their typed contexts, rules.
+"""The contract between the trainer and its plugins: hook points and plugin configs with rules.
 
 Both sides import this module and it imports neither: the trainer calls hooks on a `PluginSet`
 without knowing any plugin by name, and a plugin implements the hooks it needs by overriding
@@ -6,8 +6,8 @@ without knowing any plugin by name, and a plugin implements the hooks it needs b
 carries the plugin's validation rules and builds the plugin when it is on. The one explicit
 list of plugins is `plugins/registry.py`.
 
-Hook points, in the order a run meets them (arguments are Megatron Core or torch objects; this
-module stays torch-free, so they are typed `Any` and named here):
+Hook points, in the order a run meets them (the typed events are in `events.py`; Megatron Core
+or torch objects are typed `Any` and named here, so the contract stays torch-free):
 
     setup_runtime(runtime)          once per process, before any process group exists; the dry
                                     run calls it too. A plugin may choose backend and device.
@@ -32,85 +32,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from plugins.protocol.events import EvalResult, RunStart, RuntimeContext, StepMetrics
+
 Rule = Callable[[Any], str | None]
-
-class UserError(ValueError):
-    """A mistake the user can fix, found at run time (a plugin meeting data it cannot use).
-
-    The message is one line naming what is wrong and the fix; entry points print it as
-    `error: <message>` with exit code 2. `ConfigError` (recipes/config/errors.py) is one.
-    """
-
-
-@dataclass
-class RuntimeContext:
-    """What `setup_runtime` decides for this process; defaults are a CUDA node."""
-
-    dry_run: bool = False  # building shards on the meta device, no training
-    backend: str = "nccl"  # default process-group backend
-    device: str = "cuda"  # where this rank computes
-    cpu_initialization: bool = False  # draw each full weight on CPU, then split (layout-invariant)
-
-
-@dataclass
-class StepMetrics:
-    """One optimizer step, as every rank knows it (losses are reduced over the world)."""
-
-    step: int  # optimizer steps done, this one included
-    loss: float  # mean loss per loss token of the global batch
-    lr: float
-    grad_norm: float
-    loss_tokens: int  # loss-contributing tokens of the global batch, each counted once
-    step_time_s: float
-    skipped: bool = False  # the optimizer did not apply this update (e.g. fp16 overflow)
-    # Where the step's time went, in seconds, averaged over ranks (trainer/throughput.py).
-    data_wait_s: float = 0.0  # taking the next global batch's micro-batches
-    forward_backward_s: float = 0.0  # the pipeline schedule over all micro-batches
-    optimizer_s: float = 0.0  # the optimizer update and scheduler step
-    # Communication not hidden behind compute; only on profiled steps (else None), which
-    # state the slowest rank's exposed time and step time.
-    exposed_comm_s: float | None = None
-    model_tflops_per_gpu: float = 0.0  # useful model FLOPs / step time / ranks (no recompute)
-    mfu: float | None = None  # model_tflops_per_gpu / peak for the precision; None: no peak
-    measured: bool = True  # counted in the run's throughput: after warm-up, not profiled
-    # Peak memory of the busiest rank in GiB: device memory allocated on GPU, the process's
-    # resident set on CPU ranks. Measured on logged steps only (else None): it costs a
-    # collective.
-    memory_gib: float | None = None
-    # Each pipeline stage's compute seconds (its busiest rank), from the profiled steps only
-    # (else None): a stage that computes much longer than the others holds every step up.
-    stage_compute_s: list[float] | None = None
-    # Plugins' own figures of this step, by name (filled in `after_step`; logged with the step).
-    extra: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.loss_tokens / self.step_time_s if self.step_time_s > 0 else 0.0
-
-
-@dataclass
-class EvalResult:
-    """One held-out evaluation."""
-
-    step: int  # optimizer steps done when it ran
-    loss: float  # mean loss per loss token over the held-out batches
-    loss_tokens: int
-
-
-@dataclass
-class RunStart:
-    """What a plugin may read when the run begins."""
-
-    config: Any  # the RunConfig
-    run_dir: Path
-    start_step: int  # 0, or the step a checkpoint resumed from
-    total_steps: int
-    # Step numbers the trainer runs under torch.profiler itself in this process (to measure
-    # exposed communication); torch runs one profiler at a time, so a plugin must avoid them.
-    profiled_steps: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)

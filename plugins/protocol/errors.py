@@ -1,0 +1,22 @@
+"""The exceptions for mistakes a user can fix: every entry point prints the message as one line.
+
+`UserError` is found at run time (a plugin meeting data it cannot use, a checkpoint it may not
+load); `ConfigError` is one found before launch (a command line, a config file, a layout, a
+path). The message names what is wrong and the fix; entry points print `error: <message>` and
+exit with code 2, never a traceback. This module is the floor of the house: everything above may
+raise these, and it imports nothing.
+"""
+
+from __future__ import annotations
+
+
+class UserError(ValueError):
+    """A mistake the user can fix, found at run time (a plugin meeting data it cannot use).
+
+    The message is one line naming what is wrong and the fix; entry points print it as
+    `error: <message>` with exit code 2.
+    """
+
+
+class ConfigError(UserError):
+    """A configuration or command-line mistake the user can fix; the message says how."""
