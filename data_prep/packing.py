@@ -29,12 +29,13 @@ Conventions:
 - Zero-length documents are skipped and counted (`empty_documents`); they are in no pack.
 - With `pad_multiple` m > 1 (context parallel: m = 2 x CP, since Megatron cuts every document of
   a packed row into 2 x CP chunks) every piece occupies its length rounded up to a multiple of m
-  in its pack, the padding after its own tokens (`trainer/packed_batch.py`, `packed_row(...,
-  pad_multiple=m)`). The pack size must then be a multiple of m, so split pieces of the pack size
-  need no padding. Best fit runs on these padded lengths, in slots of m positions (the same
-  placements as on padded lengths in tokens, with a histogram m times shorter); the pieces stored
-  keep their real lengths, and the statistics count real tokens, so `efficiency` shows what the
-  padding costs. With m = 1 nothing changes: same packs, same files, same bytes.
+  in its pack, the padding after its own tokens (the packed row format,
+  `plugins/protocol/packed_batch.py`: `padded_length`, `packed_row(..., pad_multiple=m)`).
+  The pack size must then be a multiple of m, so split pieces of the pack size need no padding.
+  Best fit runs on these padded lengths, in slots of m positions (the same placements as on
+  padded lengths in tokens, with a histogram m times shorter); the pieces stored keep their real
+  lengths, and the statistics count real tokens, so `efficiency` shows what the padding costs.
+  With m = 1 nothing changes: same packs, same files, same bytes.
 
 The pack index (`write_pack_index` / `PackIndex`) stores a packing beside an indexed dataset
 with prefix P (`P.bin`, `P.idx`) as three files, published by rename only once complete:
@@ -55,6 +56,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
+
+from plugins.protocol.packed_batch import padded_length
 
 LONG_DOCUMENT_POLICIES = ("split", "truncate")
 INDEX_FORMAT = "mcore-recipes pack index 1"
@@ -118,8 +121,9 @@ def pack_documents(
     tails = int(np.count_nonzero(pieces.size))
     if tails + len(pieces.full_doc) == 0:
         raise ValueError(f"all {len(lengths)} documents have length 0; there is nothing to pack")
-    # Best fit in slots of `multiple` positions: a piece of n tokens takes ceil(n / multiple).
-    slots, room = -(-pieces.size // multiple), pack_size // multiple
+    # Best fit in slots of `multiple` positions: a piece of n tokens takes its padded length
+    # (the packed row format's rule) in slots of `multiple`.
+    slots, room = padded_length(pieces.size, multiple) // multiple, pack_size // multiple
     # Last pieces longest (padded) first, equal ones in document order; the empty ones sort last.
     by_length = _stable_argsort(room - slots, room)[:tails]
     placements = _best_fit_decreasing(slots, room, len(pieces.full_doc))

@@ -6,7 +6,7 @@ A `SampleSource` turns sample indices into one micro-batch. Sources:
 - `MegatronSamples`: prepared datasets through Megatron Core's own `BlendedMegatronDatasetBuilder`
   and `GPTDataset` (blend weights, train/held-out split, its shuffling, and with
   `data.documents=inter_document` its per-document `cu_seqlens`), in the packed batch format
-  (`trainer/packed_batch.py`) when documents are kept apart.
+  (`plugins/protocol/packed_batch.py`) when documents are kept apart.
 - `PackedSamples`: exact packs of whole documents (`data_prep.packing`), one packed row each;
   under context parallelism packed for, and padded to, per-document multiples of 2 x CP, since
   Megatron cuts every document of a packed row into 2 x CP chunks.
@@ -28,11 +28,18 @@ import torch
 from data_prep.corpus import corpus_documents
 from data_prep.tokenizer import ByteTokenizer
 from plugins.protocol.errors import ConfigError
+from plugins.protocol.packed_batch import document_pad_multiple, packed_row
 from recipes.config.blend import Blend, load_blend
 from recipes.config.schema import RunConfig
-from trainer.packed_batch import packed_row
 
 MicroBatch = dict[str, torch.Tensor]
+
+
+def as_tensors(batch: dict) -> MicroBatch:
+    """A micro-batch built as NumPy arrays (the packed format) as the tensors the model takes,
+    sharing their memory; plain numbers (`max_seqlen`) stay numbers."""
+    return {key: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+            for key, value in batch.items()}
 
 
 class SampleSource(Protocol):
@@ -169,15 +176,8 @@ class PackedSamples:
         documents, starts, lengths = index.pack(number)
         pieces = [dataset.get(int(d), offset=int(s), length=int(n))
                   for d, s, n in zip(documents, starts, lengths, strict=True)]
-        return packed_row(pieces, self.seq_length, pad_id=self.eod,
-                          pad_multiple=self.pad_multiple)
-
-
-def document_pad_multiple(cfg: RunConfig) -> int:
-    """What each packed document's length is padded to a multiple of: 2 x CP under context
-    parallelism (Megatron's per-document split, `core/utils.py:2413-2414`), else 1."""
-    cp = cfg.parallel.context
-    return 2 * cp if cp > 1 else 1
+        return as_tensors(packed_row(pieces, self.seq_length, pad_id=self.eod,
+                                     pad_multiple=self.pad_multiple))
 
 
 def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int):
@@ -196,7 +196,8 @@ def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int):
 
 def packed_sources(cfg: RunConfig, blend: Blend) -> tuple[PackedSamples, PackedSamples]:
     """Every pack of every train source once; held-out packs from `valid`, else the split."""
-    seq, seed, multiple = cfg.model.seq_length, cfg.train.seed, document_pad_multiple(cfg)
+    seq, seed = cfg.model.seq_length, cfg.train.seed
+    multiple = document_pad_multiple(cfg.parallel.context)
 
     def packs(sources) -> list[tuple[object, object, int]]:
         found = []

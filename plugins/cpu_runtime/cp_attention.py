@@ -8,7 +8,7 @@ module gives each CP rank the result that exchange computes, by the plainest rou
 1. gather every CP rank's keys and values along the sequence (backward: sum the gathered
    gradient over the CP group and keep this rank's part);
 2. know the global position of every local query and every gathered key: each rank holds
-   Megatron's load-balanced chunks r and 2·CP−1−r (`plugins/context_parallel/chunks.py`), of the
+   Megatron's load-balanced chunks r and 2·CP−1−r (`plugins/protocol/cp_split.py`), of the
    whole row or, for packed rows, of every document;
 3. mask key j for query i unless pos(j) <= pos(i) and both lie in the same document, and run the
    stock local attention with that mask (`fusions/fused_softmax.py:323-329` uses a given mask as
@@ -29,13 +29,13 @@ from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-from plugins.context_parallel.chunks import balanced_positions, document_positions
 from plugins.cpu_runtime.norm import swap_spec_modules
 from plugins.cpu_runtime.packed_attention import (
     PackedDotProductAttention,
     _check_mask_is_used,
     _self_attention_boundaries,
 )
+from plugins.protocol.cp_split import balanced_positions, document_positions
 
 
 class _GatherSequence(torch.autograd.Function):

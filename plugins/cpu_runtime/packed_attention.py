@@ -33,7 +33,7 @@ def document_causal_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
     if bounds[0] != 0 or bounds[-1] != length or bool((bounds[1:] < bounds[:-1]).any()):
         raise ValueError(
             f"cu_seqlens must start at 0, never decrease and end at the row length {length}, got "
-            f"{bounds.tolist()}; build packed rows with trainer.packed_batch.packed_row"
+            f"{bounds.tolist()}; build packed rows with plugins.protocol.packed_batch.packed_row"
         )
     positions = torch.arange(length, device=bounds.device)
     segment = torch.searchsorted(bounds[1:], positions, right=True)

@@ -12,6 +12,18 @@ from typing import Any
 from plugins.protocol.hooks import Plugin, PluginConfig, Rule
 
 
+def check_packed_documents_need_packing(cfg: Any) -> str | None:
+    """Document modes other than concatenation make packed batches from prepared data (the core
+    rule asks for the blend); without this plugin the model would get no cu_seqlens and attend
+    across documents."""
+    documents = cfg.data.documents
+    packed_data = documents != "concatenate" and cfg.data.source == "blend"
+    if packed_data and not cfg.plugins.packing.enabled:
+        return (f"data.documents={documents} makes packed batches, which need the packing "
+                "plugin; set plugins.packing.enabled=true (and train.micro_batch_size=1)")
+    return None
+
+
 def check_packing_micro_batch(cfg: Any) -> str | None:
     """A packed micro-batch is one row: THD flattens the micro-batch into one token stream and
     the attention squeezes its batch dim (`transformer/attention.py:1468-1471`), so rows of a
@@ -29,9 +41,9 @@ def check_packing_micro_batch(cfg: Any) -> str | None:
 def check_packing_context_parallel(cfg: Any) -> str | None:
     """THD with CP needs every document padded to a multiple of 2 x CP (`core/utils.py:2413-2414`,
     `cu_seqlens_padded`). Exact packs do that: under CP the pack index is built for padded
-    lengths and each row pads its documents (`trainer/data.py`, `document_pad_multiple`). Megatron's
-    GPTDataset rows (`inter_document`) are cut from the document stream and not padded per
-    document, so that mode stays refused with CP."""
+    lengths and each row pads its documents (`document_pad_multiple` in
+    `plugins/protocol/packed_batch.py`). Megatron's GPTDataset rows (`inter_document`) are cut
+    from the document stream and not padded per document, so that mode stays refused with CP."""
     cp, documents = cfg.parallel.context, cfg.data.documents
     if documents == "inter_document" and cp != 1:
         return (
@@ -49,7 +61,8 @@ class PackingConfig(PluginConfig):
     enabled: bool = False  # micro-batches carry cu_seqlens/max_seqlen; attention stays in-document
 
     def rules(self) -> tuple[Rule, ...]:
-        return (check_packing_micro_batch, check_packing_context_parallel)
+        return (check_packed_documents_need_packing, check_packing_micro_batch,
+                check_packing_context_parallel)
 
     def build(self) -> Plugin | None:
         if not self.enabled:

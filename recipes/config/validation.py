@@ -429,8 +429,8 @@ def check_fractions(cfg: RunConfig) -> str | None:
 
 def check_data_source(cfg: RunConfig) -> str | None:
     """A blend is named exactly when it is the source; document modes other than concatenation
-    need a blend and the packing plugin (they produce packed batches)."""
-    d, packing = cfg.data, cfg.plugins.packing.enabled
+    need a blend (they produce packed batches; the packing plugin's own rule asks for it)."""
+    d = cfg.data
     if d.source == "blend" and d.blend is None:
         return ("data.source=blend needs data.blend=<file>; name one, e.g. "
                 "data.blend=conf/data/python_stdlib.yaml")
@@ -440,10 +440,6 @@ def check_data_source(cfg: RunConfig) -> str | None:
     if d.documents != "concatenate" and d.source != "blend":
         return (f"data.documents={d.documents} needs prepared data (data.source=blend); set "
                 "data.source=blend data.blend=<file> or data.documents=concatenate")
-    if d.documents != "concatenate" and not packing:
-        # Without the plugin the model would get no cu_seqlens and attend across documents.
-        return (f"data.documents={d.documents} makes packed batches, which need the packing "
-                "plugin; set plugins.packing.enabled=true (and train.micro_batch_size=1)")
     if d.documents != "concatenate" and not d.eod_mask_loss:
         return (f"data.documents={d.documents} needs data.eod_mask_loss=true (no label may cross "
                 "a document boundary); set data.eod_mask_loss=true")

@@ -55,9 +55,10 @@ def documents() -> list[np.ndarray]:
 def _alone_row(document: np.ndarray) -> dict:
     """The document alone at the start of a plain row: ordinary causal attention is exact for
     it (the padding after it is never attended to), and the padding carries no loss."""
-    from trainer.packed_batch import packed_row
+    from plugins.protocol.packed_batch import packed_row
+    from trainer.data import as_tensors
 
-    row = packed_row([document], SEQ, PAD_ID)
+    row = as_tensors(packed_row([document], SEQ, PAD_ID))
     return {key: row[key] for key in ("tokens", "labels", "loss_mask", "position_ids")}
 
 
@@ -120,8 +121,9 @@ def packed_vs_alone(payload: dict) -> dict:
     """One packed row of all documents against each document alone (three micro-batches of
     one step), plus the controls that must differ. With `weights_dir` it first saves the
     session's initial weights there (one launch fewer than a separate save)."""
+    from plugins.protocol.packed_batch import packed_row
     from trainer.checkpointing import save_model_weights
-    from trainer.packed_batch import packed_row
+    from trainer.data import as_tensors
 
     session = _session(payload)
     saved = None
@@ -129,7 +131,8 @@ def packed_vs_alone(payload: dict) -> dict:
         saved = str(save_model_weights(payload["weights_dir"], session.cfg, session.model))
     docs = documents()
     # Context parallel cuts every document into 2 x CP chunks: each is padded to a multiple.
-    packed = packed_row(docs, SEQ, PAD_ID, pad_multiple=payload.get("pad_multiple", 1))
+    packed = as_tensors(
+        packed_row(docs, SEQ, PAD_ID, pad_multiple=payload.get("pad_multiple", 1)))
     alone_loss, alone_grads = _forward_backward(
         session, [_alone_row(doc) for doc in docs], _plain(session.plugins))
     packed_loss, packed_grads = _forward_backward(session, [packed], session.plugins)
@@ -146,7 +149,7 @@ def packed_vs_alone(payload: dict) -> dict:
     if payload.get("row_max_seqlen_probe"):
         # max_seqlen = row length switches THD RoPE to positions running across documents
         # (rope_utils.py:224-250); with a per-document mask RoPE's relative form hides it here.
-        row = {**packed, "max_seqlen": packed["max_seqlen"].new_tensor(SEQ)}
+        row = {**packed, "max_seqlen": SEQ}
         row_loss, row_grads = _forward_backward(session, [row], session.plugins)
         result["row_max_seqlen"] = row_loss
         result["row_max_seqlen_grad_max_diff"] = _max_difference(row_grads, alone_grads)

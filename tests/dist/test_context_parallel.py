@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugins.context_parallel.chunks import (
+from plugins.protocol.cp_split import (
     balanced_positions,
     causal_pairs,
     contiguous_positions,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plugins.context_parallel.chunks import (
+from plugins.protocol.cp_split import (
     balanced_positions,
     chunk_bounds,
     document_positions,

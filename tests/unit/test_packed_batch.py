@@ -20,7 +20,8 @@ from plugins.registry import PluginsConfig, build_plugins
 from recipes.config.overrides import apply_overrides
 from recipes.config.validation import failing_rules, validate
 from recipes.registry import get_recipe
-from trainer.packed_batch import PACKED_KEYS, packed_row
+from plugins.protocol.packed_batch import PACKED_KEYS, packed_row
+from trainer.data import as_tensors
 
 SEQ = 32
 PAD = 0
@@ -39,7 +40,7 @@ def _segment_of(cu_seqlens: torch.Tensor, length: int) -> list[int]:
 
 
 def test_packed_row_has_the_documented_fields_shapes_and_dtypes():
-    row = packed_row(_documents(), SEQ, PAD)
+    row = as_tensors(packed_row(_documents(), SEQ, PAD))  # as the trainer hands it to the model
     assert tuple(row) == PACKED_KEYS
     for key in ("tokens", "labels", "loss_mask", "position_ids"):
         assert row[key].shape == (1, SEQ), key
@@ -47,7 +48,7 @@ def test_packed_row_has_the_documented_fields_shapes_and_dtypes():
     assert row["loss_mask"].dtype == torch.float32
     assert row["cu_seqlens"].dtype == torch.int32 and row["cu_seqlens"].dim() == 1
     assert row["cu_seqlens"].tolist() == [0, 7, 19, 28, 32]  # padding is a segment of its own
-    assert row["max_seqlen"].dim() == 0 and int(row["max_seqlen"]) == 12  # longest document
+    assert type(row["max_seqlen"]) is int and row["max_seqlen"] == 12  # longest document
 
 
 def test_labels_never_cross_a_document_boundary():
@@ -114,7 +115,7 @@ def test_document_mask_refuses_boundaries_that_do_not_cover_the_row(bad):
 
 
 def test_forward_kwargs_carry_thd_params_and_no_dense_mask():
-    row = packed_row(_documents(), SEQ, PAD)
+    row = as_tensors(packed_row(_documents(), SEQ, PAD))
     base = {"input_ids": row["tokens"], "attention_mask": torch.ones(1), "labels": row["labels"]}
     kwargs = PackingPlugin().forward_kwargs(row, base)
     params = kwargs["packed_seq_params"]
@@ -128,7 +129,7 @@ def test_forward_kwargs_carry_thd_params_and_no_dense_mask():
 
 
 def test_forward_kwargs_refuse_unpacked_batches_in_one_line():
-    row = packed_row(_documents(), SEQ, PAD)
+    row = as_tensors(packed_row(_documents(), SEQ, PAD))
     unpacked = {key: value for key, value in row.items() if key not in ("cu_seqlens", "max_seqlen")}
     with pytest.raises(UserError, match="micro-batch has no cu_seqlens/max_seqlen: the data "
                        "source does not pack documents"):

@@ -444,11 +444,11 @@ def test_packed_data_under_context_parallel_validates_and_pads_to_2cp():
     from recipes.config.overrides import apply_overrides
     from recipes.config.validation import failing_rules
     from recipes.registry import get_recipe
-    from trainer.data import document_pad_multiple
+    from plugins.protocol.packed_batch import document_pad_multiple
 
     packed = ["data.source=blend", "data.blend=conf/data/python_stdlib.yaml",
               "data.documents=packed", "plugins.packing.enabled=true", "train.micro_batch_size=1"]
     for recipe, multiple in (("tiny_dp1", 1), ("tiny_cp2", 4), ("tiny_cp4", 8)):
         cfg = apply_overrides(get_recipe(recipe), packed)
         assert failing_rules(cfg) == [], recipe
-        assert document_pad_multiple(cfg) == multiple
+        assert document_pad_multiple(cfg.parallel.context) == multiple

@@ -168,7 +168,7 @@ RULE_CASES = [
      "is set but data.source=python_stdlib; set data.source=blend"),
     ("check_data_source", "tiny_dp1", ["data.documents=packed"],
      "data.documents=packed needs prepared data (data.source=blend)"),
-    ("check_data_source", "tiny_dp1",
+    ("check_packed_documents_need_packing", "tiny_dp1",
      ["data.source=blend", "data.blend=x.yaml", "data.documents=inter_document"],
      "makes packed batches, which need the packing plugin; set plugins.packing.enabled=true"),
     ("check_packing_micro_batch", "tiny_dp1",
