@@ -3,7 +3,7 @@ and B)."""
 
 from __future__ import annotations
 
-from recipes.common import large_run_base
+from recipes.base_64gpu import large_run_base
 from recipes.config.schema import ModelConfig, ParallelConfig, RunConfig
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from recipes.common import large_run_base
+from recipes.base_64gpu import large_run_base
 from recipes.config.schema import ClusterConfig, ModelConfig, ParallelConfig, RunConfig
 from recipes.llama3 import llama3_8b_model
 

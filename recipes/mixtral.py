@@ -8,7 +8,7 @@ equivalence tests (tests/dist/test_moe_equivalence.py) hold the others to.
 
 from __future__ import annotations
 
-from recipes.common import large_run_base
+from recipes.base_64gpu import large_run_base
 from recipes.config.schema import ModelConfig, ParallelConfig, RunConfig
 from recipes.llama3 import llama3_8b_model
 from recipes.tiny import tiny_base

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from recipes.common import large_run_base
+from recipes.base_64gpu import large_run_base
 from recipes.config.schema import ModelConfig, ParallelConfig, RunConfig
 
 

@@ -41,7 +41,7 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch: the local spec, on CPU 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from plugins.protocol.errors import ConfigError  # noqa: E402
-from recipes.config.resolve import ListRecipesRequested  # noqa: E402
+from recipes.resolve import ListRecipesRequested  # noqa: E402
 from trainer.pipeline import EXIT_USER_ERROR, HELP_ARGS  # noqa: E402
 
 

@@ -28,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from plugins.protocol.errors import UserError  # noqa: E402
-from recipes.config.resolve import ListRecipesRequested  # noqa: E402
 from recipes.registry import format_recipe_list  # noqa: E402
+from recipes.resolve import ListRecipesRequested  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

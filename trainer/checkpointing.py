@@ -15,11 +15,12 @@ Publication is atomic so that a crash never leaves a half-written checkpoint und
 a save is written to `step_NNNNNNN.tmp-<token>` (one token for all ranks), renamed to
 `step_NNNNNNN` by rank 0 once every rank finished, and only then is `latest` replaced (write to
 a temporary file, rename). A crash at any point leaves the previous checkpoint or the new one as
-the newest complete step, which is what a resume picks (`recipes/config/paths.py`
-`newest_checkpoint`). `checkpoint.keep_last` rotation runs after publication and never deletes
-the step this run resumed from. Before the rename, rank 0 writes `run.json` (counters, layout,
-versions, tokenizer, resolved config, size and CRC-32 of every file, each rank checksumming its
-own), which the launching process checks before a later start (`recipes/config/saved_run.py`).
+the newest complete step, which is what a resume picks (the names on disk and `newest_checkpoint`
+are in `recipes/config/checkpoint_format.py`). `checkpoint.keep_last` rotation runs after
+publication and never deletes the step this run resumed from. Before the rename, rank 0 writes
+`run.json` (counters, layout, versions, tokenizer, resolved config, size and CRC-32 of every
+file, each rank checksumming its own), which the launching process checks before a later start
+(`recipes/config/run_manifest.py`).
 A save is refused while `train_step` is under way: checkpoints sit on optimizer-step boundaries.
 
 Loading unpickles no code where torch allows it: non-tensor objects go through the restricted
@@ -49,23 +50,21 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 
 from plugins.protocol.errors import UserError
-from recipes.config.io import config_dict
-from recipes.config.paths import (
+from recipes.config.checkpoint_format import (
     LATEST_FILE,
-    STEP_PREFIX,
+    MANIFEST_FILE,
+    MANIFEST_FORMAT,
     TMP_INFIX,
     complete_steps,
     is_checkpoint,
     newest_checkpoint,
+    step_name,
     step_of,
+    step_of_unfinished,
+    unfinished_saves,
 )
-from recipes.config.saved_run import (
-    MANIFEST_FILE,
-    MANIFEST_FORMAT,
-    file_record,
-    layout_record,
-    tokenizer_identity,
-)
+from recipes.config.io import config_dict
+from recipes.config.run_manifest import file_record, layout_record, tokenizer_identity
 from recipes.config.schema import RunConfig
 from trainer.state import RngState, RunState
 
@@ -168,9 +167,9 @@ def checkpoints_to_delete(
 def _stale_saves(root: Path, newest: int) -> list[Path]:
     """`.tmp-` directories of saves at or before the newest published step (crash leftovers)."""
     stale = []
-    for path in root.glob(f"{STEP_PREFIX}*{TMP_INFIX}*"):
-        step = step_of(path.name.split(TMP_INFIX)[0])
-        if path.is_dir() and step is not None and step <= newest:
+    for path in unfinished_saves(root):
+        step = step_of_unfinished(path)
+        if step is not None and step <= newest:
             stale.append(path)
     return stale
 
@@ -286,7 +285,7 @@ def _manifest(session, state: RunState, files: dict[str, dict]) -> dict:
 
 def _write_manifest(session, state: RunState, tmp: Path) -> None:
     """Every rank checksums the files it wrote; rank 0 writes `run.json` with all of them
-    (recipes/config/saved_run.py reads it before a later launch)."""
+    (recipes/config/run_manifest.py reads it before a later launch)."""
     rank = torch.distributed.get_rank()
     records = {p.name: file_record(p) for p in _own_files(tmp, rank)}
     gathered = [None] * torch.distributed.get_world_size() if rank == 0 else None
@@ -311,7 +310,7 @@ def save_checkpoint(session, directory: str | Path) -> Path:
         raise RuntimeError("save_checkpoint inside an optimizer step; save after train_step")
     state: RunState = session.capture_state()
     root = Path(directory)
-    final = root / f"{STEP_PREFIX}{state.step:07d}"
+    final = root / step_name(state.step)
     tmp = root / f"{final.name}{TMP_INFIX}{_shared_token(state.step)}"
     if torch.distributed.get_rank() == 0:
         tmp.mkdir(parents=True)
@@ -330,7 +329,7 @@ def save_checkpoint(session, directory: str | Path) -> Path:
 def resolve_checkpoint_dir(path: str | Path) -> Path:
     """One step directory, or the step a checkpoint root resumes from: the one `latest` names
     when complete, else the newest complete one (`.tmp-` saves ignored). `checkpoint.load` was
-    checked before any rank started (`recipes/config/paths.py`); a root without a complete step
+    checked before any rank started (`recipes/config/path_rules.py`); a root without a complete step
     here is a programming error."""
     path = Path(path)
     if is_checkpoint(path):

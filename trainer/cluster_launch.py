@@ -115,9 +115,9 @@ class LaunchPlan:
 def plan_launch(args: LaunchArgs) -> LaunchPlan:
     """Resolve and validate the recipe, then place its ranks on the cluster's nodes. Paths are
     checked here; `checkpoint.resume` is left for the job to resolve when it (re)starts."""
-    from recipes.config.paths import validate_paths
-    from recipes.config.resolve import resolve_config
+    from recipes.config.path_rules import validate_paths
     from recipes.plan.cluster import apply_cluster, load_cluster
+    from recipes.resolve import resolve_config
     from trainer.throughput import RUN_RULES
 
     cfg = resolve_config(args.rest, check_paths=False, rules=RUN_RULES)

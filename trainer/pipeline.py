@@ -27,10 +27,10 @@ from pathlib import Path
 from plugins.protocol.errors import ConfigError, UserError
 from recipes.config.io import CONFIG_FILENAME, save_config
 from recipes.config.machine import check_machine, detect_machine
-from recipes.config.paths import checkpoint_preflight, validate_paths
-from recipes.config.resolve import ListRecipesRequested, resolve_config
+from recipes.config.path_rules import checkpoint_preflight, validate_paths
 from recipes.config.schema import RunConfig
 from recipes.registry import format_recipe_list
+from recipes.resolve import ListRecipesRequested, resolve_config
 from trainer.throughput import RUN_RULES
 
 EXIT_USER_ERROR = 2

@@ -56,7 +56,7 @@ def _run_point(base_config: Path, point: Point, log: Path) -> None:
 
 def _check_points(base_config: Path, points: list[Point]) -> list[Any]:
     """Every size's config, each valid before the first run starts (one line if not)."""
-    from recipes.config.resolve import resolve_config
+    from recipes.resolve import resolve_config
 
     return [resolve_config([f"config={base_config}",
                             *(o for o in point.overrides if not o.startswith("run_dir="))],
@@ -109,8 +109,8 @@ def _finished(run_dir: Path) -> bool:
 
 def write_report(sweep_dir: Path) -> int:
     """Read every size's run from the sweep directory; write and print the report."""
-    from recipes.config.resolve import resolve_config
     from recipes.plan.cluster import load_cluster
+    from recipes.resolve import resolve_config
 
     sweep_dir = sweep_dir.resolve()
     options, points, states = load_sweep(sweep_dir)
@@ -173,7 +173,7 @@ def _run_here(base_config: Path, points: list[Point], sweep_dir: Path) -> None:
 def run_scaling(argv: list[str]) -> int:
     """The whole sweep: check every size, run each (or submit each), then the report."""
     from recipes.config.io import save_config
-    from recipes.config.resolve import resolve_config
+    from recipes.resolve import resolve_config
     from trainer.throughput import RUN_RULES
 
     options, rest = parse_scaling_args(list(argv))

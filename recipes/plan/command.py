@@ -131,8 +131,8 @@ def run_plan(argv: Sequence[str], build_shards: Verifier | None = None) -> int:
     """The whole planner command; every user mistake is a ConfigError (one line, exit 2).
     `build_shards` is the dry run (the torch side, handed in by the script: recipes/ stays
     below trainer/)."""
-    from recipes.config.resolve import resolve_config
     from recipes.plan.report import json_report, text_report
+    from recipes.resolve import resolve_config
 
     start = time.perf_counter()
     args = parse_plan_args(argv)

@@ -51,7 +51,7 @@ def _quiet_progress():
 
 def import_checkpoint(payload: dict) -> dict:
     """scripts/convert.py import on this (only) rank; the import's figures."""
-    from recipes.config.resolve import resolve_config
+    from recipes.resolve import resolve_config
     from trainer.interop.importer import import_hf
 
     cfg = resolve_config([f"recipe={payload['recipe']}", *payload.get("overrides", [])],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recipes.config.resolve import resolve_config
+from recipes.resolve import resolve_config
 
 # Small, machine-independent data so losses depend on numerics only, not the Python version.
 TEST_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=0",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recipes.config.resolve import resolve_config
+from recipes.resolve import resolve_config
 
 SMALL_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=1",
               "checkpoint.save=false", "logging.progress_bar=false",

@@ -45,7 +45,7 @@ def pretrain_metrics(payload: dict) -> dict:
 
     import torch
 
-    from recipes.config.resolve import resolve_config
+    from recipes.resolve import resolve_config
     from tests.dist.layout_runs import TEST_DATA
     from trainer.commands import pretrain_rank
 

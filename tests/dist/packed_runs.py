@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recipes.config.resolve import resolve_config
+from recipes.resolve import resolve_config
 
 SEQ = 32  # one packed row: documents of 7, 12 and 9 tokens, then 4 padding tokens
 LENGTHS = (7, 12, 9)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from plugins.protocol.events import StepMetrics
 from plugins.protocol.hooks import Plugin
-from recipes.config.resolve import resolve_config
+from recipes.resolve import resolve_config
 
 # Small, machine-independent data and no held-out evaluation: losses depend on numerics only.
 TEST_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=0",

@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.paths import checkpoint_preflight, newest_checkpoint
-from recipes.config.resolve import resolve_config
-from recipes.config.saved_run import MANIFEST_FILE, file_record
+from recipes.config.checkpoint_format import MANIFEST_FILE, newest_checkpoint
+from recipes.config.path_rules import checkpoint_preflight
+from recipes.config.run_manifest import file_record
+from recipes.resolve import resolve_config
 from tests.dist.layout_runs import TEST_DATA
 
 pytestmark = pytest.mark.dist

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.paths import check_output_dir
-from recipes.config.resolve import resolve_config
+from recipes.config.path_rules import check_output_dir
 from recipes.registry import get_recipe
+from recipes.resolve import resolve_config
 
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = (
@@ -337,7 +337,7 @@ def test_bad_input_is_one_line_naming_the_fix(argv, expected, paths_dir) -> None
 
 def test_output_dir_that_cannot_be_written_is_named(tmp_path, monkeypatch) -> None:
     # Root may write anywhere, so the permission answer is stubbed rather than chmod-ed.
-    monkeypatch.setattr("recipes.config.paths.os.access", lambda path, mode: False)
+    monkeypatch.setattr("recipes.config.path_rules.os.access", lambda path, mode: False)
     cfg = get_recipe("tiny_dp1")
     cfg.output_dir = str(tmp_path / "new" / "runs")
     message = check_output_dir(cfg)

@@ -10,7 +10,7 @@ import pytest
 from plugins.protocol.errors import ConfigError
 from recipes.config.blend import load_blend
 from recipes.config.overrides import apply_overrides
-from recipes.config.paths import check_data_blend
+from recipes.config.path_rules import check_data_blend
 from recipes.registry import get_recipe
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config.paths import check_checkpoint_load_path, newest_checkpoint
+from recipes.config.checkpoint_format import newest_checkpoint
+from recipes.config.path_rules import check_checkpoint_load_path
 from recipes.registry import get_recipe
 from trainer.checkpointing import (
     _point_latest,

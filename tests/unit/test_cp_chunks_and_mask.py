@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from plugins.context_parallel.config import (
+    check_cp_a2a_heads,
+    check_cp_hierarchical_sizes,
+)
 from plugins.protocol.cp_split import (
     balanced_positions,
     chunk_bounds,
     document_positions,
-)
-from plugins.context_parallel.config import (
-    check_cp_a2a_heads,
-    check_cp_hierarchical_sizes,
 )
 from recipes.registry import get_recipe
 

@@ -22,7 +22,7 @@ from plugins.logging.scalars import numeric_fields, tagged
 from plugins.profiler.config import check_profiler_window
 from plugins.protocol.errors import ConfigError, UserError
 from plugins.protocol.events import EvalResult, RunStart, StepMetrics
-from recipes.config.resolve import resolve_config
+from recipes.resolve import resolve_config
 from trainer.throughput import RUN_RULES, check_profile_windows, trainer_profiled_steps
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,11 +16,11 @@ from plugins.packing.config import (
 )
 from plugins.packing.plugin import PackingPlugin
 from plugins.protocol.errors import UserError
+from plugins.protocol.packed_batch import PACKED_KEYS, packed_row
 from plugins.registry import PluginsConfig, build_plugins
 from recipes.config.overrides import apply_overrides
 from recipes.config.validation import failing_rules, validate
 from recipes.registry import get_recipe
-from plugins.protocol.packed_batch import PACKED_KEYS, packed_row
 from trainer.data import as_tensors
 
 SEQ = 32

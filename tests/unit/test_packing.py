@@ -441,10 +441,10 @@ def test_rows_of_a_padded_index_pad_each_document_and_hold_every_token_once(tmp_
 
 
 def test_packed_data_under_context_parallel_validates_and_pads_to_2cp():
+    from plugins.protocol.packed_batch import document_pad_multiple
     from recipes.config.overrides import apply_overrides
     from recipes.config.validation import failing_rules
     from recipes.registry import get_recipe
-    from plugins.protocol.packed_batch import document_pad_multiple
 
     packed = ["data.source=blend", "data.blend=conf/data/python_stdlib.yaml",
               "data.documents=packed", "plugins.packing.enabled=true", "train.micro_batch_size=1"]

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config.resolve import resolve_config
 from recipes.plan.memory import rank_model_state, sharding_of, state_bytes_of
 from recipes.plan.params import stage_params
+from recipes.resolve import resolve_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,7 +29,7 @@ from megatron.core import parallel_state
 from megatron.core.optimizer import get_megatron_optimizer
 from plugins.protocol.events import RuntimeContext
 from plugins.registry import build_plugins
-from recipes.config.resolve import resolve_config
+from recipes.resolve import resolve_config
 from trainer.mcore_translation import (build_ddp_config, build_optimizer_config,
                                        build_transformer_config, initialize_parallel_state)
 from trainer.model import build_model_chunks, wrap_for_precision, wrap_with_ddp

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.resolve import resolve_config
 from recipes.registry import get_recipe
+from recipes.resolve import resolve_config
 
 LLAMA31 = ("llama31_405b_tp8_pp16_dp64", "llama31_405b_tp8_pp16_dp128",
            "llama31_405b_128k_tp8_cp16_pp16_dp8")

@@ -315,7 +315,7 @@ def _gpu_check():
 
 
 def test_gpu_check_runs_are_valid_configs() -> None:
-    from recipes.config.resolve import resolve_config
+    from recipes.resolve import resolve_config
 
     check = _gpu_check()
     for name, overrides in check.planned_runs().items():

@@ -11,8 +11,8 @@ import pytest
 
 from plugins.protocol.errors import ConfigError
 from recipes.config.io import save_config
-from recipes.config.resolve import ListRecipesRequested, parse_args, resolve_config
 from recipes.registry import DEFAULT_RECIPE, get_recipe
+from recipes.resolve import ListRecipesRequested, parse_args, resolve_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,7 +72,7 @@ def test_resolving_imports_neither_torch_nor_megatron_and_is_fast() -> None:
     # The wrong-machine error must come before heavy imports (issue: within 5 s).
     code = (
         "import sys\n"
-        "from recipes.config.resolve import resolve_config\n"
+        "from recipes.resolve import resolve_config\n"
         "from recipes.config.machine import check_machine, detect_machine\n"
         "cfg = resolve_config(['recipe=8b_tp8_pp4_dp2'])\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron'))\n"

@@ -15,10 +15,10 @@ import pytest
 from plugins.protocol.errors import ConfigError
 from recipes.config.io import save_config
 from recipes.config.overrides import apply_overrides
-from recipes.config.paths import check_checkpoint_load_path, resolve_resume, validate_paths
-from recipes.config.resolve import resolve_config
+from recipes.config.path_rules import check_checkpoint_load_path, resolve_resume, validate_paths
 from recipes.config.validation import validate
 from recipes.registry import get_recipe
+from recipes.resolve import resolve_config
 
 
 def _cfg(run_dir: Path, *overrides: str):

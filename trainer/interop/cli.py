@@ -59,7 +59,7 @@ def parse(argv: list[str]) -> Request:
 
 def import_config(request: Request):
     """The recipe to import for (before torch): its config, checked against the HF config."""
-    from recipes.config.resolve import resolve_config
+    from recipes.resolve import resolve_config
     from trainer.interop import hf_config
 
     if not any(arg.split("=", 1)[0] in ("recipe", "config") for arg in request.rest):

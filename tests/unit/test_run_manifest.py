@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from plugins.protocol.errors import ConfigError
+from recipes.config.checkpoint_format import MANIFEST_FILE
 from recipes.config.overrides import apply_overrides
-from recipes.config.paths import checkpoint_preflight, previous_step
-from recipes.config.saved_run import (
-    MANIFEST_FILE,
+from recipes.config.path_rules import checkpoint_preflight, previous_step
+from recipes.config.run_manifest import (
     damaged_file,
     file_record,
     flatten,

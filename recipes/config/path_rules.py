@@ -6,13 +6,11 @@ own checks). These rules look at the filesystem, so they are kept apart from the
 `validation.py`; each still returns None or the one line naming the field, its value and the fix.
 A dry run reads and writes no files, so it skips them (its checkpoint may live on the cluster).
 
-What a checkpoint looks like (see `trainer/checkpointing.py`): Megatron's `torch_dist` format
-writes `metadata.json` into the checkpoint directory when a save finishes; a run keeps its
-checkpoints in `<run_dir>/checkpoints/step_NNNNNNN/` with a `latest` file naming the newest one.
-A save is written under `step_NNNNNNN.tmp-<token>` and renamed only once every rank finished, so
-a crash leaves at most a `.tmp-` directory (ignored here) or a `latest` naming a directory that is
-gone; the root then resumes from its newest complete step (`newest_checkpoint`), and only a root
-with no complete step at all is an error, raised here before any rank starts.
+A checkpoint's names on disk are in `checkpoint_format.py`: a crash leaves at most a `.tmp-`
+directory (ignored here) or a `latest` naming a directory that is gone; the root then resumes
+from its newest complete step (`newest_checkpoint`), and only a root with no complete step at
+all is an error, raised here before any rank starts; the checkpoint's own `run.json` is checked
+by `run_manifest.py`.
 
 `checkpoint.resume=true` (what a requeued Slurm job runs with) is resolved here as well, first:
 it becomes `checkpoint.load=<run_dir>/checkpoints` when that root holds a complete step, or a
@@ -32,64 +30,28 @@ from pathlib import Path
 
 from plugins.protocol.errors import ConfigError
 from recipes.config.blend import load_blend
+from recipes.config.checkpoint_format import (
+    CHECKPOINT_MARKER,
+    LATEST_FILE,
+    RUN_CHECKPOINTS,
+    complete_steps,
+    is_checkpoint,
+    latest_name,
+    newest_checkpoint,
+    step_of,
+    unfinished_saves,
+)
 from recipes.config.io import CONFIG_FILENAME
-from recipes.config.saved_run import damaged_file, incompatibility, read_manifest, resume_notes
+from recipes.config.run_manifest import damaged_file, incompatibility, read_manifest, resume_notes
 from recipes.config.schema import RunConfig
 
-CHECKPOINT_MARKER = "metadata.json"  # written by megatron.core.dist_checkpointing when done
-LATEST_FILE = "latest"  # a run's checkpoint root names its newest step directory here
-RUN_CHECKPOINTS = "checkpoints"  # where a run directory keeps its checkpoints
 CHECKPOINT_EXAMPLE = "runs/<run>/checkpoints"
-STEP_PREFIX = "step_"  # step_NNNNNNN: a published checkpoint
-TMP_INFIX = ".tmp-"  # step_NNNNNNN.tmp-<token>: a save in progress (or one a crash left)
-
-
-def is_checkpoint(path: Path) -> bool:
-    """A finished Megatron checkpoint: its save got as far as writing `metadata.json`."""
-    return (path / CHECKPOINT_MARKER).is_file()
-
-
-def step_of(name: str) -> int | None:
-    """The step of a published `step_NNNNNNN` name (None for anything else, `.tmp-` included)."""
-    digits = name[len(STEP_PREFIX):]
-    return int(digits) if name.startswith(STEP_PREFIX) and digits.isdigit() else None
-
-
-def complete_steps(root: Path) -> list[Path]:
-    """The finished, published step directories under a checkpoint root, oldest first."""
-    found = [
-        (step_of(p.name), p) for p in root.glob(f"{STEP_PREFIX}*")
-        if step_of(p.name) is not None and p.is_dir() and is_checkpoint(p)
-    ]
-    return [p for _, p in sorted(found)]
-
-
-def _latest_name(root: Path) -> str | None:
-    try:
-        return (root / LATEST_FILE).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def newest_checkpoint(root: Path) -> Path | None:
-    """The step a checkpoint root resumes from: the one `latest` names when it is a complete
-    step directory, else the newest complete one (a crash between rename and marker, or a lost
-    marker); None when the root holds no complete step."""
-    name = _latest_name(root)
-    if name and step_of(name) is not None and is_checkpoint(root / name):
-        return root / name
-    steps = complete_steps(root)
-    return steps[-1] if steps else None
-
-
-def _unfinished_saves(root: Path) -> list[str]:
-    return sorted(p.name for p in root.glob(f"{STEP_PREFIX}*{TMP_INFIX}*") if p.is_dir())
 
 
 def _no_complete_step_message(load: str, root: Path) -> str:
     """A checkpoint root (a `latest` file or step directories) with no step to resume from."""
     fix = "point checkpoint.load at another checkpoint or set checkpoint.load=null"
-    name = _latest_name(root)
+    name = latest_name(root)
     if (root / LATEST_FILE).exists() and not name:
         what = "names no step ('')" if name == "" else "cannot be read"
         return f"checkpoint.load={load}: its {LATEST_FILE} file {what}; {fix}"
@@ -99,7 +61,7 @@ def _no_complete_step_message(load: str, root: Path) -> str:
     if name:
         return (f"checkpoint.load={load}: {LATEST_FILE} names {name}, but {root / name} has no "
                 f"{CHECKPOINT_MARKER} (an unfinished save?) and no other step is complete; {fix}")
-    unfinished = _unfinished_saves(root)
+    unfinished = [p.name for p in unfinished_saves(root)]
     return (f"checkpoint.load={load} holds no complete checkpoint, only unfinished saves "
             f"({', '.join(unfinished)}); {fix}")
 
@@ -122,7 +84,7 @@ def _directory_problem(load: str, path: Path) -> str | None:
     """A `checkpoint.load` directory: one checkpoint, or a root with a complete step."""
     if is_checkpoint(path) or newest_checkpoint(path) is not None:
         return None
-    if (path / LATEST_FILE).exists() or _unfinished_saves(path):
+    if (path / LATEST_FILE).exists() or unfinished_saves(path):
         return _no_complete_step_message(load, path)
     return _not_a_checkpoint_message(load, path)
 

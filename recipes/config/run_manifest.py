@@ -25,8 +25,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-MANIFEST_FILE = "run.json"
-MANIFEST_FORMAT = 1
+from recipes.config.checkpoint_format import MANIFEST_FILE
+
 CHUNK_BYTES = 8 << 20
 
 # Model fields that decide the saved tensors' names or shapes: a change cannot load.

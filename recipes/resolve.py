@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from plugins.protocol.errors import ConfigError
 from recipes.config.io import load_config
 from recipes.config.overrides import apply_overrides, split_override
-from recipes.config.paths import validate_paths
+from recipes.config.path_rules import validate_paths
 from recipes.config.schema import RunConfig
 from recipes.config.validation import Rule, validate
 from recipes.registry import DEFAULT_RECIPE, get_recipe
