@@ -14,7 +14,7 @@ one 128-token sample per rank per step); both (the default) runs tiny, then 100m
 repeat saves through the trainer's save_checkpoint, writes the same bytes with dd on rank 0,
 and loads them back; the first save of a process is reported apart. Then normal steps are
 timed against steps that start an async save: one with Megatron's defaults, two tuned (see
-trainer/bench_checkpoint.py). Goals (issue #7): save <= 2 x dd + 0.5 s, load <= 2 x dd, async
+trainer/tools/bench_checkpoint.py). Goals (issue #7): save <= 2 x dd + 0.5 s, load <= 2 x dd, async
 stall <= 0.2 s. Prints a table, the phases of saves, a load and async starts, and one JSON
 line (also written to <run dir>/bench_checkpoint.json). The ~100M run needs about 6 GB of
 memory per rank and several minutes on 2 cores.
@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.bench_checkpoint import BENCH_CHECKPOINT  # noqa: E402
-from trainer.pipeline import main, under_launcher  # noqa: E402
+from trainer.entry.pipeline import main, under_launcher  # noqa: E402
+from trainer.tools.bench_checkpoint import BENCH_CHECKPOINT  # noqa: E402
 
 DEFAULT_RECIPE = "recipe=tiny_dp2_distopt"
 SIZE_100M = [

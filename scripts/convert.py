@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from plugins.protocol.errors import ConfigError  # noqa: E402
 from recipes.resolve import ListRecipesRequested  # noqa: E402
-from trainer.pipeline import EXIT_USER_ERROR, HELP_ARGS  # noqa: E402
+from trainer.entry.pipeline import EXIT_USER_ERROR, HELP_ARGS  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     if any(arg in ("--help", "-h", "help") for arg in argv):
         print(__doc__.strip() + "\n\n" + format_recipe_list())
         return 0
-    from trainer.cluster_launch import run_launch
+    from trainer.launch.cluster import run_launch
 
     try:
         return run_launch(argv)

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from recipes.plan.command import run_plan  # noqa: E402
-from trainer.pipeline import Command, main  # noqa: E402
+from trainer.entry.pipeline import Command, main  # noqa: E402
 
 
 def _no_ranks(*_args) -> int:  # the planner runs in this process (Command.local)
@@ -39,7 +39,7 @@ def _no_ranks(*_args) -> int:  # the planner runs in this process (Command.local
 
 
 def _dry_run_shards(cfg):  # verify=true: the real model of every distinct shard, on meta
-    from trainer.dry_run import collect_shards
+    from trainer.tools.dry_run import collect_shards
 
     return collect_shards(cfg)
 

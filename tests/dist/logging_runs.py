@@ -1,8 +1,9 @@
 """Per-rank functions for the logging, profiler and multi-node tests (through `launch_ranks`).
 
-`pretrain` runs what `scripts/pretrain.py` runs on each rank (`trainer.commands.pretrain_rank`:
-session, step loop with every hook, reporter writing metrics.jsonl, `run_end`) on a recipe
-plus overrides, with small synthetic data so it takes seconds.
+`pretrain` runs what `scripts/pretrain.py` runs on each rank
+(`trainer.entry.commands.pretrain_rank`: session, step loop with every hook, reporter writing
+metrics.jsonl, `run_end`) on a recipe plus overrides, with small synthetic data so it takes
+seconds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ SMALL_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.ev
 
 def pretrain(payload: dict) -> dict:
     """Train `payload['recipe']` with `payload['overrides']` into `payload['run_dir']`."""
-    from trainer.commands import pretrain_rank
+    from trainer.entry.commands import pretrain_rank
 
     cfg = resolve_config([f"recipe={payload['recipe']}", *SMALL_DATA, *payload["overrides"]])
     run_dir = Path(payload["run_dir"])

@@ -47,7 +47,7 @@ def pretrain_metrics(payload: dict) -> dict:
 
     from recipes.resolve import resolve_config
     from tests.dist.layout_runs import TEST_DATA
-    from trainer.commands import pretrain_rank
+    from trainer.entry.commands import pretrain_rank
 
     cfg = resolve_config([f"recipe={payload['recipe']}", *TEST_DATA, *payload["overrides"]])
     cfg.checkpoint.save = False

@@ -3,7 +3,7 @@ rendezvous over loopback (a port the OS picks) and train the tiny DP2 recipe, on
 their losses equal one agent's two-rank run, step for step.
 
 This is how a Slurm job starts (one torchrun per node, `scripts/launch.py`), minus Slurm. The
-same two agents, run as scripts/agent/torchrun (trainer/agent.py), show the faults of such a
+same two agents, run as scripts/agent/torchrun (trainer/launch/agent.py), show the faults of such a
 run ending in one line each: a node that never joins, a rank SIGKILLed mid-run.
 """
 
@@ -83,7 +83,7 @@ def test_two_torchrun_agents_train_as_one_agent_does(tmp_path):
 
 # -- clear failures: a node that never joins, a rank that dies ---------------------------------
 
-AGENT_DIR = REPO / "scripts" / "agent"  # its `torchrun` is trainer/agent.py (NeMo-Run's PATH)
+AGENT_DIR = REPO / "scripts" / "agent"  # its `torchrun`: trainer/launch/agent.py (NeMo-Run PATH)
 JOIN_TIMEOUT_S = 5
 FAULT_EXIT_BOUND_S = 60
 DYING_RUN_TIMEOUT_S = 180  # start-up and the kill, then the bound (a hung rank sleeps 120 s)

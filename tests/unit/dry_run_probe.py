@@ -15,7 +15,7 @@ from rich.console import Console
 
 from recipes.config.schema import ClusterConfig, ParallelConfig
 from recipes.registry import get_recipe
-from trainer.dry_run import collect_shards, model_parameters, print_report
+from trainer.tools.dry_run import collect_shards, model_parameters, print_report
 
 
 def unsharded_reference(cfg):

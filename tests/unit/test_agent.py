@@ -1,4 +1,4 @@
-"""trainer/agent.py without a process group: the one-line messages, the count read from a
+"""trainer/launch/agent.py without a process group: the one-line messages, the count read from a
 hand-made rendezvous state, the rank reports' format, who a survivor names, and the agents'
 reports through a local store (a TCPStore on a port the OS picks)."""
 
@@ -15,8 +15,8 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
-from trainer import agent
-from trainer.agent import (
+from trainer.launch import agent
+from trainer.launch.agent import (
     FAILED,
     SURVIVOR,
     RankExit,
@@ -197,7 +197,7 @@ def test_the_torchrun_shim_is_an_executable_named_torchrun():
     shim = REPO / "scripts" / "agent" / "torchrun"
     assert shim.read_text().startswith("#!/usr/bin/env python3\n")
     assert shim.stat().st_mode & stat.S_IXUSR and os.access(shim, os.X_OK)
-    assert "from trainer.agent import main" in shim.read_text()
+    assert "from trainer.launch.agent import main" in shim.read_text()
 
 
 @pytest.mark.parametrize("argv", [["--nnodes=2"], ["--no-such-option", "x.py"]])

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from plugins.protocol.errors import ConfigError
-from trainer.commands import BENCH_STEP, PRETRAIN
-from trainer.pipeline import help_text, split_options
+from trainer.entry.commands import BENCH_STEP, PRETRAIN
+from trainer.entry.pipeline import help_text, split_options
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((REPO / "scripts").glob("*.py"))

@@ -22,7 +22,7 @@ import pytest
 
 from plugins.protocol.errors import ConfigError
 from recipes.registry import canonical_name, get_recipe, recipe_names
-from trainer.cluster_launch import (
+from trainer.launch.cluster import (
     AGENT_DIR,
     default_rdzv_port,
     local_path,

@@ -31,7 +31,7 @@ from plugins.protocol.events import RuntimeContext
 from plugins.registry import build_plugins
 from recipes.plan.command import shard_world
 from recipes.registry import get_recipe
-from trainer import dry_run
+from trainer.tools import dry_run
 from trainer.mcore_translation import build_transformer_config
 from trainer.model import build_model_chunks, distinct_parameter_counts
 

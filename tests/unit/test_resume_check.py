@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from trainer.commands import VALIDATE_RESUME
-from trainer.pipeline import main
-from trainer.resume_check import StepRecord, compare, format_table
+from trainer.entry.commands import VALIDATE_RESUME
+from trainer.entry.pipeline import main
+from trainer.tools.resume_check import StepRecord, compare, format_table
 
 RECORDS = [StepRecord(2.5, 1e-3, 100, "aa"), StepRecord(2.4, 9e-4, 200, "bb")]
 SAME_RNG = ("r1", "r1", "r2", "r2")

@@ -13,7 +13,7 @@ import pytest
 
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
-from trainer.scaling import (
+from trainer.tools.scaling_report import (
     Point,
     ScalingOptions,
     build_report,
@@ -256,7 +256,7 @@ def test_sizes_become_cluster_jobs_through_the_launcher(tmp_path):
 
 
 def test_a_report_of_unfinished_jobs_is_refused_in_one_line(tmp_path):
-    from trainer.scaling_sweep import save_sweep, write_report
+    from trainer.tools.scaling_sweep import save_sweep, write_report
 
     with pytest.raises(ConfigError, match="holds no sweep.json; name the directory"):
         write_report(tmp_path)

@@ -7,7 +7,7 @@ A script is a `Command`: its help text, its own `key=value` options and what one
 Every user mistake anywhere in the pipeline or on a rank is a `ConfigError` turned into one
 line, `error: <what and how to fix>`, and exit code 2, here and only here; a non-finite
 loss is exit code 3; a collective that failed because another rank left is one line naming
-that rank and exit code 1 (trainer/agent.py). The parent process imports no torch until the
+that rank and exit code 1 (trainer/launch/agent.py). The parent process imports no torch until the
 configuration is known to be valid, so a mistake or a wrong machine is refused in about a
 second.
 """
@@ -130,7 +130,7 @@ def prepare_run_dir(cfg: RunConfig) -> tuple[RunConfig, Path]:
 
 def self_launch(command: Command, cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> int:
     """Start one local process per rank, each re-entering this pipeline as a rank."""
-    from trainer.launch import launch_local_ranks
+    from trainer.launch.local import launch_local_ranks
 
     world = cfg.layout.world_size
     print(f"launching {world} local ranks; outputs in {run_dir}", flush=True)
@@ -157,10 +157,10 @@ def preflight(cfg: RunConfig, machine) -> None:
 def run_as_rank(command: Command, cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> int:
     """This process is one rank: run the command, then tear the process groups down.
 
-    Any other failure is reported to the run's store first (trainer/agent.py): a collective
+    Any other failure is reported to the run's store first (trainer/launch/agent.py): a collective
     that failed because another rank left ends in one line naming that rank and exit code 1;
     this rank's own failure keeps its traceback, and its reason reaches the other ranks."""
-    from trainer.agent import report_failure
+    from trainer.launch.agent import report_failure
     from trainer.loop import NonFiniteError
 
     peer_lost = False
@@ -197,12 +197,12 @@ def run_pipeline(command: Command, argv: Sequence[str]) -> int:
         print(help_text(command))
         return 0
     if cfg.dry_run:
-        from trainer.dry_run import run_dry_run
+        from trainer.tools.dry_run import run_dry_run
 
         run_dry_run(cfg)
         return 0
     if not under_launcher():  # ranks of an outside launch must not race to prepare data
-        from trainer.prepared_data import prepare_missing_data
+        from data_prep.blend_prepare import prepare_missing_data
 
         prepare_missing_data(cfg)
     validate_paths(cfg)

@@ -18,7 +18,7 @@ def launch_local_ranks(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    from trainer.agent import quiet_elastic_logs, rank_death_line, rank_exits
+    from trainer.launch.agent import quiet_elastic_logs, rank_death_line, rank_exits
 
     added = [key for key in environment if key not in os.environ]
     os.environ.update({key: environment[key] for key in added})
@@ -31,7 +31,7 @@ def launch_local_ranks(
         run(args)
     except ChildFailedError as failure:
         # Each rank already printed its own one-line error, except one a signal stopped: name
-        # it (trainer/agent.py's line); the exit code is passed on.
+        # it (trainer/launch/agent.py's line); the exit code is passed on.
         line = rank_death_line(rank_exits(failure, 0))
         if line:
             print(line, file=sys.stderr, flush=True)

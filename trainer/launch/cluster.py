@@ -36,7 +36,7 @@ from typing import Any
 
 from plugins.protocol.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXECUTORS = ("slurm", "local")
 TEXT_OPTIONS = ("account", "partition", "time", "job_dir", "container_image")
 AGENT_DIR = REPO / "scripts" / "agent"  # our `torchrun` agent, first on the jobs' PATH
@@ -297,7 +297,7 @@ def run_launch(argv: Sequence[str]) -> int:
 
 def launch_parsed(args: LaunchArgs) -> int:
     """Check, place and submit (or render, or run here) one launch; the scaling harness
-    submits each of its sizes through this too (trainer/scaling_sweep.py)."""
+    submits each of its sizes through this too (trainer/tools/scaling_sweep.py)."""
     plan = plan_launch(args)
     _require_nemo_run()
     import nemo_run as run

@@ -35,9 +35,9 @@ import warnings
 from pathlib import Path
 
 from recipes.config.schema import RunConfig
-from trainer.pipeline import Command, Option
+from trainer.entry.pipeline import Command, Option
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_checkpoint.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_checkpoint.py"
 MIB = 1 << 20
 
 # (module, attribute or Class.method, label): the phases of one save and one load.

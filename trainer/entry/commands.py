@@ -1,7 +1,7 @@
 """The scripts' commands: what one rank of each does once the entry pipeline hands it a config.
 
 Each `Command` pairs a script with its rank function and its own options; `scripts/*.py` are
-one line each around `trainer.pipeline.main(COMMAND)`. Heavy imports stay inside the rank
+one line each around `trainer.entry.pipeline.main(COMMAND)`. Heavy imports stay inside the rank
 functions, so `--help` and every refusal stay fast.
 """
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 from plugins.protocol.errors import ConfigError
 from recipes.config.schema import RunConfig
-from trainer.pipeline import Command, Option
+from trainer.entry.pipeline import Command, Option
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def pretrain_rank(cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> int:
@@ -43,8 +43,8 @@ def bench_step_rank(cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> i
     """Alternate our step and a bare Megatron Core step; rank 0 prints medians and ratio."""
     import torch
 
-    from trainer.benchmark import compare_step_times
     from trainer.session import start_session
+    from trainer.tools.bench_step import compare_step_times
 
     session = start_session(cfg, run_dir)
     figures = compare_step_times(session, options["steps"], options["warmup"])
@@ -68,7 +68,7 @@ def validate_resume_rank(cfg: RunConfig, run_dir: Path, options: dict[str, int])
     """Continuous vs resumed on every rank; rank 0 prints the table. Exit 1 on any failure."""
     import torch
 
-    from trainer.resume_check import format_table, run_resume_check
+    from trainer.tools.resume_check import format_table, run_resume_check
 
     rows = run_resume_check(cfg, run_dir, options)
     if torch.distributed.get_rank() == 0:

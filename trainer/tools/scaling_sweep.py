@@ -7,7 +7,7 @@ NeMo-Run path (Slurm by default, `executor=local` for NeMo-Run's local executor)
 directory inside the sweep directory (shared storage), and `scaling.report=DIR` writes the
 report once the jobs have finished. Either way the sweep directory holds `sweep.json` (the
 options and sizes), `base_config.yaml` and one run directory per size, so the report is read
-from files alone. The figures and the report itself: `trainer/scaling.py`.
+from files alone. The figures and the report itself: `trainer/tools/scaling_report.py`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from plugins.protocol.errors import ConfigError
-from trainer.scaling import (
+from trainer.tools.scaling_report import (
     Point,
     ScalingOptions,
     build_report,
@@ -32,7 +32,7 @@ from trainer.scaling import (
     write_plots,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SWEEP_FILE = "sweep.json"
 LAUNCH_KEYS = ("cluster=", "executor=", "--dry-run", "--dry_run")
 
@@ -142,7 +142,7 @@ def _launch_args(rest: list[str]) -> tuple[Any, list[str]]:
     runs as cluster jobs, else None; and the recipe arguments."""
     if not any(arg.startswith(LAUNCH_KEYS) for arg in rest):
         return None, rest
-    from trainer.cluster_launch import parse_launch_args
+    from trainer.launch.cluster import parse_launch_args
 
     launch = parse_launch_args(rest)
     return launch, launch.rest
@@ -151,7 +151,7 @@ def _launch_args(rest: list[str]) -> tuple[Any, list[str]]:
 def _submit(base_config: Path, points: list[Point], launch: Any) -> None:
     """Each size as a job through the launcher, which keeps the size's world (its
     `cluster.nodes=1 cluster.gpus_per_node=G`) and places it on the cluster's nodes."""
-    from trainer.cluster_launch import launch_parsed
+    from trainer.launch.cluster import launch_parsed
 
     for point in points:
         rest = [f"config={base_config}", *point.overrides]
@@ -205,8 +205,8 @@ def _no_ranks(cfg: Any, run_dir: Path, options: dict[str, int]) -> int:
 
 def scaling_command():
     """The `Command` of scripts/scaling.py: local (it starts pretrain runs, not ranks)."""
-    from trainer.commands import _script_help
-    from trainer.pipeline import Command
+    from trainer.entry.commands import _script_help
+    from trainer.entry.pipeline import Command
 
     return Command(script=ROOT / "scripts" / "scaling.py", help=_script_help("scaling.py"),
                    run_rank=_no_ranks, local=run_scaling)
