@@ -17,7 +17,6 @@ import difflib
 import glob
 import os
 import re
-import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from plugins.protocol.errors import ConfigError
+from recipes.config.arguments import convert, split_argument
 
 TRAIN_PREFIX = "train:"  # tokenizer=train:VOCAB trains a byte-level BPE on the corpus
 MIN_TRAIN_VOCAB = 257  # 256 byte symbols + the end-of-document token
@@ -94,16 +94,6 @@ def field_types() -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(PrepareConfig)}
 
 
-def describe_type(tp: Any) -> str:
-    """'an integer', 'an integer or null', 'one of line, paragraph, document', 'text'."""
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(str(v) for v in typing.get_args(tp))
-    if isinstance(tp, types.UnionType):
-        names = [describe_type(a) for a in typing.get_args(tp) if a is not type(None)]
-        return " or ".join(names) + " or null"
-    return {int: "an integer", str: "text"}.get(tp, getattr(tp, "__name__", str(tp)))
-
-
 def closest_keys(key: str) -> list[str]:
     keys = list(field_types())
     near = [_HABITUAL_NAMES[key]] if key in _HABITUAL_NAMES else []
@@ -119,24 +109,6 @@ def _unknown_key_message(key: str) -> str:
     return f"unknown key '{key}'; {hint}"
 
 
-def _convert(key: str, value: str, tp: Any) -> Any:
-    """The text of `key=value` as the field's type, or a one-line ConfigError."""
-    nullable = isinstance(tp, types.UnionType) and type(None) in typing.get_args(tp)
-    if nullable and value.lower() in ("null", "none"):
-        return None
-    base = next(a for a in typing.get_args(tp) if a is not type(None)) if nullable else tp
-    options = typing.get_args(base) if typing.get_origin(base) is Literal else ()
-    if options and value in options:
-        return value
-    if base is int and re.fullmatch(r"[+-]?\d[\d_]*", value):
-        return int(value)
-    if base is str:
-        return value
-    raise ConfigError(
-        f"{key} expects {describe_type(tp)}, got '{value}'; e.g. {key}={_example(key)}"
-    )
-
-
 def _example(key: str) -> str:
     if key in EXAMPLES:
         return EXAMPLES[key]
@@ -144,23 +116,7 @@ def _example(key: str) -> str:
     return "null" if default is None else str(default)
 
 
-def split_argument(text: str) -> tuple[str, str]:
-    """`key=value` -> ('key', 'value'); anything else is a one-line error saying the form."""
-    key, sep, value = text.partition("=")
-    if text.startswith("-"):
-        raise ConfigError(
-            f"'{text}' is not an argument; write KEY=VALUE without dashes, e.g. "
-            "input=data/train.jsonl (--help shows the usage)"
-        )
-    if not sep or not key or key != key.strip():
-        raise ConfigError(
-            f"'{text}' is not KEY=VALUE; write it with no spaces around '=', "
-            "e.g. input=data/train.jsonl (quote a glob: input='data/*.jsonl')"
-        )
-    return key, value
-
-
-# Spellings accepted for a field (the issue tracker and the README use the dotted one).
+# Spellings accepted for a field (the README and pretrain.py use the dotted one).
 KEY_ALIASES = {"packing.seq_length": "pack_size", "packing.pad_multiple": "pad_multiple"}
 
 
@@ -169,13 +125,14 @@ def parse_args(argv: Sequence[str]) -> PrepareConfig:
     types_by_key = field_types()
     values: dict[str, Any] = {}
     for text in argv:
-        key, value = split_argument(text)
+        key, value = split_argument(text, "input=data/train.jsonl (quote a glob: "
+                                    "input='data/*.jsonl')")
         key = KEY_ALIASES.get(key, key)
         if key not in types_by_key:
             raise ConfigError(_unknown_key_message(key))
         if not value.strip():
             raise ConfigError(f"{key} is empty; give it a value, e.g. {key}={_example(key)}")
-        values[key] = _convert(key, value, types_by_key[key])
+        values[key] = convert(key, value, types_by_key[key], f"{key}={_example(key)}")
     missing = [key for key in REQUIRED if key not in values]
     if missing:
         given = ", ".join(f"{key}={_example(key)}" for key in missing)

@@ -15,13 +15,14 @@ import types
 import typing
 from collections.abc import Sequence
 from functools import cache
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from plugins.protocol.errors import ConfigError
+from recipes.config.arguments import describe_type, literal_options, split_argument
 from recipes.config.schema import RunConfig
 
 # Short names people type from habit; suggestions only, never accepted as keys.
@@ -100,17 +101,6 @@ def field_type(key: str) -> Any | None:
         if tp is None:
             return None
     return tp
-
-
-def describe_type(tp: Any) -> str:
-    """Human name of a schema type: 'an integer', 'an integer or null', 'one of a, b'."""
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(str(v) for v in typing.get_args(tp))
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
-        names = [describe_type(a) for a in typing.get_args(tp) if a is not type(None)]
-        return " or ".join(names) + " or null"
-    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-    return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def closest_keys(key: str, limit: int = 3) -> list[str]:
@@ -300,32 +290,13 @@ def to_run_config(node: DictConfig, origin: str) -> RunConfig:
 
 def split_override(text: str) -> tuple[str, str]:
     """`a.b=c` -> ('a.b', 'c'); anything else is a one-line error saying the form."""
-    key, sep, value = text.partition("=")
-    if text.startswith("-"):
-        raise ConfigError(
-            f"'{text}' is not an override; write KEY=VALUE without dashes, "
-            "e.g. train.micro_batch_size=2 (recipe=list shows the recipes)"
-        )
-    if not sep or not key or key != key.strip():
-        raise ConfigError(
-            f"'{text}' is not an override; write KEY=VALUE with no spaces around '=', "
-            "e.g. optimizer.lr=2e-4"
-        )
+    key, value = split_argument(text, "optimizer.lr=2e-4", what="an override")
     if "" in key.split("."):
         raise ConfigError(
             f"'{text}': the key '{key}' has an empty part between dots; write SECTION.KEY=VALUE, "
             "e.g. optimizer.lr=2e-4"
         )
     return key, value
-
-
-def literal_options(tp: Any) -> tuple[Any, ...]:
-    """The allowed values of a `Literal[...]` (or `Literal[...] | None`) type, else ()."""
-    if typing.get_origin(tp) is Literal:
-        return typing.get_args(tp)
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
-        return tuple(v for arg in typing.get_args(tp) for v in literal_options(arg))
-    return ()
 
 
 def _verbatim_option(key: str, value: str) -> DictConfig | None:
