@@ -89,7 +89,7 @@ def model_sharded_state_dict(model: list[torch.nn.Module], metadata: dict) -> di
 
 
 @contextlib.contextmanager
-def _parameters_gathered(model: list):
+def parameters_gathered(model: list):
     """With overlapped param all-gather the updated weights arrive in the next forward's
     pre-hook; finish that gather first (as Megatron-LM does) so the saved weights are current."""
     overlapped = [
@@ -186,11 +186,11 @@ def _rotate(root: Path, keep_last: int | None, resumed_from: Path | None) -> Non
         shutil.rmtree(path, ignore_errors=True)
 
 
-# --- Save/load speed (issue #7 item 8; figures in docs/checkpoints.md) -------------------------
+# --- Save/load speed (figures in docs/checkpoints.md) ------------------------------------------
 
 
 @contextlib.contextmanager
-def _in_process_write_results():
+def in_process_write_results():
     """A synchronous save hands its write results over an in-process queue. Megatron's default
     is a multiprocessing Manager queue started with `spawn` on the first save of each process
     (strategies/filesystem_async.py:52-66, called at :200); the Manager's fresh interpreter
@@ -208,7 +208,7 @@ def _in_process_write_results():
 
 
 @contextlib.contextmanager
-def _gc_frozen():
+def gc_frozen():
     """Megatron ends the fully_reshardable optimizer state with a full `gc.collect()`
     (optimizer/distrib_optimizer.py:1569), 0.4 s over a trainer's heap on save and on load.
     Objects older than the call are frozen (`gc.freeze`, O(1)), so it scans only new ones."""
@@ -221,10 +221,12 @@ def _gc_frozen():
         gc.unfreeze()
 
 
-def _save_strategy():
+def save_strategy(*, cached: bool = False):
     """DP replicas split the writing (Megatron-LM's `--ckpt-fully-parallel-save`): otherwise
     the first replica writes every replicated tensor, e.g. all of a fully_reshardable
-    optimizer state, while the others wait (strategies/fully_parallel.py:46-138)."""
+    optimizer state, while the others wait (strategies/fully_parallel.py:46-138). `cached`
+    keeps the save plan and its distribution across saves of one layout (repeated saves of a
+    run: what an asynchronous save would use)."""
     from megatron.core import parallel_state
     from megatron.core.dist_checkpointing.strategies.fully_parallel import (
         FullyParallelSaveStrategyWrapper,
@@ -232,21 +234,32 @@ def _save_strategy():
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
     dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
-    return FullyParallelSaveStrategyWrapper(TorchDistSaveShardedStrategy(), dp_group)
+    return FullyParallelSaveStrategyWrapper(
+        TorchDistSaveShardedStrategy(cached_metadata=cached), dp_group,
+        do_cache_distribution=cached)
 
 
 def _write_sharded(session, state: RunState, path: Path) -> None:
     metadata = content_metadata(session.cfg)
-    with _parameters_gathered(session.model):
-        sharded = model_sharded_state_dict(session.model, metadata)
-        with _gc_frozen():
-            sharded["optimizer"] = session.optimizer.sharded_state_dict(sharded, metadata=metadata)
-        sharded["scheduler"] = session.scheduler.state_dict()
-        sharded["run_state"] = state.common()
-        sharded["rng_state"] = _rng_sharded(state.rng, state.world_size)
-        with _in_process_write_results():
-            dist_checkpointing.save(sharded, str(path), _save_strategy(),
+    with parameters_gathered(session.model):
+        sharded = sharded_checkpoint(session, state, metadata)
+        with in_process_write_results():
+            dist_checkpointing.save(sharded, str(path), save_strategy(),
                                     content_metadata=metadata)
+
+
+def sharded_checkpoint(session, state: RunState, metadata: dict, *,
+                       freeze_gc: bool = True) -> dict:
+    """Everything a full checkpoint holds, as the sharded dict Megatron saves: the model, the
+    optimizer, the scheduler and the run state (the shared part once, each rank's RNG streams
+    as a world-sized sharded object). Call it under `parameters_gathered`."""
+    sharded = model_sharded_state_dict(session.model, metadata)
+    with gc_frozen() if freeze_gc else contextlib.nullcontext():
+        sharded["optimizer"] = session.optimizer.sharded_state_dict(sharded, metadata=metadata)
+    sharded["scheduler"] = session.scheduler.state_dict()
+    sharded["run_state"] = state.common()
+    sharded["rng_state"] = _rng_sharded(state.rng, state.world_size)
+    return sharded
 
 
 def _versions() -> dict[str, str]:
@@ -414,7 +427,7 @@ def save_model_weights(directory: str | Path, cfg: RunConfig, model: list) -> Pa
         path.mkdir(parents=True, exist_ok=True)
     torch.distributed.barrier()
     metadata = content_metadata(cfg)
-    with _in_process_write_results():
+    with in_process_write_results():
         dist_checkpointing.save(
             model_sharded_state_dict(model, metadata), str(path), content_metadata=metadata
         )
@@ -523,7 +536,7 @@ def load_checkpoint(session, path: str | Path) -> RunState:
     model, optimizer = session.model, session.optimizer
     _create_state_if_missing(optimizer)
     template = model_sharded_state_dict(model, metadata)
-    with _gc_frozen():
+    with gc_frozen():
         template["optimizer"] = optimizer.sharded_state_dict(
             template, is_loading=True, metadata=metadata
         )

@@ -35,6 +35,7 @@ import warnings
 from pathlib import Path
 
 from recipes.config.schema import RunConfig
+from trainer.checkpointing import save_strategy
 from trainer.entry.pipeline import Command, Option
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_checkpoint.py"
@@ -243,19 +244,6 @@ def _timed_step(session) -> float:
     return time.perf_counter() - start
 
 
-@contextlib.contextmanager
-def _gc_frozen():
-    """Tuned: Megatron's full `gc.collect()` after the fully_reshardable state
-    (optimizer/distrib_optimizer.py:1569) scans only objects newer than the save."""
-    import gc
-
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def _forked_results_queue() -> None:
     """Tuned: the writer's results queue from a Manager forked now (torch already imported)
     instead of one spawned inside the first save (strategies/filesystem_async.py:52-66)."""
@@ -265,20 +253,6 @@ def _forked_results_queue() -> None:
 
     if filesystem_async._results_queue is None:
         filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
-
-
-def _tuned_strategy():
-    """Tuned: DP replicas split the writing; plan and distribution cached across saves."""
-    from megatron.core import parallel_state
-    from megatron.core.dist_checkpointing.strategies.fully_parallel import (
-        FullyParallelSaveStrategyWrapper,
-    )
-    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
-
-    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
-    return FullyParallelSaveStrategyWrapper(
-        TorchDistSaveShardedStrategy(cached_metadata=True), group, do_cache_distribution=True
-    )
 
 
 class AsyncSaver:
@@ -292,7 +266,7 @@ class AsyncSaver:
 
         self.tuned = tuned
         self.queue = AsyncCallsQueue()
-        self.strategy = _tuned_strategy() if tuned else None
+        self.strategy = save_strategy(cached=True) if tuned else None
         self.saves = 0
         if tuned:
             _forked_results_queue()
@@ -307,15 +281,8 @@ class AsyncSaver:
         if _rank0():
             path.mkdir(parents=True)
         _barrier()
-        frozen = _gc_frozen() if self.tuned else contextlib.nullcontext()
-        with ckpt._parameters_gathered(session.model):
-            sharded = ckpt.model_sharded_state_dict(session.model, metadata)
-            with frozen:
-                sharded["optimizer"] = session.optimizer.sharded_state_dict(
-                    sharded, metadata=metadata)
-            sharded["scheduler"] = session.scheduler.state_dict()
-            sharded["run_state"] = state.common()
-            sharded["rng_state"] = ckpt._rng_sharded(state.rng, state.world_size)
+        with ckpt.parameters_gathered(session.model):
+            sharded = ckpt.sharded_checkpoint(session, state, metadata, freeze_gc=self.tuned)
             # A fresh copy: the sharded dicts add a process group to `metadata`, which only
             # the validation branch strips (dist_checkpointing/state_dict_utils.py:44-49).
             request = dist_checkpointing.save(
