@@ -1,7 +1,8 @@
 """Turn command-line arguments into a validated `RunConfig`.
 
 Arguments are `recipe=NAME` or `config=FILE` (a saved resolved config), then OmegaConf dotlist
-overrides `a.b=c` applied in order. `recipe=list`, `--help` or `-h` ask for the recipe list.
+overrides `a.b=c` applied in order. `recipe=list` asks for the recipe list (every script's
+`--help` is answered by the entry contract before anything is resolved).
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from recipes.config.path_rules import validate_paths
 from recipes.config.schema import RunConfig
 from recipes.config.validation import Rule, validate
 from recipes.registry import DEFAULT_RECIPE, get_recipe
-
-HELP_ARGS = ("--help", "-h", "help")
 
 
 class ListRecipesRequested(Exception):
@@ -37,8 +36,6 @@ def parse_args(argv: Sequence[str]) -> ParsedArgs:
     """Split argv; raises ListRecipesRequested for help and ConfigError for malformed ones."""
     parsed = ParsedArgs()
     for arg in argv:
-        if arg in HELP_ARGS:
-            raise ListRecipesRequested
         key, value = split_override(arg)
         if key == "recipe" and value == "list":
             raise ListRecipesRequested
@@ -65,7 +62,7 @@ def resolve_config(argv: Sequence[str], *, check_paths: bool = True,
                    rules: Sequence[Rule] = ()) -> RunConfig:
     """Build, override and validate the configuration the command line describes.
 
-    Raises `ListRecipesRequested` for `recipe=list`/`--help`/`-h`, and `ConfigError` (one
+    Raises `ListRecipesRequested` for `recipe=list`, and `ConfigError` (one
     line, with the fix) for any mistake, including paths the config names (checked here, before
     any rank starts, unless `check_paths=False`: the entry pipeline first makes data a blend
     says how to prepare). `rules` are checked after the core and plugin rules (the trainer's

@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trainer.entry.commands import BENCH_STEP  # noqa: E402
-from trainer.entry.pipeline import main  # noqa: E402
+from trainer.entry.contract import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(BENCH_STEP))

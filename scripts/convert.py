@@ -33,39 +33,13 @@ The output is written to <out>.tmp-<pid> and renamed when complete. A mistake pr
 `error: <one line>` and exits with code 2; the last line gives seconds and peak memory.
 """
 
-import os
 import sys
 from pathlib import Path
 
-os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch: the local spec, on CPU (docstring)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from plugins.protocol.errors import ConfigError  # noqa: E402
-from recipes.resolve import ListRecipesRequested  # noqa: E402
-from trainer.entry.pipeline import EXIT_USER_ERROR, HELP_ARGS  # noqa: E402
-
-
-def main(argv: list[str]) -> int:
-    if any(arg in HELP_ARGS for arg in argv):
-        print(__doc__)
-        return 0
-    from rich.console import Console
-
-    from trainer.interop import cli
-
-    try:
-        request = cli.parse(argv)
-        cfg = cli.import_config(request) if request.command == "import" else None
-        cli.run(request, cfg, Console())
-    except ListRecipesRequested:
-        from recipes.registry import format_recipe_list
-
-        print(format_recipe_list())
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return EXIT_USER_ERROR
-    return 0
-
+from trainer.entry.commands import CONVERT  # noqa: E402
+from trainer.entry.contract import main  # noqa: E402
 
 if __name__ == "__main__":  # dist_checkpointing's save starts a process that imports this file
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(CONVERT))

@@ -27,26 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from plugins.protocol.errors import UserError  # noqa: E402
-from recipes.registry import format_recipe_list  # noqa: E402
-from recipes.resolve import ListRecipesRequested  # noqa: E402
-
-
-def main(argv: list[str]) -> int:
-    if any(arg in ("--help", "-h", "help") for arg in argv):
-        print(__doc__.strip() + "\n\n" + format_recipe_list())
-        return 0
-    from trainer.launch.cluster import run_launch
-
-    try:
-        return run_launch(argv)
-    except ListRecipesRequested:
-        print(__doc__.strip() + "\n\n" + format_recipe_list())
-        return 0
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-
+from trainer.entry.commands import LAUNCH  # noqa: E402
+from trainer.entry.contract import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(LAUNCH))

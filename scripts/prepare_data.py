@@ -39,34 +39,12 @@ give byte-identical outputs. A mistake prints `error: <one line>` and exits with
 """
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data_prep.config import parse_args, validate  # noqa: E402
-from plugins.protocol.errors import ConfigError  # noqa: E402
-from trainer.entry.pipeline import EXIT_USER_ERROR, HELP_ARGS  # noqa: E402
-
-
-def main(argv: list[str]) -> int:
-    if any(arg in HELP_ARGS for arg in argv):
-        print(__doc__)
-        return 0
-    started = time.perf_counter()
-    try:
-        cfg = parse_args(argv)
-        validate(cfg)  # before the heavy imports: a mistake is refused in about a second
-        from data_prep.prepare import prepare, print_summary
-
-        result = prepare(cfg)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return EXIT_USER_ERROR
-    print_summary(result)
-    print(f"done in {time.perf_counter() - started:.1f} s (imports included)", flush=True)
-    return 0
-
+from trainer.entry.commands import PREPARE_DATA  # noqa: E402
+from trainer.entry.contract import main  # noqa: E402
 
 if __name__ == "__main__":  # datasets' worker processes import this file: keep the guard
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(PREPARE_DATA))

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trainer.entry.commands import PRETRAIN  # noqa: E402
-from trainer.entry.pipeline import main  # noqa: E402
+from trainer.entry.contract import main  # noqa: E402
 
 if __name__ == "__main__":  # the checkpoint writer spawns processes: keep this guard
     sys.exit(main(PRETRAIN))

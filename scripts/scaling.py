@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.entry.pipeline import main  # noqa: E402
-from trainer.tools.scaling_sweep import scaling_command  # noqa: E402
+from trainer.entry.commands import SCALING  # noqa: E402
+from trainer.entry.contract import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(scaling_command()))
+    sys.exit(main(SCALING))

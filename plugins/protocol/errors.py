@@ -20,3 +20,10 @@ class UserError(ValueError):
 
 class ConfigError(UserError):
     """A configuration or command-line mistake the user can fix; the message says how."""
+
+
+# How a program of the project ends; every entry point and launcher exits with one of these.
+EXIT_OK = 0
+EXIT_FAULT = 1  # a run, a rank or a check failed (the reason is printed in one line)
+EXIT_USER_ERROR = 2  # a mistake the user can fix: `error: <what and how to fix>`
+EXIT_NONFINITE = 3  # the loss or a gradient became NaN/inf

@@ -1,10 +1,11 @@
 """`scripts/plan.py`: plan a recipe on a cluster, in this process, starting no ranks.
 
 The planner's own options (`cluster=FILE`, `sharding=`, `offload=`, `attention=`,
-`fp8_weights=`, `tokens=`, `mfu=`, `groups=`, `verify=`, `--json`) are taken off the command
-line first; the rest is a recipe or saved config and overrides, resolved and validated exactly
-as `pretrain.py` resolves them. `verify=true` also builds every distinct shard on the meta
-device (the dry run) and checks the plan's parameter counts against the real model.
+`fp8_weights=`, `tokens=`, `mfu=`, `groups=`, `verify=`, `--json`) are parsed by the entry
+contract (trainer/entry/commands.py, PLAN); the rest is a recipe or saved config and
+overrides, resolved and validated exactly as `pretrain.py` resolves them. `verify=true` also
+builds every distinct shard on the meta device (the dry run) and checks the plan's parameter
+counts against the real model.
 """
 
 from __future__ import annotations
@@ -15,79 +16,20 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from plugins.protocol.errors import ConfigError
 from recipes.plan.build import PlanOptions, make_plan
 from recipes.plan.cluster import apply_cluster, load_cluster, recipe_cluster
-from recipes.plan.memory import SHARDINGS
-
-_BOOLS = {"true": True, "false": False}
 
 
-@dataclass
-class PlanArgs:
-    options: dict[str, Any] = field(default_factory=dict)
-    cluster: str | None = None
-    as_json: bool = False
-    verify: bool = False
-    rest: list[str] = field(default_factory=list)
-
-
-def _positive(key: str, value: str, kind: type) -> Any:
-    try:
-        number = kind(float(value)) if kind is int else kind(value)
-    except ValueError:
-        number = None
-    if number is None or number <= 0:
-        raise ConfigError(f"{key}={value} must be a positive number, e.g. {key}="
-                          f"{'15e12' if key == 'tokens' else '0.4' if key == 'mfu' else '4'}")
-    return number
-
-
-def _flag(key: str, value: str) -> bool:
-    if value.lower() not in _BOOLS:
-        raise ConfigError(f"{key}={value} must be true or false")
-    return _BOOLS[value.lower()]
-
-
-def _choice(key: str, value: str, allowed: Sequence[str]) -> str:
-    if value not in allowed:
-        raise ConfigError(f"{key}={value} is not known; use one of {', '.join(allowed)}")
-    return value
-
-
-def parse_plan_args(argv: Sequence[str]) -> PlanArgs:
-    """Split the planner's own options from the recipe and overrides."""
-    parsed = PlanArgs()
-    readers = {
-        "sharding": lambda v: _choice("sharding", v, SHARDINGS),
-        "offload": lambda v: _flag("offload", v),
-        "attention": lambda v: _choice("attention", v, ("flash", "explicit")),
-        "fp8_weights": lambda v: _flag("fp8_weights", v),
-        "tokens": lambda v: _positive("tokens", v, int),
-        "mfu": lambda v: _positive("mfu", v, float),
-        "groups": lambda v: _positive("groups", v, int),
-    }
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if arg == "--json":
-            parsed.as_json = True
-        elif sep and key == "cluster":
-            parsed.cluster = value
-        elif sep and key == "verify":
-            parsed.verify = _flag(key, value)
-        elif sep and key in readers:
-            parsed.options[key] = readers[key](value)
-        else:
-            parsed.rest.append(arg)
-    return parsed
-
-
-def _options(values: dict[str, Any]) -> PlanOptions:
+def plan_options(values: dict[str, Any]) -> PlanOptions:
+    """The planner's options as parsed from the command line (trainer/entry/commands.py, PLAN),
+    named as `PlanOptions` names them."""
     names = {"tokens": "token_budget", "groups": "listed_groups"}
-    return PlanOptions(**{names.get(key, key): value for key, value in values.items()})
+    fields = {f.name for f in dataclasses.fields(PlanOptions)}
+    return PlanOptions(**{names.get(key, key): value for key, value in values.items()
+                          if names.get(key, key) in fields})
 
 
 def shard_world(cfg: Any) -> Any:
@@ -127,30 +69,33 @@ def _verify(plan: Any, build_shards: Verifier | None) -> list[str]:
     return compare_shards(plan, shards, time.perf_counter() - start)
 
 
-def run_plan(argv: Sequence[str], build_shards: Verifier | None = None) -> int:
+def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = False,
+             build_shards: Verifier | None = None) -> int:
     """The whole planner command; every user mistake is a ConfigError (one line, exit 2).
-    `build_shards` is the dry run (the torch side, handed in by the script: recipes/ stays
-    below trainer/)."""
+    `rest` is the recipe or saved config and its overrides, `options` the planner's own
+    (`cluster`, `verify` and the `PlanOptions`). `build_shards` is the dry run (the torch side,
+    handed in by the command: recipes/ stays below trainer/)."""
     from recipes.plan.report import json_report, text_report
     from recipes.resolve import resolve_config
 
     start = time.perf_counter()
-    args = parse_plan_args(argv)
-    cfg = resolve_config(args.rest, check_paths=False)
-    cluster = load_cluster(args.cluster) if args.cluster else recipe_cluster(cfg)
-    if args.cluster:
+    cfg = resolve_config(rest, check_paths=False)
+    cluster_file = options.get("cluster")
+    cluster = load_cluster(cluster_file) if cluster_file else recipe_cluster(cfg)
+    if cluster_file:
         cfg = apply_cluster(cfg, cluster)
-    plan = make_plan(cfg, cluster, _options(args.options))
-    if args.as_json:
+    plan = make_plan(cfg, cluster, plan_options(options))
+    verify = bool(options.get("verify"))
+    if as_json:
         report = json_report(plan)
-        if args.verify:
+        if verify:
             report["verify"] = _verify(plan, build_shards)
         report["seconds"] = time.perf_counter() - start
         json.dump(report, sys.stdout)
         print()
         return 0
     print(text_report(plan))
-    if args.verify:
+    if verify:
         print("\n".join(_verify(plan, build_shards)))
     print(f"planned in {time.perf_counter() - start:.2f} s")
     return 0

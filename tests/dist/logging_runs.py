@@ -24,4 +24,4 @@ def pretrain(payload: dict) -> dict:
     cfg = resolve_config([f"recipe={payload['recipe']}", *SMALL_DATA, *payload["overrides"]])
     run_dir = Path(payload["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
-    return {"exit": pretrain_rank(cfg, run_dir, {})}
+    return {"exit": pretrain_rank(cfg, run_dir, None)}

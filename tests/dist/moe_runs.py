@@ -61,7 +61,7 @@ def pretrain_metrics(payload: dict) -> dict:
         saved = os.dup(1)
         os.dup2(stdout.fileno(), 1)
         try:
-            pretrain_rank(cfg, run_dir, {})
+            pretrain_rank(cfg, run_dir, None)
         finally:
             sys.stdout.flush()
             os.dup2(saved, 1)

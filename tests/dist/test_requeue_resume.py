@@ -2,7 +2,7 @@
 arguments, `run_dir=<dir> checkpoint.resume=true` (what `scripts/launch.py` puts into a Slurm
 job, which `scontrol requeue` reruns unchanged).
 
-Each start is the real entry pipeline (`trainer.entry.pipeline.run_pipeline`) on one rank of an
+Each start is the real entry pipeline (PRETRAIN's rank path) on one rank of an
 outside launch, as torchrun starts it on a node, forked by the session's rank server so torch is
 imported once: the first start finds no checkpoint, says so and trains steps 1-2; the second
 resolves the resume to `checkpoint.load=<run_dir>/checkpoints`, passes the run.json pre-flight
@@ -29,11 +29,11 @@ SMALL = ["recipe=tiny_dp1", "data.source=synthetic", "data.max_corpus_bytes=1200
 def start(payload: dict) -> dict:
     """One start of pretrain.py on this rank: its exit code and what it printed."""
     from trainer.entry.commands import PRETRAIN
-    from trainer.entry.pipeline import run_pipeline
+    from trainer.entry.contract import parse_arguments
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = run_pipeline(PRETRAIN, payload["argv"])
+        code = PRETRAIN.run(parse_arguments(PRETRAIN, payload["argv"]))
     return {"code": code, "stdout": printed.getvalue()}
 
 

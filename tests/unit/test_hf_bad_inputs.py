@@ -16,6 +16,8 @@ from safetensors.torch import load_file, save_file
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
 from tests.dist.hf_runs import make_hf_model
+from trainer.entry.commands import CONVERT
+from trainer.entry.contract import parse_arguments
 from trainer.interop import cli, hf_config
 from trainer.interop.importer import check_source
 
@@ -27,6 +29,12 @@ def llama(tmp_path_factory) -> Path:
     return make_hf_model("llama", tmp_path_factory.mktemp("hf") / "llama")
 
 
+
+def _parse(argv: list[str]) -> cli.Request:
+    """scripts/convert.py's command line as the entry contract parses it."""
+    args = parse_arguments(CONVERT, argv)
+    return cli.make_request(args.rest, args.options)
+
 def _copy(model: Path, to: Path) -> Path:
     to.mkdir()
     for path in model.iterdir():
@@ -35,7 +43,7 @@ def _copy(model: Path, to: Path) -> Path:
 
 
 def _import_request(hf: Path, out: Path, *rest: str):
-    return cli.parse(["import", f"hf={hf}", f"out={out}", *rest])
+    return _parse(["import", f"hf={hf}", f"out={out}", *rest])
 
 
 def test_directory_without_config_json_is_not_a_model(tmp_path) -> None:
@@ -114,7 +122,7 @@ def test_missing_tensor_and_wrong_shape_are_named(llama, tmp_path) -> None:
 ])
 def test_command_line_mistakes(argv, expected) -> None:
     with pytest.raises(ConfigError, match=expected):
-        cli.parse(argv)
+        _parse(argv)
 
 
 def test_script_prints_one_line_exits_2_and_writes_nothing(tmp_path) -> None:
@@ -135,4 +143,4 @@ def test_config_json_missing_a_field_is_named() -> None:
 
 def test_existing_output_is_refused_before_anything_runs(tmp_path) -> None:
     with pytest.raises(ConfigError, match=f"out={tmp_path} already exists"):
-        cli.parse(["export", "checkpoint=a", f"out={tmp_path}"])
+        _parse(["export", "checkpoint=a", f"out={tmp_path}"])

@@ -22,12 +22,14 @@ import pytest
 
 from plugins.protocol.errors import ConfigError
 from recipes.registry import canonical_name, get_recipe, recipe_names
+from trainer.entry.commands import LAUNCH
+from trainer.entry.contract import parse_arguments
 from trainer.launch.cluster import (
     AGENT_DIR,
     default_rdzv_port,
+    launch_args,
     local_path,
     new_run_dir,
-    parse_launch_args,
     plan_launch,
     run_launch,
 )
@@ -39,13 +41,19 @@ RECIPES_64 = sorted({canonical_name(name) for name in recipe_names()
 
 
 BIN = Path(sys.executable).parent
+
+
+def parse_launch_args(argv: list[str]):
+    """scripts/launch.py's command line as the entry contract parses it."""
+    args = parse_arguments(LAUNCH, argv)
+    return launch_args(args.options, args.flags, args.rest)
 RUN_DIR = re.compile(r" run_dir=(\S+) ")
 
 
 def launch_output(capsys, tmp_path: Path, *argv: str) -> str:
     """Everything a dry run prints: the run directory and rendezvous lines, then the script."""
     pytest.importorskip("nemo_run")
-    assert run_launch([*argv, "--dry-run", f"job_dir={tmp_path}"]) == 0
+    assert run_launch(parse_launch_args([*argv, "--dry-run", f"job_dir={tmp_path}"])) == 0
     return capsys.readouterr().out
 
 
@@ -172,14 +180,15 @@ def test_the_local_executor_puts_our_agent_first_on_path():
      "needs 8 nodes of 8 GPUs (64 ranks) but cluster=conf/cluster/h200_1x8.yaml has 1"),
     (["recipe=8b_tp8_pp4_dp2", f"cluster={H100}", "executor=local"],
      "executor=local runs on this machine only, but llama3_8b_tp8_pp4_dp2 needs 8 nodes"),
-    (["recipe=tiny_dp2", f"cluster={H100}", "executor=k8s"], "executor=k8s is not known"),
-    (["recipe=tiny_dp2", f"cluster={H100}", "retries=x"], "retries=x must be a whole number"),
+    (["recipe=tiny_dp2", f"cluster={H100}", "executor=k8s"],
+     "executor expects one of slurm, local, got 'k8s'"),
+    (["recipe=tiny_dp2", f"cluster={H100}", "retries=x"], "retries expects an integer, got 'x'"),
     (["recipe=tiny_dp2", f"cluster={H100}", "rdzv_port=80"],
      "rdzv_port=80 must be a port number from 1024 to 65535, e.g. rdzv_port=23456"),
     (["recipe=tiny_dp2", f"cluster={H100}", "rdzv_port=65536"],
      "rdzv_port=65536 must be a port number from 1024 to 65535"),
     (["recipe=tiny_dp2", f"cluster={H100}", "rdzv_port=x"],
-     "rdzv_port=x must be a port number from 1024 to 65535"),
+     "rdzv_port expects an integer or null, got 'x'"),
     (["recipe=tiny_dp2", "cluster=nope.yaml"], "cluster=nope.yaml does not exist"),
 ])
 def test_launch_refusals_are_one_line(argv, message):

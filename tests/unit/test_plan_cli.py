@@ -55,9 +55,9 @@ def test_cpu_cluster_plans_tiny_recipe_with_explicit_attention():
 
 @pytest.mark.parametrize(("args", "message"), [
     (["recipe=tiny_dp1", "cluster=conf/cluster/nope.yaml"], "cluster=conf/cluster/nope.yaml"),
-    (["recipe=tiny_dp1", "sharding=zero9"], "sharding=zero9 is not known"),
-    (["recipe=tiny_dp1", "offload=maybe"], "offload=maybe must be true or false"),
-    (["recipe=tiny_dp1", "tokens=-3"], "tokens=-3 must be a positive number"),
+    (["recipe=tiny_dp1", "sharding=zero9"], "sharding expects one of none, dist_opt, optim"),
+    (["recipe=tiny_dp1", "offload=maybe"], "offload expects true or false, got 'maybe'"),
+    (["recipe=tiny_dp1", "tokens=-3"], "tokens=-3 must be a positive whole number"),
     (["recipe=tiny_dp1", "model.num_layers=5", "parallel.pipeline=2",
       "cluster.gpus_per_node=2"], "model.num_layers=5"),
     (["recipe=8b_tp8_dp8", "cluster=conf/cluster/cpu_local.yaml"], None),

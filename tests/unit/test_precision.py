@@ -300,18 +300,13 @@ def test_fp8_plugin_turns_what_megatron_refuses_into_one_line() -> None:
         "transformer config: Only transformer-engine>=1.7.0 supports MoE FP8 training")
 
 
-# ---- the GPU check script (scripts/gpu_check_precision.py) -----------------------------------
+# ---- the GPU check (scripts/gpu_check_precision.py, trainer/tools/gpu_check.py) ---------------
 
 
 def _gpu_check():
-    import importlib.util
+    from trainer.tools import gpu_check
 
-    spec = importlib.util.spec_from_file_location(
-        "gpu_check_precision", REPO / "scripts" / "gpu_check_precision.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return gpu_check
 
 
 def test_gpu_check_runs_are_valid_configs() -> None:

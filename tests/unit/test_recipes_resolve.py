@@ -28,7 +28,7 @@ def test_alias_and_overrides_resolve_to_the_named_recipe() -> None:
     assert cfg.optimizer.lr == pytest.approx(2e-4)
 
 
-@pytest.mark.parametrize("argv", [["recipe=list"], ["--help"], ["-h"], ["train.seed=1", "-h"]])
+@pytest.mark.parametrize("argv", [["recipe=list"], ["train.seed=1", "recipe=list"]])
 def test_list_and_help_ask_for_the_recipe_list(argv: list[str]) -> None:
     with pytest.raises(ListRecipesRequested):
         resolve_config(argv)

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from trainer.entry.commands import VALIDATE_RESUME
-from trainer.entry.pipeline import main
+from trainer.entry.contract import main
 from trainer.tools.resume_check import StepRecord, compare, format_table
 
 RECORDS = [StepRecord(2.5, 1e-3, 100, "aa"), StepRecord(2.4, 9e-4, 200, "bb")]

@@ -13,6 +13,8 @@ import pytest
 
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
+from trainer.entry.commands import SCALING
+from trainer.entry.contract import parse_arguments
 from trainer.tools.scaling_report import (
     Point,
     ScalingOptions,
@@ -22,29 +24,35 @@ from trainer.tools.scaling_report import (
     conditions,
     diagnose,
     format_table,
-    parse_scaling_args,
     plan_points,
     read_point,
+    scaling_options,
     write_plots,
 )
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+def parse_scaling_args(argv: list[str]) -> tuple[ScalingOptions, tuple[str, ...]]:
+    """scripts/scaling.py's command line as the entry contract parses it."""
+    args = parse_arguments(SCALING, argv)
+    return scaling_options(args.options), args.rest
+
+
 def test_options_are_parsed_and_the_rest_passed_on():
     options, rest = parse_scaling_args(["recipe=tiny_dp1", "scaling.world_sizes=[4,1,2]",
                                         "scaling.mode=strong", "scaling.steps=9", "a.b=1"])
     assert (options.world_sizes, options.mode, options.steps) == ([1, 2, 4], "strong", 9)
-    assert rest == ["recipe=tiny_dp1", "a.b=1"]
+    assert rest == ("recipe=tiny_dp1", "a.b=1")
 
 
 @pytest.mark.parametrize("arg, words", [
-    ("scaling.mode=both", "scaling.mode=both must be weak or strong"),
-    ("scaling.world_sizes=[1,x]", "scaling.world_sizes=x must be a positive whole number"),
+    ("scaling.mode=both", "scaling.mode expects one of weak, strong, got 'both'"),
+    ("scaling.world_sizes=[1,x]", "scaling.world_sizes expects an integer, got 'x'"),
     ("scaling.world_sizes=[2,2]", "repeats a size"),
     ("scaling.steps=3", "scaling.steps=3 leaves no measured steps"),
-    ("scaling.size=2", "unknown option scaling.size"),
-    ("scaling.token_budget=-1", "scaling.token_budget=-1 must be a positive number"),
+    ("scaling.size=2", "unknown option scaling.size; did you mean scaling.steps?"),
+    ("scaling.token_budget=-1", "scaling.token_budget=-1.0 must be a positive number"),
 ])
 def test_bad_options_are_one_line_naming_the_field(arg, words):
     with pytest.raises(ConfigError) as error:
@@ -139,8 +147,7 @@ def test_script_refuses_a_bad_option_in_one_line():
                             capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: scaling.mode=fast must be weak or strong (weak: per-replica batch fixed; "
-        "strong: global batch fixed)"]
+        "error: scaling.mode expects one of weak, strong, got 'fast'; e.g. scaling.mode=weak"]
 
 
 def _record(step, seconds, measured, comm=None) -> dict:

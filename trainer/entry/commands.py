@@ -1,23 +1,29 @@
-"""The scripts' commands: what one rank of each does once the entry pipeline hands it a config.
+"""Every script's command object: its options, and what it runs.
 
-Each `Command` pairs a script with its rank function and its own options; `scripts/*.py` are
-one line each around `trainer.entry.pipeline.main(COMMAND)`. Heavy imports stay inside the rank
-functions, so `--help` and every refusal stay fast.
+`scripts/<name>.py` is a docstring (its usage) and `main(<COMMAND>)` (trainer/entry/contract.py).
+Training commands run the training pipeline (trainer/entry/pipeline.py) with a rank function;
+the others run here, in this process. Heavy imports stay inside the functions, so `--help` and
+every refusal stay fast (under a second, no torch).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import Literal
 
 from plugins.protocol.errors import ConfigError
 from recipes.config.schema import RunConfig
-from trainer.entry.pipeline import Command, Option
+from trainer.entry.contract import Arguments, Command, Option, non_negative, positive
+from trainer.entry.pipeline import Training
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+CONFIG_REST = "recipe=NAME | config=FILE, then section.field=value overrides"
 
 
-def pretrain_rank(cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> int:
+# --- training commands: a rank function each ------------------------------------------------
+
+def pretrain_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
     """Train on this rank, then print and record the summary (rank 0)."""
     import torch
 
@@ -39,7 +45,7 @@ def pretrain_rank(cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> int
     return 0
 
 
-def bench_step_rank(cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> int:
+def bench_step_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
     """Alternate our step and a bare Megatron Core step; rank 0 prints medians and ratio."""
     import torch
 
@@ -47,7 +53,7 @@ def bench_step_rank(cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> i
     from trainer.tools.bench_step import compare_step_times
 
     session = start_session(cfg, run_dir)
-    figures = compare_step_times(session, options["steps"], options["warmup"])
+    figures = compare_step_times(session, args["steps"], args["warmup"])
     if torch.distributed.get_rank() == 0:
         print(
             f"bench {cfg.name}: ours {figures['ours_s'] * 1e3:.1f} ms/step, bare Megatron Core "
@@ -58,54 +64,330 @@ def bench_step_rank(cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> i
     return 0
 
 
-def check_resume_options(options: dict[str, int]) -> None:
-    if options["save_at"] >= options["steps"]:
-        raise ConfigError(f"save_at={options['save_at']} must be below steps={options['steps']}, "
-                          f"e.g. steps={options['save_at'] + 3}")
-
-
-def validate_resume_rank(cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> int:
+def validate_resume_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
     """Continuous vs resumed on every rank; rank 0 prints the table. Exit 1 on any failure."""
     import torch
 
     from trainer.tools.resume_check import format_table, run_resume_check
 
-    rows = run_resume_check(cfg, run_dir, options)
+    rows = run_resume_check(cfg, run_dir, args.options)
     if torch.distributed.get_rank() == 0:
-        print(format_table(cfg.name, rows, options), flush=True)
+        print(format_table(cfg.name, rows, args.options), flush=True)
     return 0 if all(ok for *_, ok in rows) else 1
 
 
-def _script_help(name: str) -> str:
-    """A script's own docstring is its usage text (read without importing the script)."""
-    import ast
+def check_resume_options(args: Arguments) -> None:
+    """The resume check saves inside the run it compares with."""
+    if args["save_at"] >= args["steps"]:
+        raise ConfigError(f"save_at={args['save_at']} must be below steps={args['steps']}, "
+                          f"e.g. steps={args['save_at'] + 3}")
 
-    return ast.get_docstring(ast.parse((SCRIPTS / name).read_text(encoding="utf-8"))) or ""
+
+def bench_checkpoint_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
+    from trainer.tools.bench_checkpoint import bench_checkpoint_rank as rank
+
+    return rank(cfg, run_dir, args)
 
 
-PRETRAIN = Command(
-    script=SCRIPTS / "pretrain.py",
-    help=_script_help("pretrain.py"),
-    run_rank=pretrain_rank,
-)
+BENCH_CHECKPOINT_RECIPE = "recipe=tiny_dp2_distopt"
+SIZE_100M = [
+    "model.num_layers=12", "model.hidden_size=768", "model.ffn_hidden_size=3072",
+    "model.num_attention_heads=12", "model.vocab_size=20480",
+    "train.micro_batch_size=1", "train.global_batch_size=2",
+]
+
+
+def checkpoint_sizes(args: Arguments) -> list[list[str]]:
+    """One launch per size asked for (each its own ranks): tiny is the recipe as it is."""
+    named = any(arg.startswith(("recipe=", "config=")) for arg in args.rest)
+    recipe = [] if named else [BENCH_CHECKPOINT_RECIPE]
+    sizes = {"tiny": [[]], "100m": [SIZE_100M], "both": [[], SIZE_100M]}[args["size"]]
+    return [[*recipe, *size] for size in sizes]
+
+
+PRETRAIN = Command(script="pretrain.py", run=Training(pretrain_rank), rest=CONFIG_REST,
+                   takes_recipe=True)
 
 BENCH_STEP = Command(
-    script=SCRIPTS / "bench_step.py",
-    help=_script_help("bench_step.py"),
-    run_rank=bench_step_rank,
-    options={
-        "steps": Option(default=20, help="measured rounds of each step"),
-        "warmup": Option(default=3, help="rounds discarded first"),
-    },
-)
+    script="bench_step.py", run=Training(bench_step_rank), rest=CONFIG_REST, takes_recipe=True,
+    options={"steps": Option(20, "measured rounds of each step", check=positive),
+             "warmup": Option(3, "rounds discarded first", check=positive)})
 
 VALIDATE_RESUME = Command(
-    script=SCRIPTS / "validate_resume.py",
-    help=_script_help("validate_resume.py"),
-    run_rank=validate_resume_rank,
+    script="validate_resume.py", run=Training(validate_resume_rank, check=check_resume_options),
+    rest=CONFIG_REST, takes_recipe=True,
+    options={"steps": Option(6, "steps of each run", check=positive),
+             "save_at": Option(3, "the step after which the checkpoint is saved",
+                               check=positive)})
+
+BENCH_CHECKPOINT = Command(
+    script="bench_checkpoint.py", run=Training(bench_checkpoint_rank, checkpoint_sizes),
+    rest=CONFIG_REST, takes_recipe=True,
+    options={"size": Option("both", "tiny (the recipe), 100m (about 100M parameters) or both",
+                            type=Literal["tiny", "100m", "both"]),
+             "repeats": Option(3, "timed save+load rounds (the first is reported apart)",
+                               check=positive),
+             "steps": Option(3, "normal steps timed before the async save", check=positive)})
+
+
+# --- the planner, the launcher and the scaling harness ---------------------------------------
+
+def run_plan(args: Arguments) -> int:
+    from recipes.plan.command import run_plan as plan
+
+    def dry_run_shards(cfg):  # verify=true: the real model of every distinct shard, on meta
+        from trainer.tools.dry_run import collect_shards
+
+        return collect_shards(cfg)
+
+    return plan(list(args.rest), args.options, as_json="--json" in args.flags,
+                build_shards=dry_run_shards)
+
+
+def positive_number(key: str, value: float | None) -> str | None:
+    if value is not None and value <= 0:
+        return f"{key}={value} must be a positive number, e.g. {key}=0.4"
+    return None
+
+
+PLAN = Command(
+    script="plan.py", run=run_plan, rest=CONFIG_REST, takes_recipe=True, flags=("--json",),
     options={
-        "steps": Option(default=6, help="steps of each run"),
-        "save_at": Option(default=3, help="the step after which the checkpoint is saved"),
-    },
-    check_options=check_resume_options,
-)
+        "cluster": Option(None, "conf/cluster/*.yaml: GPUs per node, memory, bandwidths, peak "
+                          "TFLOP/s (null: the recipe's cluster section, the H100 network)",
+                          type=str | None),
+        "sharding": Option(None, "optimizer sharding (null: dist_opt with "
+                           "optimizer.distributed=true, else none)",
+                           type=Literal["none", "dist_opt", "optim", "optim_grads",
+                                        "optim_grads_params"] | None),
+        "offload": Option(False, "optimizer state (FP32 master, Adam moments) in CPU memory",
+                          type=bool),
+        "attention": Option(None, "attention kernel (null: the cluster file's)",
+                            type=Literal["flash", "explicit"] | None),
+        "fp8_weights": Option(False, "FP8 training that keeps FP8 weights (false: BF16 weights)",
+                              type=bool),
+        "tokens": Option(None, "token budget: steps and GPU-hours, e.g. 15e12", type=int | None,
+                         check=positive),
+        "mfu": Option(0.4, "share of peak FLOP/s for the step-time estimate", type=float,
+                      check=positive_number),
+        "groups": Option(None, "write out at most N groups of each kind (null: all)",
+                         type=int | None, check=positive),
+        "verify": Option(False, "also build every distinct shard on the meta device and "
+                         "compare", type=bool),
+    })
+
+
+def _port(key: str, value: int | None) -> str | None:
+    from trainer.launch.cluster import check_port
+
+    return check_port(key, value)
+
+
+LAUNCH_OPTIONS = {
+    "cluster": Option(None, "conf/cluster/<name>.yaml", type=str | None),
+    "executor": Option("slurm", "slurm (sbatch) or local (torchrun here)",
+                       type=Literal["slurm", "local"]),
+    "retries": Option(0, "times Slurm requeues a failed job", check=non_negative),
+    "rdzv_port": Option(None, "c10d rendezvous port (default: derived at launch)",
+                        type=int | None, check=_port),
+    "account": Option(None, "Slurm account", type=str | None),
+    "partition": Option(None, "Slurm partition", type=str | None),
+    "time": Option(None, "Slurm time limit HH:MM:SS", type=str | None),
+    "job_dir": Option(None, "where NeMo-Run lays out jobs (shared storage)", type=str | None),
+    "container_image": Option(None, "container image for the job", type=str | None),
+}
+LAUNCH_FLAGS = ("--dry-run", "--dry_run")
+
+
+def run_launch(args: Arguments) -> int:
+    from trainer.launch.cluster import launch_args
+    from trainer.launch.cluster import run_launch as launch
+
+    return launch(launch_args(args.options, args.flags, args.rest))
+
+
+LAUNCH = Command(script="launch.py", run=run_launch, rest=CONFIG_REST, takes_recipe=True,
+                 options=LAUNCH_OPTIONS, flags=LAUNCH_FLAGS)
+
+
+def _world_sizes(key, value):
+    from trainer.tools.scaling_report import check_world_sizes
+
+    return check_world_sizes(key, value)
+
+
+def _scaling_steps(key, value):
+    from trainer.tools.scaling_report import check_steps
+
+    return check_steps(key, value)
+
+
+def _token_budget(key, value):
+    from trainer.tools.scaling_report import check_token_budget
+
+    return check_token_budget(key, value)
+
+
+def run_scaling(args: Arguments) -> int:
+    from trainer.launch.cluster import launch_args
+    from trainer.tools.scaling_report import scaling_options
+    from trainer.tools.scaling_sweep import run_scaling as sweep
+
+    launch = None
+    if args["cluster"] is not None or set(args.flags) & set(LAUNCH_FLAGS):
+        launch = launch_args(args.options, args.flags, args.rest)
+    return sweep(scaling_options(args.options), launch, list(args.rest))
+
+
+SCALING = Command(
+    script="scaling.py", run=run_scaling, rest=CONFIG_REST, takes_recipe=True,
+    flags=LAUNCH_FLAGS,
+    options={
+        "scaling.world_sizes": Option([1, 2, 4], "rank counts to run", type=list[int],
+                                      check=_world_sizes),
+        "scaling.mode": Option("weak", "weak (per-replica batch fixed) or strong (global batch "
+                               "fixed)", type=Literal["weak", "strong"]),
+        "scaling.steps": Option(8, "steps per size (warm-up and profiled ones included)",
+                                check=_scaling_steps),
+        "scaling.cluster": Option(None, "cluster file whose peak gives MFU", type=str | None),
+        "scaling.token_budget": Option(1e9, "tokens the time and GPU-hours columns are for",
+                                       type=float, check=_token_budget),
+        "scaling.out": Option(None, "report directory", type=str | None),
+        "scaling.report": Option(None, "write the report of a finished sweep directory",
+                                 type=str | None),
+        **LAUNCH_OPTIONS,
+    })
+
+
+# --- conversion, pictures, data ----------------------------------------------------------------
+
+def run_convert(args: Arguments) -> int:
+    """Import or export; the last line gives seconds and peak memory."""
+    from rich.console import Console
+
+    from trainer.interop import cli
+
+    request = cli.make_request(args.rest, args.options)
+    cfg = cli.import_config(request) if request.command == "import" else None
+    cli.run(request, cfg, Console())
+    return 0
+
+
+CONVERT = Command(
+    script="convert.py", run=run_convert, takes_recipe=True,
+    rest="import|export, then (import) recipe=NAME | config=FILE and overrides",
+    # The local layer spec names the weights: conversion runs on CPU, CUDA hidden.
+    environment={"CUDA_VISIBLE_DEVICES": ""},
+    options={
+        "hf": Option(None, "import: a Hugging Face model directory", type=str | None),
+        "checkpoint": Option(None, "export: a run's checkpoints or one step directory",
+                             type=str | None),
+        "out": Option(None, "a new output directory", type=str | None),
+        "max_shard_size": Option(None, "export: bytes per safetensors shard (default 5 GiB)",
+                                 type=int | None, check=positive),
+    })
+
+
+def run_compare_runs(args: Arguments) -> int:
+    from trainer.tools.compare_runs import compare_runs
+
+    print(f"wrote {compare_runs(args.rest, args['out'])}")
+    return 0
+
+
+COMPARE_RUNS = Command(script="compare_runs.py", run=run_compare_runs, rest="RUN_DIR ...",
+                       options={"out": Option("compare_runs.png", "the picture (.png)",
+                                              type=str)})
+
+
+def run_prepare_data(args: Arguments) -> int:
+    from data_prep.config import parse_args, validate
+
+    started = time.perf_counter()
+    cfg = parse_args(list(args.rest))
+    validate(cfg)  # before the heavy imports: a mistake is refused in about a second
+    from data_prep.prepare import prepare, print_summary
+
+    print_summary(prepare(cfg))
+    print(f"done in {time.perf_counter() - started:.1f} s (imports included)", flush=True)
+    return 0
+
+
+PREPARE_DATA = Command(script="prepare_data.py", run=run_prepare_data,
+                       rest="key=value arguments of the preparation (see above)")
+
+
+# --- benchmarks and the GPU check ----------------------------------------------------------------
+
+def run_bench_data(args: Arguments) -> int:
+    from trainer.tools.bench_data import run_bench_data as bench
+
+    return bench(args.options)
+
+
+BENCH_DATA = Command(
+    script="bench_data.py", run=run_bench_data,
+    environment={"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"},  # one core
+    options={"corpus": Option("stdlib", "the stdlib's sources or synthetic word salad",
+                              type=Literal["stdlib", "synthetic"]),
+             "max_mb": Option(8, "MiB of text", check=positive),
+             "vocab": Option(32000, "tokens of the BPE trained first", check=positive),
+             "repeats": Option(5, "timed repeats", check=positive),
+             "tokenizer": Option(None, "a tokenizer.json instead of training one",
+                                 type=str | None)})
+
+
+def at_least_three(key: str, value: int) -> str | None:
+    if value < 3:
+        return f"{key}={value} must be 3 or more (the first 2 steps are left out), e.g. {key}=20"
+    return None
+
+
+def run_bench_documents(args: Arguments) -> int:
+    from trainer.tools.bench_documents import run_bench_documents as bench
+
+    if args["blend"] is None:
+        raise ConfigError("give blend=<file>, e.g. blend=conf/data/python_stdlib.yaml")
+    return bench(args["blend"], args["steps"], args["recipe"])
+
+
+BENCH_DOCUMENTS = Command(
+    script="bench_documents.py", run=run_bench_documents,
+    options={"blend": Option(None, "the blend file whose training datasets are measured",
+                             type=str | None),
+             "steps": Option(20, "training steps per mode", check=at_least_three),
+             "recipe": Option("tiny_dp1", "the recipe trained", type=str)})
+
+
+def run_bench_packing(args: Arguments) -> int:
+    from trainer.tools.bench_packing import run_bench_packing as bench
+
+    return bench(args["documents"], args["seed"])
+
+
+BENCH_PACKING = Command(
+    script="bench_packing.py", run=run_bench_packing,
+    environment={name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                        "MKL_NUM_THREADS")},  # one thread, before numpy loads
+    options={"documents": Option(1_000_000, "documents to pack", check=positive),
+             "seed": Option(0, "seed of the document lengths", check=non_negative)})
+
+
+def run_gpu_check(args: Arguments) -> int:
+    from trainer.tools.gpu_check import run_gpu_check as check
+
+    return check(args["steps"], args["smoke_steps"], args["out"], args["install_te"])
+
+
+GPU_CHECK_PRECISION = Command(
+    script="gpu_check_precision.py", run=run_gpu_check,
+    options={"steps": Option(50, "steps of each main run", check=positive),
+             "smoke_steps": Option(10, "steps of each smoke run", check=positive),
+             "out": Option(None, "where the runs go (default: a new temporary folder)",
+                           type=str | None),
+             "install_te": Option(False, "try to install Transformer Engine first", type=bool)})
+
+
+COMMANDS = (PRETRAIN, BENCH_STEP, VALIDATE_RESUME, BENCH_CHECKPOINT, PLAN, LAUNCH, SCALING,
+            CONVERT, COMPARE_RUNS, PREPARE_DATA, BENCH_DATA, BENCH_DOCUMENTS, BENCH_PACKING,
+            GPU_CHECK_PRECISION)

@@ -1,15 +1,19 @@
-"""The one entry pipeline every script runs:
+"""The training pipeline behind every command that trains (pretrain, the step and checkpoint
+benchmarks, the resume check), in two explicit paths:
 
-    parse -> resolve (recipe or saved config, overrides) -> validate (core and plugin rules,
-    paths) -> dry run | machine check -> self-launch | run as rank
+    launching process   resolve (recipe or saved config, overrides; core, plugin and the
+                        trainer's rules) -> dry run, or: prepare data a blend names -> paths ->
+                        machine -> pre-flight (plan summary, checkpoint checks) -> run dir and
+                        config.yaml -> start one local rank per GPU (or CPU rank) and wait
+    a rank              resolve -> dry run, or: paths -> machine (world size) -> pre-flight
+                        unless the launcher did it -> run dir -> the command's rank function
+                        -> process groups torn down
 
-A script is a `Command`: its help text, its own `key=value` options and what one rank does.
-Every user mistake anywhere in the pipeline or on a rank is a `ConfigError` turned into one
-line, `error: <what and how to fix>`, and exit code 2, here and only here; a non-finite
-loss is exit code 3; a collective that failed because another rank left is one line naming
-that rank and exit code 1 (trainer/launch/agent.py). The parent process imports no torch until the
-configuration is known to be valid, so a mistake or a wrong machine is refused in about a
-second.
+A process is a rank when a launcher started it (torchrun, Slurm + torchrun, or the launching
+process above): `LOCAL_RANK` and `WORLD_SIZE` are set. The launching process imports no torch
+until the configuration is valid, so a mistake or a wrong machine is refused in about a second.
+On a rank, a non-finite loss ends in one line and exit code 3; a collective that failed because
+another rank left ends in one line naming that rank and exit code 1 (trainer/launch/agent.py).
 """
 
 from __future__ import annotations
@@ -21,46 +25,50 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from plugins.protocol.errors import ConfigError, UserError
+from plugins.protocol.errors import EXIT_NONFINITE, UserError
 from recipes.config.io import CONFIG_FILENAME, save_config
 from recipes.config.machine import check_machine, detect_machine
 from recipes.config.path_rules import checkpoint_preflight, validate_paths
 from recipes.config.schema import RunConfig
-from recipes.registry import format_recipe_list
-from recipes.resolve import ListRecipesRequested, resolve_config
+from recipes.resolve import resolve_config
+from trainer.entry.contract import Arguments, print_once
 from trainer.throughput import RUN_RULES
 
-EXIT_USER_ERROR = 2
-EXIT_NONFINITE = 3
 # Set for self-launched ranks: the launching process already ran the checkpoint's pre-flight.
 PREFLIGHT_DONE_ENV = "MCORE_RECIPES_PREFLIGHT_DONE"
-HELP_ARGS = ("--help", "-h", "help")
 
-RankFunction = Callable[[RunConfig, Path, dict[str, int]], int]
-
-
-@dataclass(frozen=True)
-class Option:
-    """A script's own `key=N` argument (a positive whole number), beside the config overrides."""
-
-    default: int
-    help: str
+RankFunction = Callable[[RunConfig, Path, Arguments], int]
 
 
 @dataclass(frozen=True)
-class Command:
-    """One entry point: what `--help` says, its own options, and what each rank runs."""
+class Training:
+    """What a training command runs on every rank; optionally a check of its own options
+    (raises ConfigError, on both paths, before anything starts) and the launches one command
+    line makes, each a list of extra overrides (the checkpoint benchmark runs two sizes)."""
 
-    script: Path  # the script the pipeline re-launches on local ranks
-    help: str  # the script's docstring: usage and examples
-    run_rank: RankFunction  # (config, run dir, options) -> exit code, on every rank
-    options: dict[str, Option] = field(default_factory=dict)
-    # Checks the options together before anything starts (raises ConfigError); None: no check.
-    check_options: Callable[[dict[str, int]], None] | None = None
-    local: Callable[[list[str]], int] | None = None  # runs here instead, starting no ranks
+    rank: RankFunction
+    launches: Callable[[Arguments], list[list[str]]] | None = None
+    check: Callable[[Arguments], None] | None = None
+
+    def __call__(self, args: Arguments) -> int:
+        quiet_library_noise()
+        if self.check is not None:
+            self.check(args)
+        if launched_as_rank():
+            return run_as_rank(self.rank, args)
+        for extra in self.launches(args) if self.launches else [[]]:
+            code = launch_and_wait(args, extra)
+            if code != 0:
+                return code
+        return 0
+
+
+def launched_as_rank() -> bool:
+    """True inside a rank started by torchrun, Slurm+torchrun or our own launching process."""
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def quiet_library_noise() -> None:
@@ -75,36 +83,61 @@ def quiet_library_noise() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def help_text(command: Command) -> str:
-    """The script's usage, its own options, then every recipe with a line each."""
-    lines = [command.help.strip(), ""]
-    if command.options:
-        lines.append("options:")
-        lines += [f"  {key}=N  {opt.help} (default {opt.default})"
-                  for key, opt in command.options.items()]
-        lines.append("")
-    return "\n".join(lines) + "\n" + format_recipe_list()
+def resolve(args: Arguments, extra: Sequence[str] = ()) -> RunConfig:
+    """The run's config from the command line (`recipe=list` raises ListRecipesRequested,
+    which the contract answers with the help text)."""
+    return resolve_config([*args.rest, *extra], check_paths=False, rules=RUN_RULES)
 
 
-def split_options(command: Command, argv: Sequence[str]) -> tuple[dict[str, int], list[str]]:
-    """The command's own `key=N` options, and the rest (recipe/config and overrides)."""
-    values = {key: option.default for key, option in command.options.items()}
-    rest = []
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key not in command.options:
-            rest.append(arg)
-            continue
-        if not value.isdigit() or int(value) < 1:
-            raise ConfigError(f"{key}={value} must be a positive whole number, e.g. {key}="
-                              f"{command.options[key].default}")
-        values[key] = int(value)
-    return values, rest
+def dry_run(cfg: RunConfig) -> int:
+    from trainer.tools.dry_run import run_dry_run
+
+    run_dry_run(cfg)
+    return 0
 
 
-def under_launcher() -> bool:
-    """True inside a rank started by torchrun, Slurm+torchrun or our own self-launch."""
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+# --- the launching process ------------------------------------------------------------------
+
+def launch_and_wait(args: Arguments, extra: Sequence[str] = ()) -> int:
+    """Check everything once, then start this machine's ranks and wait for them."""
+    cfg = resolve(args, extra)
+    if cfg.dry_run:
+        return dry_run(cfg)
+    from data_prep.blend_prepare import prepare_missing_data
+
+    prepare_missing_data(cfg)  # before the path rules: they check the prepared files
+    validate_paths(cfg)
+    machine = detect_machine()
+    check_machine(cfg, machine, [*args.rest, *extra])
+    preflight(cfg, machine)
+    cfg, run_dir = prepare_run_dir(cfg)
+    return start_local_ranks(cfg, run_dir, args)
+
+
+def start_local_ranks(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
+    """One local process per rank, each starting this script again as a rank from the saved
+    config, with the command's options."""
+    from trainer.launch.local import launch_local_ranks
+
+    world = cfg.layout.world_size
+    print(f"launching {world} local ranks; outputs in {run_dir}", flush=True)
+    options = [f"{key}={value}" for key, value in args.options.items() if value is not None]
+    ranks_args = [f"config={run_dir / CONFIG_FILENAME}", f"run_dir={run_dir}", *options,
+                  *sorted(args.flags)]
+    environment = {**cfg.plugins.launch_environment(), PREFLIGHT_DONE_ENV: "1"}
+    return launch_local_ranks(world, args.script, ranks_args, environment)
+
+
+def preflight(cfg: RunConfig, machine) -> None:
+    """Once per run: the plan's summary, or a one-line refusal of a layout that cannot fit
+    (recipes/plan/fit.py); then the loaded checkpoint's checks, and what a resume continues
+    from and changes."""
+    from recipes.plan.fit import check_fits, summary_line
+
+    on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
+    print(summary_line(check_fits(cfg, attention="explicit" if on_cpu else None)), flush=True)
+    for line in checkpoint_preflight(cfg):
+        print(f"resume: {line}", flush=True)
 
 
 def choose_run_dir(cfg: RunConfig) -> Path:
@@ -128,46 +161,39 @@ def prepare_run_dir(cfg: RunConfig) -> tuple[RunConfig, Path]:
     return dataclasses.replace(cfg, run_dir=str(run_dir)), run_dir
 
 
-def self_launch(command: Command, cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> int:
-    """Start one local process per rank, each re-entering this pipeline as a rank."""
-    from trainer.launch.local import launch_local_ranks
+# --- a rank ---------------------------------------------------------------------------------
 
-    world = cfg.layout.world_size
-    print(f"launching {world} local ranks; outputs in {run_dir}", flush=True)
-    args = [f"config={run_dir / CONFIG_FILENAME}", f"run_dir={run_dir}",
-            *(f"{key}={value}" for key, value in options.items())]
-    environment = {**cfg.plugins.launch_environment(), PREFLIGHT_DONE_ENV: "1"}
-    return launch_local_ranks(world, command.script, args, environment)
-
-
-def preflight(cfg: RunConfig, machine) -> None:
-    """Once per run (in the launching process, or on rank 0 of an outside launch): the plan's
-    summary, or a one-line refusal of a layout that cannot fit (recipes/plan/fit.py); then the
-    loaded checkpoint's checks, and what a resume continues from and changes."""
-    if os.environ.get(PREFLIGHT_DONE_ENV) or os.environ.get("RANK", "0") != "0":
-        return
-    from recipes.plan.fit import check_fits, summary_line
-
-    on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
-    print(summary_line(check_fits(cfg, attention="explicit" if on_cpu else None)), flush=True)
-    for line in checkpoint_preflight(cfg):
-        print(f"resume: {line}", flush=True)
+def run_as_rank(rank: RankFunction, args: Arguments) -> int:
+    """This process is one rank of a run: check what a rank must, then run the command's rank
+    function and tear the process groups down."""
+    cfg = resolve(args)
+    if cfg.dry_run:
+        return dry_run(cfg)
+    validate_paths(cfg)
+    machine = detect_machine()
+    check_machine(cfg, machine, list(args.rest))
+    if not os.environ.get(PREFLIGHT_DONE_ENV) and os.environ.get("RANK", "0") == "0":
+        preflight(cfg, machine)  # an outside launch (torchrun, Slurm): rank 0 does it once
+    cfg, run_dir = prepare_run_dir(cfg)
+    return run_rank_function(rank, cfg, run_dir, args)
 
 
-def run_as_rank(command: Command, cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> int:
-    """This process is one rank: run the command, then tear the process groups down.
+def run_rank_function(rank: RankFunction, cfg: RunConfig, run_dir: Path,
+                      args: Arguments) -> int:
+    """Run the command on this rank, then tear the process groups down.
 
-    Any other failure is reported to the run's store first (trainer/launch/agent.py): a collective
-    that failed because another rank left ends in one line naming that rank and exit code 1;
-    this rank's own failure keeps its traceback, and its reason reaches the other ranks."""
+    Any other failure is reported to the run's store first (trainer/launch/agent.py): a
+    collective that failed because another rank left ends in one line naming that rank and exit
+    code 1; this rank's own failure keeps its traceback, and its reason reaches the other ranks.
+    """
     from trainer.launch.agent import report_failure
     from trainer.loop import NonFiniteError
 
     peer_lost = False
     try:
-        return command.run_rank(cfg, run_dir, options)
+        return rank(cfg, run_dir, args)
     except NonFiniteError as error:
-        _print_once(f"error: {error}")
+        print_once(f"error: {error}")
         return EXIT_NONFINITE
     except UserError:
         raise
@@ -180,54 +206,6 @@ def run_as_rank(command: Command, cfg: RunConfig, run_dir: Path, options: dict[s
     finally:
         if not peer_lost:  # tearing groups down with a rank gone can block (NCCL): just exit
             _shutdown()
-
-
-def run_pipeline(command: Command, argv: Sequence[str]) -> int:
-    if any(arg in HELP_ARGS for arg in argv):
-        print(help_text(command))
-        return 0
-    options, rest = split_options(command, argv)
-    if command.check_options is not None:
-        command.check_options(options)
-    try:
-        if command.local is not None:  # e.g. the planner: resolves its own config, no ranks
-            return command.local(rest)
-        cfg = resolve_config(rest, check_paths=False, rules=RUN_RULES)
-    except ListRecipesRequested:
-        print(help_text(command))
-        return 0
-    if cfg.dry_run:
-        from trainer.tools.dry_run import run_dry_run
-
-        run_dry_run(cfg)
-        return 0
-    if not under_launcher():  # ranks of an outside launch must not race to prepare data
-        from data_prep.blend_prepare import prepare_missing_data
-
-        prepare_missing_data(cfg)
-    validate_paths(cfg)
-    machine = detect_machine()
-    check_machine(cfg, machine, rest)
-    preflight(cfg, machine)
-    cfg, run_dir = prepare_run_dir(cfg)
-    if under_launcher():
-        return run_as_rank(command, cfg, run_dir, options)
-    return self_launch(command, cfg, run_dir, options)
-
-
-def main(command: Command, argv: Sequence[str] | None = None) -> int:
-    """A script's whole life: the pipeline, with every user mistake as one line and exit 2."""
-    quiet_library_noise()
-    try:
-        return run_pipeline(command, sys.argv[1:] if argv is None else argv)
-    except UserError as error:  # ConfigError, and plugins' run-time refusals
-        _print_once(f"error: {error}")
-        return EXIT_USER_ERROR
-
-
-def _print_once(line: str) -> None:
-    if os.environ.get("RANK", "0") == "0":
-        print(line, file=sys.stderr, flush=True)
 
 
 def _shutdown() -> None:

@@ -2,16 +2,19 @@
 
 Why apart from the script: the script stays a thin, torch-light entry (a mistake in the command
 line, the Hugging Face config or the recipe is refused in about a second, before torch and
-Megatron are imported), and the tests drive the same functions. Every user mistake is a
-`ConfigError`, printed by the script as one line with exit code 2.
+Megatron are imported), and the tests drive the same functions. The command line is parsed by
+the entry contract (trainer/entry/commands.py, CONVERT); every user mistake is a `ConfigError`,
+printed as one line with exit code 2.
 """
 
 from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from plugins.protocol.errors import ConfigError
 
@@ -27,26 +30,28 @@ class Request:
     rest: list[str] = field(default_factory=list)  # recipe=/config= and overrides (import)
 
 
-def parse(argv: list[str]) -> Request:
-    if not argv or argv[0] not in COMMANDS:
-        got = f"'{argv[0]}'" if argv else "nothing"
+def make_request(words: Sequence[str], given: Mapping[str, Any]) -> Request:
+    """The conversion a parsed command line asks for: `words` are the sub-command, then (import)
+    the recipe and its overrides; `given` the options, None where not given."""
+    if not words or words[0] not in COMMANDS:
+        got = f"'{words[0]}'" if words else "nothing"
         raise ConfigError(f"convert needs a command, import or export, first (got {got}); "
                           "--help shows usage")
-    request = Request(argv[0])
+    request = Request(words[0], rest=list(words[1:]))
     required, optional = COMMANDS[request.command], OPTIONAL.get(request.command, ())
-    for arg in argv[1:]:
-        key, sep, value = arg.partition("=")
-        if key in required and sep and value.strip():
+    for key, value in given.items():
+        if value is None:
+            continue
+        if key in required:
             request.paths[key] = Path(value)
-        elif key in optional and value.isdigit() and int(value) > 0:
-            request.options[key] = int(value)
-        elif key in (*required, *optional):
-            raise ConfigError(f"{key}= needs a value, e.g. {key}=<dir>")
-        elif request.command == "import":
-            request.rest.append(arg)
+        elif key in optional:
+            request.options[key] = value
         else:
-            raise ConfigError(f"export does not take '{arg}'; it takes checkpoint=DIR out=DIR "
-                              "[max_shard_size=BYTES]")
+            raise ConfigError(f"{request.command} does not take {key}=; it takes "
+                              f"{' '.join(f'{k}=' for k in (*required, *optional))}")
+    if request.command == "export" and request.rest:
+        raise ConfigError(f"export does not take '{request.rest[0]}'; it takes checkpoint=DIR "
+                          "out=DIR [max_shard_size=BYTES]")
     missing = [key for key in required if key not in request.paths]
     if missing:
         raise ConfigError(f"{request.command} needs {' '.join(f'{k}=DIR' for k in missing)}; "

@@ -28,7 +28,7 @@ import importlib.util
 import os
 import sys
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,40 +65,27 @@ def _job_path(path: str) -> str:
         return str(resolved)
 
 
-def parse_port(value: str) -> int:
+def check_port(key: str, value: int | None) -> str | None:
+    """`rdzv_port=N`: a port number, no privileged one (the option's check)."""
     low, high = PORT_LIMITS
-    if not value.isdigit() or not low <= int(value) <= high:
-        raise ConfigError(f"rdzv_port={value} must be a port number from {low} to {high}, e.g. "
-                          "rdzv_port=23456, or leave it out for one derived from the experiment "
-                          "name and launch time")
-    return int(value)
+    if value is None or low <= value <= high:
+        return None
+    return (f"{key}={value} must be a port number from {low} to {high}, e.g. rdzv_port=23456, "
+            "or leave it out for one derived from the experiment name and launch time")
 
 
-def parse_launch_args(argv: Sequence[str]) -> LaunchArgs:
-    """Split launch.py's own options from the recipe and its overrides."""
-    parsed = LaunchArgs()
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if arg in ("--dry-run", "--dry_run"):
-            parsed.dry_run = True
-        elif sep and key == "cluster":
-            parsed.cluster = value
-        elif sep and key == "executor":
-            if value not in EXECUTORS:
-                raise ConfigError(f"executor={value} is not known; use executor=slurm (a "
-                                  "cluster) or executor=local (this machine)")
-            parsed.executor = value
-        elif sep and key == "retries":
-            if not value.isdigit():
-                raise ConfigError(f"retries={value} must be a whole number, e.g. retries=2")
-            parsed.retries = int(value)
-        elif sep and key == "rdzv_port":
-            parsed.rdzv_port = parse_port(value)
-        elif sep and key in TEXT_OPTIONS:
-            parsed.text[key] = value
-        else:
-            parsed.rest.append(arg)
-    return parsed
+DRY_RUN_FLAGS = ("--dry-run", "--dry_run")
+
+
+def launch_args(options: Mapping[str, Any], flags: Set[str], rest: Sequence[str]) -> LaunchArgs:
+    """The launch a parsed command line asks for (options as LAUNCH declares them in
+    trainer/entry/commands.py; the rest is the recipe and its overrides)."""
+    return LaunchArgs(
+        cluster=options.get("cluster"), executor=options.get("executor") or "slurm",
+        dry_run=bool(set(flags) & set(DRY_RUN_FLAGS)), retries=options.get("retries") or 0,
+        rdzv_port=options.get("rdzv_port"),
+        text={key: options[key] for key in TEXT_OPTIONS if options.get(key) is not None},
+        rest=list(rest))
 
 
 @dataclass(frozen=True)
@@ -290,12 +277,7 @@ def rendered_script(experiment: Any) -> str:
     return str(info)
 
 
-def run_launch(argv: Sequence[str]) -> int:
-    """The whole launch command; every user mistake is a ConfigError (one line, exit 2)."""
-    return launch_parsed(parse_launch_args(argv))
-
-
-def launch_parsed(args: LaunchArgs) -> int:
+def run_launch(args: LaunchArgs) -> int:
     """Check, place and submit (or render, or run here) one launch; the scaling harness
     submits each of its sizes through this too (trainer/tools/scaling_sweep.py)."""
     plan = plan_launch(args)

@@ -18,8 +18,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from plugins.protocol.errors import ConfigError
 from recipes.plan.flops import model_flops_utilisation
 from trainer.throughput import (
@@ -47,67 +45,38 @@ class ScalingOptions:
     report: str | None = None  # write the report of a finished sweep directory (cluster jobs)
 
 
-def _positive_int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{key}={value} must be a positive whole number, e.g. {key}=8")
-    return value
-
-
-def _world_sizes(text: str) -> list[int]:
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        value = None
-    value = [value] if isinstance(value, int) else value
-    if not isinstance(value, list) or not value:
-        raise ConfigError(f"scaling.world_sizes={text} must be a list of rank counts, "
-                          "e.g. scaling.world_sizes=[1,2,4]")
-    sizes = [_positive_int("scaling.world_sizes", size) for size in value]
+def check_world_sizes(key: str, sizes: list[int]) -> str | None:
+    """`scaling.world_sizes`: distinct positive rank counts."""
+    if not sizes:
+        return f"{key}=[] must list rank counts, e.g. {key}=[1,2,4]"
+    if any(size < 1 for size in sizes):
+        return f"{key}={sizes} must hold positive rank counts, e.g. {key}=[1,2,4]"
     if len(set(sizes)) != len(sizes):
-        raise ConfigError(f"scaling.world_sizes={text} repeats a size; give each size once")
-    return sorted(sizes)
+        return f"{key}={sizes} repeats a size; give each size once"
+    return None
 
 
-def _set_option(options: ScalingOptions, key: str, value: str) -> None:
-    if key == "world_sizes":
-        options.world_sizes = _world_sizes(value)
-    elif key == "mode":
-        if value not in MODES:
-            raise ConfigError(f"scaling.mode={value} must be weak or strong "
-                              "(weak: per-replica batch fixed; strong: global batch fixed)")
-        options.mode = value
-    elif key == "steps":
-        steps = _positive_int("scaling.steps", yaml.safe_load(value))
-        if steps < MIN_STEPS:
-            raise ConfigError(f"scaling.steps={steps} leaves no measured steps after "
-                              f"{WARMUP_STEPS} warm-up and {PROFILE_STEPS} profiled ones; "
-                              f"use scaling.steps={MIN_STEPS} or more")
-        options.steps = steps
-    elif key == "token_budget":
-        budget = yaml.safe_load(value)
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
-            raise ConfigError(f"scaling.token_budget={value} must be a positive number, "
-                              "e.g. scaling.token_budget=1e9")
-        options.token_budget = float(budget)
-    else:
-        setattr(options, key, value)
+def check_steps(key: str, steps: int) -> str | None:
+    """`scaling.steps`: some measured steps after the warm-up and the profiled ones."""
+    if steps < MIN_STEPS:
+        return (f"{key}={steps} leaves no measured steps after {WARMUP_STEPS} warm-up and "
+                f"{PROFILE_STEPS} profiled ones; use {key}={MIN_STEPS} or more")
+    return None
 
 
-def parse_scaling_args(argv: list[str]) -> tuple[ScalingOptions, list[str]]:
-    """The `scaling.*` options, and the rest (recipe/config and run overrides)."""
-    options, rest = ScalingOptions(), []
-    known = [name for name in ScalingOptions.__dataclass_fields__]
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if not key.startswith("scaling."):
-            rest.append(arg)
-            continue
-        name = key.removeprefix("scaling.")
-        if name not in known:
-            raise ConfigError(f"unknown option {key}; known: "
-                              + ", ".join(f"scaling.{k}" for k in known))
-        _set_option(options, name, value)
-    return options, rest
+def check_token_budget(key: str, budget: float) -> str | None:
+    if budget <= 0:
+        return f"{key}={budget} must be a positive number, e.g. {key}=1e9"
+    return None
+
+
+def scaling_options(values: dict[str, Any]) -> ScalingOptions:
+    """The `scaling.*` options as parsed (trainer/entry/commands.py, SCALING)."""
+    fields = {name.removeprefix("scaling."): value for name, value in values.items()
+              if name.startswith("scaling.")}
+    options = ScalingOptions(**fields)
+    options.world_sizes = sorted(options.world_sizes)
+    return options
 
 
 @dataclass(frozen=True)

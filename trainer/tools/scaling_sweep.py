@@ -26,7 +26,6 @@ from trainer.tools.scaling_report import (
     ScalingOptions,
     build_report,
     format_table,
-    parse_scaling_args,
     plan_points,
     read_point,
     write_plots,
@@ -34,7 +33,6 @@ from trainer.tools.scaling_report import (
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP_FILE = "sweep.json"
-LAUNCH_KEYS = ("cluster=", "executor=", "--dry-run", "--dry_run")
 
 
 class ScalingRunFailed(ConfigError):
@@ -137,26 +135,15 @@ def write_report(sweep_dir: Path) -> int:
 
 # --- running it -------------------------------------------------------------------------------
 
-def _launch_args(rest: list[str]) -> tuple[Any, list[str]]:
-    """scripts/launch.py's own options (cluster=, executor=, account=, ...) when the sweep
-    runs as cluster jobs, else None; and the recipe arguments."""
-    if not any(arg.startswith(LAUNCH_KEYS) for arg in rest):
-        return None, rest
-    from trainer.launch.cluster import parse_launch_args
-
-    launch = parse_launch_args(rest)
-    return launch, launch.rest
-
-
 def _submit(base_config: Path, points: list[Point], launch: Any) -> None:
     """Each size as a job through the launcher, which keeps the size's world (its
     `cluster.nodes=1 cluster.gpus_per_node=G`) and places it on the cluster's nodes."""
-    from trainer.launch.cluster import launch_parsed
+    from trainer.launch.cluster import run_launch
 
     for point in points:
         rest = [f"config={base_config}", *point.overrides]
         print(f"scaling: {point.gpus} ranks as a {launch.executor} job", flush=True)
-        code = launch_parsed(dataclasses.replace(launch, rest=rest))
+        code = run_launch(dataclasses.replace(launch, rest=rest))
         if code:
             raise ScalingRunFailed(f"the {point.gpus}-rank job failed (exit {code}); its log "
                                    f"is in the launcher's job directory")
@@ -170,16 +157,15 @@ def _run_here(base_config: Path, points: list[Point], sweep_dir: Path) -> None:
         _run_point(base_config, point, sweep_dir / f"G{point.gpus}.log")
 
 
-def run_scaling(argv: list[str]) -> int:
-    """The whole sweep: check every size, run each (or submit each), then the report."""
+def run_scaling(options: ScalingOptions, launch: Any, rest: list[str]) -> int:
+    """The whole sweep: check every size, run each (or submit each as a cluster job when
+    `launch`, the launcher's arguments, is given), then the report."""
     from recipes.config.io import save_config
     from recipes.resolve import resolve_config
     from trainer.throughput import RUN_RULES
 
-    options, rest = parse_scaling_args(list(argv))
     if options.report:
         return write_report(Path(options.report))
-    launch, rest = _launch_args(rest)
     if launch is not None and options.cluster is None:
         options.cluster = launch.cluster  # its peak gives MFU
     cfg = resolve_config(rest, check_paths=False, rules=RUN_RULES)
@@ -197,16 +183,3 @@ def run_scaling(argv: list[str]) -> int:
                       f"python scripts/scaling.py scaling.report={sweep_dir}")
             return 0
     return write_report(sweep_dir)
-
-
-def _no_ranks(cfg: Any, run_dir: Path, options: dict[str, int]) -> int:
-    raise RuntimeError("scripts/scaling.py starts its runs through scripts/pretrain.py")
-
-
-def scaling_command():
-    """The `Command` of scripts/scaling.py: local (it starts pretrain runs, not ranks)."""
-    from trainer.entry.commands import _script_help
-    from trainer.entry.pipeline import Command
-
-    return Command(script=ROOT / "scripts" / "scaling.py", help=_script_help("scaling.py"),
-                   run_rank=_no_ranks, local=run_scaling)

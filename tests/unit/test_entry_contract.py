@@ -1,0 +1,128 @@
+"""Every script goes through the one entry contract: a few lines around one command object,
+help, typed options, one-line refusals with exit 2, and two explicit paths for training."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plugins.protocol.errors import ConfigError
+from trainer.entry import commands, pipeline
+from trainer.entry.commands import BENCH_STEP, COMMANDS, PLAN, PRETRAIN, SCALING
+from trainer.entry.contract import help_text, parse_arguments
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
+RECIPE_SCRIPTS = {"pretrain.py", "bench_step.py", "plan.py", "validate_resume.py"}
+
+
+def run_script(script: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, cwd=REPO,
+        timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )
+
+
+def _shape_of(script: Path) -> list[str]:
+    """The script's statements, by kind: what the contract allows a script to be."""
+    tree = ast.parse(script.read_text(encoding="utf-8"))
+    return [type(node).__name__ for node in tree.body]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_every_script_is_a_docstring_and_main_of_one_command(script):
+    """A docstring (the usage), sys/pathlib, the repository on sys.path, one command object
+    and the contract's `main`, the main guard: nothing else."""
+    tree = ast.parse(script.read_text(encoding="utf-8"))
+    assert ast.get_docstring(tree).startswith(tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+    assert _shape_of(script) == ["Expr", "Import", "ImportFrom", "Expr", "ImportFrom",
+                                 "ImportFrom", "If"]
+    imports = [(node.module, [a.name for a in node.names]) for node in tree.body
+               if isinstance(node, ast.ImportFrom)]
+    assert imports[0] == ("pathlib", ["Path"])
+    assert imports[1][0] == "trainer.entry.commands" and len(imports[1][1]) == 1
+    assert imports[2] == ("trainer.entry.contract", ["main"])
+    name = imports[1][1][0]
+    guard = ast.unparse(tree.body[-1])
+    assert guard == f"if __name__ == '__main__':\n    sys.exit(main({name}))"
+    assert getattr(commands, name).script == script.name
+
+
+def test_every_command_has_its_script():
+    assert sorted(command.script for command in COMMANDS) == [s.name for s in SCRIPTS]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_help_works_for_every_script(script):
+    result = run_script(script, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"usage: python scripts/{script.name}" in result.stdout
+    if script.name in RECIPE_SCRIPTS:
+        assert "recipes (default stdlib_bpe_tp2_pp2):" in result.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_a_mistake_is_one_line_and_exit_2_for_every_script(script):
+    result = run_script(script, "parallel.tensr=2")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
+    assert "Traceback" not in result.stderr
+    if script.name in RECIPE_SCRIPTS:
+        assert "did you mean parallel.tensor" in result.stderr
+
+
+def test_options_are_typed_and_split_from_the_rest():
+    args = parse_arguments(BENCH_STEP, ["steps=7", "recipe=tiny_dp1", "optimizer.lr=1e-3"])
+    assert args.options == {"steps": 7, "warmup": 3}
+    assert args.rest == ("recipe=tiny_dp1", "optimizer.lr=1e-3")
+    with pytest.raises(ConfigError, match="steps=0 must be a positive whole number"):
+        parse_arguments(BENCH_STEP, ["steps=0"])
+    with pytest.raises(ConfigError, match="steps expects an integer, got 'many'"):
+        parse_arguments(BENCH_STEP, ["steps=many"])
+    # pretrain has no own options: steps= is an override like any other (and then unknown).
+    assert parse_arguments(PRETRAIN, ["steps=7"]).rest == ("steps=7",)
+    plan = parse_arguments(PLAN, ["tokens=15.6e12", "verify=true", "--json", "recipe=x"])
+    assert (plan["tokens"], plan["verify"], plan.flags) == (15_600_000_000_000, True,
+                                                             frozenset({"--json"}))
+    with pytest.raises(ConfigError, match="sharding expects one of none, dist_opt"):
+        parse_arguments(PLAN, ["sharding=zero9"])
+    sweep = parse_arguments(SCALING, ["scaling.world_sizes=[4,1,2]", "cluster=c.yaml"])
+    assert sweep["scaling.world_sizes"] == [4, 1, 2] and sweep["cluster"] == "c.yaml"
+
+
+def test_a_command_without_a_rest_refuses_other_words():
+    from trainer.entry.commands import BENCH_PACKING
+
+    with pytest.raises(ConfigError, match="bench_packing.py does not take 'blend=x'; it takes "
+                       "documents=, seed="):
+        parse_arguments(BENCH_PACKING, ["blend=x"])
+
+
+def test_help_lists_a_commands_own_options():
+    assert "steps=  measured rounds of each step (an integer, default 20)" in help_text(
+        BENCH_STEP)
+    assert "options:" not in help_text(PRETRAIN)
+
+
+def test_training_has_two_explicit_paths(monkeypatch):
+    """The launching process and a rank run different functions, chosen once: a rank never
+    prepares data or starts ranks, the launcher never runs the rank function."""
+    calls = []
+    monkeypatch.setattr(pipeline, "launch_and_wait", lambda args, extra=(): calls.append(
+        ("launch", tuple(extra))) or 0)
+    monkeypatch.setattr(pipeline, "run_as_rank", lambda rank, args: calls.append(("rank",)) or 0)
+    args = parse_arguments(commands.BENCH_CHECKPOINT, ["size=both"])
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert commands.BENCH_CHECKPOINT.run(args) == 0
+    assert calls == [("launch", ("recipe=tiny_dp2_distopt",)),
+                     ("launch", ("recipe=tiny_dp2_distopt", *commands.SIZE_100M))]
+    calls.clear()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert commands.BENCH_CHECKPOINT.run(args) == 0
+    assert calls == [("rank",)]

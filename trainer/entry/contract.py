@@ -1,0 +1,198 @@
+"""The one entry contract: every script is a few lines around one `Command`, and `main` gives
+each the same command line, `--help`, one-line errors and exit codes.
+
+A command line is `key=value` words (recipes/config/arguments.py parses every one), a few
+`--flags` where a command has them, and what the command takes besides (`rest`: the recipe and
+its overrides, run directories, a sub-command). `main`:
+
+    --help / -h / help      print the script's docstring (its usage), its options, and for a
+                            command that takes a recipe the recipe list; exit 0
+    parse                   the command's own options (typed, with defaults), its flags, and the
+                            rest in order; anything else is refused in one line
+    run                     the command's function, in this process: a local command does its
+                            work here; a training command hands over to the training pipeline
+                            (trainer/entry/pipeline.py), which launches ranks or is one
+    errors                  a `UserError` anywhere (ConfigError before launch, a plugin's at run
+                            time) is printed once as `error: <what and how to fix>`, exit 2
+
+Exit codes (plugins/protocol/errors.py): 0 done, 1 a run or a check failed, 2 a user mistake,
+3 a non-finite loss or gradient. Environment a command must set before its heavy imports
+(threads, hidden GPUs) is set here, first.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from plugins.protocol.errors import EXIT_USER_ERROR, UserError
+from recipes.config.arguments import convert, describe_type, split_argument
+from recipes.resolve import ListRecipesRequested
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+HELP_ARGS = ("--help", "-h", "help")
+
+
+@dataclass(frozen=True)
+class Option:
+    """A command's own `key=value` option: its default, one line of help, its type (a Python
+    annotation, recipes/config/arguments.py), and an optional check of the parsed value that
+    returns the one-line problem or None."""
+
+    default: Any
+    help: str
+    type: Any = int
+    check: Callable[[str, Any], str | None] | None = None
+
+
+def positive(key: str, value: Any) -> str | None:
+    """`check` for a count that must be at least 1."""
+    if value is not None and value < 1:
+        return f"{key}={value} must be a positive whole number, e.g. {key}=2"
+    return None
+
+
+def non_negative(key: str, value: Any) -> str | None:
+    if value is not None and value < 0:
+        return f"{key}={value} must be 0 or more, e.g. {key}=0"
+    return None
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """A parsed command line: the options (every one, defaults filled in), the flags given,
+    and the rest in order."""
+
+    options: dict[str, Any]
+    flags: frozenset[str] = frozenset()
+    rest: tuple[str, ...] = ()
+    script: Path = SCRIPTS / "pretrain.py"  # the script run (training commands relaunch it)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.options[key]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One script: its file (whose docstring is its usage), what it runs, and its arguments."""
+
+    script: str  # file name in scripts/, e.g. "pretrain.py"
+    run: Callable[[Arguments], int]
+    options: Mapping[str, Option] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()  # e.g. ("--json",)
+    # What the command takes besides its options and flags, in words for errors and --help
+    # (e.g. "recipe=NAME | config=FILE and section.field=value overrides"); None: nothing.
+    rest: str | None = None
+    takes_recipe: bool = False  # --help lists the recipes
+    environment: Mapping[str, str] = field(default_factory=dict)  # set before anything runs
+
+    @property
+    def path(self) -> Path:
+        return SCRIPTS / self.script
+
+
+def script_usage(command: Command) -> str:
+    """The script's docstring, read without importing it (the script may import heavy things
+    or set the environment first)."""
+    return ast.get_docstring(ast.parse(command.path.read_text(encoding="utf-8"))) or ""
+
+
+def help_text(command: Command) -> str:
+    """The script's usage, its own options, then (commands that take a recipe) every recipe."""
+    lines = [script_usage(command).strip(), ""]
+    if command.options:
+        lines.append("options:")
+        for key, option in command.options.items():
+            default = "null" if option.default is None else option.default
+            lines.append(f"  {key}=  {option.help} ({describe_type(option.type)}, default "
+                         f"{default})")
+        lines.append("")
+    text = "\n".join(lines)
+    if command.takes_recipe:
+        from recipes.registry import format_recipe_list
+
+        text += "\n" + format_recipe_list()
+    return text.rstrip() + "\n"
+
+
+def _example(key: str, option: Option) -> str:
+    return f"{key}={'null' if option.default is None else option.default}"
+
+
+def _unknown(command: Command, text: str) -> str:
+    known = [f"{key}=" for key in command.options] + list(command.flags)
+    offered = ", ".join(known) if known else "no options"
+    return (f"{command.script} does not take '{text}'; it takes {offered} (--help shows the "
+            "usage)")
+
+
+def _own_namespace(command: Command, key: str | None) -> list[str]:
+    """The command's options in the dotted namespace of `key` (`scaling.size` -> every
+    `scaling.*` option), so a mistyped one is refused here, not passed on as an override."""
+    if key is None or "." not in key:
+        return []
+    prefix = key.split(".")[0] + "."
+    return [name for name in command.options if name.startswith(prefix)]
+
+
+def parse_arguments(command: Command, argv: Sequence[str]) -> Arguments:
+    """Split and type a command line (module docstring); every mistake is one ConfigError."""
+    from plugins.protocol.errors import ConfigError
+
+    values = {key: option.default for key, option in command.options.items()}
+    flags, rest = set(), []
+    for text in argv:
+        if text in command.flags:
+            flags.add(text)
+            continue
+        key = text.partition("=")[0] if "=" in text else None
+        namespace = _own_namespace(command, key)
+        if key not in command.options and namespace:
+            near = difflib.get_close_matches(key, namespace, n=1)
+            hint = f"did you mean {near[0]}?" if near else f"known: {', '.join(namespace)}"
+            raise ConfigError(f"unknown option {key}; {hint}")
+        if key in command.options:
+            option = command.options[key]
+            _, raw = split_argument(text, _example(key, option))
+            if not raw.strip():
+                raise ConfigError(f"{key}= is empty; give it a value, e.g. {_example(key, option)}")
+            value = convert(key, raw, option.type, _example(key, option))
+            problem = option.check(key, value) if option.check else None
+            if problem:
+                raise ConfigError(problem)
+            values[key] = value
+        elif command.rest is not None:
+            rest.append(text)
+        else:
+            raise ConfigError(_unknown(command, text))
+    return Arguments(values, frozenset(flags), tuple(rest), command.path)
+
+
+def main(command: Command, argv: Sequence[str] | None = None) -> int:
+    """A script's whole life: help, or parse and run, with every user mistake one line and
+    exit code 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.update(command.environment)
+    if any(arg in HELP_ARGS for arg in argv):
+        print(help_text(command))
+        return 0
+    try:
+        return command.run(parse_arguments(command, argv))
+    except ListRecipesRequested:  # recipe=list, anywhere a recipe is resolved
+        print(help_text(command))
+        return 0
+    except UserError as error:  # ConfigError, and plugins' run-time refusals
+        print_once(f"error: {error}")
+        return EXIT_USER_ERROR
+
+
+def print_once(line: str) -> None:
+    """Print on rank 0 only (every rank of a run meets the same mistake)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,113 @@
+"""Tokens/s per core of the whole preparation against the bare tokenizer on the same
+documents, in one process (`scripts/bench_data.py` is the usage). The process is pinned to one
+core with the tokenizer's thread pool off (the command sets TOKENIZERS_PARALLELISM and
+RAYON_NUM_THREADS before anything is imported), so both figures are per core.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+BATCH = 1000
+
+
+def pin_one_core() -> int:
+    core = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    return core
+
+
+def write_corpus(options: dict[str, str], folder: Path) -> tuple[Path, list[str]]:
+    import json
+
+    from data_prep.corpus import corpus_documents
+
+    source = "python_stdlib" if options["corpus"] == "stdlib" else "synthetic"
+    documents = [d for d in corpus_documents(source, int(options["max_mb"]) << 20) if d.strip()]
+    path = folder / "corpus.jsonl"
+    with path.open("w", encoding="utf-8") as file:
+        for text in documents:
+            file.write(json.dumps({"text": text}) + "\n")
+    return path, documents
+
+
+def bare(tokenizer, documents: list[str], method: str) -> tuple[float, int]:
+    encode = getattr(tokenizer, method)
+    started = time.process_time()
+    tokens = 0
+    for i in range(0, len(documents), BATCH):
+        tokens += sum(len(e) for e in encode(documents[i:i + BATCH]))
+    return time.process_time() - started, tokens
+
+
+def pipeline(corpus: Path, tokenizer: Path, folder: Path) -> tuple[float, int]:
+    from data_prep.config import PrepareConfig
+    from data_prep.prepare import prepare
+
+    cfg = PrepareConfig(input=str(corpus), output=str(folder / "bench"),
+                        tokenizer=str(tokenizer), num_proc=1)
+    started = time.process_time()
+    result = prepare(cfg, progress=False)
+    return time.process_time() - started, result.tokens - result.documents
+
+
+def run_bench_data(options: dict) -> int:
+    core = pin_one_core()
+    from tokenizers import Tokenizer
+
+    from data_prep.prepare import dataset_dtype
+    from data_prep.tokenizers import train_byte_level_bpe
+
+    dataset_dtype(256)  # import Megatron before anything is timed
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        corpus, documents = write_corpus(options, folder)
+        size = sum(len(d.encode()) for d in documents)
+        print(f"corpus: {len(documents):,} documents, {size / 2**20:.1f} MiB ({options['corpus']})"
+              f"; pinned to core {core}")
+        tokenizer_file = Path(options["tokenizer"]) if options["tokenizer"] else None
+        if tokenizer_file is None:
+            started = time.perf_counter()
+            trained = train_byte_level_bpe(documents, int(options["vocab"]))
+            tokenizer_file = folder / "tokenizer.json"
+            trained.save(str(tokenizer_file))
+            print(f"trained a byte-level BPE of {trained.get_vocab_size():,} tokens in "
+                  f"{time.perf_counter() - started:.1f} s (not timed below)")
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        pipeline(corpus, tokenizer_file, folder)  # warm-up: first-call costs of datasets
+        times: dict[str, list[float]] = {"encode_batch": [], "encode_batch_fast": [],
+                                         "prepare": []}
+        counts: dict[str, int] = {}
+        for _ in range(int(options["repeats"])):
+            for method in ("encode_batch", "encode_batch_fast"):
+                seconds, counts[method] = bare(tokenizer, documents, method)
+                times[method].append(seconds)
+            seconds, counts["prepare"] = pipeline(corpus, tokenizer_file, folder)
+            times["prepare"].append(seconds)
+        report(times, counts)
+    return 0
+
+
+def report(times: dict[str, list[float]], counts: dict[str, int]) -> None:
+    """Best and median of the repeats; the ratios use the best (on a shared machine the
+    neighbours only ever add time, even CPU time, through caches and shared cores)."""
+    if len(set(counts.values())) != 1:
+        raise SystemExit(f"token counts differ: {counts}")
+    tokens = counts["prepare"]
+    rate = {name: tokens / min(values) for name, values in times.items()}
+    labels = {"encode_batch": "bare tokenizer encode_batch", "encode_batch_fast":
+              "bare tokenizer encode_batch_fast", "prepare": "prepare() whole pipeline"}
+    print(f"{'measure':<34}{'best CPU s':>11}{'median':>8}{'tokens/s per core':>19}")
+    for name, values in times.items():
+        print(f"{labels[name]:<34}{min(values):>11.2f}{statistics.median(values):>8.2f}"
+              f"{rate[name]:>19,.0f}")
+    print(f"tokens: {tokens:,} (EOD excluded), same count in all three")
+    print(f"ratio pipeline / encode_batch:      {rate['prepare'] / rate['encode_batch']:.2f} "
+          "(goal >= 0.8)")
+    print(f"ratio pipeline / encode_batch_fast: {rate['prepare'] / rate['encode_batch_fast']:.2f}")
+
+
