@@ -420,21 +420,6 @@ def load_model_weights(path: str | Path, model: list) -> None:
         chunk.load_state_dict(loaded[_model_key(i, len(model))])
 
 
-def save_model_weights(directory: str | Path, cfg: RunConfig, model: list) -> Path:
-    """Weights only (no optimizer): a reference other layouts and runs can start from."""
-    path = Path(directory)
-    if torch.distributed.get_rank() == 0:
-        path.mkdir(parents=True, exist_ok=True)
-    torch.distributed.barrier()
-    metadata = content_metadata(cfg)
-    with in_process_write_results():
-        dist_checkpointing.save(
-            model_sharded_state_dict(model, metadata), str(path), content_metadata=metadata
-        )
-    torch.distributed.barrier()
-    return path
-
-
 def _inner_optimizers(optimizer) -> list:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 

@@ -3,6 +3,6 @@
 config.py is torch-free: which loggers are on. plugin.py hears the trainer's hooks on rank 0
 only (every figure it logs is already reduced over the world) and hands the same scalars that
 `metrics.jsonl` records to each writer (writers.py); at the end it draws the run's loss curve
-(curves.py, shared with `scripts/compare_runs.py`). offline_wandb.py reads an offline W&B run
-back. `docs/logging.md` says what is written where.
+(curves.py, shared with `scripts/compare_runs.py`). `docs/logging.md` says what is written
+where.
 """

@@ -113,7 +113,7 @@ def layout_loss_and_save(payload: dict) -> dict:
     import torch
 
     from recipes.config.io import save_config
-    from trainer.checkpointing import save_model_weights
+    from tests.dist.reference_weights import save_model_weights
     from trainer.metrics import reduce_loss_over_world
     from trainer.step import run_schedule
 

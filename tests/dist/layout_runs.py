@@ -34,7 +34,7 @@ def _finish() -> None:
 
 def save_reference_weights(payload: dict) -> str:
     """Initial weights of the recipe's model, saved for every layout to load."""
-    from trainer.checkpointing import save_model_weights
+    from tests.dist.reference_weights import save_model_weights
 
     session = _session(payload)
     path = save_model_weights(payload["weights_dir"], session.cfg, session.model)

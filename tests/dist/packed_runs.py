@@ -122,7 +122,7 @@ def packed_vs_alone(payload: dict) -> dict:
     one step), plus the controls that must differ. With `weights_dir` it first saves the
     session's initial weights there (one launch fewer than a separate save)."""
     from plugins.protocol.packed_batch import packed_row
-    from trainer.checkpointing import save_model_weights
+    from tests.dist.reference_weights import save_model_weights
     from trainer.data import as_tensors
 
     session = _session(payload)

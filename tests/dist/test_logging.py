@@ -2,7 +2,7 @@
 scalars as metrics.jsonl, written once (rank 0 of two); the loss curve PNG; the profiler trace.
 
 The event files are read back with TensorBoard's own EventAccumulator, the W&B run with
-`plugins.logging.offline_wandb` (its `.wandb` file decoded record by record).
+`tests/dist/wandb_records.py` (its `.wandb` file decoded record by record).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins.logging.offline_wandb import find_run_files, wait_for_history
+from tests.dist.wandb_records import find_run_files, wait_for_history
 
 pytestmark = pytest.mark.dist
 

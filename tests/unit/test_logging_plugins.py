@@ -16,13 +16,13 @@ import pytest
 from plugins.logging import writers
 from plugins.logging.config import LoggingConfig
 from plugins.logging.curves import Curves, plot_curves, read_run
-from plugins.logging.offline_wandb import wait_for_history
 from plugins.logging.plugin import LoggingPlugin
 from plugins.logging.scalars import numeric_fields, tagged
 from plugins.profiler.config import check_profiler_window
 from plugins.protocol.errors import ConfigError, UserError
 from plugins.protocol.events import EvalResult, RunStart, StepMetrics
 from recipes.resolve import resolve_config
+from tests.dist.wandb_records import wait_for_history
 from trainer.throughput import RUN_RULES, check_profile_windows, trainer_profiled_steps
 
 REPO = Path(__file__).resolve().parents[2]

@@ -82,15 +82,12 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def gib(count: int) -> str:
-    return f"{count / 1024**3:.2f} GiB" if count >= 1024**3 else f"{count / 1024**2:.1f} MiB"
-
-
 def run(request: Request, cfg, console) -> None:
     """The conversion itself (heavy imports here), then one summary line of figures."""
     from rich.progress import Progress
 
     from trainer.interop import exporter, importer
+    from trainer.interop.memory import gib
 
     started = time.perf_counter()
     with Progress(console=console, transient=True) as progress:

@@ -27,7 +27,7 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.checkpoint_format import is_checkpoint, newest_checkpoint
 from recipes.config.io import load_config
 from recipes.config.schema import RunConfig
-from trainer.interop import hf_config, hf_files, megatron_side, region_reader
+from trainer.interop import hf_config, hf_files, megatron_side, memory, region_reader
 from trainer.interop.importer import HF_SUBDIR
 from trainer.interop.mapping import Rule, Shapes, megatron_shape, rules, to_hf
 
@@ -136,6 +136,10 @@ def export_hf(checkpoint: Path, out: Path, progress,
     hf_config.check_llama_shaped(cfg.model, f"the model of checkpoint {step}")
     shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
     plan = rules(shapes)
+    stored = next(iter(region_reader.stored_tensors(step).values()))
+    bytes_per = stored.properties.dtype.itemsize
+    progress.console.print(memory.estimate_line(
+        "export", memory.export_peak(shapes, bytes_per, max_shard_bytes)))
     with megatron_side.one_process(cfg) as one:
         template = megatron_side.meta_template(one)
         _check_against_model(template, plan, shapes)

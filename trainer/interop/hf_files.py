@@ -28,6 +28,7 @@ SINGLE = "model.safetensors"
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "tokenizer.model", "generation_config.json")
 DEFAULT_SHARD_BYTES = 5 * 1024**3  # transformers' default max_shard_size
+SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 def _weight_map(model_dir: Path) -> dict[str, str]:
@@ -77,6 +78,10 @@ class HFWeights:
     def shape(self, name: str) -> tuple[int, ...]:
         """From the shard's header only (no data read)."""
         return tuple(self._handle(self.shard_of(name)).get_slice(name).get_shape())
+
+    def element_bytes(self, name: str) -> int:
+        """Bytes per element of a stored tensor, from the shard's header only."""
+        return SAFETENSORS_BYTES[self._handle(self.shard_of(name)).get_slice(name).get_dtype()]
 
     def get(self, name: str) -> torch.Tensor:
         return self._handle(self.shard_of(name)).get_tensor(name)

@@ -23,7 +23,7 @@ from pathlib import Path
 from plugins.protocol.errors import ConfigError
 from recipes.config.io import save_config
 from recipes.config.schema import RunConfig
-from trainer.interop import hf_config, hf_files, megatron_side
+from trainer.interop import hf_config, hf_files, megatron_side, memory
 from trainer.interop.mapping import Rule, Shapes, hf_shapes, megatron_shape, rules, to_megatron
 
 HF_SUBDIR = "hf"  # config.json and tokenizer files of the source, kept for the export
@@ -103,6 +103,9 @@ def import_hf(hf_dir: Path, cfg: RunConfig, out: Path, progress) -> ImportResult
     started = time.perf_counter()
     hf_files.refuse_existing(out)
     source = check_source(hf_dir, cfg)
+    bytes_per = source.weights.element_bytes(source.plan[0].hf[0])
+    progress.console.print(memory.estimate_line("import", memory.import_peak(source.shapes,
+                                                                             bytes_per)))
     with megatron_side.one_process(cfg) as one:
         template = megatron_side.meta_template(one)
         _check_against_model(template, source)

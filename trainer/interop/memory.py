@@ -16,6 +16,19 @@ import torch
 
 from trainer.interop.mapping import Rule, Shapes, hf_shapes, megatron_shape, rules
 
+# torch, Megatron Core and the conversion code themselves (measured, docs/hf-interop.md).
+LIBRARIES_GIB = 0.75
+
+
+def gib(count: int) -> str:
+    return f"{count / 1024**3:.2f} GiB" if count >= 1024**3 else f"{count / 1024**2:.1f} MiB"
+
+
+def estimate_line(command: str, held: int) -> str:
+    """What a conversion is about to hold, said before it starts."""
+    return (f"{command}: holds about {gib(held)} of weights at once, plus about "
+            f"{LIBRARIES_GIB} GiB for the libraries")
+
 
 def _numel(shape: tuple[int, ...]) -> int:
     return torch.Size(shape).numel()

@@ -3,8 +3,8 @@
 wandb 0.31 ships no reader for its run files (the older `wandb.sdk.internal.datastore` is gone),
 so this decodes the documented layout: a 7-byte header (`:W&B`, magic 0xBEE1, version 0), then
 LevelDB-log records in 32 KiB blocks (4-byte CRC, 2-byte length, 1-byte type: full, first,
-middle, last), each whole record a `wandb_internal_pb2.Record`. The tests use it to compare an
-offline run with metrics.jsonl; a person can use it to check a run before `wandb sync`.
+middle, last), each whole record a `wandb_internal_pb2.Record`. The logging tests use it to
+compare an offline run with metrics.jsonl.
 """
 
 from __future__ import annotations
