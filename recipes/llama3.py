@@ -1,5 +1,5 @@
-"""Llama 3 family: the 8B and 70B shapes and their 64-GPU layouts (the domain text's configs A
-and B)."""
+"""Llama 3 family: the 8B and 70B shapes and their 64-GPU layouts (configurations A and B of
+docs/reference-configurations.md are the two 8B ones)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def llama3_8b_tp8_dp8() -> RunConfig:
     """Llama-3-8B, config A: TP8 inside each node x 8 data-parallel replicas (64 GPUs)."""
     cfg = llama3_8b_base()
     cfg.parallel = ParallelConfig(tensor=8, sequence_parallel=True)
-    # Domain text: 2 sequences per replica, 8 accumulation steps -> 2 x 8 x 8 = 128.
+    # 2 sequences per replica, 8 accumulation steps -> 2 x 8 x 8 = 128.
     cfg.train.micro_batch_size = 2
     cfg.train.global_batch_size = 128
     return cfg
@@ -46,7 +46,7 @@ def llama3_8b_tp8_pp4_dp2() -> RunConfig:
     """Llama-3-8B, config B: TP8 x PP4 (one node per stage, 8 layers each) x DP2 (64 GPUs)."""
     cfg = llama3_8b_base()
     cfg.parallel = ParallelConfig(tensor=8, pipeline=4, sequence_parallel=True)
-    # Domain text: same micro-batch and accumulation as config A -> 2 x 2 x 8 = 32; compare
+    # Same micro-batch and accumulation as config A -> 2 x 2 x 8 = 32; compare
     # with config A at equal batch via train.global_batch_size=128 (32 accumulation steps).
     cfg.train.micro_batch_size = 2
     cfg.train.global_batch_size = 32

@@ -22,7 +22,7 @@ RECIPES: dict[str, Callable[[], RunConfig]] = _by_name(
     hf_tiny.RECIPES,
 )
 
-# Short names for the domain text's two 64-GPU layouts (config A and config B).
+# Short names for reference configurations A and B (docs/reference-configurations.md).
 ALIASES: dict[str, str] = {
     "8b_tp8_dp8": "llama3_8b_tp8_dp8",
     "8b_tp8_pp4_dp2": "llama3_8b_tp8_pp4_dp2",

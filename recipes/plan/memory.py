@@ -6,7 +6,7 @@ stored in, whether an FP32 master copy exists) and on what data parallel shards:
 `optim`), also gradients (`optim_grads`, ZeRO-2), also weights (`optim_grads_params`, ZeRO-3);
 optimizer CPU offload moves master weights and moments off the GPU. Dense weights shard over
 DP x CP (Megatron reduces dense gradients over that group), expert weights over expert-DP.
-The byte table is the domain text's: BF16 weights and gradients, FP32 master, two FP32 moments.
+The byte table: BF16 weights and gradients, FP32 master, two FP32 moments (16 bytes a parameter).
 """
 
 from __future__ import annotations

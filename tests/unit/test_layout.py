@@ -2,7 +2,7 @@
 
 test_layout_groups.py compares every group with Megatron Core's; these tests pin the derived
 sizes, placement strings and descriptions the planner, the machine check and the dry-run report
-print, using figures worked out by hand from the domain text's configs (8 nodes x 8 GPUs) and
+print, using figures worked out by hand for configurations A and B (8 nodes x 8 GPUs) and
 the group lists in Megatron Core's `initialize_model_parallel` docstring.
 """
 

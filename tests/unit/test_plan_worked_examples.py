@@ -1,4 +1,5 @@
-"""The domain text's worked numbers come out of the planner exactly (sections 2-5).
+"""The worked numbers of configurations A and B (docs/reference-configurations.md) come out of
+the planner exactly.
 
 8B model state by precision and ZeRO stage, the [2, 2048, 4096] BF16 tensor, explicit attention
 scores, the batch arithmetic of configs A and B, micro-batches in flight for all-forward vs

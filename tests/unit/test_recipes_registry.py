@@ -148,7 +148,8 @@ def test_tiny_layouts_train_the_same_model_on_the_same_batch() -> None:
 
 
 def test_large_recipes_use_64_gpus() -> None:
-    """The domain text's recipes use its 8 x 8 cluster (the Llama 3.1 405B ones are larger)."""
+    """Configurations A and B and the other 64-GPU recipes use the 8 x 8 cluster (the Llama
+    3.1 405B ones are larger)."""
     for name in RECIPES:
         cfg = get_recipe(name)
         if 16 < cfg.cluster.world_size <= 64:
