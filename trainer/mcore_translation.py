@@ -103,8 +103,15 @@ def _pipeline_comm_fields(cfg: RunConfig) -> dict:
 def build_transformer_config(
     cfg: RunConfig, *, cpu_initialization: bool, meta_device: bool = False
 ) -> TransformerConfig:
-    """Megatron `TransformerConfig` for this run's model, layout, precision and recompute."""
+    """Megatron `TransformerConfig` for this run's model, layout, precision and recompute.
+
+    A model built on the meta device (the dry run, the HF interop's templates) runs nothing:
+    it is built for its weights, which context parallelism does not split, so with CP 1 (the
+    local attention refuses CP; only TE's runs it)."""
     m, dtype = cfg.model, torch_dtype(cfg)
+    sizes = parallel_sizes(cfg.layout)
+    if meta_device:
+        sizes["context_parallel_size"] = 1
     return TransformerConfig(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
@@ -117,7 +124,7 @@ def build_transformer_config(
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
         init_method_std=m.init_method_std,
-        **parallel_sizes(cfg.layout),
+        **sizes,
         num_layers_in_first_pipeline_stage=cfg.parallel.first_stage_layers,
         num_layers_in_last_pipeline_stage=cfg.parallel.last_stage_layers,
         sequence_parallel=cfg.parallel.sequence_parallel,

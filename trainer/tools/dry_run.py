@@ -73,11 +73,10 @@ def _build_on_meta(cfg: RunConfig, plugins: PluginSet) -> tuple[int, int, list[l
     from trainer.mcore_translation import build_transformer_config
     from trainer.model import build_model_chunks, distinct_parameter_counts
 
+    # On the meta device the shard is built with CP off (mcore_translation): CP shards
+    # activations, not weights, so the parameters are the same.
     config = build_transformer_config(cfg, cpu_initialization=True, meta_device=True)
     config = plugins.transformer_config(config)
-    # Context parallelism shards activations, not weights; Megatron's local attention refuses
-    # CP (only TE's supports it), so the shard is built with CP off: same parameters.
-    config.context_parallel_size = 1
     with torch.device("meta"):
         chunks = build_model_chunks(cfg, config, plugins)
     layers = [[layer.layer_number for layer in chunk.decoder.layers] for chunk in chunks]
