@@ -14,7 +14,7 @@ Why it is built this way:
 - Everything that can be a user mistake (paths, fields, an unreadable file or tokenizer) is
   checked before the first dataset is written, as one-line `ConfigError`s.
 - Same inputs, same outputs, byte for byte: input order is sorted, nothing is shuffled, the BPE
-  trainer is deterministic (see `data_prep/tokenizers.py`), and the manifest holds no times or
+  trainer is deterministic (see `data_prep/hf_tokenizer.py`), and the manifest holds no times or
   absolute paths of its own.
 """
 
@@ -55,7 +55,7 @@ from rich.progress import (  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from data_prep.config import PrepareConfig, input_format, shard_names, validate  # noqa: E402
-from data_prep.tokenizers import (  # noqa: E402
+from data_prep.hf_tokenizer import (  # noqa: E402
     PreparedTokenizer,
     prepare_tokenizer,
     serial_tokenizers,

@@ -25,8 +25,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from data_prep.byte_tokenizer import ByteTokenizer
 from data_prep.corpus import corpus_documents
-from data_prep.tokenizer import ByteTokenizer
 from plugins.protocol.errors import ConfigError
 from plugins.protocol.packed_batch import document_pad_multiple, packed_row
 from recipes.config.blend import Blend, load_blend

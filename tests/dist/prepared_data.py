@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data_prep.byte_tokenizer import ByteTokenizer
 from data_prep.corpus import synthetic_documents
-from data_prep.tokenizer import ByteTokenizer
 
 
 def write_byte_dataset(folder: Path, name: str = "synthetic", max_bytes: int = 120_000) -> str:

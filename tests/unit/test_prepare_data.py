@@ -22,8 +22,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from data_prep import prepare as prepare_module
 from data_prep.config import PrepareConfig, parse_args, validate
+from data_prep.hf_tokenizer import prepare_tokenizer
 from data_prep.prepare import prepare
-from data_prep.tokenizers import prepare_tokenizer
 from plugins.protocol.errors import ConfigError
 
 # Reading a dataset outside a process group makes Megatron warn about the rank; datasets'

@@ -59,8 +59,8 @@ def run_bench_data(options: dict) -> int:
     core = pin_one_core()
     from tokenizers import Tokenizer
 
+    from data_prep.hf_tokenizer import train_byte_level_bpe
     from data_prep.prepare import dataset_dtype
-    from data_prep.tokenizers import train_byte_level_bpe
 
     dataset_dtype(256)  # import Megatron before anything is timed
     with tempfile.TemporaryDirectory() as tmp:
