@@ -1,11 +1,18 @@
 """Settings every 64-GPU recipe shares (8 nodes x 8 GPUs, bf16, overlapped distributed optimizer).
 
 Each family file derives its recipes from `large_run_base` and sets only layout and batch.
+A run across nodes loses a node now and then: it checkpoints every `SAVE_INTERVAL` steps and
+keeps the newest `KEEP_LAST`, so a requeued job (`checkpoint.resume=true`) loses at most that
+many steps and a damaged newest checkpoint still has one before it to fall back to. Its data
+must be a prepared blend: the built-in corpus is refused before launch beyond one node
+(`recipes/config/path_rules.py`), so these recipes name none and the user passes
+`data.source=blend data.blend=conf/data/<blend>.yaml`.
 """
 
 from __future__ import annotations
 
 from recipes.config.schema import (
+    CheckpointConfig,
     ClusterConfig,
     ModelConfig,
     OptimizerConfig,
@@ -14,6 +21,11 @@ from recipes.config.schema import (
     SchedulerConfig,
     TrainConfig,
 )
+
+# Megatron Bridge's pretraining recipes save every 500-2000 steps; 500 loses at most about an
+# hour of a 64-GPU step budget of ~5-10 s per step.
+SAVE_INTERVAL = 500
+KEEP_LAST = 2
 
 
 def large_run_base(model: ModelConfig, lr: float) -> RunConfig:
@@ -42,4 +54,5 @@ def large_run_base(model: ModelConfig, lr: float) -> RunConfig:
         ),
         scheduler=SchedulerConfig(style="cosine", warmup_iters=2000),
         precision=PrecisionConfig(dtype="bf16"),
+        checkpoint=CheckpointConfig(save_interval=SAVE_INTERVAL, keep_last=KEEP_LAST),
     )

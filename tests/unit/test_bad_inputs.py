@@ -268,6 +268,8 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["tp=2"], "unknown config key 'tp'; did you mean parallel.tensor?"),
     (["dp=2"], "'dp' cannot be set; data parallel size is derived"),
     (["gbs=16"], "unknown config key 'gbs'; did you mean train.global_batch_size"),
+    (["recipe=llama3_8b_tp8_dp8"], "llama3_8b_tp8_dp8 runs on 8 nodes but data.source="
+     "python_stdlib is the built-in demo corpus; train on prepared data: data.source=blend"),
     (["tiny_dp1"], "'tiny_dp1' is not an override; write KEY=VALUE"),
     (["model..hidden_size=3"], "the key 'model..hidden_size' has an empty part between dots"),
     (["model.hidden_size=[1,"], "cannot parse the value '[1,'"),

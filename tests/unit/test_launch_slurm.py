@@ -48,6 +48,8 @@ def parse_launch_args(argv: list[str]):
     args = parse_arguments(LAUNCH, argv)
     return launch_args(args.options, args.flags, args.rest)
 RUN_DIR = re.compile(r" run_dir=(\S+) ")
+# Runs beyond one node refuse the built-in corpus before launch; the tests' corpus passes.
+SYNTHETIC = "data.source=synthetic"
 
 
 def launch_output(capsys, tmp_path: Path, *argv: str) -> str:
@@ -73,7 +75,8 @@ def test_there_are_64_gpu_recipes_to_check():
 
 @pytest.mark.parametrize("recipe", RECIPES_64)
 def test_sbatch_asks_one_torchrun_per_node_with_a_c10d_rendezvous(recipe, capsys, tmp_path):
-    script = render(capsys, tmp_path, f"recipe={recipe}", f"cluster={H100}", "account=acct")
+    script = render(capsys, tmp_path, f"recipe={recipe}", SYNTHETIC, f"cluster={H100}",
+                    "account=acct")
     assert script.splitlines()[0] == "sbatch --requeue --parsable <<'SBATCH'"
     assert "#SBATCH --nodes=8\n" in script  # 64 ranks / 8 GPUs per node
     assert "#SBATCH --ntasks-per-node=1\n" in script and "#SBATCH --gpus-per-node=8\n" in script
@@ -86,7 +89,7 @@ def test_sbatch_asks_one_torchrun_per_node_with_a_c10d_rendezvous(recipe, capsys
     # The run directory is fixed now, on the job's shared storage; every requeue resumes it.
     run_dir = f"{tmp_path}/runs/{canonical_name(recipe)}-"
     assert re.fullmatch(
-        f"scripts/pretrain.py recipe={recipe} cluster.nodes=8 cluster.gpus_per_node=8 "
+        f"scripts/pretrain.py recipe={recipe} {SYNTHETIC} cluster.nodes=8 cluster.gpus_per_node=8 "
         f"cluster.spec=conf/cluster/h100_80gb_8x8.yaml run_dir={re.escape(run_dir)}"
         r"\d{8}-\d{6} checkpoint.resume=true", pretrain_args(script))
     # The rendezvous host is the allocation's first node, looked up when the job runs.
@@ -100,7 +103,8 @@ def test_sbatch_asks_one_torchrun_per_node_with_a_c10d_rendezvous(recipe, capsys
 
 
 def test_retries_requeue_a_failed_job(capsys, tmp_path):
-    script = render(capsys, tmp_path, "recipe=8b_tp8_pp4_dp2", f"cluster={H100}", "retries=2",
+    script = render(capsys, tmp_path, "recipe=8b_tp8_pp4_dp2", SYNTHETIC, f"cluster={H100}",
+                    "retries=2",
                     "partition=batch", "time=01:00:00")
     assert "export TORCHX_MAX_RETRIES=2\n" in script
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script
@@ -117,7 +121,7 @@ def test_overrides_reach_pretrain_and_a_small_recipe_uses_part_of_a_node(capsys,
 
 
 def test_launch_prints_the_pinned_run_directory_and_the_port(capsys, tmp_path):
-    out = launch_output(capsys, tmp_path, "recipe=8b_tp8_pp4_dp2", f"cluster={H100}",
+    out = launch_output(capsys, tmp_path, "recipe=8b_tp8_pp4_dp2", SYNTHETIC, f"cluster={H100}",
                         "rdzv_port=31234")
     run_dir = RUN_DIR.search(out).group(1)
     assert f"run directory: {run_dir} (a requeued job continues from its newest checkpoint)\n" \
@@ -142,7 +146,7 @@ def test_the_users_own_run_dir_resume_and_load_are_kept(given, expected, line, c
     ckpt.mkdir()
     (ckpt / "metadata.json").write_text("{}")
     names = {"mine": tmp_path / "mine", "ckpt": ckpt}
-    out = launch_output(capsys, tmp_path, "recipe=8b_tp8_pp4_dp2", f"cluster={H100}",
+    out = launch_output(capsys, tmp_path, "recipe=8b_tp8_pp4_dp2", SYNTHETIC, f"cluster={H100}",
                         *(arg.format(**names) for arg in given))
     args = pretrain_args(out)
     assert expected.format(**names) in args and line.format(**names) in out
@@ -175,10 +179,10 @@ def test_the_local_executor_puts_our_agent_first_on_path():
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["recipe=8b_tp8_pp4_dp2"], "cluster= is missing; name a cluster file"),
-    (["recipe=8b_tp8_pp4_dp2", "cluster=conf/cluster/h200_1x8.yaml"],
+    (["recipe=8b_tp8_pp4_dp2", SYNTHETIC], "cluster= is missing; name a cluster file"),
+    (["recipe=8b_tp8_pp4_dp2", SYNTHETIC, "cluster=conf/cluster/h200_1x8.yaml"],
      "needs 8 nodes of 8 GPUs (64 ranks) but cluster=conf/cluster/h200_1x8.yaml has 1"),
-    (["recipe=8b_tp8_pp4_dp2", f"cluster={H100}", "executor=local"],
+    (["recipe=8b_tp8_pp4_dp2", SYNTHETIC, f"cluster={H100}", "executor=local"],
      "executor=local runs on this machine only, but llama3_8b_tp8_pp4_dp2 needs 8 nodes"),
     (["recipe=tiny_dp2", f"cluster={H100}", "executor=k8s"],
      "executor expects one of slurm, local, got 'k8s'"),
@@ -200,7 +204,7 @@ def test_launch_refusals_are_one_line(argv, message):
 def test_launch_script_mistake_is_one_line_exit_2():
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "launch.py"), "recipe=8b_tp8_pp4_dp2",
-         "cluster=conf/cluster/h200_1x8.yaml", "--dry-run"],
+         SYNTHETIC, "cluster=conf/cluster/h200_1x8.yaml", "--dry-run"],
         capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert result.stderr.startswith("error: llama3_8b_tp8_pp4_dp2 needs 8 nodes")

@@ -188,3 +188,18 @@ def approx_parameters(model: ModelConfig) -> int:
 def test_model_shapes_give_the_published_sizes(model_fn, published: float) -> None:
     assert approx_parameters(model_fn()) == pytest.approx(published, rel=0.01)
 
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES if get_recipe(n).cluster.nodes > 1])
+def test_recipes_beyond_one_node_are_safe_to_launch(name) -> None:
+    """A node failure or a requeue loses at most a save interval (and a damaged newest
+    checkpoint has one before it); the built-in corpus is refused before launch."""
+    from recipes.config.path_rules import check_real_data_beyond_one_node
+
+    cfg = get_recipe(name)
+    assert 0 < cfg.checkpoint.save_interval <= cfg.train.train_iters // 20
+    assert cfg.checkpoint.save and cfg.checkpoint.keep_last and cfg.checkpoint.keep_last >= 2
+    refusal = check_real_data_beyond_one_node(cfg)
+    assert refusal and "data.source=blend data.blend=conf/data/<blend>.yaml" in refusal
+    cfg.data.source, cfg.data.blend = "blend", "conf/data/python_stdlib.yaml"
+    assert check_real_data_beyond_one_node(cfg) is None
