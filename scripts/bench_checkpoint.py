@@ -6,7 +6,7 @@ usage: python scripts/bench_checkpoint.py [size=tiny|100m|both] [recipe=NAME | c
 
     python scripts/bench_checkpoint.py                        # tiny, then ~100M, both DP2
     python scripts/bench_checkpoint.py size=100m repeats=2
-    python scripts/bench_checkpoint.py size=tiny checkpoint.optimizer_format=dp_reshardable
+    python scripts/bench_checkpoint.py size=tiny checkpoint.optimizer_format=fully_reshardable
 
 size=tiny runs the recipe as it is (default tiny_dp2_distopt: 2 ranks, distributed optimizer);
 size=100m raises its model to about 100M parameters (12 layers, hidden 768, vocabulary 20480,

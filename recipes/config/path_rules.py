@@ -42,7 +42,13 @@ from recipes.config.checkpoint_format import (
     unfinished_saves,
 )
 from recipes.config.io import CONFIG_FILENAME
-from recipes.config.run_manifest import damaged_file, incompatibility, read_manifest, resume_notes
+from recipes.config.run_manifest import (
+    damaged_file,
+    incompatibility,
+    read_manifest,
+    reshard_problem,
+    resume_notes,
+)
 from recipes.config.schema import RunConfig
 
 CHECKPOINT_EXAMPLE = "runs/<run>/checkpoints"
@@ -162,6 +168,9 @@ def checkpoint_preflight(cfg: RunConfig) -> list[str]:
     if reason:
         raise ConfigError(f"checkpoint.load={load} does not fit this run's model: {reason}; "
                           "use the saved value, or start from another checkpoint")
+    reason = reshard_problem(cfg, manifest)
+    if reason:
+        raise ConfigError(f"checkpoint.load={load} cannot resume in this layout: {reason}")
     return [] if cfg.checkpoint.load_model_only else resume_notes(cfg, step_dir, manifest)
 
 

@@ -176,6 +176,29 @@ def incompatibility(cfg, manifest: dict[str, Any]) -> str | None:
             or tokenizer_mismatch(manifest.get("tokenizer"), tokenizer_identity(cfg)))
 
 
+def reshard_problem(cfg, manifest: dict[str, Any]) -> str | None:
+    """Why a full resume cannot reshard this checkpoint's optimizer state, or None.
+
+    `dp_reshardable` stores each data-parallel rank's own slice of the distributed optimizer's
+    flat buffers, whose layout follows the TP/PP/VPP/CP/EP split (Megatron: "allows checkpoint
+    resharding only in DP dimension", `optimizer/distrib_optimizer.py:1472-1476`)."""
+    saved = flatten(manifest.get("config") or {})
+    if not saved.get("optimizer.distributed") or cfg.checkpoint.load_model_only:
+        return None
+    if saved.get("checkpoint.optimizer_format") != "dp_reshardable":
+        return None
+    before, now = manifest.get("layout") or {}, layout_record(cfg.layout)
+    changed = [key.upper() for key in LAYOUT_KEYS if key != "dp" and key in before
+               and before[key] != now[key]]
+    if not changed:
+        return None
+    return (f"its optimizer state was saved dp_reshardable at {layout_text(before)}, which "
+            f"reshards over DP only, and this run changes {'/'.join(changed)} "
+            f"({layout_text(now)}); resume at the saved layout, or start from its weights with "
+            "checkpoint.load_model_only=true (a fresh optimizer), or save with "
+            "checkpoint.optimizer_format=fully_reshardable to move between layouts")
+
+
 def resume_notes(cfg, step_dir: Path, manifest: dict[str, Any]) -> list[str]:
     """What a full resume continues from and what it changes, one line each (printed)."""
     notes = [f"resuming from {step_dir} (step {manifest['step']}, "

@@ -226,7 +226,10 @@ class CheckpointConfig:
     # else start fresh (a requeued job resumes its run). Needs run_dir; not with `load`.
     resume: bool = False
     load_model_only: bool = False  # load weights only (fresh optimizer and step 0)
-    optimizer_format: Literal["fully_reshardable", "dp_reshardable"] = "fully_reshardable"
+    # The distributed optimizer's state on disk (Megatron-LM's default): dp_reshardable writes
+    # each rank's own shard (no gather; a resume may change DP only); fully_reshardable gathers
+    # each TP x PP share's whole fp32 state on every rank first (any layout can resume it).
+    optimizer_format: Literal["fully_reshardable", "dp_reshardable"] = "dp_reshardable"
     keep_last: int | None = None  # keep the newest N saved steps (+ the resumed-from); None: all
     # Before launch, check the loaded checkpoint's files against its run.json: sizes and CRC-32
     # ("checksum", reads every byte once) or sizes only ("size", for very large checkpoints).

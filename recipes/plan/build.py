@@ -13,7 +13,13 @@ from recipes.plan.activations import StageActivations, stage_activations
 from recipes.plan.batch import BatchPlan, batch_plan
 from recipes.plan.cluster import ClusterSpec
 from recipes.plan.comm import Traffic, crossing_kinds, stage_traffic
-from recipes.plan.memory import ModelState, rank_model_state, sharding_of, state_bytes_of
+from recipes.plan.memory import (
+    ModelState,
+    rank_model_state,
+    save_host_bytes,
+    sharding_of,
+    state_bytes_of,
+)
 from recipes.plan.params import ParamCount, model_parameters, stage_layer_counts, stage_params
 from recipes.plan.placement import GroupSummary, drawing, group_summaries
 from recipes.plan.schedule import Bubble, bubble, in_flight_1f1b, in_flight_all_forward
@@ -40,6 +46,7 @@ class StagePlan:
     state: ModelState
     activations: StageActivations
     traffic: list[Traffic]
+    save_host: float = 0.0  # CPU memory one rank holds while a checkpoint is written
 
     @property
     def peak(self) -> float:
@@ -81,6 +88,16 @@ class Plan:
     def fits(self) -> bool:
         return self.worst.peak <= self.cluster.gpu_memory_bytes
 
+    @property
+    def save_host_per_node(self) -> float:
+        """CPU memory a node holds while a checkpoint is written (its GPUs' worst rank each)."""
+        return max(s.save_host for s in self.stages) * self.cfg.layout.gpus_per_node
+
+    @property
+    def save_fits_host(self) -> bool:
+        host = self.cluster.host_memory_gb
+        return host is None or self.save_host_per_node <= host * 1e9
+
 
 def _peak_tflops(cfg: Any, cluster: ClusterSpec) -> float:
     fp8 = getattr(getattr(cfg.plugins, "fp8", None), "format", None)
@@ -107,7 +124,8 @@ def stage_plans(cfg: Any, cluster: ClusterSpec, options: PlanOptions) -> list[St
             strict=True)):
         state = rank_model_state(cfg, count, per, sharding, options.offload)
         traffic = stage_traffic(cfg, cluster, crossing, stage, count, sharding != "none")
-        plans.append(StagePlan(stage, layers, count, state, act, traffic))
+        save = save_host_bytes(cfg, count, per, sharding)
+        plans.append(StagePlan(stage, layers, count, state, act, traffic, save))
     return plans
 
 

@@ -31,6 +31,7 @@ class ClusterSpec:
     inter_node_gb_per_s: float  # per GPU, one direction
     attention: str  # 'flash' (scores never stored) or 'explicit' (n x n scores kept)
     peak_tflops: dict[str, float]  # dense, per GPU, by precision
+    host_memory_gb: float | None = None  # CPU memory of one node (None: not checked)
 
     @property
     def gpu_memory_bytes(self) -> float:
@@ -39,6 +40,7 @@ class ClusterSpec:
 
 _NUMBERS = ("nodes", "gpus_per_node", "gpu_memory_gb", "intra_node_gb_per_s",
             "inter_node_gb_per_s")
+OPTIONAL = ("host_memory_gb",)
 
 
 def _check_number(path: str, key: str, value: Any) -> None:
@@ -57,7 +59,7 @@ def _check_keys(path: str, data: dict) -> None:
             hint = f"did you mean {near[0]}?" if near else f"known keys: {', '.join(known)}"
             raise ConfigError(f"{path}: unknown key '{key}'; {hint}")
     for key in known:
-        if key not in data:
+        if key not in data and key not in OPTIONAL:
             raise ConfigError(f"{path}: '{key}' is missing; add it (see conf/cluster/*.yaml)")
 
 
@@ -84,7 +86,7 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping of keys to values (see conf/cluster/)")
     _check_keys(str(path), data)
-    for key in _NUMBERS:
+    for key in _NUMBERS + tuple(k for k in OPTIONAL if k in data):
         _check_number(str(path), key, data[key])
     if data["attention"] not in ("flash", "explicit"):
         raise ConfigError(f"{path}: attention={data['attention']!r} must be flash or explicit")

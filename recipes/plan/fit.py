@@ -113,7 +113,8 @@ def summary_line(plan: Plan) -> str:
         f"{plan.cluster.gpu_memory_gb:.1f} GB, {verdict} (model state "
         f"{size_text(w.state.total)}, activations {size_text(w.activations.total)}); bubble "
         f"{(plan.bubble_interleaved or plan.bubble_1f1b).fraction_of_step:.1%}; global batch "
-        f"{b.global_batch} ({b.tokens_per_step:,} tokens)"
+        f"{b.global_batch} ({b.tokens_per_step:,} tokens); a save holds "
+        f"{size_text(plan.save_host_per_node)} GB of CPU memory per node"
     )
 
 
@@ -128,8 +129,22 @@ def refusal(plan: Plan) -> str:
             f"{parts}; {hint} (scripts/plan.py shows the whole plan)")
 
 
+def save_refusal(plan: Plan) -> str:
+    """The one-line reason a layout's checkpoint save cannot fit a node's CPU memory."""
+    fmt = plan.cfg.checkpoint.optimizer_format
+    gather = (" (fully_reshardable gathers the whole fp32 optimizer state of each rank's TP x "
+              "PP share onto every rank: 12 bytes per parameter)" if fmt == "fully_reshardable"
+              and plan.sharding == "dist_opt" else "")
+    fix = ("set checkpoint.optimizer_format=dp_reshardable (no gather; a resume may then change "
+           "DP only), or raise TP x PP" if gather else "raise TP x PP or DP")
+    return (f"a checkpoint save holds {plan.save_host_per_node / GB:.1f} GB of CPU memory per "
+            f"node{gather} but a node has {plan.cluster.host_memory_gb:.0f} GB (host_memory_gb, "
+            f"{plan.cluster.name}); {fix}")
+
+
 def check_fits(cfg: Any, cluster: ClusterSpec | None = None, attention: str | None = None) -> Plan:
-    """Plan the run on its own cluster section; raise ConfigError if the worst rank cannot fit.
+    """Plan the run on its own cluster section; raise ConfigError if the worst rank cannot fit,
+    or if a checkpoint save cannot fit a node's CPU memory (where the cluster file says it).
 
     Called before launch (attention='explicit' on CPU, where Megatron's local attention keeps
     the scores); returns the plan so the caller can print `summary_line(plan)`.
@@ -138,4 +153,6 @@ def check_fits(cfg: Any, cluster: ClusterSpec | None = None, attention: str | No
     plan = make_plan(cfg, cluster or recipe_cluster(cfg), options)
     if not plan.fits:
         raise ConfigError(refusal(plan))
+    if cfg.checkpoint.save and not plan.save_fits_host:
+        raise ConfigError(save_refusal(plan))
     return plan

@@ -111,6 +111,27 @@ def add(a: ModelState, b: ModelState) -> ModelState:
                       a.moments + b.moments, a.offloaded + b.offloaded)
 
 
+# Adam's optimizer state as a checkpoint stores it: an FP32 copy of each parameter ("param")
+# and its two FP32 moments, whatever the training precision.
+OPTIMIZER_STATE_BYTES = 12
+
+
+def save_host_bytes(cfg: Any, count: ParamCount, per: StateBytes, sharding: str) -> float:
+    """CPU memory one rank holds while a checkpoint is written: the writer copies what this
+    rank writes to host memory first (DP replicas split the replicated tensors:
+    fully parallel save), and the distributed optimizer's `fully_reshardable` format first
+    gathers the whole fp32 state of this rank's TP x PP share onto every rank
+    (`optimizer/distrib_optimizer.py:1729-1738`, `get_parameter_state_dp_zero`);
+    `dp_reshardable` writes each rank's own slice."""
+    layout = cfg.layout
+    dense_dp, expert_dp = layout.data_parallel * layout.context, layout.expert_data_parallel
+    weights = per.weight * (count.dense / dense_dp + count.expert / expert_dp)
+    own_state = OPTIMIZER_STATE_BYTES * (count.dense / dense_dp + count.expert / expert_dp)
+    gathered = sharding == "dist_opt" and cfg.checkpoint.optimizer_format == "fully_reshardable"
+    state = OPTIMIZER_STATE_BYTES * (count.dense + count.expert) if gathered else own_state
+    return weights + state
+
+
 def rank_model_state(cfg: Any, count: ParamCount, per: StateBytes, sharding: str,
                      offload: bool = False) -> ModelState:
     """One rank's model state: dense weights shard over DP x CP, experts over expert-DP."""

@@ -42,11 +42,23 @@ def _fit_lines(plan: Plan) -> list[str]:
     lines += [f"    {name:<48} {_gb(size):>8} GB" for name, size in w.contributors()[:5]]
     if w.state.offloaded:
         lines.append(f"  optimizer state offloaded to CPU: {_gb(w.state.offloaded)} GB")
+    lines.append(_save_line(plan))
     if not plan.fits:
         lines.append("  suggestions (each alone, validated and re-planned):")
         lines += [f"    {s.change:<58} peak {_gb(s.peak)} GB{'  fits' if s.fits else ''}"
                   for s in suggestions(plan)]
     return lines
+
+
+def _save_line(plan: Plan) -> str:
+    """CPU memory while a checkpoint is written, per rank and per node, against the node's."""
+    host = plan.cluster.host_memory_gb
+    per_rank = max(s.save_host for s in plan.stages)
+    against = (f" of {host:.0f} GB: {'fits' if plan.save_fits_host else 'does NOT fit'}"
+               if host else " (no host_memory_gb in the cluster file)")
+    return (f"checkpoint save: {_gb(per_rank)} GB of CPU memory per rank "
+            f"(checkpoint.optimizer_format={plan.cfg.checkpoint.optimizer_format}), "
+            f"{_gb(plan.save_host_per_node)} GB per node{against}")
 
 
 def _traffic_lines(stage: StagePlan) -> list[str]:
@@ -116,7 +128,7 @@ def _stage_json(s: StagePlan) -> dict[str, Any]:
         "params": {**dataclasses.asdict(s.params), "total": s.params.total},
         "model_state_bytes": {**dataclasses.asdict(s.state), "total": s.state.total},
         "activation_bytes": {**dataclasses.asdict(s.activations), "total": s.activations.total},
-        "peak_bytes": s.peak,
+        "peak_bytes": s.peak, "save_host_bytes": s.save_host,
         "contributors": [{"name": k, "bytes": v} for k, v in s.contributors()],
         "traffic": [dataclasses.asdict(t) for t in s.traffic],
     }
@@ -130,6 +142,7 @@ def json_report(plan: Plan) -> dict[str, Any]:
         "cluster": dataclasses.asdict(plan.cluster), "parameters": plan.parameters,
         "sharding": plan.sharding, "attention": plan.attention,
         "fits": plan.fits, "worst_stage": plan.worst.stage, "peak_bytes": plan.worst.peak,
+        "save_host_bytes_per_node": plan.save_host_per_node, "save_fits_host": plan.save_fits_host,
         "suggestions": [dataclasses.asdict(s) for s in suggestions(plan)] if not plan.fits
         else [],
         "stages": [_stage_json(s) for s in plan.stages],

@@ -23,7 +23,7 @@ RESHARD_TOLERANCE = 2e-5  # fp32 on CPU: layouts differ only in summation order
 
 CASES = [
     ("tiny_dp2_distopt", 2, []),
-    ("tiny_dp2_distopt", 2, ["checkpoint.optimizer_format=dp_reshardable"]),
+    ("tiny_dp2_distopt", 2, ["checkpoint.optimizer_format=fully_reshardable"]),
     ("tiny_dp2_distopt", 2, ["precision.dtype=bf16"]),
     ("tiny_tp2_pp2", 4, []),
     ("tiny_pp2_vpp2", 2, []),
@@ -68,12 +68,14 @@ def test_ten_random_stop_points_resume_exactly(launch_ranks, tmp_path):
 
 @pytest.fixture(scope="module")
 def saved_at_tp2_pp2(launch_ranks, tmp_path_factory) -> tuple[str, list[dict]]:
-    """The uninterrupted TP2 x PP2 run (distributed optimizer), saved after SAVE_AFTER steps."""
+    """The uninterrupted TP2 x PP2 run (distributed optimizer), saved after SAVE_AFTER steps in
+    the format that resumes in any layout (the default, dp_reshardable, changes DP only)."""
     root = tmp_path_factory.mktemp("tp2_pp2")
     checkpoints = root / "checkpoints"
     result = launch_ranks(4, f"{ENTRY}:continuous", {
         "recipe": "tiny_tp2_pp2", "steps": STEPS, "run_dir": str(root),
-        "overrides": ["optimizer.distributed=true"], "save_at": [SAVE_AFTER],
+        "overrides": ["optimizer.distributed=true",
+                      "checkpoint.optimizer_format=fully_reshardable"], "save_at": [SAVE_AFTER],
         "checkpoint_dir": str(checkpoints),
     })[0]
     return str(checkpoints), result["records"]
@@ -90,7 +92,9 @@ def test_resume_at_another_layout_continues_the_run(
     checkpoints, before = saved_at_tp2_pp2
     after = launch_ranks(ranks, f"{ENTRY}:resumed", {
         "recipe": recipe, "steps": STEPS, "run_dir": str(tmp_path),
-        "overrides": [*overrides, "optimizer.distributed=true", f"checkpoint.load={checkpoints}"],
+        "overrides": [*overrides, "optimizer.distributed=true",
+                      "checkpoint.optimizer_format=fully_reshardable",
+                      f"checkpoint.load={checkpoints}"],
     })[0]
     assert after["start"] == SAVE_AFTER
     expected = before[SAVE_AFTER:]

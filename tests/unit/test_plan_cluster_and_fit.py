@@ -21,7 +21,7 @@ def test_cluster_files_load(path):
     assert spec.gpu_memory_gb > 0 and set(spec.peak_tflops) == {"bf16", "fp16", "fp8", "fp32"}
 
 
-def test_the_domain_texts_cluster():
+def test_the_reference_8x8_cluster():
     spec = load_cluster(CLUSTER_DIR / "h100_80gb_8x8.yaml")
     assert (spec.nodes, spec.gpus_per_node, spec.gpu_memory_gb) == (8, 8, 80)
     assert spec.intra_node_gb_per_s > spec.inter_node_gb_per_s
@@ -85,3 +85,40 @@ def test_suggestions_that_claim_to_fit_do_fit_when_applied():
     assert replanned.fits
     full_peak = next(s.peak for s in fitting if s.change == "train.recompute=full")
     assert full_peak == replanned.worst.peak
+
+
+def test_checkpoint_host_memory_follows_the_optimizer_format():
+    """fully_reshardable gathers 12 bytes per parameter of each rank's TP x PP share on every
+    rank; dp_reshardable (the default) holds only what the rank writes. Llama-3-70B at TP4 x
+    PP4 (x CP2 x DP2): about 4.4B parameters per rank, so ~53 GB per rank, ~420 GB per node."""
+    h100 = load_cluster(CLUSTER_DIR / "h100_80gb_8x8.yaml")
+    cfg = get_recipe("llama3_70b_tp4_pp4_cp2_vpp5_dp2")
+    assert cfg.checkpoint.optimizer_format == "dp_reshardable"
+    cfg.checkpoint.optimizer_format = "fully_reshardable"
+    full = make_plan(cfg, h100)
+    stage = max(full.stages, key=lambda s: s.save_host)
+    params, dp = stage.params.total, cfg.layout.data_parallel * cfg.layout.context
+    assert stage.save_host == 12 * params + 2 * params / dp  # bf16 weights split over DP x CP
+    assert 50e9 < stage.save_host < 60e9 and 400e9 < full.save_host_per_node < 480e9
+    cfg.checkpoint.optimizer_format = "dp_reshardable"
+    own = max(s.save_host for s in make_plan(cfg, h100).stages)
+    assert own == pytest.approx(stage.save_host * (12 + 2) / (12 * dp + 2))
+
+
+def test_a_save_that_cannot_fit_host_memory_is_refused_with_the_fix(tmp_path: Path):
+    small = tmp_path / "small_host.yaml"
+    small.write_text((CLUSTER_DIR / "h100_80gb_8x8.yaml").read_text().replace(
+        "host_memory_gb: 2048", "host_memory_gb: 256"))
+    cfg = get_recipe("llama3_70b_tp4_pp4_cp2_vpp5_dp2")
+    check_fits(cfg, load_cluster(small))  # dp_reshardable: ~127 GB per node fits 256
+    cfg.checkpoint.optimizer_format = "fully_reshardable"
+    with pytest.raises(ConfigError) as caught:
+        check_fits(cfg, load_cluster(small))
+    message = str(caught.value)
+    assert message.startswith("a checkpoint save holds 454.2 GB of CPU memory per node (fully_"
+                              "reshardable gathers the whole fp32 optimizer state")
+    assert message.endswith("but a node has 256 GB (host_memory_gb, h100_80gb_8x8); set "
+                            "checkpoint.optimizer_format=dp_reshardable (no gather; a resume "
+                            "may then change DP only), or raise TP x PP")
+    cfg.checkpoint.save = False
+    check_fits(cfg, load_cluster(small))  # a run that never saves is not refused for it

@@ -175,3 +175,34 @@ def test_a_save_inside_an_optimizer_step_is_refused():
 
     with pytest.raises(RuntimeError, match="inside an optimizer step"):
         save_checkpoint(SimpleNamespace(mid_step=True), "unused")
+
+
+def test_a_dp_reshardable_optimizer_state_resumes_across_dp_only(tmp_path):
+    """dp_reshardable (the default) stores each DP rank's slice of the optimizer's buffers,
+    laid out by the TP/PP split: another DP size resumes; another TP or PP is refused before
+    launch with the three ways out; fully_reshardable and weights-only loads go anywhere."""
+    saved = _cfg("optimizer.distributed=true", recipe="tiny_tp2")
+    assert saved.checkpoint.optimizer_format == "dp_reshardable"
+    root = tmp_path / "checkpoints"
+    _write_step(root, 2, saved, {"__0_0.distcp": b"a"})
+    load = f"checkpoint.load={root}"
+    wider = _cfg("optimizer.distributed=true", "cluster.gpus_per_node=4", load,
+                 recipe="tiny_tp2")
+    assert wider.layout.data_parallel == 2 and checkpoint_preflight(wider)
+    other_tp = _cfg("optimizer.distributed=true", load, recipe="tiny_dp2")
+    with pytest.raises(ConfigError) as caught:
+        checkpoint_preflight(other_tp)
+    assert str(caught.value) == (
+        f"checkpoint.load={root} cannot resume in this layout: its optimizer state was saved "
+        "dp_reshardable at TP2, which reshards over DP only, and this run changes TP (DP2); "
+        "resume at the saved layout, or start from its weights with "
+        "checkpoint.load_model_only=true (a fresh optimizer), or save with "
+        "checkpoint.optimizer_format=fully_reshardable to move between layouts")
+    assert checkpoint_preflight(_cfg("optimizer.distributed=true", load,
+                                     "checkpoint.load_model_only=true", recipe="tiny_dp2")) == []
+    fully = tmp_path / "fully"
+    _write_step(fully, 2, _cfg("optimizer.distributed=true",
+                               "checkpoint.optimizer_format=fully_reshardable",
+                               recipe="tiny_tp2"), {"__0_0.distcp": b"a"})
+    assert checkpoint_preflight(_cfg("optimizer.distributed=true", f"checkpoint.load={fully}",
+                                     recipe="tiny_dp2"))
