@@ -44,6 +44,11 @@ class PluginsConfig:
         """Whether some plugin runs this run's ranks on CPU on a machine with `gpus` GPUs."""
         return any(config.runs_ranks_on_cpu(gpus, nodes) for _, config in self.configs())
 
+    def process_group_options(self, cfg) -> dict:
+        """What the plugins add to Megatron's process-group set-up (later plugins win)."""
+        return {key: value for _, config in self.configs()
+                for key, value in config.process_group_options(cfg).items()}
+
     def launch_environment(self) -> dict[str, str]:
         """Environment the plugins want for locally launched ranks (later plugins win)."""
         return {

@@ -42,14 +42,19 @@ def parallel_sizes(layout: Layout) -> dict[str, int | None]:
 
 
 def initialize_parallel_state(layout: Layout, *, create_gloo_groups: bool = True,
-                              timeout_minutes: int = 30) -> None:
+                              timeout_minutes: int = 30, options: dict | None = None) -> None:
     """Create Megatron's TP/PP/CP/EP/DP process groups for this layout (default PG must exist);
     rank order is Megatron's default, the one `Layout.groups` reproduces. `timeout_minutes`
     bounds a collective in these groups (`train.distributed_timeout_minutes`; Megatron's own
-    default is 30)."""
+    default is 30); `options` are the plugins' additions (`process_group_options`, e.g. the
+    hierarchical CP groups of a2a+p2p)."""
+    # destroy_model_parallel does not reset the hierarchical CP groups (parallel_state.py:129,
+    # set at :1140 only when sizes are given): a second set-up in one process without them
+    # would still see the first one's, destroyed, groups.
+    parallel_state._HIERARCHICAL_CONTEXT_PARALLEL_GROUPS = None
     parallel_state.initialize_model_parallel(
         **parallel_sizes(layout), create_gloo_process_groups=create_gloo_groups,
-        distributed_timeout_minutes=timeout_minutes,
+        distributed_timeout_minutes=timeout_minutes, **(options or {}),
     )
 
 

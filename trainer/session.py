@@ -92,7 +92,8 @@ def start_runtime(cfg: RunConfig) -> tuple[PluginSet, RuntimeContext]:
             timeout=timedelta(minutes=cfg.train.distributed_timeout_minutes),
         )
     initialize_parallel_state(
-        cfg.layout, timeout_minutes=cfg.train.distributed_timeout_minutes)
+        cfg.layout, timeout_minutes=cfg.train.distributed_timeout_minutes,
+        options=cfg.plugins.process_group_options(cfg))
     return plugins, runtime
 
 

@@ -4,10 +4,14 @@ The CP size itself is a layout degree (`parallel.context`, owned by `recipes/con
 this plugin owns what CP needs beyond the degree: the batch split per CP rank (Megatron Core's
 load-balanced chunks) and Transformer Engine's communication scheme (`cp_comm_type`,
 `core/transformer/transformer_config.py`, passed to TE's attention by
-`core/extensions/transformer_engine.py`). The schemes: `p2p` passes K/V around a ring,
-overlapped with compute; `allgather` gathers all K/V first; `a2a` (Ulysses) swaps the sequence
-split for a head split, so each CP rank needs whole heads; `a2a+p2p` does a2a inside groups and
-p2p between them, with the group sizes in `hierarchical_sizes`.
+`core/extensions/transformer_engine.py`), under the names Megatron Core and TE accept (listed
+at `cp_comm_type` in `core/transformer/transformer_config.py:987-1000`; Megatron-LM's
+`--cp-comm-type` help says `allgather`, which TE refuses). The schemes: `p2p` passes K/V
+around a ring, overlapped with compute; `all_gather` gathers all K/V first; `a2a` (Ulysses)
+swaps the sequence split for a head split, so each CP rank needs whole heads; `a2a+p2p` does
+a2a inside groups and p2p between them, with the group sizes in `hierarchical_sizes`: its
+groups are created with the other process groups (`process_group_options`), and the plugin
+refuses to run without them.
 """
 
 from __future__ import annotations
@@ -61,11 +65,17 @@ def check_cp_a2a_heads(cfg: Any) -> str | None:
 class ContextParallelConfig(PluginConfig):
     """Context parallelism: load-balanced sequence chunks per CP rank and the K/V exchange."""
 
-    comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = "p2p"  # TE's cp_comm_type
+    comm_type: Literal["p2p", "a2a", "all_gather", "a2a+p2p"] = "p2p"  # TE's cp_comm_type
     hierarchical_sizes: list[int] | None = None  # a2a+p2p: [a2a size, p2p size], product = CP
 
     def rules(self) -> tuple[Rule, ...]:
         return (check_cp_hierarchical_sizes, check_cp_a2a_heads)
+
+    def process_group_options(self, cfg: Any) -> dict[str, Any]:
+        """a2a+p2p runs in Megatron's hierarchical CP groups, created with the other groups."""
+        if self.comm_type != "a2a+p2p" or cfg.parallel.context == 1:
+            return {}
+        return {"hierarchical_context_parallel_sizes": list(self.hierarchical_sizes or [])}
 
     def build(self) -> Plugin | None:
         # Always built: it does nothing unless the model's CP size is above 1.

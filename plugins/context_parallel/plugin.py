@@ -22,7 +22,20 @@ from typing import Any
 from megatron.core import parallel_state
 from megatron.core.utils import get_batch_on_this_cp_rank
 
+from plugins.protocol.errors import UserError
 from plugins.protocol.hooks import Plugin
+
+
+def _require_hierarchical_groups() -> None:
+    """Without Megatron's hierarchical CP groups TE gets no CP group for a2a+p2p and each rank
+    would attend only within its own chunks: silently wrong, so refused."""
+    groups = parallel_state.get_hierarchical_context_parallel_groups(check_initialized=False)
+    if not groups:
+        raise UserError(
+            "plugins.context_parallel.comm_type=a2a+p2p but Megatron's hierarchical context-"
+            "parallel groups were not created (initialize_model_parallel got no "
+            "hierarchical_context_parallel_sizes); set plugins.context_parallel."
+            "hierarchical_sizes, or use comm_type=p2p")
 
 
 class ContextParallelPlugin(Plugin):
@@ -32,6 +45,8 @@ class ContextParallelPlugin(Plugin):
     def transformer_config(self, config: Any) -> Any:
         if config.context_parallel_size == 1:
             return config
+        if self.config.comm_type == "a2a+p2p":
+            _require_hierarchical_groups()
         sizes = self.config.hierarchical_sizes
         return dataclasses.replace(
             config,

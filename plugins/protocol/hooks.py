@@ -108,6 +108,12 @@ class PluginConfig:
         """Environment variables for locally launched ranks (set before torch starts them)."""
         return {}
 
+    def process_group_options(self, cfg: Any) -> dict[str, Any]:
+        """Keyword arguments this plugin, so configured, adds to Megatron Core's
+        `initialize_model_parallel` (called once, by the one translation), e.g. the sizes of
+        hierarchical context-parallel groups; {} for none."""
+        return {}
+
     def profile_window(self, cfg: Any) -> ProfileWindow | None:
         """The steps this plugin, so configured, runs torch.profiler over (None: it profiles
         none); the trainer refuses an overlap with its own profiled steps before launch."""

@@ -227,6 +227,25 @@ class Layout:
             return [[g[0], g[-1]] if len(g) > 1 else [g[0]] for g in pipelines]
         raise ValueError(f"unknown group kind {kind!r}; known: {', '.join(GROUP_KINDS)}")
 
+    def hierarchical_context_groups(self, sizes: list[int]) -> list[list[list[int]]]:
+        """For hierarchical CP (`a2a+p2p`, level sizes multiplying to CP): each level's groups,
+        cut from every CP group as Megatron Core's `create_hierarchical_groups` cuts it
+        (`parallel_state.py:378-414`): level l joins ranks `prod(sizes[:l])` apart, in runs of
+        `sizes[l]`; level 0 holds neighbouring CP ranks (the fast links)."""
+        if math.prod(sizes) != self.context:
+            raise ValueError(f"hierarchical sizes {sizes} do not multiply to CP {self.context}")
+        levels: list[list[list[int]]] = [[] for _ in sizes]
+        for ranks in self.groups("cp"):
+            for level, size in enumerate(sizes):
+                inner = math.prod(sizes[:level])
+                outer = self.context // (inner * size)
+                for block in range(outer):
+                    base = block * inner * size
+                    for offset in range(inner):
+                        levels[level].append([ranks[base + offset + k * inner]
+                                              for k in range(size)])
+        return levels
+
     def group_of(self, kind: GroupKind, rank: int) -> list[int] | None:
         """The group of `kind` that holds `rank` (None: a middle stage has no embedding group)."""
         return next((group for group in self.groups(kind) if rank in group), None)

@@ -186,7 +186,10 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
      "data.documents=packed makes packed batches, which need the packing plugin"),
     # plugins.context_parallel
     (["recipe=tiny_cp2", "plugins.context_parallel.comm_type=ring"],
-     "plugins.context_parallel.comm_type expects one of p2p, a2a, allgather, a2a+p2p"),
+     "plugins.context_parallel.comm_type expects one of p2p, a2a, all_gather, a2a+p2p"),
+    (["recipe=tiny_cp2", "plugins.context_parallel.comm_type=allgather"],
+     "plugins.context_parallel.comm_type expects one of p2p, a2a, all_gather, a2a+p2p, got "
+     "'allgather'"),
     (["recipe=tiny_cp4", "plugins.context_parallel.comm_type=a2a+p2p"],
      "comm_type=a2a+p2p needs plugins.context_parallel.hierarchical_sizes whose product is "
      "parallel.context=4, got None"),
