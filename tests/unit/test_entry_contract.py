@@ -126,3 +126,25 @@ def test_training_has_two_explicit_paths(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert commands.BENCH_CHECKPOINT.run(args) == 0
     assert calls == [("rank",)]
+
+
+@pytest.mark.parametrize(("recipe", "on_gpu", "expected"), [
+    ("tiny_tp2", True, {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+                        "NCCL_NVLS_ENABLE": "0"}),
+    ("tiny_dp2", True, {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "NCCL_NVLS_ENABLE": "0"}),
+    ("tiny_tp2", False, {}),  # CPU ranks: nothing of NCCL's or CUDA's
+])
+def test_the_local_launcher_gives_gpu_ranks_their_environment(monkeypatch, tmp_path, recipe,
+                                                              on_gpu, expected):
+    from recipes.resolve import resolve_config
+    from trainer.launch import local
+
+    seen = {}
+    monkeypatch.setattr(local, "launch_local_ranks",
+                        lambda world, script, args, environment: seen.update(environment) or 0)
+    cfg = resolve_config([f"recipe={recipe}", f"run_dir={tmp_path}"], check_paths=False)
+    args = parse_arguments(PRETRAIN, [f"recipe={recipe}"])
+    assert pipeline.start_local_ranks(cfg, tmp_path, args, on_gpu) == 0
+    cpu_threads = set(cfg.plugins.launch_environment())
+    assert {k: v for k, v in seen.items()
+            if k not in cpu_threads and k != pipeline.PREFLIGHT_DONE_ENV} == expected

@@ -100,6 +100,12 @@ def test_sbatch_asks_one_torchrun_per_node_with_a_c10d_rendezvous(recipe, capsys
     assert not re.search(r"\b\d{1,3}(\.\d{1,3}){3}\b", script)  # no IP address written in
     assert "localhost" not in script and "--nodelist" not in script and " -w " not in \
         script.replace('-w "$head_node"', "")
+    # What GPU ranks need, never over the job's own values (trainer/launch/environment.py).
+    layout = get_recipe(recipe).layout
+    assert 'export TORCH_NCCL_AVOID_RECORD_STREAMS="${TORCH_NCCL_AVOID_RECORD_STREAMS:-1}"\n' \
+        in script and 'export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"\n' in script
+    connections = 'export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"\n'
+    assert (connections in script) == (layout.tensor > 1 or layout.context > 1)
 
 
 def test_retries_requeue_a_failed_job(capsys, tmp_path):

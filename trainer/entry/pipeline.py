@@ -111,12 +111,14 @@ def launch_and_wait(args: Arguments, extra: Sequence[str] = ()) -> int:
     check_machine(cfg, machine, [*args.rest, *extra])
     preflight(cfg, machine)
     cfg, run_dir = prepare_run_dir(cfg)
-    return start_local_ranks(cfg, run_dir, args)
+    on_gpu = not cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
+    return start_local_ranks(cfg, run_dir, args, on_gpu)
 
 
-def start_local_ranks(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
+def start_local_ranks(cfg: RunConfig, run_dir: Path, args: Arguments, on_gpu: bool) -> int:
     """One local process per rank, each starting this script again as a rank from the saved
-    config, with the command's options."""
+    config, with the command's options (and on GPUs the environment they need)."""
+    from trainer.launch.environment import gpu_environment
     from trainer.launch.local import launch_local_ranks
 
     world = cfg.layout.world_size
@@ -124,7 +126,8 @@ def start_local_ranks(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
     options = [f"{key}={value}" for key, value in args.options.items() if value is not None]
     ranks_args = [f"config={run_dir / CONFIG_FILENAME}", f"run_dir={run_dir}", *options,
                   *sorted(args.flags)]
-    environment = {**cfg.plugins.launch_environment(), PREFLIGHT_DONE_ENV: "1"}
+    environment = {**(gpu_environment(cfg) if on_gpu else {}),
+                   **cfg.plugins.launch_environment(), PREFLIGHT_DONE_ENV: "1"}
     return launch_local_ranks(world, args.script, ranks_args, environment)
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from plugins.protocol.errors import ConfigError
+from trainer.launch.environment import gpu_environment, shell_exports
 
 REPO = Path(__file__).resolve().parents[2]
 EXECUTORS = ("slurm", "local")
@@ -228,7 +229,9 @@ def slurm_executor(plan: LaunchPlan, args: LaunchArgs) -> Any:
         packager=run.GitArchivePackager(symlink_from_remote_dir=str(REPO)),
         # Our torchrun agent, then torchrun and python from this environment (on the shared
         # file system too): NeMo-Run's launch line names `torchrun`, so PATH picks it.
-        setup_lines=f'export PATH="{AGENT_DIR}:{Path(sys.executable).parent}:$PATH"',
+        setup_lines="\n".join([
+            f'export PATH="{AGENT_DIR}:{Path(sys.executable).parent}:$PATH"',
+            *shell_exports(gpu_environment(plan.cfg))]),  # GPU ranks' needs (harmless on CPU)
     )
     # NeMo-Run then asks one task per node; port None: NeMo-Run's default
     port = {} if plan.rdzv_port is None else {"rdzv_port": plan.rdzv_port}

@@ -1,0 +1,30 @@
+"""The environment GPU ranks need, set by every launch path (the local launcher and the Slurm
+script), never over a value the user set.
+
+- `CUDA_DEVICE_MAX_CONNECTIONS=1` with TP > 1 or CP > 1: Megatron-LM refuses to start without it
+  before Blackwell (`megatron/training/arguments.py:1413-1439`): with one hardware queue the
+  tensor- and context-parallel communication kernels are issued in the order Megatron overlaps
+  them with compute; with several, a later GEMM can overtake a collective and stall it.
+- `TORCH_NCCL_AVOID_RECORD_STREAMS=1`: NCCL frees the buffers of asynchronous collectives when
+  they complete instead of recording them on the compute stream, which holds memory longer
+  and fragments the caching allocator (Megatron Bridge's performance recipes set it).
+- `NCCL_NVLS_ENABLE=0`: NVLink SHARP reserves GPU memory for its buffers on every rank; Megatron
+  Bridge's recipes turn it off for pretraining.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def gpu_environment(cfg: Any) -> dict[str, str]:
+    """What the ranks of `cfg` need in their environment on GPU nodes."""
+    environment = {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "NCCL_NVLS_ENABLE": "0"}
+    if cfg.layout.tensor > 1 or cfg.layout.context > 1:
+        environment["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    return environment
+
+
+def shell_exports(environment: dict[str, str]) -> list[str]:
+    """The same as `export` lines that keep a value the job's environment already has."""
+    return [f'export {key}="${{{key}:-{value}}}"' for key, value in sorted(environment.items())]
