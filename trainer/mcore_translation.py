@@ -105,10 +105,48 @@ def _pipeline_comm_fields(cfg: RunConfig) -> dict:
     }
 
 
+def gradient_accumulation_fusion_available() -> bool:
+    """Megatron's own linears (the output layer, beside TE's) fuse the weight-gradient
+    accumulation only with APEX's `fused_weight_gradient_mlp_cuda` and raise without it
+    (`tensor_parallel/layers.py:49-53`, `:1070-1079`); the `gpu` extra installs TE, not APEX."""
+    from megatron.core.tensor_parallel import layers
+
+    return layers._grad_accum_fusion_available
+
+
+def fusion_fields(cfg: RunConfig, transformer_engine: bool) -> dict:
+    """The GPU fast paths Megatron-LM and Megatron Bridge turn on with Transformer Engine's
+    layers; each one off only for its stated reason. With the local layers (CPU ranks, or
+    `model.transformer_impl=local`) all stay at Megatron's defaults, off: they need CUDA
+    kernels."""
+    if not transformer_engine:
+        return {}
+    m = cfg.model
+    return {
+        # Bias + activation in one kernel: Megatron has kernels for GeLU and SwiGLU only (not
+        # squared ReLU), and GeLU's needs the bias (transformer_config.py:2114-2127).
+        "bias_activation_fusion": m.activation == "swiglu" or (
+            m.activation == "gelu" and m.add_bias_linear),
+        "bias_dropout_fusion": True,  # bias + dropout + residual add in one kernel
+        # TE's fused RoPE, on packed THD rows too (the unfused THD path loops over documents in
+        # Python with .tolist() in every layer, rope_utils.py).
+        "apply_rope_fusion": m.position_embedding == "rope",
+        "masked_softmax_fusion": True,
+        "persist_layer_norm": True,
+        "cross_entropy_loss_fusion": True,
+        # Megatron's native kernel; TE's has known stability issues and Megatron-LM refuses it
+        # (model_parallel_config.py:536-543).
+        "cross_entropy_fusion_impl": "native",
+        "gradient_accumulation_fusion": gradient_accumulation_fusion_available(),
+    }
+
+
 def build_transformer_config(
-    cfg: RunConfig, *, cpu_initialization: bool, meta_device: bool = False
+    cfg: RunConfig, *, cpu_initialization: bool, meta_device: bool = False,
+    transformer_engine: bool = False,
 ) -> TransformerConfig:
-    """Megatron `TransformerConfig` for this run's model, layout, precision and recompute.
+    """Megatron `TransformerConfig` for this run's model, layout, precision and recompute, with
+    the GPU fusions when the layers are Transformer Engine's (`fusion_fields`).
 
     A model built on the meta device (the dry run, the HF interop's templates) runs nothing:
     it is built for its weights, which context parallelism does not split, so with CP 1 (the
@@ -148,6 +186,7 @@ def build_transformer_config(
         **_recompute_fields(cfg),
         **_moe_fields(cfg),
         **_pipeline_comm_fields(cfg),
+        **fusion_fields(cfg, transformer_engine),
     )
 
 

@@ -1,8 +1,9 @@
 """Build this rank's GPT model chunks and wrap them in Megatron DDP.
 
 Model construction lives only here, so a later switch (e.g. to Megatron's HybridModel) is
-one change. The layer spec is Transformer Engine's when TE imports (GPU nodes) and Megatron
-Core's local spec otherwise, adapted by the CPU runtime plugin where it is active.
+one change. The layer spec is Transformer Engine's on GPU ranks (`model.transformer_impl`,
+never a silent fallback) and Megatron Core's local spec on CPU ranks, adapted there by the CPU
+runtime plugin.
 """
 
 from __future__ import annotations
@@ -21,13 +22,21 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.utils import unwrap_model
 
+from plugins.protocol.errors import UserError
 from plugins.protocol.hooks import PluginSet
-from recipes.config.schema import RunConfig
+from recipes.config.schema import RunConfig, uses_transformer_engine
 
 
-def transformer_engine_available() -> bool:
-    """TE layers need both the package and a CUDA device."""
-    return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
+def transformer_engine_in_use(cfg: RunConfig) -> bool:
+    """Whether this rank builds Transformer Engine's layers (`model.transformer_impl`: TE on
+    GPU ranks unless `local`). A GPU rank asked for TE without it is refused in one line here
+    too; the launcher refuses it before any rank starts (`recipes/config/machine.py`)."""
+    use = uses_transformer_engine(cfg.model.transformer_impl, on_gpu=torch.cuda.is_available())
+    if use and importlib.util.find_spec("transformer_engine") is None:
+        raise UserError(f"model.transformer_impl={cfg.model.transformer_impl} builds Transformer "
+                        "Engine's layers on GPUs, but it is not installed here; install the gpu "
+                        "extra (pip install -e '.[gpu]') or set model.transformer_impl=local")
+    return use
 
 
 def build_block_spec(
@@ -40,7 +49,7 @@ def build_block_spec(
     """
     spec = get_gpt_decoder_block_spec(
         config,
-        use_transformer_engine=transformer_engine_available(),
+        use_transformer_engine=transformer_engine_in_use(cfg),
         normalization=cfg.model.normalization,
         vp_stage=vp_stage,
         pp_rank=parallel_state.get_pipeline_model_parallel_rank(),

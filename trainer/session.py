@@ -34,7 +34,12 @@ from trainer.mcore_translation import (
     build_transformer_config,
     initialize_parallel_state,
 )
-from trainer.model import build_model_chunks, wrap_for_precision, wrap_with_ddp
+from trainer.model import (
+    build_model_chunks,
+    transformer_engine_in_use,
+    wrap_for_precision,
+    wrap_with_ddp,
+)
 from trainer.state import RngState, RunState
 
 
@@ -169,7 +174,8 @@ def build_session(
     cfg: RunConfig, run_dir: Path, plugins: PluginSet, runtime: RuntimeContext
 ) -> TrainingSession:
     set_seeds(cfg.train.seed)
-    config = build_transformer_config(cfg, cpu_initialization=runtime.cpu_initialization)
+    config = build_transformer_config(cfg, cpu_initialization=runtime.cpu_initialization,
+                                      transformer_engine=transformer_engine_in_use(cfg))
     config = plugins.transformer_config(config)
     chunks = build_model_chunks(cfg, config, plugins)
     load = cfg.checkpoint.load

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.schema import RunConfig
+from recipes.config.schema import RunConfig, uses_transformer_engine
 
 CPU_RANK_CAP = 16  # most local CPU processes the CPU runtime runs for one single-node recipe
 _GPU_DEVICE = re.compile(r"nvidia\d+")
@@ -158,7 +158,27 @@ def check_machine(
     if cfg.dry_run:
         return
     check_ranks(cfg, machine, command_args)
-    check_plugin_needs(cfg, machine)
+    check_plugin_needs(cfg, machine)  # first: a plugin's need (FP8 on TE) says more
+    check_transformer_engine(cfg, machine)
+
+
+def check_transformer_engine(cfg: RunConfig, machine: MachineInfo) -> None:
+    """GPU ranks build Transformer Engine's layers unless told otherwise: a GPU node without TE
+    would otherwise fall back to the local layers silently (unfused attention keeping every
+    score; sequence-parallel recipes die in the norm). CPU ranks cannot run TE's layers."""
+    on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
+    impl = cfg.model.transformer_impl
+    if on_cpu and impl == "transformer_engine":
+        raise ConfigError("model.transformer_impl=transformer_engine needs GPU ranks, but this "
+                          "run's ranks are on CPU (no GPU here); use model.transformer_impl=auto")
+    if not on_cpu and uses_transformer_engine(impl, on_gpu=True) and (
+            machine.transformer_engine is None):
+        raise ConfigError(
+            f"model.transformer_impl={impl} builds Transformer Engine's layers on GPUs, but "
+            "Transformer Engine is not installed here; install the gpu extra (pip install -e "
+            "'.[gpu]', docs/precision.md), or run Megatron Core's local layers with "
+            "model.transformer_impl=local (unfused attention that keeps every score; no FP8, "
+            "no packed THD)")
 
 
 def check_plugin_needs(cfg: RunConfig, machine: MachineInfo) -> None:

@@ -38,12 +38,22 @@ class ModelConfig:
     hidden_dropout: float = 0.0  # dropout after attention / MLP
     attention_dropout: float = 0.0  # dropout on attention probabilities
     init_method_std: float = 0.02  # std of the normal weight init
+    # Whose layers: auto = Transformer Engine's on GPU ranks (fused attention and kernels, FP8,
+    # packed THD; refused before launch when TE is missing), Megatron Core's local ones on CPU
+    # ranks; local = the local layers on GPUs too (unfused attention, no FP8 or THD);
+    # transformer_engine = TE's, or refused.
+    transformer_impl: Literal["auto", "transformer_engine", "local"] = "auto"
     # Mixture of experts (None = dense model).
     num_moe_experts: int | None = None  # experts per MoE layer
     moe_router_topk: int = 2  # experts each token is routed to
     moe_ffn_hidden_size: int | None = None  # expert MLP width; None = ffn_hidden_size
     moe_token_dispatcher: Literal["alltoall", "allgather"] = "alltoall"  # token exchange
     moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight
+
+
+def uses_transformer_engine(impl: str, on_gpu: bool) -> bool:
+    """Whether `model.transformer_impl` builds Transformer Engine's layers on these ranks."""
+    return impl == "transformer_engine" or (impl == "auto" and on_gpu)
 
 
 @dataclass(kw_only=True)

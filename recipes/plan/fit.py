@@ -114,8 +114,22 @@ def summary_line(plan: Plan) -> str:
         f"{size_text(w.state.total)}, activations {size_text(w.activations.total)}); bubble "
         f"{(plan.bubble_interleaved or plan.bubble_1f1b).fraction_of_step:.1%}; global batch "
         f"{b.global_batch} ({b.tokens_per_step:,} tokens); a save holds "
-        f"{size_text(plan.save_host_per_node)} GB of CPU memory per node"
+        f"{size_text(plan.save_host_per_node)} of CPU memory per node"
     )
+
+
+def local_attention_note(cfg: Any) -> str:
+    """What the local layers cost on GPUs: their attention keeps the whole score matrix."""
+    from recipes.plan.activations import score_bytes
+
+    m, layout = cfg.model, cfg.layout
+    heads = m.num_attention_heads // layout.tensor
+    seq = m.seq_length // layout.context
+    scores = score_bytes(layout.micro_batch, heads, seq)
+    return (f"note: model.transformer_impl=local runs Megatron Core's unfused attention on the "
+            f"GPUs, which keeps its scores: {size_text(scores)} per layer and micro-batch at "
+            f"seq_length {m.seq_length} (Transformer Engine's fused attention keeps none; "
+            "install the gpu extra for it)")
 
 
 def refusal(plan: Plan) -> str:

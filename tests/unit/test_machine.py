@@ -47,7 +47,8 @@ def test_dry_run_skips_the_check() -> None:
 
 
 def test_multi_node_launch_with_matching_world_and_gpus_is_accepted() -> None:
-    check_machine(get_recipe("8b_tp8_pp4_dp2"), MachineInfo(gpus=8, launched_world_size=64))
+    check_machine(get_recipe("8b_tp8_pp4_dp2"), MachineInfo(gpus=8, launched_world_size=64,
+                                                            transformer_engine="2.8.0"))
 
 
 def test_multi_node_launch_with_the_wrong_world_size() -> None:

@@ -135,10 +135,15 @@ def preflight(cfg: RunConfig, machine) -> None:
     """Once per run: the plan's summary, or a one-line refusal of a layout that cannot fit
     (recipes/plan/fit.py); then the loaded checkpoint's checks, and what a resume continues
     from and changes."""
-    from recipes.plan.fit import check_fits, summary_line
+    from recipes.config.schema import uses_transformer_engine
+    from recipes.plan.fit import check_fits, local_attention_note, summary_line
 
     on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
-    print(summary_line(check_fits(cfg, attention="explicit" if on_cpu else None)), flush=True)
+    local_on_gpu = not on_cpu and not uses_transformer_engine(cfg.model.transformer_impl, True)
+    explicit = on_cpu or local_on_gpu  # the local attention keeps the n x n scores
+    print(summary_line(check_fits(cfg, attention="explicit" if explicit else None)), flush=True)
+    if local_on_gpu:
+        print(local_attention_note(cfg), flush=True)
     for line in checkpoint_preflight(cfg):
         print(f"resume: {line}", flush=True)
 

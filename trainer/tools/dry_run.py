@@ -71,11 +71,19 @@ def _check_coordinates(coords: RankCoordinates) -> None:
 
 def _build_on_meta(cfg: RunConfig, plugins: PluginSet) -> tuple[int, int, list[list[int]]]:
     from trainer.mcore_translation import build_transformer_config
-    from trainer.model import build_model_chunks, distinct_parameter_counts
+    from trainer.model import (
+        build_model_chunks,
+        distinct_parameter_counts,
+        transformer_engine_in_use,
+    )
 
     # On the meta device the shard is built with CP off (mcore_translation): CP shards
-    # activations, not weights, so the parameters are the same.
-    config = build_transformer_config(cfg, cpu_initialization=True, meta_device=True)
+    # activations, not weights, so the parameters are the same. Transformer Engine's layers
+    # take their device from the config: CPU initialisation would allocate them for real
+    # (`extensions/transformer_engine.py:403-413`), so with TE they are told the meta device.
+    te = transformer_engine_in_use(cfg)
+    config = build_transformer_config(cfg, cpu_initialization=not te, meta_device=True,
+                                      transformer_engine=te)
     config = plugins.transformer_config(config)
     with torch.device("meta"):
         chunks = build_model_chunks(cfg, config, plugins)
