@@ -70,6 +70,8 @@ def format_speed(metrics: StepMetrics) -> str:
     text = f"{metrics.model_tflops_per_gpu:.3g} TFLOP/s/GPU | MFU {mfu}"
     if metrics.memory_gib is not None:
         text += f" | peak mem {metrics.memory_gib:.2f} GiB"
+        if metrics.memory_reserved_gib is not None:
+            text += f" ({metrics.memory_reserved_gib:.2f} reserved)"
     return text
 
 

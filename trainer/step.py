@@ -23,6 +23,7 @@ from trainer.metrics import max_over_world, reduce_loss_over_world, reduce_step_
 from trainer.step_clock import (
     StepClock,
     peak_memory_gib,
+    peak_reserved_gib,
     run_peak_tflops,
     start_profiler,
     stop_profiler,
@@ -105,14 +106,17 @@ def train_step(session) -> StepMetrics:
     """Forward/backward over the next global batch's micro-batches, then one optimizer update;
     the session's run state advances by one step.
 
-    Every rank starts the step's clock together (a barrier: rank 0's logging between steps is
-    not step time) and stops it after the loss all-reduce, which no rank leaves before every
-    rank has updated; phases are marked in between (trainer/throughput.py for what counts).
+    On CPU ranks every rank starts the step's clock together (a barrier: rank 0's logging
+    between steps is not step time) and stops it after the loss all-reduce, which no rank
+    leaves before every rank has updated. On GPUs the clock is CUDA events on the stream, which
+    measure the device's step whatever the host did between steps, so no barrier synchronises
+    the host every step. Phases are marked in between (trainer/throughput.py for what counts).
     """
     cfg = session.cfg
     index, steps_in_process = session.state.step - session.start_step, (
         cfg.train.train_iters - session.start_step)
-    torch.distributed.barrier()
+    if not torch.cuda.is_available():
+        torch.distributed.barrier()
     profiler = start_profiler(index, steps_in_process, cfg.logging.exposed_comm)
     start, clock = time.perf_counter(), StepClock()
     session.mid_step = True  # until the update is applied: no checkpoint may be taken
@@ -150,6 +154,7 @@ def train_step(session) -> StepMetrics:
         mfu=model_flops_utilisation(tflops, run_peak_tflops(cfg)),
         measured=is_measured(index, steps_in_process, exposed_comm=cfg.logging.exposed_comm),
         memory_gib=slowest.get("memory_gib"),
+        memory_reserved_gib=slowest.get("memory_reserved_gib"),
         stage_compute_s=slowest.get("stage_compute_s"),
     )
 
@@ -172,15 +177,21 @@ def slowest_rank_figures(session, profiler, step_time: float) -> dict:
         per_stage = [0.0] * stages
         per_stage[parallel_state.get_pipeline_model_parallel_rank()] = computed
         values += [exposed, step_time, *per_stage]
+    reserved = peak_reserved_gib() if memory else None
     if memory:
         values.append(peak_memory_gib())
+        if reserved is not None:
+            values.append(reserved)
     maxima = max_over_world(values) if values else []
     figures: dict = {"step_time_s": step_time}
     if profiler is not None:
         figures.update(exposed_comm_s=maxima[0], step_time_s=maxima[1],
                        stage_compute_s=maxima[2:2 + stages])
     if memory:
-        figures["memory_gib"] = maxima[-1]
+        if reserved is None:
+            figures["memory_gib"] = maxima[-1]
+        else:
+            figures["memory_gib"], figures["memory_reserved_gib"] = maxima[-2], maxima[-1]
     return figures
 
 

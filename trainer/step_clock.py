@@ -131,6 +131,14 @@ def stop_profiler(profiler) -> tuple[float, float]:
     return exposed_time(comm, compute), sum(end - start for start, end in union_of(compute))
 
 
+def peak_reserved_gib() -> float | None:
+    """What the caching allocator took from the device at most (allocated plus its cached,
+    fragmented blocks): the figure an out-of-memory compares with. None off GPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_reserved() / 2**30
+    return None
+
+
 def peak_memory_gib() -> float:
     """This rank's peak memory so far: device memory allocated on GPU (what the caching
     allocator handed out, as `torch.cuda.max_memory_allocated` counts it), else the process's

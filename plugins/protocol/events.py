@@ -46,6 +46,9 @@ class StepMetrics:
     # resident set on CPU ranks. Measured on logged steps only (else None): it costs a
     # collective.
     memory_gib: float | None = None
+    # On GPU also the caching allocator's peak reservation (allocated + cached blocks), the
+    # busiest rank's, on the same steps; None elsewhere.
+    memory_reserved_gib: float | None = None
     # Each pipeline stage's compute seconds (its busiest rank), from the profiled steps only
     # (else None): a stage that computes much longer than the others holds every step up.
     stage_compute_s: list[float] | None = None
