@@ -39,6 +39,7 @@ def large_run_base(model: ModelConfig, lr: float) -> RunConfig:
             train_iters=50_000,
             eval_interval=1000,
             eval_iters=10,
+            manual_gc_interval=100,
         ),
         optimizer=OptimizerConfig(
             lr=lr,

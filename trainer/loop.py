@@ -8,6 +8,8 @@ attaches through the session's `PluginSet`.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 
 import torch
@@ -99,8 +101,29 @@ def _evaluate(session: TrainingSession, history: RunHistory, reporter: RunReport
     session.plugins.after_eval(result)
 
 
+@contextlib.contextmanager
+def manual_gc(interval: int):
+    """With `train.manual_gc_interval` > 0: Python's automatic collection off for the loop
+    (after one full collection, as Megatron-LM does), and `collect(step)` collects every
+    `interval` steps, on every rank at the same step."""
+    if interval <= 0:
+        yield lambda step: None
+        return
+    gc.collect()
+    gc.disable()
+    try:
+        yield lambda step: gc.collect() if step % interval == 0 else None
+    finally:
+        gc.enable()
+
+
 def run_training(session: TrainingSession, reporter: RunReporter) -> RunHistory:
     """The step loop from the session's step to `train.train_iters`; returns its history."""
+    with manual_gc(session.cfg.train.manual_gc_interval) as collect:
+        return _train(session, reporter, collect)
+
+
+def _train(session: TrainingSession, reporter: RunReporter, collect) -> RunHistory:
     cfg, history = session.cfg, RunHistory()
     total = cfg.train.train_iters
     start = session.state.step
@@ -116,6 +139,7 @@ def run_training(session: TrainingSession, reporter: RunReporter) -> RunHistory:
         if cfg.train.exit_on_nonfinite:
             check_finite(session, metrics)
         history.record_step(metrics.loss, metrics.step_time_s, metrics.loss_tokens)
+        collect(metrics.step)
         session.plugins.after_step(metrics)  # plugins may add figures to metrics.extra
         reporter.step(metrics, total)
         if session.eval_steps > 0 and _due(metrics.step, cfg.train.eval_interval, total):

@@ -8,6 +8,7 @@ optional full checkpoint (run state included). Plugins attach only through the `
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from dataclasses import dataclass
@@ -161,8 +162,25 @@ def _wire_schedule_hooks(cfg: RunConfig, config, model: list, optimizer) -> None
         config.param_sync_func = _per_chunk([chunk.start_param_sync for chunk in model])
 
 
+@contextlib.contextmanager
+def patient_collectives(minutes: int, usual_minutes: int):
+    """The default group's collective timeout raised to `minutes` for a while: Megatron's
+    dataset builder and the pack indexes are built by rank 0 while the others wait in a
+    barrier (`datasets/blended_megatron_dataset_builder.py:398, 451, 542`), which a first
+    build of a large blend would otherwise time out."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    _set_pg_timeout(timedelta(minutes=minutes))
+    try:
+        yield
+    finally:
+        _set_pg_timeout(timedelta(minutes=usual_minutes))
+
+
 def _data(cfg: RunConfig, run_dir: Path) -> tuple[GlobalBatches, GlobalBatches, int]:
-    train_source, heldout_source = build_sources(cfg, run_dir)
+    t = cfg.train
+    with patient_collectives(t.data_setup_timeout_minutes, t.distributed_timeout_minutes):
+        train_source, heldout_source = build_sources(cfg, run_dir)
     dp_rank = parallel_state.get_data_parallel_rank()
     train = GlobalBatches(train_source, cfg, dp_rank)
     heldout = GlobalBatches(heldout_source, cfg, dp_rank)

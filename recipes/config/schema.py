@@ -108,6 +108,14 @@ class TrainConfig:
     # Collective timeout (Megatron-LM's --distributed-timeout-minutes): how long a rank waits
     # in a collective for a rank that died or hangs before it stops.
     distributed_timeout_minutes: int = 10
+    # The same, while the data's indexes are built (rank 0 builds them; the others wait in a
+    # barrier): a large blend's first index build takes longer than a collective should.
+    data_setup_timeout_minutes: int = 60
+    # Python's garbage collector off, run every N steps instead (Megatron-LM's --manual-gc
+    # --manual-gc-interval; Bridge's pretraining recipes use 100): an automatic collection
+    # lands at a random step on each rank and the others wait for it in the next collective.
+    # 0: automatic collection.
+    manual_gc_interval: int = 0
 
 
 @dataclass(kw_only=True)

@@ -110,6 +110,7 @@ def check_non_negative_counts(cfg: RunConfig) -> str | None:
         "train.eval_interval": cfg.train.eval_interval,
         "train.eval_iters": cfg.train.eval_iters,
         "checkpoint.save_interval": cfg.checkpoint.save_interval,
+        "train.manual_gc_interval": cfg.train.manual_gc_interval,
         "scheduler.warmup_iters": cfg.scheduler.warmup_iters,
         "optimizer.weight_decay": cfg.optimizer.weight_decay,
         "optimizer.clip_grad": cfg.optimizer.clip_grad,
@@ -486,10 +487,11 @@ def check_keep_last(cfg: RunConfig) -> str | None:
 def check_distributed_timeout(cfg: RunConfig) -> str | None:
     """A collective timeout of zero minutes or less would fail the first collective (or never
     time out); torch needs a positive one."""
-    minutes = cfg.train.distributed_timeout_minutes
-    if minutes <= 0:
-        return (f"train.distributed_timeout_minutes={minutes} must be at least 1 (minutes a rank "
-                "waits in a collective); set it, e.g. train.distributed_timeout_minutes=10")
+    for key, default in (("distributed_timeout_minutes", 10), ("data_setup_timeout_minutes", 60)):
+        minutes = getattr(cfg.train, key)
+        if minutes <= 0:
+            return (f"train.{key}={minutes} must be at least 1 (minutes a rank waits in a "
+                    f"collective); set it, e.g. train.{key}={default}")
     return None
 
 

@@ -35,6 +35,7 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["model.activation=relu"], "model.activation expects one of gelu, swiglu, squared_relu, "
      "got 'relu'"),
     (["model.normalization=rmsnorm"], "model.normalization expects one of LayerNorm, RMSNorm"),
+    (["train.manual_gc_interval=-1"], "train.manual_gc_interval=-1 must not be negative"),
     (["model.transformer_impl=te"], "model.transformer_impl expects one of auto, "
      "transformer_engine, local, got 'te'"),
     (["model.hidden_size=66"], "model.hidden_size=66 is not divisible by "

@@ -119,3 +119,50 @@ def test_swiglu_and_squared_relu_translate_to_megatron_activations():
     assert llama.gated_linear_unit and llama.activation_func is torch.nn.functional.silu
     assert not nemotron.gated_linear_unit and nemotron.activation_func is squared_relu
     assert llama.num_query_groups == 8 and llama.params_dtype == torch.bfloat16
+
+
+def test_manual_gc_collects_every_interval_with_automatic_collection_off():
+    import gc
+
+    from trainer.loop import manual_gc
+
+    collected = []
+    original = gc.collect
+    gc.collect = lambda *args: collected.append(args) or 0
+    try:
+        with manual_gc(3) as collect:
+            assert not gc.isenabled()
+            for step in range(1, 8):
+                collect(step)
+        assert gc.isenabled() and len(collected) == 1 + 2  # once on entry, steps 3 and 6
+        with manual_gc(0) as collect:
+            assert gc.isenabled()
+            collect(3)
+        assert len(collected) == 3
+    finally:
+        gc.collect = original
+
+
+def test_data_set_up_waits_longer_than_a_collective_then_the_usual_timeout_returns(tmp_path):
+    """The default group's timeout is the data-setup one while the indexes are built, the
+    collective one again afterwards (read back from the group itself)."""
+    from datetime import timedelta
+
+    import torch
+
+    from trainer.session import patient_collectives
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}",
+                                         rank=0, world_size=1,
+                                         timeout=timedelta(minutes=10))
+    try:
+        group = torch.distributed.distributed_c10d._get_default_group()
+
+        def timeout() -> timedelta:
+            return group._get_backend(torch.device("cpu")).options._timeout
+
+        with patient_collectives(60, 10):
+            assert timeout() == timedelta(minutes=60)
+        assert timeout() == timedelta(minutes=10)
+    finally:
+        torch.distributed.destroy_process_group()
