@@ -1,4 +1,4 @@
-"""GPU check of the precision presets: BF16 against FP8 current scaling, concatenated and packed.
+"""GPU check: the precision presets, packed THD on TE, speed and memory against the plan.
 
 usage: python scripts/gpu_check_precision.py [steps=50] [smoke_steps=10] [out=DIR] [install_te=true]
 
@@ -15,10 +15,18 @@ standard-library BPE data) through scripts/pretrain.py, the way a user would:
                               or is refused with the one line the machine check gives (MXFP8 on
                               compute capability < 10.0, blockwise on < 9.0)
 
+Each run also reports its model TFLOP/s per GPU and MFU against conf/cluster/h200_1x8.yaml's
+peak, and its peak allocated memory (torch.cuda.max_memory_allocated) against the planner's
+worst rank for the same config (goal within 10%); the BF16 runs must show every GPU fusion on
+(their `layers: Transformer Engine's; fusions on: ...` line). Without Transformer Engine it
+trains the BF16 model on Megatron's local layers (speed, MFU, memory against the plan) and says
+why the rest cannot run. `bash scripts/run_gpu_checks.sh` runs this and the tests/gpu tier.
+
 With two GPUs it also trains FP8 current scaling on TP2 + sequence parallel and compares it with
 the one-GPU FP8 run; with one GPU it lists what needs more. Where it cannot run at all (no GPU,
-torch without CUDA, no Transformer Engine, TE that does not import) it prints one line saying
-exactly why and exits 2; `install_te=true` first tries to install TE and reports why that failed.
+torch without CUDA; no or a broken Transformer Engine after the local-layer run) it prints one
+line saying exactly why and exits 2; `install_te=true` first tries to install TE and reports
+why that failed.
 Exit 0: everything this machine can check passed; 1: a run failed or FP8 drifted from BF16.
 """
 

@@ -141,6 +141,19 @@ def fusion_fields(cfg: RunConfig, transformer_engine: bool) -> dict:
     }
 
 
+FUSIONS = ("bias_activation_fusion", "bias_dropout_fusion", "apply_rope_fusion",
+           "masked_softmax_fusion", "persist_layer_norm", "cross_entropy_loss_fusion",
+           "gradient_accumulation_fusion")
+
+
+def fusions_line(config: TransformerConfig) -> str:
+    """Which GPU fusions a built config has on and off (printed once by a run on TE layers)."""
+    on = [name for name in FUSIONS if getattr(config, name)]
+    off = [name for name in FUSIONS if not getattr(config, name)]
+    return (f"layers: Transformer Engine's; fusions on: {', '.join(on) or 'none'}; off: "
+            f"{', '.join(off) or 'none'}")
+
+
 def build_transformer_config(
     cfg: RunConfig, *, cpu_initialization: bool, meta_device: bool = False,
     transformer_engine: bool = False,

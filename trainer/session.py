@@ -33,6 +33,7 @@ from trainer.mcore_translation import (
     build_ddp_config,
     build_optimizer_config,
     build_transformer_config,
+    fusions_line,
     initialize_parallel_state,
 )
 from trainer.model import (
@@ -192,9 +193,12 @@ def build_session(
     cfg: RunConfig, run_dir: Path, plugins: PluginSet, runtime: RuntimeContext
 ) -> TrainingSession:
     set_seeds(cfg.train.seed)
+    te = transformer_engine_in_use(cfg)
     config = build_transformer_config(cfg, cpu_initialization=runtime.cpu_initialization,
-                                      transformer_engine=transformer_engine_in_use(cfg))
+                                      transformer_engine=te)
     config = plugins.transformer_config(config)
+    if te and torch.distributed.get_rank() == 0:
+        print(fusions_line(config), flush=True)
     chunks = build_model_chunks(cfg, config, plugins)
     load = cfg.checkpoint.load
     if load is not None and cfg.checkpoint.load_model_only:

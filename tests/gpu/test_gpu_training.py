@@ -3,22 +3,37 @@ installed) and the CPU runtime stays off."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_tiny_run_trains_on_one_gpu(tmp_path):
-    result = subprocess.run(
+def _train(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, str(REPO / "scripts" / "pretrain.py"), "recipe=tiny_dp1",
          f"run_dir={tmp_path}", "train.train_iters=40", "train.eval_interval=20",
-         "scheduler.warmup_iters=5", "data.source=synthetic"],
+         "scheduler.warmup_iters=5", "data.source=synthetic", *overrides],
         capture_output=True, text=True, cwd=REPO, timeout=600,
     )
+
+
+@pytest.mark.parametrize("impl", ["local", "auto"])
+def test_tiny_run_trains_on_one_gpu(tmp_path, impl):
+    """Megatron's local layers when asked for; Transformer Engine's (the default on GPUs) with
+    its fusions when TE is installed, else refused before launch in one line."""
+    result = _train(tmp_path, f"model.transformer_impl={impl}")
+    if impl == "auto" and importlib.util.find_spec("transformer_engine") is None:
+        assert result.returncode == 2 and result.stderr.startswith(
+            "error: model.transformer_impl=auto builds Transformer Engine's layers on GPUs")
+        return
     assert result.returncode == 0, result.stderr[-3000:]
+    assert ("layers: Transformer Engine's; fusions on:" in result.stdout) == (impl == "auto")
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     summary = records[-1]
     assert summary["backend"] == "GPU (nccl)"

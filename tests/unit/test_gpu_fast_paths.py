@@ -16,11 +16,7 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.machine import MachineInfo, check_machine
 from recipes.config.overrides import apply_overrides
 from recipes.registry import RECIPES, get_recipe
-from trainer.mcore_translation import build_transformer_config
-
-FUSIONS = ("bias_activation_fusion", "bias_dropout_fusion", "apply_rope_fusion",
-           "masked_softmax_fusion", "persist_layer_norm", "cross_entropy_loss_fusion",
-           "gradient_accumulation_fusion")
+from trainer.mcore_translation import FUSIONS, build_transformer_config, fusions_line
 
 
 @pytest.fixture
@@ -41,6 +37,9 @@ def test_transformer_engine_layers_get_every_fusion_that_applies(name, te_kernel
     assert config.bias_dropout_fusion and config.masked_softmax_fusion
     assert config.persist_layer_norm and config.gradient_accumulation_fusion
     assert config.cross_entropy_loss_fusion and config.cross_entropy_fusion_impl == "native"
+    on = [f for f in FUSIONS if f != "bias_activation_fusion" or config.bias_activation_fusion]
+    assert fusions_line(config).startswith(f"layers: Transformer Engine's; fusions on: "
+                                           f"{', '.join(on)}; off: ")
 
 
 def test_squared_relu_recipes_are_the_ones_without_the_activation_fusion(te_kernels):

@@ -412,3 +412,23 @@ def test_skipped_steps_are_part_of_the_saved_run_state() -> None:
     assert RunState.from_common(state.common(), None).skipped_steps == 3
     older = {key: value for key, value in state.common().items() if key != "skipped_steps"}
     assert RunState.from_common(older, None).skipped_steps == 0  # checkpoints from before
+
+
+def test_gpu_check_compares_memory_with_the_plan_and_reads_the_runs_fusions() -> None:
+    check = _gpu_check()
+    run = check.RunResult("bf16", 0, losses=[3.0] * 12, tokens_per_s=[1e5] * 12,
+                          tflops=[400.0, 420.0, 410.0], mfu=[0.40, 0.42, 0.41],
+                          memory_gib=2.9, planned_gib=2.77,
+                          fusions="layers: Transformer Engine's; fusions on: "
+                                  "bias_activation_fusion, bias_dropout_fusion, "
+                                  "apply_rope_fusion, masked_softmax_fusion, persist_layer_norm, "
+                                  "cross_entropy_loss_fusion; off: gradient_accumulation_fusion")
+    line, ok = check.memory_check(run)
+    assert ok and "is x1.05 the plan's 2.77 GiB (goal within 10%: ok)" in line
+    assert not check.memory_check(check.RunResult("x", 0, memory_gib=3.2, planned_gib=2.77))[1]
+    assert check.fusion_check(run)[1]
+    missing = check.RunResult("y", 0, fusions=run.fusions.replace("apply_rope_fusion, ", ""))
+    line, ok = check.fusion_check(missing)
+    assert not ok and line.endswith("(MISSING apply_rope_fusion)")
+    assert "410.0 model TFLOP/s per GPU, MFU 41.0%, peak 2.90 GiB vs plan 2.77 GiB (x1.05)" in \
+        check.describe(run)

@@ -1,7 +1,10 @@
-"""The precision presets on a GPU: BF16 against FP8 current scaling, concatenated and packed
-THD rows, and a smoke run of every other preset, each through `scripts/pretrain.py` as a user
-would run it (`scripts/gpu_check_precision.py` is the usage). Where the machine cannot run it,
-one line says why and the exit code is 2.
+"""What only a GPU can check, each through `scripts/pretrain.py` as a user would run it
+(`scripts/gpu_check_precision.py` is the usage): BF16 against FP8 current scaling, concatenated
+and packed THD rows through Transformer Engine, a smoke run of every other preset; per run the
+model TFLOP/s and MFU against the cluster file's peak, the peak allocated memory against the
+plan's (goal within 10%), and the GPU fusions the run's layers have on. Without Transformer
+Engine it still runs what the local layers can (BF16: speed, MFU, memory against the plan) and
+says in one line why the rest cannot run (exit code 2), as it does without a GPU.
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ from recipes.config.machine import detect_machine
 REPO = Path(__file__).resolve().parents[2]
 EXIT_CANNOT_RUN = 2
 LOSS_TOLERANCE = 0.05  # FP8 may differ from BF16 by 5% of the loss (mean of the last 10 steps)
+MEMORY_TOLERANCE = 0.10  # peak allocated memory within 10% of the plan's worst rank
+CLUSTER = "conf/cluster/h200_1x8.yaml"  # the peak MFU is measured against
+# Fusions every run on TE's layers must have on (gradient accumulation fusion needs APEX).
+EXPECTED_FUSIONS = ("bias_activation_fusion", "bias_dropout_fusion", "apply_rope_fusion",
+                    "masked_softmax_fusion", "persist_layer_norm", "cross_entropy_loss_fusion")
 WARMUP_STEPS = 5  # first steps (TE kernel selection, allocator) left out of tokens/s
 MODEL = [
     "model.num_layers=8", "model.hidden_size=1024",
@@ -29,7 +37,9 @@ MODEL = [
     "precision.dtype=bf16", "train.global_batch_size=16", "scheduler.warmup_iters=5",
     "optimizer.lr=3e-4", "optimizer.min_lr=3e-5", "train.eval_interval=0", "train.eval_iters=0",
     "checkpoint.save=false", "logging.progress_bar=false", "logging.log_interval=10",
+    f"cluster.spec={CLUSTER}",
 ]
+LOCAL = ["model.transformer_impl=local"]
 CONCATENATED = ["train.micro_batch_size=4"]
 PACKED = ["data.documents=packed", "plugins.packing.enabled=true", "train.micro_batch_size=1"]
 FP8_CURRENT = ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise"]
@@ -59,6 +69,11 @@ class RunResult:
     tokens_per_s: list[float] = field(default_factory=list)
     skipped: int = 0
     message: str = ""  # the refusal line (exit 2) or the tail of a failure
+    tflops: list[float] = field(default_factory=list)  # model TFLOP/s per GPU, measured steps
+    mfu: list[float] = field(default_factory=list)
+    memory_gib: float | None = None  # the run's peak allocated memory (busiest rank)
+    planned_gib: float | None = None  # the plan's worst rank for the same config
+    fusions: str = ""  # the run's "layers: ..." line (TE layers only)
 
     @property
     def refused(self) -> bool:
@@ -70,6 +85,11 @@ class RunResult:
     def median_tokens_per_s(self) -> float:
         rates = self.tokens_per_s[WARMUP_STEPS:] or self.tokens_per_s
         return statistics.median(rates) if rates else 0.0
+
+    def memory_ratio(self) -> float | None:
+        if not self.memory_gib or not self.planned_gib:
+            return None
+        return self.memory_gib / self.planned_gib
 
 
 # ---- can this machine run the check at all? (one line each) ---------------------------------
@@ -161,11 +181,37 @@ def cannot_run(install_te: bool) -> str | None:
 # ---- the runs ---------------------------------------------------------------------------------
 
 
-def read_metrics(run_dir: Path) -> tuple[list[float], list[float], int]:
+def _train_records(run_dir: Path) -> list[dict]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if r["kind"] == "train"]
+    return [r for r in records if r["kind"] == "train"]
+
+
+def read_metrics(run_dir: Path) -> tuple[list[float], list[float], int]:
+    train = _train_records(run_dir)
     return ([r["loss"] for r in train], [r["tokens_per_s"] for r in train],
             sum(1 for r in train if r.get("skipped")))
+
+
+def speed_and_memory(run_dir: Path) -> dict:
+    """Model TFLOP/s and MFU of the measured steps, and the run's peak allocated memory."""
+    train = _train_records(run_dir)
+    measured = [r for r in train if r.get("measured", True)][WARMUP_STEPS:] or train
+    memory = [r["memory_gib"] for r in train if r.get("memory_gib") is not None]
+    return {"tflops": [r["model_tflops_per_gpu"] for r in measured],
+            "mfu": [r["mfu"] for r in measured if r.get("mfu") is not None],
+            "memory_gib": max(memory) if memory else None}
+
+
+def planned_peak_gib(overrides: list[str]) -> float:
+    """The planner's worst-rank peak for the run's own config on the check's cluster file."""
+    from recipes.plan.build import PlanOptions, make_plan
+    from recipes.plan.cluster import load_cluster
+    from recipes.resolve import resolve_config
+
+    cfg = resolve_config([*run_arguments(overrides), "train.train_iters=50"], check_paths=False)
+    attention = "explicit" if "model.transformer_impl=local" in overrides else "flash"
+    plan = make_plan(cfg, load_cluster(REPO / CLUSTER), PlanOptions(attention=attention))
+    return plan.worst.peak / 2**30
 
 
 def run_arguments(overrides: list[str]) -> list[str]:
@@ -180,6 +226,7 @@ def planned_runs() -> dict[str, list[str]]:
         "bf16_thd": PACKED, "fp8_current_thd": [*PACKED, *FP8_CURRENT],
         **{name: [*CONCATENATED, *overrides] for name, overrides in SMOKE.items()},
         "fp8_current_tp2_sp": [*CONCATENATED, *FP8_CURRENT, *TP2_SP],
+        "bf16_local": [*CONCATENATED, *LOCAL],
     }
 
 
@@ -196,7 +243,12 @@ def train(name: str, overrides: list[str], steps: int, out: Path) -> RunResult:
         message = lines[-1] if lines else result.stderr.strip()[-1500:]
         return RunResult(name, result.returncode, message=message)
     losses, rates, skipped = read_metrics(run_dir)
-    return RunResult(name, 0, losses, rates, skipped)
+    figures = speed_and_memory(run_dir)
+    fusions = next((line for line in result.stdout.splitlines()
+                    if line.startswith("layers: Transformer Engine's")), "")
+    return RunResult(name, 0, losses, rates, skipped, tflops=figures["tflops"],
+                     mfu=figures["mfu"], memory_gib=figures["memory_gib"],
+                     planned_gib=planned_peak_gib(overrides), fusions=fusions)
 
 
 def describe(run: RunResult) -> str:
@@ -205,8 +257,38 @@ def describe(run: RunResult) -> str:
     if run.returncode != 0:
         return f"{run.name:<24} FAILED (exit {run.returncode}): {run.message}"
     skipped = f", {run.skipped} skipped updates" if run.skipped else ""
+    speed = ""
+    if run.tflops:
+        mfu = f", MFU {statistics.median(run.mfu):.1%}" if run.mfu else ""
+        speed = f", {statistics.median(run.tflops):.1f} model TFLOP/s per GPU{mfu}"
+    ratio = run.memory_ratio()
+    memory = (f", peak {run.memory_gib:.2f} GiB vs plan {run.planned_gib:.2f} GiB "
+              f"(x{ratio:.2f})" if ratio else "")
     return (f"{run.name:<24} {len(run.losses)} steps, final loss {run.losses[-1]:.4f}, last-10 "
-            f"mean {run.tail_mean():.4f}, {run.median_tokens_per_s():,.0f} tokens/s{skipped}")
+            f"mean {run.tail_mean():.4f}, {run.median_tokens_per_s():,.0f} tokens/s"
+            f"{speed}{memory}{skipped}")
+
+
+def memory_check(run: RunResult) -> tuple[str, bool]:
+    """Whether the run's peak allocated memory is within MEMORY_TOLERANCE of the plan's."""
+    ratio = run.memory_ratio()
+    if ratio is None:
+        return f"{run.name}: memory not compared (no peak or no plan)", False
+    ok = abs(ratio - 1) <= MEMORY_TOLERANCE
+    return (f"{run.name}: peak allocated {run.memory_gib:.2f} GiB is x{ratio:.2f} the plan's "
+            f"{run.planned_gib:.2f} GiB (goal within {MEMORY_TOLERANCE:.0%}: "
+            f"{'ok' if ok else 'OFF'})"), ok
+
+
+def fusion_check(run: RunResult) -> tuple[str, bool]:
+    """Whether the run's TE layers had every expected fusion on (its own `layers:` line)."""
+    if not run.fusions:
+        return (f"{run.name}: no 'layers: Transformer Engine's' line: the run built no TE "
+                "layers"), False
+    on = run.fusions.split("fusions on: ", 1)[1].split(";", 1)[0].split(", ")
+    missing = [name for name in EXPECTED_FUSIONS if name not in on]
+    return (f"{run.name}: {run.fusions}" + (f" (MISSING {', '.join(missing)})" if missing else ""),
+            not missing)
 
 
 def compare(reference: RunResult, fp8: RunResult) -> tuple[str, bool]:
@@ -229,6 +311,10 @@ def main_runs(steps: int, out: Path) -> tuple[list[str], bool]:
             for name in ("bf16", "fp8_current", "bf16_thd", "fp8_current_thd")}
     lines = [describe(run) for run in runs.values()]
     ok = all(run.returncode == 0 for run in runs.values())
+    for check in (memory_check(runs["bf16"]), fusion_check(runs["bf16"]),
+                  fusion_check(runs["bf16_thd"])):
+        lines.append(check[0])
+        ok = ok and check[1]
     for reference, fp8 in (("bf16", "fp8_current"), ("bf16_thd", "fp8_current_thd")):
         line, close = compare(runs[reference], runs[fp8])
         lines.append(line)
@@ -258,13 +344,27 @@ def multi_gpu_runs(gpus: int, steps: int, out: Path, fp8_one_gpu: Path) -> tuple
     return [describe(tp2), line], tp2.returncode == 0 and close
 
 
+def local_layers_only(steps: int, out: Path, reason: str) -> int:
+    """Without Transformer Engine: what the local layers can show (BF16 speed, MFU, memory
+    against the plan), then the one line saying why FP8 and THD cannot run (exit 2)."""
+    print(f"GPU check with Megatron Core's local layers only ({reason})", flush=True)
+    run = train("bf16_local", planned_runs()["bf16_local"], steps, out)
+    line, ok = memory_check(run) if run.returncode == 0 else ("bf16_local did not train", False)
+    print("\n".join([describe(run), line]))
+    print(f"error: {reason}", file=sys.stderr)
+    return EXIT_CANNOT_RUN if ok else 1
+
+
 def run_gpu_check(steps: int, smoke: int, out_dir: str | None, install_te: bool) -> int:
     """The whole check; exit 0 when everything this machine can check passed, 1 when a run
     failed or FP8 drifted, 2 (one line) when the machine cannot run it at all."""
-    if reason := cannot_run(install_te):
-        print(f"error: {reason}", file=sys.stderr)
-        return EXIT_CANNOT_RUN
+    for problem in (gpu_problem, torch_cuda_problem):
+        if message := problem():
+            print(f"error: {message}", file=sys.stderr)
+            return EXIT_CANNOT_RUN
     out = Path(out_dir or tempfile.mkdtemp(prefix="gpu_check_precision-"))
+    if reason := transformer_engine_problem(install_te):
+        return local_layers_only(steps, out, reason)
     machine = detect_machine()
     print(f"precision GPU check: {machine.gpus} GPU(s), compute capability "
           f"{machine.compute_capability}, Transformer Engine {machine.transformer_engine}; "
