@@ -64,10 +64,12 @@ def max_over_world(values: list[float]) -> list[float]:
 
 
 def format_speed(metrics: StepMetrics) -> str:
-    """Model TFLOP/s per GPU and MFU ('MFU ?' when the run names no peak), and the busiest
-    rank's peak memory where the step measured it."""
-    mfu = "?" if metrics.mfu is None else f"{metrics.mfu:.1%}"
-    text = f"{metrics.model_tflops_per_gpu:.3g} TFLOP/s/GPU | MFU {mfu}"
+    """Model TFLOP/s per GPU, MFU where the run knows its peak (left out otherwise: a CPU run
+    or one without `cluster.spec` has no peak to divide by), and the busiest rank's peak memory
+    where the step measured it."""
+    text = f"{metrics.model_tflops_per_gpu:.3g} TFLOP/s/GPU"
+    if metrics.mfu is not None:
+        text += f" | MFU {metrics.mfu:.1%}"
     if metrics.memory_gib is not None:
         text += f" | peak mem {metrics.memory_gib:.2f} GiB"
         if metrics.memory_reserved_gib is not None:
