@@ -23,8 +23,10 @@ plain `checkpoint.load`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -174,21 +176,51 @@ def checkpoint_preflight(cfg: RunConfig) -> list[str]:
     return [] if cfg.checkpoint.load_model_only else resume_notes(cfg, step_dir, manifest)
 
 
+def _missing_parts(path: Path) -> list[Path]:
+    """The directories of `path` that do not exist yet, outermost first."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing[::-1]
+
+
+def try_create_directory(path: Path) -> OSError | None:
+    """Create `path` and a file in it, then remove what was made: the only test that answers
+    for root too (`os.access` says yes to root under /proc and on read-only mounts). Returns
+    the error that stopped it, or None."""
+    missing = _missing_parts(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as err:
+        return err
+    finally:
+        for made in reversed(missing):  # leave the file system as it was
+            with contextlib.suppress(OSError):
+                made.rmdir()
+    return None
+
+
 def directory_problem(key: str, value: str, fix: str) -> str | None:
-    """`value` is a directory, or can be created: its nearest existing parent is a writable
-    directory. `fix` ends the message (what to set instead)."""
-    path = Path(value)
+    """`value` is a directory this process can write, or one it can create: tried for real,
+    before any rank starts (and nothing is left behind). `fix` ends the message."""
+    path = Path(value).absolute()
     if path.exists() and not path.is_dir():
         return f"{key}={value} is a file, not a directory; {fix}"
-    existing = path.absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    missing = _missing_parts(path)
+    existing = missing[0].parent if missing else path
     if not existing.is_dir():
         return f"{key}={value} cannot be created: {existing} is a file; {fix}"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        where = "it" if existing == path.absolute() else f"its parent {existing}"
-        return f"{key}={value} cannot be written ({where} is not writable by this user); {fix}"
-    return None
+    err = try_create_directory(path)
+    if err is None:
+        return None
+    where = "it" if not missing else f"under {existing}"
+    verb = "written" if not missing else "created"
+    reason = err.strerror or type(err).__name__
+    return f"{key}={value} cannot be {verb} ({where}: {reason}); {fix}"
 
 
 def check_output_dir(cfg: RunConfig) -> str | None:

@@ -344,16 +344,37 @@ def test_bad_input_is_one_line_naming_the_fix(argv, expected, paths_dir) -> None
 
 
 def test_output_dir_that_cannot_be_written_is_named(tmp_path, monkeypatch) -> None:
-    # Root may write anywhere, so the permission answer is stubbed rather than chmod-ed.
-    monkeypatch.setattr("recipes.config.path_rules.os.access", lambda path, mode: False)
+    # Root may write anywhere a mode bit forbids, so the refusal of the probe file is stubbed.
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("recipes.config.path_rules.tempfile.mkstemp", refuse)
     cfg = get_recipe("tiny_dp1")
     cfg.output_dir = str(tmp_path / "new" / "runs")
     message = check_output_dir(cfg)
     assert message == (
-        f"output_dir={tmp_path}/new/runs cannot be written (its parent {tmp_path} is not "
-        f"writable by this user); set output_dir to a writable directory, e.g. "
-        f"output_dir={Path.home() / 'runs'}"
+        f"output_dir={tmp_path}/new/runs cannot be created (under {tmp_path}: Permission "
+        f"denied); set output_dir to a writable directory, e.g. output_dir={Path.home() / 'runs'}"
     )
+    assert not (tmp_path / "new").exists()  # the attempt leaves nothing behind
+    cfg.output_dir = str(tmp_path)
+    assert check_output_dir(cfg).startswith(f"output_dir={tmp_path} cannot be written (it: ")
+
+
+@pytest.mark.parametrize("key", ["output_dir", "run_dir"])
+def test_directory_under_proc_is_refused_by_trying_to_create_it(key) -> None:
+    # os.access says root may write /proc; creating /proc/nope fails, and that is the answer.
+    assert os.access("/proc", os.W_OK) or os.geteuid() != 0
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(["recipe=tiny_dp1", f"{key}=/proc/nope"])
+    assert str(caught.value).startswith(f"{key}=/proc/nope cannot be created (under /proc: ")
+
+
+def test_directory_that_can_be_created_is_left_as_it_was(tmp_path) -> None:
+    cfg = get_recipe("tiny_dp1")
+    cfg.output_dir = str(tmp_path / "a" / "b")
+    assert check_output_dir(cfg) is None
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(

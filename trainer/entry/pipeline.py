@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugins.protocol.errors import EXIT_NONFINITE, UserError
+from plugins.protocol.errors import EXIT_NONFINITE, ConfigError, UserError
 from recipes.config.io import CONFIG_FILENAME, save_config
 from recipes.config.machine import check_machine, detect_machine
 from recipes.config.path_rules import checkpoint_preflight, validate_paths
@@ -163,7 +163,11 @@ def prepare_run_dir(cfg: RunConfig) -> tuple[RunConfig, Path]:
     new directory; the ranks of this run get the directory as an explicit override.
     """
     run_dir = choose_run_dir(cfg).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # checked before launch; a rank of an outside launch meets it here
+        raise ConfigError(f"the run directory {run_dir} cannot be created ({err.strerror}); "
+                          "set output_dir or run_dir to a writable directory") from None
     if os.environ.get("RANK", "0") == "0":
         save_config(dataclasses.replace(cfg, run_dir=None), run_dir / CONFIG_FILENAME)
     return dataclasses.replace(cfg, run_dir=str(run_dir)), run_dir
