@@ -124,6 +124,17 @@ def transformer_engine_version() -> str | None:
     return "unknown" if importlib.util.find_spec("transformer_engine") else None
 
 
+def host_memory_bytes(cgroup_limit: Path = Path("/sys/fs/cgroup/memory.max")) -> int:
+    """This machine's memory as a process here may use it: physical RAM, or the cgroup's
+    limit when a container sets a lower one (what CPU ranks are planned against)."""
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        limit = cgroup_limit.read_text().strip()
+    except OSError:
+        return physical
+    return min(physical, int(limit)) if limit.isdigit() else physical
+
+
 def detect_machine(environ: Mapping[str, str] | None = None) -> MachineInfo:
     """GPUs visible here, the launcher's world size and, with GPUs, their compute capability
     and Transformer Engine (no torch import)."""

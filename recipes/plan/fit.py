@@ -10,6 +10,7 @@ their peak. `check_fits` is what `pretrain.py` calls before launch.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -103,14 +104,28 @@ def top_contributors(plan: Plan, n: int = 3) -> list[tuple[str, float]]:
     return plan.worst.contributors()[:n]
 
 
-def summary_line(plan: Plan) -> str:
-    """One line for the start of a run: layout, worst rank against memory, bubble, batch."""
+def cpu_rank_cluster(cfg: Any, host_bytes: int) -> tuple[ClusterSpec, str]:
+    """The recipe's cluster with each rank given its share of this machine's memory (CPU ranks
+    are processes on one host, not GPUs of `cluster.gpu_memory_gib`), and the words that say so."""
+    ranks = min(cfg.layout.world_size, cfg.layout.gpus_per_node)
+    cluster = dataclasses.replace(recipe_cluster(cfg), gpu_memory_gb=host_bytes / ranks / GB,
+                                  host_memory_gb=host_bytes / GB)
+    return cluster, f"this machine's memory per CPU rank: {host_bytes / GB:.1f} GB / {ranks}"
+
+
+def _memory_text(plan: Plan, memory_of: str | None) -> str:
+    return f"{plan.cluster.gpu_memory_gb:.1f} GB" + (f" ({memory_of})" if memory_of else "")
+
+
+def summary_line(plan: Plan, memory_of: str | None = None) -> str:
+    """One line for the start of a run: layout, worst rank against memory (a GPU's, or what
+    `memory_of` names), bubble, batch."""
     w, b = plan.worst, plan.batch
     verdict = "fits" if plan.fits else "DOES NOT FIT"
     return (
         f"plan: {plan.cfg.layout.describe()} on {plan.cfg.layout.nodes} x "
         f"{plan.cfg.layout.gpus_per_node}; worst rank (stage {w.stage}) {size_text(w.peak)} of "
-        f"{plan.cluster.gpu_memory_gb:.1f} GB, {verdict} (model state "
+        f"{_memory_text(plan, memory_of)}, {verdict} (model state "
         f"{size_text(w.state.total)}, activations {size_text(w.activations.total)}); bubble "
         f"{(plan.bubble_interleaved or plan.bubble_1f1b).fraction_of_step:.1%}; global batch "
         f"{b.global_batch} ({b.tokens_per_step:,} tokens); a save holds "
@@ -132,15 +147,16 @@ def local_attention_note(cfg: Any) -> str:
             "install the gpu extra for it)")
 
 
-def refusal(plan: Plan) -> str:
+def refusal(plan: Plan, memory_of: str | None = None) -> str:
     """The one-line reason a layout cannot run, naming its biggest contributors and a fix."""
     w = plan.worst
     parts = ", ".join(f"{name} {size / GB:.1f} GB" for name, size in top_contributors(plan))
     fixes = [s.change for s in suggestions(plan) if s.fits][:2]
     hint = f"try {' or '.join(fixes)}" if fixes else "more TP/PP or fewer tokens per micro-batch"
-    return (f"the layout needs {w.peak / GB:.1f} GB on a rank of pipeline stage {w.stage} but a "
-            f"GPU has {plan.cluster.gpu_memory_gb:.1f} GB (cluster.gpu_memory_gib); largest: "
-            f"{parts}; {hint} (scripts/plan.py shows the whole plan)")
+    holder = (f"a rank has {_memory_text(plan, memory_of)}" if memory_of else
+              f"a GPU has {plan.cluster.gpu_memory_gb:.1f} GB (cluster.gpu_memory_gib)")
+    return (f"the layout needs {w.peak / GB:.1f} GB on a rank of pipeline stage {w.stage} but "
+            f"{holder}; largest: {parts}; {hint} (scripts/plan.py shows the whole plan)")
 
 
 def save_refusal(plan: Plan) -> str:
@@ -156,7 +172,8 @@ def save_refusal(plan: Plan) -> str:
             f"{plan.cluster.name}); {fix}")
 
 
-def check_fits(cfg: Any, cluster: ClusterSpec | None = None, attention: str | None = None) -> Plan:
+def check_fits(cfg: Any, cluster: ClusterSpec | None = None, attention: str | None = None,
+               memory_of: str | None = None) -> Plan:
     """Plan the run on its own cluster section; raise ConfigError if the worst rank cannot fit,
     or if a checkpoint save cannot fit a node's CPU memory (where the cluster file says it).
 
@@ -166,7 +183,7 @@ def check_fits(cfg: Any, cluster: ClusterSpec | None = None, attention: str | No
     options = PlanOptions(listed_groups=0, attention=attention)
     plan = make_plan(cfg, cluster or recipe_cluster(cfg), options)
     if not plan.fits:
-        raise ConfigError(refusal(plan))
+        raise ConfigError(refusal(plan, memory_of))
     if cfg.checkpoint.save and not plan.save_fits_host:
         raise ConfigError(save_refusal(plan))
     return plan

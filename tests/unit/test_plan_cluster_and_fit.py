@@ -122,3 +122,28 @@ def test_a_save_that_cannot_fit_host_memory_is_refused_with_the_fix(tmp_path: Pa
                             "may then change DP only), or raise TP x PP")
     cfg.checkpoint.save = False
     check_fits(cfg, load_cluster(small))  # a run that never saves is not refused for it
+
+
+def test_cpu_ranks_are_planned_against_this_machines_memory_per_rank():
+    from recipes.plan.fit import cpu_rank_cluster
+
+    cfg = get_recipe("tiny_tp2_pp2")  # 4 ranks on one node
+    cluster, memory_of = cpu_rank_cluster(cfg, host_bytes=24 * 10**9)
+    plan = check_fits(cfg, cluster, attention="explicit", memory_of=memory_of)
+    line = summary_line(plan, memory_of)
+    assert "of 6.0 GB (this machine's memory per CPU rank: 24.0 GB / 4), fits" in line
+    assert "85.9" not in line  # not an H100's memory
+    with pytest.raises(ConfigError) as error:  # too little memory is a refusal naming it
+        check_fits(cfg, cpu_rank_cluster(cfg, 10**6)[0], memory_of="this machine's memory")
+    assert "but a rank has 0.0 GB (this machine's memory)" in str(error.value)
+
+
+def test_host_memory_is_the_lower_of_ram_and_the_cgroup_limit(tmp_path):
+    from recipes.config.machine import host_memory_bytes
+
+    physical = host_memory_bytes(tmp_path / "absent")
+    assert physical > 10**8
+    (tmp_path / "memory.max").write_text("max\n")
+    assert host_memory_bytes(tmp_path / "memory.max") == physical
+    (tmp_path / "memory.max").write_text("1000000\n")
+    assert host_memory_bytes(tmp_path / "memory.max") == 10**6

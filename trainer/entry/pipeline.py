@@ -133,15 +133,19 @@ def start_local_ranks(cfg: RunConfig, run_dir: Path, args: Arguments, on_gpu: bo
 
 def preflight(cfg: RunConfig, machine) -> None:
     """Once per run: the plan's summary, or a one-line refusal of a layout that cannot fit
-    (recipes/plan/fit.py); then the loaded checkpoint's checks, and what a resume continues
-    from and changes."""
+    (recipes/plan/fit.py; CPU ranks against their share of this machine's memory); then the
+    loaded checkpoint's checks, and what a resume continues from and changes."""
+    from recipes.config.machine import host_memory_bytes
     from recipes.config.schema import uses_transformer_engine
-    from recipes.plan.fit import check_fits, local_attention_note, summary_line
+    from recipes.plan.fit import check_fits, cpu_rank_cluster, local_attention_note, summary_line
 
     on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
     local_on_gpu = not on_cpu and not uses_transformer_engine(cfg.model.transformer_impl, True)
     explicit = on_cpu or local_on_gpu  # the local attention keeps the n x n scores
-    print(summary_line(check_fits(cfg, attention="explicit" if explicit else None)), flush=True)
+    cluster, memory_of = cpu_rank_cluster(cfg, host_memory_bytes()) if on_cpu else (None, None)
+    plan = check_fits(cfg, cluster, attention="explicit" if explicit else None,
+                      memory_of=memory_of)
+    print(summary_line(plan, memory_of), flush=True)
     if local_on_gpu:
         print(local_attention_note(cfg), flush=True)
     for line in checkpoint_preflight(cfg):
