@@ -23,6 +23,7 @@ from recipes.plan.memory import (
 from recipes.plan.params import ParamCount, model_parameters, stage_layer_counts, stage_params
 from recipes.plan.placement import GroupSummary, drawing, group_summaries
 from recipes.plan.schedule import Bubble, bubble, in_flight_1f1b, in_flight_all_forward
+from recipes.plan.spanning import spanning_warnings
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class Plan:
     in_flight: dict[str, int]
     batch: BatchPlan
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # TP/CP groups across nodes (spanning.py)
 
     @property
     def worst(self) -> StagePlan:
@@ -134,10 +136,11 @@ def make_plan(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None
     layout = cfg.layout
     parameters = model_parameters(cfg)
     m, pp, vpp = layout.microbatches, layout.pipeline, layout.virtual_stages
+    stages = stage_plans(cfg, cluster, options)
     return Plan(
         cfg=cfg, cluster=cluster, options=options, sharding=sharding_of(cfg, options.sharding),
         attention=options.attention or cluster.attention, parameters=parameters,
-        stages=stage_plans(cfg, cluster, options),
+        stages=stages,
         groups=group_summaries(layout, options.listed_groups,
                               moe=bool(cfg.model.num_moe_experts)), drawing=drawing(layout),
         bubble_1f1b=bubble(pp, 1, m),
@@ -147,4 +150,5 @@ def make_plan(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None
         batch=batch_plan(cfg, _peak_tflops(cfg, cluster), options.mfu,
                          options.token_budget),
         notes=_notes(cfg, cluster),
+        warnings=spanning_warnings(cfg, cluster, [s.traffic for s in stages]),
     )

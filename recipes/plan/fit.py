@@ -133,6 +133,12 @@ def summary_line(plan: Plan, memory_of: str | None = None) -> str:
     )
 
 
+def layout_warnings(cfg: Any, cluster: ClusterSpec | None = None) -> list[str]:
+    """The layout's warnings (TP or CP groups across nodes, recipes/plan/spanning.py) on
+    `cluster` (default: the recipe's own nodes on the H100 file's network)."""
+    return make_plan(cfg, cluster or recipe_cluster(cfg), PlanOptions(listed_groups=0)).warnings
+
+
 def local_attention_note(cfg: Any) -> str:
     """What the local layers cost on GPUs: their attention keeps the whole score matrix."""
     from recipes.plan.activations import score_bytes

@@ -117,8 +117,9 @@ def text_report(plan: Plan) -> str:
             f"{cfg.layout.nodes:,} x {cfg.layout.gpus_per_node} ({c.name}), "
             f"{plan.parameters:,} parameters, {cfg.precision.dtype}, sharding {plan.sharding}, "
             f"{plan.attention} attention, recompute {cfg.train.recompute}"]
-    parts = [head, plan.notes, _fit_lines(plan), _stage_rows(plan), _placement_lines(plan),
-             _traffic_lines(plan.worst), _schedule_lines(plan), [summary_line(plan)]]
+    parts = [head, plan.warnings, plan.notes, _fit_lines(plan), _stage_rows(plan),
+             _placement_lines(plan), _traffic_lines(plan.worst), _schedule_lines(plan),
+             [summary_line(plan)]]
     return "\n".join(line for part in parts for line in part)
 
 
@@ -152,4 +153,5 @@ def json_report(plan: Plan) -> dict[str, Any]:
                    if plan.bubble_interleaved else None},
         "in_flight_stage0": plan.in_flight, "batch": dataclasses.asdict(plan.batch),
         "notes": plan.notes,
+        "warnings": plan.warnings,
     }

@@ -146,6 +146,8 @@ def preflight(cfg: RunConfig, machine) -> None:
     plan = check_fits(cfg, cluster, attention="explicit" if explicit else None,
                       memory_of=memory_of)
     print(summary_line(plan, memory_of), flush=True)
+    for line in plan.warnings:  # TP or CP groups across nodes
+        print(line, flush=True)
     if local_on_gpu:
         print(local_attention_note(cfg), flush=True)
     for line in checkpoint_preflight(cfg):

@@ -104,7 +104,8 @@ def plan_launch(args: LaunchArgs) -> LaunchPlan:
     """Resolve and validate the recipe, then place its ranks on the cluster's nodes. Paths are
     checked here; `checkpoint.resume` is left for the job to resolve when it (re)starts."""
     from recipes.config.path_rules import validate_paths
-    from recipes.plan.cluster import apply_cluster, load_cluster
+    from recipes.plan.cluster import apply_cluster, load_cluster, recipe_cluster
+    from recipes.plan.fit import layout_warnings
     from recipes.resolve import resolve_config
     from trainer.throughput import RUN_RULES
 
@@ -125,6 +126,8 @@ def plan_launch(args: LaunchArgs) -> LaunchPlan:
         raise ConfigError(
             f"executor=local runs on this machine only, but {cfg.name} needs {nodes} nodes on "
             f"cluster={args.cluster}; use executor=slurm")
+    for line in layout_warnings(cfg, recipe_cluster(cfg, network_of=cluster)):
+        print(line, flush=True)  # TP or CP groups across this cluster's nodes
     placed = [f"cluster.nodes={nodes}", f"cluster.gpus_per_node={gpus}"]
     placed.append(f"cluster.spec={_job_path(args.cluster)}")  # peak FLOP/s for MFU
     return LaunchPlan(cfg, nodes, gpus, [*args.rest, *placed])

@@ -201,8 +201,11 @@ def print_report(cfg: RunConfig, shards: list[ShardReport], seconds: float, cons
 
 
 def run_dry_run(cfg: RunConfig, console: Console | None = None) -> list[ShardReport]:
+    from recipes.plan.fit import layout_warnings
     from trainer.metrics import make_console
 
+    for line in layout_warnings(cfg):  # before the build: a wrong layout is said first
+        print(line, flush=True)
     start = time.perf_counter()
     shards = collect_shards(cfg)
     print_report(cfg, shards, time.perf_counter() - start, console or make_console())
