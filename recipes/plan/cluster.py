@@ -2,7 +2,10 @@
 
 A cluster file says what the planner cannot know from a recipe: GPUs per node, memory per GPU,
 bandwidth inside a node and between nodes (per GPU, one direction), and peak dense TFLOP/s by
-precision. It is read here, without torch, and every mistake is one line naming the key.
+precision; optionally what a Slurm job asks for besides (`device: cpu` for nodes without GPUs,
+whose ranks are processes; `cpus_per_task` or `exclusive`, so a node's ranks are not all
+pinned to the one CPU Slurm gives a task by default). It is read here, without torch, and
+every mistake is one line naming the key.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ class ClusterSpec:
     attention: str  # 'flash' (scores never stored) or 'explicit' (n x n scores kept)
     peak_tflops: dict[str, float]  # dense, per GPU, by precision
     host_memory_gb: float | None = None  # CPU memory of one node (None: not checked)
+    device: str = "gpu"  # what a rank runs on: 'gpu', or 'cpu' (no GPU request on Slurm)
+    cpus_per_task: int | None = None  # CPUs Slurm gives each node's torchrun (None: its default)
+    exclusive: bool = False  # ask Slurm for whole nodes
 
     @property
     def gpu_memory_bytes(self) -> float:
@@ -40,11 +46,12 @@ class ClusterSpec:
 
 _NUMBERS = ("nodes", "gpus_per_node", "gpu_memory_gb", "intra_node_gb_per_s",
             "inter_node_gb_per_s")
-OPTIONAL = ("host_memory_gb",)
+OPTIONAL = ("host_memory_gb", "device", "cpus_per_task", "exclusive")
+DEVICES = ("gpu", "cpu")
 
 
 def _check_number(path: str, key: str, value: Any) -> None:
-    integral = key in ("nodes", "gpus_per_node")
+    integral = key in ("nodes", "gpus_per_node", "cpus_per_task")
     ok = isinstance(value, int) if integral else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok or value <= 0:
         kind = "a positive whole number" if integral else "a positive number"
@@ -86,8 +93,13 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping of keys to values (see conf/cluster/)")
     _check_keys(str(path), data)
-    for key in _NUMBERS + tuple(k for k in OPTIONAL if k in data):
-        _check_number(str(path), key, data[key])
+    for key in (*_NUMBERS, "host_memory_gb", "cpus_per_task"):
+        if key in data:
+            _check_number(str(path), key, data[key])
+    if data.get("device", "gpu") not in DEVICES:
+        raise ConfigError(f"{path}: device={data['device']!r} must be gpu or cpu")
+    if not isinstance(data.get("exclusive", False), bool):
+        raise ConfigError(f"{path}: exclusive={data['exclusive']!r} must be true or false")
     if data["attention"] not in ("flash", "explicit"):
         raise ConfigError(f"{path}: attention={data['attention']!r} must be flash or explicit")
     return ClusterSpec(**{**data, "name": str(data["name"]),

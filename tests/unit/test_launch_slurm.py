@@ -214,3 +214,42 @@ def test_launch_script_mistake_is_one_line_exit_2():
         capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert result.stderr.startswith("error: llama3_8b_tp8_pp4_dp2 needs 8 nodes")
+
+
+CPU_SLURM = str(REPO / "conf" / "cluster" / "cpu_slurm_2x2.yaml")
+
+
+def test_a_cpu_cluster_asks_no_gpus_and_gives_each_torchrun_its_cpus(capsys, tmp_path):
+    script = render(capsys, tmp_path, "recipe=tiny_tp2_pp2", SYNTHETIC, f"cluster={CPU_SLURM}")
+    assert "--gpus-per-node" not in script and "gres" not in script
+    assert "#SBATCH --nodes=2\n" in script and "#SBATCH --cpus-per-task=2\n" in script
+    assert "--nnodes 2 --nproc-per-node 2" in script
+    assert "plugins.cpu_runtime.enabled=on" in pretrain_args(script)  # ranks are processes
+    exclusive = tmp_path / "exclusive.yaml"
+    exclusive.write_text(Path(CPU_SLURM).read_text().replace("cpus_per_task: 2",
+                                                             "exclusive: true"))
+    script = render(capsys, tmp_path, "recipe=tiny_tp2_pp2", SYNTHETIC, f"cluster={exclusive}")
+    assert "#SBATCH --exclusive\n" in script and "--cpus-per-task" not in script
+
+
+def test_nemo_runs_experiment_and_the_tunnel_share_one_directory(tmp_path):
+    pytest.importorskip("nemo_run")
+    from trainer.launch.cluster import build_task
+
+    args = parse_launch_args(["recipe=tiny_dp2", f"cluster={CPU_SLURM}", f"job_dir={tmp_path}"])
+    executor, _ = build_task(plan_launch(args), args)
+    assert executor.tunnel.job_dir == str(tmp_path / "experiments")  # NeMo-Run's layout
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ("device: cpu", "device: tpu", "device='tpu' must be gpu or cpu"),
+    ("cpus_per_task: 2", "cpus_per_task: 0", "cpus_per_task=0 must be a positive whole number"),
+    ("cpus_per_task: 2", "exclusive: maybe", "exclusive='maybe' must be true or false"),
+])
+def test_cluster_file_slurm_keys_are_checked(tmp_path, old, new, message):
+    from recipes.plan.cluster import load_cluster
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(Path(CPU_SLURM).read_text().replace(old, new))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_cluster(bad)

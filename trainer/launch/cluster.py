@@ -23,8 +23,10 @@ torchrun agent (a torchrun-compatible wrapper that names rendezvous timeouts and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
+import io
 import os
 import sys
 import zlib
@@ -34,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from plugins.protocol.errors import ConfigError
+from plugins.protocol.errors import ConfigError, UserError
 from trainer.launch.environment import gpu_environment, shell_exports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,6 +100,7 @@ class LaunchPlan:
     gpus_per_node: int
     script_args: list[str]
     rdzv_port: int | None = None  # set for Slurm by `pin_slurm_run`
+    cluster: Any = None  # the cluster file's ClusterSpec (device, cpus_per_task, exclusive)
 
 
 def plan_launch(args: LaunchArgs) -> LaunchPlan:
@@ -130,7 +133,10 @@ def plan_launch(args: LaunchArgs) -> LaunchPlan:
         print(line, flush=True)  # TP or CP groups across this cluster's nodes
     placed = [f"cluster.nodes={nodes}", f"cluster.gpus_per_node={gpus}"]
     placed.append(f"cluster.spec={_job_path(args.cluster)}")  # peak FLOP/s for MFU
-    return LaunchPlan(cfg, nodes, gpus, [*args.rest, *placed])
+    if cluster.device == "cpu" and not any(
+            arg.startswith("plugins.cpu_runtime.enabled=") for arg in args.rest):
+        placed.append("plugins.cpu_runtime.enabled=on")  # CPU nodes: ranks are processes
+    return LaunchPlan(cfg, nodes, gpus, [*args.rest, *placed], cluster=cluster)
 
 
 def _require_nemo_run() -> None:
@@ -220,13 +226,19 @@ def slurm_executor(plan: LaunchPlan, args: LaunchArgs) -> Any:
     """NeMo-Run's Slurm executor: one torchrun per node, this checkout as the job's code."""
     import nemo_run as run
 
-    text = args.text
+    text, cluster = args.text, plan.cluster
+    on_cpu = cluster is not None and cluster.device == "cpu"
     executor = run.SlurmExecutor(
         account=text.get("account"), partition=text.get("partition"),
         time=text.get("time", "04:00:00"), nodes=plan.nodes,
-        ntasks_per_node=plan.gpus_per_node, gpus_per_node=plan.gpus_per_node,
+        ntasks_per_node=plan.gpus_per_node,
+        gpus_per_node=None if on_cpu else plan.gpus_per_node,  # no GPU request on CPU nodes
+        cpus_per_task=cluster.cpus_per_task if cluster else None,
+        exclusive=True if cluster is not None and cluster.exclusive else None,
         container_image=text.get("container_image"),
-        tunnel=run.LocalTunnel(job_dir=str(Path(job_dir(args)) / "jobs")),
+        # Where NeMo-Run lays the experiment out (Experiment(base_dir=job_dir)): the packager
+        # links the code into <job_dir>/experiments/<name>/<id>/, so the tunnel must agree.
+        tunnel=run.LocalTunnel(job_dir=str(Path(job_dir(args)) / "experiments")),
         job_name_prefix="mcore-",
         # The checkout is on the cluster's shared file system: link it, do not archive it.
         packager=run.GitArchivePackager(symlink_from_remote_dir=str(REPO)),
@@ -294,15 +306,44 @@ def run_launch(args: LaunchArgs) -> int:
     if args.executor == "slurm":
         plan = pin_slurm_run(plan, args, experiment_name)
     executor, task = build_task(plan, args)
+    if args.executor == "slurm" and not args.dry_run:
+        return submit_slurm(experiment_name, executor, task, job_dir(args))
     with run.Experiment(experiment_name, executor=executor, log_level="WARN",
                         base_dir=job_dir(args)) as experiment:
         experiment.add(task, name="pretrain")
         if args.dry_run:
             print(rendered_script(experiment))
             return 0
-        experiment.run(detach=args.executor == "slurm")
-    if args.executor == "local":  # ran here and waited: pass its outcome on
-        state = str(experiment.jobs[0].state)
-        print(f"pretrain under NeMo-Run's local executor: {state}", flush=True)
-        return 0 if state.endswith("SUCCEEDED") else 1
+        experiment.run(detach=False)
+    state = str(experiment.jobs[0].state)  # ran here and waited: pass its outcome on
+    print(f"pretrain under NeMo-Run's local executor: {state}", flush=True)
+    return 0 if state.endswith("SUCCEEDED") else 1
+
+
+def submit_slurm(name: str, executor: Any, task: Any, base_dir: str) -> int:
+    """Submit through NeMo-Run and say which job it is and its state. A refused sbatch is one
+    line with Slurm's own reason (NeMo-Run's report of it and its traceback are held back)."""
+    import nemo_run as run
+
+    from trainer.launch.slurm_jobs import job_id_of, job_state, sbatch_message
+
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(held), contextlib.redirect_stderr(held), \
+                run.Experiment(name, executor=executor, log_level="WARN",
+                               base_dir=base_dir) as experiment:
+            experiment.add(task, name="pretrain")
+            experiment.run(detach=True)
+    except Exception as error:
+        reason = sbatch_message(error)
+        if reason is None:
+            sys.stdout.write(held.getvalue())
+            raise
+        raise UserError(f"sbatch refused the job: {reason} (Slurm's words; check partition=, "
+                        "account=, time= and the cluster file against sinfo)") from None
+    sys.stdout.write(held.getvalue())
+    job = job_id_of(experiment.jobs[0].handle)
+    state, source = job_state(job)
+    print(f"submitted Slurm job {job}: {state} (from {source}); its log is in "
+          f"{experiment.jobs[0].executor.job_dir}", flush=True)
     return 0
