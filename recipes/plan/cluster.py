@@ -32,6 +32,10 @@ class ClusterSpec:
     attention: str  # 'flash' (scores never stored) or 'explicit' (n x n scores kept)
     peak_tflops: dict[str, float]  # dense, per GPU, by precision
     host_memory_gb: float | None = None  # CPU memory of one node (None: not checked)
+    # The layout search's GEMM model (recipes/plan/steptime.py; None: its defaults): the share
+    # of peak a large GEMM reaches, and the dimension at which a GEMM's throughput halves.
+    gemm_peak_fraction: float | None = None
+    gemm_half_dim: float | None = None
 
     @property
     def gpu_memory_bytes(self) -> float:
@@ -40,7 +44,7 @@ class ClusterSpec:
 
 _NUMBERS = ("nodes", "gpus_per_node", "gpu_memory_gb", "intra_node_gb_per_s",
             "inter_node_gb_per_s")
-OPTIONAL = ("host_memory_gb",)
+OPTIONAL = ("host_memory_gb", "gemm_peak_fraction", "gemm_half_dim")
 
 
 def _check_number(path: str, key: str, value: Any) -> None:

@@ -79,11 +79,18 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
     from recipes.resolve import resolve_config
 
     start = time.perf_counter()
-    cfg = resolve_config(rest, check_paths=False)
+    if options.get("search"):
+        from recipes.resolve import build_config
+
+        cfg = build_config(rest)
+    else:
+        cfg = resolve_config(rest, check_paths=False)
     cluster_file = options.get("cluster")
     cluster = load_cluster(cluster_file) if cluster_file else recipe_cluster(cfg)
     if cluster_file:
         cfg = apply_cluster(cfg, cluster)
+    if options.get("search"):
+        return run_search(cfg, cluster, options, as_json=as_json)
     plan = make_plan(cfg, cluster, plan_options(options))
     verify = bool(options.get("verify"))
     if as_json:
@@ -98,4 +105,39 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
     if verify:
         print("\n".join(_verify(plan, build_shards)))
     print(f"planned in {time.perf_counter() - start:.2f} s")
+    return 0
+
+
+def no_fit_error(cfg: Any, cluster: Any) -> ConfigError:
+    """The one line for a model that fits in no layout: the smallest cluster that would do."""
+    from recipes.plan.search import LARGEST_CLUSTER_GPUS, smallest_fitting_world
+
+    layout = cfg.layout
+    here = (f"no layout of {cfg.name}'s model fits {layout.world_size:,} GPUs of "
+            f"{cluster.gpu_memory_gb:g} GB ({cluster.name})")
+    found = smallest_fitting_world(cfg, cluster)
+    if found is None:
+        return ConfigError(f"{here}, nor any cluster of these GPUs up to "
+                           f"{LARGEST_CLUSTER_GPUS:,}; shorten model.seq_length or shrink the "
+                           "model")
+    nodes, candidate = found
+    return ConfigError(f"{here}; the smallest cluster that fits is {nodes:,} nodes x "
+                       f"{layout.gpus_per_node} ({nodes * layout.gpus_per_node:,} GPUs, e.g. "
+                       f"{candidate.describe()}): set cluster.nodes={nodes}")
+
+
+def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool) -> int:
+    """`search=true`: every accepted layout that fits, ranked by modeled step time."""
+    from recipes.plan.search import search
+    from recipes.plan.search_report import json_search, text_search
+
+    result = search(cfg, cluster, dataclasses.replace(plan_options(options), listed_groups=0),
+                    top=options.get("top") or 10)
+    if not result.listed:
+        raise no_fit_error(cfg, cluster)
+    if as_json:
+        json.dump(json_search(cfg, cluster, result), sys.stdout)
+        print()
+    else:
+        print(text_search(cfg, cluster, result))
     return 0

@@ -174,6 +174,9 @@ PLAN = Command(
                          type=int | None, check=positive),
         "verify": Option(False, "also build every distinct shard on the meta device and "
                          "compare", type=bool),
+        "search": Option(False, "search every accepted layout of the model on the cluster and "
+                         "rank those that fit by modeled step time", type=bool),
+        "top": Option(10, "layouts the search lists", check=positive),
     })
 
 
