@@ -69,8 +69,40 @@ def _verify(plan: Any, build_shards: Verifier | None) -> list[str]:
     return compare_shards(plan, shards, time.perf_counter() - start)
 
 
+MegatronReader = Callable[[str, Any], tuple[Any, list[str]]]  # file, cluster -> config, notes
+
+
+def megatron_config(rest: Sequence[str], path: str, cluster_file: str | None,
+                    read: MegatronReader | None) -> tuple[Any, list[str]]:
+    """`megatron_args=FILE`: the config Megatron-LM's parser reads from the file, on the whole
+    cluster file's world (else one node of TP x PP x CP ranks), then the overrides in `rest`,
+    validated as a recipe is."""
+    from recipes.config.overrides import apply_overrides
+    from recipes.config.schema import ClusterConfig
+    from recipes.config.validation import validate
+    from recipes.resolve import parse_args
+
+    if read is None:
+        raise ConfigError("megatron_args= needs Megatron-LM's parser; run it through "
+                          "scripts/plan.py")
+    parsed = parse_args(rest)
+    if parsed.recipe or parsed.config:
+        raise ConfigError("give megatron_args=FILE or a recipe=/config=, not both; "
+                          "section.field=value overrides apply to either")
+    cluster = None
+    if cluster_file:
+        spec = load_cluster(cluster_file)
+        cluster = ClusterConfig(nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
+                                gpu_memory_gib=spec.gpu_memory_gb * 1e9 / 2**30)
+    cfg, notes = read(path, cluster)
+    cfg = apply_overrides(cfg, parsed.overrides)
+    validate(cfg)
+    return cfg, notes
+
+
 def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = False,
-             build_shards: Verifier | None = None) -> int:
+             build_shards: Verifier | None = None,
+             read_megatron: MegatronReader | None = None) -> int:
     """The whole planner command; every user mistake is a ConfigError (one line, exit 2).
     `rest` is the recipe or saved config and its overrides, `options` the planner's own
     (`cluster`, `verify` and the `PlanOptions`). `build_shards` is the dry run (the torch side,
@@ -79,13 +111,18 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
     from recipes.resolve import resolve_config
 
     start = time.perf_counter()
-    if options.get("search"):
+    cluster_file, notes = options.get("cluster"), []
+    if options.get("megatron_args"):
+        cfg, notes = megatron_config(rest, options["megatron_args"], cluster_file,
+                                     read_megatron)
+        if not as_json:
+            print("\n".join(f"megatron_args: {note}" for note in notes))
+    elif options.get("search"):
         from recipes.resolve import build_config
 
         cfg = build_config(rest)
     else:
         cfg = resolve_config(rest, check_paths=False)
-    cluster_file = options.get("cluster")
     cluster = load_cluster(cluster_file) if cluster_file else recipe_cluster(cfg)
     if cluster_file:
         cfg = apply_cluster(cfg, cluster)
@@ -97,6 +134,7 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
         report = json_report(plan)
         if verify:
             report["verify"] = _verify(plan, build_shards)
+        report["megatron_args_notes"] = notes
         report["seconds"] = time.perf_counter() - start
         json.dump(report, sys.stdout)
         print()
