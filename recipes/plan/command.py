@@ -173,9 +173,42 @@ def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool
                     top=options.get("top") or 10)
     if not result.listed:
         raise no_fit_error(cfg, cluster)
+    own = own_layout_line(cfg, cluster, result)
     if as_json:
-        json.dump(json_search(cfg, cluster, result), sys.stdout)
+        json.dump({**json_search(cfg, cluster, result), "own_layout": own}, sys.stdout)
         print()
     else:
         print(text_search(cfg, cluster, result))
+        print(own)
     return 0
+
+
+def own_layout_line(cfg: Any, cluster: Any, result: Any) -> str:
+    """Where the recipe's (or the Megatron-LM script's) own layout ranks in the search."""
+    from recipes.config.validation import validate
+    from recipes.plan.search import RECOMPUTE, candidate_of, place
+    from recipes.plan.search_report import lost_by
+
+    candidate = candidate_of(cfg)
+    try:
+        validate(cfg)
+    except ConfigError as error:
+        return f"its own layout ({candidate.describe()}): refused here ({error})"
+    rank, evaluated = place(cfg, cluster, result, candidate)
+    written, changed = candidate.describe(), ""
+    for more in RECOMPUTE[RECOMPUTE.index(candidate.recompute) + 1:]:
+        if rank is not None:
+            break
+        peak = evaluated.peak
+        candidate = dataclasses.replace(candidate, recompute=more)
+        rank, evaluated = place(cfg, cluster, result, candidate)
+        changed = (f"; peak {peak / 1e9:.1f} GB of {cluster.gpu_memory_gb:g} GB as written, "
+                   f"fits with train.recompute={more}")
+    if rank is None:
+        return (f"its own layout ({written}): does not fit even with full recompute, peak "
+                f"{evaluated.peak / 1e9:.1f} GB of {cluster.gpu_memory_gb:g} GB")
+    best = result.listed[0]
+    return (f"its own layout ({written}{changed}): rank {rank:,} of {len(result.fitting):,}"
+            f" that fit, {evaluated.seconds:.3f} s modeled against the best's "
+            f"{best.seconds:.3f} s (+{evaluated.seconds / best.seconds - 1:.1%}; most lost to "
+            f"{lost_by(evaluated, best) or 'nothing'})")
