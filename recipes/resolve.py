@@ -69,13 +69,20 @@ def resolve_config(argv: Sequence[str], *, check_paths: bool = True,
     own, `trainer.throughput.RUN_RULES`). Does not check the machine; see
     `recipes.config.machine`.
     """
+    cfg = build_config(argv)
+    validate(cfg, rules)
+    if check_paths:
+        validate_paths(cfg)
+    return cfg
+
+
+def build_config(argv: Sequence[str]) -> RunConfig:
+    """The recipe or saved config with its overrides applied (typed), not yet validated: the
+    layout search starts here, since the recipe's own layout need not divide another world
+    size, and validates every layout it lists."""
     parsed = parse_args(argv)
     if parsed.config is not None:
         base = load_config(parsed.config)
     else:
         base = get_recipe(parsed.recipe or DEFAULT_RECIPE)
-    cfg = apply_overrides(base, parsed.overrides)
-    validate(cfg, rules)
-    if check_paths:
-        validate_paths(cfg)
-    return cfg
+    return apply_overrides(base, parsed.overrides)

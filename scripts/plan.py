@@ -7,6 +7,8 @@ usage: python scripts/plan.py [recipe=NAME | config=FILE] [cluster=FILE] [option
     python scripts/plan.py recipe=llama3_8b_tp8_dp8 sharding=optim_grads_params --json
     python scripts/plan.py recipe=llama31_405b_tp8_pp16_dp128 tokens=15.6e12 verify=true
     python scripts/plan.py recipe=tiny_tp2_pp2 cluster=conf/cluster/cpu_local.yaml
+    python scripts/plan.py recipe=tiny_tp2_pp2 cluster=conf/cluster/cpu_local.yaml search=true
+    python scripts/plan.py megatron_args=launch.sh cluster=conf/cluster/h100_80gb_8x8.yaml
 
 The planner's options are listed below, besides the recipe's own section.field=value
 overrides; --json prints the same plan as one JSON object (bytes exact). A mistake prints

@@ -8,6 +8,7 @@ usage: python scripts/pretrain.py [recipe=NAME | config=FILE] [section.field=val
     python scripts/pretrain.py recipe=tiny_tp2_pp2 train.train_iters=50 optimizer.lr=1e-3
     python scripts/pretrain.py config=runs/<run>/config.yaml    # reproduce a saved run
     python scripts/pretrain.py checkpoint.load=runs/<run>/checkpoints   # resume a run
+    python scripts/pretrain.py recipe=llama3_8b_tp8_dp8 print=megatron_args   # as Megatron-LM
 
 Without torchrun it launches its own local ranks; under torchrun it runs as the rank it is.
 """

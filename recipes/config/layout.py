@@ -281,6 +281,32 @@ class Layout:
             parts.append(f"N{node}:" + (span if contiguous else ",".join(f"G{g}" for g in gpus)))
         return " ".join(parts)
 
+    def any_group_crosses_nodes(self, kind: GroupKind) -> bool:
+        """Whether any group of `kind` has ranks on more than one node, without listing every
+        group of a 16,384-rank world: an axis whose stride is a whole number of nodes moves a
+        group by whole nodes, so an axis outside the group needs only the values of one period
+        (gpus_per_node / gcd(stride, gpus_per_node); one value when the stride is whole nodes),
+        and an axis inside it whose members lie a node or more apart crosses by itself. What is
+        left is a grid of a few nodes."""
+        if kind not in _DENSE_GROUPS and kind not in _EXPERT_GROUPS:
+            return any(self.crosses_nodes(g) for g in self.groups(kind))
+        dense = kind in _DENSE_GROUPS
+        grid = self._dense_grid() if dense else self._expert_grid()
+        axes = (_DENSE_GROUPS if dense else _EXPERT_GROUPS)[kind]
+        gpn = self.gpus_per_node
+        inside, outside, stride = [0], [0], 1  # rank offsets: members of a group; group starts
+        for name, size in grid.items():
+            if name in axes and stride * (size - 1) >= gpn:
+                return True
+            values = size if name in axes else min(size, gpn // math.gcd(stride, gpn))
+            steps = [i * stride for i in range(values)]
+            if name in axes:
+                inside = [r + step for step in steps for r in inside]
+            else:
+                outside = [r + step for step in steps for r in outside]
+            stride *= size
+        return any(self.crosses_nodes([base + r for r in inside]) for base in outside)
+
     def crosses_nodes(self, group: list[int]) -> bool:
         """Whether a group's ranks sit on more than one node (its traffic leaves the node)."""
         return len({self.node_gpu(rank)[0] for rank in group}) > 1

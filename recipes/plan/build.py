@@ -114,12 +114,15 @@ def _notes(cfg: Any, cluster: ClusterSpec) -> list[str]:
     return notes
 
 
-def stage_plans(cfg: Any, cluster: ClusterSpec, options: PlanOptions) -> list[StagePlan]:
-    """Memory and traffic of each stage's worst rank (the part a fit check needs)."""
+def stage_plans(cfg: Any, cluster: ClusterSpec, options: PlanOptions,
+                crossing: dict[str, bool] | None = None) -> list[StagePlan]:
+    """Memory and traffic of each stage's worst rank (the part a fit check needs); `crossing`
+    (`comm.crossing_kinds` of the layout) may be handed in by a caller that planned the same
+    grid before (the layout search: at 16,384 ranks it is the slow part)."""
     sharding = sharding_of(cfg, options.sharding)
     per = state_bytes_of(cfg, options.fp8_weights)
     attention = options.attention or cluster.attention
-    crossing = crossing_kinds(cfg.layout)
+    crossing = crossing if crossing is not None else crossing_kinds(cfg.layout)
     plans = []
     for stage, (count, act, layers) in enumerate(zip(
             stage_params(cfg), stage_activations(cfg, attention), stage_layer_counts(cfg),

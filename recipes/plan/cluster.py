@@ -38,6 +38,10 @@ class ClusterSpec:
     device: str = "gpu"  # what a rank runs on: 'gpu', or 'cpu' (no GPU request on Slurm)
     cpus_per_task: int | None = None  # CPUs Slurm gives each node's torchrun (None: its default)
     exclusive: bool = False  # ask Slurm for whole nodes
+    # The layout search's GEMM model (recipes/plan/steptime.py; None: its defaults): the share
+    # of peak a large GEMM reaches, and the dimension at which a GEMM's throughput halves.
+    gemm_peak_fraction: float | None = None
+    gemm_half_dim: float | None = None
 
     @property
     def gpu_memory_bytes(self) -> float:
@@ -46,7 +50,8 @@ class ClusterSpec:
 
 _NUMBERS = ("nodes", "gpus_per_node", "gpu_memory_gb", "intra_node_gb_per_s",
             "inter_node_gb_per_s")
-OPTIONAL = ("host_memory_gb", "device", "cpus_per_task", "exclusive")
+OPTIONAL = ("host_memory_gb", "device", "cpus_per_task", "exclusive", "gemm_peak_fraction",
+            "gemm_half_dim")
 DEVICES = ("gpu", "cpu")
 
 
@@ -93,7 +98,7 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping of keys to values (see conf/cluster/)")
     _check_keys(str(path), data)
-    for key in (*_NUMBERS, "host_memory_gb", "cpus_per_task"):
+    for key in (*_NUMBERS, *(k for k in OPTIONAL if k not in ("device", "exclusive"))):
         if key in data:
             _check_number(str(path), key, data[key])
     if data.get("device", "gpu") not in DEVICES:

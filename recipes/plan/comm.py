@@ -36,8 +36,7 @@ def _ring(n: int) -> float:
 
 def crossing_kinds(layout: Any) -> dict[str, bool]:
     """Whether any group of each kind spans nodes (computed once per plan)."""
-    gpn = layout.gpus_per_node
-    return {kind: any(len({rank // gpn for rank in g}) > 1 for g in layout.groups(kind))
+    return {kind: layout.any_group_crosses_nodes(kind)
             for kind in ("tp", "pp", "dp-cp", "cp", "ep", "expert-dp")}
 
 

@@ -69,8 +69,40 @@ def _verify(plan: Any, build_shards: Verifier | None) -> list[str]:
     return compare_shards(plan, shards, time.perf_counter() - start)
 
 
+MegatronReader = Callable[[str, Any], tuple[Any, list[str]]]  # file, cluster -> config, notes
+
+
+def megatron_config(rest: Sequence[str], path: str, cluster_file: str | None,
+                    read: MegatronReader | None) -> tuple[Any, list[str]]:
+    """`megatron_args=FILE`: the config Megatron-LM's parser reads from the file, on the whole
+    cluster file's world (else one node of TP x PP x CP ranks), then the overrides in `rest`,
+    validated as a recipe is."""
+    from recipes.config.overrides import apply_overrides
+    from recipes.config.schema import ClusterConfig
+    from recipes.config.validation import validate
+    from recipes.resolve import parse_args
+
+    if read is None:
+        raise ConfigError("megatron_args= needs Megatron-LM's parser; run it through "
+                          "scripts/plan.py")
+    parsed = parse_args(rest)
+    if parsed.recipe or parsed.config:
+        raise ConfigError("give megatron_args=FILE or a recipe=/config=, not both; "
+                          "section.field=value overrides apply to either")
+    cluster = None
+    if cluster_file:
+        spec = load_cluster(cluster_file)
+        cluster = ClusterConfig(nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
+                                gpu_memory_gib=spec.gpu_memory_gb * 1e9 / 2**30)
+    cfg, notes = read(path, cluster)
+    cfg = apply_overrides(cfg, parsed.overrides)
+    validate(cfg)
+    return cfg, notes
+
+
 def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = False,
-             build_shards: Verifier | None = None) -> int:
+             build_shards: Verifier | None = None,
+             read_megatron: MegatronReader | None = None) -> int:
     """The whole planner command; every user mistake is a ConfigError (one line, exit 2).
     `rest` is the recipe or saved config and its overrides, `options` the planner's own
     (`cluster`, `verify` and the `PlanOptions`). `build_shards` is the dry run (the torch side,
@@ -79,17 +111,30 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
     from recipes.resolve import resolve_config
 
     start = time.perf_counter()
-    cfg = resolve_config(rest, check_paths=False)
-    cluster_file = options.get("cluster")
+    cluster_file, notes = options.get("cluster"), []
+    if options.get("megatron_args"):
+        cfg, notes = megatron_config(rest, options["megatron_args"], cluster_file,
+                                     read_megatron)
+        if not as_json:
+            print("\n".join(f"megatron_args: {note}" for note in notes))
+    elif options.get("search"):
+        from recipes.resolve import build_config
+
+        cfg = build_config(rest)
+    else:
+        cfg = resolve_config(rest, check_paths=False)
     cluster = load_cluster(cluster_file) if cluster_file else recipe_cluster(cfg)
     if cluster_file:
         cfg = apply_cluster(cfg, cluster)
+    if options.get("search"):
+        return run_search(cfg, cluster, options, as_json=as_json)
     plan = make_plan(cfg, cluster, plan_options(options))
     verify = bool(options.get("verify"))
     if as_json:
         report = json_report(plan)
         if verify:
             report["verify"] = _verify(plan, build_shards)
+        report["megatron_args_notes"] = notes
         report["seconds"] = time.perf_counter() - start
         json.dump(report, sys.stdout)
         print()
@@ -99,3 +144,71 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
         print("\n".join(_verify(plan, build_shards)))
     print(f"planned in {time.perf_counter() - start:.2f} s")
     return 0
+
+
+def no_fit_error(cfg: Any, cluster: Any) -> ConfigError:
+    """The one line for a model that fits in no layout: the smallest cluster that would do."""
+    from recipes.plan.search import LARGEST_CLUSTER_GPUS, smallest_fitting_world
+
+    layout = cfg.layout
+    here = (f"no layout of {cfg.name}'s model fits {layout.world_size:,} GPUs of "
+            f"{cluster.gpu_memory_gb:g} GB ({cluster.name})")
+    found = smallest_fitting_world(cfg, cluster)
+    if found is None:
+        return ConfigError(f"{here}, nor any cluster of these GPUs up to "
+                           f"{LARGEST_CLUSTER_GPUS:,}; shorten model.seq_length or shrink the "
+                           "model")
+    nodes, candidate = found
+    return ConfigError(f"{here}; the smallest cluster that fits is {nodes:,} nodes x "
+                       f"{layout.gpus_per_node} ({nodes * layout.gpus_per_node:,} GPUs, e.g. "
+                       f"{candidate.describe()}): set cluster.nodes={nodes}")
+
+
+def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool) -> int:
+    """`search=true`: every accepted layout that fits, ranked by modeled step time."""
+    from recipes.plan.search import search
+    from recipes.plan.search_report import json_search, text_search
+
+    result = search(cfg, cluster, dataclasses.replace(plan_options(options), listed_groups=0),
+                    top=options.get("top") or 10)
+    if not result.listed:
+        raise no_fit_error(cfg, cluster)
+    own = own_layout_line(cfg, cluster, result)
+    if as_json:
+        json.dump({**json_search(cfg, cluster, result), "own_layout": own}, sys.stdout)
+        print()
+    else:
+        print(text_search(cfg, cluster, result))
+        print(own)
+    return 0
+
+
+def own_layout_line(cfg: Any, cluster: Any, result: Any) -> str:
+    """Where the recipe's (or the Megatron-LM script's) own layout ranks in the search."""
+    from recipes.config.validation import validate
+    from recipes.plan.search import RECOMPUTE, candidate_of, place
+    from recipes.plan.search_report import lost_by
+
+    candidate = candidate_of(cfg)
+    try:
+        validate(cfg)
+    except ConfigError as error:
+        return f"its own layout ({candidate.describe()}): refused here ({error})"
+    rank, evaluated = place(cfg, cluster, result, candidate)
+    written, changed = candidate.describe(), ""
+    for more in RECOMPUTE[RECOMPUTE.index(candidate.recompute) + 1:]:
+        if rank is not None:
+            break
+        peak = evaluated.peak
+        candidate = dataclasses.replace(candidate, recompute=more)
+        rank, evaluated = place(cfg, cluster, result, candidate)
+        changed = (f"; peak {peak / 1e9:.1f} GB of {cluster.gpu_memory_gb:g} GB as written, "
+                   f"fits with train.recompute={more}")
+    if rank is None:
+        return (f"its own layout ({written}): does not fit even with full recompute, peak "
+                f"{evaluated.peak / 1e9:.1f} GB of {cluster.gpu_memory_gb:g} GB")
+    best = result.listed[0]
+    return (f"its own layout ({written}{changed}): rank {rank:,} of {len(result.fitting):,}"
+            f" that fit, {evaluated.seconds:.3f} s modeled against the best's "
+            f"{best.seconds:.3f} s (+{evaluated.seconds / best.seconds - 1:.1%}; most lost to "
+            f"{lost_by(evaluated, best) or 'nothing'})")

@@ -67,10 +67,25 @@ class FlopsShape:
         )
 
 
+def qkv_projection_flops(s: FlopsShape) -> float:
+    """Forward FLOPs per token of one attention layer's Q, K and V projections."""
+    query, key_value = s.num_attention_heads * s.kv_channels, s.num_query_groups * s.kv_channels
+    return 2 * s.hidden_size * (query + 2 * key_value)
+
+
+def output_projection_flops(s: FlopsShape) -> float:
+    """Forward FLOPs per token of one attention layer's output projection."""
+    return 2 * s.num_attention_heads * s.kv_channels * s.hidden_size
+
+
 def attention_projection_flops(s: FlopsShape) -> float:
     """Forward FLOPs per token of one attention layer's Q, K, V and output projections."""
-    query, key_value = s.num_attention_heads * s.kv_channels, s.num_query_groups * s.kv_channels
-    return 2 * s.hidden_size * (query + 2 * key_value) + 2 * query * s.hidden_size
+    return qkv_projection_flops(s) + output_projection_flops(s)
+
+
+def logits_flops(s: FlopsShape) -> float:
+    """Forward FLOPs per token of the output layer over the padded vocabulary."""
+    return 2 * s.hidden_size * s.padded_vocab_size
 
 
 def attention_score_flops(s: FlopsShape, pairs: float) -> float:
@@ -95,7 +110,7 @@ def forward_flops_per_token(s: FlopsShape) -> float:
     return (s.attention_layers * attention_projection_flops(s)
             + s.dense_mlp_layers * mlp_flops(s, s.ffn_hidden_size)
             + s.moe_layers * moe_flops(s)
-            + 2 * s.hidden_size * s.padded_vocab_size)
+            + logits_flops(s))
 
 
 def training_flops(s: FlopsShape, tokens: int, seqlen_squared_sum: int) -> float:

@@ -106,7 +106,7 @@ def test_a_command_without_a_rest_refuses_other_words():
 def test_help_lists_a_commands_own_options():
     assert "steps=  measured rounds of each step (an integer, default 20)" in help_text(
         BENCH_STEP)
-    assert "options:" not in help_text(PRETRAIN)
+    assert "print=  megatron_args: print the Megatron-LM" in help_text(PRETRAIN)
 
 
 def test_training_has_two_explicit_paths(monkeypatch):

@@ -105,8 +105,23 @@ def checkpoint_sizes(args: Arguments) -> list[list[str]]:
     return [[*recipe, *size] for size in sizes]
 
 
-PRETRAIN = Command(script="pretrain.py", run=Training(pretrain_rank), rest=CONFIG_REST,
-                   takes_recipe=True)
+def pretrain(args: Arguments) -> int:
+    """Train, or with `print=megatron_args` print the Megatron-LM command line that trains the
+    same thing (nothing starts)."""
+    if args["print"] == "megatron_args":
+        from recipes.config.megatron_args import command_text
+        from recipes.resolve import resolve_config
+
+        print(command_text(resolve_config(list(args.rest), check_paths=False)))
+        return 0
+    return Training(pretrain_rank)(args)
+
+
+PRETRAIN = Command(
+    script="pretrain.py", run=pretrain, rest=CONFIG_REST, takes_recipe=True,
+    options={"print": Option(None, "megatron_args: print the Megatron-LM pretrain_gpt.py "
+                             "command line training the same thing, and start nothing",
+                             type=Literal["megatron_args"] | None)})
 
 BENCH_STEP = Command(
     script="bench_step.py", run=Training(bench_step_rank), rest=CONFIG_REST, takes_recipe=True,
@@ -140,8 +155,13 @@ def run_plan(args: Arguments) -> int:
 
         return collect_shards(cfg)
 
+    def megatron_config(path, cluster):  # megatron_args=FILE: Megatron-LM's own parser
+        from trainer.tools.megatron_args import config_from_megatron_args, read_argument_file
+
+        return config_from_megatron_args(read_argument_file(path), cluster)
+
     return plan(list(args.rest), args.options, as_json="--json" in args.flags,
-                build_shards=dry_run_shards)
+                build_shards=dry_run_shards, read_megatron=megatron_config)
 
 
 def positive_number(key: str, value: float | None) -> str | None:
@@ -174,6 +194,12 @@ PLAN = Command(
                          type=int | None, check=positive),
         "verify": Option(False, "also build every distinct shard on the meta device and "
                          "compare", type=bool),
+        "megatron_args": Option(None, "a file of Megatron-LM pretrain_gpt.py arguments to plan "
+                                "instead of a recipe (read by Megatron-LM's own parser)",
+                                type=str | None),
+        "search": Option(False, "search every accepted layout of the model on the cluster and "
+                         "rank those that fit by modeled step time", type=bool),
+        "top": Option(10, "layouts the search lists", check=positive),
     })
 
 

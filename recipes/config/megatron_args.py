@@ -1,0 +1,352 @@
+"""A run config as Megatron-LM's `pretrain_gpt.py` command line, and back.
+
+One table says which Megatron-LM flag carries each config field and how: a value
+(`--num-layers 32`), a switch that is on when the field is true (`--sequence-parallel`) or
+false (`--disable-bias-linear`), or a pair of functions for the fields Megatron-LM spells
+another way (the activation, the precision, recompute, the schedule, GQA, RoPE scaling, the
+data, the checkpoint format). Every field is written, since Megatron-LM's defaults are not
+ours (dropout 0.1, Adam beta2 0.999, linear decay...). The world size is not a flag (torchrun
+gives it) and the fields in `NO_FLAG` have no Megatron-LM flag; `scripts/pretrain.py
+print=megatron_args` lists them. Reading a command line back (`trainer/tools/megatron_args.py`)
+uses Megatron-LM's own parser and this same table, so the two directions cannot drift apart.
+No torch here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+VALUE, ON, OFF = "value", "on", "off"
+
+
+@dataclass(frozen=True)
+class Flag:
+    field: str  # 'section.name' in the run config
+    flag: str  # Megatron-LM's option string
+    dest: str  # the attribute Megatron-LM's parser stores it in
+    kind: str = VALUE  # VALUE, ON (store_true when the field is true), OFF (set when false)
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("model.num_layers", "--num-layers", "num_layers"),
+    Flag("model.hidden_size", "--hidden-size", "hidden_size"),
+    Flag("model.ffn_hidden_size", "--ffn-hidden-size", "ffn_hidden_size"),
+    Flag("model.num_attention_heads", "--num-attention-heads", "num_attention_heads"),
+    Flag("model.kv_channels", "--kv-channels", "kv_channels"),
+    Flag("model.seq_length", "--seq-length", "seq_length"),
+    Flag("model.vocab_size", "--vocab-size", "vocab_size"),
+    Flag("model.make_vocab_size_divisible_by", "--make-vocab-size-divisible-by",
+         "make_vocab_size_divisible_by"),
+    Flag("model.normalization", "--normalization", "normalization"),
+    Flag("model.position_embedding", "--position-embedding-type", "position_embedding_type"),
+    Flag("model.rotary_base", "--rotary-base", "rotary_base"),
+    Flag("model.add_bias_linear", "--disable-bias-linear", "add_bias_linear", OFF),
+    Flag("model.hidden_dropout", "--hidden-dropout", "hidden_dropout"),
+    Flag("model.attention_dropout", "--attention-dropout", "attention_dropout"),
+    Flag("model.init_method_std", "--init-method-std", "init_method_std"),
+    Flag("model.num_moe_experts", "--num-experts", "num_experts"),
+    Flag("model.moe_router_topk", "--moe-router-topk", "moe_router_topk"),
+    Flag("model.moe_ffn_hidden_size", "--moe-ffn-hidden-size", "moe_ffn_hidden_size"),
+    Flag("model.moe_token_dispatcher", "--moe-token-dispatcher-type",
+         "moe_token_dispatcher_type"),
+    Flag("model.moe_aux_loss_coeff", "--moe-aux-loss-coeff", "moe_aux_loss_coeff"),
+    Flag("parallel.tensor", "--tensor-model-parallel-size", "tensor_model_parallel_size"),
+    Flag("parallel.pipeline", "--pipeline-model-parallel-size", "pipeline_model_parallel_size"),
+    Flag("parallel.virtual_pipeline", "--num-virtual-stages-per-pipeline-rank",
+         "num_virtual_stages_per_pipeline_rank"),
+    Flag("parallel.context", "--context-parallel-size", "context_parallel_size"),
+    Flag("parallel.expert", "--expert-model-parallel-size", "expert_model_parallel_size"),
+    Flag("parallel.expert_tensor", "--expert-tensor-parallel-size",
+         "expert_tensor_parallel_size"),
+    Flag("parallel.sequence_parallel", "--sequence-parallel", "sequence_parallel", ON),
+    Flag("parallel.first_stage_layers", "--decoder-first-pipeline-num-layers",
+         "decoder_first_pipeline_num_layers"),
+    Flag("parallel.last_stage_layers", "--decoder-last-pipeline-num-layers",
+         "decoder_last_pipeline_num_layers"),
+    Flag("parallel.overlap_p2p_comm", "--no-overlap-p2p-communication", "overlap_p2p_comm", OFF),
+    Flag("train.micro_batch_size", "--micro-batch-size", "micro_batch_size"),
+    Flag("train.global_batch_size", "--global-batch-size", "global_batch_size"),
+    Flag("train.train_iters", "--train-iters", "train_iters"),
+    Flag("train.eval_interval", "--eval-interval", "eval_interval"),
+    Flag("train.eval_iters", "--eval-iters", "eval_iters"),
+    Flag("train.seed", "--seed", "seed"),
+    Flag("train.distributed_timeout_minutes", "--distributed-timeout-minutes",
+         "distributed_timeout_minutes"),
+    Flag("optimizer.lr", "--lr", "lr"),
+    Flag("optimizer.min_lr", "--min-lr", "min_lr"),
+    Flag("optimizer.weight_decay", "--weight-decay", "weight_decay"),
+    Flag("optimizer.adam_beta1", "--adam-beta1", "adam_beta1"),
+    Flag("optimizer.adam_beta2", "--adam-beta2", "adam_beta2"),
+    Flag("optimizer.adam_eps", "--adam-eps", "adam_eps"),
+    Flag("optimizer.clip_grad", "--clip-grad", "clip_grad"),
+    Flag("optimizer.distributed", "--use-distributed-optimizer", "use_distributed_optimizer",
+         ON),
+    Flag("optimizer.overlap_grad_reduce", "--overlap-grad-reduce", "overlap_grad_reduce", ON),
+    Flag("optimizer.overlap_param_gather", "--overlap-param-gather", "overlap_param_gather",
+         ON),
+    Flag("optimizer.bucket_size", "--ddp-bucket-size", "ddp_bucket_size"),
+    Flag("scheduler.warmup_iters", "--lr-warmup-iters", "lr_warmup_iters"),
+    Flag("scheduler.decay_iters", "--lr-decay-iters", "lr_decay_iters"),
+    Flag("scheduler.wsd_decay_iters", "--lr-wsd-decay-iters", "lr_wsd_decay_iters"),
+    Flag("scheduler.wsd_decay_style", "--lr-wsd-decay-style", "lr_wsd_decay_style"),
+    Flag("precision.grad_reduce_in_fp32", "--accumulate-allreduce-grads-in-fp32",
+         "accumulate_allreduce_grads_in_fp32", ON),
+    Flag("precision.loss_scale", "--loss-scale", "loss_scale"),
+    Flag("precision.initial_loss_scale", "--initial-loss-scale", "initial_loss_scale"),
+    Flag("precision.min_loss_scale", "--min-loss-scale", "min_loss_scale"),
+    Flag("precision.loss_scale_window", "--loss-scale-window", "loss_scale_window"),
+    Flag("precision.hysteresis", "--hysteresis", "hysteresis"),
+    Flag("data.eod_mask_loss", "--eod-mask-loss", "eod_mask_loss", ON),
+    Flag("checkpoint.save_interval", "--save-interval", "save_interval"),
+    Flag("checkpoint.load", "--load", "load"),
+    Flag("logging.log_interval", "--log-interval", "log_interval"),
+)
+
+_STYLES = {"cosine": "cosine", "wsd": "WSD", "linear": "linear", "constant": "constant"}
+
+
+@dataclass(frozen=True)
+class Spelled:
+    """Fields Megatron-LM spells another way: their flags from the config, and back."""
+
+    fields: tuple[str, ...]
+    dests: tuple[str, ...]  # what the reverse reads from Megatron-LM's parsed arguments
+    to_args: Callable[[Any], list[str]]
+    from_args: Callable[[Mapping[str, Any]], dict[str, Any]]
+
+
+def _activation_args(cfg: Any) -> list[str]:
+    return {"swiglu": ["--swiglu"], "squared_relu": ["--squared-relu"], "gelu": []}[
+        cfg.model.activation]
+
+
+def _activation_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    name = "swiglu" if a["swiglu"] else "squared_relu" if a["squared_relu"] else "gelu"
+    return {"model.activation": name}
+
+
+def _groups_args(cfg: Any) -> list[str]:
+    groups = cfg.model.num_query_groups
+    return [] if groups is None else ["--group-query-attention", "--num-query-groups",
+                                      str(groups)]
+
+
+def _groups_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    return {"model.num_query_groups": a["num_query_groups"] if a["group_query_attention"]
+            else None}
+
+
+def _rope_args(cfg: Any) -> list[str]:
+    factor = cfg.model.rope_scaling_factor
+    return [] if factor is None else ["--use-rope-scaling", "--rope-scaling-factor", str(factor)]
+
+
+def _rope_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    return {"model.rope_scaling_factor": a["rope_scaling_factor"] if a["use_rope_scaling"]
+            else None}
+
+
+def _tied_args(cfg: Any) -> list[str]:
+    return [] if cfg.model.share_embeddings_and_output_weights else [
+        "--untie-embeddings-and-output-weights"]
+
+
+def _tied_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    return {"model.share_embeddings_and_output_weights":
+            not a["untie_embeddings_and_output_weights"]}
+
+
+def _impl_args(cfg: Any) -> list[str]:
+    impl = cfg.model.transformer_impl
+    return [] if impl == "auto" else ["--transformer-impl", impl]
+
+
+def _impl_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    # No flag means Megatron-LM's default, Transformer Engine: ours is 'auto' (TE on GPUs).
+    given = a.get("__given__", ())
+    return {"model.transformer_impl": a["transformer_impl"] if "transformer_impl" in given
+            else "auto"}
+
+
+def _precision_args(cfg: Any) -> list[str]:
+    return {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}[cfg.precision.dtype]
+
+
+def _precision_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    return {"precision.dtype": "bf16" if a["bf16"] else "fp16" if a["fp16"] else "fp32"}
+
+
+def _recompute_args(cfg: Any) -> list[str]:
+    t = cfg.train
+    if t.recompute == "none":
+        return []
+    if t.recompute == "selective":
+        return ["--recompute-granularity", "selective"]
+    return ["--recompute-granularity", "full", "--recompute-method", "uniform",
+            "--recompute-num-layers", str(t.recompute_num_layers)]
+
+
+def _recompute_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    granularity = a["recompute_granularity"] or ("selective" if a["recompute_activations"]
+                                                 else None)
+    return {"train.recompute": granularity or "none",
+            "train.recompute_num_layers": a["recompute_num_layers"] or 1}
+
+
+def _gc_args(cfg: Any) -> list[str]:
+    every = cfg.train.manual_gc_interval
+    return ["--manual-gc", "--manual-gc-interval", str(every)] if every else []
+
+
+def _gc_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    return {"train.manual_gc_interval": a["manual_gc_interval"] if a["manual_gc"] else 0}
+
+
+def _style_args(cfg: Any) -> list[str]:
+    return ["--lr-decay-style", _STYLES[cfg.scheduler.style]]
+
+
+def _style_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    back = {v: k for k, v in _STYLES.items()}
+    return {"scheduler.style": back.get(a["lr_decay_style"], a["lr_decay_style"])}
+
+
+def _data_args(cfg: Any) -> list[str]:
+    """Synthetic data is Megatron-LM's mock data; the byte tokenizer is its null tokenizer
+    over the same vocabulary. The built-in corpus and a blend's prefixes are not flags."""
+    args = ["--tokenizer-type", "NullTokenizer", "--max-position-embeddings",
+            str(cfg.model.seq_length)]
+    return args + (["--mock-data"] if cfg.data.source == "synthetic" else [])
+
+
+def _data_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    """Mock data is synthetic; a --data-path needs a blend file of prepared prefixes
+    (conf/data/), which the reader names: data.source=blend data.blend=..."""
+    return {"data.source": "synthetic"} if a["mock_data"] else {}
+
+
+def _format_args(cfg: Any) -> list[str]:
+    return (["--dist-ckpt-optim-fully-reshardable"]
+            if cfg.checkpoint.optimizer_format == "fully_reshardable" else [])
+
+
+def _format_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    return {"checkpoint.optimizer_format": "fully_reshardable"
+            if a["dist_ckpt_optim_fully_reshardable"] else "dp_reshardable"}
+
+
+SPELLED: tuple[Spelled, ...] = (
+    Spelled(("model.activation",), ("swiglu", "squared_relu"), _activation_args,
+            _activation_from),
+    Spelled(("model.num_query_groups",), ("group_query_attention", "num_query_groups"),
+            _groups_args, _groups_from),
+    Spelled(("model.rope_scaling_factor",), ("use_rope_scaling", "rope_scaling_factor"),
+            _rope_args, _rope_from),
+    Spelled(("model.share_embeddings_and_output_weights",),
+            ("untie_embeddings_and_output_weights",), _tied_args, _tied_from),
+    Spelled(("model.transformer_impl",), ("transformer_impl",), _impl_args, _impl_from),
+    Spelled(("precision.dtype",), ("bf16", "fp16"), _precision_args, _precision_from),
+    Spelled(("train.recompute", "train.recompute_num_layers"),
+            ("recompute_granularity", "recompute_method", "recompute_num_layers",
+             "recompute_activations"), _recompute_args, _recompute_from),
+    Spelled(("train.manual_gc_interval",), ("manual_gc", "manual_gc_interval"), _gc_args,
+            _gc_from),
+    Spelled(("scheduler.style",), ("lr_decay_style",), _style_args, _style_from),
+    Spelled(("data.source",), ("mock_data", "tokenizer_type",
+                               "max_position_embeddings"), _data_args, _data_from),
+    Spelled(("checkpoint.optimizer_format",), ("dist_ckpt_optim_fully_reshardable",),
+            _format_args, _format_from),
+)
+
+# Megatron-LM flags that say where things are or how a run reports, not what it trains: read
+# and named ("not carried") but neither refused nor turned into config fields.
+ENVIRONMENT_DESTS = frozenset({
+    "save", "data_path", "split", "tokenizer_model", "tensorboard_dir", "wandb_project",
+    "wandb_exp_name", "wandb_save_dir", "log_throughput", "log_timers_to_tensorboard",
+    "log_validation_ppl_to_tensorboard", "log_memory_to_tensorboard", "timing_log_level",
+    "tensorboard_log_interval", "log_params_norm", "log_num_zeros_in_grad", "vocab_file",
+    "merge_file", "data_cache_path", "num_workers", "ckpt_format", "async_save",
+    "use_mcore_models", "deprecated_use_mcore_models", "no_load_optim", "no_load_rng",
+    "exit_duration_in_mins", "exit_interval", "use_flash_attn", "attention_backend",
+    "no_masked_softmax_fusion", "masked_softmax_fusion", "bias_gelu_fusion",
+    "bias_swiglu_fusion", "bias_dropout_fusion", "apply_rope_fusion",
+    "gradient_accumulation_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
+    "use_cpu_initialization",
+})
+
+
+def _field_names(section: Any, prefix: str) -> list[str]:
+    return [f"{prefix}.{f.name}" for f in dataclasses.fields(section)]
+
+
+def no_flag_fields(cfg: Any) -> list[str]:
+    """Config fields no Megatron-LM flag carries (besides the world size, which torchrun
+    gives): the rest of what our recipe says, listed beside the command line."""
+    carried = {f.field for f in FLAGS} | {name for s in SPELLED for name in s.fields}
+    if cfg.data.source != "synthetic":  # the corpus or a blend's prefixes: paths, not a flag
+        carried.discard("data.source")
+    found = []
+    for section in ("model", "parallel", "cluster", "train", "optimizer", "scheduler",
+                    "precision", "data", "checkpoint", "logging"):
+        found += [n for n in _field_names(getattr(cfg, section), section) if n not in carried]
+    return found + ["plugins.*", "name", "output_dir", "run_dir", "dry_run"]
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    section, name = dotted.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _text(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def to_megatron_args(cfg: Any) -> list[str]:
+    """The `pretrain_gpt.py` arguments that train what `cfg` trains (every carried field)."""
+    args: list[str] = []
+    for f in FLAGS:
+        value = _get(cfg, f.field)
+        if f.kind == ON:
+            args += [f.flag] if value else []
+        elif f.kind == OFF:
+            args += [] if value else [f.flag]
+        elif value is not None:
+            args += [f.flag, _text(value)]
+    for spelled in SPELLED:
+        args += spelled.to_args(cfg)
+    return args
+
+
+def from_megatron_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Config fields ('section.name' -> value) from Megatron-LM's parsed arguments (its
+    `argparse.Namespace` as a mapping, with '__given__': the dests typed on the command line)."""
+    found: dict[str, Any] = {}
+    for f in FLAGS:
+        found[f.field] = values[f.dest]
+    for spelled in SPELLED:
+        found.update(spelled.from_args(values))
+    return found
+
+
+def carried_dests() -> frozenset[str]:
+    """Every Megatron-LM argument this table reads."""
+    return frozenset({f.dest for f in FLAGS} | {d for s in SPELLED for d in s.dests})
+
+
+def command_text(cfg: Any) -> str:
+    """What `scripts/pretrain.py print=megatron_args` prints: the torchrun line that trains
+    `cfg` with Megatron-LM, then the fields no flag carries."""
+    import shlex
+
+    c = cfg.cluster
+    words = [f"--nnodes={c.nodes}", f"--nproc-per-node={c.gpus_per_node}", "pretrain_gpt.py",
+             *to_megatron_args(cfg)]
+    return "\n".join([
+        f"# Megatron-LM trains {cfg.name} with (world size {c.nodes * c.gpus_per_node}: "
+        "torchrun's, not a flag):",
+        "torchrun " + " ".join(shlex.quote(w) for w in words),
+        "# no Megatron-LM flag for (the project's own settings): "
+        + ", ".join(no_flag_fields(cfg))])

@@ -1,0 +1,89 @@
+"""A layout search as text for people and as JSON for tools: the top layouts with their
+step-time breakdown, what each lost to the best by, and the best of those that lost (too big
+for the GPU, or refused by a validation rule), then the command that trains the winner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from recipes.plan.search import Evaluated, SearchResult
+
+TERMS = ("compute", "bubble", "tp", "cp", "ep", "pp", "dp")
+LOSERS_SHOWN = 3
+NEAR_MISS = 1.25  # a layout that lost on memory is shown if its peak is within 25 % of it
+
+
+def lost_by(e: Evaluated, best: Evaluated) -> str:
+    """The term that costs this layout most against the best one, e.g. 'bubble +0.07 s'."""
+    if e is best or not e.time or not best.time:
+        return ""
+    mine, theirs = e.time.items(), best.time.items()
+    term = max(TERMS, key=lambda k: mine[k] - theirs[k])
+    return f"{term} {mine[term] - theirs[term]:+.3g} s"
+
+
+def near_misses(r: SearchResult, cluster: Any) -> list[Evaluated]:
+    """The fastest layouts that do not fit, among those within a quarter of the GPU's memory
+    (all of them when none is that close)."""
+    close = [e for e in r.too_big if e.peak <= NEAR_MISS * cluster.gpu_memory_bytes]
+    return (close or r.too_big)[:LOSERS_SHOWN]
+
+
+def _row(rank: int, e: Evaluated, best: Evaluated) -> str:
+    t = e.time.items()
+    terms = " ".join(f"{t[k]:>7.3f}" for k in TERMS)
+    return (f"{rank:>4} {e.seconds:>8.3f} {e.peak / 1e9:>7.1f}  {e.candidate.describe():<44} "
+            f"{terms}  {lost_by(e, best)}")
+
+
+def _head(cfg: Any, cluster: Any, r: SearchResult) -> list[str]:
+    m = cfg.model
+    return [f"search for {cfg.name}: {r.world:,} GPUs ({r.world // r.gpus_per_node:,} x "
+            f"{r.gpus_per_node}, {cluster.name}, {cluster.gpu_memory_gb:g} GB), global batch "
+            f"{cfg.train.global_batch_size} x {m.seq_length}, {cfg.precision.dtype}",
+            f"  {r.enumerated:,} layouts planned ({r.pruned_blocks:,} TP/PP/CP/EP blocks "
+            f"skipped whole: their smallest variant does not fit; {r.dominated:,} SP-off and "
+            f"DDP twins counted, not planned), {len(r.fitting):,} fit, searched in "
+            f"{r.seconds:.1f} s",
+            "  modeled step time, seconds (compute at GEMM-shape efficiency; exposed "
+            "communication; bubble):"]
+
+
+def text_search(cfg: Any, cluster: Any, r: SearchResult) -> str:
+    lines = _head(cfg, cluster, r)
+    header = " ".join(f"{k:>7}" for k in TERMS)
+    lines.append(f"rank   step s peak GB  {'layout':<44} {header}  lost to #1 by")
+    best = r.listed[0] if r.listed else None
+    lines += [_row(i + 1, e, best) for i, e in enumerate(r.listed)]
+    lines.append("best of what lost:")
+    for e in near_misses(r, cluster):
+        lines.append(f"  {e.candidate.describe():<44} {e.seconds:>8.3f} s modeled, but peak "
+                     f"{e.peak / 1e9:.1f} GB > {cluster.gpu_memory_gb:g} GB")
+    for e in r.invalid[:LOSERS_SHOWN]:
+        lines.append(f"  {e.candidate.describe():<44} {e.seconds:>8.3f} s modeled, refused: "
+                     f"{e.invalid}")
+    if not r.too_big and not r.invalid:
+        lines.append("  (nothing: every planned layout fits and passes validation)")
+    if best:
+        lines.append("train the best: python scripts/pretrain.py recipe="
+                     f"{cfg.name} {' '.join(best.candidate.overrides())}")
+    return "\n".join(lines)
+
+
+def _evaluated_json(e: Evaluated) -> dict[str, Any]:
+    return {"layout": e.candidate.describe(), "candidate": dataclasses.asdict(e.candidate),
+            "overrides": e.candidate.overrides(), "peak_bytes": e.peak, "fits": e.fits,
+            "step_seconds": e.seconds if e.time else None,
+            "breakdown": e.time.items() if e.time else None, "refused": e.invalid}
+
+
+def json_search(cfg: Any, cluster: Any, r: SearchResult) -> dict[str, Any]:
+    best = r.listed[0] if r.listed else None
+    return {"recipe": cfg.name, "world_size": r.world, "gpus_per_node": r.gpus_per_node,
+            "cluster": cluster.name, "planned": r.enumerated, "pruned_blocks": r.pruned_blocks,
+            "dominated": r.dominated, "fitting": len(r.fitting), "seconds": r.seconds,
+            "top": [{**_evaluated_json(e), "lost_by": lost_by(e, best)} for e in r.listed],
+            "too_big": [_evaluated_json(e) for e in near_misses(r, cluster)],
+            "refused": [_evaluated_json(e) for e in r.invalid[:LOSERS_SHOWN]]}

@@ -1,0 +1,162 @@
+"""A modeled optimizer-step time for one layout: what the layout search ranks by.
+
+Compute is the one FLOPs definition (`recipes/plan/flops.py`) split into the matrix
+multiplies one rank runs, each timed at an efficiency that depends on its shape: a GEMM of
+[m, k] x [k, n] reaches `peak_fraction` x m/(m+h) x k/(k+h) x n/(n+h) of the GPU's peak, where
+h (`half_dim`) is the size at which a dimension halves the throughput. So TP that cuts the
+widths, CP that cuts the tokens, and small micro-batches all pay for thin GEMMs. The backward
+is twice the forward; full recompute adds one forward of every layer, selective recompute one
+forward of the attention core.
+
+Communication is the planner's own (`recipes/plan/comm.py`: bytes per group at the cluster's
+bandwidths), with what overlaps taken out: TP and EP collectives sit between the GEMMs that
+need them (exposed); the CP ring overlaps the attention core it feeds (exposed beyond it);
+pipeline sends overlap compute except along the fill and drain; the DP gradient reduce
+overlaps the last micro-batch's backward (`optimizer.overlap_grad_reduce`) and the
+distributed optimizer's all-gather the first one's forward (`overlap_param_gather`). The
+bubble is (PP - 1) / VPP of the slowest stage's per-micro-batch time. Latency is not modeled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from recipes.plan.flops import (
+    FlopsShape,
+    attention_score_flops,
+    logits_flops,
+    mlp_flops,
+    moe_flops,
+    output_projection_flops,
+    qkv_projection_flops,
+)
+
+PEAK_FRACTION = 0.75  # share of peak a large GEMM reaches (cluster file: gemm_peak_fraction)
+HALF_DIM = 64.0  # GEMM dimension at which throughput halves (cluster file: gemm_half_dim)
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """Forward FLOPs of one product on one rank and its shape [m, k] x [k, n]."""
+
+    flops: float
+    m: float
+    k: float
+    n: float
+
+
+def gemm_efficiency(g: Gemm, peak_fraction: float, half_dim: float) -> float:
+    share = 1.0
+    for dim in (g.m, g.k, g.n):
+        share *= dim / (dim + half_dim)
+    return peak_fraction * share
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one optimizer step, by cause (the search's breakdown)."""
+
+    compute: float  # micro-batches x the slowest stage's compute (recompute included)
+    bubble: float
+    tp: float
+    cp: float
+    ep: float
+    pp: float
+    dp: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.bubble + self.tp + self.cp + self.ep + self.pp + self.dp
+
+    def items(self) -> dict[str, float]:
+        return {"compute": self.compute, "bubble": self.bubble, "tp": self.tp, "cp": self.cp,
+                "ep": self.ep, "pp": self.pp, "dp": self.dp}
+
+
+def layer_gemms(cfg: Any) -> tuple[list[Gemm], Gemm]:
+    """One layer's products on one rank for one micro-batch (averaged over the layer kinds),
+    and its attention core apart (what CP overlaps and selective recompute repeats)."""
+    s, m, layout = FlopsShape.from_config(cfg), cfg.model, cfg.layout
+    layers, tp, cp = m.num_layers, layout.tensor, layout.context
+    tokens = layout.micro_batch * m.seq_length / cp
+    h, query = s.hidden_size, s.num_attention_heads * s.kv_channels
+    kv = s.num_query_groups * s.kv_channels
+    share = s.attention_layers / layers
+    gemms = [Gemm(share * tokens * qkv_projection_flops(s) / tp, tokens, h, (query + 2 * kv) / tp),
+             Gemm(share * tokens * output_projection_flops(s) / tp, tokens, query / tp, h)]
+    gate = 2 if s.gated else 1
+    if s.dense_mlp_layers:
+        ffn = s.ffn_hidden_size / tp
+        gemms.append(Gemm(s.dense_mlp_layers / layers * tokens * mlp_flops(s, s.ffn_hidden_size)
+                          / tp, tokens, h, ffn * (gate + 1) / 2))
+    if s.moe_layers:
+        experts = m.num_moe_experts
+        routed = max(1.0, tokens * s.moe_router_topk * layout.expert / experts)
+        gemms.append(Gemm(s.moe_layers / layers * tokens * moe_flops(s) / tp, routed, h,
+                          s.moe_ffn_hidden_size / layout.expert_tensor_size * (gate + 1) / 2))
+    pairs = layout.micro_batch * m.seq_length ** 2 / 2 / cp
+    core = Gemm(attention_score_flops(s, pairs) / layers / tp, tokens, s.kv_channels,
+                m.seq_length / cp)
+    return gemms, core
+
+
+def _seconds(g: Gemm, peak: float, fraction: float, half: float) -> float:
+    return g.flops / (peak * gemm_efficiency(g, fraction, half)) if g.flops else 0.0
+
+
+def _traffic_seconds(stage: Any) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for t in stage.traffic:
+        found[t.group] = found.get(t.group, 0.0) + t.seconds
+    return found
+
+
+def _dp_exposed(cfg: Any, seconds: float, backward: float, forward: float,
+                sharded: bool) -> float:
+    """The DP reduce (and sharded all-gather) less what hides behind one micro-batch."""
+    o, p = cfg.optimizer, cfg.precision
+    grad = 4 if (p.grad_reduce_in_fp32 or p.dtype == "fp32") else 2
+    weight = 4 if p.dtype == "fp32" else 2
+    reduce = seconds * (grad / (grad + weight)) if sharded else seconds
+    gather = seconds - reduce
+    hidden_reduce = backward if o.overlap_grad_reduce else 0.0
+    hidden_gather = forward if o.overlap_param_gather else 0.0
+    return max(0.0, reduce - hidden_reduce) + max(0.0, gather - hidden_gather)
+
+
+def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
+              peak_fraction: float = PEAK_FRACTION, half_dim: float = HALF_DIM) -> StepTime:
+    """The modeled step of `cfg` whose stage plans (`recipes.plan.build.stage_plans`) are
+    `stages`, on GPUs of `peak_tflops` dense TFLOP/s."""
+    layout, t = cfg.layout, cfg.train
+    peak = peak_tflops * 1e12
+    gemms, core = layer_gemms(cfg)
+    layer_forward = sum(_seconds(g, peak, peak_fraction, half_dim) for g in gemms)
+    core_forward = _seconds(core, peak, peak_fraction, half_dim)
+    shape = FlopsShape.from_config(cfg)
+    tokens = layout.micro_batch * cfg.model.seq_length / layout.context
+    logits = Gemm(tokens * logits_flops(shape) / layout.tensor, tokens, shape.hidden_size,
+                  layout.padded_vocab / layout.tensor)
+    extra = {"none": 0.0, "selective": core_forward, "full": layer_forward + core_forward}
+    micro = layout.microbatches
+    worst: tuple[float, ...] = ()
+    for stage in stages:
+        layers = sum(stage.layers)
+        forward = layers * (layer_forward + core_forward)
+        if stage.stage == len(stages) - 1:
+            forward += _seconds(logits, peak, peak_fraction, half_dim)
+        per_micro = 3 * forward + layers * extra[t.recompute]
+        comm = _traffic_seconds(stage)
+        cp = max(0.0, comm.get("cp", 0.0) - micro * layers * 3 * core_forward)
+        busy = micro * per_micro + comm.get("tp", 0.0) + cp + comm.get("ep", 0.0)
+        fill = (layout.pipeline - 1) / (micro * layout.virtual_stages)
+        pp = comm.get("pp", 0.0) * min(1.0, fill)
+        dp = _dp_exposed(cfg, comm.get("dp-cp", 0.0) + comm.get("expert-dp", 0.0),
+                         2 * forward, forward, cfg.optimizer.distributed)
+        row = (busy, micro * per_micro, busy / micro, comm.get("tp", 0.0), cp,
+               comm.get("ep", 0.0), pp, dp)
+        worst = max(worst, row) if worst else row
+    busy, compute, per_micro, tp, cp, ep, pp, dp = worst
+    bubble = (layout.pipeline - 1) / layout.virtual_stages * per_micro
+    return StepTime(compute=compute, bubble=bubble, tp=tp, cp=cp, ep=ep, pp=pp, dp=dp)

@@ -1,0 +1,110 @@
+"""Megatron-LM command lines out and in: every registered recipe written as pretrain_gpt.py
+arguments and read back through Megatron-LM's own parser equals the recipe, field by field,
+except the fields listed as having no flag; unknown and inexpressible flags are refused one
+line each; flags that only say where things are are named, not dropped."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from plugins.protocol.errors import ConfigError
+from recipes.config.megatron_args import (
+    FLAGS,
+    SPELLED,
+    command_text,
+    no_flag_fields,
+    to_megatron_args,
+)
+from recipes.plan.command import run_plan
+from recipes.registry import RECIPES, get_recipe
+from trainer.entry.commands import PRETRAIN
+from trainer.entry.contract import main
+from trainer.tools.megatron_args import config_from_megatron_args, read_argument_file
+
+SECTIONS = ("model", "parallel", "cluster", "train", "optimizer", "scheduler", "precision",
+            "data", "checkpoint", "logging")
+
+
+def _differences(cfg, back) -> list[str]:
+    skip = set(no_flag_fields(cfg))
+    found = []
+    for section in SECTIONS:
+        for f in dataclasses.fields(getattr(cfg, section)):
+            key = f"{section}.{f.name}"
+            mine, theirs = getattr(getattr(cfg, section), f.name), getattr(
+                getattr(back, section), f.name)
+            if key not in skip and mine != theirs:
+                found.append(f"{key}: {mine!r} -> {theirs!r}")
+    return found
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_recipe_to_megatron_args_and_back_is_the_recipe(name) -> None:
+    cfg = get_recipe(name)
+    back, notes = config_from_megatron_args(to_megatron_args(cfg), cfg.cluster)
+    assert _differences(cfg, back) == [] and notes == []
+
+
+def test_every_field_is_carried_or_listed() -> None:
+    cfg = get_recipe("llama3_8b_tp8_dp8")
+    carried = {f.field for f in FLAGS} | {n for s in SPELLED for n in s.fields}
+    carried.discard("data.source")  # carried only as --mock-data (synthetic data)
+    listed = set(no_flag_fields(cfg))
+    for section in SECTIONS:
+        for f in dataclasses.fields(getattr(cfg, section)):
+            key = f"{section}.{f.name}"
+            assert (key in carried) != (key in listed), key
+
+
+def test_a_changed_field_changes_the_arguments() -> None:
+    cfg = get_recipe("tiny_dp1")
+    cfg.train.recompute = "full"
+    cfg.model.activation = "swiglu"
+    args = to_megatron_args(cfg)
+    assert "--swiglu" in args and args[args.index("--recompute-granularity") + 1] == "full"
+
+
+def test_unknown_and_inexpressible_flags_are_one_line_each() -> None:
+    argv = ["--num-layers", "4", "--num-layrs", "3", "--qk-layernorm", "--bogus-flag"]
+    with pytest.raises(ConfigError) as error:
+        config_from_megatron_args(argv)
+    lines = str(error.value).split("\nerror: ")
+    assert len(lines) == 3
+    assert lines[0].startswith("--num-layrs is not a Megatron-LM pretrain_gpt.py flag; did you "
+                               "mean --num-layers?")
+    assert any(line.startswith("--qk-layernorm is a Megatron-LM flag the project cannot "
+                               "express") for line in lines)
+
+
+def test_path_flags_are_named_not_dropped(tmp_path) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text("torchrun --nnodes 1 pretrain_gpt.py \\\n  --num-layers 4 --hidden-size 64"
+                      " --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 \\\n"
+                      "  --micro-batch-size 2 --global-batch-size 8 --vocab-size 256 "
+                      "--tensor-model-parallel-size 2 --data-path /data/x --save /ckpt  # c\n")
+    cfg, notes = config_from_megatron_args(read_argument_file(str(script)))
+    assert cfg.parallel.tensor == 2 and cfg.cluster.gpus_per_node == 2
+    assert cfg.model.hidden_dropout == 0.1  # Megatron-LM's default, not ours
+    assert [n.split(" ")[2] for n in notes] == ["--data-path", "--save"]
+
+
+def test_plan_reads_a_megatron_file(tmp_path, capsys) -> None:
+    cfg = get_recipe("tiny_tp2_pp2")
+    script = tmp_path / "args.txt"
+    script.write_text(" ".join(to_megatron_args(cfg)))
+
+    def read(path, cluster):
+        return config_from_megatron_args(read_argument_file(path), cluster)
+
+    assert run_plan(["cluster.gpus_per_node=4"], {"megatron_args": str(script)},
+                    read_megatron=read) == 0
+    assert "TP2 x PP2 x DP1" in capsys.readouterr().out
+
+
+def test_pretrain_prints_the_megatron_command_line(capsys) -> None:
+    assert main(PRETRAIN, ["recipe=tiny_cp2", "print=megatron_args"]) == 0
+    out = capsys.readouterr().out
+    assert out == command_text(get_recipe("tiny_cp2")) + "\n"
+    assert "--context-parallel-size 2" in out and "# no Megatron-LM flag for" in out

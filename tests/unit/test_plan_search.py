@@ -1,0 +1,161 @@
+"""The layout search: what it lists fits, passes validation and builds; its pruning loses no
+winner; its step model moves the right way; a model that fits nowhere names the smallest
+cluster; and the fast node-crossing test agrees with listing every group."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plugins.protocol.errors import ConfigError
+from recipes.config.layout import GROUP_KINDS, Layout
+from recipes.config.validation import validate
+from recipes.plan.build import PlanOptions, stage_plans
+from recipes.plan.cluster import apply_cluster, load_cluster
+from recipes.plan.command import run_plan
+from recipes.plan.search import (
+    RECOMPUTE,
+    Candidate,
+    _blocks,
+    _Searcher,
+    apply_candidate,
+    candidate_of,
+    pipeline_splits,
+    place,
+    search,
+)
+from recipes.plan.steptime import step_time
+from recipes.registry import get_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+CPU = REPO / "conf" / "cluster" / "cpu_local.yaml"
+H100 = REPO / "conf" / "cluster" / "h100_80gb_8x8.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny_search():
+    cfg, cluster = get_recipe("tiny_tp2_pp2"), load_cluster(CPU)
+    return cfg, cluster, search(cfg, cluster, top=1000)
+
+
+def test_every_listed_layout_fits_and_validates(tiny_search) -> None:
+    cfg, cluster, result = tiny_search
+    assert len(result.listed) >= 20
+    for e in result.listed:
+        validate(apply_candidate(cfg, e.candidate))
+        assert e.fits and e.peak <= cluster.gpu_memory_bytes
+    seconds = [e.seconds for e in result.listed]
+    assert seconds == sorted(seconds)
+
+
+def _every_variant(cfg, world):
+    """Brute force: every block, VPP, micro-batch, SP, optimizer and recompute, no pruning."""
+    for tp, pp, first, last, vpps, cp, ep, etp in _blocks(cfg, world):
+        for vpp, mbs, sp, dist, rc in itertools.product(
+                vpps, (1, 2, 4, 8), (False, True), (False, True), RECOMPUTE):
+            if sp and tp == 1:
+                continue
+            yield Candidate(tp, pp, vpp, first, last, cp, ep, etp, mbs, sp, rc, dist)
+
+
+@pytest.mark.parametrize("name", ["tiny_tp2_pp2", "mixtral_tiny_ep4_dp4"])
+def test_pruning_loses_no_faster_valid_layout(name) -> None:
+    cfg, cluster = get_recipe(name), load_cluster(CPU)
+    cluster = dataclasses.replace(cluster, gpu_memory_gb=0.004)  # memory binds for tiny models
+    result = search(cfg, cluster, top=1)
+    searcher = _Searcher(cfg, cluster, PlanOptions(listed_groups=0))
+    best = None
+    for c in _every_variant(cfg, cfg.layout.world_size):
+        if apply_candidate(cfg, c).layout.microbatches == 0:  # refused by validation anyway
+            continue
+        e = searcher.evaluate(c)
+        if not e.fits or (best is not None and e.seconds >= best):
+            continue
+        try:
+            validate(apply_candidate(cfg, c))
+        except ConfigError:
+            continue
+        best = e.seconds
+    assert result.listed and result.listed[0].seconds == pytest.approx(best)
+
+
+def test_step_model_charges_recompute_tp_and_the_bubble() -> None:
+    cfg = apply_cluster(get_recipe("llama3_70b_tp4_pp4_cp2_vpp5_dp2"), load_cluster(H100))
+    cluster = load_cluster(H100)
+
+    def time_of(**changes):
+        c = dataclasses.replace(candidate_of(cfg), **changes)
+        run = apply_candidate(cfg, c)
+        return step_time(run, stage_plans(run, cluster, PlanOptions()), 989)
+
+    base = time_of()
+    assert time_of(recompute="full").compute > time_of(recompute="selective").compute \
+        > base.compute
+    assert time_of(virtual=None).bubble > base.bubble
+    assert time_of(tensor=8, context=1).tp > base.tp
+
+
+def test_uneven_pipeline_splits_include_the_llama_405b_one() -> None:
+    splits = {(pp, first) for pp, first, _last, _v in pipeline_splits(126, 128)}
+    assert (16, 7) in splits and (2, None) in splits and (16, None) not in splits
+
+
+def test_published_layout_is_placed_among_the_fitting(tiny_search) -> None:
+    cfg, cluster, result = tiny_search
+    rank, evaluated = place(cfg, cluster, result, candidate_of(cfg))
+    assert evaluated.fits and 1 <= rank <= len(result.fitting)
+
+
+def test_model_that_fits_nowhere_names_the_smallest_cluster(capsys) -> None:
+    with pytest.raises(ConfigError) as error:
+        run_plan(["recipe=llama31_405b_tp8_pp16_dp128", "cluster.nodes=2"],
+                 {"cluster": str(H100), "search": True})
+    message = str(error.value)
+    assert "\n" not in message
+    assert "no layout of llama31_405b_tp8_pp16_dp128's model fits 16 GPUs" in message
+    assert "the smallest cluster that fits is 16 nodes x 8" in message
+
+
+def test_search_prints_the_table_and_the_command(capsys) -> None:
+    assert run_plan(["recipe=tiny_tp2_pp2"], {"cluster": str(CPU), "search": True,
+                                               "top": 3}) == 0
+    out = capsys.readouterr().out
+    assert "rank   step s" in out and "train the best: python scripts/pretrain.py" in out
+    assert run_plan(["recipe=tiny_tp2_pp2"], {"cluster": str(CPU), "search": True, "top": 3},
+                    as_json=True) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["top"]) == 3 and data["top"][0]["fits"]
+
+
+@pytest.mark.parametrize("gpn,world", [(8, 64), (8, 48), (6, 36), (4, 32)])
+def test_fast_node_crossing_equals_listing_every_group(gpn, world) -> None:
+    for tp, cp, pp, ep, etp in itertools.product((1, 2, 3, 4, 8), (1, 2, 3, 4), (1, 2, 3, 4),
+                                                 (1, 2, 4), (None, 1)):
+        if world % (tp * cp * pp):
+            continue
+        layout = Layout(nodes=world // gpn, gpus_per_node=gpn, tensor=tp, context=cp,
+                        pipeline=pp, expert=ep, expert_tensor=etp)
+        if world % layout.expert_model_parallel:
+            continue
+        for kind in GROUP_KINDS:
+            brute = any(layout.crosses_nodes(g) for g in layout.groups(kind))
+            assert layout.any_group_crosses_nodes(kind) == brute, (tp, cp, pp, ep, etp, kind)
+
+
+def test_a_sample_of_listed_layouts_builds_in_the_dry_run() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "unit" / "search_probe.py"), "tiny_tp2_pp2",
+         "mixtral_tiny_tp2_sp_ep2_dp2"], capture_output=True, text=True, cwd=REPO, timeout=600,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout.splitlines()[-1])
+    for name, rows in data.items():
+        assert len(rows) == 2, name
+        for row in rows:
+            assert "parameters of plan and real model: equal" in row["verify"], (name, row)

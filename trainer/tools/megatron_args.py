@@ -1,0 +1,129 @@
+"""Read a Megatron-LM `pretrain_gpt.py` argument list into a run config, through Megatron-LM's
+own argument parser (`megatron/training/arguments.py:45`, `add_megatron_arguments`, in the
+wheel) and the one flag table (`recipes/config/megatron_args.py`).
+
+Every flag typed is accounted for: carried into the config; named as not carried when it only
+says where things are or how a run reports (paths, loggers, fusions: `ENVIRONMENT_DESTS`); or,
+when it changes what is trained and the project has no field for it, refused with one line per
+flag. A flag Megatron-LM does not know is refused the same way. The world size is not a
+Megatron-LM flag: `cluster.nodes` / `cluster.gpus_per_node` overrides give it (default: one
+node of TP x PP x CP ranks, one replica).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import functools
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from plugins.protocol.errors import ConfigError
+from recipes.config.megatron_args import ENVIRONMENT_DESTS, carried_dests, from_megatron_values
+from recipes.config.schema import ClusterConfig, RunConfig
+
+
+@functools.cache
+def megatron_parser() -> argparse.ArgumentParser:
+    """Megatron-LM's parser, built once (its 800 arguments take seconds to add)."""
+    from megatron.training.arguments import add_megatron_arguments
+
+    return add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False, add_help=False))
+
+
+def read_argument_file(path: str) -> list[str]:
+    """A launch script's arguments: shell words after the script name (line continuations and
+    comments allowed); everything up to the script (`pretrain_gpt.py`), or else before the
+    first `--flag`, is the launcher."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"megatron_args={path} does not exist; give a file holding the "
+                          "pretrain_gpt.py arguments (one shell line or several with \\)")
+    words = shlex.split(file.read_text(encoding="utf-8"), comments=True)
+    script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
+    if script is not None:
+        return words[script + 1:]
+    first = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
+    return words[first:]
+
+
+def _given_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> dict[str, str]:
+    """dest -> the option string typed, for every flag on the command line."""
+    by_option = {o: a.dest for a in parser._actions for o in a.option_strings}
+    found = {}
+    for word in argv:
+        option = word.split("=", 1)[0]
+        if option in by_option:
+            found[by_option[option]] = option
+    return found
+
+
+def _unknown_lines(parser: argparse.ArgumentParser, unknown: list[str]) -> list[str]:
+    options = [o for a in parser._actions for o in a.option_strings]
+    lines = []
+    for word in unknown:
+        if not word.startswith("--"):
+            continue
+        near = difflib.get_close_matches(word.split("=", 1)[0], options, n=1, cutoff=0.8)
+        hint = f"did you mean {near[0]}?" if near else "remove it"
+        lines.append(f"{word} is not a Megatron-LM pretrain_gpt.py flag; {hint}")
+    return lines
+
+
+def _apply(cfg: RunConfig, fields: dict[str, Any]) -> None:
+    for dotted, value in fields.items():
+        section, name = dotted.split(".")
+        target = getattr(cfg, section)
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        current = getattr(target, name)
+        if value is None and current is not None:
+            continue  # Megatron-LM's "unset": the project's default stands
+        setattr(target, name, _as_type_of(current, value))
+
+
+def _as_type_of(current: Any, value: Any) -> Any:
+    """Megatron-LM types a few numbers otherwise (`--loss-scale-window` is a float)."""
+    if isinstance(current, bool) or isinstance(value, bool):
+        return value
+    if isinstance(current, int) and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(current, float) and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def config_from_megatron_args(argv: Sequence[str], cluster: ClusterConfig | None = None
+                              ) -> tuple[RunConfig, list[str]]:
+    """The run config a Megatron-LM argument list trains, and one note per flag typed that
+    the config does not carry. Unknown and unsupported flags: ConfigError, one line each."""
+    parser = megatron_parser()
+    namespace, unknown = parser.parse_known_args(list(argv))
+    given = _given_dests(parser, argv)
+    carried, problems, notes = carried_dests(), _unknown_lines(parser, unknown), []
+    for dest, option in given.items():
+        if dest in carried:
+            continue
+        if dest in ENVIRONMENT_DESTS:
+            notes.append(f"not carried: {option} (where things are or how a run reports; "
+                         "the project's own settings apply)")
+        else:
+            problems.append(f"{option} is a Megatron-LM flag the project cannot express (no "
+                            "config field changes what it changes); remove it to plan the rest")
+    if problems:
+        raise ConfigError("\nerror: ".join(problems))
+    values = {**vars(namespace), "__given__": frozenset(given)}
+    cfg = RunConfig(name="megatron_args")
+    _apply(cfg, from_megatron_values(values))
+    p = cfg.parallel
+    cfg.cluster = cluster or ClusterConfig(nodes=1,
+                                           gpus_per_node=p.tensor * p.pipeline * p.context)
+    return cfg, notes
+
+
+def with_cluster(cfg: RunConfig, nodes: int, gpus_per_node: int) -> RunConfig:
+    return dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, nodes=nodes,
+                                                                gpus_per_node=gpus_per_node))
