@@ -25,11 +25,11 @@ from typing import Any, Literal
 
 from plugins.protocol.errors import ConfigError
 from recipes.config.arguments import convert, split_argument
+from recipes.config.dataset_files import TOKENIZER_FILE
 
 TRAIN_PREFIX = "train:"  # tokenizer=train:VOCAB trains a byte-level BPE on the corpus
 MIN_TRAIN_VOCAB = 257  # 256 byte symbols + the end-of-document token
 MAX_VOCAB = 2**31 - 1  # token ids are stored as int32 at most
-TOKENIZER_FILE = "tokenizer.json"  # what a Hugging Face tokenizer directory holds
 # Input formats by file suffix -> the `datasets` packaged builder that reads them.
 FORMATS = {
     ".txt": "text", ".text": "text", ".md": "text",

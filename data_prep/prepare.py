@@ -61,6 +61,7 @@ from data_prep.hf_tokenizer import (  # noqa: E402
     serial_tokenizers,
 )
 from plugins.protocol.errors import ConfigError  # noqa: E402
+from recipes.config.dataset_files import record  # noqa: E402
 
 WINDOW_BYTES = 16 << 20  # text tokenized per process between two writes / progress updates
 WINDOW_ROWS = 1 << 20  # and at most this many documents per process (many tiny lines)
@@ -417,8 +418,9 @@ def _write_file(path: Path, text: str, work: Path) -> None:
 
 
 def manifest(result: PrepareResult, cfg: PrepareConfig) -> dict[str, Any]:
-    """`<output>.json`: the shards (prefixes relative to this file's folder), their sizes,
-    a Megatron blend (token counts as weights) and what the ids mean."""
+    """`<output>.json`: the shards (prefixes relative to this file's folder), their sizes and
+    what identifies their files (`recipes/config/dataset_files.py`: checked before a run), a
+    Megatron blend (token counts as weights) and what the ids mean."""
     tok = result.tokenizer
     return {
         "format": "megatron-core indexed dataset (.bin/.idx), one document per sequence",
@@ -430,7 +432,8 @@ def manifest(result: PrepareResult, cfg: PrepareConfig) -> dict[str, Any]:
         "documents": result.documents,
         "skipped_empty": result.skipped_empty,
         "tokens": result.tokens,
-        "shards": [asdict(shard) for shard in result.shards],
+        "shards": [{**asdict(shard), **record(str(result.output.parent / shard.prefix))}
+                   for shard in result.shards],
         "blend": [item for s in result.shards for item in (s.tokens, s.prefix)],
         "settings": {"text_field": cfg.text_field, "sample_by": cfg.sample_by,
                      "shard_size": cfg.shard_size, "seed": cfg.seed, "tokenizer": cfg.tokenizer},

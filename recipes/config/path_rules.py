@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -219,6 +220,9 @@ def check_data_blend(cfg: RunConfig) -> str | None:
         blend = load_blend(cfg.data.blend)
     except ConfigError as error:
         return str(error)
+    if os.environ.get("RANK", "0") == "0":
+        for note in blend.notes:
+            print(f"warning: {note}", file=sys.stderr, flush=True)
     weights = {source.weight for source in blend.train} - {0.0}
     if cfg.data.documents == "packed" and len(weights) > 1:
         return (f"data.blend={cfg.data.blend} weights its sources, but data.documents=packed "

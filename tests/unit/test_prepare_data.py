@@ -25,6 +25,7 @@ from data_prep.config import PrepareConfig, parse_args, validate
 from data_prep.hf_tokenizer import prepare_tokenizer
 from data_prep.prepare import prepare
 from plugins.protocol.errors import ConfigError
+from recipes.config.dataset_files import record
 
 # Reading a dataset outside a process group makes Megatron warn about the rank; datasets'
 # map forks its workers from this multi-threaded test process (as it does everywhere).
@@ -115,7 +116,8 @@ def test_one_shard_per_input_with_counts_and_manifest(first) -> None:
     saved = json.loads(first.manifest.read_text())
     assert saved["shards"][1] == {"prefix": "corpus_b", "source": saved["shards"][1]["source"],
                                   "documents": 2, "skipped_empty": 2,
-                                  "tokens": first.shards[1].tokens}
+                                  "tokens": first.shards[1].tokens,
+                                  **record(str(first.output.parent / "corpus_b"))}
     assert saved["blend"] == [first.shards[0].tokens, "corpus_a", first.shards[1].tokens,
                               "corpus_b", first.shards[2].tokens, "corpus_c"]
     assert saved["skipped_empty"] == 5 and saved["tokens"] == first.tokens
