@@ -136,7 +136,8 @@ def _manifest_beside(prefix: str) -> tuple[str, dict[str, Any], dict[str, Any]] 
     for file in sorted(target.parent.glob("*.json")) if target.parent.is_dir() else ():
         try:
             manifest = json.loads(file.read_text(encoding="utf-8"))
-            shards = manifest["shards"]
+            shards = [*manifest["shards"], *manifest.get("valid_shards", []),
+                      *manifest.get("test_shards", [])]
             found = next((s for s in shards if s["prefix"] == target.name), None)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
@@ -193,7 +194,16 @@ def _bare_source(path: str, entry: dict[str, Any], weight: float,
     return BlendSource(prefix, weight)
 
 
-def _sources(path: str, entries: Any, found: _Found) -> tuple[BlendSource, ...]:
+def manifest_shards(manifest: dict[str, Any], split: str) -> list[dict[str, Any]]:
+    """A manifest's shards for one split: a `valid:` entry takes its valid shards when it has
+    them (`valid_shards=`), else all of its train shards (a dedicated held-out preparation)."""
+    if split == "valid" and manifest.get("valid_shards"):
+        return list(manifest["valid_shards"])
+    return list(manifest["shards"])
+
+
+def _sources(path: str, entries: Any, found: _Found,
+             split: str = "train") -> tuple[BlendSource, ...]:
     """Expand manifests into their shards (weights shared by token count), check prefixes."""
     if not isinstance(entries, list) or not entries:
         raise _fail(path, "'train' and 'valid' must be non-empty lists of "
@@ -210,8 +220,9 @@ def _sources(path: str, entries: Any, found: _Found) -> tuple[BlendSource, ...]:
         manifest = _read_manifest(path, name)
         found.manifests.append((name, manifest))
         folder = Path(name).parent
-        total = sum(shard["tokens"] for shard in manifest["shards"]) or 1
-        for shard in manifest["shards"]:
+        shards = manifest_shards(manifest, split)
+        total = sum(shard["tokens"] for shard in shards) or 1
+        for shard in shards:
             prefix = str(folder / shard["prefix"])
             _check_prefix(path, prefix)
             _check_recorded(path, prefix, shard, name)
@@ -295,7 +306,8 @@ def load_blend(path: str) -> Blend:
     loaded = _read_yaml(path)
     found = _Found()
     train = _sources(path, loaded["train"], found)
-    valid = _sources(path, loaded["valid"], found) if loaded.get("valid") is not None else None
+    valid = (_sources(path, loaded["valid"], found, "valid")
+             if loaded.get("valid") is not None else None)
     eod, vocab = _token_facts(path, loaded, found)
     notes = _bare_checks(path, loaded, found, eod, vocab)
     return Blend(path=path, train=train, valid=valid, split=_split(path, loaded), eod_id=eod,
