@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -352,3 +353,65 @@ def test_packing_index_beside_every_dataset_holds_every_document(corpus: Path, t
                 rebuilt.setdefault(int(d), []).append((int(s), documents[int(d)][s:s + n]))
         assert {d: [t for _, piece in sorted(p) for t in piece] for d, p in rebuilt.items()} == {
             d: doc for d, doc in enumerate(documents)}
+
+
+def test_the_tokenizer_folder_loads_in_transformers_and_megatron(first) -> None:
+    """The saved folder names its EOS: `transformers.AutoTokenizer` and Megatron's
+    HuggingFaceTokenizer (what Megatron-LM's preprocess_data and training build from
+    --tokenizer-model) both load it, with the EOD the datasets were written with."""
+    from megatron.core.tokenizers.text.libraries.huggingface_tokenizer import (
+        HuggingFaceTokenizer,
+    )
+    from transformers import AutoTokenizer
+
+    folder = first.tokenizer_dir
+    eod = first.tokenizer.eod_id
+    loaded = AutoTokenizer.from_pretrained(str(folder))
+    assert (loaded.eos_token, loaded.eos_token_id) == ("<|endoftext|>", eod)
+    megatron = HuggingFaceTokenizer(str(folder))
+    assert megatron.eod == eod
+    text = EXPECTED["a"][0]
+    assert megatron.text_to_ids(text) == Tokenizer.from_file(str(first.tokenizer_file)).encode(
+        text).ids
+
+
+def test_datasets_equal_megatron_lms_byte_for_byte(first, tmp_path) -> None:
+    """Megatron-LM's tools/preprocess_data.py (--append-eod, one JSON key) writes, for each
+    line, its tokenizer's ids plus the EOD, or nothing for an empty document, through the
+    same builder; done here with Megatron's own tokenizer class on the saved folder, the
+    .bin and .idx must be the same bytes. (scripts/bench_data.py runs the real tool.)"""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    from megatron.core.tokenizers.text.libraries.huggingface_tokenizer import (
+        HuggingFaceTokenizer,
+    )
+
+    texts = ["first document", "", "   ", "a second\nline", "", "last one, déjà vu"]
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    ours = prepare(PrepareConfig(input=str(source), output=str(tmp_path / "ours"),
+                                 tokenizer=str(first.tokenizer_dir)))
+    tokenizer = HuggingFaceTokenizer(str(first.tokenizer_dir))
+    builder = IndexedDatasetBuilder(str(tmp_path / "lm_text_document.bin"),
+                                    dtype=np.dtype(ours.dtype).type)
+    for text in texts:
+        ids = tokenizer.text_to_ids(text)
+        ids = [*ids, tokenizer.eod] if ids else []
+        builder.add_document(np.asarray(ids, dtype=ours.dtype), [len(ids)] if ids else [])
+    builder.finalize(str(tmp_path / "lm_text_document.idx"))
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"ours_docs{suffix}").read_bytes() == (
+            tmp_path / f"lm_text_document{suffix}").read_bytes()
+    assert document_entries(tmp_path / "ours_docs") == len(texts)
+
+
+def test_the_manifest_gives_megatron_lms_blend_arguments(first) -> None:
+    folder = first.output.parent.resolve()
+    expected = [first.shards[0].tokens, str(folder / "corpus_a"), first.shards[1].tokens,
+                str(folder / "corpus_b"), first.shards[2].tokens, str(folder / "corpus_c")]
+    assert first.data_args.read_text().split() == [str(x) for x in expected]
+    assert json.loads(first.per_split_args.read_text()) == {"train": expected}
+    saved = json.loads(first.manifest.read_text())
+    assert saved["megatron"] == {"data_args_path": "corpus.data-args",
+                                 "per_split_data_args_path": "corpus.per-split-data-args.json"}
+    line = prepare_module.summary_line(first)
+    assert f"--data-args-path {first.data_args} --tokenizer-type HuggingFaceTokenizer" in line
