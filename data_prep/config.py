@@ -25,11 +25,11 @@ from typing import Any, Literal
 
 from plugins.protocol.errors import ConfigError
 from recipes.config.arguments import convert, split_argument
+from recipes.config.dataset_files import TOKENIZER_FILE
 
 TRAIN_PREFIX = "train:"  # tokenizer=train:VOCAB trains a byte-level BPE on the corpus
 MIN_TRAIN_VOCAB = 257  # 256 byte symbols + the end-of-document token
 MAX_VOCAB = 2**31 - 1  # token ids are stored as int32 at most
-TOKENIZER_FILE = "tokenizer.json"  # what a Hugging Face tokenizer directory holds
 # Input formats by file suffix -> the `datasets` packaged builder that reads them.
 FORMATS = {
     ".txt": "text", ".text": "text", ".md": "text",
@@ -48,6 +48,10 @@ EXAMPLES = {
     "eod_token": "'<|endoftext|>'",
     "pack_size": "4096",
     "pad_multiple": "4",
+    "num_shards": "128",
+    "valid_shards": "1",
+    "test_shards": "1",
+    "ray_address": "ray://head:10001",
 }
 # Names people type from habit (Megatron's preprocess_data flags, other tools): suggestions.
 _HABITUAL_NAMES = {
@@ -57,6 +61,7 @@ _HABITUAL_NAMES = {
     "vocab_size": "tokenizer", "json_keys": "text_field", "field": "text_field",
     "text_key": "text_field", "key": "text_field", "workers": "num_proc",
     "num_workers": "num_proc", "nproc": "num_proc", "processes": "num_proc",
+    "shards": "num_shards", "partitions": "num_shards", "address": "ray_address",
     "eod": "eod_token", "eos_token": "eod_token", "append_eod": "eod_token",
 }
 
@@ -70,8 +75,19 @@ class PrepareConfig:
     tokenizer: str  # tokenizer.json, a directory holding one, or train:VOCAB
     text_field: str = "text"  # JSONL/Parquet field holding the text (text files: the text)
     sample_by: Literal["line", "paragraph", "document"] = "line"  # text files: one document is
-    num_proc: int = 1  # tokenizing processes (datasets' map)
+    num_proc: int = 1  # workers: shard tasks run at a time (local processes or Ray CPUs)
     shard_size: int | None = None  # documents per dataset; None = one dataset per input file
+    # Train shards of about equal tokens, cut in document order over all inputs; None = one
+    # shard per input file (then shard_size may cut each further).
+    num_shards: int | None = None
+    valid_shards: int = 0  # held-out shards: every 1/held_out_fraction-th document goes there
+    test_shards: int = 0  # and the one before it goes to the test shards
+    held_out_fraction: float = 0.01  # share of documents for valid (and again for test)
+    executor: Literal["local", "ray"] = "local"  # a process pool here, or one Ray task a shard
+    ray_address: str | None = None  # executor=ray: the cluster (else RAY_ADDRESS, else local)
+    # Empty documents: written as zero-length documents (Megatron-LM's preprocess_data), or
+    # left out of the index ("skip"). Either way they hold no tokens.
+    empty_documents: Literal["keep", "skip"] = "keep"
     eod_token: str | None = None  # end-of-document token; None = the tokenizer's own
     seed: int = 1234  # seeds the packing index's shuffled pack order
     pack_size: int | None = None  # also write an exact packing index for rows of this length
@@ -159,11 +175,32 @@ def check_counts(cfg: PrepareConfig) -> str | None:
             f"pack_size={cfg.pack_size} cannot hold a document and its next token; give rows "
             "of at least 2 tokens, e.g. packing.seq_length=4096, or leave it unset"
         )
+    for key in ("num_shards", "valid_shards", "test_shards"):
+        value = getattr(cfg, key)
+        least = 1 if key == "num_shards" else 0
+        if value is not None and value < least:
+            return f"{key}={value} must be at least {least}, e.g. {key}={EXAMPLES[key]}"
+    if cfg.shard_size is not None and cfg.num_shards is not None:
+        return (f"shard_size={cfg.shard_size} and num_shards={cfg.num_shards} both cut the "
+                "datasets; give one of them")
     if cfg.shard_size is not None and cfg.shard_size < 1:
         return (
             f"shard_size={cfg.shard_size} must be at least 1 document, or shard_size=null for "
             "one dataset per input file"
         )
+
+
+def check_held_out(cfg: PrepareConfig) -> str | None:
+    fraction = cfg.held_out_fraction
+    if not 0 < fraction <= 1 / 3:
+        return (f"held_out_fraction={fraction} must be in (0, 1/3] (the share of documents "
+                "for valid, and again for test), e.g. held_out_fraction=0.01")
+
+
+def check_executor(cfg: PrepareConfig) -> str | None:
+    if cfg.ray_address is not None and cfg.executor != "ray":
+        return (f"ray_address={cfg.ray_address} is used by executor=ray only; add executor=ray "
+                "or leave ray_address unset")
 
 
 def check_pad_multiple(cfg: PrepareConfig) -> str | None:
@@ -221,8 +258,8 @@ def check_text_field(cfg: PrepareConfig) -> str | None:
 
 
 RULES: tuple[Callable[[PrepareConfig], str | None], ...] = (
-    check_empty_text, check_counts, check_pad_multiple, check_train_vocab, check_output_prefix,
-    check_text_field,
+    check_empty_text, check_counts, check_held_out, check_executor, check_pad_multiple,
+    check_train_vocab, check_output_prefix, check_text_field,
 )
 
 
@@ -241,10 +278,20 @@ def _known_suffixes() -> str:
     return ", ".join(FORMATS)
 
 
+OUTPUT_SUFFIXES = (".json", ".tokenizer", ".shards", ".data-args", ".per-split-data-args.json")
+
+
 def output_files(output: str) -> tuple[Path, ...]:
-    """The corpus-like files a preparation writes (a folder input must not read them back)."""
+    """The files and folders a preparation writes besides its datasets (a folder input must
+    not read them back): the manifest, the tokenizer folder, the shard records, Megatron-LM's
+    blend files."""
     prefix = Path(output).expanduser()
-    return tuple(prefix.with_name(prefix.name + s) for s in (".json", ".tokenizer.json"))
+    return tuple(prefix.with_name(prefix.name + s) for s in OUTPUT_SUFFIXES)
+
+
+def _written(path: Path, skip: frozenset[Path]) -> bool:
+    resolved = path.resolve()
+    return resolved in skip or any(parent in skip for parent in resolved.parents)
 
 
 def _expand(part: str, skip: frozenset[Path]) -> list[Path]:
@@ -253,14 +300,14 @@ def _expand(part: str, skip: frozenset[Path]) -> list[Path]:
     path = Path(part).expanduser()
     if glob.has_magic(part):
         matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
-        files = [p for p in matches if p.is_file() and p.resolve() not in skip]
+        files = [p for p in matches if p.is_file() and not _written(p, skip)]
         if not files:
             raise ConfigError(f"input={part} matches no files; check the pattern or the folder")
         return files
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and input_format(p)
                        and not any(x.startswith(".") for x in p.relative_to(path).parts)
-                       and p.resolve() not in skip)
+                       and not _written(p, skip))
         if not files:
             raise ConfigError(
                 f"input={part} is a folder with no corpus files; it needs files ending in "
@@ -283,7 +330,7 @@ def resolve_inputs(spec: str, output: str | None = None) -> list[Path]:
     if not files:
         raise ConfigError(f"input={spec} names no files; e.g. input={EXAMPLES['input']}")
     for path in files:
-        if path.resolve() in written:
+        if _written(path, written):
             raise ConfigError(
                 f"input file {path} is a file this run writes (output={output}); "
                 "choose another output or leave the file out of input="

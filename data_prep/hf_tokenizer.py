@@ -16,7 +16,6 @@ Why these choices:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -27,12 +26,9 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 from data_prep.config import TOKENIZER_FILE, TRAIN_PREFIX, PrepareConfig
 from plugins.protocol.errors import ConfigError
+from recipes.config.dataset_files import EOD_CANDIDATES, configured_eos
 
-DEFAULT_EOD = "<|endoftext|>"  # GPT-2's end of text; the trained tokenizer's id 0
-# End-of-document tokens of common tokenizers, tried in order when no eod_token= is given:
-# GPT-2/NeoX/Qwen, Llama 3, Llama 2/Mistral, Gemma.
-EOD_CANDIDATES = (DEFAULT_EOD, "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]")
-TOKENIZER_CONFIG = "tokenizer_config.json"  # beside tokenizer.json; names the eos token
+DEFAULT_EOD = EOD_CANDIDATES[0]  # GPT-2's end of text; the trained tokenizer's id 0
 PARALLELISM_ENV = "TOKENIZERS_PARALLELISM"
 
 
@@ -100,19 +96,6 @@ def train_byte_level_bpe(texts: Iterable[str | list[str]], vocab: int,
     return tokenizer
 
 
-def _configured_eos(spec: str) -> str | None:
-    """The eos token a Hugging Face folder's tokenizer_config.json names, if any."""
-    path = Path(spec).expanduser()
-    config = path / TOKENIZER_CONFIG if path.is_dir() else path.with_name(TOKENIZER_CONFIG)
-    try:
-        eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if isinstance(eos, dict):
-        eos = eos.get("content")
-    return eos if isinstance(eos, str) and eos else None
-
-
 def _special_tokens(tokenizer: Tokenizer) -> list[str]:
     return [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special]
 
@@ -130,7 +113,7 @@ def choose_eod(tokenizer: Tokenizer, cfg: PrepareConfig) -> tuple[int, str, bool
                 f"one of its special tokens ({specials}) or leave eod_token unset"
             )
         return token_id, cfg.eod_token, False
-    configured = _configured_eos(cfg.tokenizer) if cfg.train_vocab is None else None
+    configured = configured_eos(cfg.tokenizer) if cfg.train_vocab is None else None
     for token in (configured, *EOD_CANDIDATES):
         token_id = tokenizer.token_to_id(token) if token else None
         if token_id is not None:

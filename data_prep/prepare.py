@@ -1,38 +1,42 @@
-"""Local text, JSONL and Parquet -> Megatron Core indexed datasets (`.bin`/`.idx`), one per
-input file, plus a manifest (`<output>.json`) a blend can name and the tokenizer used.
+"""Local text, JSONL and Parquet -> Megatron Core indexed datasets (`.bin`/`.idx`): one per
+input file, or `num_shards` (+ `valid_shards`, `test_shards`) of about equal tokens, plus a
+manifest (`<output>.json`) a blend can name, the tokenizer folder and Megatron-LM's blend files.
 
 Why it is built this way:
-- Files are read through `datasets` (its packaged text/json/parquet builders, offline, cached in
-  a work folder that is removed afterwards), so every format and compression it knows works and
-  tokenizing runs in `num_proc` processes through its batched `map`.
-- The work is done window by window (about 16 MiB of text per process): the progress bar moves
-  during a long file, memory stays bounded, and nothing is cached on disk but the Arrow copy.
-- Datasets are written only through Megatron Core's `IndexedDatasetBuilder` (one document per
-  sequence, as Megatron's own preprocess_data does) into a hidden work folder beside the output,
-  then published by rename when complete: an interrupted run leaves no file named like a
-  dataset, and a re-run first removes the old `.idx`, so old and new halves never pair up.
+- Files are read through `datasets` (its packaged text/json/parquet builders, offline), which
+  converts each input once into memory-mapped Arrow files in a hidden work folder beside the
+  output; every format and compression it knows works, and the shard tasks read row ranges of
+  those files, window by window (memory per worker is bounded by a batch, not by the corpus).
+- The work is cut into shards planned from the inputs alone (`data_prep/shards.py`) and run by
+  a local process pool or Ray (`data_prep/executors.py`): the same shards and bytes whatever the
+  executor and the number of workers. Each shard is published by rename with a record holding
+  its checksums, so a killed run is finished by the same command, which redoes only the shards
+  that are not complete; no half-written file is ever named like a dataset.
+- Datasets are written only through Megatron Core's `IndexedDatasetBuilder`, as Megatron-LM's
+  `tools/preprocess_data.py` writes them (one sequence per document, the EOD appended, an empty
+  document a zero-length document), so for the same input and tokenizer both `.bin` and `.idx`
+  are the same bytes (`empty_documents=skip` leaves them out of the index instead).
 - Everything that can be a user mistake (paths, fields, an unreadable file or tokenizer) is
   checked before the first dataset is written, as one-line `ConfigError`s.
 - Same inputs, same outputs, byte for byte: input order is sorted, nothing is shuffled, the BPE
   trainer is deterministic (see `data_prep/hf_tokenizer.py`), and the manifest holds no times or
-  absolute paths of its own.
+  absolute paths of its own (Megatron-LM's blend files beside it do hold absolute prefixes).
 """
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import functools
+import hashlib
 import json
 import logging
 import os
 import random
 import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +45,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import datasets  # noqa: E402
 import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import (  # noqa: E402
@@ -55,18 +58,21 @@ from rich.progress import (  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from data_prep.config import PrepareConfig, input_format, shard_names, validate  # noqa: E402
-from data_prep.hf_tokenizer import (  # noqa: E402
-    PreparedTokenizer,
-    prepare_tokenizer,
-    serial_tokenizers,
+from data_prep.executors import run_tasks  # noqa: E402
+from data_prep.hf_tokenizer import PreparedTokenizer, prepare_tokenizer  # noqa: E402
+from data_prep.shards import (  # noqa: E402
+    SPLITS,
+    TaskSpec,
+    complete,
+    held_out_stride,
+    plan_key,
+    plan_shards,
 )
 from plugins.protocol.errors import ConfigError  # noqa: E402
+from recipes.config.dataset_files import RECORD_KEYS  # noqa: E402
 
-WINDOW_BYTES = 16 << 20  # text tokenized per process between two writes / progress updates
-WINDOW_ROWS = 1 << 20  # and at most this many documents per process (many tiny lines)
-MAP_BATCH = 1000  # documents per encode_batch call
+MAP_BATCH = 1000  # documents per batch the BPE trainer reads
 FORMAT_NAMES = {"text": "text", "json": "JSON lines", "parquet": "Parquet"}
-TOKENS_FEATURES = datasets.Features({"input_ids": datasets.List(datasets.Value("int32"))})
 
 
 @dataclass(frozen=True)
@@ -75,9 +81,11 @@ class Shard:
 
     prefix: str
     source: str
-    documents: int
-    skipped_empty: int
+    documents: int  # documents with tokens
+    empty: int  # empty documents (zero-length documents, or left out with empty_documents=skip)
     tokens: int
+    split: str = "train"
+    files: dict = field(default_factory=dict)  # what identifies its files (dataset_files.record)
 
 
 @dataclass(frozen=True)
@@ -87,22 +95,31 @@ class PrepareResult:
     shards: tuple[Shard, ...]
     output: Path  # the prefix: datasets are <output>_<name>.bin/.idx
     manifest: Path  # <output>.json
-    tokenizer_file: Path  # <output>.tokenizer.json
+    tokenizer_dir: Path  # <output>.tokenizer/ (a Hugging Face tokenizer folder)
     tokenizer: PreparedTokenizer
     dtype: str  # uint16 or int32
     seconds: float  # the whole preparation, tokenizer training included
     train_seconds: float  # training the tokenizer (0 when loaded)
+    data_args: Path  # <output>.data-args: Megatron-LM's --data-args-path file (train)
+    per_split_args: Path  # <output>.per-split-data-args.json: its --per-split-data-args-path
     pack_size: int | None = None  # rows of the packing indexes written (pack_size=)
     packs: tuple = ()  # PackingStats of each shard's packing index
     pad_multiple: int = 1  # documents padded to multiples of this in those indexes
+    redone: int = 0  # shards written by this run (the others were complete already)
+    workers: int = 1  # workers that ran them at once
+    empty_kept: bool = True  # empty documents are zero-length documents in the index
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.tokenizer_dir / "tokenizer.json"
 
     @property
     def documents(self) -> int:
         return sum(s.documents for s in self.shards)
 
     @property
-    def skipped_empty(self) -> int:
-        return sum(s.skipped_empty for s in self.shards)
+    def empty(self) -> int:
+        return sum(s.empty for s in self.shards)
 
     @property
     def tokens(self) -> int:
@@ -214,68 +231,6 @@ def _texts(corpora: Sequence[_Corpus]) -> Iterator[list[str]]:
             yield [t for t in batch[corpus.column] if t and not t.isspace()]
 
 
-# ----------------------------------------------------------------------------- tokenizing
-
-
-class Encoder:
-    """The batched map function: the tokenizer's encoding of each document plus the EOD id;
-    an empty (or whitespace-only) document becomes an empty list, skipped by the writer.
-
-    A class rather than a closure so `datasets` can pickle it to its worker processes.
-    """
-
-    def __init__(self, prepared: PreparedTokenizer, column: str) -> None:
-        self.tokenizer = prepared.tokenizer
-        self.eod_id = prepared.eod_id
-        self.column = column
-
-    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
-        texts = batch[self.column]
-        keep = [i for i, text in enumerate(texts) if text and not text.isspace()]
-        encoded = self.tokenizer.encode_batch_fast([texts[i] for i in keep])
-        ids: list[list[int]] = [[] for _ in texts]
-        for i, encoding in zip(keep, encoded, strict=True):
-            tokens = encoding.ids
-            if tokens:  # a tokenizer may map some text to nothing: that is empty too
-                tokens.append(self.eod_id)
-                ids[i] = tokens
-        return {"input_ids": ids}
-
-
-def windows(data: datasets.Dataset, column: str, num_proc: int) -> list[tuple[int, int]]:
-    """Row ranges of about WINDOW_BYTES of text per process (at most WINDOW_ROWS rows)."""
-    rows = data.num_rows
-    chunks = data.data.column(column).chunks
-    sizes = np.concatenate(
-        [pc.binary_length(c).fill_null(0).to_numpy(zero_copy_only=False) for c in chunks]
-    ) if chunks else np.zeros(0, np.int64)
-    ends = np.cumsum(sizes, dtype=np.int64)
-    budget = WINDOW_BYTES * num_proc
-    marks = np.arange(budget, int(ends[-1]) if rows else 0, budget, dtype=np.int64)
-    cuts = np.searchsorted(ends, marks, side="left") + 1
-    by_rows = np.arange(WINDOW_ROWS * num_proc, rows, WINDOW_ROWS * num_proc)
-    bounds = np.unique(np.concatenate([[0, rows], np.minimum(cuts, rows), by_rows]))
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-
-
-def tokenize(corpus: _Corpus, start: int, stop: int, encoder: Encoder,
-             num_proc: int) -> pa.ChunkedArray:
-    """Token ids (a list per row) of rows [start, stop), through datasets' batched map."""
-    window = corpus.data.select(range(start, stop))
-    procs = min(num_proc, stop - start)
-    mapped = window.map(
-        encoder,
-        batched=True,
-        batch_size=MAP_BATCH,
-        num_proc=procs if procs > 1 else None,
-        remove_columns=window.column_names,
-        features=TOKENS_FEATURES,
-        keep_in_memory=True,
-        new_fingerprint=f"{corpus.name[:30]}-{start}-{stop}".replace(".", "_"),
-    )
-    return mapped.data.column("input_ids")
-
-
 # ----------------------------------------------------------------------------- writing
 
 
@@ -296,117 +251,112 @@ def dataset_dtype(vocab_size: int) -> type[np.number]:
     return _indexed_dataset_api()[1].optimal_dtype(vocab_size)
 
 
-def publish(work_prefix: Path, final_prefix: Path) -> None:
-    """Move a finished dataset into place: the old `.idx` goes first, the new `.idx` last, so
-    at no moment does a `.bin`/`.idx` pair exist that was not written together."""
-    final_prefix.with_name(final_prefix.name + ".idx").unlink(missing_ok=True)
-    for suffix in (".bin", ".idx"):
-        os.replace(work_prefix.with_name(work_prefix.name + suffix),
-                   final_prefix.with_name(final_prefix.name + suffix))
+def text_sizes(corpus: _Corpus) -> np.ndarray:
+    """Each document's text bytes (what the shard plan balances), chunk by chunk."""
+    chunks = corpus.data.data.column(corpus.column).chunks
+    if not chunks:
+        return np.zeros(0, np.int64)
+    return np.concatenate([pc.binary_length(c).fill_null(0).to_numpy(zero_copy_only=False)
+                           for c in chunks]).astype(np.int64)
 
 
-class ShardWriter:
-    """Writes one input's documents into indexed datasets in the work folder and publishes
-    each when complete; with shard_size, a new dataset every shard_size documents."""
-
-    def __init__(self, name: str, source: Path, output: Path, work: Path,
-                 dtype: type[np.number], shard_size: int | None) -> None:
-        self.name, self.source, self.output, self.work = name, source, output, work
-        self.dtype, self.shard_size = dtype, shard_size
-        self.shards: list[Shard] = []
-        self.builder: Any = None
-        self.documents = self.skipped = self.tokens = 0
-
-    def _prefix(self) -> str:
-        base = f"{self.output.name}_{self.name}"
-        return f"{base}_{len(self.shards):05d}" if self.shard_size else base
-
-    def _open(self) -> None:
-        builder_class = _indexed_dataset_api()[0]
-        self.builder = builder_class(str(self.work / f"{self._prefix()}.bin"), self.dtype)
-
-    def add(self, tokens: np.ndarray) -> None:
-        if self.builder is None:
-            self._open()
-        self.builder.add_document(tokens, [tokens.size])
-        self.documents += 1
-        self.tokens += tokens.size
-        if self.shard_size and self.documents == self.shard_size:
-            self._finish_part()
-
-    def skip(self, count: int) -> None:
-        self.skipped += count
-
-    def _finish_part(self) -> None:
-        prefix = self._prefix()
-        self.builder.finalize(str(self.work / f"{prefix}.idx"))
-        publish(self.work / prefix, self.output.with_name(prefix))
-        self.shards.append(Shard(prefix, str(self.source), self.documents, self.skipped,
-                                 self.tokens))
-        self.builder, self.documents, self.skipped, self.tokens = None, 0, 0, 0
-
-    def close(self) -> list[Shard]:
-        """Publish the open dataset; empties after a full last part are counted there."""
-        if self.builder is None and self.shards:
-            last = self.shards[-1]
-            self.shards[-1] = replace(last, skipped_empty=last.skipped_empty + self.skipped)
-            self.skipped = 0
-            return self.shards
-        if self.builder is None:  # every document encoded to nothing: an empty dataset
-            self._open()
-        self._finish_part()
-        return self.shards
+def shard_counts(cfg: PrepareConfig) -> dict[str, int | None]:
+    return {"train": cfg.num_shards, "valid": cfg.valid_shards, "test": cfg.test_shards}
 
 
-def write_ids(writer: ShardWriter, ids: pa.ChunkedArray, dtype: type[np.number]) -> None:
-    """Every row of a window's token lists into the writer, the empty ones counted."""
-    for chunk in ids.chunks:
-        offsets = chunk.offsets.to_numpy()
-        values = chunk.values.to_numpy()[offsets[0]:offsets[-1]].astype(dtype, copy=False)
-        offsets = offsets - offsets[0]
-        lengths = np.diff(offsets)
-        writer.skip(int(np.count_nonzero(lengths == 0)))
-        for i in np.flatnonzero(lengths).tolist():
-            writer.add(values[offsets[i]:offsets[i + 1]])
+def _identity(cfg: PrepareConfig, corpora: Sequence[_Corpus], prepared: PreparedTokenizer,
+              dtype: type[np.number], tokenizer_json: str) -> dict[str, Any]:
+    """What every shard depends on besides its own plan (a change redoes every shard)."""
+    inputs = [(str(c.path), c.path.stat().st_size, c.path.stat().st_mtime_ns) for c in corpora]
+    return {"inputs": inputs, "column": [c.column for c in corpora],
+            "tokenizer": hashlib.sha256(tokenizer_json.encode()).hexdigest(),
+            "eod_id": prepared.eod_id, "dtype": np.dtype(dtype).name,
+            "empty_documents": cfg.empty_documents, "sample_by": cfg.sample_by}
+
+
+def task_specs(cfg: PrepareConfig, corpora: Sequence[_Corpus], prepared: PreparedTokenizer,
+               dtype: type[np.number], output: Path, work: Path) -> list[TaskSpec]:
+    """The preparation's shards as task values, in manifest order."""
+    tokenizer_json = prepared.tokenizer.to_str()
+    plans = plan_shards(output.name, [c.name for c in corpora], [str(c.path) for c in corpora],
+                        [text_sizes(c) for c in corpora], shard_counts(cfg),
+                        held_out_stride(cfg.held_out_fraction), cfg.shard_size)
+    identity = _identity(cfg, corpora, prepared, dtype, tokenizer_json)
+    arrow = tuple(tuple(f["filename"] for f in c.data.cache_files) for c in corpora)
+    records = records_folder(output)
+    records.mkdir(exist_ok=True)
+    return [TaskSpec(plan=plan, key=plan_key(plan, identity), arrow_files=arrow,
+                     column=corpora[0].column, tokenizer_json=tokenizer_json,
+                     eod_id=prepared.eod_id, dtype=np.dtype(dtype).name,
+                     keep_empty=cfg.empty_documents == "keep", output_dir=str(output.parent),
+                     work_dir=str(work), records_dir=str(records))
+            for plan in plans]
+
+
+def records_folder(output: Path) -> Path:
+    return output.with_name(output.name + ".shards")
+
+
+def write_all(specs: Sequence[TaskSpec], cfg: PrepareConfig, bar: Progress) -> tuple[
+        list[dict[str, Any]], int]:
+    """Run the shards that are not complete; return every shard's record (plan order) and
+    how many were redone."""
+    records: dict[str, dict[str, Any]] = {}
+    todo = []
+    for spec in specs:
+        found = complete(spec)
+        if found is None:
+            todo.append(spec)
+        else:
+            records[spec.plan.prefix] = found
+    task = bar.add_task("shards", total=len(specs), completed=len(records),
+                        tokens=_tokens(records.values()))
+
+    def done(record: dict[str, Any]) -> None:
+        records[record["prefix"]] = record
+        bar.update(task, completed=len(records), tokens=_tokens(records.values()), refresh=True)
+
+    with bar:
+        run_tasks(todo, cfg.executor, cfg.num_proc, cfg.ray_address, done)
+    return [records[spec.plan.prefix] for spec in specs], len(todo)
+
+
+def _tokens(records: Any) -> int:
+    return sum(d["tokens"] for r in records for d in r["datasets"])
+
+
+def shards_of(records: Sequence[dict[str, Any]]) -> list[Shard]:
+    return [Shard(d["prefix"], r["source"], d["documents"], d["empty"], d["tokens"],
+                  r["split"], {k: d[k] for k in RECORD_KEYS})
+            for r in records for d in r["datasets"]]
 
 
 # ----------------------------------------------------------------------------- the run
 
 
 def _progress(enabled: bool | None, console: Console) -> Progress:
-    """A bar over documents; off when the output is not a terminal (logs, tests, pipes)."""
+    """A bar over shards with tokens so far and the job's ETA; off when the output is not a
+    terminal (logs, tests, pipes)."""
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("docs  {task.fields[tokens]:,} tokens"), TimeElapsedColumn(),
+        TextColumn("{task.fields[tokens]:,} tokens"), TimeElapsedColumn(),
         TimeRemainingColumn(), console=console, auto_refresh=False,
         disable=not (console.is_terminal if enabled is None else enabled),
     )
 
 
-def write_corpus(corpus: _Corpus, cfg: PrepareConfig, encoder: Encoder, output: Path,
-                 work: Path, dtype: type[np.number], bar: Progress) -> list[Shard]:
-    """Tokenize one input window by window and write its dataset(s)."""
-    writer = ShardWriter(corpus.name, corpus.path, output, work, dtype, cfg.shard_size)
-    task = bar.add_task(corpus.name, total=corpus.data.num_rows, tokens=0)
-    tokens = 0
-    for start, stop in windows(corpus.data, corpus.column, cfg.num_proc):
-        write_ids(writer, tokenize(corpus, start, stop, encoder, cfg.num_proc), dtype)
-        tokens = sum(s.tokens for s in writer.shards) + writer.tokens
-        bar.update(task, completed=stop, tokens=tokens, refresh=True)
-    return writer.close()
-
-
 def _work_folder(output: Path) -> Path:
-    """A hidden folder beside the output (same filesystem, so publishing is a rename)."""
+    """A hidden folder beside the output (same filesystem, so publishing is a rename), named
+    after it so that a re-run finds the Arrow copies of the inputs again."""
+    folder = output.with_name(f".{output.name}.work")
     try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp",
-                                     dir=output.parent))
+        (folder / "cache").mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(
             f"output={output}: cannot write in {output.parent} ({err.strerror}); "
             "choose another output"
         ) from None
+    return folder
 
 
 def _write_file(path: Path, text: str, work: Path) -> None:
@@ -416,32 +366,54 @@ def _write_file(path: Path, text: str, work: Path) -> None:
     os.replace(staged, path)
 
 
+def megatron_blend(shards: Sequence[Shard], folder: Path, split: str) -> list[Any]:
+    """Megatron-LM's `weight prefix ...` list of one split (token counts as weights)."""
+    return [item for s in shards if s.split == split
+            for item in (s.tokens, str(folder / s.prefix))]
+
+
 def manifest(result: PrepareResult, cfg: PrepareConfig) -> dict[str, Any]:
-    """`<output>.json`: the shards (prefixes relative to this file's folder), their sizes,
-    a Megatron blend (token counts as weights) and what the ids mean."""
+    """`<output>.json`: the shards of each split (prefixes relative to this file's folder),
+    their sizes and what identifies their files (`recipes/config/dataset_files.py`: checked
+    before a run), a Megatron blend (token counts as weights) and what the ids mean."""
     tok = result.tokenizer
+
+    def listed(split: str) -> list[dict[str, Any]]:
+        return [{"prefix": s.prefix, "source": s.source, "documents": s.documents,
+                 "empty": s.empty, "tokens": s.tokens, **s.files}
+                for s in result.shards if s.split == split]
+
     return {
         "format": "megatron-core indexed dataset (.bin/.idx), one document per sequence",
-        "tokenizer": result.tokenizer_file.name,
+        "tokenizer": result.tokenizer_dir.name,
         "eod_token": tok.eod_token,
         "eod_id": tok.eod_id,
         "vocab_size": tok.vocab_size,
         "dtype": result.dtype,
         "documents": result.documents,
-        "skipped_empty": result.skipped_empty,
+        "empty": result.empty,
         "tokens": result.tokens,
-        "shards": [asdict(shard) for shard in result.shards],
-        "blend": [item for s in result.shards for item in (s.tokens, s.prefix)],
+        "shards": listed("train"),
+        "valid_shards": listed("valid"),
+        "test_shards": listed("test"),
+        "blend": megatron_blend(result.shards, Path(), "train"),
+        "megatron": {"data_args_path": result.data_args.name,
+                     "per_split_data_args_path": result.per_split_args.name},
         "settings": {"text_field": cfg.text_field, "sample_by": cfg.sample_by,
-                     "shard_size": cfg.shard_size, "seed": cfg.seed, "tokenizer": cfg.tokenizer},
+                     "shard_size": cfg.shard_size, "num_shards": cfg.num_shards,
+                     "valid_shards": cfg.valid_shards, "test_shards": cfg.test_shards,
+                     "held_out_fraction": cfg.held_out_fraction,
+                     "empty_documents": cfg.empty_documents, "seed": cfg.seed,
+                     "tokenizer": cfg.tokenizer},
     }
 
 
 def prepare(cfg: PrepareConfig, *, progress: bool | None = None,
             console: Console | None = None) -> PrepareResult:
     """Prepare every input of `cfg`; return what was written. User mistakes raise
-    `ConfigError` before any dataset is published; the work folder is always removed.
-    `progress`: show the bar (None: only on a terminal)."""
+    `ConfigError` before any dataset is published; the work folder is removed when the
+    preparation completes (a killed one leaves it for the re-run, which redoes only the
+    shards that are not complete). `progress`: show the bar (None: only on a terminal)."""
     files = validate(cfg)
     _indexed_dataset_api()  # Megatron's import (seconds) is not part of the timed work
     started = time.perf_counter()
@@ -454,34 +426,26 @@ def prepare(cfg: PrepareConfig, *, progress: bool | None = None,
     try:
         corpora = [read_corpus(path, name, cfg, work / "cache")
                    for path, name in zip(files, shard_names(files), strict=True)]
-        prepared, train_seconds = loaded, 0.0
-        if prepared is None:
-            trained = time.perf_counter()
-            rows = sum(c.data.num_rows for c in corpora)
-            prepared = prepare_tokenizer(cfg, _texts(corpora), length=-(-rows // MAP_BATCH))
-            train_seconds = time.perf_counter() - trained
-        dtype = dataset_dtype(prepared.vocab_size)
-        shards = write_all(corpora, cfg, prepared, output, work, dtype,
-                           _progress(progress, console or Console()))
-        packs = write_pack_indexes(shards, output, cfg) if cfg.pack_size else ()
-        result = _finish(cfg, output, work, prepared, shards, dtype, started, train_seconds)
-        return replace(result, packs=packs, pack_size=cfg.pack_size,
-                       pad_multiple=cfg.pad_multiple)
-    finally:
+    except ConfigError:  # a bad input: nothing to resume, nothing left behind
         shutil.rmtree(work, ignore_errors=True)
-
-
-def write_all(corpora: Sequence[_Corpus], cfg: PrepareConfig, prepared: PreparedTokenizer,
-              output: Path, work: Path, dtype: type[np.number], bar: Progress) -> list[Shard]:
-    """Every input's dataset(s), in input order. With num_proc > 1 the worker processes are
-    the parallelism, so the tokenizer's own thread pool is off (in them and here)."""
-    shards: list[Shard] = []
-    threads = serial_tokenizers() if cfg.num_proc > 1 else contextlib.nullcontext()
-    with threads, bar:
-        for corpus in corpora:
-            encoder = Encoder(prepared, corpus.column)
-            shards += write_corpus(corpus, cfg, encoder, output, work, dtype, bar)
-    return shards
+        raise
+    prepared, train_seconds = loaded, 0.0
+    if prepared is None:
+        trained = time.perf_counter()
+        rows = sum(c.data.num_rows for c in corpora)
+        prepared = prepare_tokenizer(cfg, _texts(corpora), length=-(-rows // MAP_BATCH))
+        train_seconds = time.perf_counter() - trained
+    dtype = dataset_dtype(prepared.vocab_size)
+    specs = task_specs(cfg, corpora, prepared, dtype, output, work)
+    del corpora  # the Arrow files stay mapped in the tasks only
+    records, redone = write_all(specs, cfg, _progress(progress, console or Console()))
+    shards = shards_of(records)
+    packs = write_pack_indexes(shards, output, cfg) if cfg.pack_size else ()
+    result = _finish(cfg, output, work, prepared, shards, dtype, started, train_seconds)
+    shutil.rmtree(work, ignore_errors=True)
+    return replace(result, packs=packs, pack_size=cfg.pack_size, pad_multiple=cfg.pad_multiple,
+                   redone=redone, workers=min(cfg.num_proc, max(1, redone)),
+                   empty_kept=cfg.empty_documents == "keep")
 
 
 def write_pack_indexes(shards: Sequence[Shard], output: Path, cfg: PrepareConfig) -> tuple:
@@ -494,17 +458,45 @@ def write_pack_indexes(shards: Sequence[Shard], output: Path, cfg: PrepareConfig
                  for shard in shards)
 
 
+def write_tokenizer_folder(prepared: PreparedTokenizer, folder: Path, work: Path) -> None:
+    """A Hugging Face tokenizer folder: tokenizer.json and the tokenizer_config.json that
+    `transformers.AutoTokenizer` (and Megatron-LM's HuggingFaceTokenizer) read the EOS from."""
+    staged = work / folder.name
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir()
+    (staged / "tokenizer.json").write_text(prepared.tokenizer.to_str(pretty=True) + "\n",
+                                           encoding="utf-8")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": prepared.eod_token,
+              "clean_up_tokenization_spaces": False, "model_max_length": 1 << 30}
+    (staged / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n",
+                                                  encoding="utf-8")
+    special = {"eos_token": prepared.eod_token}
+    (staged / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n",
+                                                    encoding="utf-8")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(staged, folder)
+
+
 def _finish(cfg: PrepareConfig, output: Path, work: Path, prepared: PreparedTokenizer,
             shards: list[Shard], dtype: type[np.number], started: float,
             train_seconds: float) -> PrepareResult:
-    """Publish the tokenizer and, last, the manifest (its presence means the run finished)."""
-    tokenizer_file = output.with_name(output.name + ".tokenizer.json")
-    _write_file(tokenizer_file, prepared.tokenizer.to_str(pretty=True) + "\n", work)
+    """Publish the tokenizer, Megatron-LM's blend files and, last, the manifest (its
+    presence means the run finished)."""
+    tokenizer_dir = output.with_name(output.name + ".tokenizer")
+    write_tokenizer_folder(prepared, tokenizer_dir, work)
     result = PrepareResult(
         shards=tuple(shards), output=output, manifest=output.with_name(output.name + ".json"),
-        tokenizer_file=tokenizer_file, tokenizer=prepared, dtype=np.dtype(dtype).name,
+        tokenizer_dir=tokenizer_dir, tokenizer=prepared, dtype=np.dtype(dtype).name,
         seconds=0.0, train_seconds=train_seconds,
+        data_args=output.with_name(output.name + ".data-args"),
+        per_split_args=output.with_name(output.name + ".per-split-data-args.json"),
     )
+    folder = output.parent.resolve()
+    train = megatron_blend(shards, folder, "train")
+    _write_file(result.data_args, " ".join(map(str, train)) + "\n", work)
+    per_split = {split: megatron_blend(shards, folder, split) for split in SPLITS}
+    _write_file(result.per_split_args, json.dumps(
+        {k: v for k, v in per_split.items() if v}, indent=2) + "\n", work)
     _write_file(result.manifest, json.dumps(manifest(result, cfg), indent=2) + "\n", work)
     seconds = time.perf_counter() - started
     return replace(result, seconds=seconds)
@@ -519,11 +511,17 @@ def summary_line(result: PrepareResult) -> str:
     tok = result.tokenizer
     eod = f"EOD {tok.eod_token} = id {tok.eod_id}" + (" (added)" if tok.eod_added else "")
     trained = f", tokenizer trained in {result.train_seconds:.1f} s" if result.train_seconds else ""
+    kept = "zero-length" if result.empty_kept else "skipped"
+    complete = len(result.shards) - result.redone if result.redone < len(result.shards) else 0
+    resumed = f" ({complete} already complete)" if complete else ""
     return (
-        f"prepared {result.documents:,} documents ({result.skipped_empty:,} empty skipped), "
-        f"{result.tokens:,} tokens in {len(result.shards)} shard(s), "
-        f"{result.tokens_per_second:,.0f} tokens/s over {result.seconds:.1f} s{trained}; "
-        f"{result.dtype}, vocab {tok.vocab_size:,}, {eod}; manifest {result.manifest}"
+        f"prepared {result.documents:,} documents ({result.empty:,} empty, {kept}), "
+        f"{result.tokens:,} tokens in {len(result.shards)} shard(s){resumed}, "
+        f"{result.tokens_per_second:,.0f} tokens/s over {result.seconds:.1f} s "
+        f"({result.workers} worker(s)){trained}; "
+        f"{result.dtype}, vocab {tok.vocab_size:,}, {eod}; manifest {result.manifest}; "
+        f"Megatron-LM: --data-args-path {result.data_args} --tokenizer-type "
+        f"HuggingFaceTokenizer --tokenizer-model {result.tokenizer_dir}"
         + _packing_text(result)
     )
 
@@ -542,16 +540,19 @@ def _packing_text(result: PrepareResult) -> str:
 
 
 def summary_table(result: PrepareResult) -> Table:
-    table = Table(title="prepared datasets", title_justify="left")
-    for column in ("dataset", "documents", "skipped empty", "tokens", "source"):
-        table.add_column(column, justify="left" if column in ("dataset", "source") else "right")
+    per_worker = result.tokens_per_second / max(1, result.workers)
+    table = Table(title=f"prepared datasets ({per_worker:,.0f} tokens/s per worker)",
+                  title_justify="left")
+    for column in ("dataset", "split", "documents", "empty", "tokens", "source"):
+        table.add_column(column, justify="left" if column in ("dataset", "split", "source")
+                         else "right")
     for shard in result.shards[:SHOWN_SHARDS]:
-        table.add_row(shard.prefix, f"{shard.documents:,}", f"{shard.skipped_empty:,}",
+        table.add_row(shard.prefix, shard.split, f"{shard.documents:,}", f"{shard.empty:,}",
                       f"{shard.tokens:,}", shard.source)
     if len(result.shards) > SHOWN_SHARDS:
         table.add_row(f"... {len(result.shards) - SHOWN_SHARDS} more (see the manifest)",
-                      "", "", "", "")
-    table.add_row("total", f"{result.documents:,}", f"{result.skipped_empty:,}",
+                      "", "", "", "", "")
+    table.add_row("total", "", f"{result.documents:,}", f"{result.empty:,}",
                   f"{result.tokens:,}", "", style="bold")
     return table
 

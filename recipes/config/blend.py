@@ -11,9 +11,20 @@ blending; this module only reads and checks the file, before any rank starts:
     split: [95, 5]                           # train / held-out shares of every train source
     eod_id: 0                                # optional when a manifest names it
     vocab_size: 4096
+    tokenizer: /data/tokenizers/web          # optional: the tokenizer bare prefixes were made with
 
 A manifest is the `<output>.json` that `scripts/prepare_data.py` writes (shards, EOD id, vocab
-size). Relative paths are relative to the directory the run starts in. Mistakes (a missing
+size). Megatron-LM's own blend files are read too: a `--data-args-path` file (`weight prefix
+weight prefix ...`) and a `--per-split-data-args-path` JSON (`{"train": [weight, prefix, ...],
+"valid": [...], "test": [...]}`); their EOD id and vocabulary come from the manifests in the
+prefixes' folders that list them.
+
+Every dataset's files are checked here as well (`dataset_files.py`, O(index)): a damaged or
+foreign `.idx`, a short `.bin`, files that are not the ones their manifest recorded, ids beyond
+the declared vocabulary and an EOD id the data or the named tokenizer contradicts are refused
+before any rank starts.
+
+Relative paths are relative to the directory the run starts in. Mistakes (a missing
 file or prefix, negative or all-zero weights, manifests that disagree) are one-line
 `ConfigError`s.
 """
@@ -22,13 +33,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from plugins.protocol.errors import ConfigError
+from recipes.config import dataset_files
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,7 @@ class Blend:
     split: tuple[float, float]  # train / held-out shares of each train source
     eod_id: int
     vocab_size: int
+    notes: tuple[str, ...] = field(default=(), compare=False)  # warnings for the launcher
 
     def weights(self, sources: tuple[BlendSource, ...]) -> tuple[list[str], list[float]]:
         """Megatron's (prefixes, weights) form of one split."""
@@ -64,8 +77,44 @@ def _read_yaml(path: str) -> dict[str, Any]:
         loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
     except yaml.YAMLError:
         raise _fail(path, "is not valid YAML; fix it (see conf/data/ for examples)") from None
+    loaded = _megatron_form(path, loaded)
     if not isinstance(loaded, dict) or "train" not in loaded:
         raise _fail(path, "needs a 'train' list of {prefix|manifest, weight} entries")
+    return loaded
+
+
+def _megatron_pairs(path: str, words: list[Any]) -> list[dict[str, Any]]:
+    """Megatron-LM's `weight prefix weight prefix ...` (or bare prefixes, equal weights)."""
+    texts = [str(w) for w in words]
+
+    def number(text: str) -> bool:
+        try:
+            float(text)
+        except ValueError:
+            return False
+        return True
+
+    if texts and len(texts) % 2 == 0 and all(number(t) for t in texts[0::2]):
+        return [{"prefix": p, "weight": float(w)} for w, p in zip(texts[0::2], texts[1::2],
+                                                                   strict=True)]
+    if any(number(t) for t in texts):
+        raise _fail(path, "is read as Megatron-LM's data-args form but its words are not "
+                          "'weight prefix' pairs; give 'w1 prefix1 w2 prefix2 ...'")
+    return [{"prefix": p, "weight": 1.0} for p in texts]
+
+
+def _megatron_form(path: str, loaded: Any) -> Any:
+    """Megatron-LM's blend files as this module's form: a `--data-args-path` file (YAML reads
+    its words as one string) or a `--per-split-data-args-path` JSON of flat lists."""
+    if isinstance(loaded, str):
+        return {"train": _megatron_pairs(path, loaded.split())}
+    if isinstance(loaded, dict) and isinstance(loaded.get("train"), list) and loaded[
+        "train"
+    ] and not any(isinstance(e, dict) for e in loaded["train"]):
+        form = {"train": _megatron_pairs(path, loaded["train"])}
+        if loaded.get("valid"):
+            form["valid"] = _megatron_pairs(path, loaded["valid"])
+        return form
     return loaded
 
 
@@ -80,11 +129,46 @@ def _read_manifest(path: str, name: str) -> dict[str, Any]:
     return manifest
 
 
-def _check_prefix(path: str, prefix: str) -> None:
+def _manifest_beside(prefix: str) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+    """(manifest file, manifest, shard record) of a manifest in the prefix's folder that lists
+    it: a bare prefix (or a Megatron-LM blend's) is then known as well as a manifest entry."""
+    target = Path(prefix)
+    for file in sorted(target.parent.glob("*.json")) if target.parent.is_dir() else ():
+        try:
+            manifest = json.loads(file.read_text(encoding="utf-8"))
+            shards = [*manifest["shards"], *manifest.get("valid_shards", []),
+                      *manifest.get("test_shards", [])]
+            found = next((s for s in shards if s["prefix"] == target.name), None)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if found is not None:
+            return str(file), manifest, found
+    return None
+
+
+@dataclass
+class _Found:
+    """What reading the sources learned: the manifests, and the bare prefixes' indexes."""
+
+    manifests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    bare: list[dataset_files.IndexFacts] = field(default_factory=list)
+
+
+def _check_prefix(path: str, prefix: str) -> dataset_files.IndexFacts:
     missing = [suffix for suffix in (".bin", ".idx") if not Path(prefix + suffix).is_file()]
     if missing:
         raise _fail(path, f"prefix {prefix} has no {' or '.join(prefix + m for m in missing)}; "
                           "prepare it with scripts/prepare_data.py or fix the path")
+    facts = dataset_files.read_index(prefix)
+    if isinstance(facts, str):
+        raise _fail(path, facts)
+    return facts
+
+
+def _check_recorded(path: str, prefix: str, shard: dict[str, Any], manifest: str) -> None:
+    problem = dataset_files.recorded_problem(prefix, shard, manifest)
+    if problem:
+        raise _fail(path, problem)
 
 
 def _weight(path: str, entry: dict[str, Any]) -> float:
@@ -96,7 +180,30 @@ def _weight(path: str, entry: dict[str, Any]) -> float:
     return float(weight)
 
 
-def _sources(path: str, entries: Any, facts: list[dict]) -> tuple[BlendSource, ...]:
+def _bare_source(path: str, entry: dict[str, Any], weight: float,
+                 found: _Found) -> BlendSource:
+    prefix = str(entry["prefix"])
+    facts = _check_prefix(path, prefix)
+    beside = _manifest_beside(prefix)
+    if beside is None:
+        found.bare.append(facts)
+    else:
+        name, manifest, shard = beside
+        _check_recorded(path, prefix, shard, name)
+        found.manifests.append((name, manifest))
+    return BlendSource(prefix, weight)
+
+
+def manifest_shards(manifest: dict[str, Any], split: str) -> list[dict[str, Any]]:
+    """A manifest's shards for one split: a `valid:` entry takes its valid shards when it has
+    them (`valid_shards=`), else all of its train shards (a dedicated held-out preparation)."""
+    if split == "valid" and manifest.get("valid_shards"):
+        return list(manifest["valid_shards"])
+    return list(manifest["shards"])
+
+
+def _sources(path: str, entries: Any, found: _Found,
+             split: str = "train") -> tuple[BlendSource, ...]:
     """Expand manifests into their shards (weights shared by token count), check prefixes."""
     if not isinstance(entries, list) or not entries:
         raise _fail(path, "'train' and 'valid' must be non-empty lists of "
@@ -107,34 +214,81 @@ def _sources(path: str, entries: Any, facts: list[dict]) -> tuple[BlendSource, .
             raise _fail(path, f"entry {entry!r} needs exactly one of 'prefix' or 'manifest'")
         weight = _weight(path, entry)
         if "prefix" in entry:
-            sources.append(BlendSource(str(entry["prefix"]), weight))
+            sources.append(_bare_source(path, entry, weight, found))
             continue
-        manifest = _read_manifest(path, str(entry["manifest"]))
-        facts.append(manifest)
-        folder = Path(str(entry["manifest"])).parent
-        total = sum(shard["tokens"] for shard in manifest["shards"]) or 1
-        for shard in manifest["shards"]:
-            share = weight * shard["tokens"] / total
-            sources.append(BlendSource(str(folder / shard["prefix"]), share))
-    for source in sources:
-        _check_prefix(path, source.prefix)
+        name = str(entry["manifest"])
+        manifest = _read_manifest(path, name)
+        found.manifests.append((name, manifest))
+        folder = Path(name).parent
+        shards = manifest_shards(manifest, split)
+        total = sum(shard["tokens"] for shard in shards) or 1
+        for shard in shards:
+            prefix = str(folder / shard["prefix"])
+            _check_prefix(path, prefix)
+            _check_recorded(path, prefix, shard, name)
+            sources.append(BlendSource(prefix, weight * shard["tokens"] / total))
     if sum(s.weight for s in sources) <= 0:
         raise _fail(path, "all weights are zero; give at least one source a positive weight")
     return tuple(sources)
 
 
-def _token_facts(path: str, loaded: dict[str, Any], facts: list[dict]) -> tuple[int, int]:
+def _token_facts(path: str, loaded: dict[str, Any], found: _Found) -> tuple[int, int]:
     """EOD id and vocabulary size: from the file, else from the manifests (which must agree)."""
+    facts = [manifest for _, manifest in found.manifests]
     pairs = {(m.get("eod_id"), m.get("vocab_size")) for m in facts}
     if len(pairs) > 1:
         raise _fail(path, f"its manifests disagree on (eod_id, vocab_size): {sorted(pairs)}; "
                           "blend datasets prepared with one tokenizer")
     eod, vocab = pairs.pop() if pairs else (None, None)
+    _declared_against_manifests(path, loaded, found, eod, vocab)
     eod, vocab = loaded.get("eod_id", eod), loaded.get("vocab_size", vocab)
     if not isinstance(eod, int) or not isinstance(vocab, int) or not 0 <= eod < vocab:
         raise _fail(path, "needs eod_id and vocab_size (integers, 0 <= eod_id < vocab_size); "
                           "name a manifest or set them in the file")
     return eod, vocab
+
+
+def _declared_against_manifests(path: str, loaded: dict[str, Any], found: _Found,
+                                eod: Any, vocab: Any) -> None:
+    """A blend's own eod_id / vocab_size cannot contradict the manifests it names."""
+    if not found.manifests:
+        return
+    name = found.manifests[0][0]
+    declared = loaded.get("vocab_size")
+    if isinstance(declared, int) and isinstance(vocab, int) and declared < vocab:
+        raise _fail(path, f"declares vocab_size: {declared} but manifest {name} holds token ids "
+                          f"up to {vocab - 1}; set vocab_size: {vocab} (or remove it)")
+    declared = loaded.get("eod_id")
+    if isinstance(declared, int) and isinstance(eod, int) and declared != eod:
+        raise _fail(path, f"declares eod_id: {declared} but manifest {name} was prepared with "
+                          f"eod_id {eod}; set eod_id: {eod} (or remove it)")
+
+
+def _bare_checks(path: str, loaded: dict[str, Any], found: _Found, eod: int,
+                 vocab: int) -> tuple[str, ...]:
+    """Bare prefixes no manifest describes: a bounded scan of their ids, their documents'
+    last tokens and the named tokenizer's EOD against eod_id; the warning when nothing can
+    vouch for eod_id."""
+    for facts in found.bare:
+        problem = (dataset_files.vocabulary_problem(facts, vocab, "the blend's")
+                   or dataset_files.eod_problem(facts, eod))
+        if problem:
+            raise _fail(path, problem)
+    tokenizer = loaded.get("tokenizer")
+    if tokenizer is not None:
+        named = dataset_files.tokenizer_eod(str(tokenizer))
+        if isinstance(named, str):
+            raise _fail(path, named)
+        if named[0] != eod:
+            raise _fail(path, f"eod_id: {eod} disagrees with tokenizer {tokenizer}, whose "
+                              f"end-of-document {named[1]} is id {named[0]}; set eod_id: "
+                              f"{named[0]} or name the tokenizer the data was made with")
+        return ()
+    if found.bare and not found.manifests:
+        return (f"data.blend={path}: eod_id {eod} of prefix {found.bare[0].prefix} is not "
+                "checked against a tokenizer (no manifest lists it); add tokenizer: <folder> "
+                "to the blend to check it",)
+    return ()
 
 
 def _split(path: str, loaded: dict[str, Any]) -> tuple[float, float]:
@@ -150,9 +304,11 @@ def _split(path: str, loaded: dict[str, Any]) -> tuple[float, float]:
 def load_blend(path: str) -> Blend:
     """Read and check a blend file (files on disk included); raises a one-line ConfigError."""
     loaded = _read_yaml(path)
-    facts: list[dict] = []
-    train = _sources(path, loaded["train"], facts)
-    valid = _sources(path, loaded["valid"], facts) if loaded.get("valid") is not None else None
-    eod, vocab = _token_facts(path, loaded, facts)
+    found = _Found()
+    train = _sources(path, loaded["train"], found)
+    valid = (_sources(path, loaded["valid"], found, "valid")
+             if loaded.get("valid") is not None else None)
+    eod, vocab = _token_facts(path, loaded, found)
+    notes = _bare_checks(path, loaded, found, eod, vocab)
     return Blend(path=path, train=train, valid=valid, split=_split(path, loaded), eod_id=eod,
-                 vocab_size=vocab)
+                 vocab_size=vocab, notes=notes)

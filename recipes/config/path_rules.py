@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -251,6 +252,9 @@ def check_data_blend(cfg: RunConfig) -> str | None:
         blend = load_blend(cfg.data.blend)
     except ConfigError as error:
         return str(error)
+    if os.environ.get("RANK", "0") == "0":
+        for note in blend.notes:
+            print(f"warning: {note}", file=sys.stderr, flush=True)
     weights = {source.weight for source in blend.train} - {0.0}
     if cfg.data.documents == "packed" and len(weights) > 1:
         return (f"data.blend={cfg.data.blend} weights its sources, but data.documents=packed "

@@ -83,8 +83,11 @@ def tokenizer_identity(cfg) -> dict[str, Any]:
         manifest = Path(str(entry.get("manifest", ""))) if isinstance(entry, dict) else Path()
         if manifest.suffix == ".json" and manifest.is_file():
             named = json.loads(manifest.read_text(encoding="utf-8")).get("tokenizer")
-            if named and (manifest.parent / named).is_file():
-                files.add(file_record(manifest.parent / named)["crc32"])
+            found = manifest.parent / named if named else None
+            if found is not None and found.is_dir():  # a Hugging Face tokenizer folder
+                found = found / "tokenizer.json"
+            if found is not None and found.is_file():
+                files.add(file_record(found)["crc32"])
     return {"kind": "prepared", "vocab_size": blend.vocab_size, "eod_id": blend.eod_id,
             "files_crc32": sorted(files)}
 

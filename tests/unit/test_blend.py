@@ -12,15 +12,14 @@ from recipes.config.blend import load_blend
 from recipes.config.overrides import apply_overrides
 from recipes.config.path_rules import check_data_blend
 from recipes.registry import get_recipe
+from tests.unit.dataset_fixtures import write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _dataset(folder: Path, name: str) -> str:
-    prefix = folder / name
-    for suffix in (".bin", ".idx"):
-        prefix.with_name(name + suffix).write_bytes(b"x")
-    return str(prefix)
+    """A small real indexed dataset (Megatron Core's writer; the blend checks read its index)."""
+    return write_dataset(folder / name, [[1, 2, 0], [3, 0]])
 
 
 def _manifest(folder: Path, shards: dict[str, int], eod: int = 0, vocab: int = 512) -> str:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -25,6 +26,7 @@ from data_prep.config import PrepareConfig, parse_args, validate
 from data_prep.hf_tokenizer import prepare_tokenizer
 from data_prep.prepare import prepare
 from plugins.protocol.errors import ConfigError
+from recipes.config.dataset_files import record
 
 # Reading a dataset outside a process group makes Megatron warn about the rank; datasets'
 # map forks its workers from this multi-threaded test process (as it does everywhere).
@@ -41,12 +43,14 @@ TEXT_LINES = ["the first line of text", "", "   ", "a second line, with 123 digi
 JSONL_ROWS = [{"id": 1, "text": "json document one"}, {"id": 2, "text": ""},
               {"id": 3, "text": None}, {"id": 4, "text": "json document four\nwith two lines"}]
 PARQUET_TEXTS = ["parquet row zero", "\n\t", "parquet row two is a little longer than zero"]
-EXPECTED = {  # shard name -> the documents it must hold
-    "a": [t for t in TEXT_LINES if t.strip()],
+EXPECTED = {  # shard name -> the documents it must hold (whitespace is text, as in Megatron-LM)
+    "a": [t for t in TEXT_LINES if t],
     "b": ["json document one", "json document four\nwith two lines"],
-    "c": ["parquet row zero", "parquet row two is a little longer than zero"],
+    "c": PARQUET_TEXTS,
 }
-SKIPPED = {"a": 2, "b": 2, "c": 1}
+ROWS = {"a": len(TEXT_LINES), "b": len(JSONL_ROWS), "c": len(PARQUET_TEXTS)}
+EMPTY = {"a": 1, "b": 2, "c": 0}  # written as zero-length documents
+MEGATRON_LM_FILES = ("corpus.data-args", "corpus.per-split-data-args.json")  # absolute paths
 
 
 def write_corpus(folder: Path) -> Path:
@@ -61,7 +65,7 @@ def write_corpus(folder: Path) -> Path:
 def dataset_like(folder: Path) -> list[str]:
     """Files a reader could mistake for output, and leftover work folders."""
     return sorted(p.name for p in folder.iterdir()
-                  if p.suffix in (".bin", ".idx", ".json") or p.name.endswith(".tmp"))
+                  if p.suffix in (".bin", ".idx", ".json") or p.name.endswith((".tmp", ".work")))
 
 
 def read_back(prefix: Path) -> list[list[int]]:
@@ -69,6 +73,13 @@ def read_back(prefix: Path) -> list[list[int]]:
 
     data = IndexedDataset(str(prefix))
     return [data[i].tolist() for i in range(len(data))]
+
+
+def document_entries(prefix: Path) -> int:
+    """Documents in the index, zero-length ones included (what Megatron-LM counts)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    return len(IndexedDataset(str(prefix)).document_indices) - 1
 
 
 @pytest.fixture(scope="module")
@@ -105,23 +116,26 @@ def test_datasets_read_back_to_the_tokenizers_encoding(first) -> None:
     for name, documents in EXPECTED.items():
         expected = [tokenizer.encode(text).ids + [eod] for text in documents]
         assert read_back(first.output.with_name(f"corpus_{name}")) == expected
+        assert document_entries(first.output.with_name(f"corpus_{name}")) == ROWS[name]
 
 
 def test_one_shard_per_input_with_counts_and_manifest(first) -> None:
     assert [s.prefix for s in first.shards] == ["corpus_a", "corpus_b", "corpus_c"]
     for shard, name in zip(first.shards, "abc", strict=True):
         assert shard.documents == len(EXPECTED[name])
-        assert shard.skipped_empty == SKIPPED[name]
+        assert shard.empty == EMPTY[name]
     saved = json.loads(first.manifest.read_text())
     assert saved["shards"][1] == {"prefix": "corpus_b", "source": saved["shards"][1]["source"],
-                                  "documents": 2, "skipped_empty": 2,
-                                  "tokens": first.shards[1].tokens}
+                                  "documents": 2, "empty": 2,
+                                  "tokens": first.shards[1].tokens,
+                                  **record(str(first.output.parent / "corpus_b"))}
     assert saved["blend"] == [first.shards[0].tokens, "corpus_a", first.shards[1].tokens,
                               "corpus_b", first.shards[2].tokens, "corpus_c"]
-    assert saved["skipped_empty"] == 5 and saved["tokens"] == first.tokens
+    assert saved["empty"] == 3 and saved["tokens"] == first.tokens
+    assert saved["valid_shards"] == saved["test_shards"] == []
     assert dataset_like(first.output.parent) == [
-        "corpus.json", "corpus.tokenizer.json", "corpus_a.bin", "corpus_a.idx", "corpus_b.bin",
-        "corpus_b.idx", "corpus_c.bin", "corpus_c.idx"]
+        "corpus.json", "corpus.per-split-data-args.json", "corpus_a.bin", "corpus_a.idx",
+        "corpus_b.bin", "corpus_b.idx", "corpus_c.bin", "corpus_c.idx"]
 
 
 def test_script_end_to_end_gives_byte_identical_outputs(first, script_run) -> None:
@@ -129,18 +143,18 @@ def test_script_end_to_end_gives_byte_identical_outputs(first, script_run) -> No
     out, process = script_run
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr
-    assert "prepared 8 documents (5 empty skipped)" in stdout
+    assert "prepared 10 documents (3 empty, zero-length)" in stdout
     assert "tokens/s" in stdout and "3 shard(s)" in stdout
     names = dataset_like(first.output.parent)
     assert dataset_like(out.parent) == names
-    for name in names:
+    tokenizer = ["corpus.tokenizer/tokenizer.json", "corpus.tokenizer/tokenizer_config.json"]
+    for name in [n for n in [*names, *tokenizer] if n not in MEGATRON_LM_FILES]:
         assert (out.parent / name).read_bytes() == (first.output.parent / name).read_bytes(), name
 
 
-def test_saved_tokenizer_many_processes_and_shard_size(first, corpus: Path, tmp_path,
-                                                       monkeypatch) -> None:
+def test_saved_tokenizer_many_processes_and_shard_size(first, corpus: Path, tmp_path) -> None:
     """The saved tokenizer (given as a folder) with num_proc=2 writes the same datasets;
-    shard_size splits an input into numbered datasets, also across tokenizing windows."""
+    shard_size splits an input into numbered datasets."""
     folder = tmp_path / "tok"
     folder.mkdir()
     (folder / "tokenizer.json").write_bytes(first.tokenizer_file.read_bytes())
@@ -150,14 +164,25 @@ def test_saved_tokenizer_many_processes_and_shard_size(first, corpus: Path, tmp_
     assert [s.prefix for s in again.shards] == ["corpus_b", "corpus_a"]
     for name in ("corpus_a.bin", "corpus_a.idx", "corpus_b.bin", "corpus_b.idx"):
         assert (tmp_path / name).read_bytes() == (first.output.parent / name).read_bytes()
-    monkeypatch.setattr(prepare_module, "WINDOW_BYTES", 24)  # a window every line or two
     split = prepare(PrepareConfig(input=f"{corpus}/a.txt", output=str(tmp_path / "s"),
                                   tokenizer=str(first.tokenizer_file), shard_size=2))
     assert [(s.prefix, s.documents) for s in split.shards] == [
-        ("s_a_00000", 2), ("s_a_00001", 2)]
-    assert sum(s.skipped_empty for s in split.shards) == SKIPPED["a"]
-    assert sum(read_back(tmp_path / "s_a_00000") + read_back(tmp_path / "s_a_00001"), []) == \
-        sum(read_back(first.output.with_name("corpus_a")), [])
+        ("s_a_00000", 2), ("s_a_00001", 2), ("s_a_00002", 1)]
+    assert sum(s.empty for s in split.shards) == EMPTY["a"]
+    parts = [read_back(tmp_path / f"s_a_0000{i}") for i in range(3)]
+    assert sum(parts, []) == read_back(first.output.with_name("corpus_a"))
+
+
+def test_empty_documents_skip_leaves_them_out_of_the_index(first, corpus: Path,
+                                                           tmp_path) -> None:
+    result = prepare(PrepareConfig(input=str(corpus), output=str(tmp_path / "corpus"),
+                                   tokenizer=str(first.tokenizer_file), empty_documents="skip"))
+    assert [(s.documents, s.empty) for s in result.shards] == [(4, 2), (2, 2), (2, 1)]
+    assert (tmp_path / "corpus_a.bin").read_bytes() != (first.output.parent /
+                                                         "corpus_a.bin").read_bytes()
+    assert (tmp_path / "corpus_b.bin").read_bytes() == (first.output.parent /
+                                                         "corpus_b.bin").read_bytes()
+    assert document_entries(tmp_path / "corpus_b") == 2
 
 
 def test_missing_eod_is_added_as_a_special_token(tmp_path, corpus: Path) -> None:
@@ -328,3 +353,65 @@ def test_packing_index_beside_every_dataset_holds_every_document(corpus: Path, t
                 rebuilt.setdefault(int(d), []).append((int(s), documents[int(d)][s:s + n]))
         assert {d: [t for _, piece in sorted(p) for t in piece] for d, p in rebuilt.items()} == {
             d: doc for d, doc in enumerate(documents)}
+
+
+def test_the_tokenizer_folder_loads_in_transformers_and_megatron(first) -> None:
+    """The saved folder names its EOS: `transformers.AutoTokenizer` and Megatron's
+    HuggingFaceTokenizer (what Megatron-LM's preprocess_data and training build from
+    --tokenizer-model) both load it, with the EOD the datasets were written with."""
+    from megatron.core.tokenizers.text.libraries.huggingface_tokenizer import (
+        HuggingFaceTokenizer,
+    )
+    from transformers import AutoTokenizer
+
+    folder = first.tokenizer_dir
+    eod = first.tokenizer.eod_id
+    loaded = AutoTokenizer.from_pretrained(str(folder))
+    assert (loaded.eos_token, loaded.eos_token_id) == ("<|endoftext|>", eod)
+    megatron = HuggingFaceTokenizer(str(folder))
+    assert megatron.eod == eod
+    text = EXPECTED["a"][0]
+    assert megatron.text_to_ids(text) == Tokenizer.from_file(str(first.tokenizer_file)).encode(
+        text).ids
+
+
+def test_datasets_equal_megatron_lms_byte_for_byte(first, tmp_path) -> None:
+    """Megatron-LM's tools/preprocess_data.py (--append-eod, one JSON key) writes, for each
+    line, its tokenizer's ids plus the EOD, or nothing for an empty document, through the
+    same builder; done here with Megatron's own tokenizer class on the saved folder, the
+    .bin and .idx must be the same bytes. (scripts/bench_data.py runs the real tool.)"""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    from megatron.core.tokenizers.text.libraries.huggingface_tokenizer import (
+        HuggingFaceTokenizer,
+    )
+
+    texts = ["first document", "", "   ", "a second\nline", "", "last one, déjà vu"]
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    ours = prepare(PrepareConfig(input=str(source), output=str(tmp_path / "ours"),
+                                 tokenizer=str(first.tokenizer_dir)))
+    tokenizer = HuggingFaceTokenizer(str(first.tokenizer_dir))
+    builder = IndexedDatasetBuilder(str(tmp_path / "lm_text_document.bin"),
+                                    dtype=np.dtype(ours.dtype).type)
+    for text in texts:
+        ids = tokenizer.text_to_ids(text)
+        ids = [*ids, tokenizer.eod] if ids else []
+        builder.add_document(np.asarray(ids, dtype=ours.dtype), [len(ids)] if ids else [])
+    builder.finalize(str(tmp_path / "lm_text_document.idx"))
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"ours_docs{suffix}").read_bytes() == (
+            tmp_path / f"lm_text_document{suffix}").read_bytes()
+    assert document_entries(tmp_path / "ours_docs") == len(texts)
+
+
+def test_the_manifest_gives_megatron_lms_blend_arguments(first) -> None:
+    folder = first.output.parent.resolve()
+    expected = [first.shards[0].tokens, str(folder / "corpus_a"), first.shards[1].tokens,
+                str(folder / "corpus_b"), first.shards[2].tokens, str(folder / "corpus_c")]
+    assert first.data_args.read_text().split() == [str(x) for x in expected]
+    assert json.loads(first.per_split_args.read_text()) == {"train": expected}
+    saved = json.loads(first.manifest.read_text())
+    assert saved["megatron"] == {"data_args_path": "corpus.data-args",
+                                 "per_split_data_args_path": "corpus.per-split-data-args.json"}
+    line = prepare_module.summary_line(first)
+    assert f"--data-args-path {first.data_args} --tokenizer-type HuggingFaceTokenizer" in line

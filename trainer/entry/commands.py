@@ -9,11 +9,12 @@ every refusal stay fast (under a second, no torch).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Literal
 
-from plugins.protocol.errors import ConfigError
+from plugins.protocol.errors import EXIT_FAULT, ConfigError
 from recipes.config.schema import RunConfig
 from trainer.entry.contract import Arguments, Command, Option, non_negative, positive
 from trainer.entry.pipeline import Training
@@ -332,9 +333,14 @@ def run_prepare_data(args: Arguments) -> int:
     started = time.perf_counter()
     cfg = parse_args(list(args.rest))
     validate(cfg)  # before the heavy imports: a mistake is refused in about a second
+    from data_prep.executors import WorkerLost
     from data_prep.prepare import prepare, print_summary
 
-    print_summary(prepare(cfg))
+    try:
+        print_summary(prepare(cfg))
+    except WorkerLost as lost:
+        print(f"error: {lost}", file=sys.stderr, flush=True)
+        return EXIT_FAULT
     print(f"done in {time.perf_counter() - started:.1f} s (imports included)", flush=True)
     return 0
 

@@ -101,7 +101,7 @@ def side_files(model_dir: Path) -> list[Path]:
 
 def run_tokenizer(blend_path: str | None) -> tuple[Path, str | None] | None:
     """The tokenizer a run trained with: from its blend's first manifest (prepare_data writes
-    `<output>.tokenizer.json` and names it there, with its end-of-document token), if any."""
+    `<output>.tokenizer/` and names it there, with its end-of-document token), if any."""
     import yaml
 
     if not blend_path or not Path(blend_path).is_file():
@@ -113,6 +113,8 @@ def run_tokenizer(blend_path: str | None) -> tuple[Path, str | None] | None:
             continue
         facts = json.loads(manifest.read_text(encoding="utf-8"))
         tokenizer = manifest.parent / str(facts.get("tokenizer", ""))
+        if tokenizer.is_dir():  # a Hugging Face folder (older preparations: one file)
+            tokenizer = tokenizer / "tokenizer.json"
         if tokenizer.is_file():
             return tokenizer, facts.get("eod_token")
     return None

@@ -1,0 +1,113 @@
+"""What runs a preparation's shard tasks: a local process pool, or Ray.
+
+Both run the same `data_prep.shards.run_task` on the same task values, so the output does not
+depend on the executor or on the number of workers (each shard is written by one task, alone).
+`executor=local` forks `num_proc` workers from the driver (which has already imported Megatron
+Core and the tokenizer library, so a worker starts in milliseconds); one worker runs the tasks
+in the driver itself. `executor=ray` submits one Ray task per shard to the cluster at
+`ray_address=` or `RAY_ADDRESS`, or to a local Ray started for the run with `num_proc` CPUs (and
+stopped after it); a Ray session already open in the process is used as it is. Ray retries a
+task whose worker died; the records make any retry, or a re-run, idempotent. `ray` is imported
+only here, only for that executor (the `ray` extra of pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+from data_prep.shards import TaskSpec, run_task
+from plugins.protocol.errors import ConfigError
+
+Done = Callable[[dict[str, Any]], None]
+RAY_RETRIES = 3
+ORPHAN_POLL_S = 0.2
+
+
+class WorkerLost(RuntimeError):
+    """A worker died mid-shard (killed, out of memory): the complete shards are kept."""
+
+
+def _orphan_watch(driver: int) -> None:
+    """In a worker: exit as soon as the driver is gone (a killed driver would otherwise leave
+    its workers waiting on the task queue for ever); its half-written work file stays hidden."""
+    def watch() -> None:
+        while os.getppid() == driver:
+            time.sleep(ORPHAN_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def run_local(specs: Sequence[TaskSpec], workers: int, done: Done) -> None:
+    if workers <= 1 or len(specs) <= 1:
+        for spec in specs:
+            done(run_task(spec))
+        return
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=min(workers, len(specs)), mp_context=context,
+                             initializer=_orphan_watch, initargs=(os.getpid(),)) as pool:
+        pending = {pool.submit(run_task, spec) for spec in specs}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                try:
+                    done(future.result())
+                except BrokenProcessPool:
+                    raise WorkerLost(
+                        "a preparation worker died mid-shard (killed or out of memory); run "
+                        "the same command again: it keeps the complete shards and redoes the "
+                        "rest") from None
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("executor=ray needs Ray: pip install 'mcore-recipes[ray]' (or "
+                          "pip install ray), or use executor=local") from None
+    return ray
+
+
+def run_ray(specs: Sequence[TaskSpec], workers: int, address: str | None, done: Done) -> None:
+    ray = _ray()
+    started = not ray.is_initialized()
+    if started:
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        root = str(Path(__file__).resolve().parents[1])
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH"))
+                                            if p), "TOKENIZERS_PARALLELISM": "false"}
+        try:
+            ray.init(address=address, num_cpus=None if address else workers,
+                     include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": env})
+        except ConnectionError as err:
+            raise ConfigError(f"ray_address={address}: cannot connect to a Ray cluster "
+                              f"({str(err).splitlines()[0]}); check the address, or leave "
+                              "ray_address and RAY_ADDRESS unset for a local Ray") from None
+    try:
+        task = ray.remote(num_cpus=1, max_retries=RAY_RETRIES)(run_task)
+        pending = {task.remote(spec): spec for spec in specs}
+        while pending:
+            finished, _ = ray.wait(list(pending), num_returns=1)
+            for ref in finished:
+                pending.pop(ref)
+                done(ray.get(ref))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_tasks(specs: Sequence[TaskSpec], executor: str, workers: int, address: str | None,
+              done: Done) -> None:
+    if executor == "ray":
+        run_ray(specs, workers, address, done)
+    else:
+        run_local(specs, workers, done)

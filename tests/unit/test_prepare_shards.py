@@ -1,0 +1,223 @@
+"""Sharded preparation: cut in document order, the same bytes whatever runs it, finished after a
+kill by the same command, and readable by Megatron-LM's tools.
+
+One small corpus (two JSONL files of synthetic text with empty documents among them) and one
+tokenizer trained on it are made once; a reference preparation with one worker is the bytes every
+other run must reproduce: 2 and 4 local workers, Ray with 2 workers (one local Ray for the run),
+a run whose driver is SIGKILLed and one whose worker is, each finished by the same command.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from data_prep.config import PrepareConfig
+from data_prep.corpus import synthetic_documents
+from data_prep.prepare import prepare
+from plugins.protocol.errors import ConfigError
+from recipes.config.blend import load_blend
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning"),
+    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+]
+SHARDS = {"num_shards": 6, "valid_shards": 1, "test_shards": 1, "held_out_fraction": 0.05}
+
+
+def _corpus(folder: Path) -> Path:
+    folder.mkdir()
+    documents = list(synthetic_documents(1_500_000, seed=3))
+    for index, part in enumerate((documents[: len(documents) // 3],
+                                  documents[len(documents) // 3:])):
+        rows = [{"text": "" if i % 17 == 5 else text} for i, text in enumerate(part)]
+        (folder / f"part-{index}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """(corpus folder, tokenizer folder, reference result) for the module."""
+    root = tmp_path_factory.mktemp("shards")
+    corpus = _corpus(root / "corpus")
+    trained = prepare(PrepareConfig(input=str(corpus), output=str(root / "tok" / "t"),
+                                    tokenizer="train:300", num_shards=1))
+    reference = prepare(_cfg(corpus, trained.tokenizer_dir, root / "ref" / "web"))
+    return corpus, trained.tokenizer_dir, reference
+
+
+def _cfg(corpus: Path, tokenizer: Path, output: Path, **changes) -> PrepareConfig:
+    return PrepareConfig(input=str(corpus), output=str(output), tokenizer=str(tokenizer),
+                         **{**SHARDS, **changes})
+
+
+def _outputs(folder: Path) -> dict[str, bytes]:
+    """Every dataset and the manifest, by name (Megatron-LM's blend files hold absolute paths)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())
+            if p.suffix in (".bin", ".idx") or p.name == "web.json"}
+
+
+def _read(prefix: str) -> list[list[int]]:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    data = IndexedDataset(prefix)
+    return [data[i].tolist() for i in range(len(data))]
+
+
+def test_shards_cut_in_document_order_into_about_equal_tokens(made) -> None:
+    corpus, tokenizer_dir, reference = made
+    splits = [s.split for s in reference.shards]
+    assert splits == ["train"] * 6 + ["valid", "test"]
+    train = [s.tokens for s in reference.shards if s.split == "train"]
+    assert max(train) < 1.25 * min(train)
+    texts = [json.loads(line)["text"] for f in sorted(corpus.glob("*.jsonl"))
+             for line in f.read_text().splitlines()]
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    stride = round(1 / SHARDS["held_out_fraction"])
+    for split, residue in (("train", None), ("valid", stride - 1), ("test", stride - 2)):
+        chosen = [t for i, t in enumerate(texts) if t and (
+            i % stride == residue if residue is not None else i % stride < stride - 2)]
+        expected = [e.ids + [reference.tokenizer.eod_id] for e in tokenizer.encode_batch(chosen)]
+        read = sum((_read(str(reference.output.parent / s.prefix)) for s in reference.shards
+                    if s.split == split), [])
+        assert read == expected, split
+    assert reference.empty == sum(1 for t in texts if not t)
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_the_same_bytes_whatever_the_number_of_local_workers(made, tmp_path, workers) -> None:
+    corpus, tokenizer_dir, reference = made
+    result = prepare(_cfg(corpus, tokenizer_dir, tmp_path / "web", num_proc=workers))
+    assert _outputs(tmp_path) == _outputs(reference.output.parent)
+    assert result.redone == 8 and result.workers == workers
+
+
+def test_ray_runs_each_shard_as_a_task_with_the_same_bytes(made, tmp_path, monkeypatch) -> None:
+    """A local Ray started for the run (two CPUs), then stopped."""
+    ray = pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    corpus, tokenizer_dir, reference = made
+    prepare(_cfg(corpus, tokenizer_dir, tmp_path / "web", executor="ray", num_proc=2))
+    assert _outputs(tmp_path) == _outputs(reference.output.parent)
+    assert not ray.is_initialized()
+
+
+def test_ray_address_needs_the_ray_executor() -> None:
+    from data_prep.config import validate
+
+    with pytest.raises(ConfigError, match="ray_address=ray://h:1 is used by executor=ray only"):
+        validate(PrepareConfig(input="x", output="y", tokenizer="z", ray_address="ray://h:1"))
+
+
+def _records(output: Path) -> dict[str, int]:
+    folder = output.with_name(output.name + ".shards")
+    return {p.name: p.stat().st_mtime_ns for p in folder.glob("*.json")} if folder.is_dir() else {}
+
+
+def _drive(cfg: PrepareConfig) -> None:
+    prepare(cfg, progress=False)
+
+
+def _kill_when(process, ready, victim) -> None:
+    """SIGKILL `victim(found)` as soon as `ready()` finds something; wait for every process
+    of the run to be gone (a killed driver's workers notice and exit)."""
+    import psutil
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.is_alive():
+        found = ready()
+        if found:
+            children = psutil.Process(process.pid).children(recursive=True)
+            os.kill(victim(found), signal.SIGKILL)
+            process.join(120)
+            psutil.wait_procs(children, timeout=60)
+            return
+        time.sleep(0.002)
+    pytest.fail(f"the run ended before the kill (exit code {process.exitcode})")
+
+
+@pytest.mark.parametrize("kill", ["driver", "worker"])
+def test_a_killed_preparation_is_finished_by_the_same_command(made, tmp_path, kill) -> None:
+    """The driver is a forked copy of this process (its imports done: no start-up to wait
+    for), with two workers of its own; the same configuration then runs here."""
+    corpus, tokenizer_dir, reference = made
+    output = tmp_path / "web"
+    cfg = _cfg(corpus, tokenizer_dir, output, num_proc=2)
+    process = multiprocessing.get_context("fork").Process(target=_drive, args=(cfg,))
+    process.start()
+    work = tmp_path / ".web.work"
+    if kill == "driver":  # once one shard is complete
+        _kill_when(process, lambda: _records(output), lambda _: process.pid)
+    else:  # a worker with a shard half written (its work file is named after its pid)
+        _kill_when(process, lambda: [p for p in work.glob("*.bin") if p.stat().st_size],
+                   lambda parts: int(parts[0].name.split(".")[-2]))
+        assert process.exitcode == 1  # WorkerLost: "run the same command again"
+    before = _records(output)
+    assert len(before) < 8 and (before or kill == "worker")
+    assert sorted(p.stem for p in tmp_path.iterdir() if p.suffix == ".idx") == sorted(
+        Path(n).stem for n in before)  # only complete shards are named like datasets
+    result = prepare(cfg)
+    after = _records(output)
+    assert len(after) == 8 and all(after[name] == stamp for name, stamp in before.items())
+    assert result.redone == 8 - len(before)
+    assert _outputs(tmp_path) == _outputs(reference.output.parent)
+    assert not work.exists()
+
+
+def test_a_blend_names_the_manifest_its_valid_shards_and_megatron_lm_files(made) -> None:
+    _, _, reference = made
+    folder = reference.output.parent
+    blend_file = folder / "blend.yaml"
+    blend_file.write_text(f"train:\n  - {{manifest: {reference.manifest}}}\n"
+                          f"valid:\n  - {{manifest: {reference.manifest}}}\n")
+    blend = load_blend(str(blend_file))
+    assert [Path(s.prefix).name for s in blend.valid] == ["web_valid_00000"]
+    per_split = load_blend(str(reference.per_split_args))
+    args = load_blend(str(reference.data_args))
+    assert per_split.train == args.train
+    assert [s.prefix for s in per_split.train] == [s.prefix for s in blend.train]
+    total = sum(s.tokens for s in reference.shards if s.split == "train")
+    assert np.allclose([s.weight for s in per_split.train],
+                       [s.weight * total for s in blend.train])
+    assert (args.eod_id, args.vocab_size) == (blend.eod_id, blend.vocab_size)
+    saved = json.loads(reference.per_split_args.read_text())
+    assert sorted(saved) == ["test", "train", "valid"]
+
+
+def _samples(blend_path: Path, cache: Path, count: int = 12) -> list[list[int]]:
+    """The first training samples the trainer would draw from a blend (Megatron Core's
+    blended builder, as `trainer/data.py` calls it)."""
+    from recipes.config.overrides import apply_overrides
+    from recipes.registry import get_recipe
+    from trainer.data import megatron_sources
+
+    cfg = apply_overrides(get_recipe("tiny_dp1"), [
+        "data.source=blend", f"data.blend={blend_path}", "model.vocab_size=320",
+        "train.train_iters=3"])
+    train, _ = megatron_sources(cfg, load_blend(str(blend_path)), cache, 8)
+    return [train.dataset[i]["tokens"].tolist() for i in range(count)]
+
+
+def test_the_trainer_draws_the_same_samples_from_every_form_of_the_blend(made, tmp_path) -> None:
+    """The manifest, Megatron-LM's data-args file and the shards listed one by one with their
+    token counts as weights are one blend: the same samples in the same order."""
+    _, _, reference = made
+    folder = reference.output.parent
+    listed = tmp_path / "listed.yaml"
+    listed.write_text("train:\n" + "".join(
+        f"  - {{prefix: {folder / s.prefix}, weight: {s.tokens}}}\n"
+        for s in reference.shards if s.split == "train"))
+    named = tmp_path / "named.yaml"
+    named.write_text(f"train:\n  - {{manifest: {reference.manifest}}}\n")
+    drawn = [_samples(path, tmp_path / f"cache_{path.stem}") for path in
+             (named, reference.data_args, listed)]
+    assert drawn[0] == drawn[1] == drawn[2]
+    assert len({tuple(s) for s in drawn[0]}) == len(drawn[0])  # distinct samples
