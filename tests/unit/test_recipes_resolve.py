@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_no_arguments_gives_the_default_recipe() -> None:
-    assert resolve_config([]) == get_recipe(DEFAULT_RECIPE)
+    assert resolve_config([], check_paths=False) == get_recipe(DEFAULT_RECIPE)
 
 
 def test_alias_and_overrides_resolve_to_the_named_recipe() -> None:
