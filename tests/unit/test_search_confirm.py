@@ -35,3 +35,13 @@ def test_short_runs_are_the_scaling_harness_ones(tmp_path) -> None:
     overrides = short_run_overrides(get_recipe("tiny_tp2_pp2").layout, 6, tmp_path)
     assert "cluster.gpus_per_node=4" in overrides and "checkpoint.save=false" in overrides
     assert f"run_dir={tmp_path}" in overrides
+
+
+def test_calibration_fit_recovers_a_known_gemm_model() -> None:
+    from trainer.tools.calibrate import fit_gemm_model
+
+    peak, fraction, half = 100.0, 0.6, 48.0
+    points = [(d, peak * fraction * (d / (d + half)) ** 3) for d in (32, 64, 128, 256, 512)]
+    got_fraction, got_half = fit_gemm_model(points, peak)
+    assert got_fraction == pytest.approx(fraction, rel=1e-2)
+    assert got_half == pytest.approx(half, rel=1e-2)

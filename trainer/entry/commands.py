@@ -165,8 +165,14 @@ def run_plan(args: Arguments) -> int:
 
         return run_confirm(cfg, top, steps)
 
+    def calibrate(cluster, dtype):  # calibrate=true: GEMM throughput by shape, fitted
+        from trainer.tools.calibrate import calibration_lines
+
+        return calibration_lines(cluster, dtype)
+
     return plan(list(args.rest), args.options, as_json="--json" in args.flags,
-                build_shards=dry_run_shards, read_megatron=megatron_config, confirm=confirm)
+                build_shards=dry_run_shards, read_megatron=megatron_config, confirm=confirm,
+                calibrate=calibrate)
 
 
 def positive_number(key: str, value: float | None) -> str | None:
@@ -209,6 +215,9 @@ PLAN = Command(
                           "local ranks and re-rank them by measured step time",
                           check=non_negative),
         "confirm_steps": Option(6, "steps of each confirm run", check=positive),
+        "calibrate": Option(False, "measure this machine's GEMM throughput by shape and print "
+                            "the cluster file's gemm_peak_fraction and gemm_half_dim",
+                            type=bool),
     })
 
 
