@@ -100,9 +100,14 @@ def megatron_config(rest: Sequence[str], path: str, cluster_file: str | None,
     return cfg, notes
 
 
+Confirmer = Callable[[Any, list[Any], int], list[str]]  # config, top layouts, steps -> lines
+Calibrator = Callable[[Any, str], list[str]]  # cluster, dtype -> lines to print
+
+
 def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = False,
              build_shards: Verifier | None = None,
-             read_megatron: MegatronReader | None = None) -> int:
+             read_megatron: MegatronReader | None = None,
+             confirm: Confirmer | None = None, calibrate: Calibrator | None = None) -> int:
     """The whole planner command; every user mistake is a ConfigError (one line, exit 2).
     `rest` is the recipe or saved config and its overrides, `options` the planner's own
     (`cluster`, `verify` and the `PlanOptions`). `build_shards` is the dry run (the torch side,
@@ -126,8 +131,14 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
     cluster = load_cluster(cluster_file) if cluster_file else recipe_cluster(cfg)
     if cluster_file:
         cfg = apply_cluster(cfg, cluster)
+    if options.get("calibrate"):
+        if calibrate is None or not cluster_file:
+            raise ConfigError("calibrate=true measures this machine against a cluster file's "
+                              "peak; run it through scripts/plan.py with cluster=FILE")
+        print("\n".join(calibrate(cluster, cfg.precision.dtype)))
+        return 0
     if options.get("search"):
-        return run_search(cfg, cluster, options, as_json=as_json)
+        return run_search(cfg, cluster, options, as_json=as_json, confirm=confirm)
     plan = make_plan(cfg, cluster, plan_options(options))
     verify = bool(options.get("verify"))
     if as_json:
@@ -164,8 +175,10 @@ def no_fit_error(cfg: Any, cluster: Any) -> ConfigError:
                        f"{candidate.describe()}): set cluster.nodes={nodes}")
 
 
-def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool) -> int:
-    """`search=true`: every accepted layout that fits, ranked by modeled step time."""
+def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool,
+               confirm: Confirmer | None = None, calibrate: Calibrator | None = None) -> int:
+    """`search=true`: every accepted layout that fits, ranked by modeled step time; with
+    `confirm=K` the top K are run for a few steps each and re-ranked by measured time."""
     from recipes.plan.search import search
     from recipes.plan.search_report import json_search, text_search
 
@@ -180,6 +193,12 @@ def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool
     else:
         print(text_search(cfg, cluster, result))
         print(own)
+    if options.get("confirm"):
+        if confirm is None:
+            raise ConfigError("confirm= runs layouts; run it through scripts/plan.py")
+        lines = confirm(cfg, result.listed[:options["confirm"]],
+                        options.get("confirm_steps") or 6)
+        print("\n".join(lines))
     return 0
 
 

@@ -127,6 +127,7 @@ def test_search_prints_the_table_and_the_command(capsys) -> None:
                                                "top": 3}) == 0
     out = capsys.readouterr().out
     assert "rank   step s" in out and "train the best: python scripts/pretrain.py" in out
+    assert "its own layout (TP2 PP2 mbs2 rc-none ddp): rank " in out
     assert run_plan(["recipe=tiny_tp2_pp2"], {"cluster": str(CPU), "search": True, "top": 3},
                     as_json=True) == 0
     data = json.loads(capsys.readouterr().out)

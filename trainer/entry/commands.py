@@ -161,8 +161,19 @@ def run_plan(args: Arguments) -> int:
 
         return config_from_megatron_args(read_argument_file(path), cluster)
 
+    def confirm(cfg, top, steps):  # search=true confirm=K: the scaling harness's short runs
+        from trainer.tools.search_confirm import run_confirm
+
+        return run_confirm(cfg, top, steps)
+
+    def calibrate(cluster, dtype):  # calibrate=true: GEMM throughput by shape, fitted
+        from trainer.tools.calibrate import calibration_lines
+
+        return calibration_lines(cluster, dtype)
+
     return plan(list(args.rest), args.options, as_json="--json" in args.flags,
-                build_shards=dry_run_shards, read_megatron=megatron_config)
+                build_shards=dry_run_shards, read_megatron=megatron_config, confirm=confirm,
+                calibrate=calibrate)
 
 
 def positive_number(key: str, value: float | None) -> str | None:
@@ -201,6 +212,13 @@ PLAN = Command(
         "search": Option(False, "search every accepted layout of the model on the cluster and "
                          "rank those that fit by modeled step time", type=bool),
         "top": Option(10, "layouts the search lists", check=positive),
+        "confirm": Option(0, "with search=true: run the top K layouts for a few steps each on "
+                          "local ranks and re-rank them by measured step time",
+                          check=non_negative),
+        "confirm_steps": Option(6, "steps of each confirm run", check=positive),
+        "calibrate": Option(False, "measure this machine's GEMM throughput by shape and print "
+                            "the cluster file's gemm_peak_fraction and gemm_half_dim",
+                            type=bool),
     })
 
 

@@ -1,0 +1,47 @@
+"""The confirm report's arithmetic (ranks with ties, Spearman's rho) and its short-run
+overrides; the runs themselves are a benchmark (`scripts/plan.py ... search=true confirm=6`,
+docs/search.md), not a test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recipes.plan.cluster import load_cluster
+from recipes.plan.search import search
+from recipes.registry import get_recipe
+from trainer.tools.search_confirm import confirm_lines, ranks, short_run_overrides, spearman
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_ranks_share_ties_and_spearman_is_rank_correlation() -> None:
+    assert ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+
+
+def test_confirm_lines_rerank_by_measured_time() -> None:
+    cfg = get_recipe("tiny_tp2_pp2")
+    top = search(cfg, load_cluster(REPO / "conf" / "cluster" / "cpu_local.yaml"), top=3).listed
+    lines = confirm_lines(top, [0.3, 0.1, 0.2])
+    assert lines[2].split()[:2] == ["1", "2"] and lines[-1].endswith("over 3 layouts")
+    assert "Spearman rho (predicted vs measured step time): -0.50" in lines[-1]
+
+
+def test_short_runs_are_the_scaling_harness_ones(tmp_path) -> None:
+    overrides = short_run_overrides(get_recipe("tiny_tp2_pp2").layout, 6, tmp_path)
+    assert "cluster.gpus_per_node=4" in overrides and "checkpoint.save=false" in overrides
+    assert f"run_dir={tmp_path}" in overrides
+
+
+def test_calibration_fit_recovers_a_known_gemm_model() -> None:
+    from trainer.tools.calibrate import fit_gemm_model
+
+    peak, fraction, half = 100.0, 0.6, 48.0
+    points = [(d, peak * fraction * (d / (d + half)) ** 3) for d in (32, 64, 128, 256, 512)]
+    got_fraction, got_half = fit_gemm_model(points, peak)
+    assert got_fraction == pytest.approx(fraction, rel=1e-2)
+    assert got_half == pytest.approx(half, rel=1e-2)
