@@ -117,6 +117,18 @@ def manual_gc(interval: int):
         gc.enable()
 
 
+def announce_phase(session: TrainingSession, reporter: RunReporter) -> None:
+    """One line when a phase starts (a run with phases only), saying what it trains on."""
+    spans, step = session.train_batches.spans, session.state.step
+    phase = session.train_batches.phase_at(step)
+    if len(spans) > 1 and (step == phase.start_step or step == session.start_step):
+        reporter.print(
+            f"phase {phase.index + 1}/{len(spans)} '{phase.name}' at step {step} (steps "
+            f"{phase.start_step}-{phase.end_step}): blend {phase.blend or session.cfg.data.source}"
+            f", global batch {phase.global_batch_size}, sequence {phase.seq_length}"
+            + (", lr decays" if phase.lr_decay else ""))
+
+
 def run_training(session: TrainingSession, reporter: RunReporter) -> RunHistory:
     """The step loop from the session's step to `train.train_iters`; returns its history."""
     with manual_gc(session.cfg.train.manual_gc_interval) as collect:
@@ -132,6 +144,7 @@ def _train(session: TrainingSession, reporter: RunReporter, collect) -> RunHisto
     if session.eval_steps > 0:
         _evaluate(session, history, reporter)
     while session.state.step < total:
+        announce_phase(session, reporter)
         scale = loss_scale(session) if cfg.precision.dtype == "fp16" else 1.0  # no GPU sync
         metrics = train_step(session)
         if metrics.skipped:

@@ -13,6 +13,7 @@ from typing import Literal
 
 from plugins.registry import PluginsConfig
 from recipes.config.layout import Layout
+from recipes.config.phases import PhaseConfig
 
 
 @dataclass(kw_only=True)
@@ -286,6 +287,9 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
+    # The run in phases (recipes/config/phases.py): where each ends, its blend, batch, sequence,
+    # CP and whether the schedule decays over it. Empty: one phase, the run's own values.
+    phases: list[PhaseConfig] = field(default_factory=list)
 
     @property
     def layout(self) -> Layout:
