@@ -367,12 +367,25 @@ class PhasedBatches:
     a resume just before, at or after a boundary continues every stream exactly.
     """
 
-    def __init__(self, spans, streams: dict[str, GlobalBatches], seq_length: int):
+    def __init__(self, spans, streams: dict[str, GlobalBatches], seq_length: int,
+                 ramp=None):
         self.spans = spans
         self.streams = streams  # blend (or the in-memory source) -> its batches
         self.seq_length = seq_length
+        # With a batch ramp-up: Megatron Core's calculator, whose batch follows the consumed
+        # samples (recipes/config/rampup.py); None: each phase's own batch.
+        self.ramp = ramp
         self.source_tokens: dict[str, int] = {}  # tokens taken per source, over the whole run
         self.step = 0  # steps taken (the run state's step; set on resume)
+        self.consumed = 0  # samples taken (the run state's consumed samples; set on resume)
+
+    def current_batch(self) -> int:
+        """The global batch of the next step: the ramp's at the samples consumed so far, else
+        its phase's."""
+        if self.ramp is None:
+            return span_at(self.spans, self.step).global_batch_size
+        self.ramp.update(self.consumed, consistency_check=True)
+        return self.ramp.get_current_global_batch_size()
 
     @staticmethod
     def stream_key(blend: str | None) -> str:
@@ -382,7 +395,7 @@ class PhasedBatches:
         """The stream of the phase that trains step `step` (0-based), at that phase's batch."""
         span = span_at(self.spans, step)
         stream = self.streams[self.stream_key(span.blend)]
-        stream.resize(span.global_batch_size)
+        stream.resize(self.current_batch())
         return stream
 
     def phase_at(self, step: int):
@@ -393,6 +406,7 @@ class PhasedBatches:
         stream = self.stream_at(self.step)
         microbatches = stream.take()
         self.step += 1
+        self.consumed += stream.global_batch
         ids = stream.source.source_ids(stream.last_taken)
         for number, count in zip(*np.unique(ids, return_counts=True), strict=True):
             name = stream.source.source_names[int(number)]

@@ -27,6 +27,7 @@ from plugins.protocol.events import RuntimeContext
 from plugins.protocol.hooks import PluginSet
 from plugins.registry import build_plugins
 from recipes.config.phases import phase_config, phase_spans, schedule_samples
+from recipes.config.rampup import megatron_schedule, ramp_schedule
 from recipes.config.schema import RunConfig
 from trainer import checkpointing
 from trainer.data import GlobalBatches, PhasedBatches, build_sources
@@ -84,6 +85,7 @@ class TrainingSession:
         self.start_step = state.step
         self.train_batches.load_state_dict(state.data)
         self.train_batches.step = state.step
+        self.train_batches.consumed = state.consumed_samples
         self.plugins.load_state_dict(state.plugins)
         if state.rng is not None:
             state.rng.restore()
@@ -179,6 +181,22 @@ def patient_collectives(minutes: int, usual_minutes: int):
         _set_pg_timeout(timedelta(minutes=usual_minutes))
 
 
+def batch_ramp(cfg: RunConfig):
+    """Megatron Core's step-batch calculator for `train.rampup_batch_size` (the ramp written as
+    its schedule by recipes/config/rampup.py), held by the run rather than Megatron's global."""
+    from megatron.core.num_microbatches_calculator import (
+        StepBatchsizeNumMicroBatchesCalculator,
+    )
+
+    schedule = ramp_schedule(cfg)
+    if schedule is None:
+        return None
+    return StepBatchsizeNumMicroBatchesCalculator(
+        micro_batch_size=cfg.train.micro_batch_size, data_parallel_size=cfg.layout.data_parallel,
+        decrease_batch_size_if_needed=False, rank=torch.distributed.get_rank(),
+        schedule=megatron_schedule(schedule))
+
+
 def _data(cfg: RunConfig, run_dir: Path) -> tuple[PhasedBatches, GlobalBatches, int]:
     """One training stream per distinct blend of the run's phases (built for the samples its
     phases take); held-out batches from the first phase's data."""
@@ -196,7 +214,7 @@ def _data(cfg: RunConfig, run_dir: Path) -> tuple[PhasedBatches, GlobalBatches, 
             train_source, heldout = build_sources(phase_cfg, run_dir, samples)
             streams[key] = GlobalBatches(train_source, phase_cfg, dp_rank)
             heldout_source = heldout_source or heldout
-    train = PhasedBatches(spans, streams, cfg.model.seq_length)
+    train = PhasedBatches(spans, streams, cfg.model.seq_length, batch_ramp(cfg))
     heldout_batches = GlobalBatches(heldout_source, cfg, dp_rank)
     eval_steps = min(cfg.train.eval_iters, len(heldout_source) // cfg.train.global_batch_size)
     return train, heldout_batches, eval_steps

@@ -6,6 +6,7 @@ optimizer) and, on profiled steps, its exposed communication; see `trainer/step_
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from functools import partial
@@ -115,7 +116,7 @@ def train_step(session) -> StepMetrics:
     """
     cfg, step = session.cfg, session.state.step
     phase = session.train_batches.phase_at(step)
-    batch = phase.global_batch_size
+    batch = session.train_batches.current_batch()  # the phase's, or the ramp's
     index, steps_in_process = step - session.start_step, (
         cfg.train.train_iters - session.start_step)
     if not torch.cuda.is_available():
@@ -140,7 +141,8 @@ def train_step(session) -> StepMetrics:
     session.mid_step = False
     slowest = slowest_rank_figures(session, profiler, time.perf_counter() - start)
     step_time = slowest["step_time_s"]
-    tflops = tflops_per_gpu(step_flops(phase_config(cfg, phase)), step_time,
+    step_cfg = phase_config(cfg, dataclasses.replace(phase, global_batch_size=batch))
+    tflops = tflops_per_gpu(step_flops(step_cfg), step_time,
                             torch.distributed.get_world_size())
     return StepMetrics(
         step=session.state.step,
@@ -161,6 +163,7 @@ def train_step(session) -> StepMetrics:
         memory_reserved_gib=slowest.get("memory_reserved_gib"),
         stage_compute_s=slowest.get("stage_compute_s"),
         phase=phase.index,
+        global_batch=batch,
         phase_name=phase.name,
         source_tokens=dict(session.train_batches.source_tokens),
     )

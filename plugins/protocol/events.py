@@ -55,6 +55,7 @@ class StepMetrics:
     # Which phase of the run (recipes/config/phases.py) trained this step: its number and name.
     phase: int = 0
     phase_name: str = "run"
+    global_batch: int = 0  # samples of this step (a phase's batch, or the ramp-up's)
     # Tokens taken so far per blend source (samples x sequence length, every phase together).
     source_tokens: dict[str, int] = field(default_factory=dict)
     # Plugins' own figures of this step, by name (filled in `after_step`; logged with the step).

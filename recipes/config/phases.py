@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from recipes.config.schema import RunConfig
 
+from recipes.config.rampup import ramp_schedule, samples_after
+
 SHARE_TOLERANCE = 1e-6  # token shares must add up to 1 within this
 
 
@@ -336,15 +338,25 @@ class ScheduleSamples:
     wsd_decay: int  # WSD: the final anneal's length
 
 
+def run_samples_at(cfg: RunConfig, step: int) -> int:
+    """Consumed samples after `step` steps of the run: through the batch ramp-up when there is
+    one (recipes/config/rampup.py), else through each phase's batch."""
+    ramp = ramp_schedule(cfg)
+    if ramp is not None:
+        return samples_after(ramp, step)
+    return samples_at(phase_spans(cfg), step)
+
+
 def schedule_samples(cfg: RunConfig) -> ScheduleSamples:
-    """Warm-up, decay end and WSD anneal in samples across the phases. A phase with
-    `lr_decay` holds WSD's anneal: it starts at the phase's first step and ends at its last."""
+    """Warm-up, decay end and WSD anneal in samples across the phases (and a batch ramp-up:
+    the schedule counts the samples the steps really take). A phase with `lr_decay` holds
+    WSD's anneal: it starts at the phase's first step and ends at its last."""
     spans, s = phase_spans(cfg), cfg.scheduler
     decay_iters = s.decay_iters or cfg.train.train_iters
     wsd_iters = s.wsd_decay_iters or max(1, decay_iters // 10)
     decaying = next((span for span in spans if span.lr_decay), None)
     if decaying is not None:
         decay_iters, wsd_iters = decaying.end_step, decaying.steps
-    decay = samples_at(spans, decay_iters)
-    return ScheduleSamples(warmup=samples_at(spans, s.warmup_iters), decay=decay,
-                           wsd_decay=decay - samples_at(spans, decay_iters - wsd_iters))
+    decay = run_samples_at(cfg, decay_iters)
+    return ScheduleSamples(warmup=run_samples_at(cfg, s.warmup_iters), decay=decay,
+                           wsd_decay=decay - run_samples_at(cfg, decay_iters - wsd_iters))

@@ -99,6 +99,9 @@ class TrainConfig:
 
     micro_batch_size: int = 2  # samples per rank per forward pass
     global_batch_size: int = 8  # samples per optimizer step over all DP ranks
+    # Batch ramp-up, Megatron-LM's --rampup-batch-size: [start, increment, samples] grows the
+    # global batch from start by increment over the first `samples` samples (rampup.py).
+    rampup_batch_size: list[int] | None = None
     train_iters: int = 100  # optimizer steps
     eval_interval: int = 50  # steps between held-out evaluations (0 = only at the end)
     eval_iters: int = 4  # global batches per held-out evaluation

@@ -18,6 +18,7 @@ from typing import Any
 from plugins.protocol.errors import ConfigError
 from recipes.config.layout import Layout
 from recipes.config.phases import PHASE_RULES, check_each_phase
+from recipes.config.rampup import RAMPUP_RULES
 from recipes.config.schema import RunConfig
 
 BYTE_VOCAB = 256  # the byte tokenizer emits ids 0..255
@@ -543,6 +544,7 @@ RULES: tuple[Rule, ...] = (
     check_distributed_timeout,
     *PHASE_RULES,
     check_phase_layouts,
+    *RAMPUP_RULES,
 )
 
 

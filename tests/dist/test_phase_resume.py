@@ -62,3 +62,24 @@ def test_resume_around_a_phase_boundary_is_exact(launch_ranks, phased, tmp_path,
     assert sum(second.values()) == total
     for name, weight in SECOND_WEIGHTS.items():
         assert abs(second[name] / total - weight) <= 2 / (total / seq), (name, second)
+
+
+RAMP = ["train.global_batch_size=16", "train.rampup_batch_size=[4,4,24]", f"train.train_iters="
+        f"{STEPS}", "scheduler.warmup_iters=1"]
+
+
+def test_resume_in_the_middle_of_a_batch_ramp_is_exact(launch_ranks, tmp_path):
+    """Megatron's calculator ramps 4 -> 8 -> 12 -> 16 over 24 samples on two DP ranks (one
+    micro-batch each, then 2, 3, 4); resumes at steps 2 and 3 land inside the ramp."""
+    stops = [2, 3]
+    common = {"recipe": "tiny_dp2", "steps": STEPS, "run_dir": str(tmp_path), "overrides": RAMP,
+              "checkpoint_dir": str(tmp_path / "checkpoints")}
+    continuous = launch_ranks(2, f"{ENTRY}:continuous", {**common, "save_at": stops})
+    resumed = launch_ranks(2, f"{ENTRY}:stop_points", {**common, "points": stops,
+                                                       "after": STEPS})
+    for before, runs in zip(continuous, resumed, strict=True):
+        records = before["records"]
+        assert [r["batch"] for r in records] == [4, 4, 8, 12, 16, 16]
+        assert [r["samples"] for r in records] == [4, 8, 16, 28, 44, 60]
+        for point in stops:
+            assert runs[str(point)]["records"] == records[point:], point
