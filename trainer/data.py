@@ -367,11 +367,9 @@ class PhasedBatches:
     a resume just before, at or after a boundary continues every stream exactly.
     """
 
-    def __init__(self, spans, streams: dict[str, GlobalBatches], seq_length: int,
-                 ramp=None):
+    def __init__(self, spans, streams: dict[str, GlobalBatches], ramp=None):
         self.spans = spans
-        self.streams = streams  # blend (or the in-memory source) -> its batches
-        self.seq_length = seq_length
+        self.streams = streams  # (blend or in-memory source, sequence length) -> its batches
         # With a batch ramp-up: Megatron Core's calculator, whose batch follows the consumed
         # samples (recipes/config/rampup.py); None: each phase's own batch.
         self.ramp = ramp
@@ -388,13 +386,14 @@ class PhasedBatches:
         return self.ramp.get_current_global_batch_size()
 
     @staticmethod
-    def stream_key(blend: str | None) -> str:
-        return blend or "corpus"
+    def stream_key(span) -> str:
+        """One stream per blend and sequence length (a longer sequence cuts other samples)."""
+        return f"{span.blend or 'corpus'}:{span.seq_length}"
 
     def stream_at(self, step: int) -> GlobalBatches:
         """The stream of the phase that trains step `step` (0-based), at that phase's batch."""
         span = span_at(self.spans, step)
-        stream = self.streams[self.stream_key(span.blend)]
+        stream = self.streams[self.stream_key(span)]
         stream.resize(self.current_batch())
         return stream
 
@@ -403,6 +402,7 @@ class PhasedBatches:
 
     def take(self) -> list[MicroBatch]:
         """This rank's micro-batches of the next step's global batch; counts its tokens."""
+        seq_length = span_at(self.spans, self.step).seq_length
         stream = self.stream_at(self.step)
         microbatches = stream.take()
         self.step += 1
@@ -410,8 +410,7 @@ class PhasedBatches:
         ids = stream.source.source_ids(stream.last_taken)
         for number, count in zip(*np.unique(ids, return_counts=True), strict=True):
             name = stream.source.source_names[int(number)]
-            self.source_tokens[name] = self.source_tokens.get(name, 0) + int(
-                count) * self.seq_length
+            self.source_tokens[name] = self.source_tokens.get(name, 0) + int(count) * seq_length
         return microbatches
 
     def upcoming(self) -> list[MicroBatch]:

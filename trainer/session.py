@@ -23,10 +23,11 @@ from megatron.core.optimizer import MegatronOptimizer, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
+from plugins.protocol.errors import ConfigError
 from plugins.protocol.events import RuntimeContext
 from plugins.protocol.hooks import PluginSet
 from plugins.registry import build_plugins
-from recipes.config.phases import phase_config, phase_spans, schedule_samples
+from recipes.config.phases import launch_mismatch, phase_config, phase_spans, schedule_samples
 from recipes.config.rampup import megatron_schedule, ramp_schedule
 from recipes.config.schema import RunConfig
 from trainer import checkpointing
@@ -199,22 +200,27 @@ def batch_ramp(cfg: RunConfig):
 
 def _data(cfg: RunConfig, run_dir: Path) -> tuple[PhasedBatches, GlobalBatches, int]:
     """One training stream per distinct blend of the run's phases (built for the samples its
-    phases take); held-out batches from the first phase's data."""
+    phases take); held-out batches from the first phase's data at this launch's sequence
+    length."""
     t, spans = cfg.train, phase_spans(cfg)
     dp_rank = parallel_state.get_data_parallel_rank()
     streams: dict[str, GlobalBatches] = {}
-    heldout_source = None
+    heldout_source, any_heldout = None, None
     with patient_collectives(t.data_setup_timeout_minutes, t.distributed_timeout_minutes):
         for span in spans:
-            key = PhasedBatches.stream_key(span.blend)
+            key = PhasedBatches.stream_key(span)
             if key in streams:
                 continue
-            samples = sum(s.samples for s in spans if PhasedBatches.stream_key(s.blend) == key)
+            samples = sum(s.samples for s in spans if PhasedBatches.stream_key(s) == key)
             phase_cfg = phase_config(cfg, span)
             train_source, heldout = build_sources(phase_cfg, run_dir, samples)
             streams[key] = GlobalBatches(train_source, phase_cfg, dp_rank)
-            heldout_source = heldout_source or heldout
-    train = PhasedBatches(spans, streams, cfg.model.seq_length, batch_ramp(cfg))
+            any_heldout = heldout if any_heldout is None else any_heldout
+            if heldout_source is None and span.seq_length == cfg.model.seq_length:
+                heldout_source = heldout  # the first data at this launch's sequence length
+    if heldout_source is None:  # a launch in another phase's layout is refused next
+        heldout_source = any_heldout
+    train = PhasedBatches(spans, streams, batch_ramp(cfg))
     heldout_batches = GlobalBatches(heldout_source, cfg, dp_rank)
     eval_steps = min(cfg.train.eval_iters, len(heldout_source) // cfg.train.global_batch_size)
     return train, heldout_batches, eval_steps
@@ -247,4 +253,7 @@ def build_session(
     if load is not None and not cfg.checkpoint.load_model_only:
         session.resumed_from = checkpointing.resolve_checkpoint_dir(load)
         session.restore_state(checkpointing.load_checkpoint(session, session.resumed_from))
+    mismatch = launch_mismatch(cfg, session.start_step)  # a phase that needs its own layout
+    if mismatch is not None:
+        raise ConfigError(mismatch)
     return session

@@ -67,14 +67,15 @@ def speed_summary(cfg, history: RunHistory) -> dict:
     }
 
 
-def phase_rows(cfg, start_step: int = 0) -> list[dict]:
+def phase_rows(cfg, start_step: int = 0, end_step: int | None = None) -> list[dict]:
     """One row per phase: its steps, tokens (as the batch ramp-up takes them), blend, batch
-    and sequence length; a phase a resume skipped counts none of its tokens in this session."""
-    rows = []
+    and sequence length; tokens count the steps this session trained (`start_step` to
+    `end_step`), so a phase a resume skipped or a later launch trains shows none."""
+    rows, end_step = [], cfg.train.train_iters if end_step is None else end_step
     for span in phase_spans(cfg):
-        first = max(span.start_step, start_step)
-        samples = run_samples_at(cfg, span.end_step) - run_samples_at(cfg, min(first,
-                                                                               span.end_step))
+        last = min(span.end_step, end_step)
+        first = min(max(span.start_step, start_step), last)
+        samples = run_samples_at(cfg, last) - run_samples_at(cfg, first)
         rows.append({"phase": span.name, "steps": f"{span.start_step}-{span.end_step}",
                      "tokens": samples * span.seq_length,
                      "blend": span.blend or cfg.data.source,
@@ -87,9 +88,9 @@ def phase_rows(cfg, start_step: int = 0) -> list[dict]:
 
 def build_summary(session, history: RunHistory) -> dict:
     cfg = session.cfg
-    steps_run = cfg.train.train_iters - session.start_step
+    steps_run = session.state.step - session.start_step
     heldout = history.heldout
-    phases = phase_rows(cfg, session.start_step)
+    phases = phase_rows(cfg, session.start_step, session.state.step)
     return {
         "recipe": cfg.name,
         "layout": describe_run_layout(cfg),

@@ -270,6 +270,45 @@ def check_phase_relaunch(cfg: RunConfig) -> str | None:
     return None
 
 
+def check_relaunch_sequences_given(cfg: RunConfig) -> str | None:
+    """With a relaunch the next launch sets model.seq_length to its phase's; a phase that
+    inherited the run's sequence length would then change length (and its token share its
+    steps), so every phase names its own."""
+    if not any(phase.relaunch for phase in cfg.phases):
+        return None
+    for index, phase in enumerate(cfg.phases):
+        if phase.seq_length is None:
+            return (f"{_named(index, phase)}: a run with relaunch phases names every phase's "
+                    f"seq_length; set seq_length: {cfg.model.seq_length} on it")
+    return None
+
+
+def launch_end(spans: tuple[PhaseSpan, ...], start_step: int) -> int:
+    """The step a launch starting at `start_step` trains to: the start of the next phase that
+    needs a new launch, else the run's end."""
+    return next((s.start_step for s in spans if s.relaunch and s.start_step > start_step),
+                spans[-1].end_step)
+
+
+def relaunch_overrides(span: PhaseSpan) -> list[str]:
+    """The overrides that start a launch in `span`'s layout."""
+    return [f"model.seq_length={span.seq_length}", f"parallel.context={span.context}"]
+
+
+def launch_mismatch(cfg: RunConfig, start_step: int) -> str | None:
+    """A launch must run in the layout of the phase it starts in (sequence length, CP size):
+    None when it does, else the one line that says how to start it."""
+    if not cfg.phases or start_step >= cfg.train.train_iters:
+        return None
+    span = span_at(phase_spans(cfg), start_step)
+    if (span.seq_length, span.context) == (cfg.model.seq_length, cfg.parallel.context):
+        return None
+    return (f"step {start_step} is in phases[{span.index}] ({span.name}), which trains with "
+            f"sequence {span.seq_length} and CP {span.context}, but this launch has "
+            f"model.seq_length={cfg.model.seq_length} parallel.context={cfg.parallel.context}; "
+            f"start it with {' '.join(relaunch_overrides(span))}")
+
+
 def check_phase_lr_decay(cfg: RunConfig) -> str | None:
     """One schedule runs across the phases: at most one phase holds WSD's decay, which
     then sets where the decay starts and ends (not also scheduler.decay_iters/wsd_decay_iters)."""
@@ -325,6 +364,7 @@ PHASE_RULES = (
     check_phase_lengths,
     check_phase_blend,
     check_phase_relaunch,
+    check_relaunch_sequences_given,
     check_phase_lr_decay,
 )
 

@@ -288,3 +288,4 @@ def test_summary_has_one_row_per_phase():
         ("a", "0-12", 8), ("b", "12-20", 16)]
     assert [r["tokens"] for r in rows] == [12 * 8 * 128, 8 * 16 * 128]
     assert [r["tokens"] for r in phase_rows(cfg, start_step=15)] == [0, 5 * 16 * 128]
+    assert [r["tokens"] for r in phase_rows(cfg, 0, end_step=12)] == [12 * 8 * 128, 0]

@@ -14,6 +14,8 @@ from recipes.registry import get_recipe
 
 RUN = ["train.train_iters=20", "scheduler.warmup_iters=2"]
 TWO_BY_STEP = "phases=[{name: general, end_step: 12}, {name: quality, end_step: 20}]"
+LONG = ("phases=[{name: a, end_step: 10, seq_length: 128}, "
+        "{name: long, end_step: 20, seq_length: 256, relaunch: true, lr_decay: true}]")
 TWO_BY_SHARE = ("phases=[{name: general, tokens: 0.5}, "
                 "{name: big, tokens: 0.5, global_batch_size: 16}]")
 
@@ -101,11 +103,16 @@ PHASE_RULE_CASES = [
      "phases[1] (b): tokens=0.01 is less than one step of 20"),
     ("check_phase_blend", ["phases=[{name: a, end_step: 20, blend: conf/data/x.yaml}]"],
      "phases[0] (a): blend=conf/data/x.yaml needs data.source=blend"),
-    ("check_phase_relaunch", ["phases=[{name: a, end_step: 20, relaunch: true}]"],
+    ("check_phase_relaunch", ["phases=[{name: a, end_step: 20, relaunch: true, "
+                              "seq_length: 128}]"],
      "phases[0] (a): relaunch: true on the first phase starts from nothing"),
     ("check_phase_relaunch",
      ["phases=[{name: a, end_step: 10}, {name: long, end_step: 20, seq_length: 256}]"],
      "phases[1] (long): changing seq_length (128 -> 256) needs a new launch; set relaunch: true"),
+    ("check_relaunch_sequences_given", ["phases=[{name: a, end_step: 10}, {name: long, "
+                                        "end_step: 20, seq_length: 256, relaunch: true}]"],
+     "phases[0] (a): a run with relaunch phases names every phase's seq_length; set "
+     "seq_length: 128 on it"),
     ("check_phase_lr_decay", ["phases=[{name: a, end_step: 20, lr_decay: true}]"],
      "phases[0] (a): lr_decay: true places a warm-up–stable–decay schedule's decay, but "
      "scheduler.style=cosine; set scheduler.style=wsd"),
@@ -118,8 +125,8 @@ PHASE_RULE_CASES = [
     ("check_phase_layouts", ["phases=[{name: a, end_step: 10}, "
                              "{name: b, end_step: 20, global_batch_size: 7}]"],
      "phases[1] (b): train.global_batch_size=7"),
-    ("check_phase_layouts", ["phases=[{name: a, end_step: 10}, "
-                             "{name: b, end_step: 20, context: 2, relaunch: true}]"],
+    ("check_phase_layouts", ["phases=[{name: a, end_step: 10, seq_length: 128}, {name: b, "
+                             "end_step: 20, context: 2, relaunch: true, seq_length: 128}]"],
      "phases[1] (b): world size 1 (1 nodes x 1) is not divisible by TP1 x PP1 x CP2 = 2"),
 ]
 
@@ -137,6 +144,21 @@ def test_phase_rule_fires_alone_with_its_message(rule, overrides, message) -> No
 
 def test_valid_phases_break_no_rule() -> None:
     for overrides in ([TWO_BY_STEP], [TWO_BY_SHARE], [
-        "scheduler.style=wsd", "phases=[{name: a, end_step: 10}, "
-        "{name: long, end_step: 20, seq_length: 256, relaunch: true, lr_decay: true}]"]):
+        "scheduler.style=wsd", LONG]):
         assert failing_rules(_cfg(*overrides)) == []
+
+
+def test_a_launch_ends_where_a_relaunch_phase_starts_and_the_next_starts_in_its_layout() -> None:
+    from recipes.config.phases import launch_end, launch_mismatch
+
+    cfg = _cfg("scheduler.style=wsd", LONG)
+    spans = phase_spans(cfg)
+    assert (launch_end(spans, 0), launch_end(spans, 7), launch_end(spans, 10)) == (10, 10, 20)
+    assert launch_mismatch(cfg, 0) is None  # phase a trains at the run's 128
+    assert launch_mismatch(cfg, 10) == (
+        "step 10 is in phases[1] (long), which trains with sequence 256 and CP 1, but this "
+        "launch has model.seq_length=128 parallel.context=1; start it with "
+        "model.seq_length=256 parallel.context=1")
+    relaunched = _cfg("scheduler.style=wsd", LONG, "model.seq_length=256")
+    assert launch_mismatch(relaunched, 10) is None
+    assert phase_spans(relaunched) == spans  # every phase names its length: nothing moves
