@@ -58,10 +58,13 @@ def _prepare(entry: dict[str, Any], cfg: RunConfig, blend_path: str) -> None:
 
 
 def prepare_missing_data(cfg: RunConfig) -> None:
-    """Run the blend's `prepare:` entries whose manifest does not exist yet."""
-    if cfg.data.source != "blend" or cfg.data.blend is None:
+    """Run the `prepare:` entries of the run's blend and of every phase's blend whose
+    manifest does not exist yet."""
+    if cfg.data.source != "blend":
         return
-    for entry in _entries(cfg.data.blend):
-        output = entry.get("output")
-        if output is None or not Path(f"{output}.json").exists():
-            _prepare(entry, cfg, cfg.data.blend)
+    blends = [cfg.data.blend, *(phase.blend for phase in cfg.phases)]
+    for blend in dict.fromkeys(b for b in blends if b is not None):
+        for entry in _entries(blend):
+            output = entry.get("output")
+            if output is None or not Path(f"{output}.json").exists():
+                _prepare(entry, cfg, blend)

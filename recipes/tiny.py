@@ -6,6 +6,7 @@ layout differs. The single-rank reference runs 4 micro-batches per step.
 
 from __future__ import annotations
 
+from recipes.config.phases import PhaseConfig
 from recipes.config.schema import (
     ClusterConfig,
     LoggingConfig,
@@ -153,12 +154,30 @@ def stdlib_bpe_tp2_pp2() -> RunConfig:
     return cfg
 
 
+def stdlib_then_docs_dp1() -> RunConfig:
+    """Two phases on one CPU rank: the standard library (BPE as the default run), then this
+    project's docs with 30% of the standard library kept, WSD decaying over the second phase."""
+    cfg = tiny_dp1()
+    cfg.model.vocab_size = 2048
+    cfg.data.source = "blend"
+    cfg.data.blend = "conf/data/python_stdlib.yaml"
+    cfg.train.train_iters = 200
+    cfg.scheduler.style = "wsd"
+    cfg.phases = [
+        PhaseConfig(name="stdlib", tokens=0.7),
+        PhaseConfig(name="docs", tokens=0.3, blend="conf/data/stdlib_then_docs.yaml",
+                    lr_decay=True),
+    ]
+    return cfg
+
+
 # Registered in this order; the first is the default recipe.
 RECIPES = (
     stdlib_bpe_tp2_pp2,
     tiny_tp2_pp2,
     tiny_dp1,
     tiny_dp1_recompute,
+    stdlib_then_docs_dp1,
     tiny_dp2,
     tiny_dp2_distopt,
     tiny_tp2,

@@ -30,6 +30,7 @@ from data_prep.corpus import corpus_documents
 from plugins.protocol.errors import ConfigError
 from plugins.protocol.packed_batch import document_pad_multiple, packed_row
 from recipes.config.blend import Blend, load_blend
+from recipes.config.phases import span_at
 from recipes.config.schema import RunConfig
 
 MicroBatch = dict[str, torch.Tensor]
@@ -44,10 +45,21 @@ def as_tensors(batch: dict) -> MicroBatch:
 
 class SampleSource(Protocol):
     reshuffle_each_epoch: bool  # whether GlobalBatches permutes the order every epoch
+    source_names: tuple[str, ...]  # the blend's sources, in the order `source_ids` numbers them
 
     def __len__(self) -> int: ...
 
     def microbatch(self, indices: np.ndarray) -> MicroBatch: ...
+
+    def source_ids(self, indices: np.ndarray) -> np.ndarray: ...
+
+
+def source_labels(prefixes: Sequence[str]) -> tuple[str, ...]:
+    """Short names of a blend's sources for logs: each prefix's file name, the whole prefix
+    where two share a file name."""
+    names = [Path(prefix).name for prefix in prefixes]
+    return tuple(name if names.count(name) == 1 else prefix
+                 for name, prefix in zip(names, prefixes, strict=True))
 
 
 @dataclass(frozen=True)
@@ -58,9 +70,13 @@ class TokenTable:
     eod: int
     eod_mask_loss: bool
     reshuffle_each_epoch: bool = True
+    source_names: tuple[str, ...] = ("corpus",)
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def source_ids(self, indices: np.ndarray) -> np.ndarray:
+        return np.zeros(len(indices), dtype=np.int64)  # one stream, one source
 
     def microbatch(self, indices: np.ndarray) -> MicroBatch:
         rows = self.samples[indices]
@@ -89,9 +105,9 @@ def in_memory_sources(cfg: RunConfig) -> tuple[TokenTable, TokenTable]:
         )
     samples = stream[(np.arange(count) * seq)[:, None] + np.arange(seq + 1)[None, :]]
     heldout = max(1, int(count * cfg.data.heldout_fraction))
-    mask = cfg.data.eod_mask_loss
-    return (TokenTable(samples[:-heldout], tokenizer.eod, mask),
-            TokenTable(samples[-heldout:], tokenizer.eod, mask))
+    mask, names = cfg.data.eod_mask_loss, (cfg.data.source,)
+    return (TokenTable(samples[:-heldout], tokenizer.eod, mask, source_names=names),
+            TokenTable(samples[-heldout:], tokenizer.eod, mask, source_names=names))
 
 
 class MegatronSamples:
@@ -100,12 +116,21 @@ class MegatronSamples:
 
     reshuffle_each_epoch = False  # Megatron's dataset index is already shuffled, per epoch
 
-    def __init__(self, dataset, packed: bool) -> None:
+    def __init__(self, dataset, packed: bool, source_names: tuple[str, ...] = ("blend",)):
         self.dataset = dataset
         self.packed = packed
+        self.source_names = source_names
 
     def __len__(self) -> int:
         return len(self.dataset)
+
+    def source_ids(self, indices: np.ndarray) -> np.ndarray:
+        """Which blend source each sample comes from: Megatron's BlendedDataset keeps it in
+        `dataset_index` (`datasets/blended_dataset.py:107`); a lone GPTDataset is source 0."""
+        index = getattr(self.dataset, "dataset_index", None)
+        if index is None:
+            return np.zeros(len(indices), dtype=np.int64)
+        return np.asarray(index[indices], dtype=np.int64)
 
     def microbatch(self, indices: np.ndarray) -> MicroBatch:
         samples = [self.dataset[int(i)] for i in indices]
@@ -129,7 +154,8 @@ class _TokenizerFacts:
         self.unique_identifiers = {"eod": blend.eod_id, "vocab_size": blend.vocab_size}
 
 
-def megatron_sources(cfg: RunConfig, blend: Blend, cache: Path, eval_samples: int):
+def megatron_sources(cfg: RunConfig, blend: Blend, cache: Path, eval_samples: int,
+                     train_samples: int):
     """Train and held-out datasets built by Megatron Core's own blended dataset builder."""
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
@@ -149,10 +175,14 @@ def megatron_sources(cfg: RunConfig, blend: Blend, cache: Path, eval_samples: in
         eod_mask_loss=cfg.data.eod_mask_loss, create_attention_mask=False,
         inter_document_masking=inter_document,
     )
-    sizes = [cfg.train.train_iters * cfg.train.global_batch_size, eval_samples, 0]
+    sizes = [train_samples, eval_samples, 0]
     train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True,
                                                     config).build()
-    return MegatronSamples(train, inter_document), MegatronSamples(valid, inter_document)
+    names = source_labels([source.prefix for source in blend.train])
+    heldout_names = names if blend.valid is None else source_labels(
+        [source.prefix for source in blend.valid])
+    return (MegatronSamples(train, inter_document, names),
+            MegatronSamples(valid, inter_document, heldout_names))
 
 
 class PackedSamples:
@@ -162,14 +192,21 @@ class PackedSamples:
     reshuffle_each_epoch = False  # packs are shuffled once, seeded, when the index is built
 
     def __init__(self, packs: Sequence[tuple[object, object, int]], seq_length: int, eod: int,
-                 pad_multiple: int = 1):
+                 pad_multiple: int = 1, source_names: tuple[str, ...] = ("blend",),
+                 pack_sources: Sequence[int] | None = None):
         self.packs = list(packs)  # (indexed dataset, pack index, pack number)
         self.seq_length = seq_length
         self.eod = eod
         self.pad_multiple = pad_multiple
+        self.source_names = source_names
+        self.pack_sources = np.asarray(  # the source each pack comes from
+            pack_sources if pack_sources is not None else [0] * len(self.packs), dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.packs)
+
+    def source_ids(self, indices: np.ndarray) -> np.ndarray:
+        return self.pack_sources[indices]
 
     def microbatch(self, indices: np.ndarray) -> MicroBatch:
         dataset, index, number = self.packs[int(indices[0])]
@@ -199,32 +236,40 @@ def packed_sources(cfg: RunConfig, blend: Blend) -> tuple[PackedSamples, PackedS
     seq, seed = cfg.model.seq_length, cfg.train.seed
     multiple = document_pad_multiple(cfg.parallel.context)
 
-    def packs(sources) -> list[tuple[object, object, int]]:
-        found = []
-        for source in sources:
+    def packs(sources) -> tuple[list[tuple[object, object, int]], list[int]]:
+        found, owners = [], []
+        for number, source in enumerate(sources):
             dataset, index = _pack_index(source.prefix, seq, seed, multiple)
             found += [(dataset, index, i) for i in range(len(index))]
-        return found
+            owners += [number] * len(index)
+        return found, owners
 
-    train = packs(blend.train)
+    names = source_labels([source.prefix for source in blend.train])
+    train, owners = packs(blend.train)
     if blend.valid is not None:
-        heldout = packs(blend.valid)
+        heldout, heldout_owners = packs(blend.valid)
+        heldout_names = source_labels([source.prefix for source in blend.valid])
     else:
         count = max(1, round(len(train) * blend.split[1] / sum(blend.split)))
         train, heldout = train[:-count], train[-count:]
-    return (PackedSamples(train, seq, blend.eod_id, multiple),
-            PackedSamples(heldout, seq, blend.eod_id, multiple))
+        owners, heldout_owners, heldout_names = owners[:-count], owners[-count:], names
+    return (PackedSamples(train, seq, blend.eod_id, multiple, names, owners),
+            PackedSamples(heldout, seq, blend.eod_id, multiple, heldout_names, heldout_owners))
 
 
-def build_sources(cfg: RunConfig, run_dir: Path) -> tuple[SampleSource, SampleSource]:
-    """The train and held-out sources `cfg.data` names."""
+def build_sources(cfg: RunConfig, run_dir: Path,
+                  train_samples: int | None = None) -> tuple[SampleSource, SampleSource]:
+    """The train and held-out sources `cfg.data` names; Megatron's datasets are built for
+    `train_samples` training samples (default: the whole run at `cfg`'s batch)."""
     if cfg.data.source != "blend":
         return in_memory_sources(cfg)
     blend = load_blend(str(cfg.data.blend))
     if cfg.data.documents == "packed":
         return packed_sources(cfg, blend)
     eval_samples = max(1, cfg.train.eval_iters) * cfg.train.global_batch_size
-    return megatron_sources(cfg, blend, run_dir / "data_index", eval_samples)
+    if train_samples is None:
+        train_samples = cfg.train.train_iters * cfg.train.global_batch_size
+    return megatron_sources(cfg, blend, run_dir / "data_index", eval_samples, train_samples)
 
 
 class GlobalBatches:
@@ -239,9 +284,11 @@ class GlobalBatches:
         self.seed = cfg.train.seed
         self.dp_rank = dp_rank
         self.micro_batch = cfg.train.micro_batch_size
+        self.data_parallel = cfg.layout.data_parallel
         self.global_batch = cfg.train.global_batch_size
         self.per_replica = cfg.layout.samples_per_replica  # samples of a batch per DP rank
         self.next_sample = 0  # the data position: samples taken by `take` (tails included)
+        self.last_taken = np.zeros(0, dtype=np.int64)  # sample indices of the last `take`
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its order), reused per step
         if len(source) < self.global_batch:
             raise ConfigError(
@@ -290,7 +337,14 @@ class GlobalBatches:
     def take(self) -> list[MicroBatch]:
         """This rank's micro-batches of the next global batch; advances the data position."""
         indices, self.next_sample = self._batch_at(self.next_sample)
+        self.last_taken = indices
         return self._mine(indices)
+
+    def resize(self, global_batch: int) -> None:
+        """Take global batches of another size from here on (a phase's batch): the position
+        in samples stays, as after a resume with another batch size."""
+        self.global_batch = global_batch
+        self.per_replica = global_batch // self.data_parallel
 
     def state_dict(self) -> dict[str, int]:
         return {"next_sample": self.next_sample}
@@ -300,3 +354,85 @@ class GlobalBatches:
             self.next_sample = int(state["next_batch"]) * self.global_batch
             return
         self.next_sample = int(state["next_sample"])
+
+
+class PhasedBatches:
+    """The training batches of a run in phases (recipes/config/phases.py): each phase takes
+    global batches of its own size from its blend's stream. Phases that name the same blend
+    share one stream, so a later phase continues where the earlier one stopped rather than
+    seeing the same samples again. Every step counts the tokens it took per blend source
+    (samples x sequence length, as every rank knows them without a collective).
+
+    The saved state is each stream's position in samples and the per-source token counts, so
+    a resume just before, at or after a boundary continues every stream exactly.
+    """
+
+    def __init__(self, spans, streams: dict[str, GlobalBatches], ramp=None):
+        self.spans = spans
+        self.streams = streams  # (blend or in-memory source, sequence length) -> its batches
+        # With a batch ramp-up: Megatron Core's calculator, whose batch follows the consumed
+        # samples (recipes/config/rampup.py); None: each phase's own batch.
+        self.ramp = ramp
+        self.source_tokens: dict[str, int] = {}  # tokens taken per source, over the whole run
+        self.step = 0  # steps taken (the run state's step; set on resume)
+        self.consumed = 0  # samples taken (the run state's consumed samples; set on resume)
+
+    def current_batch(self) -> int:
+        """The global batch of the next step: the ramp's at the samples consumed so far, else
+        its phase's."""
+        if self.ramp is None:
+            return span_at(self.spans, self.step).global_batch_size
+        self.ramp.update(self.consumed, consistency_check=True)
+        return self.ramp.get_current_global_batch_size()
+
+    @staticmethod
+    def stream_key(span) -> str:
+        """One stream per blend and sequence length (a longer sequence cuts other samples)."""
+        return f"{span.blend or 'corpus'}:{span.seq_length}"
+
+    def stream_at(self, step: int) -> GlobalBatches:
+        """The stream of the phase that trains step `step` (0-based), at that phase's batch."""
+        span = span_at(self.spans, step)
+        stream = self.streams[self.stream_key(span)]
+        stream.resize(self.current_batch())
+        return stream
+
+    def phase_at(self, step: int):
+        return span_at(self.spans, step)
+
+    def take(self) -> list[MicroBatch]:
+        """This rank's micro-batches of the next step's global batch; counts its tokens."""
+        seq_length = span_at(self.spans, self.step).seq_length
+        stream = self.stream_at(self.step)
+        microbatches = stream.take()
+        self.step += 1
+        self.consumed += stream.global_batch
+        ids = stream.source.source_ids(stream.last_taken)
+        for number, count in zip(*np.unique(ids, return_counts=True), strict=True):
+            name = stream.source.source_names[int(number)]
+            self.source_tokens[name] = self.source_tokens.get(name, 0) + int(count) * seq_length
+        return microbatches
+
+    def upcoming(self) -> list[MicroBatch]:
+        """This rank's micro-batches of the batch `take` returns next (without taking it)."""
+        return self.stream_at(self.step).upcoming()
+
+    def microbatches(self, step: int) -> list[MicroBatch]:
+        """Global batch `step` of the first phase's stream (benchmarks)."""
+        return self.stream_at(0).microbatches(step)
+
+    def state_dict(self) -> dict:
+        return {"streams": {key: stream.state_dict() for key, stream in self.streams.items()},
+                "source_tokens": dict(self.source_tokens)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Each stream's position; a checkpoint of a run without phases holds the one
+        stream's position alone."""
+        streams = state.get("streams")
+        if streams is None:
+            next(iter(self.streams.values())).load_state_dict(state)
+            return
+        for key, position in streams.items():
+            if key in self.streams:
+                self.streams[key].load_state_dict(position)
+        self.source_tokens = {name: int(n) for name, n in state.get("source_tokens", {}).items()}

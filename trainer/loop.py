@@ -15,6 +15,7 @@ import math
 import torch
 
 from plugins.protocol.events import RunStart, StepMetrics
+from recipes.config.phases import launch_end, relaunch_overrides
 from trainer import checkpointing
 from trainer.metrics import RunReporter
 from trainer.session import TrainingSession
@@ -117,6 +118,18 @@ def manual_gc(interval: int):
         gc.enable()
 
 
+def announce_phase(session: TrainingSession, reporter: RunReporter) -> None:
+    """One line when a phase starts (a run with phases only), saying what it trains on."""
+    spans, step = session.train_batches.spans, session.state.step
+    phase = session.train_batches.phase_at(step)
+    if len(spans) > 1 and (step == phase.start_step or step == session.start_step):
+        reporter.print(
+            f"phase {phase.index + 1}/{len(spans)} '{phase.name}' at step {step} (steps "
+            f"{phase.start_step}-{phase.end_step}): blend {phase.blend or session.cfg.data.source}"
+            f", global batch {phase.global_batch_size}, sequence {phase.seq_length}"
+            + (", lr decays" if phase.lr_decay else ""))
+
+
 def run_training(session: TrainingSession, reporter: RunReporter) -> RunHistory:
     """The step loop from the session's step to `train.train_iters`; returns its history."""
     with manual_gc(session.cfg.train.manual_gc_interval) as collect:
@@ -125,13 +138,16 @@ def run_training(session: TrainingSession, reporter: RunReporter) -> RunHistory:
 
 def _train(session: TrainingSession, reporter: RunReporter, collect) -> RunHistory:
     cfg, history = session.cfg, RunHistory()
-    total = cfg.train.train_iters
     start = session.state.step
+    # A phase that changes the sequence length or CP size starts a new launch: this one ends
+    # at its boundary, with a checkpoint (recipes/config/phases.py).
+    total = launch_end(session.train_batches.spans, start)
     profiled = trainer_profiled_steps(start, total, cfg.logging.exposed_comm)
     session.plugins.run_start(RunStart(cfg, session.run_dir, start, total, profiled))
     if session.eval_steps > 0:
         _evaluate(session, history, reporter)
     while session.state.step < total:
+        announce_phase(session, reporter)
         scale = loss_scale(session) if cfg.precision.dtype == "fp16" else 1.0  # no GPU sync
         metrics = train_step(session)
         if metrics.skipped:
@@ -148,4 +164,15 @@ def _train(session: TrainingSession, reporter: RunReporter, collect) -> RunHisto
         if cfg.checkpoint.save and _due(metrics.step, cfg.checkpoint.save_interval, total):
             path = checkpointing.save_checkpoint(session, session.run_dir / "checkpoints")
             history.checkpoint = str(path)
+    if total < cfg.train.train_iters:
+        announce_relaunch(session, reporter, total)
     return history
+
+
+def announce_relaunch(session: TrainingSession, reporter: RunReporter, step: int) -> None:
+    """The line that says how the next phase's launch continues this run."""
+    span = session.train_batches.phase_at(step)
+    reporter.print(
+        f"phase '{span.name}' starts at step {step} in a new launch: continue with "
+        f"scripts/pretrain.py config={session.run_dir / 'config.yaml'} "
+        f"run_dir={session.run_dir} checkpoint.resume=true {' '.join(relaunch_overrides(span))}")

@@ -23,12 +23,15 @@ from megatron.core.optimizer import MegatronOptimizer, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
+from plugins.protocol.errors import ConfigError
 from plugins.protocol.events import RuntimeContext
 from plugins.protocol.hooks import PluginSet
 from plugins.registry import build_plugins
+from recipes.config.phases import launch_mismatch, phase_config, phase_spans, schedule_samples
+from recipes.config.rampup import megatron_schedule, ramp_schedule
 from recipes.config.schema import RunConfig
 from trainer import checkpointing
-from trainer.data import GlobalBatches, build_sources
+from trainer.data import GlobalBatches, PhasedBatches, build_sources
 from trainer.mcore_translation import (
     build_ddp_config,
     build_optimizer_config,
@@ -55,7 +58,7 @@ class TrainingSession:
     model: list[DistributedDataParallel]  # one per virtual pipeline stage
     optimizer: MegatronOptimizer
     scheduler: OptimizerParamScheduler
-    train_batches: GlobalBatches
+    train_batches: PhasedBatches
     heldout_batches: GlobalBatches
     eval_steps: int  # held-out global batches per evaluation (0 = no evaluation)
     state: RunState
@@ -82,6 +85,8 @@ class TrainingSession:
         self.state = state
         self.start_step = state.step
         self.train_batches.load_state_dict(state.data)
+        self.train_batches.step = state.step
+        self.train_batches.consumed = state.consumed_samples
         self.plugins.load_state_dict(state.plugins)
         if state.rng is not None:
             state.rng.restore()
@@ -120,23 +125,22 @@ def set_seeds(seed: int) -> None:
 
 
 def build_scheduler(cfg: RunConfig, optimizer) -> OptimizerParamScheduler:
-    """Schedules count samples, as Megatron-LM does when it steps by the global batch."""
-    s, gbs = cfg.scheduler, cfg.train.global_batch_size
-    decay_iters = s.decay_iters or cfg.train.train_iters
-    wsd_iters = s.wsd_decay_iters or max(1, decay_iters // 10)
+    """Schedules count samples, as Megatron-LM does when it steps by the global batch; one
+    schedule runs across every phase (recipes/config/phases.py `schedule_samples`)."""
+    s, samples = cfg.scheduler, schedule_samples(cfg)
     return OptimizerParamScheduler(
         optimizer,
         init_lr=0.0,
         max_lr=cfg.optimizer.lr,
         min_lr=cfg.optimizer.min_lr,
-        lr_warmup_steps=s.warmup_iters * gbs,
-        lr_decay_steps=decay_iters * gbs,
+        lr_warmup_steps=samples.warmup,
+        lr_decay_steps=samples.decay,
         lr_decay_style={"wsd": "WSD"}.get(s.style, s.style),
         start_wd=cfg.optimizer.weight_decay,
         end_wd=cfg.optimizer.weight_decay,
-        wd_incr_steps=decay_iters * gbs,
+        wd_incr_steps=samples.decay,
         wd_incr_style="constant",
-        wsd_decay_steps=wsd_iters * gbs if s.style == "wsd" else None,
+        wsd_decay_steps=samples.wsd_decay if s.style == "wsd" else None,
         lr_wsd_decay_style=s.wsd_decay_style if s.style == "wsd" else None,
         # On resume this run's lr, schedule and batch apply (stated before launch); only the
         # position, the samples consumed (`num_steps`), comes from the checkpoint. Megatron's
@@ -178,15 +182,48 @@ def patient_collectives(minutes: int, usual_minutes: int):
         _set_pg_timeout(timedelta(minutes=usual_minutes))
 
 
-def _data(cfg: RunConfig, run_dir: Path) -> tuple[GlobalBatches, GlobalBatches, int]:
-    t = cfg.train
-    with patient_collectives(t.data_setup_timeout_minutes, t.distributed_timeout_minutes):
-        train_source, heldout_source = build_sources(cfg, run_dir)
+def batch_ramp(cfg: RunConfig):
+    """Megatron Core's step-batch calculator for `train.rampup_batch_size` (the ramp written as
+    its schedule by recipes/config/rampup.py), held by the run rather than Megatron's global."""
+    from megatron.core.num_microbatches_calculator import (
+        StepBatchsizeNumMicroBatchesCalculator,
+    )
+
+    schedule = ramp_schedule(cfg)
+    if schedule is None:
+        return None
+    return StepBatchsizeNumMicroBatchesCalculator(
+        micro_batch_size=cfg.train.micro_batch_size, data_parallel_size=cfg.layout.data_parallel,
+        decrease_batch_size_if_needed=False, rank=torch.distributed.get_rank(),
+        schedule=megatron_schedule(schedule))
+
+
+def _data(cfg: RunConfig, run_dir: Path) -> tuple[PhasedBatches, GlobalBatches, int]:
+    """One training stream per distinct blend of the run's phases (built for the samples its
+    phases take); held-out batches from the first phase's data at this launch's sequence
+    length."""
+    t, spans = cfg.train, phase_spans(cfg)
     dp_rank = parallel_state.get_data_parallel_rank()
-    train = GlobalBatches(train_source, cfg, dp_rank)
-    heldout = GlobalBatches(heldout_source, cfg, dp_rank)
+    streams: dict[str, GlobalBatches] = {}
+    heldout_source, any_heldout = None, None
+    with patient_collectives(t.data_setup_timeout_minutes, t.distributed_timeout_minutes):
+        for span in spans:
+            key = PhasedBatches.stream_key(span)
+            if key in streams:
+                continue
+            samples = sum(s.samples for s in spans if PhasedBatches.stream_key(s) == key)
+            phase_cfg = phase_config(cfg, span)
+            train_source, heldout = build_sources(phase_cfg, run_dir, samples)
+            streams[key] = GlobalBatches(train_source, phase_cfg, dp_rank)
+            any_heldout = heldout if any_heldout is None else any_heldout
+            if heldout_source is None and span.seq_length == cfg.model.seq_length:
+                heldout_source = heldout  # the first data at this launch's sequence length
+    if heldout_source is None:  # a launch in another phase's layout is refused next
+        heldout_source = any_heldout
+    train = PhasedBatches(spans, streams, batch_ramp(cfg))
+    heldout_batches = GlobalBatches(heldout_source, cfg, dp_rank)
     eval_steps = min(cfg.train.eval_iters, len(heldout_source) // cfg.train.global_batch_size)
-    return train, heldout, eval_steps
+    return train, heldout_batches, eval_steps
 
 
 def build_session(
@@ -216,4 +253,7 @@ def build_session(
     if load is not None and not cfg.checkpoint.load_model_only:
         session.resumed_from = checkpointing.resolve_checkpoint_dir(load)
         session.restore_state(checkpointing.load_checkpoint(session, session.resumed_from))
+    mismatch = launch_mismatch(cfg, session.start_step)  # a phase that needs its own layout
+    if mismatch is not None:
+        raise ConfigError(mismatch)
     return session

@@ -70,7 +70,8 @@ class RunState:
     consumed_samples: int = 0  # training samples of all global batches so far
     consumed_tokens: int = 0  # loss tokens of those batches, each counted once
     skipped_steps: int = 0  # of those steps, updates the optimizer skipped (fp16 overflow)
-    data: dict[str, int] = field(default_factory=dict)  # the training data's position
+    # The training data's position (each phase stream's, in samples) and tokens per source.
+    data: dict[str, Any] = field(default_factory=dict)
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)  # each plugin's own state
     world_size: int = 1  # ranks of the run that saved it (RNG streams are per rank)
     rng: RngState | None = None  # this rank's streams; per rank in the checkpoint

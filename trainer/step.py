@@ -6,6 +6,7 @@ optimizer) and, on profiled steps, its exposed communication; see `trainer/step_
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from functools import partial
@@ -16,6 +17,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from plugins.protocol.events import EvalResult, StepMetrics
 from plugins.protocol.hooks import PluginSet
+from recipes.config.phases import phase_config
 from recipes.plan.flops import model_flops_utilisation, step_flops, tflops_per_gpu
 from trainer.data import MicroBatch
 from trainer.device import to_compute_device
@@ -112,8 +114,10 @@ def train_step(session) -> StepMetrics:
     measure the device's step whatever the host did between steps, so no barrier synchronises
     the host every step. Phases are marked in between (trainer/throughput.py for what counts).
     """
-    cfg = session.cfg
-    index, steps_in_process = session.state.step - session.start_step, (
+    cfg, step = session.cfg, session.state.step
+    phase = session.train_batches.phase_at(step)
+    batch = session.train_batches.current_batch()  # the phase's, or the ramp's
+    index, steps_in_process = step - session.start_step, (
         cfg.train.train_iters - session.start_step)
     if not torch.cuda.is_available():
         torch.distributed.barrier()
@@ -130,14 +134,16 @@ def train_step(session) -> StepMetrics:
     with torch.profiler.record_function("optimizer"):
         updated, grad_norm, _ = session.optimizer.step()
     if updated:
-        session.scheduler.step(increment=cfg.train.global_batch_size)
+        session.scheduler.step(increment=batch)
     clock.mark()
     loss, tokens, phases = reduce_step_over_world(reports, clock.seconds())
-    session.state.advance(cfg.train.global_batch_size, tokens)
+    session.state.advance(batch, tokens)
     session.mid_step = False
     slowest = slowest_rank_figures(session, profiler, time.perf_counter() - start)
     step_time = slowest["step_time_s"]
-    tflops = tflops_per_gpu(step_flops(cfg), step_time, torch.distributed.get_world_size())
+    step_cfg = phase_config(cfg, dataclasses.replace(phase, global_batch_size=batch))
+    tflops = tflops_per_gpu(step_flops(step_cfg), step_time,
+                            torch.distributed.get_world_size())
     return StepMetrics(
         step=session.state.step,
         loss=loss,
@@ -156,6 +162,10 @@ def train_step(session) -> StepMetrics:
         memory_gib=slowest.get("memory_gib"),
         memory_reserved_gib=slowest.get("memory_reserved_gib"),
         stage_compute_s=slowest.get("stage_compute_s"),
+        phase=phase.index,
+        global_batch=batch,
+        phase_name=phase.name,
+        source_tokens=dict(session.train_batches.source_tokens),
     )
 
 

@@ -12,6 +12,7 @@ from megatron.core import parallel_state
 from rich.console import Console
 from rich.table import Table
 
+from recipes.config.phases import phase_spans, run_samples_at
 from recipes.plan.flops import model_flops_utilisation, step_flops, tflops_per_gpu
 from trainer.device import compute_device
 from trainer.model import distinct_parameter_counts
@@ -66,17 +67,37 @@ def speed_summary(cfg, history: RunHistory) -> dict:
     }
 
 
+def phase_rows(cfg, start_step: int = 0, end_step: int | None = None) -> list[dict]:
+    """One row per phase: its steps, tokens (as the batch ramp-up takes them), blend, batch
+    and sequence length; tokens count the steps this session trained (`start_step` to
+    `end_step`), so a phase a resume skipped or a later launch trains shows none."""
+    rows, end_step = [], cfg.train.train_iters if end_step is None else end_step
+    for span in phase_spans(cfg):
+        last = min(span.end_step, end_step)
+        first = min(max(span.start_step, start_step), last)
+        samples = run_samples_at(cfg, last) - run_samples_at(cfg, first)
+        rows.append({"phase": span.name, "steps": f"{span.start_step}-{span.end_step}",
+                     "tokens": samples * span.seq_length,
+                     "blend": span.blend or cfg.data.source,
+                     "global_batch": (f"ramp to {span.global_batch_size}"
+                                      if cfg.train.rampup_batch_size else span.global_batch_size),
+                     "seq_length": span.seq_length,
+                     "lr": "decays" if span.lr_decay else ""})
+    return rows
+
+
 def build_summary(session, history: RunHistory) -> dict:
     cfg = session.cfg
-    steps_run = cfg.train.train_iters - session.start_step
+    steps_run = session.state.step - session.start_step
     heldout = history.heldout
+    phases = phase_rows(cfg, session.start_step, session.state.step)
     return {
         "recipe": cfg.name,
         "layout": describe_run_layout(cfg),
         "backend": "CPU (gloo)" if not torch.cuda.is_available() else "GPU (nccl)",
         "parameters": model_parameter_count(session.model),
         "steps": steps_run,
-        "tokens_seen": steps_run * cfg.train.global_batch_size * cfg.model.seq_length,
+        "tokens_seen": sum(row["tokens"] for row in phases),
         "global_batch_size": cfg.train.global_batch_size,
         "seq_length": cfg.model.seq_length,
         "precision": cfg.precision.dtype,
@@ -87,6 +108,8 @@ def build_summary(session, history: RunHistory) -> dict:
         "heldout_loss_end": heldout[-1][1] if heldout else None,
         "run_dir": str(session.run_dir),
         "checkpoint": history.checkpoint,
+        "phases": phases,
+        "source_tokens": dict(session.train_batches.source_tokens),
     }
 
 
@@ -115,4 +138,21 @@ def print_summary(summary: dict, console: Console) -> None:
     }
     for key, label in labels.items():
         table.add_row(label, _fmt(summary[key]))
+    total = sum(summary["source_tokens"].values())
+    if len(summary["source_tokens"]) > 1:
+        shares = ", ".join(f"{name} {tokens / total:.1%}"
+                           for name, tokens in summary["source_tokens"].items())
+        table.add_row("tokens per source (run)", shares)
+    console.print(table)
+    if len(summary["phases"]) > 1:
+        print_phases(summary["phases"], console)
+
+
+def print_phases(rows: list[dict], console: Console) -> None:
+    """The run's phases, one row each."""
+    table = Table(title="phases")
+    for column in rows[0]:
+        table.add_column(column.replace("_", " "))
+    for row in rows:
+        table.add_row(*(_fmt(value) for value in row.values()))
     console.print(table)

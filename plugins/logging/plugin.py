@@ -82,8 +82,8 @@ class LoggingPlugin(Plugin):
     def after_step(self, metrics: StepMetrics) -> None:
         if self.run_dir is None:
             return
-        self.curves.train_loss.append((metrics.step, metrics.loss))
-        self.curves.lr.append((metrics.step, metrics.lr))
+        self.curves.add_step(metrics.step, metrics.loss, metrics.lr, metrics.phase_name,
+                             metrics.source_tokens)
         self._write("log", tagged("train", metrics), metrics.step)
 
     def after_eval(self, evaluation: EvalResult) -> None:

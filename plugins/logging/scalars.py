@@ -1,7 +1,8 @@
 """The scalars a logger writes, taken generically from the hooks' dataclasses (torch-free).
 
 Every numeric field of `StepMetrics` (and every numeric property, such as `tokens_per_s`) and
-every figure plugins put in `StepMetrics.extra` becomes a `train/<name>` scalar; held-out
+every figure plugins put in `StepMetrics.extra` becomes a `train/<name>` scalar (a field that
+is a dict of numbers, such as `source_tokens`, one `train/<field>/<key>` each); held-out
 evaluations become `heldout/<name>`. Nothing is listed by name, so a field added to the
 dataclasses later is logged without a change here: the loggers carry what metrics.jsonl carries.
 """
@@ -31,6 +32,10 @@ def numeric_fields(record: Any) -> dict[str, float]:
             values[name] = getattr(record, name)
     extra = values.pop("extra", None) or {}
     values.update({name: value for name, value in extra.items() if name not in values})
+    for name, value in list(values.items()):
+        if isinstance(value, dict):
+            del values[name]
+            values.update({f"{name}/{key}": item for key, item in value.items()})
     numbers = {name: _number(value) for name, value in values.items() if name not in SKIPPED}
     return {name: number for name, number in numbers.items() if number is not None}
 

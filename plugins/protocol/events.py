@@ -52,6 +52,12 @@ class StepMetrics:
     # Each pipeline stage's compute seconds (its busiest rank), from the profiled steps only
     # (else None): a stage that computes much longer than the others holds every step up.
     stage_compute_s: list[float] | None = None
+    # Which phase of the run (recipes/config/phases.py) trained this step: its number and name.
+    phase: int = 0
+    phase_name: str = "run"
+    global_batch: int = 0  # samples of this step (a phase's batch, or the ramp-up's)
+    # Tokens taken so far per blend source (samples x sequence length, every phase together).
+    source_tokens: dict[str, int] = field(default_factory=dict)
     # Plugins' own figures of this step, by name (filled in `after_step`; logged with the step).
     extra: dict[str, float] = field(default_factory=dict)
 

@@ -23,6 +23,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from plugins.protocol.errors import ConfigError
 from recipes.config.arguments import describe_type, literal_options, split_argument
+from recipes.config.phases import PhaseConfig
 from recipes.config.schema import RunConfig
 
 # Short names people type from habit; suggestions only, never accepted as keys.
@@ -235,19 +236,45 @@ def merge_checked(base: DictConfig, update: DictConfig, origin: str) -> DictConf
     """
     try:
         return typing.cast(DictConfig, OmegaConf.merge(base, update))
-    except ConfigKeyError as err:
-        key = _user_key(update, str(err.full_key or err.key or ""))
-        given = OmegaConf.select(update, key, default=None) if key else None
-        if isinstance(given, DictConfig) and len(given):  # a whole unknown section (a file)
-            key = f"{key}.{next(iter(given.keys()))}"
-        raise ConfigError(unknown_key_message(key, origin)) from None
     except OmegaConfBaseException as err:
-        key = str(getattr(err, "full_key", "") or "") or _first_key(update)
-        given = OmegaConf.select(update, key, default=None) if key else None
-        if isinstance(given, DictConfig):
-            given = OmegaConf.to_yaml(given).strip().replace("\n", ", ")
-        current = OmegaConf.select(base, key, default=None) if key else None
-        raise ConfigError(wrong_value_message(key, _yaml_scalar(given), origin, current)) from None
+        if getattr(err, "object_type", None) is PhaseConfig:
+            message = phase_field_message(err, origin)
+        elif isinstance(err, ConfigKeyError):
+            message = _unknown_key(err, update, origin)
+        else:
+            message = _wrong_value(err, base, update, origin)
+    raise ConfigError(message)
+
+
+def phase_field_message(err: OmegaConfBaseException, origin: str) -> str:
+    """One line for a phase entry with an unknown field or a value of the wrong type."""
+    key = str(getattr(err, "key", "") or "")
+    types_ = _field_types(PhaseConfig)
+    if key not in types_:
+        near = difflib.get_close_matches(key, list(types_), n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]}? " if near else ""
+        return (f"{origin}: a phase has no field '{key}'; {hint}a phase has "
+                f"{', '.join(types_)}")
+    given = _yaml_scalar(getattr(err, "value", None))
+    return f"{origin}: a phase's {key} expects {describe_type(types_[key])}, got '{given}'"
+
+
+def _unknown_key(err: ConfigKeyError, update: DictConfig, origin: str) -> str:
+    key = _user_key(update, str(err.full_key or err.key or ""))
+    given = OmegaConf.select(update, key, default=None) if key else None
+    if isinstance(given, DictConfig) and len(given):  # a whole unknown section (a file)
+        key = f"{key}.{next(iter(given.keys()))}"
+    return unknown_key_message(key, origin)
+
+
+def _wrong_value(err: OmegaConfBaseException, base: DictConfig, update: DictConfig,
+                 origin: str) -> str:
+    key = str(getattr(err, "full_key", "") or "") or _first_key(update)
+    given = OmegaConf.select(update, key, default=None) if key else None
+    if isinstance(given, DictConfig):
+        given = OmegaConf.to_yaml(given).strip().replace("\n", ", ")
+    current = OmegaConf.select(base, key, default=None) if key else None
+    return wrong_value_message(key, _yaml_scalar(given), origin, current)
 
 
 def _first_key(node: DictConfig) -> str:

@@ -45,6 +45,7 @@ from recipes.config.checkpoint_format import (
     unfinished_saves,
 )
 from recipes.config.io import CONFIG_FILENAME
+from recipes.config.phases import phase_config, phase_spans
 from recipes.config.run_manifest import (
     damaged_file,
     incompatibility,
@@ -266,6 +267,19 @@ def check_data_blend(cfg: RunConfig) -> str | None:
     return None
 
 
+def check_phase_blends(cfg: RunConfig) -> str | None:
+    """Each phase's own blend passes the blend checks (exists, prepared, fits the model)."""
+    if not cfg.phases:
+        return None
+    for span in phase_spans(cfg):
+        if span.blend == cfg.data.blend:
+            continue
+        message = check_data_blend(phase_config(cfg, span))
+        if message is not None:
+            return f"phases[{span.index}] ({span.name}): {message}"
+    return None
+
+
 def check_cluster_spec(cfg: RunConfig) -> str | None:
     """`cluster.spec` names a readable cluster file (its peak TFLOP/s gives the MFU)."""
     spec = cfg.cluster.spec
@@ -290,7 +304,7 @@ def check_real_data_beyond_one_node(cfg: RunConfig) -> str | None:
 
 PATH_RULES: tuple[PathRule, ...] = (
     check_output_dir, check_run_dir, check_checkpoint_load_path, check_data_blend,
-    check_cluster_spec, check_real_data_beyond_one_node,
+    check_phase_blends, check_cluster_spec, check_real_data_beyond_one_node,
 )
 
 

@@ -13,6 +13,7 @@ from typing import Literal
 
 from plugins.registry import PluginsConfig
 from recipes.config.layout import Layout
+from recipes.config.phases import PhaseConfig
 
 
 @dataclass(kw_only=True)
@@ -98,6 +99,9 @@ class TrainConfig:
 
     micro_batch_size: int = 2  # samples per rank per forward pass
     global_batch_size: int = 8  # samples per optimizer step over all DP ranks
+    # Batch ramp-up, Megatron-LM's --rampup-batch-size: [start, increment, samples] grows the
+    # global batch from start by increment over the first `samples` samples (rampup.py).
+    rampup_batch_size: list[int] | None = None
     train_iters: int = 100  # optimizer steps
     eval_interval: int = 50  # steps between held-out evaluations (0 = only at the end)
     eval_iters: int = 4  # global batches per held-out evaluation
@@ -286,6 +290,9 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
+    # The run in phases (recipes/config/phases.py): where each ends, its blend, batch, sequence,
+    # CP and whether the schedule decays over it. Empty: one phase, the run's own values.
+    phases: list[PhaseConfig] = field(default_factory=list)
 
     @property
     def layout(self) -> Layout:

@@ -17,6 +17,8 @@ from typing import Any
 
 from plugins.protocol.errors import ConfigError
 from recipes.config.layout import Layout
+from recipes.config.phases import PHASE_RULES, check_each_phase
+from recipes.config.rampup import RAMPUP_RULES
 from recipes.config.schema import RunConfig
 
 BYTE_VOCAB = 256  # the byte tokenizer emits ids 0..255
@@ -497,6 +499,15 @@ def check_distributed_timeout(cfg: RunConfig) -> str | None:
 
 Rule = Callable[[RunConfig], str | None]
 
+def check_phase_layouts(cfg: RunConfig) -> str | None:
+    """Each phase's batch, sequence and CP size divide as the run's own must (a phase's own
+    config through the size rules)."""
+    return check_each_phase(cfg, (
+        check_world_size, check_sequence_divisible_by_context, check_sequence_divisible_by_tensor,
+        check_global_batch, check_interleaved_microbatches,
+    ))
+
+
 RULES: tuple[Rule, ...] = (
     check_finite_numbers,
     check_empty_strings,
@@ -531,6 +542,9 @@ RULES: tuple[Rule, ...] = (
     check_keep_last,
     check_data_source,
     check_distributed_timeout,
+    *PHASE_RULES,
+    check_phase_layouts,
+    *RAMPUP_RULES,
 )
 
 

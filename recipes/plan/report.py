@@ -103,6 +103,10 @@ def _schedule_lines(plan: Plan) -> list[str]:
                  f"1F1B {flight['one_f_one_b']}")
     lines.append(f"batch: {b.micro_batch} x DP{b.data_parallel} x {b.accumulation} accumulation ="
                  f" {b.global_batch} sequences, {b.tokens_per_step:,} tokens per step")
+    if b.ramp:
+        stages = " -> ".join(f"{batch} from sample {threshold:,}" for threshold, batch in b.ramp)
+        lines.append(f"  ramp-up: {stages}; full batch after {b.ramp_steps:,} steps "
+                     f"({b.ramp_samples:,} samples)")
     if b.step_seconds:
         lines.append(f"  compute-bound step at {b.mfu:.0%} MFU: {b.step_seconds:.2f} s")
     if b.steps:

@@ -13,7 +13,8 @@ from data_prep.byte_tokenizer import ByteTokenizer
 from data_prep.corpus import synthetic_documents
 
 
-def write_byte_dataset(folder: Path, name: str = "synthetic", max_bytes: int = 120_000) -> str:
+def write_byte_dataset(folder: Path, name: str = "synthetic", max_bytes: int = 120_000,
+                       seed: int = 7) -> str:
     """Write `<folder>/<name>.bin/.idx` (one sequence per document, EOD appended); the prefix."""
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
@@ -21,7 +22,7 @@ def write_byte_dataset(folder: Path, name: str = "synthetic", max_bytes: int = 1
     prefix = str(folder / name)
     tokenizer = ByteTokenizer()
     builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-    for text in synthetic_documents(max_bytes, seed=7):
+    for text in synthetic_documents(max_bytes, seed=seed):
         ids = np.append(tokenizer.encode(text), tokenizer.eod).astype(np.int64)
         builder.add_document(torch.from_numpy(ids), [len(ids)])
     builder.finalize(prefix + ".idx")

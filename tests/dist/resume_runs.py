@@ -31,7 +31,9 @@ def _step(session) -> dict:
     metrics = train_step(session)
     return {"step": metrics.step, "loss": metrics.loss, "lr": metrics.lr,
             "tokens": session.state.consumed_tokens,
-            "samples": session.state.consumed_samples, "data": digest}
+            "samples": session.state.consumed_samples, "data": digest,
+            "phase": metrics.phase, "sources": metrics.source_tokens,
+            "batch": metrics.global_batch}
 
 
 def _train(session, steps: int, save_at=(), root: Path | None = None) -> list[dict]:

@@ -268,6 +268,21 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["config={tmp}/typo.yaml"], "config file {tmp}/typo.yaml: unknown config key "
      "'train.micro_batch'"),
     (["config={tmp}/nan.yaml"], "optimizer.lr=nan must be a finite number"),
+    # phases
+    (["recipe=tiny_dp1", "phases=[{name: a, tokenz: 1.0}]"], "a phase has no field 'tokenz'; "
+     "did you mean tokens?"),
+    (["recipe=tiny_dp1", "phases=[{name: a, tokens: lots}]"], "a phase's tokens expects a "
+     "number or null, got 'lots'"),
+    (["recipe=tiny_dp1", "phases=[{name: a, tokens: 0.6}, {name: b, tokens: 0.6}]"],
+     "phases' token shares add up to 1.2, not 1"),
+    (["recipe=tiny_dp1", "phases=[{name: a, end_step: 100}]"], "the last phase ends at step "
+     "100 but the run has train.train_iters=300"),
+    (["recipe=tiny_dp1", "phases=[{name: a, end_step: 100}, {name: b, end_step: 300, "
+      "context: 2}]"], "phases[1] (b): changing context (1 -> 2) needs a new launch"),
+    (["recipe=tiny_dp1", "data.source=blend", "data.blend={tmp}/ok_blend.yaml",
+      "phases=[{name: a, end_step: 100}, {name: b, end_step: 300, "
+      "blend: {tmp}/no_phase_blend.yaml}]"],
+     "phases[1] (b): data.blend={tmp}/no_phase_blend.yaml does not exist"),
     # malformed command lines
     (["--lr", "1"], "'--lr' is not an override; write KEY=VALUE without dashes"),
     (["a.b", "=", "c"], "'a.b' is not an override; write KEY=VALUE with no spaces around '='"),
@@ -315,6 +330,9 @@ def paths_dir(tmp_path_factory) -> Path:
     _write(tmp / "modle.yaml", "modle:\n  hidden_size: 8\n")
     _write(tmp / "typo.yaml", "train:\n  micro_batch: 2\n")
     _write(tmp / "nan.yaml", "optimizer:\n  lr: .nan\n")
+    for suffix in (".bin", ".idx"):  # the blend rules look for the files, not inside them
+        _write(tmp / f"ds{suffix}", "")
+    _write(tmp / "ok_blend.yaml", f"train: [{{prefix: {tmp}/ds}}]\neod_id: 0\nvocab_size: 256\n")
     return tmp
 
 

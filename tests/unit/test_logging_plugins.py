@@ -246,3 +246,46 @@ def test_profiler_stands_aside_for_the_trainers_own_profiled_steps(tmp_path, cap
                               profiled_steps=own))
     assert plugin.trace_dir is None
     assert "overlap steps [12, 13] that the trainer profiles itself" in capsys.readouterr().err
+
+
+def test_tokens_per_source_are_one_scalar_each():
+    metrics = dataclasses.replace(_metrics(), source_tokens={"web": 300, "code": 100})
+    scalars = tagged("train", metrics)
+    assert scalars["train/source_tokens/web"] == 300.0
+    assert scalars["train/source_tokens/code"] == 100.0
+    assert "train/source_tokens" not in scalars
+
+
+def _png_height(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[20:24], "big")  # IHDR: width, then height
+
+
+def test_phase_boundaries_and_source_shares_reach_the_curve(tmp_path):
+    run_dir = tmp_path / "phased"
+    run_dir.mkdir()
+    records = [{"kind": "train", "step": step, "loss": 5.0 - step / 10, "lr": 1e-3,
+                "phase_name": "general" if step <= 3 else "quality",
+                "source_tokens": {"web": 128 * min(step, 3) * 8,
+                                  "code": 128 * max(0, step - 3) * 8}}
+               for step in range(1, 7)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    curves = read_run(run_dir)
+    assert curves.boundaries == [(0, "general"), (3, "quality")]
+    assert curves.source_shares["code"][-1] == (6, 0.5)
+    phased = plot_curves([curves], tmp_path / "phased.png", "phases")
+    single = plot_curves([Curves("a", [(1, 3.0)], [], [(1, 1e-3)])], tmp_path / "a.png", "a")
+    assert _png_height(phased) > _png_height(single)  # the token-share panel below
+
+
+def test_summary_has_one_row_per_phase():
+    from trainer.summary import phase_rows
+
+    cfg = resolve_config(["recipe=tiny_dp1", "train.train_iters=20", "scheduler.warmup_iters=2",
+                          "phases=[{name: a, end_step: 12}, {name: b, end_step: 20, "
+                          "global_batch_size: 16}]"], check_paths=False)
+    rows = phase_rows(cfg)
+    assert [(r["phase"], r["steps"], r["global_batch"]) for r in rows] == [
+        ("a", "0-12", 8), ("b", "12-20", 16)]
+    assert [r["tokens"] for r in rows] == [12 * 8 * 128, 8 * 16 * 128]
+    assert [r["tokens"] for r in phase_rows(cfg, start_step=15)] == [0, 5 * 16 * 128]
+    assert [r["tokens"] for r in phase_rows(cfg, 0, end_step=12)] == [12 * 8 * 128, 0]

@@ -8,6 +8,8 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.overrides import apply_overrides
 from recipes.config.validation import RULES, all_rules, failing_rules, validate
 from recipes.registry import get_recipe
+from tests.unit.test_phases import PHASE_RULE_CASES
+from tests.unit.test_rampup import RAMPUP_RULE_CASES
 
 MOE_NO_BIAS = ["model.add_bias_linear=false", "model.moe_router_topk=1"]
 
@@ -240,6 +242,8 @@ def test_non_finite_numbers_are_reported_before_the_rules_they_confuse(override,
 
 def test_every_rule_has_a_case() -> None:
     covered = {case[0] for case in RULE_CASES} | {"check_positive_sizes"}
+    # The phase and ramp-up rules' cases live beside their tests.
+    covered |= {case[0] for case in (*PHASE_RULE_CASES, *RAMPUP_RULE_CASES)}
     assert covered == {rule.__name__ for rule in all_rules(get_recipe("tiny_dp1"))}
     assert set(RULES) < set(all_rules(get_recipe("tiny_dp1")))  # plugin rules come on top
 

@@ -1,0 +1,164 @@
+"""Phases in a recipe: resolution to steps, the one schedule across them, and each phase rule
+firing alone with its one-line message."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from plugins.protocol.errors import ConfigError
+from recipes.config.overrides import apply_overrides
+from recipes.config.phases import phase_spans, samples_at, schedule_samples
+from recipes.config.validation import failing_rules, validate
+from recipes.registry import get_recipe
+
+RUN = ["train.train_iters=20", "scheduler.warmup_iters=2"]
+TWO_BY_STEP = "phases=[{name: general, end_step: 12}, {name: quality, end_step: 20}]"
+LONG = ("phases=[{name: a, end_step: 10, seq_length: 128}, "
+        "{name: long, end_step: 20, seq_length: 256, relaunch: true, lr_decay: true}]")
+TWO_BY_SHARE = ("phases=[{name: general, tokens: 0.5}, "
+                "{name: big, tokens: 0.5, global_batch_size: 16}]")
+
+
+def _cfg(*overrides: str, recipe: str = "tiny_dp1"):
+    return apply_overrides(get_recipe(recipe), [*RUN, *overrides])
+
+
+def test_no_phases_is_one_span_over_the_run() -> None:
+    (span,) = phase_spans(_cfg())
+    assert (span.start_step, span.end_step, span.global_batch_size) == (0, 20, 8)
+    assert span.tokens == 20 * 8 * 128
+
+
+def test_end_steps_give_the_spans_and_values_chain_from_the_previous_phase() -> None:
+    cfg = _cfg("phases=[{name: a, end_step: 5, global_batch_size: 16}, {name: b, end_step: 9}, "
+               "{name: c, end_step: 20, global_batch_size: 8}]")
+    spans = phase_spans(cfg)
+    assert [(s.start_step, s.end_step) for s in spans] == [(0, 5), (5, 9), (9, 20)]
+    assert [s.global_batch_size for s in spans] == [16, 16, 8]  # b keeps a's batch
+    assert [s.start_sample for s in spans] == [0, 80, 144]
+    assert samples_at(spans, 7) == 80 + 2 * 16
+
+
+def test_token_shares_count_each_phases_tokens_per_step() -> None:
+    # Equal token shares, the second phase at twice the batch: it runs half as many steps.
+    general, big = phase_spans(_cfg(TWO_BY_SHARE))
+    assert (general.steps, big.steps) == (13, 7)  # 20 x 2/3 rounded, the rest
+    assert abs(general.tokens - big.tokens) <= big.tokens / big.steps
+
+
+def test_schedule_without_phases_is_the_plain_sample_count() -> None:
+    cfg = _cfg("scheduler.style=wsd", "scheduler.wsd_decay_iters=5")
+    s = schedule_samples(cfg)
+    assert (s.warmup, s.decay, s.wsd_decay) == (2 * 8, 20 * 8, 5 * 8)
+
+
+def test_decay_phase_places_the_wsd_anneal() -> None:
+    cfg = _cfg("scheduler.style=wsd", "phases=[{name: general, end_step: 14}, "
+               "{name: decay, end_step: 20, lr_decay: true, global_batch_size: 16}]")
+    s = schedule_samples(cfg)
+    assert (s.decay, s.wsd_decay) == (14 * 8 + 6 * 16, 6 * 16)
+
+
+def test_one_lr_schedule_runs_across_the_phases() -> None:
+    """Megatron's scheduler stepped by each phase's batch: stable through the first phase,
+    annealed to min_lr over exactly the decay phase."""
+    from trainer.session import build_scheduler
+
+    cfg = _cfg("scheduler.style=wsd", "optimizer.lr=1.0", "optimizer.min_lr=0.1",
+               "phases=[{name: general, end_step: 14}, "
+               "{name: decay, end_step: 20, lr_decay: true, global_batch_size: 16}]")
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+    scheduler = build_scheduler(cfg, optimizer)
+    lrs = []
+    for span in phase_spans(cfg):
+        for _ in range(span.steps):
+            scheduler.step(increment=span.global_batch_size)
+            lrs.append(optimizer.param_groups[0]["lr"])
+    assert lrs[1:14] == [pytest.approx(1.0)] * 13
+    assert 0.1 < lrs[16] < 1.0 and lrs[14] > lrs[16] > lrs[18]
+    assert lrs[-1] == pytest.approx(0.1)
+
+
+# (rule, overrides that break only it, text of the one-line message)
+PHASE_RULE_CASES = [
+    ("check_phase_names", ["phases=[{name: a, end_step: 10}, {name: a, end_step: 20}]"],
+     "phases[1] (a): the name is used by an earlier phase; give every phase its own name"),
+    ("check_phase_positive", ["phases=[{name: a, end_step: 20, global_batch_size: 0}]"],
+     "phases[0] (a): global_batch_size=0 must be at least 1"),
+    ("check_phase_end", ["phases=[{name: a, end_step: 10}, {name: b}]"],
+     "phases[1] (b) needs exactly one of tokens (its share of the run's tokens) or end_step"),
+    ("check_phase_end", ["phases=[{name: a, end_step: 10}, {name: b, tokens: 0.5}]"],
+     "phases mix tokens and end_step"),
+    ("check_phase_shares", ["phases=[{name: a, tokens: 0.7}, {name: b, tokens: 0.2}]"],
+     "phases' token shares add up to 0.9, not 1; make them cover the run (0.7 + 0.2)"),
+    ("check_phase_shares", ["phases=[{name: a, tokens: 1.5}, {name: b, tokens: -0.5}]"],
+     "phases[1] (b): tokens=-0.5 must be a positive share"),
+    ("check_phase_steps", ["phases=[{name: a, end_step: 10}, {name: b, end_step: 8}]"],
+     "phases[1] (b): end_step=8 must be after the previous phase's end (10)"),
+    ("check_phase_steps", ["phases=[{name: a, end_step: 10}, {name: b, end_step: 15}]"],
+     "the last phase ends at step 15 but the run has train.train_iters=20; phases must cover "
+     "the run: set its end_step: 20"),
+    ("check_phase_lengths", ["phases=[{name: a, tokens: 0.99}, {name: b, tokens: 0.01}]"],
+     "phases[1] (b): tokens=0.01 is less than one step of 20"),
+    ("check_phase_blend", ["phases=[{name: a, end_step: 20, blend: conf/data/x.yaml}]"],
+     "phases[0] (a): blend=conf/data/x.yaml needs data.source=blend"),
+    ("check_phase_relaunch", ["phases=[{name: a, end_step: 20, relaunch: true, "
+                              "seq_length: 128}]"],
+     "phases[0] (a): relaunch: true on the first phase starts from nothing"),
+    ("check_phase_relaunch",
+     ["phases=[{name: a, end_step: 10}, {name: long, end_step: 20, seq_length: 256}]"],
+     "phases[1] (long): changing seq_length (128 -> 256) needs a new launch; set relaunch: true"),
+    ("check_relaunch_sequences_given", ["phases=[{name: a, end_step: 10}, {name: long, "
+                                        "end_step: 20, seq_length: 256, relaunch: true}]"],
+     "phases[0] (a): a run with relaunch phases names every phase's seq_length; set "
+     "seq_length: 128 on it"),
+    ("check_phase_lr_decay", ["phases=[{name: a, end_step: 20, lr_decay: true}]"],
+     "phases[0] (a): lr_decay: true places a warm-up–stable–decay schedule's decay, but "
+     "scheduler.style=cosine; set scheduler.style=wsd"),
+    ("check_phase_lr_decay", ["scheduler.style=wsd", "phases=[{name: a, end_step: 10, "
+                              "lr_decay: true}, {name: b, end_step: 20, lr_decay: true}]"],
+     "phases a, b all set lr_decay; the one schedule decays once"),
+    ("check_phase_lr_decay", ["scheduler.style=wsd", "scheduler.wsd_decay_iters=4",
+                              "phases=[{name: a, end_step: 20, lr_decay: true}]"],
+     "scheduler.decay_iters and scheduler.wsd_decay_iters must stay null"),
+    ("check_phase_layouts", ["phases=[{name: a, end_step: 10}, "
+                             "{name: b, end_step: 20, global_batch_size: 7}]"],
+     "phases[1] (b): train.global_batch_size=7"),
+    ("check_phase_layouts", ["phases=[{name: a, end_step: 10, seq_length: 128}, {name: b, "
+                             "end_step: 20, context: 2, relaunch: true, seq_length: 128}]"],
+     "phases[1] (b): world size 1 (1 nodes x 1) is not divisible by TP1 x PP1 x CP2 = 2"),
+]
+
+
+@pytest.mark.parametrize(("rule", "overrides", "message"), PHASE_RULE_CASES,
+                         ids=[f"{c[0]}:{' '.join(c[1])}" for c in PHASE_RULE_CASES])
+def test_phase_rule_fires_alone_with_its_message(rule, overrides, message) -> None:
+    cfg = _cfg(*overrides)
+    assert failing_rules(cfg) == [rule]
+    with pytest.raises(ConfigError) as caught:
+        validate(cfg)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_valid_phases_break_no_rule() -> None:
+    for overrides in ([TWO_BY_STEP], [TWO_BY_SHARE], [
+        "scheduler.style=wsd", LONG]):
+        assert failing_rules(_cfg(*overrides)) == []
+
+
+def test_a_launch_ends_where_a_relaunch_phase_starts_and_the_next_starts_in_its_layout() -> None:
+    from recipes.config.phases import launch_end, launch_mismatch
+
+    cfg = _cfg("scheduler.style=wsd", LONG)
+    spans = phase_spans(cfg)
+    assert (launch_end(spans, 0), launch_end(spans, 7), launch_end(spans, 10)) == (10, 10, 20)
+    assert launch_mismatch(cfg, 0) is None  # phase a trains at the run's 128
+    assert launch_mismatch(cfg, 10) == (
+        "step 10 is in phases[1] (long), which trains with sequence 256 and CP 1, but this "
+        "launch has model.seq_length=128 parallel.context=1; start it with "
+        "model.seq_length=256 parallel.context=1")
+    relaunched = _cfg("scheduler.style=wsd", LONG, "model.seq_length=256")
+    assert launch_mismatch(relaunched, 10) is None
+    assert phase_spans(relaunched) == spans  # every phase names its length: nothing moves
