@@ -127,6 +127,7 @@ def _train(session: TrainingSession, reporter: RunReporter, collect) -> RunHisto
     cfg, history = session.cfg, RunHistory()
     total = cfg.train.train_iters
     start = session.state.step
+    reporter.continue_from(start)  # an earlier attempt's records past `start` are redone
     profiled = trainer_profiled_steps(start, total, cfg.logging.exposed_comm)
     session.plugins.run_start(RunStart(cfg, session.run_dir, start, total, profiled))
     if session.eval_steps > 0:
