@@ -32,6 +32,7 @@ rates and Adam settings and its schedule, with the position (samples consumed) f
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import pickle
@@ -39,6 +40,7 @@ import platform
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -312,12 +314,103 @@ def _write_manifest(session, state: RunState, tmp: Path) -> None:
         os.fsync(f.fileno())
 
 
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)  # the disk said no
+
+
+class CheckpointWriteError(UserError):
+    """A save the file system refused (full, over quota, read-only): every rank stops with it."""
+
+
+def _disk_error(error: BaseException) -> OSError | None:
+    """The file system's refusal inside `error`: itself, its causes, or the per-rank failures
+    torch DCP wraps in a `CheckpointException` (torch/distributed/checkpoint/api.py)."""
+    seen, todo = set(), [error]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_ERRNOS:
+            return current
+        failures = getattr(current, "failures", None)  # rank -> (exception, traceback)
+        wrapped = list(failures.values()) if isinstance(failures, dict) else []
+        todo += [current.__cause__, current.__context__,
+                 *[item[0] if isinstance(item, tuple) else item for item in wrapped]]
+        todo = [item for item in todo if isinstance(item, BaseException)]
+    return None
+
+
+PROBE_BYTES = 1 << 20
+
+
+def _refuses_a_write(directory: Path) -> OSError | None:
+    """Whether `directory`'s file system has under 1 MiB free or refuses a 1 MiB write now.
+    Megatron's writer threads hand their own exception on as text only (its
+    dist_checkpointing/strategies/filesystem_async.py:284-291 logs it, then fails an assert on
+    its type), and torch's stream writer reports a full disk as a position mismatch, so a
+    failed save asks the disk itself."""
+    with contextlib.suppress(OSError):
+        if shutil.disk_usage(directory).free < PROBE_BYTES:
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    probe = directory / f".write-probe-{os.getpid()}"
+    try:
+        with open(probe, "wb") as handle:
+            handle.write(b"\0" * PROBE_BYTES)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as error:
+        return error if error.errno in DISK_ERRNOS else None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return None
+
+
+def _attempt(step: Callable[[], None], directory: Path) -> str | None:
+    """Run one phase of a save; the file system's refusal as words, other errors raised."""
+    try:
+        step()
+    except (Exception, CheckpointException) as error:  # DCP's is a BaseException
+        disk = _disk_error(error) or _refuses_a_write(
+            directory if directory.is_dir() else directory.parent)
+        if disk is None:
+            raise
+        return f"{disk.strerror or os.strerror(disk.errno)}"
+    return None
+
+
+def _agree(reason: str | None) -> str | None:
+    """Every rank's outcome of a save phase, shared (it is also the phase's barrier): the first
+    refusal any rank met, or None."""
+    gathered: list[str | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, reason)
+    return next((item for item in gathered if item), None)
+
+
+def _abandon(tmp: Path, root: Path, step: int, reason: str) -> CheckpointWriteError:
+    """Remove the unfinished save (rank 0) and say what is left to resume from."""
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    previous = newest_checkpoint(root) if root.is_dir() else None
+    kept = (f"{previous.name} and {LATEST_FILE} are untouched (resume from them with "
+            "checkpoint.resume=true run_dir=<this run>)" if previous else
+            "there is no earlier checkpoint")
+    return CheckpointWriteError(
+        f"the checkpoint of step {step} could not be written to {root} ({reason}); the "
+        f"unfinished save was removed and {kept}; free space there or point output_dir / "
+        "run_dir at a larger file system")
+
+
 def save_checkpoint(session, directory: str | Path) -> Path:
     """Write model, optimizer, scheduler and the run state after `session.state.step` steps,
     and publish it atomically as `<directory>/step_NNNNNNN` (module docstring).
 
     Only between optimizer steps: `train_step` marks the session while a step is in progress,
-    and a save then is refused (a programming error: the run loop saves after the step).
+    and a save then is refused (a programming error: the run loop saves after the step). A file
+    system that refuses a phase (full, over quota, read-only) on any rank stops every rank with
+    one `CheckpointWriteError`, after the unfinished `.tmp-` save is removed: the previous step
+    and `latest` are never touched before the new step is complete.
     """
     if session.mid_step:
         raise RuntimeError("save_checkpoint inside an optimizer step; save after train_step")
@@ -325,13 +418,15 @@ def save_checkpoint(session, directory: str | Path) -> Path:
     root = Path(directory)
     final = root / step_name(state.step)
     tmp = root / f"{final.name}{TMP_INFIX}{_shared_token(state.step)}"
-    if torch.distributed.get_rank() == 0:
-        tmp.mkdir(parents=True)
-    torch.distributed.barrier()
-    _write_sharded(session, state, tmp)
-    torch.distributed.barrier()  # every rank's shards are written
-    _write_manifest(session, state, tmp)
-    if torch.distributed.get_rank() == 0:
+    rank0 = torch.distributed.get_rank() == 0
+    phases = (lambda: tmp.mkdir(parents=True) if rank0 else None,
+              lambda: _write_sharded(session, state, tmp),  # every rank's shards
+              lambda: _write_manifest(session, state, tmp))
+    for phase in phases:
+        reason = _agree(_attempt(phase, tmp))
+        if reason:
+            raise _abandon(tmp, root, state.step, reason)
+    if rank0:
         _rename_into_place(tmp, final)
         _point_latest(final)
         _rotate(root, session.cfg.checkpoint.keep_last, session.resumed_from)

@@ -142,6 +142,7 @@ def _train(session: TrainingSession, reporter: RunReporter, collect) -> RunHisto
     # A phase that changes the sequence length or CP size starts a new launch: this one ends
     # at its boundary, with a checkpoint (recipes/config/phases.py).
     total = launch_end(session.train_batches.spans, start)
+    reporter.continue_from(start)  # an earlier attempt's records past `start` are redone
     profiled = trainer_profiled_steps(start, total, cfg.logging.exposed_comm)
     session.plugins.run_start(RunStart(cfg, session.run_dir, start, total, profiled))
     if session.eval_steps > 0:

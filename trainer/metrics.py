@@ -9,6 +9,7 @@ the run names a peak, and where the step's time went.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -93,6 +94,14 @@ def make_console() -> Console:
     return Console(highlight=False, soft_wrap=True, width=width)
 
 
+def _recorded_before(record: dict, step: int) -> bool:
+    """Whether an earlier attempt's record stands when a run continues from `step`."""
+    at = record.get("step")
+    if at is None:
+        return False
+    return at <= step if record.get("kind") == "train" else at < step
+
+
 class RunReporter:
     """Rank-0 output of a run: log lines, a progress bar and a JSONL metrics file."""
 
@@ -127,6 +136,20 @@ class RunReporter:
     def print(self, text: str) -> None:
         if self.enabled:
             self.console.print(text, markup=False)
+
+    def continue_from(self, step: int) -> None:
+        """A start at `step` (a resume, a requeued attempt, or step 0 again after an attempt that
+        never saved): drop what an earlier attempt recorded past it, so every step is in
+        `metrics.jsonl` once. Kept: train records up to `step` (those steps are in the
+        checkpoint), held-out records before it (the start evaluates `step` again); a summary
+        belongs to the attempt that wrote it and goes too. Written beside, then renamed."""
+        if not self.enabled or not self.metrics_path.exists():
+            return
+        kept = [line for line in self.metrics_path.read_text().splitlines()
+                if line.strip() and _recorded_before(json.loads(line), step)]
+        fresh = self.metrics_path.with_name(f"{self.metrics_path.name}.tmp-{os.getpid()}")
+        fresh.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(fresh, self.metrics_path)
 
     def record(self, kind: str, values: dict) -> None:
         if self.enabled:

@@ -61,7 +61,7 @@ def free_ports(count: int) -> list[int]:
 
 def slurm_conf(root: Path, host: str, ctld_port: int, node_ports: list[int]) -> str:
     """slurm.conf for one controller and two nodes on this host."""
-    cpus = 2 * max(1, os.cpu_count() or 1)  # room for two jobs' torchruns on each node
+    cpus = 3 * max(1, os.cpu_count() or 1)  # room for three jobs' torchruns on each node
     lines = [
         "ClusterName=mcoretest", f"SlurmctldHost={host}(127.0.0.1)", f"SlurmctldPort={ctld_port}",
         "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",

@@ -242,6 +242,8 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
      "{tmp}/a_file.txt is a file"),
     (["run_dir={tmp}/a_file.txt"], "run_dir={tmp}/a_file.txt is a file, not a directory; set "
      "run_dir to a writable directory, or run_dir=null"),
+    (["output_dir=/proc/nope"], "output_dir=/proc/nope cannot be created (under /proc: "),
+    (["run_dir=/proc/nope/run"], "run_dir=/proc/nope/run cannot be created (under /proc: "),
     (["model=3"], "'model' is a section, not a value; set one of its fields"),
     (["modle=3"], "unknown config key 'modle'; did you mean the section model?"),
     # sections that do not exist

@@ -253,3 +253,28 @@ def test_cluster_file_slurm_keys_are_checked(tmp_path, old, new, message):
     bad.write_text(Path(CPU_SLURM).read_text().replace(old, new))
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_cluster(bad)
+
+
+def _allowance(lines: list[str], restarts: int) -> int:
+    script = "\n".join([*lines, 'echo "$TORCHX_MAX_RETRIES"'])
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True,
+                            env={**os.environ, "SLURM_RESTART_COUNT": str(restarts)})
+    return int(result.stdout)
+
+
+def test_retries_count_failed_attempts_only_not_requeues(capsys, tmp_path):
+    from trainer.launch.agent import FAILED_ATTEMPTS_ENV, note_failed_attempt
+    from trainer.launch.cluster import retry_lines
+
+    script = render(capsys, tmp_path, "recipe=tiny_dp2", f"cluster={CPU_SLURM}", "retries=1")
+    run_dir = Path(RUN_DIR.search(script).group(1))
+    lines = retry_lines(1, str(run_dir))
+    assert all(line in script for line in lines)
+    assert script.index(lines[-1]) > script.index("export TORCHX_MAX_RETRIES=1\n")
+    assert _allowance(lines, 0) == 1  # first attempt: one retry left
+    assert _allowance(lines, 1) == 2  # requeued by hand: the retry is still there
+    env = {FAILED_ATTEMPTS_ENV: str(run_dir / "slurm_failed_attempts"),
+           "SLURM_RESTART_COUNT": "1"}
+    note_failed_attempt(env)
+    note_failed_attempt(env)  # the other node of the same attempt
+    assert _allowance(lines, 2) == 2  # after one requeue and one failure: no retry left

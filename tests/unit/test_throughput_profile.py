@@ -57,3 +57,22 @@ def test_log_line_states_speed_mfu_and_breakdown(tmp_path, monkeypatch, capsys):
     assert "MFU" not in first
     assert second.endswith("| MFU 25.0% | data 10% fwd-bwd 80% opt 10% comm exposed 25% "
                            "(profiled)")
+
+
+def test_a_continued_run_drops_what_an_earlier_attempt_recorded_past_its_start(tmp_path,
+                                                                               monkeypatch):
+    import json
+
+    from trainer.metrics import RunReporter
+
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    records = [{"kind": "heldout", "step": 0}, *({"kind": "train", "step": s} for s in (1, 2, 3)),
+               {"kind": "heldout", "step": 2}, {"kind": "train", "step": 4},
+               {"kind": "summary", "steps": 4}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    reporter = RunReporter(tmp_path, total_steps=6, log_interval=1, progress_bar=False)
+    reporter.continue_from(2)  # resumed from the checkpoint of step 2: 3, 4 are trained again
+    kept = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert kept == [{"kind": "heldout", "step": 0}, {"kind": "train", "step": 1},
+                    {"kind": "train", "step": 2}]  # the held-out loss at 2 is measured again
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]

@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 EXIT_FAULT = 1
@@ -478,6 +479,25 @@ def ranks_failed(failure: Any, watch: RendezvousWatch) -> int:
     return max(codes, default=EXIT_FAULT)
 
 
+FAILED_ATTEMPTS_ENV = "MCORE_RECIPES_FAILED_ATTEMPTS"  # set by scripts/launch.py's sbatch
+
+
+def note_failed_attempt(environ: dict[str, str] | None = None) -> None:
+    """Record that this Slurm attempt failed (a rank died, a rendezvous failed), so that the
+    job's `retries` count failures only: a requeue or a preemption stops the agent by SIGTERM
+    and is not recorded. One line per attempt (`SLURM_RESTART_COUNT`), whichever node writes."""
+    env = os.environ if environ is None else environ
+    path = env.get(FAILED_ATTEMPTS_ENV)
+    if not path:
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as handle:
+            handle.write(f"{env.get('SLURM_RESTART_COUNT', '0')}\n")
+    except OSError:
+        pass  # a retry more or less is no reason to hide the fault's own line
+
+
 def run_agent(argv: Sequence[str]) -> int:
     """torchrun with `argv`; every fault ends in one line on stderr and exit code 1."""
     _import_torch_quietly()
@@ -495,9 +515,11 @@ def run_agent(argv: Sequence[str]) -> int:
         run(args)
     except ChildFailedError as failure:
         watch.finished.set()
+        note_failed_attempt()
         return ranks_failed(failure, watch)
     except RendezvousError as error:
         watch.finished.set()
+        note_failed_attempt()
         print(rendezvous_error_line(error, args, watch), file=sys.stderr, flush=True)
         return EXIT_FAULT
     except SignalException as error:

@@ -28,6 +28,7 @@ import dataclasses
 import importlib.util
 import io
 import os
+import shlex
 import sys
 import zlib
 from collections.abc import Mapping, Sequence, Set
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from plugins.protocol.errors import ConfigError, UserError
+from trainer.launch.agent import FAILED_ATTEMPTS_ENV
 from trainer.launch.environment import gpu_environment, shell_exports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,6 +103,7 @@ class LaunchPlan:
     script_args: list[str]
     rdzv_port: int | None = None  # set for Slurm by `pin_slurm_run`
     cluster: Any = None  # the cluster file's ClusterSpec (device, cpus_per_task, exclusive)
+    run_dir: str | None = None  # the job's run directory, pinned for Slurm by `pin_slurm_run`
 
 
 def plan_launch(args: LaunchArgs) -> LaunchPlan:
@@ -210,7 +213,8 @@ def pin_slurm_run(plan: LaunchPlan, args: LaunchArgs, experiment: str,
     port = args.rdzv_port or default_rdzv_port(experiment, now)
     print(line, flush=True)
     print(rendezvous_line(plan.nodes, port, chosen=args.rdzv_port is not None), flush=True)
-    return dataclasses.replace(plan, script_args=[*plan.script_args, *extra], rdzv_port=port)
+    return dataclasses.replace(plan, script_args=[*plan.script_args, *extra], rdzv_port=port,
+                               run_dir=str(plan.cfg.run_dir or run_dir))
 
 
 def rendezvous_line(nodes: int, port: int, chosen: bool) -> str:
@@ -220,6 +224,24 @@ def rendezvous_line(nodes: int, port: int, chosen: bool) -> str:
         f"derived from the experiment name and launch time, {DEFAULT_PORTS[0]}-"
         f"{DEFAULT_PORTS[-1]}; rdzv_port=N to choose")
     return f"rendezvous: c10d on port {port} of the job's first node ({how})"
+
+
+FAILED_ATTEMPTS_FILE = "slurm_failed_attempts"  # in the run directory, one line per failure
+
+
+def retry_lines(retries: int, run_dir: str | None) -> list[str]:
+    """sbatch lines that make `retries` count failed attempts only. NeMo-Run's script requeues
+    a failed attempt while `TORCHX_MAX_RETRIES > SLURM_RESTART_COUNT`, but `scontrol requeue`
+    and preemption raise the restart count too; our torchrun agent records each failed attempt
+    (trainer/launch/agent.py, `note_failed_attempt`), so the allowance is raised by the
+    restarts that were not failures."""
+    if run_dir is None:
+        return []
+    record = shlex.quote(str(Path(run_dir) / FAILED_ATTEMPTS_FILE))
+    return [f"export {FAILED_ATTEMPTS_ENV}={record}",
+            f'failed_attempts=$(sort -u {record} 2>/dev/null | wc -l)',
+            f"export TORCHX_MAX_RETRIES=$(( {retries} + ${{SLURM_RESTART_COUNT:-0}} - "
+            "failed_attempts ))"]
 
 
 def slurm_executor(plan: LaunchPlan, args: LaunchArgs) -> Any:
@@ -246,6 +268,7 @@ def slurm_executor(plan: LaunchPlan, args: LaunchArgs) -> Any:
         # file system too): NeMo-Run's launch line names `torchrun`, so PATH picks it.
         setup_lines="\n".join([
             f'export PATH="{AGENT_DIR}:{Path(sys.executable).parent}:$PATH"',
+            *retry_lines(args.retries, plan.run_dir),
             *shell_exports(gpu_environment(plan.cfg))]),  # GPU ranks' needs (harmless on CPU)
     )
     # NeMo-Run then asks one task per node; port None: NeMo-Run's default

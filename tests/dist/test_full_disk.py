@@ -1,0 +1,73 @@
+"""A save onto a file system that fills up mid-write: one line, the previous checkpoint and
+`latest` whole, nothing half-written named like a checkpoint (trainer/checkpointing.py).
+
+The run directory is on a small tmpfs (root mounts it; skipped where that is not allowed) that
+holds the step-2 checkpoint of the tiny recipe but not the step-4 one beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+
+import pytest
+
+from tests.dist.test_requeue_resume import SMALL
+
+pytestmark = pytest.mark.dist
+
+START = "tests.dist.test_full_disk:start"
+TMPFS_SIZE = "5m"  # one tiny_dp1 checkpoint is 2.9 MB
+
+
+def start(payload: dict) -> dict:
+    """pretrain.py on this rank, its refusal caught as the entry contract would print it."""
+    from plugins.protocol.errors import UserError
+    from trainer.entry.commands import PRETRAIN
+    from trainer.entry.contract import parse_arguments
+
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            code = PRETRAIN.run(parse_arguments(PRETRAIN, payload["argv"]))
+    except UserError as error:
+        return {"error": str(error), "stdout": printed.getvalue()}
+    return {"code": code, "stdout": printed.getvalue()}
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "small_disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs",
+                           str(mount)], capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_save_onto_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(
+        launch_ranks, small_disk):
+    from recipes.config.run_manifest import damaged_file, read_manifest
+
+    run_dir = small_disk / "run"
+    argv = [*SMALL, f"run_dir={run_dir}", "train.train_iters=4", "checkpoint.save_interval=2"]
+    [result] = launch_ranks(1, START, {"argv": argv})
+    message = result.get("error", "")
+    root = run_dir / "checkpoints"
+    assert message == (
+        f"the checkpoint of step 4 could not be written to {root} (No space left on device); "
+        "the unfinished save was removed and step_0000002 and latest are untouched (resume "
+        "from them with checkpoint.resume=true run_dir=<this run>); free space there or point "
+        "output_dir / run_dir at a larger file system"), result
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_0000002"]
+    assert (root / "latest").read_text() == "step_0000002"
+    step = root / "step_0000002"
+    assert damaged_file(step, read_manifest(step), True) is None  # every file as recorded
