@@ -7,7 +7,7 @@ usage: python scripts/bench_data.py [corpus=stdlib|synthetic] [max_mb=N] [vocab=
     python scripts/bench_data.py corpus=synthetic max_mb=8 vocab=4096 repeats=5
     python scripts/bench_data.py megatron_lm=/tmp/Megatron-LM/tools/preprocess_data.py
 
-Then, on every core and by wall clock with each tool's start-up taken off: tokens/s of
+Then, on every core and by wall clock (each tool's start-up taken off): tokens/s of
 prepare_data with 2 workers against 1 (num_shards=4; goal >= 1.7), and with megatron_lm= (the
 one file from the Megatron-LM repository) that tool on the same corpus, tokenizer folder and
 `workers`, against prepare_data with as many workers (goal >= 1.0), plus a byte comparison of
