@@ -19,6 +19,7 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.path_rules import check_output_dir
 from recipes.registry import get_recipe
 from recipes.resolve import resolve_config
+from tests.unit.dataset_fixtures import write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = (
@@ -131,6 +132,12 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["recipe=tiny_dp1", "data.source=blend"], "data.source=blend needs data.blend=<file>"),
     (["recipe=tiny_dp1", "data.source=blend", "data.blend={tmp}/no_blend.yaml"],
      "no_blend.yaml does not exist; name a blend file"),
+    (["recipe=tiny_dp1", "data.source=blend", "data.blend={tmp}/damaged_blend.yaml"],
+     "{tmp}/data/short.idx is truncated: 20 bytes, shorter than the 34-byte header; prepare "
+     "{tmp}/data/short again with scripts/prepare_data.py"),
+    (["recipe=tiny_dp1", "data.source=blend", "data.blend={tmp}/wide_blend.yaml",
+      "model.vocab_size=4096"], "prefix {tmp}/data/wide holds token id 8,191 (largest of 3 "
+     "tokens looked at), but the blend's vocab_size is 4,096"),
     # checkpoint
     (["checkpoint.load_model_only=true"], "checkpoint.load_model_only=true needs a checkpoint"),
     (["checkpoint.load="], "checkpoint.load is empty; give it a value (a string), or "
@@ -332,9 +339,17 @@ def paths_dir(tmp_path_factory) -> Path:
     _write(tmp / "modle.yaml", "modle:\n  hidden_size: 8\n")
     _write(tmp / "typo.yaml", "train:\n  micro_batch: 2\n")
     _write(tmp / "nan.yaml", "optimizer:\n  lr: .nan\n")
-    for suffix in (".bin", ".idx"):  # the blend rules look for the files, not inside them
-        _write(tmp / f"ds{suffix}", "")
-    _write(tmp / "ok_blend.yaml", f"train: [{{prefix: {tmp}/ds}}]\neod_id: 0\nvocab_size: 256\n")
+    (tmp / "data").mkdir()
+    short = write_dataset(tmp / "data" / "short", [[1, 2, 0]])
+    with open(f"{short}.idx", "r+b") as index:
+        index.truncate(20)
+    _write(tmp / "damaged_blend.yaml", f"train:\n  - {{prefix: {short}}}\neod_id: 0\n"
+           "vocab_size: 256\n")
+    wide = write_dataset(tmp / "data" / "wide", [[5, 8191, 0]])
+    _write(tmp / "wide_blend.yaml", f"train:\n  - {{prefix: {wide}}}\neod_id: 0\n"
+           "vocab_size: 4096\n")
+    ok = write_dataset(tmp / "data" / "ds", [[1, 2, 0]])  # whole: only the phases are wrong
+    _write(tmp / "ok_blend.yaml", f"train: [{{prefix: {ok}}}]\neod_id: 0\nvocab_size: 256\n")
     return tmp
 
 

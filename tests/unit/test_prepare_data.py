@@ -270,6 +270,13 @@ BAD = [
     ({"pad_multiple": 4}, "pad_multiple=4 pads documents in a packing index, but none is "
      "written; also give packing.seq_length=<row length>, or leave pad_multiple unset"),
     ({"eod_token": "<nope>"}, "eod_token=<nope> is not a token of tokenizer="),
+    ({"num_shards": 0}, "num_shards=0 must be at least 1, e.g. num_shards=128"),
+    ({"valid_shards": -1}, "valid_shards=-1 must be at least 0, e.g. valid_shards=1"),
+    ({"num_shards": 4, "shard_size": 10}, "shard_size=10 and num_shards=4 both cut the "
+     "datasets; give one of them"),
+    ({"held_out_fraction": 0.5}, "held_out_fraction=0.5 must be in (0, 1/3]"),
+    ({"ray_address": "ray://head:10001"}, "ray_address=ray://head:10001 is used by "
+     "executor=ray only"),
 ]
 
 

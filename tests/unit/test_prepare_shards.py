@@ -23,7 +23,6 @@ from tokenizers import Tokenizer
 from data_prep.config import PrepareConfig
 from data_prep.corpus import synthetic_documents
 from data_prep.prepare import prepare
-from plugins.protocol.errors import ConfigError
 from recipes.config.blend import load_blend
 
 pytestmark = [
@@ -108,13 +107,6 @@ def test_ray_runs_each_shard_as_a_task_with_the_same_bytes(made, tmp_path, monke
     prepare(_cfg(corpus, tokenizer_dir, tmp_path / "web", executor="ray", num_proc=2))
     assert _outputs(tmp_path) == _outputs(reference.output.parent)
     assert not ray.is_initialized()
-
-
-def test_ray_address_needs_the_ray_executor() -> None:
-    from data_prep.config import validate
-
-    with pytest.raises(ConfigError, match="ray_address=ray://h:1 is used by executor=ray only"):
-        validate(PrepareConfig(input="x", output="y", tokenizer="z", ray_address="ray://h:1"))
 
 
 def _records(output: Path) -> dict[str, int]:

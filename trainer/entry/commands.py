@@ -384,7 +384,11 @@ BENCH_DATA = Command(
              "vocab": Option(32000, "tokens of the BPE trained first", check=positive),
              "repeats": Option(5, "timed repeats", check=positive),
              "tokenizer": Option(None, "a tokenizer.json instead of training one",
-                                 type=str | None)})
+                                 type=str | None),
+             "megatron_lm": Option(None, "Megatron-LM's tools/preprocess_data.py to compare "
+                                   "with", type=str | None),
+             "workers": Option(2, "workers of the comparison with Megatron-LM",
+                               check=positive)})
 
 
 def at_least_three(key: str, value: int) -> str | None:

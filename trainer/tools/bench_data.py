@@ -45,10 +45,14 @@ def bare(tokenizer, documents: list[str], method: str) -> tuple[float, int]:
 
 
 def pipeline(corpus: Path, tokenizer: Path, folder: Path) -> tuple[float, int]:
+    import shutil
+
     from data_prep.config import PrepareConfig
     from data_prep.prepare import prepare
 
-    cfg = PrepareConfig(input=str(corpus), output=str(folder / "bench"),
+    out = folder / "bench"  # a fresh output: a complete one would only be checked, not written
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = PrepareConfig(input=str(corpus), output=str(out / "bench"),
                         tokenizer=str(tokenizer), num_proc=1)
     started = time.process_time()
     result = prepare(cfg, progress=False)
@@ -89,7 +93,26 @@ def run_bench_data(options: dict) -> int:
             seconds, counts["prepare"] = pipeline(corpus, tokenizer_file, folder)
             times["prepare"].append(seconds)
         report(times, counts)
+        wall_clock(options, corpus, tokenizer_file, folder, counts["prepare"])
     return 0
+
+
+def wall_clock(options: dict, corpus: Path, tokenizer_file: Path, folder: Path,
+               tokens: int) -> None:
+    """The workers' scaling and Megatron-LM's tool, on every core (trainer/tools/
+    bench_data_scale.py)."""
+    from trainer.tools import bench_data_scale as scale
+
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    hf_folder = scale.tokenizer_folder(tokenizer_file, folder)
+    repeats = max(1, int(options["repeats"]) // 2)
+    (folder / "scaling").mkdir()
+    scale.scaling(corpus, hf_folder, folder / "scaling", tokens, repeats)
+    if options.get("megatron_lm"):
+        (folder / "megatron_lm").mkdir()
+        scale.against_megatron_lm(Path(options["megatron_lm"]).resolve(), corpus, hf_folder,
+                                  folder / "megatron_lm", tokens, repeats,
+                                  int(options["workers"]))
 
 
 def report(times: dict[str, list[float]], counts: dict[str, int]) -> None:

@@ -1,0 +1,134 @@
+"""Wall-clock figures of `scripts/bench_data.py` beside its per-core one, measured in the same run:
+tokens/s with 2 workers against 1 (goal >= 1.7x on two cores), and, when `megatron_lm=` names
+Megatron-LM's `tools/preprocess_data.py` (it ships in the Megatron-LM repository, not in the
+wheel: put the one file anywhere), the same corpus, tokenizer and worker count through that tool,
+its output compared byte for byte and its speed set against ours (goal >= 1.0x).
+
+The workers' scaling times `prepare()` in this process (imports done, workers forked), by wall
+clock. For the comparison both tools run as their own processes, timed by wall clock; each is
+run once on a one-document corpus first, and that fixed cost (interpreter, imports, start-up)
+is taken off, so the ratio compares the work on the corpus. Worker processes inherit every core
+the machine has (the per-core part of the benchmark pins itself to one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SHARDS = 4  # shards of the scaling runs (at least the workers, so each worker has work)
+
+
+def _timed(command: list[str], cwd: Path) -> float:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS",)}
+    env["PYTHONPATH"] = str(REPO)
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{command[1]} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return time.perf_counter() - started
+
+
+def _ours(corpus: Path, tokenizer: Path, output: Path, workers: int, shards: int | None) -> list:
+    command = [sys.executable, str(REPO / "scripts" / "prepare_data.py"), f"input={corpus}",
+               f"output={output}", f"tokenizer={tokenizer}", f"num_proc={workers}"]
+    return command + ([f"num_shards={shards}"] if shards else [])
+
+
+def _theirs(tool: Path, corpus: Path, tokenizer: Path, output: Path, workers: int) -> list:
+    return [sys.executable, str(tool), "--input", str(corpus), "--output-prefix", str(output),
+            "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tokenizer),
+            "--append-eod", "--json-keys", "text", "--workers", str(workers)]
+
+
+def _tiny(folder: Path) -> Path:
+    path = folder / "tiny.jsonl"
+    path.write_text(json.dumps({"text": "one short document"}) + "\n")
+    return path
+
+
+def _work(make, corpus: Path, tiny: Path, folder: Path, repeats: int) -> float:
+    """Best wall seconds over the corpus minus the best over one document."""
+    def best(source: Path) -> float:
+        times = []
+        for index in range(repeats):
+            out = folder / f"run{index}"
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            times.append(_timed(make(source, out / "out"), folder))
+        return min(times)
+
+    return max(1e-3, best(corpus) - best(tiny))
+
+
+def tokenizer_folder(tokenizer_json: Path, folder: Path) -> Path:
+    """A Hugging Face folder around a tokenizer.json (what Megatron-LM's tool loads)."""
+    from tokenizers import Tokenizer
+
+    from data_prep.hf_tokenizer import EOD_CANDIDATES
+
+    target = folder / "tokenizer"
+    target.mkdir(exist_ok=True)
+    shutil.copy(tokenizer_json, target / "tokenizer.json")
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    eos = next((t for t in EOD_CANDIDATES if tokenizer.token_to_id(t) is not None), None)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **({"eos_token": eos} if eos else {})}
+    (target / "tokenizer_config.json").write_text(json.dumps(config))
+    return target
+
+
+def _in_process(corpus: Path, tokenizer: Path, folder: Path, workers: int) -> float:
+    """Wall seconds of prepare() itself in this process (its imports done; workers fork)."""
+    from data_prep.config import PrepareConfig
+    from data_prep.prepare import prepare
+
+    out = folder / f"w{workers}"
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = PrepareConfig(input=str(corpus), output=str(out / "out"), tokenizer=str(tokenizer),
+                        num_proc=workers, num_shards=SHARDS)
+    return prepare(cfg, progress=False).seconds
+
+
+def scaling(corpus: Path, tokenizer: Path, folder: Path, tokens: int, repeats: int) -> None:
+    """prepare() with 1 and 2 workers, alternated, best of the repeats (wall clock)."""
+    seconds: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(repeats):
+        for workers in (1, 2):
+            seconds[workers].append(_in_process(corpus, tokenizer, folder, workers))
+    best = {w: min(v) for w, v in seconds.items()}
+    print(f"prepare() num_shards={SHARDS}: 1 worker {tokens / best[1]:,.0f} tokens/s, "
+          f"2 workers {tokens / best[2]:,.0f} tokens/s (wall)")
+    print(f"ratio 2 workers / 1 worker:         {best[1] / best[2]:.2f} (goal >= 1.7)")
+
+
+def against_megatron_lm(tool: Path, corpus: Path, tokenizer: Path, folder: Path, tokens: int,
+                        repeats: int, workers: int) -> None:
+    tiny = _tiny(folder)
+    for name in ("ours", "theirs"):
+        (folder / name).mkdir()
+    ours = _work(lambda s, o: _ours(s, tokenizer, o, workers, workers if workers > 1 else None),
+                 corpus, tiny, folder / "ours", repeats)
+    theirs = _work(lambda s, o: _theirs(tool, s, tokenizer, o, workers), corpus, tiny,
+                   folder / "theirs", repeats)
+    print(f"Megatron-LM preprocess_data --workers {workers}: {tokens / theirs:,.0f} tokens/s; "
+          f"prepare_data num_proc={workers}: {tokens / ours:,.0f} tokens/s (wall, start-up "
+          "taken off)")
+    print(f"ratio prepare_data / Megatron-LM:   {theirs / ours:.2f} (goal >= 1.0)")
+    same = _compare(tool, corpus, tokenizer, folder / "compare")
+    print(f"one worker, same corpus and tokenizer: .bin and .idx byte-identical to "
+          f"Megatron-LM's: {same}")
+
+
+def _compare(tool: Path, corpus: Path, tokenizer: Path, folder: Path) -> bool:
+    folder.mkdir()
+    _timed(_ours(corpus, tokenizer, folder / "ours", 1, None), folder)
+    _timed(_theirs(tool, corpus, tokenizer, folder / "lm", 1), folder)
+    name = corpus.name.split(".")[0]
+    return all((folder / f"ours_{name}{s}").read_bytes() == (folder / f"lm_text_document{s}")
+               .read_bytes() for s in (".bin", ".idx"))
