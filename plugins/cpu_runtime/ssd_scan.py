@@ -136,7 +136,7 @@ def mamba_chunk_scan_combined(
     runs = document_runs(seq_idx, batch, length, x.device)
     # Padding adds steps of dt = 0: no input, no decay, so the final state is unchanged.
     step = _pad_to_chunks(step, pad)
-    runs = F.pad(runs, (0, pad), mode="replicate") if pad else runs
+    runs = torch.cat([runs, runs[:, -1:].expand(batch, pad)], dim=1)
     xs = _pad_to_chunks(x.to(dtype), pad)
     Bs = _pad_to_chunks(B.to(dtype), pad)
     Cs = _pad_to_chunks(C.to(dtype), pad)
