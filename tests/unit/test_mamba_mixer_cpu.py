@@ -2,7 +2,9 @@
 built from a TransformerConfig with local linear layers on a one-rank gloo group, forward and
 backward, against the step-by-step references of test_mamba_kernels.py (which also pins the
 argument conventions: A = -exp(A_log), D per head, the conv weight layout, dt_bias); a packed
-row against its documents run alone; and the non-fused path against the fused one.
+row against its documents run alone; the non-fused path against the fused one; and the same
+weights in transformers' `NemotronHMamba2Mixer` (its own PyTorch path), an implementation
+nobody here wrote.
 
 The runtime is process-wide, so everything runs in one fresh process, once per module.
 """
@@ -65,6 +67,35 @@ def by_hand(mixer, hidden):
     return mixer.out_proj(y.transpose(0, 1))[0]
 
 
+def hf_mixer_like(mixer):
+    """transformers' NemotronH Mamba2 mixer with `mixer`'s weights (TP1: same layouts).
+
+    transformers 5.24 clamps dt from below at `time_step_min` (`modeling_nemotron_h.py`,
+    `time_step_limit = (config.time_step_min, inf)`), Megatron at 0 (no dt_limit is passed,
+    `mamba_mixer.py:755-775`): the test sets time_step_min=0 so both compute the same function.
+    """
+    import torch
+    from transformers.models.nemotron_h.configuration_nemotron_h import NemotronHConfig
+    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
+
+    config = NemotronHConfig(
+        hidden_size=DIMS["hidden"], num_hidden_layers=1, layer_types=["mamba"],
+        mamba_num_heads=DIMS["heads"], mamba_head_dim=DIMS["headdim"], n_groups=DIMS["groups"],
+        ssm_state_size=DIMS["d_state"], conv_kernel=4, chunk_size=2 * DIMS["chunk"],
+        layer_norm_epsilon=1e-5, use_conv_bias=True, use_bias=False, time_step_min=0.0,
+        mamba_hidden_act="silu", vocab_size=32, num_attention_heads=2, num_key_value_heads=2,
+    )
+    hf = NemotronHMamba2Mixer(config, layer_idx=0)
+    names = {"in_proj.weight": "in_proj.weight", "conv1d.weight": "conv1d_weight",
+             "conv1d.bias": "conv1d_bias", "dt_bias": "dt_bias", "A_log": "A_log", "D": "D",
+             "norm.weight": "norm.weight", "out_proj.weight": "out_proj.weight"}
+    ours = dict(mixer.named_parameters())
+    with torch.no_grad():
+        for hf_name, param in hf.named_parameters():
+            param.copy_(ours[names[hf_name]])
+    return hf, names
+
+
 def grads(mixer, output, weights):
     mixer.zero_grad(set_to_none=True)
     (output * weights).sum().backward()
@@ -118,6 +149,20 @@ def run_checks(store: str) -> dict:
     result["packed_grads_vs_alone"] = max_diff(packed_grads, grads(mixer, alone, weights[:, :1]))
     result["packed_vs_unpacked"] = (packed - mixer(row)[0]).abs().max().item()
 
+    # transformers' NemotronH mixer, same weights: outputs, input and weight gradients.
+    hf, names = hf_mixer_like(mixer)
+    for mode in ("train", "eval"):
+        getattr(hf, mode)()
+        ours_in, hf_in = (hidden.clone().requires_grad_() for _ in range(2))
+        ours_out = mixer(ours_in)[0]
+        hf_out = hf(hf_in.transpose(0, 1)).transpose(0, 1)
+        ours_grads, hf_grads = grads(mixer, ours_out, weights), grads(hf, hf_out, weights)
+        result[f"hf_{mode}_forward"] = (ours_out - hf_out).abs().max().item()
+        result[f"hf_{mode}_input_grad"] = (ours_in.grad - hf_in.grad).abs().max().item()
+        result[f"hf_{mode}_weight_grads"] = max(
+            (ours_grads[ours_name] - hf_grads[hf_name]).abs().max().item()
+            for hf_name, ours_name in names.items())
+
     # The non-fused path (causal_conv1d_fn, mamba_chunk_scan_combined, norm(y, z)).
     from megatron.core.ssm import mamba_mixer
 
@@ -169,6 +214,13 @@ def test_mixer_packed_row_equals_its_documents_alone(outcome):
     assert outcome["packed_grads_vs_alone"] < 1e-4
     # Without seq_idx the second document would see the first.
     assert outcome["packed_vs_unpacked"] > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_mixer_equals_transformers_nemotron_h_mixer(outcome, mode):
+    assert outcome[f"hf_{mode}_forward"] < 1e-5
+    assert outcome[f"hf_{mode}_input_grad"] < 1e-5
+    assert outcome[f"hf_{mode}_weight_grads"] < 1e-4
 
 
 def test_mixer_non_fused_path_equals_the_fused_one(outcome):
