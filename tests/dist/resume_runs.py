@@ -24,6 +24,18 @@ def _digest(microbatches: list) -> str:
     return h.hexdigest()[:16]
 
 
+def _expert_bias(session) -> str | None:
+    """A digest of every router's aux-loss-free expert bias on this rank (None: no bias)."""
+    buffers = [buffer for chunk in session.model for name, buffer in chunk.named_buffers()
+               if name.endswith("expert_bias")]
+    if not buffers:
+        return None
+    h = hashlib.sha256()
+    for buffer in buffers:
+        h.update(buffer.detach().float().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def _step(session) -> dict:
     from trainer.step import train_step
 
@@ -31,7 +43,8 @@ def _step(session) -> dict:
     metrics = train_step(session)
     return {"step": metrics.step, "loss": metrics.loss, "lr": metrics.lr,
             "tokens": session.state.consumed_tokens,
-            "samples": session.state.consumed_samples, "data": digest}
+            "samples": session.state.consumed_samples, "data": digest,
+            "expert_bias": _expert_bias(session)}
 
 
 def _train(session, steps: int, save_at=(), root: Path | None = None) -> list[dict]:
