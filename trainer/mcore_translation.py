@@ -89,8 +89,34 @@ def _moe_fields(cfg: RunConfig) -> dict:
         "moe_ffn_hidden_size": m.moe_ffn_hidden_size or m.ffn_hidden_size,
         "moe_token_dispatcher_type": m.moe_token_dispatcher,
         "moe_aux_loss_coeff": m.moe_aux_loss_coeff,
-        "moe_router_load_balancing_type": "aux_loss" if m.moe_aux_loss_coeff > 0 else "none",
+        "moe_router_load_balancing_type": (
+            m.moe_load_balancing if m.moe_aux_loss_coeff > 0 else "none"),
         "moe_grouped_gemm": False,
+        "moe_router_score_function": m.moe_router_score_function,
+        # Aux-loss-free balancing: Megatron keeps the bias as a buffer of the router and moves
+        # it by the update rate after each step, from the tokens each expert received
+        # (`transformer/moe/router.py`, `moe_utils.get_updated_expert_bias`).
+        "moe_router_enable_expert_bias": m.moe_router_expert_bias,
+        "moe_router_bias_update_rate": m.moe_router_bias_update_rate,
+        "moe_router_topk_scaling_factor": m.moe_router_topk_scaling_factor,
+        "moe_router_dtype": "fp32" if m.moe_router_fp32 else None,
+        "moe_shared_expert_intermediate_size": m.moe_shared_expert_ffn_hidden_size,
+    }
+
+
+def _hybrid_fields(cfg: RunConfig) -> dict:
+    """A hybrid model's Mamba mixer, as `TransformerConfig` reads it (`ssm/mamba_mixer.py:
+    233-249`); the conv width and scan chunk are the mixer's own arguments (the layer spec,
+    `trainer/hybrid_spec.py`)."""
+    m = cfg.model
+    if not m.is_hybrid:
+        return {}
+    return {
+        "is_hybrid_model": True,
+        "mamba_state_dim": m.mamba_state_dim,
+        "mamba_head_dim": m.mamba_head_dim,
+        "mamba_num_groups": m.mamba_num_groups,
+        "mamba_num_heads": m.mamba_num_heads,
     }
 
 
@@ -198,6 +224,7 @@ def build_transformer_config(
         **_activation_fields(m.activation),
         **_recompute_fields(cfg),
         **_moe_fields(cfg),
+        **_hybrid_fields(cfg),
         **_pipeline_comm_fields(cfg),
         **fusion_fields(cfg, transformer_engine),
     )

@@ -39,6 +39,13 @@ def install_thd_partition() -> None:
     install()
 
 
+def install_mamba_kernels() -> None:
+    """The torch Mamba2 kernels in Megatron's Mamba mixer (`mamba_kernels.py`)."""
+    from plugins.cpu_runtime.mamba_kernels import install_mamba_kernels as install
+
+    install()
+
+
 # Patches that are one installer each, in the order they are applied.
 _INSTALLERS: dict[str, Callable[[], None]] = {
     "cuda_stand_ins": install_cuda_stand_ins,
@@ -47,6 +54,7 @@ _INSTALLERS: dict[str, Callable[[], None]] = {
     "gloo_uneven_all_gather": install_uneven_all_gather,
     "all_to_all_list_splits": install_list_split_sizes,
     "thd_cp_partition": install_thd_partition,
+    "mamba_kernels": install_mamba_kernels,
 }
 
 PATCH_NAMES: tuple[str, ...] = (*_MODE_PATCHES, *_INSTALLERS)

@@ -41,6 +41,9 @@ def packed_seq_params(batch: dict[str, Any]) -> PackedSeqParams:
 
     `max_seqlen` becomes a Python int: the rotary table is cached by its length
     (`models/common/embeddings/rotary_pos_embedding.py:177`, an lru_cache), and TE takes an int.
+    `total_tokens` (the whole row, before any CP split) makes `PackedSeqParams` build `seq_idx`
+    (`packed_seq_params.py:30-66`), the document index Mamba layers reset their state by;
+    without it they would scan the row as one sequence.
     """
     _check_packed(batch)
     cu_seqlens = batch["cu_seqlens"].reshape(-1).to(torch.int32)
@@ -56,6 +59,7 @@ def packed_seq_params(batch: dict[str, Any]) -> PackedSeqParams:
         cu_seqlens_kv_padded=padded,
         max_seqlen_q=max_seqlen,
         max_seqlen_kv=max_seqlen,
+        total_tokens=int((cu_seqlens if padded is None else padded)[-1]),
     )
 
 

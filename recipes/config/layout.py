@@ -2,7 +2,8 @@
 
 One pure object (torchtitan's `ParallelDims` is the model) owns the degrees (TP, PP, virtual
 stages, CP, EP, expert TP), the derived sizes (DP, expert DP, micro-batches per step, padded
-vocabulary, layers per stage and per virtual chunk) and every process group as global ranks and
+vocabulary, layers per stage and per virtual chunk, a hybrid model's layer symbols per chunk as
+Megatron's `|` segments place them) and every process group as global ranks and
 as node:GPU. Validation, the machine check, the dry run, the planner and the one translation
 into Megatron Core read it; nothing else does this arithmetic.
 
@@ -19,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from recipes.config import hybrid
 
 # Megatron Core's default rank order, fastest-varying axis first.
 RANK_ORDER = ("tp", "cp", "ep", "dp", "pp")
@@ -97,6 +100,7 @@ class Layout:
     num_layers: int = 1
     first_stage_layers: int | None = None  # uneven pipeline: layers on the first stage
     last_stage_layers: int | None = None  # ... and on the last; the middle share the rest
+    hybrid_layer_pattern: str | None = None  # a hybrid model's layers (and '|' stage cuts)
     vocab_size: int = 1
     vocab_multiple: int = 128  # Megatron's make_vocab_size_divisible_by (before x TP)
     global_batch: int = 1
@@ -112,7 +116,8 @@ class Layout:
             context=p.context, expert=p.expert, expert_tensor=p.expert_tensor,
             sequence_parallel=p.sequence_parallel, num_layers=m.num_layers,
             first_stage_layers=p.first_stage_layers, last_stage_layers=p.last_stage_layers,
-            vocab_size=m.vocab_size, vocab_multiple=m.make_vocab_size_divisible_by,
+            hybrid_layer_pattern=m.hybrid_layer_pattern, vocab_size=m.vocab_size,
+            vocab_multiple=m.make_vocab_size_divisible_by,
             global_batch=t.global_batch_size, micro_batch=t.micro_batch_size,
         )
 
@@ -162,17 +167,27 @@ class Layout:
     def stage_layers(self) -> list[int]:
         """Transformer layers on each pipeline stage, as Megatron assigns them: the first and
         last stage's own counts when set, the rest split evenly over the middle stages."""
-        first, last = self.first_stage_layers, self.last_stage_layers
-        if self.pipeline == 1 or (first is None and last is None):
-            return [self.num_layers // self.pipeline] * self.pipeline
-        middle = self.pipeline - (first is not None) - (last is not None)
-        rest = self.num_layers - (first or 0) - (last or 0)
-        counts = [rest // middle if middle else 0] * self.pipeline
-        if first is not None:
-            counts[0] = first
-        if last is not None:
-            counts[-1] = last
-        return counts
+        if hybrid.has_pipes(self.hybrid_layer_pattern):
+            return [sum(len(chunk) for chunk in stage) for stage in self.chunk_patterns()]
+        return hybrid.stage_counts(self.num_layers, self.pipeline, self.first_stage_layers,
+                                   self.last_stage_layers)
+
+    def chunk_layers(self) -> list[list[int]]:
+        """Layers of every model chunk, [pipeline stage][virtual stage]: a hybrid model's as
+        its segments say, else each stage's layers split evenly over its virtual stages."""
+        if self.hybrid_layer_pattern is not None:
+            return [[len(chunk) for chunk in stage] for stage in self.chunk_patterns()]
+        vpp = self.virtual_stages
+        return [[count // vpp] * vpp for count in self.stage_layers()]
+
+    def chunk_patterns(self) -> list[list[str]]:
+        """A hybrid model's layer symbols of every model chunk, [pipeline stage][virtual
+        stage], as Megatron's `select_pipeline_segment` hands them out."""
+        if self.hybrid_layer_pattern is None:
+            raise ValueError("chunk_patterns needs a hybrid model (model.hybrid_layer_pattern)")
+        return hybrid.chunk_patterns(self.hybrid_layer_pattern, self.pipeline,
+                                     self.virtual_pipeline, self.first_stage_layers,
+                                     self.last_stage_layers)
 
     @property
     def layers_per_chunk(self) -> int:

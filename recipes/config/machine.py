@@ -34,6 +34,16 @@ class MachineInfo:
     launched_world_size: int | None  # WORLD_SIZE from torchrun/srun; None = not launched
     compute_capability: tuple[int, int] | None = None  # lowest of the GPUs; None = unknown
     transformer_engine: str | None = None  # installed TE version ('unknown'); None = absent
+    # Of mamba-ssm and causal-conv1d (a GPU rank's Mamba kernels), those not installed.
+    missing_mamba_kernels: tuple[str, ...] = ()
+
+
+MAMBA_KERNEL_PACKAGES = {"mamba_ssm": "mamba-ssm", "causal_conv1d": "causal-conv1d"}
+
+
+def missing_mamba_kernels() -> tuple[str, ...]:
+    return tuple(dist for module, dist in MAMBA_KERNEL_PACKAGES.items()
+                 if importlib.util.find_spec(module) is None)
 
 
 def count_gpus(
@@ -146,6 +156,7 @@ def detect_machine(environ: Mapping[str, str] | None = None) -> MachineInfo:
         launched_world_size=launched_world_size(env),
         compute_capability=gpu_compute_capability() if gpus else None,
         transformer_engine=transformer_engine_version() if gpus else None,
+        missing_mamba_kernels=missing_mamba_kernels() if gpus else (),
     )
 
 
@@ -171,6 +182,21 @@ def check_machine(
     check_ranks(cfg, machine, command_args)
     check_plugin_needs(cfg, machine)  # first: a plugin's need (FP8 on TE) says more
     check_transformer_engine(cfg, machine)
+    check_mamba_kernels(cfg, machine)
+
+
+def check_mamba_kernels(cfg: RunConfig, machine: MachineInfo) -> None:
+    """A hybrid model's Mamba layers on GPU ranks call mamba-ssm's and causal-conv1d's CUDA
+    kernels (`ssm/mamba_mixer.py:61-80`; the torch ones are the CPU runtime's): refused before
+    launch without them rather than failing in every rank's model build."""
+    on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
+    if on_cpu or "M" not in (cfg.model.hybrid_layer_pattern or "") or (
+            not machine.missing_mamba_kernels):
+        return
+    raise ConfigError(
+        f"model.hybrid_layer_pattern has Mamba layers, which on GPUs need "
+        f"{' and '.join(machine.missing_mamba_kernels)}, not installed here; install the gpu "
+        "extra (pip install -e '.[gpu]', docs/hybrid-models.md)")
 
 
 def check_transformer_engine(cfg: RunConfig, machine: MachineInfo) -> None:

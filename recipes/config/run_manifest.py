@@ -34,7 +34,8 @@ SHAPE_FIELDS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "kv_channels", "vocab_size", "activation", "normalization", "position_embedding",
     "add_bias_linear", "share_embeddings_and_output_weights", "num_moe_experts",
-    "moe_ffn_hidden_size",
+    "moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size", "hybrid_layer_pattern",
+    "mamba_state_dim", "mamba_head_dim", "mamba_num_heads", "mamba_num_groups", "mamba_conv_kernel",
 )
 # Fields a resume may change; each change is stated before launch (sections, then fields).
 STATED_FIELDS = (

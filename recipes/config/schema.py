@@ -18,7 +18,8 @@ from recipes.config.phases import PhaseConfig
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    """Shape of the GPT model (Megatron Core `TransformerConfig` + `GPTModel` fields)."""
+    """Shape of the model (Megatron Core `TransformerConfig` + `GPTModel` / `HybridModel`
+    fields): a GPT model, or a hybrid Mamba-Transformer one when `hybrid_layer_pattern` is set."""
 
     num_layers: int = 4  # transformer layers in the whole model
     hidden_size: int = 64  # model width
@@ -31,7 +32,7 @@ class ModelConfig:
     make_vocab_size_divisible_by: int = 128  # Megatron's vocab padding unit (before x TP)
     activation: Literal["gelu", "swiglu", "squared_relu"] = "gelu"  # MLP non-linearity
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"  # norm layer type
-    position_embedding: Literal["rope", "learned_absolute"] = "rope"  # position encoding
+    position_embedding: Literal["rope", "learned_absolute", "none"] = "rope"  # position encoding
     rotary_base: int = 10000  # RoPE theta
     rope_scaling_factor: float | None = None  # Llama 3.1 RoPE scaling (8.0); None = no scaling
     add_bias_linear: bool = True  # biases in linear layers (MoE models need False)
@@ -50,6 +51,30 @@ class ModelConfig:
     moe_ffn_hidden_size: int | None = None  # expert MLP width; None = ffn_hidden_size
     moe_token_dispatcher: Literal["alltoall", "allgather"] = "alltoall"  # token exchange
     moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight
+    # The load-balancing loss (when its coefficient is > 0): over the whole micro-batch
+    # (aux_loss) or per sequence (seq_aux_loss, DeepSeek-V3 and Nemotron 3).
+    moe_load_balancing: Literal["aux_loss", "seq_aux_loss"] = "aux_loss"
+    moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"  # routing scores
+    # Auxiliary-loss-free balancing: a per-expert bias added to the scores for the top-k choice
+    # only, moved after every step towards equal load (needs sigmoid scores).
+    moe_router_expert_bias: bool = False
+    moe_router_bias_update_rate: float = 1e-3  # step of that bias update
+    moe_router_topk_scaling_factor: float | None = None  # scale of the top-k weights; None = 1
+    moe_router_fp32: bool = False  # routing and the weighted sum of expert outputs in fp32
+    moe_shared_expert_ffn_hidden_size: int | None = None  # shared experts' width; None = none
+    # Hybrid Mamba-Transformer (Megatron Core's HybridModel); None = a GPT model. One symbol
+    # per layer: M Mamba2 mixer, * self-attention, - MLP, E MoE; | cuts pipeline stages.
+    hybrid_layer_pattern: str | None = None
+    mamba_state_dim: int = 128  # SSM state size per group (d_state)
+    mamba_head_dim: int = 64  # channels of one Mamba head
+    mamba_num_heads: int | None = None  # Mamba heads; None = 2 x hidden_size / mamba_head_dim
+    mamba_num_groups: int = 8  # groups of heads sharing one B and C projection
+    mamba_conv_kernel: int = 4  # width of the causal depthwise convolution (d_conv)
+    mamba_chunk_size: int = 128  # chunk length of the SSD scan
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.hybrid_layer_pattern is not None
 
 
 def uses_transformer_engine(impl: str, on_gpu: bool) -> bool:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from plugins.protocol.errors import ConfigError
+from recipes.config import hybrid
 from recipes.config.layout import Layout
 from recipes.config.phases import PHASE_RULES, check_each_phase
 from recipes.config.rampup import RAMPUP_RULES
@@ -81,6 +82,13 @@ def check_positive_sizes(cfg: RunConfig) -> str | None:
         "model.num_moe_experts": m.num_moe_experts,
         "model.moe_router_topk": m.moe_router_topk,
         "model.moe_ffn_hidden_size": m.moe_ffn_hidden_size,
+        "model.moe_shared_expert_ffn_hidden_size": m.moe_shared_expert_ffn_hidden_size,
+        "model.mamba_state_dim": m.mamba_state_dim,
+        "model.mamba_head_dim": m.mamba_head_dim,
+        "model.mamba_num_heads": m.mamba_num_heads,
+        "model.mamba_num_groups": m.mamba_num_groups,
+        "model.mamba_conv_kernel": m.mamba_conv_kernel,
+        "model.mamba_chunk_size": m.mamba_chunk_size,
         "parallel.tensor": p.tensor,
         "parallel.pipeline": p.pipeline,
         "parallel.virtual_pipeline": p.virtual_pipeline,
@@ -117,6 +125,7 @@ def check_non_negative_counts(cfg: RunConfig) -> str | None:
         "optimizer.weight_decay": cfg.optimizer.weight_decay,
         "optimizer.clip_grad": cfg.optimizer.clip_grad,
         "model.moe_aux_loss_coeff": cfg.model.moe_aux_loss_coeff,
+        "model.moe_router_bias_update_rate": cfg.model.moe_router_bias_update_rate,
     }
     for key, value in values.items():
         if value < 0:
@@ -152,7 +161,7 @@ def check_world_size(cfg: RunConfig) -> str | None:
 
 
 def check_heads_divisible_by_tensor(cfg: RunConfig) -> str | None:
-    """Each TP rank holds whole query heads and whole KV heads."""
+    """Each TP rank holds whole query heads, and whole KV heads or a copy of one."""
     m, tp = cfg.model, cfg.parallel.tensor
     groups = m.num_query_groups or m.num_attention_heads
     if m.num_attention_heads % tp:
@@ -160,10 +169,12 @@ def check_heads_divisible_by_tensor(cfg: RunConfig) -> str | None:
             f"model.num_attention_heads={m.num_attention_heads} is not divisible by "
             f"parallel.tensor={tp}; choose a TP size that divides the head count"
         )
-    if groups % tp:
+    if groups % tp and tp % groups:
+        # Fewer KV heads than TP ranks is allowed: each KV head is then copied to TP / groups
+        # ranks (`transformer/attention.py:353-360`, `transformer_config.py:1338-1345`).
         return (
-            f"model.num_query_groups={groups} (KV heads) is not divisible by "
-            f"parallel.tensor={tp}; choose a TP size that divides the KV head count"
+            f"model.num_query_groups={groups} (KV heads) and parallel.tensor={tp} must divide "
+            "one another; choose a TP size that divides the KV head count or is a multiple of it"
         )
 
 
@@ -212,6 +223,8 @@ def check_layers_per_stage(cfg: RunConfig) -> str | None:
     """Layers split evenly over pipeline stages (and virtual stages with interleaving)."""
     p, layers = cfg.parallel, cfg.model.num_layers
     vpp = p.virtual_pipeline or 1
+    if hybrid.has_pipes(cfg.model.hybrid_layer_pattern):
+        return None  # the '|' segments place the layers (hybrid.check_hybrid_segments)
     if p.first_stage_layers is not None or p.last_stage_layers is not None:
         return _uneven_stages(cfg)
     if layers % (p.pipeline * vpp):
@@ -350,6 +363,43 @@ def check_moe_bias(cfg: RunConfig) -> str | None:
             "MoE models cannot use linear biases with the Megatron Core local layer spec "
             "(in-place-on-view error in the expert MLP); set model.add_bias_linear=false"
         )
+
+
+def check_expert_bias(cfg: RunConfig) -> str | None:
+    """Aux-loss-free balancing adds its bias to sigmoid scores only (Megatron raises otherwise,
+    `transformer/transformer_config.py:2284-2292`)."""
+    m = cfg.model
+    if m.moe_router_expert_bias and m.moe_router_score_function != "sigmoid":
+        return ("model.moe_router_expert_bias=true needs model.moe_router_score_function=sigmoid "
+                f"(got {m.moe_router_score_function}); set it, or moe_router_expert_bias=false")
+    return None
+
+
+def check_router_scaling(cfg: RunConfig) -> str | None:
+    """The top-k weights are multiplied by the scaling factor: it must be positive."""
+    factor = cfg.model.moe_router_topk_scaling_factor
+    if factor is not None and factor <= 0:
+        return (f"model.moe_router_topk_scaling_factor={factor:g} must be positive; set it, "
+                "e.g. 2.5, or null for no scaling")
+    return None
+
+
+def check_moe_settings_need_experts(cfg: RunConfig) -> str | None:
+    """Router and shared-expert settings on a dense model would be silently ignored."""
+    m = cfg.model
+    if m.num_moe_experts is not None:
+        return None
+    for key, value, default in (
+        ("moe_router_expert_bias", m.moe_router_expert_bias, False),
+        ("moe_router_score_function", m.moe_router_score_function, "softmax"),
+        ("moe_router_topk_scaling_factor", m.moe_router_topk_scaling_factor, None),
+        ("moe_shared_expert_ffn_hidden_size", m.moe_shared_expert_ffn_hidden_size, None),
+        ("moe_load_balancing", m.moe_load_balancing, "aux_loss"),
+    ):
+        if value != default:
+            return (f"model.{key}={value} needs an MoE model; set model.num_moe_experts or "
+                    f"leave model.{key} at its default")
+    return None
 
 
 def check_moe_tensor_parallel(cfg: RunConfig) -> str | None:
@@ -518,6 +568,7 @@ RULES: tuple[Rule, ...] = (
     check_heads_divisible_by_tensor,
     check_query_groups,
     check_head_width,
+    *hybrid.RULES,
     check_virtual_pipeline,
     check_layers_per_stage,
     check_sequence_divisible_by_context,
@@ -530,6 +581,9 @@ RULES: tuple[Rule, ...] = (
     check_expert_world_size,
     check_router_topk,
     check_moe_bias,
+    check_expert_bias,
+    check_router_scaling,
+    check_moe_settings_need_experts,
     check_moe_tensor_parallel,
     check_param_gather,
     check_evaluation,

@@ -8,16 +8,22 @@ FP32 log-sum-exp per head), projection input, MLP input, activation input and ou
 one-byte dropout masks when dropout is on. Tensor parallel splits the matmul-side tensors;
 sequence parallel also splits the rest; context parallel splits the sequence. Selective
 recompute drops the attention-score terms; full recompute keeps each block's input and rebuilds
-one block's activations at a time. Differences from Megatron-LM's own estimator are deliberate
-and listed in docs/planner.md.
+one block's activations at a time. A hybrid model's layers are counted by kind: attention,
+MLP and MoE layers keep their half of a GPT layer's terms; a Mamba2 layer keeps its norm and
+in_proj inputs, the in_proj output (z, x, B, C, dt; the fused path rebuilds the conv from it),
+the scan output and the gated norm's output (out_proj's input), FP32 dt and its decay cumsum
+per head, and the FP32 state at every chunk boundary. Differences from Megatron-LM's own
+estimator are deliberate and listed in docs/planner.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from recipes.plan.params import stage_layer_counts
+from recipes.config import hybrid
+from recipes.plan.params import stage_kinds, stage_layer_counts
 from recipes.plan.schedule import layer_microbatches_in_flight
 
 Attention = Literal["flash", "explicit"]
@@ -78,6 +84,30 @@ def _mlp_terms(m: Any, d: int, layout: Any) -> LayerTerms:
     return LayerTerms(split=routed / layout.tensor, replicated=replicated + router, scores=0.0)
 
 
+def _mamba_terms(m: Any, d: int, tp: int) -> LayerTerms:
+    h, heads = m.hidden_size, hybrid.mamba_heads(m)
+    inner, bc = heads * m.mamba_head_dim, 2 * m.mamba_num_groups * m.mamba_state_dim
+    masks = h if m.hidden_dropout > 0 else 0
+    replicated = 2 * d * h + masks  # norm input, in_proj input, dropout mask
+    kept = d * (2 * inner + bc + heads) + 2 * d * inner  # in_proj out, scan out, norm out
+    fp32 = 2 * 4 * heads + 4 * inner * m.mamba_state_dim / m.mamba_chunk_size  # dt, dA, states
+    return LayerTerms(split=(kept + fp32) / tp, replicated=replicated, scores=0.0)
+
+
+def symbol_bytes_per_token(cfg: Any, symbol: str, attention: Attention) -> LayerTerms:
+    """Bytes per token one hybrid layer of kind `symbol` keeps on one rank."""
+    m, layout = cfg.model, cfg.layout
+    d = _ACT_BYTES[cfg.precision.dtype]
+    if symbol == hybrid.MAMBA:
+        return _mamba_terms(m, d, layout.tensor)
+    if symbol == hybrid.ATTENTION:
+        return _attention_terms(m, d, attention, m.seq_length // layout.context, layout.tensor)
+    if symbol == hybrid.MLP:
+        dense = dataclasses.replace(m, num_moe_experts=None)
+        return _mlp_terms(dense, d, layout)
+    return _mlp_terms(m, d, layout)
+
+
 def layer_bytes_per_token(cfg: Any, attention: Attention) -> LayerTerms:
     m, layout = cfg.model, cfg.layout
     d = _ACT_BYTES[cfg.precision.dtype]
@@ -86,10 +116,13 @@ def layer_bytes_per_token(cfg: Any, attention: Attention) -> LayerTerms:
     return LayerTerms(att.split + mlp.split, att.replicated + mlp.replicated, att.scores)
 
 
-def layer_bytes(cfg: Any, attention: Attention, recompute: str | None = None) -> float:
-    """Bytes one layer keeps for one micro-batch on one rank (no recompute, or selective)."""
+def layer_bytes(cfg: Any, attention: Attention, recompute: str | None = None,
+                symbol: str | None = None) -> float:
+    """Bytes one layer (of a hybrid model: of kind `symbol`) keeps for one micro-batch on one
+    rank (no recompute, or selective)."""
     layout, t = cfg.layout, cfg.train
-    terms = layer_bytes_per_token(cfg, attention)
+    terms = (layer_bytes_per_token(cfg, attention) if symbol is None
+             else symbol_bytes_per_token(cfg, symbol, attention))
     tokens = t.micro_batch_size * cfg.model.seq_length // layout.context
     replicated = terms.replicated / (layout.tensor if layout.sequence_parallel else 1)
     scores = 0.0 if (recompute or t.recompute) == "selective" else terms.scores
@@ -127,6 +160,20 @@ def output_bytes(cfg: Any) -> float:
     return _tokens(cfg) * (2 * d * m.hidden_size / split + 4 * layout.padded_vocab / layout.tensor)
 
 
+def _stage_layer_bytes(cfg: Any, attention: Attention, stage: int,
+                       layers: int) -> tuple[float, float]:
+    """(mean, largest) bytes of one of the stage's layers for one micro-batch: every GPT layer
+    alike, a hybrid model's by kind."""
+    if not cfg.model.is_hybrid:
+        full = layer_bytes(cfg, attention)
+        return full, full
+    kinds = stage_kinds(cfg)[stage]
+    sizes = {symbol: layer_bytes(cfg, attention, symbol=symbol)
+             for symbol, count in kinds.items() if count}
+    total = sum(kinds[symbol] * size for symbol, size in sizes.items())
+    return total / max(layers, 1), max(sizes.values(), default=0.0)
+
+
 @dataclass(frozen=True)
 class StageActivations:
     """Activation bytes on one rank of one pipeline stage at its peak."""
@@ -149,16 +196,16 @@ def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
     """Each stage's activations at its peak (the first stage holds the most micro-batches)."""
     layout, t = cfg.layout, cfg.train
     stages = stage_layer_counts(cfg)
-    full = layer_bytes(cfg, attention)
     block = t.recompute_num_layers
     result = []
     for stage, chunks in enumerate(stages):
         layers = sum(chunks)
+        full, largest = _stage_layer_bytes(cfg, attention, stage, layers)
         flight = layer_microbatches_in_flight(stage, layout.pipeline, layout.virtual_stages,
                                               layout.microbatches)
         if t.recompute == "full":
             per_layer = checkpoint_bytes(cfg) / block
-            working = full * min(block, max(chunks))
+            working = largest * min(block, max(chunks))
         else:
             per_layer, working = full, 0.0
         embedding = embedding_bytes(cfg) * flight if stage == 0 else 0.0

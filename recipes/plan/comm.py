@@ -2,12 +2,14 @@
 
 Ring collectives: an all-reduce over n ranks sends 2·(n-1)/n of the buffer from each rank, an
 all-gather or reduce-scatter (n-1)/n, an all-to-all (n-1)/n of what is exchanged. Per layer
-and micro-batch, TP does two all-reduces forward and two backward (with sequence parallel: an
-all-gather and a reduce-scatter in place of each, the same bytes); full recompute repeats the
-forward ones. PP sends one activation forward and one gradient back per stage boundary and
+and micro-batch, TP does one all-reduce forward and one backward per sublayer (a GPT layer's
+attention and MLP, each layer of a hybrid model; with sequence parallel: an all-gather and a
+reduce-scatter in place of each, the same bytes); full recompute repeats the forward ones.
+PP sends one activation forward and one gradient back per stage boundary and
 micro-batch (per chunk when interleaved). DP reduces gradients once per step: all-reduce, or
 reduce-scatter plus the weights' all-gather with a sharded optimizer. CP passes K/V around its
-ring (and dK/dV back), EP exchanges routed tokens four times per MoE layer. A group whose
+ring (and dK/dV back) in attention layers, EP exchanges routed tokens four times per MoE layer
+(Megatron's Mamba CP all-to-alls are not modelled yet). A group whose
 ranks span nodes is timed at the inter-node bandwidth, else at the intra-node one; latency and
 overlap with compute are not modelled.
 """
@@ -17,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from recipes.config import hybrid
 from recipes.plan.activations import _ACT_BYTES
-from recipes.plan.params import ParamCount, stage_layer_counts
+from recipes.plan.params import ParamCount, stage_kinds
 
 
 @dataclass(frozen=True)
@@ -40,13 +43,13 @@ def crossing_kinds(layout: Any) -> dict[str, bool]:
             for kind in ("tp", "pp", "dp-cp", "cp", "ep", "expert-dp")}
 
 
-def _tp(cfg: Any, d: int, tokens: float, layers: int) -> tuple[str, float]:
+def _tp(cfg: Any, d: int, tokens: float, sublayers: int) -> tuple[str, float]:
     layout, m = cfg.layout, cfg.model
-    collectives = 4 + (2 if cfg.train.recompute == "full" else 0)
+    collectives = 2 + (1 if cfg.train.recompute == "full" else 0)
     buffer = tokens * m.hidden_size * d
     per = 2 * _ring(layout.tensor) * buffer
     name = "all-gather + reduce-scatter (SP)" if layout.sequence_parallel else "all-reduce"
-    return name, collectives * per * layers * layout.microbatches
+    return name, collectives * per * sublayers * layout.microbatches
 
 
 def _pp(cfg: Any, d: int, tokens: float, stage: int) -> float:
@@ -96,10 +99,10 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
     dense_ranks, expert_ranks = layout.data_parallel * layout.context, layout.expert_data_parallel
     d = _ACT_BYTES[cfg.precision.dtype]
     tokens = cfg.train.micro_batch_size * cfg.model.seq_length / layout.context
-    layers = sum(stage_layer_counts(cfg)[stage])
+    kinds = stage_kinds(cfg)[stage]
     found = []
     if layout.tensor > 1:
-        name, sent = _tp(cfg, d, tokens, layers)
+        name, sent = _tp(cfg, d, tokens, sum(kinds.values()))
         found.append(_traffic(crossing, cluster, "tp", name, sent))
     if layout.pipeline > 1:
         found.append(_traffic(crossing, cluster, "pp", "send/recv",
@@ -112,8 +115,8 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
         found.append(_traffic(crossing, cluster, "expert-dp", name, sent))
     if layout.context > 1:
         found.append(_traffic(crossing, cluster, "cp", "K/V ring exchange",
-                              _cp(cfg, d, tokens, layers)))
+                              _cp(cfg, d, tokens, kinds[hybrid.ATTENTION])))
     if layout.expert > 1 and cfg.model.num_moe_experts:
         found.append(_traffic(crossing, cluster, "ep", "all-to-all",
-                              _ep(cfg, d, tokens, layers)))
+                              _ep(cfg, d, tokens, kinds[hybrid.MOE])))
     return found

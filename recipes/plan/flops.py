@@ -10,19 +10,23 @@ MLP are counted by kind:
   attends to, half the sequence under the causal mask;
 - dense MLP: two matrices, three with a gated unit (SwiGLU's gate and up);
 - MoE: the routed experts a token runs (top-k of them, not all) plus the shared experts;
+- Mamba2 (hybrid models): the in and out projections, and the SSD scan's products: inside a
+  chunk of Q tokens, C·Bᵀ per group and its mix of x (half of each chunk's square, causal),
+  and between chunks each token's x·Bᵀ into the state and C·state out of it;
 - then the logits over the padded vocabulary.
 
 Not counted (as in Megatron-LM's `num_floating_point_operations`, which gives the same number
 where both apply: tests/unit/test_flops.py): the router, norms, element-wise work, embedding
 lookups, and activation recomputation, which is extra work, not useful work, so it never raises
-the figure. A new token mixer (for example a Mamba layer) is one more kind: its per-token
-FLOPs and the number of layers of that kind.
+the figure. A hybrid model's layers are counted by kind from its pattern.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from recipes.config import hybrid
 
 # Forward + backward: the backward computes the data and the weight gradient of every product.
 TRAINING_PASSES = 3
@@ -45,18 +49,38 @@ class FlopsShape:
     moe_router_topk: int = 0
     moe_ffn_hidden_size: int = 0  # one routed expert's width
     moe_shared_ffn_hidden_size: int = 0  # the shared experts' width together (0: none)
+    mamba_layers: int = 0  # Mamba2 mixer layers (hybrid models)
+    mamba_inner: int = 0  # Mamba heads x head width (d_inner)
+    mamba_heads: int = 0
+    mamba_groups: int = 0
+    mamba_state: int = 0  # SSM state per group
+    mamba_chunk: int = 0  # SSD scan chunk length
 
     @classmethod
     def from_config(cls, cfg: Any) -> FlopsShape:
-        """The shape of a run config's GPT model: every layer attention, then MLP or MoE."""
+        """The shape of a run config's model: a GPT model's every layer attention, then MLP or
+        MoE; a hybrid model's layers by the kinds its pattern names."""
         m = cfg.model
         moe = m.num_moe_experts is not None
+        if m.is_hybrid:
+            kinds = {symbol: hybrid.count(m, symbol) for symbol in hybrid.LAYER_SYMBOLS}
+        else:
+            kinds = {hybrid.MAMBA: 0, hybrid.ATTENTION: m.num_layers,
+                     hybrid.MLP: 0 if moe else m.num_layers, hybrid.MOE: m.num_layers if moe else 0}
+        mamba = kinds[hybrid.MAMBA] > 0
         return cls(
             hidden_size=m.hidden_size,
             padded_vocab_size=cfg.layout.padded_vocab,
-            attention_layers=m.num_layers,
-            dense_mlp_layers=0 if moe else m.num_layers,
-            moe_layers=m.num_layers if moe else 0,
+            attention_layers=kinds[hybrid.ATTENTION],
+            dense_mlp_layers=kinds[hybrid.MLP],
+            moe_layers=kinds[hybrid.MOE],
+            mamba_layers=kinds[hybrid.MAMBA],
+            mamba_inner=hybrid.mamba_heads(m) * m.mamba_head_dim if mamba else 0,
+            mamba_heads=hybrid.mamba_heads(m) if mamba else 0,
+            mamba_groups=m.mamba_num_groups if mamba else 0,
+            mamba_state=m.mamba_state_dim if mamba else 0,
+            mamba_chunk=m.mamba_chunk_size if mamba else 0,
+            moe_shared_ffn_hidden_size=(m.moe_shared_expert_ffn_hidden_size or 0) if moe else 0,
             num_attention_heads=m.num_attention_heads,
             num_query_groups=m.num_query_groups or m.num_attention_heads,
             kv_channels=m.kv_channels or m.hidden_size // m.num_attention_heads,
@@ -104,10 +128,25 @@ def moe_flops(s: FlopsShape) -> float:
     return mlp_flops(s, s.moe_router_topk * s.moe_ffn_hidden_size + s.moe_shared_ffn_hidden_size)
 
 
+def mamba_flops(s: FlopsShape) -> float:
+    """Forward FLOPs per token of one Mamba2 layer: in_proj (z, x, B, C, dt), out_proj, and the
+    chunked scan's products (its cost per token grows with the chunk, not the sequence)."""
+    bc = 2 * s.mamba_groups * s.mamba_state
+    projections = 2 * s.hidden_size * (2 * s.mamba_inner + bc + s.mamba_heads)
+    projections += 2 * s.mamba_inner * s.hidden_size
+    # Inside a chunk: C·Bᵀ (state-wide, per group) and its mix of x (per channel), over the
+    # causal half of the chunk's positions: 2 · (Q / 2) · (groups · state + d_inner).
+    intra_chunk = s.mamba_chunk * (s.mamba_groups * s.mamba_state + s.mamba_inner)
+    # Between chunks: x·Bᵀ into the state and C·state out, 2 · d_inner · state each.
+    states = 4 * s.mamba_inner * s.mamba_state
+    return projections + intra_chunk + states
+
+
 def forward_flops_per_token(s: FlopsShape) -> float:
     """Forward FLOPs of one token that do not depend on the sequence: every layer's mixer
     projections and MLP, then the logits."""
     return (s.attention_layers * attention_projection_flops(s)
+            + s.mamba_layers * mamba_flops(s)
             + s.dense_mlp_layers * mlp_flops(s, s.ffn_hidden_size)
             + s.moe_layers * moe_flops(s)
             + logits_flops(s))

@@ -24,6 +24,18 @@ def _digest(microbatches: list) -> str:
     return h.hexdigest()[:16]
 
 
+def _expert_bias(session) -> str | None:
+    """A digest of every router's aux-loss-free expert bias on this rank (None: no bias)."""
+    buffers = [buffer for chunk in session.model for name, buffer in chunk.named_buffers()
+               if name.endswith("expert_bias")]
+    if not buffers:
+        return None
+    h = hashlib.sha256()
+    for buffer in buffers:
+        h.update(buffer.detach().float().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def _step(session) -> dict:
     from trainer.step import train_step
 
@@ -33,7 +45,7 @@ def _step(session) -> dict:
             "tokens": session.state.consumed_tokens,
             "samples": session.state.consumed_samples, "data": digest,
             "phase": metrics.phase, "sources": metrics.source_tokens,
-            "batch": metrics.global_batch}
+            "batch": metrics.global_batch, "expert_bias": _expert_bias(session)}
 
 
 def _train(session, steps: int, save_at=(), root: Path | None = None) -> list[dict]:

@@ -20,6 +20,12 @@ pytestmark = pytest.mark.dist
 ENTRY = "tests.dist.resume_runs"
 STEPS, SAVE_AFTER = 5, 2
 RESHARD_TOLERANCE = 2e-5  # fp32 on CPU: layouts differ only in summation order
+NEMOTRON3_ROUTING = [
+    "model.moe_router_score_function=sigmoid", "model.moe_router_expert_bias=true",
+    "model.moe_load_balancing=seq_aux_loss", "model.moe_aux_loss_coeff=1e-4",
+    "model.moe_router_topk_scaling_factor=2.5", "model.moe_router_fp32=true",
+    "model.moe_shared_expert_ffn_hidden_size=64", "model.activation=squared_relu",
+]
 
 CASES = [
     ("tiny_dp2_distopt", 2, []),
@@ -31,6 +37,8 @@ CASES = [
                              "optimizer.overlap_param_gather=true"]),
     # Dropout draws from the CPU generator and Megatron's TP tracker: the RNG state must resume.
     ("tiny_tp2", 2, ["model.hidden_dropout=0.1", "model.attention_dropout=0.1"]),
+    # Nemotron 3's routing: the aux-loss-free expert bias is router state the steps move.
+    ("mixtral_tiny_ep2_dp2", 2, NEMOTRON3_ROUTING),
 ]
 
 
@@ -51,6 +59,9 @@ def test_resumed_run_equals_uninterrupted_run(launch_ranks, tmp_path, recipe, ra
     for rank, (before, after) in enumerate(zip(continuous, resumed, strict=True)):
         assert after["start"] == SAVE_AFTER
         assert after["records"] == before["records"][SAVE_AFTER:], f"rank {rank}"
+        biases = [record["expert_bias"] for record in before["records"]]
+        if "model.moe_router_expert_bias=true" in overrides:
+            assert len(set(biases)) == len(biases), "the expert bias moves every step"
 
 
 def test_ten_random_stop_points_resume_exactly(launch_ranks, tmp_path):

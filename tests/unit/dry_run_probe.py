@@ -13,9 +13,15 @@ import sys
 
 from rich.console import Console
 
+from recipes.config.hybrid import layer_symbols
 from recipes.config.schema import ClusterConfig, ParallelConfig
 from recipes.registry import get_recipe
-from trainer.tools.dry_run import collect_shards, model_parameters, print_report
+from trainer.tools.dry_run import (
+    active_parameters,
+    collect_shards,
+    model_parameters,
+    print_report,
+)
 
 
 def unsharded_reference(cfg):
@@ -28,6 +34,9 @@ def unsharded_reference(cfg):
             cfg.model,
             make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by
             * cfg.parallel.tensor,
+            # One rank holds one segment: the whole pattern without its stage cuts.
+            hybrid_layer_pattern=cfg.model.hybrid_layer_pattern
+            and layer_symbols(cfg.model.hybrid_layer_pattern),
         ),
     )
     single.train.global_batch_size = single.train.micro_batch_size
@@ -46,7 +55,8 @@ def probe(name: str) -> dict:
              "ranks": s.ranks, "parameters": s.parameters}
             for s in shards
         ],
-        "total": model_parameters(shards),
+        "total": model_parameters(shards, cfg.layout.expert_tensor_size),
+        "active": active_parameters(shards, cfg),
         "unsharded_total": model_parameters(reference),
         "report": report.getvalue(),
     }

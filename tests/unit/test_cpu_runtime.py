@@ -166,6 +166,24 @@ def check_backward_in_mode() -> None:
     assert torch.equal(plain.grad, recomputed.grad) and plain.grad.abs().sum() > 0
 
 
+def check_mamba_kernels() -> None:
+    # What the Mamba mixer reads at call time (megatron/core/ssm/mamba_mixer.py:202, 417, 755).
+    from megatron.core.ssm import mamba_mixer
+
+    assert mamba_mixer.HAVE_MAMBA_SSM
+    norm = mamba_mixer.ExtendedRMSNorm(8, eps=1e-5, group_size=4, norm_before_gate=False,
+                                       device=torch.cuda.current_device())
+    assert isinstance(norm, torch.nn.Module) and hasattr(norm, "sharded_state_dict")
+    heads, headdim, groups, d_state = 2, 4, 2, 3
+    conv_dim = heads * headdim + 2 * groups * d_state
+    y = mamba_mixer.mamba_split_conv1d_scan_combined(
+        torch.randn(1, 6, conv_dim + heads * headdim + heads), torch.randn(conv_dim, 4),
+        torch.zeros(conv_dim), torch.zeros(heads), -torch.ones(heads), torch.ones(heads),
+        chunk_size=4, headdim=headdim, ngroups=groups, seq_idx=torch.zeros(1, 6, dtype=torch.int32))
+    assert norm(y).shape == (1, 6, heads * headdim)
+    assert mamba_mixer._check_mamba_sequence_packing_support(False) == (True, None)
+
+
 UNIT_CHECKS: dict[str, Callable[[], None]] = {
     "device_redirect": check_device_redirect,
     "cuda_type_names": check_cuda_type_names,
@@ -173,6 +191,7 @@ UNIT_CHECKS: dict[str, Callable[[], None]] = {
     "rng": check_rng,
     "eager": check_eager,
     "backward_in_mode": check_backward_in_mode,
+    "mamba_kernels": check_mamba_kernels,
 }
 # Shown necessary by tests/dist/test_cpu_runtime_dist.py and test_context_parallel.py instead
 # (they need a process group).

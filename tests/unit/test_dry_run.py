@@ -24,7 +24,7 @@ def probes() -> dict:
     start = time.perf_counter()
     result = subprocess.run(
         [sys.executable, str(REPO / "tests" / "unit" / "dry_run_probe.py"), *RECIPES],
-        capture_output=True, text=True, cwd=REPO, timeout=600,
+        capture_output=True, text=True, cwd=REPO, timeout=900,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -61,3 +61,15 @@ def test_report_names_stages_and_placement(probes):
     assert "TP8+SP x PP4 x DP2 (64 ranks)" in report
     # Megatron's default order puts DP inside PP: stage 0 on nodes 0 and 1.
     assert "N0:G0-G7 N1:G0-G7" in report
+
+
+def test_nemotron3_nano_builds_its_published_parameters_on_the_meta_device(probes):
+    built = probes["nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16"]
+    assert built["total"] == 31_577_937_344  # published 31.6B
+    assert built["active"] == 3_580_073_408  # published ~3.6B: top-6 of 128 experts
+    assert "active per token 3,580,073,408" in built["report"]
+
+
+def test_hybrid_stages_hold_their_pattern_segments(probes):
+    shards = probes["hybrid_tiny_pp2_vpp2"]["shards"]  # M* | -M | E | -
+    assert {s["pp"]: s["layers"] for s in shards} == {0: [[1, 2], [5]], 1: [[3, 4], [6]]}

@@ -126,6 +126,8 @@ def test_forward_kwargs_carry_thd_params_and_no_dense_mask():
     assert params.cu_seqlens_q.tolist() == params.cu_seqlens_kv.tolist() == [0, 7, 19, 28, 32]
     assert params.max_seqlen_q == params.max_seqlen_kv == 12
     assert type(params.max_seqlen_q) is int  # the rotary table's lru_cache key
+    # Mamba layers reset their state where this document index changes (mamba_mixer.py:750).
+    assert params.seq_idx.tolist() == [[0] * 7 + [1] * 12 + [2] * 9 + [3] * 4]
 
 
 def test_forward_kwargs_refuse_unpacked_batches_in_one_line():

@@ -50,6 +50,12 @@ def _start_fake_rank(cfg: RunConfig, rank: int) -> None:
     )
     # Gloo groups cannot be created on the fake store (internal assert), and are not needed.
     initialize_parallel_state(cfg.layout, create_gloo_groups=False)
+    if cfg.model.is_hybrid:
+        # The Mamba mixer draws its conv and dt weights inside the model-parallel RNG
+        # tracker's fork even on the meta device (`ssm/mamba_mixer.py:318, 366`).
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(cfg.train.seed)
 
 
 def _stop_fake_rank() -> None:
@@ -84,6 +90,7 @@ def _build_on_meta(cfg: RunConfig, plugins: PluginSet) -> tuple[int, int, list[l
     te = transformer_engine_in_use(cfg)
     config = build_transformer_config(cfg, cpu_initialization=not te, meta_device=True,
                                       transformer_engine=te)
+
     config = plugins.transformer_config(config)
     with torch.device("meta"):
         chunks = build_model_chunks(cfg, config, plugins)
@@ -159,10 +166,32 @@ def collect_shards(cfg: RunConfig) -> list[ShardReport]:
     return sorted(shards.values(), key=lambda s: s.coords.shard_key())
 
 
-def model_parameters(shards: list[ShardReport]) -> int:
-    """Whole-model parameters: dense weights are copied over EP ranks, experts are not."""
-    dense = sum(s.dense_parameters for s in shards if s.coords.ep == 0)
-    return dense + sum(s.expert_parameters for s in shards)
+def model_parameters(shards: list[ShardReport], expert_tensor: int | None = None) -> int:
+    """Whole-model parameters, each weight once: the dense weights of one shard per (PP, TP)
+    pair (they are copied over EP ranks), the expert weights of one per (PP, EP, expert-TP)
+    coordinate (`expert_tensor`: the expert-TP size; None = TP, experts split as TP splits).
+    Expert-TP varies fastest in the expert grid, so a rank's expert-TP index is rank % size."""
+    dense: dict[tuple[int, int], int] = {}
+    experts: dict[tuple[int, int, int], int] = {}
+    for s in shards:
+        dense.setdefault((s.coords.pp, s.coords.tp), s.dense_parameters)
+        etp = s.coords.tp if expert_tensor is None else s.coords.rank % expert_tensor
+        experts.setdefault((s.coords.pp, s.coords.ep, etp), s.expert_parameters)
+    return sum(dense.values()) + sum(experts.values())
+
+
+def active_parameters(shards: list[ShardReport], cfg: RunConfig) -> int:
+    """Parameters one token runs through, from the built shards: every weight but, of the
+    routed experts, only the top-k of each MoE layer's experts (the shards' expert weights are
+    all routed experts; shared experts are dense weights)."""
+    expert_tensor = cfg.layout.expert_tensor_size
+    total = model_parameters(shards, expert_tensor)
+    m = cfg.model
+    if m.num_moe_experts is None:
+        return total
+    experts = total - model_parameters(
+        [dataclasses.replace(s, expert_parameters=0) for s in shards], expert_tensor)
+    return total - experts * (m.num_moe_experts - m.moe_router_topk) // m.num_moe_experts
 
 
 def _layer_text(layers: list[list[int]]) -> str:
@@ -193,10 +222,12 @@ def print_report(cfg: RunConfig, shards: list[ShardReport], seconds: float, cons
             cfg.layout.placement(ranks),
         )
     console.print(table)
+    active = (f", active per token {active_parameters(shards, cfg):,}"
+              if cfg.model.num_moe_experts else "")
     console.print(
         f"{len(shards)} distinct shards on {cfg.cluster.world_size} ranks; model parameters "
-        f"(dense once, experts over all EP ranks): {model_parameters(shards):,}; "
-        f"built in {seconds:.1f} s"
+        f"(each weight once): {model_parameters(shards, cfg.layout.expert_tensor_size):,}"
+        f"{active}; built in {seconds:.1f} s"
     )
 
 

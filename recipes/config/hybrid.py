@@ -1,0 +1,240 @@
+"""The hybrid layer pattern (Megatron Core's `hybrid_layer_pattern`) and its rules.
+
+A hybrid model is a string with one symbol per layer: `M` a Mamba2 mixer, `*` self-attention,
+`-` an MLP, `E` a mixture-of-experts MLP; `|` cuts it into pipeline segments. Megatron Core
+reads it in `models/hybrid/hybrid_layer_allocation.py`: with `|`, segment vp·PP + pp goes to
+pipeline rank pp, virtual stage vp (`select_pipeline_segment`, l.331-493); without `|`, the
+layers are split evenly over PP (or by the first/last stage counts) and VPP is refused. What
+Megatron would assert on, or silently ignore (segments past PP x VPP are never built), is
+refused here first, one pure rule each, in the form of `recipes/config/validation.py`.
+No torch: the layout object, the planner and the dry run read the same stage split.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+MAMBA, ATTENTION, MLP, MOE, PIPE = "M", "*", "-", "E", "|"
+LAYER_SYMBOLS = (MAMBA, ATTENTION, MLP, MOE)
+SYMBOL_NAMES = {MAMBA: "Mamba2", ATTENTION: "attention", MLP: "MLP", MOE: "MoE"}
+# Megatron's other symbols (G gated delta net, D DeepSeek sparse attention, + MLA, / MTP
+# depths) have no spec, recipe or check here yet.
+_MEGATRON_ONLY = {"G": "gated delta net", "D": "sparse attention", "+": "MLA",
+                  "/": "multi-token prediction"}
+
+
+def segments(pattern: str) -> list[str]:
+    """The pattern's pipeline segments (one when it has no `|`)."""
+    return pattern.split(PIPE)
+
+
+def layer_symbols(pattern: str) -> str:
+    """The layers alone, without stage boundaries."""
+    return pattern.replace(PIPE, "")
+
+
+def has_pipes(pattern: str | None) -> bool:
+    return pattern is not None and PIPE in pattern
+
+
+def chunk_patterns(pattern: str, pipeline: int, virtual: int | None,
+                   first: int | None = None, last: int | None = None) -> list[list[str]]:
+    """Layer symbols of every model chunk as Megatron assigns them: [pp stage][virtual stage].
+
+    With `|`: segment vp·PP + pp; without: an even split over the stages, or the first and last
+    stage's own counts with the middle stages sharing the rest (validation has made every
+    division exact)."""
+    vpp = virtual or 1
+    if has_pipes(pattern):
+        parts = segments(pattern)
+        return [[parts[vp * pipeline + pp] for vp in range(vpp)] for pp in range(pipeline)]
+    layers = layer_symbols(pattern)
+    counts = stage_counts(len(layers), pipeline, first, last)
+    starts = [sum(counts[:pp]) for pp in range(pipeline)]
+    return [[layers[start:start + count]] for start, count in zip(starts, counts, strict=True)]
+
+
+def stage_counts(layers: int, pipeline: int, first: int | None, last: int | None) -> list[int]:
+    """Layers on each stage of a split without `|` (Megatron's uneven first/last stages)."""
+    if pipeline == 1 or (first is None and last is None):
+        return [layers // pipeline] * pipeline
+    middle = pipeline - (first is not None) - (last is not None)
+    rest = layers - (first or 0) - (last or 0)
+    counts = [rest // middle if middle else 0] * pipeline
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    return counts
+
+
+def mamba_heads(m: Any) -> int:
+    """Mamba heads: as set, or Megatron's default d_inner / head_dim with d_inner = 2 x hidden
+    (`ssm/mamba_mixer.py:216, 243-249`)."""
+    if m.mamba_num_heads is not None:
+        return m.mamba_num_heads
+    return 2 * m.hidden_size // m.mamba_head_dim
+
+
+def count(m: Any, symbol: str) -> int:
+    """Layers of one kind in a hybrid model's pattern."""
+    return layer_symbols(m.hybrid_layer_pattern).count(symbol)
+
+
+# --- rules: each None when it holds, else the one-line message -----------------------------------
+
+
+def check_hybrid_symbols(cfg: Any) -> str | None:
+    """Only the four layer symbols and `|`; Megatron's others are named, not guessed at."""
+    pattern = cfg.model.hybrid_layer_pattern
+    if pattern is None:
+        return None
+    for char in pattern:
+        if char in _MEGATRON_ONLY:
+            return (f"model.hybrid_layer_pattern uses '{char}' ({_MEGATRON_ONLY[char]}), which "
+                    "no layer spec here builds; use M (Mamba2), * (attention), - (MLP), E (MoE) "
+                    "and | (stage boundary)")
+        if char not in LAYER_SYMBOLS and char != PIPE:
+            return (f"model.hybrid_layer_pattern={pattern} has the unknown symbol '{char}'; "
+                    "use M (Mamba2), * (attention), - (MLP), E (MoE) and | (stage boundary)")
+    return None
+
+
+def check_hybrid_length(cfg: Any) -> str | None:
+    """One symbol per layer: the pattern's layers are the model's layers."""
+    m = cfg.model
+    if m.hybrid_layer_pattern is None:
+        return None
+    layers = len(layer_symbols(m.hybrid_layer_pattern))
+    if layers != m.num_layers:
+        return (f"model.hybrid_layer_pattern has {layers} layers but model.num_layers="
+                f"{m.num_layers}; set model.num_layers={layers} or fix the pattern")
+    return None
+
+
+def check_hybrid_segments(cfg: Any) -> str | None:
+    """With `|`, one non-empty segment per model chunk: PP x VPP of them (Megatron asserts
+    only a multiple of PP and builds none of the segments past PP x VPP)."""
+    m, p = cfg.model, cfg.parallel
+    if not has_pipes(m.hybrid_layer_pattern):
+        return None
+    parts, vpp = segments(m.hybrid_layer_pattern), p.virtual_pipeline or 1
+    if any(not part for part in parts):
+        return ("model.hybrid_layer_pattern has an empty pipeline segment ('||', or '|' at an "
+                "end); give every segment at least one layer")
+    chunks = p.pipeline * vpp
+    if len(parts) != chunks:
+        split = f"PP{p.pipeline} x VPP{vpp}" if vpp > 1 else f"PP{p.pipeline}"
+        return (f"model.hybrid_layer_pattern has {len(parts)} '|' segments but {split} needs "
+                f"{chunks}; cut the pattern into {chunks} segments or change the pipeline sizes")
+    return None
+
+
+def check_hybrid_virtual_needs_pipes(cfg: Any) -> str | None:
+    """Megatron refuses virtual stages without explicit segment boundaries."""
+    m, p = cfg.model, cfg.parallel
+    if m.hybrid_layer_pattern is None or p.virtual_pipeline is None:
+        return None
+    if not has_pipes(m.hybrid_layer_pattern):
+        return (f"parallel.virtual_pipeline={p.virtual_pipeline} with a hybrid model needs '|' "
+                f"in model.hybrid_layer_pattern ({p.pipeline * p.virtual_pipeline} segments, "
+                "one per model chunk); add them or set parallel.virtual_pipeline=null")
+    return None
+
+
+def check_hybrid_uneven_with_pipes(cfg: Any) -> str | None:
+    """`|` already places every layer; Megatron refuses the first/last stage counts beside it."""
+    m, p = cfg.model, cfg.parallel
+    if not has_pipes(m.hybrid_layer_pattern):
+        return None
+    if p.first_stage_layers is not None or p.last_stage_layers is not None:
+        return ("parallel.first_stage_layers/last_stage_layers cannot be used with '|' in "
+                "model.hybrid_layer_pattern (the segments place the layers); set them to null")
+    return None
+
+
+def check_mamba_heads(cfg: Any) -> str | None:
+    """Whole heads per group and a whole d_inner (`ssm/mamba_mixer.py:243-272`)."""
+    m = cfg.model
+    if m.hybrid_layer_pattern is None or MAMBA not in m.hybrid_layer_pattern:
+        return None
+    if m.mamba_num_heads is None and (2 * m.hidden_size) % m.mamba_head_dim:
+        return (f"model.mamba_head_dim={m.mamba_head_dim} does not divide d_inner = 2 x "
+                f"model.hidden_size = {2 * m.hidden_size}; set model.mamba_num_heads or a head "
+                "width that divides it")
+    heads = mamba_heads(m)
+    if heads % m.mamba_num_groups:
+        return (f"Mamba heads ({heads}) are not divisible by model.mamba_num_groups="
+                f"{m.mamba_num_groups}; choose a group count that divides the heads")
+    return None
+
+
+def check_mamba_tensor_parallel(cfg: Any) -> str | None:
+    """Each TP rank holds whole Mamba heads and whole groups (`ssm/mamba_mixer.py:260-272`)."""
+    m, tp = cfg.model, cfg.parallel.tensor
+    if m.hybrid_layer_pattern is None or MAMBA not in m.hybrid_layer_pattern:
+        return None
+    heads = mamba_heads(m)
+    if heads % tp:
+        return (f"Mamba heads ({heads}) are not divisible by parallel.tensor={tp}; set "
+                "model.mamba_num_heads or a TP size that divides them")
+    if m.mamba_num_groups % tp:
+        return (f"model.mamba_num_groups={m.mamba_num_groups} is not divisible by "
+                f"parallel.tensor={tp}; choose a TP size that divides the Mamba groups")
+    return None
+
+
+def check_mamba_context_parallel(cfg: Any) -> str | None:
+    """Megatron's Mamba CP gives each CP rank whole heads of the TP rank's share, and groups
+    that split evenly or repeat evenly (`ssm/mamba_context_parallel.py:105-130`)."""
+    m, p = cfg.model, cfg.parallel
+    if m.hybrid_layer_pattern is None or MAMBA not in m.hybrid_layer_pattern or p.context == 1:
+        return None
+    heads_tp, groups_tp = mamba_heads(m) // p.tensor, m.mamba_num_groups // p.tensor
+    if heads_tp % p.context:
+        return (f"Mamba heads per TP rank ({heads_tp}) are not divisible by parallel.context="
+                f"{p.context}; lower CP or TP, or raise model.mamba_num_heads")
+    if math.gcd(groups_tp, p.context) not in (groups_tp, p.context):
+        return (f"Mamba groups per TP rank ({groups_tp}) and parallel.context={p.context} must "
+                "divide one another; change model.mamba_num_groups or the CP size")
+    return None
+
+
+def check_hybrid_experts(cfg: Any) -> str | None:
+    """`E` layers need experts, and experts need `E` layers (else they would be built nowhere)."""
+    m = cfg.model
+    if m.hybrid_layer_pattern is None:
+        return None
+    has_moe = MOE in m.hybrid_layer_pattern
+    if has_moe and m.num_moe_experts is None:
+        return ("model.hybrid_layer_pattern has E (MoE) layers but model.num_moe_experts is not "
+                "set; set it, e.g. model.num_moe_experts=8, or use - (MLP) layers")
+    if not has_moe and m.num_moe_experts is not None:
+        return (f"model.num_moe_experts={m.num_moe_experts} but model.hybrid_layer_pattern has no "
+                "E (MoE) layer; add E layers or set model.num_moe_experts=null")
+    return None
+
+
+def check_hybrid_positions(cfg: Any) -> str | None:
+    """Learned absolute positions are not what a hybrid model uses (Mamba layers carry order);
+    HybridModel takes rope or none."""
+    m = cfg.model
+    if m.hybrid_layer_pattern is not None and m.position_embedding == "learned_absolute":
+        return ("model.position_embedding=learned_absolute with a hybrid model; set "
+                "model.position_embedding=none (Nemotron-H) or rope")
+    return None
+
+
+RULES = (
+    check_hybrid_symbols,
+    check_hybrid_length,
+    check_hybrid_segments,
+    check_hybrid_virtual_needs_pipes,
+    check_hybrid_uneven_with_pipes,
+    check_hybrid_experts,
+    check_hybrid_positions,
+    check_mamba_heads,
+    check_mamba_tensor_parallel,
+    check_mamba_context_parallel,
+)

@@ -1,0 +1,207 @@
+"""Hybrid Mamba-Transformer recipes on Megatron Core's HybridModel: Nemotron-H 4B/8B/47B/56B,
+Nemotron Nano v2 9B/12B, Nemotron 3 Nano 30B-A3B, and tiny hybrids for CPU ranks.
+
+Shapes are Megatron Bridge's `nemotronh` providers; the layouts its pretraining recipes use.
+Every family member is `nemotron_h_model` plus its own sizes and pattern; every large recipe is
+`large_run_base` plus its layout, batch and schedule. The tiny hybrids share one model with all
+four layer kinds (Mamba2, attention, MLP, MoE routed the Nemotron 3 way) and one batch, so
+their losses are comparable layout to layout; `hybrid_tiny_dp1` is the one-rank reference.
+"""
+
+from __future__ import annotations
+
+from recipes.base_64gpu import large_run_base
+from recipes.config.hybrid import layer_symbols
+from recipes.config.schema import ModelConfig, ParallelConfig, RunConfig
+from recipes.tiny import tiny_base
+
+NEMOTRON_H_VOCAB = 131_072
+# Nemotron-H 4B and 8B share one 52-layer pattern.
+NEMOTRON_H_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+NEMOTRON_H_47B_PATTERN = ("M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-"
+                          "M-M-M-M---MM---M-M*-M-M-M-M-M-")
+NEMOTRON_H_56B_PATTERN = ("M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-"
+                          "M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-")
+NANO_V2_9B_PATTERN = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
+NANO_V2_12B_PATTERN = "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-"
+NEMOTRON3_NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+
+
+def nemotron_h_model(pattern: str, hidden: int, ffn: int, heads: int, **sizes) -> ModelConfig:
+    """What every Nemotron-H shape shares: squared-ReLU, RMSNorm, no biases, no position
+    embedding (Mamba layers carry order), untied embeddings, GQA with 8 groups, Mamba heads of
+    64 channels in 8 groups, the 131k vocabulary, 8k sequences."""
+    model = ModelConfig(
+        num_layers=len(layer_symbols(pattern)), hybrid_layer_pattern=pattern, hidden_size=hidden,
+        ffn_hidden_size=ffn, num_attention_heads=heads, num_query_groups=8, seq_length=8192,
+        vocab_size=NEMOTRON_H_VOCAB, activation="squared_relu", normalization="RMSNorm",
+        position_embedding="none", add_bias_linear=False,
+        share_embeddings_and_output_weights=False, mamba_head_dim=64, mamba_num_groups=8,
+    )
+    for name, value in sizes.items():
+        setattr(model, name, value)
+    return model
+
+
+def nemotron3_moe(model: ModelConfig, experts: int, topk: int, width: int, shared: int,
+                  scaling: float) -> ModelConfig:
+    """Nemotron 3's routed MLPs: sigmoid scores with the aux-loss-free expert bias, a small
+    per-sequence balance loss, scaled top-k weights, shared experts, the router in fp32."""
+    model.num_moe_experts, model.moe_router_topk = experts, topk
+    model.moe_ffn_hidden_size, model.moe_shared_expert_ffn_hidden_size = width, shared
+    model.moe_router_topk_scaling_factor = scaling
+    model.moe_router_score_function, model.moe_router_expert_bias = "sigmoid", True
+    model.moe_load_balancing, model.moe_aux_loss_coeff = "seq_aux_loss", 1e-4
+    model.moe_router_fp32, model.moe_token_dispatcher = True, "alltoall"
+    return model
+
+
+def _hybrid_run(model: ModelConfig, parallel: ParallelConfig, lr: float = 8e-4) -> RunConfig:
+    """Megatron Bridge's Nemotron-H pretraining: 768 x 8k tokens per step, 2,000 warm-up."""
+    cfg = large_run_base(model, lr=lr)
+    cfg.parallel = parallel
+    cfg.train.global_batch_size = 768
+    return cfg
+
+
+def nemotron_h_4b_tp1_dp64() -> RunConfig:
+    """Nemotron-H 4B (52 layers: 24 Mamba2, 4 attention, 24 MLP) on 64 GPUs, TP1 x DP64."""
+    model = nemotron_h_model(NEMOTRON_H_PATTERN, 3072, 12288, 32, kv_channels=128,
+                             mamba_num_heads=112)
+    return _hybrid_run(model, ParallelConfig())
+
+
+def nemotron_h_8b_tp2_sp_dp32() -> RunConfig:
+    """Nemotron-H 8B (52 layers, hidden 4096, 128 Mamba heads) on 64 GPUs, TP2 + SP x DP32."""
+    model = nemotron_h_model(NEMOTRON_H_PATTERN, 4096, 21504, 32, mamba_num_heads=128)
+    return _hybrid_run(model, ParallelConfig(tensor=2, sequence_parallel=True))
+
+
+def nemotron_h_47b_tp8_sp_dp8() -> RunConfig:
+    """Nemotron-H 47B (98 layers, hidden 8192, state 256) on 64 GPUs, TP8 + SP x DP8."""
+    model = nemotron_h_model(NEMOTRON_H_47B_PATTERN, 8192, 30720, 64, mamba_num_heads=256,
+                             mamba_state_dim=256)
+    return _hybrid_run(model, ParallelConfig(tensor=8, sequence_parallel=True))
+
+
+def nemotron_h_56b_tp8_sp_dp8() -> RunConfig:
+    """Nemotron-H 56B (118 layers, hidden 8192, state 256) on 64 GPUs, TP8 + SP x DP8."""
+    model = nemotron_h_model(NEMOTRON_H_56B_PATTERN, 8192, 32768, 64, mamba_num_heads=256,
+                             mamba_state_dim=256)
+    return _hybrid_run(model, ParallelConfig(tensor=8, sequence_parallel=True))
+
+
+def nemotron_nano_v2_9b_tp2_sp_dp32() -> RunConfig:
+    """Nemotron Nano v2 9B (56 layers, hidden 4480, Mamba heads of 80) on 64 GPUs, TP2 + SP."""
+    model = nemotron_h_model(NANO_V2_9B_PATTERN, 4480, 15680, 40, kv_channels=128,
+                             mamba_num_heads=128, mamba_head_dim=80)
+    return _hybrid_run(model, ParallelConfig(tensor=2, sequence_parallel=True))
+
+
+def nemotron_nano_v2_12b_tp4_sp_dp16() -> RunConfig:
+    """Nemotron Nano v2 12B (62 layers, hidden 5120, Mamba heads of 80) on 64 GPUs, TP4 + SP."""
+    model = nemotron_h_model(NANO_V2_12B_PATTERN, 5120, 20480, 40, kv_channels=128,
+                             mamba_num_heads=128, mamba_head_dim=80)
+    return _hybrid_run(model, ParallelConfig(tensor=4, sequence_parallel=True))
+
+
+def nemotron3_nano_30b_a3b_model() -> ModelConfig:
+    """Nemotron 3 Nano 30B-A3B: 52 layers (23 Mamba2, 23 MoE, 6 attention), hidden 2688,
+    GQA 32/2, 128 routed experts of 1856 (top-6, x2.5) and a 3712-wide shared expert."""
+    model = nemotron_h_model(NEMOTRON3_NANO_PATTERN, 2688, 1856, 32, num_query_groups=2,
+                             kv_channels=128, mamba_num_heads=64)
+    return nemotron3_moe(model, experts=128, topk=6, width=1856, shared=3712, scaling=2.5)
+
+
+def nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16() -> RunConfig:
+    """Nemotron 3 Nano 30B-A3B pretraining (stage 0) on 64 GPUs: TP4 + SP x DP16, experts EP8;
+    seq 8192, batch 3072 x micro 2, lr 1.6e-3 -> 1.6e-5, 333 warm-up of 39,735 steps."""
+    cfg = large_run_base(nemotron3_nano_30b_a3b_model(), lr=1.6e-3)
+    cfg.parallel = ParallelConfig(tensor=4, sequence_parallel=True, expert=8, expert_tensor=1)
+    cfg.train.global_batch_size, cfg.train.micro_batch_size = 3072, 2
+    cfg.train.train_iters = 39_735
+    cfg.optimizer.min_lr = 1.6e-5
+    cfg.scheduler.warmup_iters = 333
+    cfg.plugins.moe.enabled = True  # balance figures every step
+    return cfg
+
+
+# The tiny hybrid: every layer kind once or twice, Mamba heads 8 x 16 in 2 groups, state 16.
+TINY_HYBRID_PATTERN = "M*-ME-"
+
+
+def hybrid_tiny_base(ranks: int = 1, pattern: str = TINY_HYBRID_PATTERN) -> RunConfig:
+    """`tiny_base`'s batch and data with a 6-layer hybrid of all four kinds, MoE routed as in
+    Nemotron 3 (4 experts top-2, sigmoid + expert bias, seq_aux_loss, a shared expert)."""
+    cfg = tiny_base(ranks)
+    model = nemotron_h_model(pattern, 64, 128, 4, num_query_groups=2, seq_length=128,
+                             vocab_size=256, mamba_num_heads=8, mamba_head_dim=16,
+                             mamba_num_groups=2, mamba_state_dim=16, mamba_chunk_size=32)
+    cfg.model = nemotron3_moe(model, experts=4, topk=2, width=64, shared=64, scaling=1.0)
+    cfg.plugins.moe.enabled = True
+    return cfg
+
+
+def hybrid_tiny_dp1() -> RunConfig:
+    """Tiny hybrid (M*-ME-) on one rank: the reference every hybrid layout must match."""
+    return hybrid_tiny_base(ranks=1)
+
+
+def hybrid_tiny_tp2_sp() -> RunConfig:
+    """Tiny hybrid, TP2 + sequence parallel (Mamba heads and groups split over TP)."""
+    cfg = hybrid_tiny_base(ranks=2)
+    cfg.parallel = ParallelConfig(tensor=2, sequence_parallel=True)
+    return cfg
+
+
+def hybrid_tiny_pp2() -> RunConfig:
+    """Tiny hybrid, 2 pipeline stages split evenly (3 layers each, no '|')."""
+    cfg = hybrid_tiny_base(ranks=2)
+    cfg.parallel = ParallelConfig(pipeline=2)
+    return cfg
+
+
+def hybrid_tiny_pp2_pipes() -> RunConfig:
+    """Tiny hybrid, 2 pipeline stages cut by '|' where the pattern says (M*-M | E-)."""
+    cfg = hybrid_tiny_base(ranks=2, pattern="M*-M|E-")
+    cfg.parallel = ParallelConfig(pipeline=2)
+    return cfg
+
+
+def hybrid_tiny_pp2_vpp2() -> RunConfig:
+    """Tiny hybrid, PP2 x VPP2 from four '|' segments (M* | -M | E | -)."""
+    cfg = hybrid_tiny_base(ranks=2, pattern="M*|-M|E|-")
+    cfg.parallel = ParallelConfig(pipeline=2, virtual_pipeline=2)
+    return cfg
+
+
+def hybrid_tiny_dp2_distopt() -> RunConfig:
+    """Tiny hybrid, 2 data-parallel ranks with the distributed optimizer."""
+    cfg = hybrid_tiny_base(ranks=2)
+    cfg.optimizer.distributed = True
+    return cfg
+
+
+def hybrid_tiny_ep2_dp2() -> RunConfig:
+    """Tiny hybrid, the MoE layer's 4 experts split over 2 ranks (EP2 x DP2)."""
+    cfg = hybrid_tiny_base(ranks=2)
+    cfg.parallel = ParallelConfig(expert=2)
+    return cfg
+
+
+RECIPES = (
+    nemotron_h_4b_tp1_dp64,
+    nemotron_h_8b_tp2_sp_dp32,
+    nemotron_h_47b_tp8_sp_dp8,
+    nemotron_h_56b_tp8_sp_dp8,
+    nemotron_nano_v2_9b_tp2_sp_dp32,
+    nemotron_nano_v2_12b_tp4_sp_dp16,
+    nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16,
+    hybrid_tiny_dp1,
+    hybrid_tiny_tp2_sp,
+    hybrid_tiny_pp2,
+    hybrid_tiny_pp2_pipes,
+    hybrid_tiny_pp2_vpp2,
+    hybrid_tiny_dp2_distopt,
+    hybrid_tiny_ep2_dp2,
+)

@@ -1,0 +1,141 @@
+"""Hybrid Mamba-Transformer models: the pattern's stage split, the planner's counts by layer
+kind, the FLOPs of a Mamba layer, the translation into Megatron, and the GPU kernel refusal.
+
+The meta-device builds of every hybrid recipe, rank for rank against these counts, are in
+test_dry_run.py and test_plan_params.py (every registered recipe).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from plugins.protocol.errors import ConfigError, UserError
+from recipes.config.machine import MachineInfo, check_machine
+from recipes.plan.flops import FlopsShape, mamba_flops, model_flops_per_token
+from recipes.plan.params import active_parameters, model_parameters, symbol_params
+from recipes.registry import get_recipe
+
+NANO = "nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16"
+
+
+def test_nemotron3_nano_totals_its_published_parameters() -> None:
+    cfg = get_recipe(NANO)
+    assert model_parameters(cfg) == 31_577_937_344  # published 31.6B
+    assert active_parameters(cfg) == 3_580_073_408  # published ~3.6B (top-6 of 128 experts)
+
+
+def test_nemotron3_nano_keeps_its_published_pretraining_layout() -> None:
+    cfg = get_recipe(NANO)
+    p, t = cfg.parallel, cfg.train
+    assert (p.tensor, p.sequence_parallel, p.expert, p.pipeline) == (4, True, 8, 1)
+    assert (cfg.model.seq_length, t.global_batch_size, t.micro_batch_size) == (8192, 3072, 2)
+    assert (cfg.optimizer.lr, cfg.optimizer.min_lr, cfg.scheduler.warmup_iters) == (
+        1.6e-3, 1.6e-5, 333)
+    assert (t.train_iters, cfg.optimizer.weight_decay, cfg.precision.dtype) == (39_735, 0.1, "bf16")
+    assert cfg.optimizer.distributed
+
+
+def test_a_mamba_layer_counts_what_the_mixer_allocates() -> None:
+    """Nemotron 3 Nano's Mamba layer by hand: 64 heads x 64 = d_inner 4096, 8 groups x state
+    128 (B and C: 2048), conv width 4, hidden 2688."""
+    cfg = get_recipe(NANO)
+    cfg.parallel.tensor = 1
+    in_proj = 2688 * (2 * 4096 + 2048 + 64)
+    conv = (4096 + 2048) * 4 + (4096 + 2048)
+    per_head = 3 * 64  # dt_bias, A_log, D
+    count = symbol_params(cfg, "M")
+    assert count.tp_split == in_proj + conv + per_head + 4096 + 4096 * 2688
+    assert count.replicated == 2688  # the layer's RMSNorm
+
+
+def test_tensor_parallel_splits_every_mamba_weight_but_the_norm() -> None:
+    cfg = get_recipe(NANO)
+    whole = symbol_params(cfg, "M")  # TP4 as configured
+    cfg.parallel.tensor = 1
+    single = symbol_params(cfg, "M")
+    assert whole.tp_split * 4 == single.tp_split and whole.replicated == single.replicated
+
+
+@pytest.mark.parametrize(("recipe", "chunks"), [
+    ("hybrid_tiny_dp1", [["M*-ME-"]]),
+    ("hybrid_tiny_pp2", [["M*-"], ["ME-"]]),  # no '|': an even split
+    ("hybrid_tiny_pp2_pipes", [["M*-M"], ["E-"]]),  # '|': where the pattern cuts
+    ("hybrid_tiny_pp2_vpp2", [["M*", "E"], ["-M", "-"]]),  # segment vp x PP + pp
+])
+def test_layout_hands_out_segments_as_megatron_does(recipe, chunks) -> None:
+    layout = get_recipe(recipe).layout
+    assert layout.chunk_patterns() == chunks
+    assert layout.chunk_layers() == [[len(c) for c in stage] for stage in chunks]
+    assert layout.stage_layers() == [sum(len(c) for c in stage) for stage in chunks]
+
+
+def test_a_hybrid_counts_its_layers_by_kind() -> None:
+    shape = FlopsShape.from_config(get_recipe(NANO))
+    assert (shape.mamba_layers, shape.moe_layers, shape.attention_layers,
+            shape.dense_mlp_layers) == (23, 23, 6, 0)
+    assert shape.moe_shared_ffn_hidden_size == 3712
+
+
+def test_mamba_flops_are_projections_and_the_chunked_scan() -> None:
+    shape = FlopsShape.from_config(get_recipe(NANO))
+    projections = 2 * 2688 * (2 * 4096 + 2048 + 64) + 2 * 4096 * 2688
+    scan = 128 * (8 * 128 + 4096) + 4 * 4096 * 128
+    assert mamba_flops(shape) == projections + scan
+
+
+def test_moe_flops_follow_the_active_experts_not_all() -> None:
+    cfg = get_recipe(NANO)
+    base = model_flops_per_token(cfg)
+    cfg.model.num_moe_experts = 256  # more experts, same top-6: same work per token
+    assert model_flops_per_token(cfg) == base
+
+
+def test_hybrid_fields_reach_megatron() -> None:
+    from trainer.mcore_translation import build_transformer_config
+
+    config = build_transformer_config(get_recipe(NANO), cpu_initialization=True,
+                                      meta_device=True)
+    assert config.is_hybrid_model and config.mamba_num_heads == 64
+    assert (config.mamba_head_dim, config.mamba_num_groups, config.mamba_state_dim) == (64, 8, 128)
+    assert config.moe_router_score_function == "sigmoid" and config.moe_router_enable_expert_bias
+    assert config.moe_router_load_balancing_type == "seq_aux_loss"
+    assert config.moe_aux_loss_coeff == 1e-4 and config.moe_router_topk_scaling_factor == 2.5
+    assert config.moe_router_dtype == "fp32"
+    assert config.moe_shared_expert_intermediate_size == 3712
+
+
+def test_gpt_configs_get_no_hybrid_fields() -> None:
+    from trainer.mcore_translation import build_transformer_config
+
+    config = build_transformer_config(get_recipe("mixtral_tiny_ep1"), cpu_initialization=True)
+    assert not config.is_hybrid_model and config.mamba_num_heads is None
+    assert config.moe_router_score_function == "softmax" and config.moe_router_dtype is None
+    assert config.moe_router_load_balancing_type == "aux_loss"
+
+
+GPU_NODE = dict(gpus=4, launched_world_size=None, compute_capability=(9, 0),
+                transformer_engine="2.9")
+
+
+def test_gpu_ranks_without_mamba_kernels_are_refused_before_launch() -> None:
+    cfg = get_recipe("hybrid_tiny_tp2_sp")
+    cfg.cluster.gpus_per_node = 4
+    cfg.train.global_batch_size = 8
+    machine = MachineInfo(**GPU_NODE, missing_mamba_kernels=("mamba-ssm",))
+    with pytest.raises(ConfigError, match="need mamba-ssm, not installed here; install the gpu"):
+        check_machine(cfg, machine)
+    check_machine(cfg, MachineInfo(**GPU_NODE))  # with them: accepted
+
+
+def test_cpu_ranks_need_no_mamba_kernels() -> None:
+    cfg = get_recipe("hybrid_tiny_dp1")
+    check_machine(cfg, MachineInfo(gpus=0, launched_world_size=None,
+                                   missing_mamba_kernels=("mamba-ssm", "causal-conv1d")))
+
+
+def test_a_gpu_rank_without_mamba_kernels_is_refused_in_one_line(monkeypatch) -> None:
+    from trainer import hybrid_spec
+
+    monkeypatch.setattr(hybrid_spec, "missing_mamba_kernels", lambda: ("causal-conv1d",))
+    with pytest.raises(UserError, match="on GPUs need causal-conv1d"):
+        hybrid_spec.hybrid_stack_spec(get_recipe("hybrid_tiny_dp1"), transformer_engine=True)
