@@ -191,18 +191,27 @@ def try_create_directory(path: Path) -> OSError | None:
     """Create `path` and a file in it, then remove what was made: the only test that answers
     for root too (`os.access` says yes to root under /proc and on read-only mounts). Returns
     the error that stopped it, or None."""
-    missing = _missing_parts(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        handle, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)
-        os.close(handle)
-        os.unlink(probe)
-    except OSError as err:
-        return err
-    finally:
-        for made in reversed(missing):  # leave the file system as it was
-            with contextlib.suppress(OSError):
-                made.rmdir()
+    for attempt in range(5):
+        missing = _missing_parts(path)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            handle, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)
+            os.close(handle)
+            os.unlink(probe)
+        except FileNotFoundError as err:
+            # Ranks check at once: another one may have removed the directory it made (and
+            # this one found) between our mkdir and our probe. Try again; a path that really
+            # cannot be made fails every time.
+            if attempt == 4:
+                return err
+        except OSError as err:
+            return err
+        else:
+            return None
+        finally:
+            for made in reversed(missing):  # leave the file system as it was
+                with contextlib.suppress(OSError):
+                    made.rmdir()
     return None
 
 
