@@ -37,7 +37,9 @@ def test_transformer_engine_layers_get_every_fusion_that_applies(name, te_kernel
     assert config.bias_dropout_fusion and config.masked_softmax_fusion
     assert config.persist_layer_norm and config.gradient_accumulation_fusion
     assert config.cross_entropy_loss_fusion and config.cross_entropy_fusion_impl == "native"
-    on = [f for f in FUSIONS if f != "bias_activation_fusion" or config.bias_activation_fusion]
+    off = {"bias_activation_fusion": not config.bias_activation_fusion,
+           "apply_rope_fusion": m.position_embedding != "rope"}  # hybrids: no positions
+    on = [f for f in FUSIONS if not off.get(f, False)]
     assert fusions_line(config).startswith(f"layers: Transformer Engine's; fusions on: "
                                            f"{', '.join(on)}; off: ")
 
