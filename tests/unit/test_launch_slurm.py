@@ -36,8 +36,10 @@ from trainer.launch.cluster import (
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = str(REPO / "conf" / "cluster" / "h100_80gb_8x8.yaml")
+# Phased recipes name their phases' prepared blends, which synthetic data cannot stand in for;
+# their sbatch is the one of the same layout without phases.
 RECIPES_64 = sorted({canonical_name(name) for name in recipe_names()
-                     if get_recipe(name).cluster.world_size == 64})
+                     if get_recipe(name).cluster.world_size == 64 and not get_recipe(name).phases})
 
 
 BIN = Path(sys.executable).parent
