@@ -194,7 +194,8 @@ def _samples(blend_path: Path, cache: Path, count: int = 12) -> list[list[int]]:
     cfg = apply_overrides(get_recipe("tiny_dp1"), [
         "data.source=blend", f"data.blend={blend_path}", "model.vocab_size=320",
         "train.train_iters=3"])
-    train, _ = megatron_sources(cfg, load_blend(str(blend_path)), cache, 8)
+    train, _ = megatron_sources(cfg, load_blend(str(blend_path)), cache, 8,
+                                cfg.train.train_iters * cfg.train.global_batch_size)
     return [train.dataset[i]["tokens"].tolist() for i in range(count)]
 
 
