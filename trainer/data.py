@@ -142,6 +142,7 @@ class MegatronSamples:
             ends = torch.unique_consecutive(cu)
             batch["cu_seqlens"] = ends
             batch["max_seqlen"] = int((ends[1:] - ends[:-1]).max())
+            batch["total_tokens"] = int(ends[-1])  # read here, on the host, not from a device
         return batch
 
 

@@ -16,11 +16,12 @@ import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
 from plugins.protocol.errors import UserError
+from plugins.protocol.events import RunStart
 from plugins.protocol.hooks import Plugin
 
 
 def _check_packed(batch: dict[str, Any]) -> None:
-    missing = [key for key in ("cu_seqlens", "max_seqlen") if key not in batch]
+    missing = [key for key in ("cu_seqlens", "max_seqlen", "total_tokens") if key not in batch]
     if missing:
         raise UserError(
             f"plugins.packing.enabled=true but the micro-batch has no {'/'.join(missing)}: the "
@@ -35,15 +36,17 @@ def _check_packed(batch: dict[str, Any]) -> None:
         )
 
 
-def packed_seq_params(batch: dict[str, Any]) -> PackedSeqParams:
+def packed_seq_params(batch: dict[str, Any], mamba_layers: bool = False) -> PackedSeqParams:
     """THD parameters of one packed row (self-attention: the same boundaries for q and kv; the
     padded bounds too when documents are padded, as context parallel needs).
 
     `max_seqlen` becomes a Python int: the rotary table is cached by its length
     (`models/common/embeddings/rotary_pos_embedding.py:177`, an lru_cache), and TE takes an int.
-    `total_tokens` (the whole row, before any CP split) makes `PackedSeqParams` build `seq_idx`
-    (`packed_seq_params.py:30-66`), the document index Mamba layers reset their state by;
-    without it they would scan the row as one sequence.
+    With Mamba layers, `total_tokens` (the batch's plain int: the whole row, before any CP
+    split) makes `PackedSeqParams` build `seq_idx` (`packed_seq_params.py:30-66`), the document
+    index Mamba layers reset their state by; without it they would scan the row as one sequence.
+    A model without Mamba layers is not given it: building `seq_idx` is a `repeat_interleave`
+    whose output size a GPU must report back to the host, once per micro-batch, for nothing.
     """
     _check_packed(batch)
     cu_seqlens = batch["cu_seqlens"].reshape(-1).to(torch.int32)
@@ -59,12 +62,19 @@ def packed_seq_params(batch: dict[str, Any]) -> PackedSeqParams:
         cu_seqlens_kv_padded=padded,
         max_seqlen_q=max_seqlen,
         max_seqlen_kv=max_seqlen,
-        total_tokens=int((cu_seqlens if padded is None else padded)[-1]),
+        total_tokens=int(batch["total_tokens"]) if mamba_layers else None,
     )
 
 
 class PackingPlugin(Plugin):
+    def __init__(self, mamba_layers: bool = False) -> None:
+        self.mamba_layers = mamba_layers  # set from the run's model at run start
+
+    def run_start(self, start: RunStart) -> None:
+        self.mamba_layers = start.config.model.is_hybrid
+
     def forward_kwargs(self, batch: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
         # `attention_mask` is a required argument of GPTModel.forward, so it is set to None
         # rather than removed: the boundaries replace any dense mask.
-        return {**kwargs, "attention_mask": None, "packed_seq_params": packed_seq_params(batch)}
+        params = packed_seq_params(batch, self.mamba_layers)
+        return {**kwargs, "attention_mask": None, "packed_seq_params": params}

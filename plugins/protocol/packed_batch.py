@@ -14,6 +14,9 @@ values to the model as tensors (`trainer/data.py`):
     max_seqlen    int            the longest segment (the longest document, unless the padding
                                  is longer), never the row length when there are two segments;
                                  a Python int, so no device ever has to be read back for it
+    total_tokens  int            the row length S, before any context-parallel split: Mamba
+                                 layers need it (Megatron builds their per-document `seq_idx`
+                                 from it); a Python int, for the same reason as `max_seqlen`
 
 A document of n tokens occupies n positions and gives n - 1 loss tokens: position i predicts
 token i + 1 of the same document, and its last position predicts nothing (loss mask 0), so no
@@ -42,7 +45,8 @@ from itertools import accumulate
 
 import numpy as np
 
-PACKED_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "max_seqlen")
+PACKED_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "max_seqlen",
+               "total_tokens")
 
 
 def document_pad_multiple(context_parallel: int) -> int:
@@ -107,6 +111,7 @@ def packed_row(
         "position_ids": positions[None],
         "cu_seqlens": np.array([0, *accumulate(segments)], dtype=np.int32),
         "max_seqlen": int(max(segments)),
+        "total_tokens": int(seq_length),
     }
     if pad_multiple > 1:
         own = [*real, *segments[len(real):]]  # the row's trailing padding stays one segment

@@ -126,14 +126,33 @@ def test_forward_kwargs_carry_thd_params_and_no_dense_mask():
     assert params.cu_seqlens_q.tolist() == params.cu_seqlens_kv.tolist() == [0, 7, 19, 28, 32]
     assert params.max_seqlen_q == params.max_seqlen_kv == 12
     assert type(params.max_seqlen_q) is int  # the rotary table's lru_cache key
+    # No Mamba layers: no per-document index (building it would read a GPU back every batch).
+    assert params.total_tokens is None and params.seq_idx is None
+
+
+def test_a_hybrid_run_gets_the_mamba_document_index_from_the_rows_plain_length():
+    from pathlib import Path
+
+    from plugins.protocol.events import RunStart
+
+    row = as_tensors(packed_row(_documents(), SEQ, PAD))
+    assert type(row["total_tokens"]) is int and row["total_tokens"] == SEQ
+    plugin = PackingPlugin()
+    plugin.run_start(RunStart(get_recipe("hybrid_tiny_dp1"), Path("."), 0, 1))
+    params = plugin.forward_kwargs(row, {})["packed_seq_params"]
+    assert params.total_tokens == SEQ
     # Mamba layers reset their state where this document index changes (mamba_mixer.py:750).
     assert params.seq_idx.tolist() == [[0] * 7 + [1] * 12 + [2] * 9 + [3] * 4]
+    plugin.run_start(RunStart(get_recipe("tiny_dp1"), Path("."), 0, 1))
+    assert plugin.forward_kwargs(row, {})["packed_seq_params"].seq_idx is None
 
 
 def test_forward_kwargs_refuse_unpacked_batches_in_one_line():
     row = as_tensors(packed_row(_documents(), SEQ, PAD))
-    unpacked = {key: value for key, value in row.items() if key not in ("cu_seqlens", "max_seqlen")}
-    with pytest.raises(UserError, match="micro-batch has no cu_seqlens/max_seqlen: the data "
+    unpacked = {key: value for key, value in row.items()
+                if key not in ("cu_seqlens", "max_seqlen", "total_tokens")}
+    with pytest.raises(UserError, match="micro-batch has no cu_seqlens/max_seqlen/total_tokens: "
+                       "the data "
                        "source does not pack documents"):
         PackingPlugin().forward_kwargs(unpacked, {})
     two_rows = {**row, "tokens": row["tokens"].expand(2, SEQ)}
