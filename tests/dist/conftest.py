@@ -86,8 +86,14 @@ class ForkServer:
         return self._reply()
 
     def close(self) -> None:
+        """Ask the server to exit (end of its input); on a loaded machine its interpreter's
+        shutdown can outlast the grace period, and then it is stopped: its ranks are done."""
         self._process.stdin.close()
-        self._process.wait(timeout=STOP_GRACE_S)
+        try:
+            self._process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
         self._log.close()
 
 
