@@ -1,4 +1,5 @@
-"""Subprocess body for test_dry_run.py: dry-run recipes and print what the test checks as JSON.
+"""Subprocess body of the `dry_run_probes` fixture (tests/unit/conftest.py): dry-run recipes and
+print what test_dry_run.py and test_plan_params.py check, as JSON.
 
 Runs in its own process because the dry run activates the CPU runtime (process-wide patches)
 and creates fake process groups.
@@ -52,7 +53,7 @@ def probe(name: str) -> dict:
     return {
         "shards": [
             {"pp": s.coords.pp, "tp": s.coords.tp, "ep": s.coords.ep, "layers": s.layers,
-             "ranks": s.ranks, "parameters": s.parameters}
+             "ranks": s.ranks, "parameters": s.parameters, "held": s.held_parameters}
             for s in shards
         ],
         "total": model_parameters(shards, cfg.layout.expert_tensor_size),

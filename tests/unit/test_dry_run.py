@@ -6,31 +6,14 @@ layer exactly once, and the shards add up to the same model built unsharded on o
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 
 from recipes.registry import RECIPES, get_recipe
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def probes() -> dict:
-    start = time.perf_counter()
-    result = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "unit" / "dry_run_probe.py"), *RECIPES],
-        capture_output=True, text=True, cwd=REPO, timeout=900,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads(result.stdout.splitlines()[-1])
-    data["_seconds"] = time.perf_counter() - start
-    return data
+def probes(dry_run_probes) -> dict:
+    return dry_run_probes  # tests/unit/conftest.py: every recipe dry-run once per session
 
 
 @pytest.mark.parametrize("name", list(RECIPES))

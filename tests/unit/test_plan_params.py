@@ -1,83 +1,34 @@
 """The planner's per-rank parameter counts equal the real Megatron Core model's, exactly.
 
-For every registered recipe, a subprocess (the CPU runtime's patches and fake process groups
-stay out of the test process) builds each distinct shard's real model on the meta device, as
-the dry run does, and reports what the rank allocates (every parameter element) and what it
-adds to the whole model (the dry run's count: replicated weights once). Every rank of every
-recipe is then checked against `recipes.plan.params`, as exact integers. The shards are built
-in the smallest world holding them all (`shard_world`: DP and CP change no rank's weights), so
-the 16,384-rank recipes take seconds; the test also checks that world has every shard.
+For every registered recipe the session's dry run (the `dry_run_probes` fixture, a subprocess:
+the CPU runtime's patches and fake process groups stay out of the test process) builds each
+distinct shard's real model on the meta device and reports what the rank allocates (every
+parameter element) and what it adds to the whole model (replicated weights once). Every rank
+of every recipe is then checked against `recipes.plan.params`, as exact integers. The shards
+are built in the smallest world holding them all (`shard_world`: DP and CP change no rank's
+weights), so the 16,384-rank recipes take seconds; the test also checks the layout's shards
+are exactly the ones built.
 """
 
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from recipes.plan.params import model_parameters, stage_layer_counts, stage_params
 from recipes.registry import RECIPES, get_recipe
 
-REPO = Path(__file__).resolve().parents[2]
-
-PROBE = r'''
-import json, sys
-import torch
-from megatron.core import parallel_state
-from plugins.protocol.events import RuntimeContext
-from plugins.registry import build_plugins
-from recipes.plan.command import shard_world
-from recipes.registry import get_recipe
-from trainer.tools import dry_run
-from trainer.mcore_translation import build_transformer_config
-from trainer.model import build_model_chunks, distinct_parameter_counts
-
-def shard(cfg, plugins, rank):
-    dry_run._start_fake_rank(cfg, rank)
-    try:
-        config = build_transformer_config(cfg, cpu_initialization=True, meta_device=True)
-        config = plugins.transformer_config(config)
-        config.context_parallel_size = 1
-        with torch.device("meta"):
-            chunks = build_model_chunks(cfg, config, plugins)
-        held = sum(p.numel() for chunk in chunks for p in chunk.parameters())
-        tp = parallel_state.get_tensor_model_parallel_rank()
-        dense, expert = distinct_parameter_counts(chunks, tp)
-        layers = [len(chunk.decoder.layers) for chunk in chunks]
-        return {"held": held, "distinct": dense + expert, "layers": layers}
-    finally:
-        dry_run._stop_fake_rank()
-
-out, by_signature = {}, {}
-for name in sys.argv[1:]:
-    cfg = shard_world(get_recipe(name))  # same shards, DP and CP shrunk away
-    signature = dry_run.shard_signature(cfg)  # recipes with the same shards: built once
-    if signature not in by_signature:
-        plugins = build_plugins(cfg.plugins)
-        plugins.setup_runtime(RuntimeContext(dry_run=True))
-        layout, built = cfg.layout, {}
-        for rank in range(layout.world_size):
-            key = layout.coordinates(rank).shard_key()
-            if key not in built:
-                built[key] = shard(cfg, plugins, rank)
-        by_signature[signature] = [[list(k), v] for k, v in built.items()]
-    out[name] = by_signature[signature]
-print(json.dumps(out))
-'''
-
 
 @pytest.fixture(scope="module")
-def real() -> dict:
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE, *RECIPES], capture_output=True, text=True, cwd=REPO,
-        timeout=900, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                          "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.splitlines()[-1])
+def real(dry_run_probes) -> dict:
+    """Per recipe, [shard key, what the shard holds] from the session's dry run of every
+    recipe (tests/unit/conftest.py)."""
+    return {
+        name: [[[s["pp"], s["tp"], s["ep"]],
+                {"held": s["held"], "distinct": s["parameters"],
+                 "layers": [len(chunk) for chunk in s["layers"]]}]
+               for s in probe["shards"]]
+        for name, probe in dry_run_probes.items()
+    }
 
 
 @pytest.mark.parametrize("name", list(RECIPES))

@@ -33,6 +33,7 @@ class ShardReport:
     dense_parameters: int  # excluding copies of weights another shard already holds
     expert_parameters: int
     layers: list[list[int]]  # global layer numbers (1-based) per virtual stage
+    held_parameters: int  # every parameter element the rank allocates, copies included
     ranks: list[int] = dataclasses.field(default_factory=list)
 
     @property
@@ -75,7 +76,7 @@ def _check_coordinates(coords: RankCoordinates) -> None:
                            f"{(coords.tp, coords.pp, coords.ep)}, Megatron at {megatron}")
 
 
-def _build_on_meta(cfg: RunConfig, plugins: PluginSet) -> tuple[int, int, list[list[int]]]:
+def _build_on_meta(cfg: RunConfig, plugins: PluginSet) -> tuple[int, int, list[list[int]], int]:
     from trainer.mcore_translation import build_transformer_config
     from trainer.model import (
         build_model_chunks,
@@ -96,7 +97,8 @@ def _build_on_meta(cfg: RunConfig, plugins: PluginSet) -> tuple[int, int, list[l
         chunks = build_model_chunks(cfg, config, plugins)
     layers = [[layer.layer_number for layer in chunk.decoder.layers] for chunk in chunks]
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    return (*distinct_parameter_counts(chunks, tp_rank), layers)
+    held = sum(param.numel() for chunk in chunks for param in chunk.parameters())
+    return (*distinct_parameter_counts(chunks, tp_rank), layers, held)
 
 
 def _build_shard(cfg: RunConfig, plugins: PluginSet, coords: RankCoordinates) -> ShardReport:
