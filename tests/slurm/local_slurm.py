@@ -11,8 +11,9 @@ address they are given is 127.0.0.1). Two `slurmd -N nodeK` on one host make two
 The job credential lives `CRED_EXPIRE` seconds, the shortest Slurm accepts (`cred_expire` below
 5 is refused and replaced by the default 120): a requeued job waits it out (plus
 `sched_interval`) before it runs again, 155 s with Slurm's defaults and about 7 s here. A node
-whose slurmd stops answering is set DOWN about `SLURMD_TIMEOUT` x 3 later (measured); the
-partition `first` holds node1 alone, so that jobs kept off node2 survive its loss.
+whose slurmd stops answering is set DOWN a few `SLURMD_TIMEOUT`s later (29 s after the kill with
+SlurmdTimeout=10, measured). The partition `first` holds node1 alone, so that jobs kept off
+node2 survive its loss.
 """
 
 from __future__ import annotations
