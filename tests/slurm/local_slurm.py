@@ -8,9 +8,12 @@ the test session, with its key, socket, spool, pid and log files in the director
 the cluster starts (22.05 has no setting to listen on loopback only, so they bind 0.0.0.0; every
 address they are given is 127.0.0.1). Two `slurmd -N nodeK` on one host make two nodes.
 
-The job credential lives `CRED_EXPIRE` seconds, the shortest that still lets a job start on
-this machine under load: a requeued job waits it out (plus `sched_interval`) before it runs
-again, 155 s with Slurm's defaults.
+The job credential lives `CRED_EXPIRE` seconds, the shortest Slurm accepts (`cred_expire` below
+5 is refused and replaced by the default 120): a requeued job waits it out (plus
+`sched_interval`) before it runs again, 155 s with Slurm's defaults and about 7 s here. A node
+whose slurmd stops answering is set DOWN a few `SLURMD_TIMEOUT`s later (29 s after the kill with
+SlurmdTimeout=10, measured). The partition `first` holds node1 alone, so that jobs kept off
+node2 survive its loss.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
 NODES = ("node1", "node2")
-CRED_EXPIRE = 10  # seconds a job credential lives (Slurm's default is 120)
+CRED_EXPIRE = 5  # seconds a job credential lives (Slurm's default is 120, its least 5)
+SLURMD_TIMEOUT = 5  # seconds without an answer before a node is not responding (default 300)
+FIRST_ONLY = "first"  # a partition of node1 alone
 START_TIMEOUT = 60.0
 
 
@@ -61,7 +66,7 @@ def free_ports(count: int) -> list[int]:
 
 def slurm_conf(root: Path, host: str, ctld_port: int, node_ports: list[int]) -> str:
     """slurm.conf for one controller and two nodes on this host."""
-    cpus = 3 * max(1, os.cpu_count() or 1)  # room for three jobs' torchruns on each node
+    cpus = 4 * max(1, os.cpu_count() or 1)  # room for four jobs' torchruns on each node
     lines = [
         "ClusterName=mcoretest", f"SlurmctldHost={host}(127.0.0.1)", f"SlurmctldPort={ctld_port}",
         "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",
@@ -74,15 +79,31 @@ def slurm_conf(root: Path, host: str, ctld_port: int, node_ports: list[int]) -> 
         "JobCompType=jobcomp/filetxt", f"JobCompLoc={root}/jobcomp.txt",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
         "SchedulerParameters=sched_interval=2", "ReturnToService=2", "JobRequeue=1",
-        "MpiDefault=none", "SlurmctldTimeout=30", "SlurmdTimeout=30", "InactiveLimit=0",
-        "KillWait=5", "MinJobAge=600", "SlurmdParameters=config_overrides",
+        "MpiDefault=none", "SlurmctldTimeout=30", f"SlurmdTimeout={SLURMD_TIMEOUT}",
+        "InactiveLimit=0", "KillWait=5", "MinJobAge=600", "SlurmdParameters=config_overrides",
     ]
     for name, port in zip(NODES, node_ports, strict=True):
         lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
                      f"CPUs={cpus} RealMemory=1000 State=UNKNOWN")
     lines.append(f"PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE "
                  "State=UP")
+    lines.append(f"PartitionName={FIRST_ONLY} Nodes={NODES[0]} MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
+
+
+def job_processes(job: str, **environ: str) -> list[int]:
+    """PIDs of this host's processes of Slurm job `job` (SLURM_JOB_ID in their environment)
+    whose environment also holds every `environ` item."""
+    wanted = {f"SLURM_JOB_ID={job}".encode(), *(f"{k}={v}".encode() for k, v in environ.items())}
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            variables = set((entry / "environ").read_bytes().split(b"\0"))
+        except (OSError, ValueError):
+            continue
+        if entry.name.isdigit() and wanted <= variables:
+            pids.append(int(entry.name))
+    return pids
 
 
 @dataclass
@@ -91,6 +112,7 @@ class LocalSlurm:
 
     root: Path
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    lost: list[tuple[str, str]] = field(default_factory=list)  # (node, job) `lose_node` hit
 
     @property
     def env(self) -> dict[str, str]:
@@ -117,14 +139,30 @@ class LocalSlurm:
         self._wait_for(lambda: (root / "munge.socket").exists(), "munged's socket")
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-c"])
         for name in NODES:
-            self._spawn(f"slurmd-{name}", ["slurmd", "-D", "-N", name])
-        self._wait_for(self._nodes_idle, "both nodes idle")
+            self.start_slurmd(name)
+        self._wait_for(lambda: all(s == "idle" for s in self.node_states().values()),
+                       "both nodes idle")
         return self
 
-    def _nodes_idle(self) -> bool:
+    def start_slurmd(self, node: str) -> None:
+        self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node])
+
+    def node_states(self) -> dict[str, str]:
+        """sinfo's state of each node (`down*`: set down, not responding)."""
         result = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False)
-        states = dict(line.split() for line in result.stdout.splitlines() if line.strip())
-        return all(states.get(name) == "idle" for name in NODES)
+        return dict(line.split() for line in result.stdout.splitlines() if line.strip())
+
+    def lose_node(self, node: str, job: str) -> list[int]:
+        """Node `node` lost, as one host can show it: its slurmd killed (SIGKILL) and the job's
+        processes there stopped (SIGSTOP), as a node that died would leave them; their PIDs.
+        Slurm kills them once the restarted slurmd registers again."""
+        self.stop_daemon(f"slurmd-{node}")
+        pids = job_processes(job, SLURMD_NODENAME=node)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        self.lost.append((node, job))
+        return pids
 
     def _wait_for(self, ready, what: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -157,6 +195,10 @@ class LocalSlurm:
             if jobs:
                 self.run("scancel", *jobs, check=False)
                 time.sleep(1)
+        for node, job in self.lost:  # a lost node's processes that Slurm did not kill
+            for pid in job_processes(job, SLURMD_NODENAME=node):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         for name in [n for n in self.processes if n.startswith("slurmd")] + ["slurmctld",
                                                                              "munged"]:
             process = self.processes.pop(name, None)

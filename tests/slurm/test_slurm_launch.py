@@ -1,49 +1,79 @@
 """`scripts/launch.py ... executor=slurm` for real, on the session's Slurm (two nodes on this host).
 
-A one-node job (2 CPU ranks on one node) and a two-node job (one rank on each) are submitted
-through the launcher as a user would, with the CPU cluster file (no GPU request, 2 CPUs per
-node's torchrun), while the same run trains locally; both jobs train to the end and their
-per-step losses, grad norms and learning rates equal the local run's bit for bit. A third job
-is requeued by hand (`scontrol requeue`) mid-run: it resumes from its newest checkpoint, ends
-equal to the local run with every step in metrics.jsonl once, and keeps its `retries=1`. A
-refused submit is one line with Slurm's own words. The jobs run side by side (each node
-declares room for all three), so the module costs about one job's time plus the requeue's
-wait (the credential lifetime, `CRED_EXPIRE`).
+Four jobs are submitted side by side through the launcher as a user would (the script's own
+command lines, all in one interpreter: tests/slurm/launch_many.py), with the CPU cluster file (no
+GPU request, 2 CPUs per node's torchrun), while the same 16-step run trains locally, and each
+meets its faults while it runs:
+
+- two nodes (one rank on each), `retries=1`: `scontrol requeue` by hand mid-run, then node2 lost
+  in the next attempt (its slurmd killed and the job's processes there stopped, as a dead node
+  leaves them). Each attempt ends in one line naming what Slurm did, resumes from its newest
+  checkpoint, uses up no retry, and the job ends equal to the local run bit for bit, each step
+  once in metrics.jsonl.
+- one node (2 ranks, partition `first`: node1 alone, so node2's loss spares it), `retries=1`:
+  rank 1 killed by SIGKILL mid-run. Named in one line, counted as the one failure `retries=1`
+  allows, retried, and the job ends equal to the local run.
+- one node, `scancel --signal=TERM` once its ranks run: one line, the job FAILED, not requeued
+  although `retries=1`.
+- one node, plain `scancel` once its ranks run: one line, the job CANCELLED.
+
+A refused submit is one line with Slurm's own words. Job states are read as the launcher reads
+them (sacct, else squeue and scontrol). Everything runs at once, so the module costs about the
+two-node job's chain: two requeue waits (the credential lifetime) and the time Slurm takes to
+set a silent node down (`SLURMD_TIMEOUT`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from tests.slurm.local_slurm import FIRST_ONLY, job_processes
 from trainer.launch.slurm_jobs import job_state
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
 CPU_CLUSTER = REPO / "conf" / "cluster" / "cpu_slurm_2x2.yaml"
-STEPS = 24
+STEPS, SAVE_INTERVAL = 16, 4
 RUN = ["recipe=tiny_dp2", "data.source=synthetic", "data.max_corpus_bytes=120000",
        f"train.train_iters={STEPS}", "scheduler.warmup_iters=1", "train.eval_iters=0",
        "train.eval_interval=0", "logging.progress_bar=false", "plugins.logging.loss_curve=false",
-       "checkpoint.save_interval=4"]
-REQUEUE_AFTER_STEP = 6
+       f"checkpoint.save_interval={SAVE_INTERVAL}"]
+REQUEUE_AT, LOSE_NODE_AT, KILL_RANK_AT = 5, 10, 5  # steps reached before each fault
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 JOB_TIMEOUT_S = 420
 
 
-def launch(slurm, job_dir: Path, cluster: Path, *extra: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, str(REPO / "scripts" / "launch.py"), *RUN, f"cluster={cluster}",
-            f"job_dir={job_dir}", *extra]
-    return subprocess.run(argv, env={**slurm.env, "PYTHONPATH": str(REPO)}, cwd=REPO,
-                          capture_output=True, text=True, timeout=180, check=False)
+def launch_args(job_dir: Path, cluster: Path, *extra: str) -> list[str]:
+    return [*RUN, f"cluster={cluster}", f"job_dir={job_dir}", *extra]
+
+
+def launch_all(slurm, commands: list[list[str]]) -> subprocess.Popen:
+    """`scripts/launch.py` with each command line, one after another in one interpreter
+    (tests/slurm/launch_many.py): one JSON line per launch on stdout as each ends."""
+    return subprocess.Popen([sys.executable, "-m", "tests.slurm.launch_many", json.dumps(commands)],
+                            env={**slurm.env, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def launched(launcher: subprocess.Popen) -> subprocess.CompletedProcess:
+    """The next launch's exit code, stdout and stderr."""
+    line = launcher.stdout.readline()
+    assert line, f"the launches ended early (exit {launcher.wait(timeout=60)})"
+    result = json.loads(line)
+    return subprocess.CompletedProcess("launch.py", result["returncode"], result["stdout"],
+                                       result["stderr"])
 
 
 def submitted(result: subprocess.CompletedProcess) -> tuple[str, Path]:
@@ -55,90 +85,222 @@ def submitted(result: subprocess.CompletedProcess) -> tuple[str, Path]:
     return job.group(1), Path(run_dir.group(1))
 
 
-def wait_for(slurm, job: str, timeout: float = JOB_TIMEOUT_S) -> str:
-    """The job's final state, polled as the launcher reads it (sacct, else squeue/scontrol)."""
+def until(ready, what: str, timeout: float = JOB_TIMEOUT_S, every: float = 0.1):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        value = ready()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"no {what} after {timeout:.0f} s")
+
+
+def wait_for(slurm, job: str) -> str:
+    """The job's final state, polled as the launcher reads it (sacct, else squeue/scontrol)."""
+    def final():
         state, _ = job_state(job, run=lambda argv: slurm.run(*argv, check=False))
-        if state in FINISHED:
-            return state
-        time.sleep(1.0)
-    raise AssertionError(f"job {job} still {state} after {timeout:.0f} s")
+        return state if state in FINISHED else None
+    return until(final, f"end of job {job}", every=1.0)
+
+
+def restarts(slurm, job: str) -> int:
+    found = re.search(r"Restarts=(\d+)", slurm.run("scontrol", "show", "job", job).stdout)
+    return int(found.group(1))
 
 
 def train_records(run_dir: Path) -> list[tuple[int, float, float, float]]:
-    """(step, loss, grad norm, lr) of every train record, in file order."""
+    """(step, loss, grad norm, lr) of every whole train record, in file order."""
     path = run_dir / "metrics.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []  # a line being written
+    records = [json.loads(line) for line in lines]
     return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in records
             if r["kind"] == "train"]
 
 
-def requeue_mid_run(slurm, job: str, run_dir: Path) -> int:
-    """`scontrol requeue` once the job has trained past REQUEUE_AFTER_STEP; the step it had."""
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while time.monotonic() < deadline:
-        steps = [record[0] for record in train_records(run_dir)]
-        if steps and steps[-1] >= REQUEUE_AFTER_STEP:
-            slurm.run("scontrol", "requeue", job)
-            return steps[-1]
-        time.sleep(0.1)
-    raise AssertionError(f"job {job} never reached step {REQUEUE_AFTER_STEP}")
+def reached(run_dir: Path, step: int) -> int:
+    """Wait until the run has logged `step`; the last step logged."""
+    def last():
+        records = train_records(run_dir)
+        return records[-1][0] if records and records[-1][0] >= step else None
+    return until(last, f"step {step} in {run_dir}")
+
+
+def requeue_then_lose_node2(slurm, job: str, run_dir: Path, job_dir: Path) -> dict:
+    """`scontrol requeue` by hand, then node2 lost in the next attempt; the job's end."""
+    requeued_at = reached(run_dir, REQUEUE_AT)
+    slurm.run("scontrol", "requeue", job)
+    until(lambda: restarts(slurm, job) >= 1, "first requeue")
+    lost_at = reached(run_dir, LOSE_NODE_AT)
+    slurm.lose_node("node2", job)
+    until(lambda: restarts(slurm, job) >= 2, "the requeue after node2 was set down", every=0.5)
+    until(lambda: "got SIGTERM" in attempt_log(job_dir, job, 1), "node1's agent's line")
+    slurm.start_slurmd("node2")  # back in service (ReturnToService=2) for the third attempt
+    return {"requeued_at": requeued_at, "lost_at": lost_at, "state": wait_for(slurm, job)}
+
+
+def kill_rank_1(slurm, job: str, run_dir: Path, job_dir: Path) -> dict:
+    killed_at = reached(run_dir, KILL_RANK_AT)
+    pids = until(lambda: job_processes(job, RANK="1"), "rank 1's process")
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return {"killed_at": killed_at, "state": wait_for(slurm, job)}
+
+
+def cancel(*how: str):
+    """`scancel HOW` once the job's torchrun has started its ranks (their training adds nothing
+    to what the cancel shows)."""
+    def act(slurm, job: str, run_dir: Path, job_dir: Path) -> dict:
+        until(lambda: job_processes(job, RANK="1"), "the job's ranks")
+        slurm.run("scancel", *how, job)
+        return {"state": wait_for(slurm, job)}
+    return act
+
+
+FIRST = f"partition={FIRST_ONLY}"
+SCENARIOS = {  # name: (ranks per node, launch options, the fault acted out while it runs)
+    "two": (1, ["retries=1"], requeue_then_lose_node2),
+    "killed": (2, ["retries=1", FIRST], kill_rank_1),
+    "term": (2, ["retries=1", FIRST], cancel("--signal=TERM")),
+    "cancelled": (2, [FIRST], cancel())}
+
+
+def train_locally(slurm, run_dir: Path) -> subprocess.Popen:
+    """The same run on this machine, without Slurm: the reference."""
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "pretrain.py"), *RUN, f"run_dir={run_dir}"],
+        env={**slurm.env, "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.fixture(scope="module")
 def jobs(slurm, tmp_path_factory):
-    """Three jobs submitted side by side (one node, two nodes, one node requeued mid-run by
-    hand with retries=1), the local run beside them, all finished."""
+    """The four jobs and a refused submit started side by side, the local run beside them;
+    each job's fault acted out on its own thread; all finished."""
     tmp = tmp_path_factory.mktemp("slurm_jobs")
     one_rank_per_node = tmp / "cpu_slurm_2x1.yaml"
     one_rank_per_node.write_text(CPU_CLUSTER.read_text().replace(
         "gpus_per_node: 2", "gpus_per_node: 1"))
-    local_dir = tmp / "local"
-    local = subprocess.Popen(
-        [sys.executable, str(REPO / "scripts" / "pretrain.py"), *RUN, f"run_dir={local_dir}"],
-        env={**slurm.env, "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
-    found = {"one": submitted(launch(slurm, tmp / "jobs", CPU_CLUSTER)),
-             "two": submitted(launch(slurm, tmp / "jobs", one_rank_per_node)),
-             "requeued": submitted(launch(slurm, tmp / "jobs", CPU_CLUSTER, "retries=1"))}
-    requeued_at = requeue_mid_run(slurm, *found["requeued"])
+    clusters = {1: one_rank_per_node, 2: CPU_CLUSTER}
+    names = list(SCENARIOS)  # the two-node job first: its chain of faults is the longest
+    launcher = launch_all(slurm, [
+        *(launch_args(tmp / name, clusters[SCENARIOS[name][0]], *SCENARIOS[name][1])
+          for name in names),
+        launch_args(tmp / "refused", CPU_CLUSTER, "partition=nope")])
+    found, futures, local, local_dir = {}, {}, None, tmp / "local"
+    with ThreadPoolExecutor(len(SCENARIOS)) as pool:
+        for name in names:  # each job's fault is acted out as soon as it is submitted
+            found[name] = (*submitted(launched(launcher)), tmp / name)
+            futures[name] = pool.submit(SCENARIOS[name][2], slurm, *found[name])
+            local = local or train_locally(slurm, local_dir)  # once the longest chain started
+        refused = launched(launcher)
+        launcher.wait(timeout=60)
+        outcomes = {name: future.result() for name, future in futures.items()}
     output, _ = local.communicate(timeout=JOB_TIMEOUT_S)
     assert local.returncode == 0, output[-3000:]
-    states = {name: wait_for(slurm, job) for name, (job, _) in found.items()}
-    return {"local": local_dir, "requeued_at": requeued_at, "tmp": tmp,
-            **{name: (*found[name], states[name]) for name in found}}
+    return {"local": local_dir, "refused": refused,
+            **{name: {"job": found[name][0], "run_dir": found[name][1],
+                      "job_dir": found[name][2], **outcomes[name]} for name in SCENARIOS}}
 
 
-@pytest.mark.parametrize("which", ["one", "two", "requeued"])
+def attempt_log(job_dir: Path, job: str, attempt: int) -> str:
+    """The log of the job's torchruns in one attempt ("" before it exists)."""
+    paths = list(job_dir.glob(f"experiments/*/*/pretrain/log-mcore-pretrain_{job}_{attempt}.out"))
+    return paths[0].read_text() if paths else ""
+
+
+def log_of(job: dict, attempt: int) -> str:
+    return attempt_log(job["job_dir"], job["job"], attempt)
+
+
+def our_lines(log: str) -> list[str]:
+    """The launcher's and agent's `error:` lines (not Slurm's, not the ranks' prefixed ones)."""
+    return [line for line in log.splitlines() if line.startswith("error:")]
+
+
+def last_allowance(job: dict) -> int:
+    """TORCHX_MAX_RETRIES as the last attempt's sbatch script raised it (its log is that
+    attempt's: Slurm rewrites it at each start)."""
+    return int(re.findall(r"^\+ export TORCHX_MAX_RETRIES=(\d+)$", sbatch_log(job), re.M)[-1])
+
+
+def sbatch_log(job: dict) -> str:
+    [path] = job["job_dir"].glob(
+        f"experiments/*/*/pretrain/sbatch_mcore-pretrain_{job['job']}.out")
+    return path.read_text()
+
+
+def resumed_step(log: str) -> int:
+    return int(re.search(r"resume: resuming from \S+/step_(\d+) \(step ", log).group(1))
+
+
+def newest_checkpoint_at(step: int) -> int:
+    return step // SAVE_INTERVAL * SAVE_INTERVAL
+
+
+@pytest.mark.parametrize("which", ["two", "killed"])
 def test_a_job_trains_to_the_end_with_the_local_runs_figures_bit_for_bit(jobs, which):
-    job, run_dir, state = jobs[which]
-    assert state == "COMPLETED"
-    records = train_records(run_dir)
+    job = jobs[which]
+    assert job["state"] == "COMPLETED"
+    records = train_records(job["run_dir"])
     assert [record[0] for record in records] == list(range(1, STEPS + 1))  # each step once
     assert records == train_records(jobs["local"])  # floats from JSON: exact equality
-    assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{STEPS:07d}"
+    assert (job["run_dir"] / "checkpoints" / "latest").read_text() == f"step_{STEPS:07d}"
 
 
-def test_a_requeued_job_resumes_from_its_newest_checkpoint_keeping_its_retry(jobs, slurm):
-    job, run_dir, _ = jobs["requeued"]
-    [restarts] = re.findall(r"Restarts=(\d+)", slurm.run("scontrol", "show", "job", job).stdout)
-    assert restarts == "1"
-    logs = sorted(jobs["tmp"].glob(f"jobs/experiments/*/*/pretrain/log-mcore-pretrain_{job}_*"))
-    first, second = (path.read_text() for path in logs)
-    assert "got SIGTERM and stopped its ranks" in first  # the requeue, in one line
-    resumed = int(re.search(r"resume: resuming from \S+/step_(\d+) \(step ", second).group(1))
-    # The newest checkpoint when the requeue struck (save_interval=4; it struck after step 6)
-    assert resumed % 4 == 0 and jobs["requeued_at"] - 4 < resumed < STEPS
-    pattern = f"jobs/experiments/*/*/pretrain/sbatch_mcore-pretrain_{job}.out"
-    [sbatch_log] = jobs["tmp"].glob(pattern)
-    allowances = re.findall(r"^\+ export TORCHX_MAX_RETRIES=(\d+)$", sbatch_log.read_text(), re.M)
-    assert allowances[-2:] == ["1", "2"]  # the requeue did not use up retries=1
-    assert not (run_dir / "slurm_failed_attempts").exists()
+def test_a_requeued_job_resumes_from_its_newest_checkpoint_keeping_its_retry(jobs):
+    job = jobs["two"]
+    log = log_of(job, 0)
+    assert ("error: torchrun on node 0 got SIGTERM and stopped its ranks: Slurm requeued the job "
+            "(restart 1: scontrol requeue or preemption)") in our_lines(log)
+    assert "Traceback" not in log
+    # the newest checkpoint when the requeue struck (steps may have run on before the TERM)
+    assert newest_checkpoint_at(job["requeued_at"]) <= resumed_step(log_of(job, 1)) < STEPS
 
 
-def test_a_refused_submit_is_one_line_with_slurms_words(slurm, tmp_path):
-    result = launch(slurm, tmp_path, CPU_CLUSTER, "partition=nope")
+def test_a_lost_node_is_named_and_its_requeue_uses_no_retry(slurm, jobs):
+    job = jobs["two"]
+    lost = re.compile(r"error: torchrun on node [01] got SIGTERM and stopped its ranks: Slurm "
+                      r"lost node2 \(it stopped answering: its slurmd or the node is down\) and "
+                      r"requeued the job$")  # node: the rendezvous's rank of node1's torchrun
+    assert any(lost.match(line) for line in our_lines(log_of(job, 1)))
+    assert newest_checkpoint_at(job["lost_at"]) <= resumed_step(log_of(job, 2)) < STEPS
+    assert restarts(slurm, job["job"]) == 2
+    assert last_allowance(job) == 1 + 2  # retries=1, two restarts that were no failures
+    assert not (job["run_dir"] / "slurm_failed_attempts").exists()
+
+
+def test_a_killed_rank_is_named_and_retried_as_the_one_failure_retries_allow(slurm, jobs):
+    job = jobs["killed"]
+    log = log_of(job, 0)
+    [line] = our_lines(log)  # rank 0 stopped by torchrun, or failing by itself first
+    assert re.fullmatch(r"error: rank 1 \(node 0, local rank 1\) died: signal SIGKILL"
+                        r"( \(torchrun then stopped 1 other rank of its node\))?", line), line
+    assert "Traceback" not in log
+    assert (job["run_dir"] / "slurm_failed_attempts").read_text() == "0\n"
+    assert restarts(slurm, job["job"]) == 1
+    assert last_allowance(job) == 1  # = the restart count: a second failure is not retried
+    assert newest_checkpoint_at(job["killed_at"]) <= resumed_step(log_of(job, 1)) < STEPS
+
+
+@pytest.mark.parametrize(("which", "state", "reason"), [
+    ("term", "FAILED", "only the job's steps were signalled (scancel --signal=TERM): the job "
+     "ends, not requeued"),
+    ("cancelled", "CANCELLED", "the job was cancelled (scancel)")])
+def test_a_cancelled_job_ends_in_one_line_and_is_not_retried(slurm, jobs, which, state, reason):
+    job = jobs[which]
+    assert job["state"] == state
+    log = log_of(job, 0)
+    assert our_lines(log) == [
+        f"error: torchrun on node 0 got SIGTERM and stopped its ranks: {reason}"]
+    assert "Traceback" not in log
+    assert restarts(slurm, job["job"]) == 0
+    assert not (job["run_dir"] / "slurm_failed_attempts").exists()
+    if which == "term":  # the batch shell lived on and skipped NeMo-Run's requeue
+        assert "\nnot requeued: the job's steps got SIGTERM" in sbatch_log(job)
+
+
+def test_a_refused_submit_is_one_line_with_slurms_words(jobs):
+    result = jobs["refused"]
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: sbatch refused the job: invalid partition specified: nope; Batch job "

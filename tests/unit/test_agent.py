@@ -244,3 +244,32 @@ def test_the_peer_watch_stops_ranks_that_outlive_another_node_s_failure(round_st
     assert signals == [(os.getpid(), agent.signal.SIGTERM)] and watch.stopped_ranks
     assert capsys.readouterr().err == (
         "error: node 0 stopped its ranks: rank 1 (node 1, local rank 0) died: signal SIGKILL\n")
+
+
+def test_a_sigterm_line_names_slurm_s_reason_when_slurm_can_be_asked():
+    assert agent.signal_line(0, 15, "the job was cancelled (scancel)") == (
+        "error: torchrun on node 0 got SIGTERM and stopped its ranks: the job was cancelled "
+        "(scancel)")
+    assert agent.signal_line(None, 15) == (
+        "error: torchrun on node ? got SIGTERM and stopped its ranks (the job was cancelled, "
+        "timed out or preempted?)")
+
+
+def test_a_rank_failure_is_not_counted_once_slurm_is_ending_the_attempt(tmp_path, monkeypatch):
+    from trainer.launch.slurm_jobs import JobView
+
+    record = tmp_path / "slurm_failed_attempts"
+    env = {agent.FAILED_ATTEMPTS_ENV: str(record), "SLURM_JOB_ID": "7",
+           "SLURM_RESTART_COUNT": "1"}
+    views = {"requeued": JobView("PENDING", 2, False), "running": JobView("RUNNING", 1, False)}
+    monkeypatch.setattr(agent, "slurm_job", lambda environ=None: (views["requeued"], 1))
+    agent.note_failed_attempt(env)  # a lost node's peers fail after Slurm requeued the job
+    assert not record.exists()
+    monkeypatch.setattr(agent, "slurm_job", lambda environ=None: (views["running"], 1))
+    agent.note_failed_attempt(env)  # a rank died while the job runs: a failure
+    assert record.read_text() == "1\n"
+
+
+def test_slurm_job_reads_the_attempt_and_asks_nothing_outside_slurm():
+    assert agent.slurm_job({"SLURM_RESTART_COUNT": "2"}) == (None, 2)
+    assert agent.slurm_job({}) == (None, 0)

@@ -280,3 +280,23 @@ def test_retries_count_failed_attempts_only_not_requeues(capsys, tmp_path):
     note_failed_attempt(env)
     note_failed_attempt(env)  # the other node of the same attempt
     assert _allowance(lines, 2) == 2  # after one requeue and one failure: no retry left
+
+
+def _requeue(lines: list[str], exitcode: int, tmp_path: Path) -> str:
+    """What the script's closing `scontrol requeue` does after an attempt that exited
+    `exitcode`, with a stand-in `scontrol` on PATH that says it was called."""
+    (tmp_path / "scontrol").write_text('#!/bin/sh\necho "scontrol $*"\n')
+    (tmp_path / "scontrol").chmod(0o755)
+    script = "\n".join([*lines, f"exitcode={exitcode}", 'scontrol requeue "$SLURM_JOB_ID"'])
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_ID": "7"}
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True,
+                          env=env).stdout
+
+
+def test_an_attempt_whose_steps_got_sigterm_is_not_requeued(tmp_path):
+    from trainer.launch.cluster import retry_lines
+
+    lines = retry_lines(1, str(tmp_path / "run"))
+    assert _requeue(lines, 1, tmp_path) == "scontrol requeue 7\n"  # a failure: retried
+    assert _requeue(lines, 143, tmp_path).startswith(  # scancel --signal=TERM: a stop
+        "not requeued: the job's steps got SIGTERM (scancel --signal=TERM)")

@@ -100,10 +100,13 @@ def store_lost_line(endpoint: str, run_id: str, node: int) -> str:
             "first failure); stopped this node's ranks")
 
 
-def signal_line(node: int | None, sigval: int) -> str:
+def signal_line(node: int | None, sigval: int, reason: str | None = None) -> str:
+    """A signal to torchrun (Slurm ending the job): `reason` is Slurm's, when it could be asked."""
     where = "?" if node is None else node
-    return (f"error: torchrun on node {where} got {signal_name(-int(sigval))} and stopped its "
-            "ranks (the job was cancelled, timed out or preempted?)")
+    head = f"error: torchrun on node {where} got {signal_name(-int(sigval))} and stopped its ranks"
+    if reason:
+        return f"{head}: {reason}"
+    return f"{head} (the job was cancelled, timed out or preempted?)"
 
 
 @dataclass(frozen=True)
@@ -480,15 +483,34 @@ def ranks_failed(failure: Any, watch: RendezvousWatch) -> int:
 
 
 FAILED_ATTEMPTS_ENV = "MCORE_RECIPES_FAILED_ATTEMPTS"  # set by scripts/launch.py's sbatch
+SIGNALLED_EXIT = 128 + signal.SIGTERM  # this agent's exit code when SIGTERM stopped its ranks
+SLURM_ASK_S = 3.0  # longest one Slurm query may take (Slurm's KillWait, 30 s, ends the agent)
+
+
+def slurm_job(environ: dict[str, str] | None = None) -> tuple[Any, int]:
+    """(what Slurm says of this job now, or None; this attempt's SLURM_RESTART_COUNT)."""
+    from trainer.launch.slurm_jobs import job_view, slurm_command
+
+    env = os.environ if environ is None else environ
+    attempt = int(env.get("SLURM_RESTART_COUNT") or 0)
+    job = env.get("SLURM_JOB_ID")
+    if not job:
+        return None, attempt
+    ask = lambda argv: slurm_command(argv, timeout=SLURM_ASK_S)  # noqa: E731
+    return job_view(job, env.get("SLURM_JOB_NODELIST", ""), run=ask), attempt
 
 
 def note_failed_attempt(environ: dict[str, str] | None = None) -> None:
     """Record that this Slurm attempt failed (a rank died, a rendezvous failed), so that the
     job's `retries` count failures only: a requeue or a preemption stops the agent by SIGTERM
-    and is not recorded. One line per attempt (`SLURM_RESTART_COUNT`), whichever node writes."""
+    and is not recorded, nor is a rank failure once Slurm is ending the attempt itself (the
+    ranks of a lost node's peers fail because of it). One line per attempt
+    (`SLURM_RESTART_COUNT`), whichever node writes."""
+    from trainer.launch.slurm_jobs import ended_by_slurm
+
     env = os.environ if environ is None else environ
     path = env.get(FAILED_ATTEMPTS_ENV)
-    if not path:
+    if not path or ended_by_slurm(*slurm_job(env)):
         return
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -527,7 +549,10 @@ def run_agent(argv: Sequence[str]) -> int:
         watch.count_ended()
         if watch.stopped_ranks:  # the peer watch stopped them and said why
             return EXIT_FAULT
-        print(signal_line(watch.node, error.sigval), file=sys.stderr, flush=True)
+        from trainer.launch.slurm_jobs import stop_reason
+
+        reason = stop_reason(*slurm_job()) if error.sigval == signal.SIGTERM else None
+        print(signal_line(watch.node, error.sigval, reason), file=sys.stderr, flush=True)
         return 128 + int(error.sigval)
     watch.finished.set()
     return 0

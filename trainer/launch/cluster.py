@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from plugins.protocol.errors import ConfigError, UserError
-from trainer.launch.agent import FAILED_ATTEMPTS_ENV
+from trainer.launch.agent import FAILED_ATTEMPTS_ENV, SIGNALLED_EXIT
 from trainer.launch.environment import gpu_environment, shell_exports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -234,14 +234,20 @@ def retry_lines(retries: int, run_dir: str | None) -> list[str]:
     a failed attempt while `TORCHX_MAX_RETRIES > SLURM_RESTART_COUNT`, but `scontrol requeue`
     and preemption raise the restart count too; our torchrun agent records each failed attempt
     (trainer/launch/agent.py, `note_failed_attempt`), so the allowance is raised by the
-    restarts that were not failures."""
+    restarts that were not failures. The script also requeues an attempt whose steps alone got
+    SIGTERM (`scancel --signal=TERM`: the batch shell lives on and sees the agent's exit code
+    128 + 15), which is a stop, not a failure: its `scontrol requeue` is skipped (a shell
+    function of that name, which the script's later `scontrol requeue` line calls)."""
     if run_dir is None:
         return []
     record = shlex.quote(str(Path(run_dir) / FAILED_ATTEMPTS_FILE))
     return [f"export {FAILED_ATTEMPTS_ENV}={record}",
             f'failed_attempts=$(sort -u {record} 2>/dev/null | wc -l)',
             f"export TORCHX_MAX_RETRIES=$(( {retries} + ${{SLURM_RESTART_COUNT:-0}} - "
-            "failed_attempts ))"]
+            "failed_attempts ))",
+            f'scontrol() {{ if [ "$1" = requeue ] && [ "${{exitcode:-0}}" -eq {SIGNALLED_EXIT} ]; '
+            'then echo "not requeued: the job\'s steps got SIGTERM (scancel --signal=TERM), a '
+            'stop, not a failure to retry"; return 0; fi; command scontrol "$@"; }']
 
 
 def slurm_executor(plan: LaunchPlan, args: LaunchArgs) -> Any:
