@@ -241,11 +241,30 @@ def save_strategy(*, cached: bool = False):
         do_cache_distribution=cached)
 
 
+@contextlib.contextmanager
+def writer_errors_unlogged():
+    """Megatron's writer logs a failed write itself, twice, before handing it on
+    (strategies/filesystem_async.py:289 "Local worker ... encountered an error" and :331 "An
+    error is caught while starting worker ..."); the failure reaches us as the exception, so
+    a full disk is our one line only. Its logger is raised above ERROR for the save."""
+    import logging
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    writer_logger = logging.getLogger(filesystem_async.__name__)
+    previous = writer_logger.level
+    writer_logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        writer_logger.setLevel(previous)
+
+
 def _write_sharded(session, state: RunState, path: Path) -> None:
     metadata = content_metadata(session.cfg)
     with parameters_gathered(session.model):
         sharded = sharded_checkpoint(session, state, metadata)
-        with in_process_write_results():
+        with in_process_write_results(), writer_errors_unlogged():
             dist_checkpointing.save(sharded, str(path), save_strategy(),
                                     content_metadata=metadata)
 
