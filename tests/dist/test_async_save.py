@@ -13,12 +13,36 @@ import pytest
 
 from recipes.config.checkpoint_format import newest_checkpoint, unfinished_saves
 from recipes.config.run_manifest import damaged_file, read_manifest
+from tests.dist.test_requeue_resume import SMALL
 
 pytestmark = pytest.mark.dist
 
 ENTRY = "tests.dist.resume_runs"
 RECIPE, RANKS, STEPS = "tiny_dp2_distopt", 2, 4
 ASYNC = ["checkpoint.async_save=true"]
+TERMINATED = "tests.dist.test_async_save:terminated_while_writing"
+
+
+def terminated_while_writing(payload: dict) -> dict:
+    """pretrain.py on this rank, SIGTERMed (as torchrun stops its ranks on scancel or a
+    requeue) right after the writer of its first save started."""
+    import os
+    import signal
+
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+    from trainer.entry.commands import PRETRAIN
+    from trainer.entry.contract import main
+
+    schedule = AsyncCallsQueue.schedule_async_request
+
+    def then_terminated(queue, request):
+        index = schedule(queue, request)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return index
+
+    AsyncCallsQueue.schedule_async_request = then_terminated
+    return {"code": main(PRETRAIN, payload["argv"])}  # not reached: the signal ends the rank
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +83,16 @@ def test_a_rank_killed_during_an_async_write_resumes_from_the_previous_checkpoin
     after = launch_ranks(RANKS, f"{ENTRY}:resumed", {**common, "steps": STEPS})[0]
     assert (after["start"], after["resumed_from"]) == (2, "step_0000002")
     assert after["records"] == result["async"][2:]
+
+
+def test_sigterm_during_an_async_write_publishes_it_before_the_run_stops(launch_ranks, tmp_path):
+    run_dir = tmp_path / "run"
+    argv = [*SMALL, *ASYNC, f"run_dir={run_dir}", "train.train_iters=6",
+            "checkpoint.save_interval=2"]
+    with pytest.raises(RuntimeError, match=r"exit codes \[-15\]"):  # ended by the signal
+        launch_ranks(1, TERMINATED, {"argv": argv})
+    root = run_dir / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_0000002"]
+    assert (root / "latest").read_text() == "step_0000002"
+    step = root / "step_0000002"
+    assert damaged_file(step, read_manifest(step), True) is None
