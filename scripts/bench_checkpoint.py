@@ -1,5 +1,5 @@
 """Benchmark: checkpoint save and load time next to `dd conv=fsync` of the same bytes, the
-training-step stall of Megatron's asynchronous save, and where each save's time goes.
+training-step stall with checkpoint.async_save on and off, and where each save's time goes.
 
 usage: python scripts/bench_checkpoint.py [size=tiny|100m|both] [recipe=NAME | config=FILE]
                                           [repeats=N] [steps=N] [overrides]
@@ -13,11 +13,12 @@ size=100m raises its model to about 100M parameters (12 layers, hidden 768, voca
 one 128-token sample per rank per step); both (the default) runs tiny, then 100m. Each
 repeat saves through the trainer's save_checkpoint, writes the same bytes with dd on rank 0,
 and loads them back; the first save of a process is reported apart. Then normal steps are
-timed against steps that start an async save: one with Megatron's defaults, two tuned (see
-trainer/tools/bench_checkpoint.py). Goals: save <= 2 x dd + 0.5 s, load <= 2 x dd, async
-stall <= 0.2 s. Prints a table, the phases of saves, a load and async starts, and one JSON
-line (also written to <run dir>/bench_checkpoint.json). The ~100M run needs about 6 GB of
-memory per rank and several minutes on 2 cores.
+timed against two steps that start a save with checkpoint.async_save=true (the trainer's own
+path, trainer/tools/bench_checkpoint.py); the stall with async off is the synchronous save.
+Goals: save <= 2 x dd + 0.5 s, load <= 2 x dd, step stall with async on <= 0.2 s.
+Prints a table, the phases of saves, a load and async starts, and one JSON line (also
+written to <run dir>/bench_checkpoint.json). The ~100M run needs about 6 GB of memory per
+rank and several minutes on 2 cores.
 """
 
 import sys

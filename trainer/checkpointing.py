@@ -166,25 +166,29 @@ def checkpoints_to_delete(
     return [step for step in older if step != resumed_from]
 
 
-def _stale_saves(root: Path, newest: int) -> list[Path]:
-    """`.tmp-` directories of saves at or before the newest published step (crash leftovers)."""
+def _stale_saves(root: Path, newest: int, writing: tuple[Path, ...] = ()) -> list[Path]:
+    """`.tmp-` directories of saves at or before the newest published step (crash leftovers),
+    except those still being written (`writing`: an asynchronous save in flight)."""
     stale = []
+    busy = {path.name for path in writing}
     for path in unfinished_saves(root):
         step = step_of_unfinished(path)
-        if step is not None and step <= newest:
+        if step is not None and step <= newest and path.name not in busy:
             stale.append(path)
     return stale
 
 
-def _rotate(root: Path, keep_last: int | None, resumed_from: Path | None) -> None:
-    """Rank 0, after publication: drop rotated-out steps and leftovers of crashed saves."""
+def _rotate(root: Path, keep_last: int | None, resumed_from: Path | None,
+            writing: tuple[Path, ...] = ()) -> None:
+    """Rank 0, after publication: drop rotated-out steps and leftovers of crashed saves
+    (never a save in `writing`, whose writer is still at work)."""
     steps = {step_of(p.name): p for p in complete_steps(root)}
     protected = None
     if resumed_from is not None and resumed_from.parent.resolve() == root.resolve():
         protected = step_of(resumed_from.name)
     for step in checkpoints_to_delete(list(steps), keep_last, protected):
         shutil.rmtree(steps[step], ignore_errors=True)
-    for path in _stale_saves(root, max(steps, default=-1)):
+    for path in _stale_saves(root, max(steps, default=-1), writing):
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -241,11 +245,30 @@ def save_strategy(*, cached: bool = False):
         do_cache_distribution=cached)
 
 
+@contextlib.contextmanager
+def writer_errors_unlogged():
+    """Megatron's writer logs a failed write itself, twice, before handing it on
+    (strategies/filesystem_async.py:289 "Local worker ... encountered an error" and :331 "An
+    error is caught while starting worker ..."); the failure reaches us as the exception, so
+    a full disk is our one line only. Its logger is raised above ERROR for the save."""
+    import logging
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    writer_logger = logging.getLogger(filesystem_async.__name__)
+    previous = writer_logger.level
+    writer_logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        writer_logger.setLevel(previous)
+
+
 def _write_sharded(session, state: RunState, path: Path) -> None:
     metadata = content_metadata(session.cfg)
     with parameters_gathered(session.model):
         sharded = sharded_checkpoint(session, state, metadata)
-        with in_process_write_results():
+        with in_process_write_results(), writer_errors_unlogged():
             dist_checkpointing.save(sharded, str(path), save_strategy(),
                                     content_metadata=metadata)
 
@@ -370,6 +393,8 @@ def _attempt(step: Callable[[], None], directory: Path) -> str | None:
     """Run one phase of a save; the file system's refusal as words, other errors raised."""
     try:
         step()
+    except CheckpointWriteError:  # a publication that already stopped every rank
+        raise
     except (Exception, CheckpointException) as error:  # DCP's is a BaseException
         disk = _disk_error(error) or _refuses_a_write(
             directory if directory.is_dir() else directory.parent)
@@ -404,7 +429,9 @@ def _abandon(tmp: Path, root: Path, step: int, reason: str) -> CheckpointWriteEr
 
 def save_checkpoint(session, directory: str | Path) -> Path:
     """Write model, optimizer, scheduler and the run state after `session.state.step` steps,
-    and publish it atomically as `<directory>/step_NNNNNNN` (module docstring).
+    and publish it atomically as `<directory>/step_NNNNNNN` (module docstring); returns that
+    path. With `checkpoint.async_save` the shards are written in the background and the step
+    is published by a later `finish_saves` (see "Asynchronous saves" below).
 
     Only between optimizer steps: `train_step` marks the session while a step is in progress,
     and a save then is refused (a programming error: the run loop saves after the step). A file
@@ -414,24 +441,132 @@ def save_checkpoint(session, directory: str | Path) -> Path:
     """
     if session.mid_step:
         raise RuntimeError("save_checkpoint inside an optimizer step; save after train_step")
+    if session.cfg.checkpoint.async_save:
+        finish_saves(session, blocking=True)  # one save in flight at a time
     state: RunState = session.capture_state()
-    root = Path(directory)
-    final = root / step_name(state.step)
-    tmp = root / f"{final.name}{TMP_INFIX}{_shared_token(state.step)}"
+    save = _Save(Path(directory), state)
+    writes = ((lambda: _start_async_write(session, save)) if session.cfg.checkpoint.async_save
+              else (lambda: _write_sharded(session, state, save.tmp)))
     rank0 = torch.distributed.get_rank() == 0
-    phases = (lambda: tmp.mkdir(parents=True) if rank0 else None,
-              lambda: _write_sharded(session, state, tmp),  # every rank's shards
-              lambda: _write_manifest(session, state, tmp))
+    _run_phases(save, (lambda: save.tmp.mkdir(parents=True) if rank0 else None, writes))
+    if not session.cfg.checkpoint.async_save:
+        _publish(session, save)
+    return save.final
+
+
+class _Save:
+    """One save: where it is written (`.tmp-<token>`, one token for all ranks) and published."""
+
+    def __init__(self, root: Path, state: RunState):
+        self.root, self.state = root, state
+        self.final = root / step_name(state.step)
+        self.tmp = root / f"{self.final.name}{TMP_INFIX}{_shared_token(state.step)}"
+
+
+def _run_phases(save: _Save, phases) -> None:
+    """Each phase on every rank, then every rank's outcome shared: a refusal anywhere removes
+    the unfinished save and stops every rank with one `CheckpointWriteError`."""
     for phase in phases:
-        reason = _agree(_attempt(phase, tmp))
+        reason = _agree(_attempt(phase, save.tmp))
         if reason:
-            raise _abandon(tmp, root, state.step, reason)
-    if rank0:
-        _rename_into_place(tmp, final)
-        _point_latest(final)
-        _rotate(root, session.cfg.checkpoint.keep_last, session.resumed_from)
+            raise _abandon(save.tmp, save.root, save.state.step, reason)
+
+
+def _publish(session, save: _Save, writing: tuple[Path, ...] = ()) -> None:
+    """Every rank's files are complete: checksums into `run.json`, then rank 0 renames the
+    step into place, points `latest` at it and rotates."""
+    _run_phases(save, (lambda: _write_manifest(session, save.state, save.tmp),))
+    if torch.distributed.get_rank() == 0:
+        _rename_into_place(save.tmp, save.final)
+        _point_latest(save.final)
+        _rotate(save.root, session.cfg.checkpoint.keep_last, session.resumed_from, writing)
     torch.distributed.barrier()
-    return final
+
+
+# --- Asynchronous saves (`checkpoint.async_save`) -----------------------------------------------
+#
+# Megatron Core's asynchronous distributed save: `dist_checkpointing.save(...,
+# async_sharded_save=True)` plans the save and returns an `AsyncRequest` (serialization.py:
+# 465-470) instead of writing; `AsyncCallsQueue.schedule_async_request` forks a writer process
+# for it (TemporalAsyncCaller, strategies/async_utils.py:249-284: the fork is a copy-on-write
+# snapshot, so training may go on changing the weights); `maybe_finalize_async_calls` checks
+# with an all-reduce whether every rank's writer has exited (async_utils.py:286-316) and then
+# runs the request's finalize functions on every rank: torch DCP's (the write results of every
+# rank gathered, `.metadata`), Megatron's `metadata.json` (serialization.py:446-453) and ours,
+# `_publish`, appended last. So `latest` moves only once every rank's files are complete, and a
+# crash before then leaves the `.tmp-` directory, which nothing loads. The loop checks after
+# every step and blocks before the next save and at the end of the run (`finish_saves`).
+
+
+def forked_results_queue() -> None:
+    """The writer hands its results over Megatron's process-wide queue, by default a
+    multiprocessing Manager spawned inside the first save (strategies/filesystem_async.py:
+    52-66), whose fresh interpreter imports torch (3-4 s of that save's step). Forked from
+    this process instead, up front, it costs a fork."""
+    import multiprocessing
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
+
+
+class AsyncSaves:
+    """A session's asynchronous saves: Megatron's queue, a fully parallel save strategy with its
+    plan cached across saves (`save_strategy(cached=True)`), and the saves in flight."""
+
+    def __init__(self):
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        forked_results_queue()
+        self.queue = AsyncCallsQueue(persistent=False)
+        self.strategy = save_strategy(cached=True)
+        self.started = 0
+        self.in_flight: list[_Save] = []
+
+
+def _async_saves(session) -> AsyncSaves:
+    if getattr(session, "async_saves", None) is None:
+        session.async_saves = AsyncSaves()
+    return session.async_saves
+
+
+def _start_async_write(session, save: _Save) -> None:
+    """Plan the save, append the publication to its finalisation and start its writer."""
+    saves = _async_saves(session)
+    metadata = content_metadata(session.cfg)
+    with parameters_gathered(session.model):
+        sharded = sharded_checkpoint(session, save.state, metadata)
+        # A fresh content_metadata: the sharded dicts leave a process group in `metadata`,
+        # which only the validation branch strips (dist_checkpointing/state_dict_utils.py:
+        # 44-49) and the writer cannot pickle; the sharding is validated on the first save.
+        request = dist_checkpointing.save(
+            sharded, str(save.tmp), saves.strategy,
+            content_metadata=content_metadata(session.cfg),
+            validate_access_integrity=saves.started == 0,
+            async_sharded_save=True, async_strategy="mcore")
+        writing = tuple(s.tmp for s in saves.in_flight)
+        request.add_finalize_fn(lambda: _publish(session, save, writing))
+        with writer_errors_unlogged():  # the forked writer keeps the raised level
+            saves.queue.schedule_async_request(request)
+    saves.in_flight.append(save)
+    saves.started += 1
+
+
+def finish_saves(session, *, blocking: bool) -> None:
+    """Publish the asynchronous saves whose writers have finished on every rank (all of them,
+    waiting, when `blocking`). A collective: every rank calls it at the same point. A write the
+    file system refused stops every rank with the one `CheckpointWriteError`."""
+    saves = getattr(session, "async_saves", None)
+    if saves is None or not saves.in_flight:
+        return
+    oldest = saves.in_flight[0]
+    reason = _agree(_attempt(lambda: saves.queue.maybe_finalize_async_calls(blocking=blocking),
+                             oldest.tmp))
+    if reason:
+        saves.in_flight.clear()
+        raise _abandon(oldest.tmp, oldest.root, oldest.state.step, reason)
+    del saves.in_flight[:len(saves.in_flight) - saves.queue.get_num_unfinalized_calls()]
 
 
 def resolve_checkpoint_dir(path: str | Path) -> Path:

@@ -3,7 +3,10 @@
 Per step: `train_step` -> skipped-update count (fp16 overflow) -> non-finite check -> history
 -> `after_step` hook (plugins may add figures) -> report -> held-out evaluation when due
 (`after_eval` hook) -> checkpoint when due. Nothing here knows a specific plugin; every plugin
-attaches through the session's `PluginSet`.
+attaches through the session's `PluginSet`. With `checkpoint.async_save` every step ends by
+publishing the background saves that every rank has finished writing, and the run does not end
+(at its last step, or on SIGTERM: scancel, a requeue, torchrun stopping the ranks) before its
+saves are published.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import os
+import signal
 
 import torch
 
@@ -130,13 +135,52 @@ def announce_phase(session: TrainingSession, reporter: RunReporter) -> None:
             + (", lr decays" if phase.lr_decay else ""))
 
 
+class StopRequest:
+    """SIGTERM while saves may be in flight: noted by the handler, acted on by every rank
+    together at the next step boundary (a rank inside a collective cannot stop alone)."""
+
+    def __init__(self):
+        self.signalled = False
+
+    def note(self, signum, frame) -> None:
+        self.signalled = True
+
+    def agreed(self) -> bool:
+        """Whether any rank was signalled (a collective: every rank calls it each step)."""
+        flag = torch.tensor([int(self.signalled)])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+@contextlib.contextmanager
+def saves_published_before_exit(session: TrainingSession):
+    """With `checkpoint.async_save`: SIGTERM becomes a `StopRequest` for the loop; on the way
+    out the pending saves are published and the signal then ends the process as it would have.
+    Yields None when saves are synchronous (nothing to publish late; SIGTERM acts at once)."""
+    if not session.cfg.checkpoint.async_save:
+        yield None
+        return
+    request = StopRequest()
+    previous = signal.signal(signal.SIGTERM, request.note)
+    try:
+        yield request
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if request.signalled:
+        os.kill(os.getpid(), signal.SIGTERM)  # the saves are published: stop as signalled
+
+
 def run_training(session: TrainingSession, reporter: RunReporter) -> RunHistory:
     """The step loop from the session's step to `train.train_iters`; returns its history."""
-    with manual_gc(session.cfg.train.manual_gc_interval) as collect:
-        return _train(session, reporter, collect)
+    with manual_gc(session.cfg.train.manual_gc_interval) as collect, \
+            saves_published_before_exit(session) as stop:
+        history = _train(session, reporter, collect, stop)
+        checkpointing.finish_saves(session, blocking=True)
+        return history
 
 
-def _train(session: TrainingSession, reporter: RunReporter, collect) -> RunHistory:
+def _train(session: TrainingSession, reporter: RunReporter, collect,
+           stop: StopRequest | None) -> RunHistory:
     cfg, history = session.cfg, RunHistory()
     start = session.state.step
     # A phase that changes the sequence length or CP size starts a new launch: this one ends
@@ -165,6 +209,12 @@ def _train(session: TrainingSession, reporter: RunReporter, collect) -> RunHisto
         if cfg.checkpoint.save and _due(metrics.step, cfg.checkpoint.save_interval, total):
             path = checkpointing.save_checkpoint(session, session.run_dir / "checkpoints")
             history.checkpoint = str(path)
+        if stop is not None:  # asynchronous saves
+            checkpointing.finish_saves(session, blocking=False)
+            if stop.agreed():
+                reporter.print(f"stopping after step {metrics.step} (SIGTERM); checkpoints "
+                               "still being written are published first")
+                return history
     if total < cfg.train.train_iters:
         announce_relaunch(session, reporter, total)
     return history

@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,6 +67,7 @@ class TrainingSession:
     # The step directory a full resume loaded (rotation never deletes it); None otherwise.
     resumed_from: Path | None = None
     mid_step: bool = False  # set by train_step while a step is under way (no saves then)
+    async_saves: Any = None  # checkpoint.async_save: trainer.checkpointing.AsyncSaves
 
     def capture_state(self) -> RunState:
         """The run state as a checkpoint saves it: counters, data position, plugins, RNG."""

@@ -15,7 +15,7 @@ import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,7 +167,8 @@ def dry_run_command(cfg: RunConfig, command_args: Sequence[str] | None) -> str:
 
 
 def check_machine(
-    cfg: RunConfig, machine: MachineInfo, command_args: Sequence[str] | None = None
+    cfg: RunConfig, machine: MachineInfo, command_args: Sequence[str] | None = None,
+    local_attention_cost: Callable[[RunConfig], str] | None = None,
 ) -> None:
     """Raise a one-line `ConfigError` if this machine/launch cannot run `cfg`.
 
@@ -175,13 +176,15 @@ def check_machine(
     Single-node recipes run on GPUs, or without CUDA on the CPU runtime (one local process per
     rank, at most CPU_RANK_CAP). Then each plugin says what it lacks here (FP8: CUDA,
     Transformer Engine, compute capability). `cfg.dry_run` skips the check. `command_args` (the
-    user's arguments) make the suggested dry-run command reproduce their overrides.
+    user's arguments) make the suggested dry-run command reproduce their overrides;
+    `local_attention_cost` (the planner's, `recipes/plan/fit.py`) says what the local layers'
+    attention scores would cost where Transformer Engine is missing.
     """
     if cfg.dry_run:
         return
     check_ranks(cfg, machine, command_args)
     check_plugin_needs(cfg, machine)  # first: a plugin's need (FP8 on TE) says more
-    check_transformer_engine(cfg, machine)
+    check_transformer_engine(cfg, machine, local_attention_cost)
     check_mamba_kernels(cfg, machine)
 
 
@@ -199,10 +202,14 @@ def check_mamba_kernels(cfg: RunConfig, machine: MachineInfo) -> None:
         "extra (pip install -e '.[gpu]', docs/hybrid-models.md)")
 
 
-def check_transformer_engine(cfg: RunConfig, machine: MachineInfo) -> None:
+def check_transformer_engine(
+    cfg: RunConfig, machine: MachineInfo,
+    local_attention_cost: Callable[[RunConfig], str] | None = None,
+) -> None:
     """GPU ranks build Transformer Engine's layers unless told otherwise: a GPU node without TE
     would otherwise fall back to the local layers silently (unfused attention keeping every
-    score; sequence-parallel recipes die in the norm). CPU ranks cannot run TE's layers."""
+    score, whose memory `local_attention_cost` states; sequence-parallel recipes die in the
+    norm). CPU ranks cannot run TE's layers."""
     on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
     impl = cfg.model.transformer_impl
     if on_cpu and impl == "transformer_engine":
@@ -210,12 +217,13 @@ def check_transformer_engine(cfg: RunConfig, machine: MachineInfo) -> None:
                           "run's ranks are on CPU (no GPU here); use model.transformer_impl=auto")
     if not on_cpu and uses_transformer_engine(impl, on_gpu=True) and (
             machine.transformer_engine is None):
+        cost = f": {local_attention_cost(cfg)}" if local_attention_cost else ""
         raise ConfigError(
             f"model.transformer_impl={impl} builds Transformer Engine's layers on GPUs, but "
             "Transformer Engine is not installed here; install the gpu extra (pip install -e "
             "'.[gpu]', docs/precision.md), or run Megatron Core's local layers with "
-            "model.transformer_impl=local (unfused attention that keeps every score; no FP8, "
-            "no packed THD)")
+            f"model.transformer_impl=local (unfused attention that keeps every score{cost}; "
+            "no FP8, no packed THD)")
 
 
 def check_plugin_needs(cfg: RunConfig, machine: MachineInfo) -> None:

@@ -281,6 +281,11 @@ class CheckpointConfig:
     # Before launch, check the loaded checkpoint's files against its run.json: sizes and CRC-32
     # ("checksum", reads every byte once) or sizes only ("size", for very large checkpoints).
     verify: Literal["checksum", "size"] = "checksum"
+    # Write checkpoints in the background with Megatron Core's asynchronous distributed save (a
+    # forked writer per save; torch_dist, this trainer's only format, is the one Megatron saves
+    # asynchronously): the step pays only for the state's copy; `latest` moves steps later,
+    # once every rank's files are complete. Needs checkpoint.save=true.
+    async_save: bool = False
 
 
 @dataclass(kw_only=True)

@@ -536,6 +536,17 @@ def check_keep_last(cfg: RunConfig) -> str | None:
     return None
 
 
+def check_async_save_needs_saves(cfg: RunConfig) -> str | None:
+    """`checkpoint.async_save` changes how checkpoints are written; with saving off it would
+    silently do nothing."""
+    c = cfg.checkpoint
+    if c.async_save and not c.save:
+        return ("checkpoint.async_save=true writes checkpoints in the background, but "
+                "checkpoint.save=false writes none; set checkpoint.save=true (with "
+                "checkpoint.save_interval=N) or checkpoint.async_save=false")
+    return None
+
+
 def check_distributed_timeout(cfg: RunConfig) -> str | None:
     """A collective timeout of zero minutes or less would fail the first collective (or never
     time out); torch needs a positive one."""
@@ -594,6 +605,7 @@ RULES: tuple[Rule, ...] = (
     check_resume_needs_run_dir,
     check_resume_or_load,
     check_keep_last,
+    check_async_save_needs_saves,
     check_data_source,
     check_distributed_timeout,
     *PHASE_RULES,

@@ -38,7 +38,7 @@ def tensor_bytes(*shape: int, element_bytes: int = 2) -> int:
     return total
 
 
-def score_bytes(batch: int, heads: int, length: int, element_bytes: int = 2) -> int:
+def score_bytes(batch: int, heads: float, length: int, element_bytes: int = 2) -> float:
     """One explicit attention-score matrix per head: b·h·n² elements."""
     return tensor_bytes(batch, heads, length, length, element_bytes=element_bytes)
 
@@ -61,7 +61,7 @@ def _attention_terms(m: Any, d: int, attention: Attention, keys: int, tp: int) -
     split = d * (query + key_value) / tp + d * query / tp  # Q, K, V and projection input
     if attention == "explicit":
         per_key = d + ((1 + d) if m.attention_dropout > 0 else 0)
-        scores = heads / tp * keys * per_key
+        scores = score_bytes(1, heads / tp, keys, element_bytes=per_key) / keys
     else:
         scores = 4 * heads / tp  # FP32 log-sum-exp per head
     return LayerTerms(split=split, replicated=replicated, scores=scores)
@@ -114,6 +114,14 @@ def layer_bytes_per_token(cfg: Any, attention: Attention) -> LayerTerms:
     att = _attention_terms(m, d, attention, m.seq_length // layout.context, layout.tensor)
     mlp = _mlp_terms(m, d, layout)
     return LayerTerms(att.split + mlp.split, att.replicated + mlp.replicated, att.scores)
+
+
+def attention_score_bytes(cfg: Any) -> float:
+    """What explicit (unfused) attention keeps of its scores in one layer for one micro-batch
+    on one rank: b x heads/TP x s x s x bytes per score (softmax output, and the dropout mask
+    and output when attention dropout is on), the planner's own score term."""
+    tokens = cfg.train.micro_batch_size * cfg.model.seq_length // cfg.layout.context
+    return tokens * layer_bytes_per_token(cfg, "explicit").scores
 
 
 def layer_bytes(cfg: Any, attention: Attention, recompute: str | None = None,

@@ -139,18 +139,19 @@ def layout_warnings(cfg: Any, cluster: ClusterSpec | None = None) -> list[str]:
     return make_plan(cfg, cluster or recipe_cluster(cfg), PlanOptions(listed_groups=0)).warnings
 
 
+def local_attention_cost(cfg: Any) -> str:
+    """The score memory Megatron Core's unfused local attention keeps, in words."""
+    from recipes.plan.activations import attention_score_bytes
+
+    return (f"{size_text(attention_score_bytes(cfg))} per layer and micro-batch at seq_length "
+            f"{cfg.model.seq_length}")
+
+
 def local_attention_note(cfg: Any) -> str:
     """What the local layers cost on GPUs: their attention keeps the whole score matrix."""
-    from recipes.plan.activations import score_bytes
-
-    m, layout = cfg.model, cfg.layout
-    heads = m.num_attention_heads // layout.tensor
-    seq = m.seq_length // layout.context
-    scores = score_bytes(layout.micro_batch, heads, seq)
     return (f"note: model.transformer_impl=local runs Megatron Core's unfused attention on the "
-            f"GPUs, which keeps its scores: {size_text(scores)} per layer and micro-batch at "
-            f"seq_length {m.seq_length} (Transformer Engine's fused attention keeps none; "
-            "install the gpu extra for it)")
+            f"GPUs, which keeps its scores: {local_attention_cost(cfg)} (Transformer Engine's "
+            "fused attention keeps none; install the gpu extra for it)")
 
 
 def refusal(plan: Plan, memory_of: str | None = None) -> str:

@@ -48,14 +48,24 @@ def _step(session) -> dict:
             "batch": metrics.global_batch, "expert_bias": _expert_bias(session)}
 
 
-def _train(session, steps: int, save_at=(), root: Path | None = None) -> list[dict]:
-    from trainer.checkpointing import save_checkpoint
+def _train(session, steps: int, save_at=(), root: Path | None = None,
+           started: list | None = None) -> list[dict]:
+    """As the run loop does: save after the steps in `save_at`, publish finished asynchronous
+    saves after every step and all of them at the end. `started` gets, per save, what rank 0
+    saw in `root` right after the save returned."""
+    from trainer.checkpointing import finish_saves, save_checkpoint
 
     records = []
     while session.state.step < steps:
         records.append(_step(session))
         if session.state.step in save_at:
-            save_checkpoint(session, root)
+            final = save_checkpoint(session, root)
+            if started is not None:
+                latest = root / "latest"
+                started.append({"step": session.state.step, "published": final.exists(),
+                                "latest": latest.read_text() if latest.exists() else None})
+        finish_saves(session, blocking=False)  # nothing to do unless saves are asynchronous
+    finish_saves(session, blocking=True)
     return records
 
 
@@ -66,6 +76,42 @@ def continuous(payload: dict) -> dict:
                      Path(payload.get("checkpoint_dir", ".")))
     _finish()
     return {"records": records}
+
+
+def plain_then_async(payload: dict) -> dict:
+    """In one launch: `steps` steps without saving, then the same run in a new session saving
+    after `save_at` with the payload's overrides (checkpoint.async_save=true)."""
+    plain = _session({**payload, "overrides": []})
+    records = _train(plain, payload["steps"])
+    _finish()
+    session = _session(payload)
+    started: list[dict] = []
+    saving = _train(session, payload["steps"], set(payload["save_at"]),
+                    Path(payload["checkpoint_dir"]), started)
+    _finish()
+    return {"plain": records, "async": saving, "started": started}
+
+
+def die_during_async_write(payload: dict) -> dict:
+    """Resume, train one step and save it asynchronously; rank `kill_rank` is SIGKILLed right
+    after its writer started, before any rank could publish."""
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+    schedule = AsyncCallsQueue.schedule_async_request
+
+    def killed_after(queue, request):
+        import torch
+
+        index = schedule(queue, request)
+        if torch.distributed.get_rank() == payload["kill_rank"]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return index
+
+    AsyncCallsQueue.schedule_async_request = killed_after
+    session = _session(payload)
+    _train(session, session.start_step + 1, {session.start_step + 1},
+           Path(payload["checkpoint_dir"]))
+    return {"survived": True}  # not reached
 
 
 def resumed(payload: dict) -> dict:

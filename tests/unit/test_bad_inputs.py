@@ -163,6 +163,9 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
      "tokens looked at), but the blend's vocab_size is 4,096"),
     # checkpoint
     (["checkpoint.load_model_only=true"], "checkpoint.load_model_only=true needs a checkpoint"),
+    (["checkpoint.async_save=true", "checkpoint.save=false"],
+     "checkpoint.async_save=true writes checkpoints in the background, but checkpoint.save=false"),
+    (["checkpoint.async_save=maybe"], "checkpoint.async_save"),
     (["checkpoint.load="], "checkpoint.load is empty; give it a value (a string), or "
      "checkpoint.load=null to leave it unset"),
     (["checkpoint.load=''"], "checkpoint.load='' is empty; give it a value, or "

@@ -114,6 +114,18 @@ def test_publish_renames_then_points_latest_and_rotation_cleans_up(tmp_path) -> 
     ]
 
 
+def test_rotation_leaves_a_save_still_being_written_alone(tmp_path) -> None:
+    """An asynchronous save of an older step (a run resumed from step 1 of a root that holds
+    step 4) is not a crash leftover while its writer is at work."""
+    root = tmp_path / "checkpoints"
+    _complete(root / "step_0000004")
+    writing = root / "step_0000002.tmp-2-cafe"
+    writing.mkdir()
+    (root / "step_0000003.tmp-3-dead").mkdir()
+    _rotate(root, keep_last=1, resumed_from=None, writing=(writing,))
+    assert _steps(root) == ["step_0000002.tmp-2-cafe", "step_0000004"]
+
+
 def test_publishing_a_step_again_replaces_it(tmp_path) -> None:
     root = tmp_path / "checkpoints"
     (_complete(root / "step_0000002") / "old").write_text("old")

@@ -15,6 +15,7 @@ from megatron.core.transformer import TransformerConfig
 from plugins.protocol.errors import ConfigError
 from recipes.config.machine import MachineInfo, check_machine
 from recipes.config.overrides import apply_overrides
+from recipes.plan.fit import local_attention_cost
 from recipes.registry import RECIPES, get_recipe
 from trainer.mcore_translation import FUSIONS, build_transformer_config, fusions_line
 
@@ -72,16 +73,32 @@ GPU_NODE = MachineInfo(gpus=4, launched_world_size=None, compute_capability=(9, 
 def test_a_gpu_node_without_transformer_engine_is_refused_before_launch():
     cfg = apply_overrides(get_recipe("tiny_tp2_pp2"), [])
     with pytest.raises(ConfigError) as caught:
-        check_machine(cfg, GPU_NODE)
+        check_machine(cfg, GPU_NODE, local_attention_cost=local_attention_cost)
     assert str(caught.value) == (
         "model.transformer_impl=auto builds Transformer Engine's layers on GPUs, but "
         "Transformer Engine is not installed here; install the gpu extra (pip install -e "
         "'.[gpu]', docs/precision.md), or run Megatron Core's local layers with "
-        "model.transformer_impl=local (unfused attention that keeps every score; no FP8, no "
-        "packed THD)")
+        "model.transformer_impl=local (unfused attention that keeps every score: 0.26 MB per "
+        "layer and micro-batch at seq_length 128; no FP8, no packed THD)")
     check_machine(apply_overrides(cfg, ["model.transformer_impl=local"]), GPU_NODE)
     with_te = dataclasses.replace(GPU_NODE, transformer_engine="2.8.0")
     check_machine(cfg, with_te)
+
+
+def test_the_score_memory_is_the_planners_score_term():
+    """b x heads/TP x s x s x bytes: Llama-3-8B at TP8, mbs 2, bf16, seq 8192 keeps
+    2 x 32/8 x 8192^2 x 2 bytes = 1.07 GB per layer; attention dropout adds a one-byte mask and
+    a bf16 output per score, 2.5x that; the planner's explicit activations hold the same."""
+    from recipes.plan.activations import attention_score_bytes, layer_bytes
+
+    cfg = get_recipe("llama3_8b_tp8_dp8")
+    assert attention_score_bytes(cfg) == 2 * 32 // 8 * 8192 ** 2 * 2
+    dropout = apply_overrides(cfg, ["model.attention_dropout=0.1"])
+    assert attention_score_bytes(dropout) == 2.5 * attention_score_bytes(cfg)
+    kept = layer_bytes(cfg, "explicit") - layer_bytes(cfg, "flash")
+    flash_lse = 2 * 8192 * 4 * 32 / 8
+    assert kept == attention_score_bytes(cfg) - flash_lse
+    assert local_attention_cost(cfg) == "1.07 GB per layer and micro-batch at seq_length 8192"
 
 
 def test_cpu_ranks_cannot_be_asked_for_transformer_engine():

@@ -212,6 +212,11 @@ RULE_CASES = [
     ("check_keep_last", "tiny_dp1", ["checkpoint.keep_last=0"],
      "checkpoint.keep_last=0 must be at least 1; set checkpoint.keep_last=1 or more, or "
      "checkpoint.keep_last=null to keep every checkpoint"),
+    ("check_async_save_needs_saves", "tiny_dp1",
+     ["checkpoint.async_save=true", "checkpoint.save=false"],
+     "checkpoint.async_save=true writes checkpoints in the background, but checkpoint.save=false "
+     "writes none; set checkpoint.save=true (with checkpoint.save_interval=N) or "
+     "checkpoint.async_save=false"),
     ("check_resume_needs_run_dir", "tiny_dp1", ["checkpoint.resume=true"],
      "checkpoint.resume=true needs an explicit run_dir (it continues the run saved there); set "
      "run_dir=<run directory>, e.g. run_dir=runs/my-run, or checkpoint.resume=false"),

@@ -33,6 +33,7 @@ from recipes.config.io import CONFIG_FILENAME, save_config
 from recipes.config.machine import check_machine, detect_machine
 from recipes.config.path_rules import checkpoint_preflight, validate_paths
 from recipes.config.schema import RunConfig
+from recipes.plan.fit import local_attention_cost
 from recipes.resolve import resolve_config
 from trainer.entry.contract import Arguments, print_once
 from trainer.throughput import RUN_RULES
@@ -108,7 +109,7 @@ def launch_and_wait(args: Arguments, extra: Sequence[str] = ()) -> int:
     prepare_missing_data(cfg)  # before the path rules: they check the prepared files
     validate_paths(cfg)
     machine = detect_machine()
-    check_machine(cfg, machine, [*args.rest, *extra])
+    check_machine(cfg, machine, [*args.rest, *extra], local_attention_cost)
     preflight(cfg, machine)
     cfg, run_dir = prepare_run_dir(cfg)
     on_gpu = not cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
@@ -189,7 +190,7 @@ def run_as_rank(rank: RankFunction, args: Arguments) -> int:
         return dry_run(cfg)
     validate_paths(cfg)
     machine = detect_machine()
-    check_machine(cfg, machine, list(args.rest))
+    check_machine(cfg, machine, list(args.rest), local_attention_cost)
     if not os.environ.get(PREFLIGHT_DONE_ENV) and os.environ.get("RANK", "0") == "0":
         preflight(cfg, machine)  # an outside launch (torchrun, Slurm): rank 0 does it once
     cfg, run_dir = prepare_run_dir(cfg)

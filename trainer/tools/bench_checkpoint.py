@@ -1,5 +1,5 @@
 """Checkpoint benchmark: save and load time next to `dd conv=fsync` of the same bytes, the
-training-step stall of Megatron's asynchronous save, and where a save's fixed cost goes.
+training-step stall with asynchronous saving on and off, and where a save's time goes.
 
 Why: a save that costs several times the raw write (measured before the save path was tuned:
 ~3.3 s fixed even at 4 MB, and 7-10x dd at 1.4 GB) is paid at every save interval by every
@@ -13,12 +13,12 @@ atomic publication included), writes the same number of bytes with `dd ... conv=
 0 in the same directory, and loads the checkpoint back through `load_checkpoint`. The first save
 of a process is reported apart: Megatron starts process-wide helpers on it. Phases are timed by
 wrapping Megatron's and our functions for the duration of the benchmark (nested phases overlap;
-barriers include waiting for the slowest rank). The async part times normal steps, then steps
-that also start `dist_checkpointing.save(..., async_sharded_save=True)` scheduled on Megatron's
-`AsyncCallsQueue` (mcore strategy: a forked writer per save), then the steps until it is
-finalised: once with Megatron's defaults and twice `tuned` (`AsyncSaver`), the settings an
-async save in the trainer would use. The stall is reported two ways: the step that starts the
-save minus a normal step, and the time blocked in starting it (less noisy on a shared machine).
+barriers include waiting for the slowest rank). The async part times normal steps, then two
+steps that also start a save through the same `save_checkpoint` with checkpoint.async_save=true
+(Megatron's asynchronous save, trainer/checkpointing.py), then the steps until it is
+published. The stall with async off is the synchronous save itself; with async on it is
+reported two ways: the step that starts the save minus a normal step, and the time blocked in
+starting it (less noisy on a shared machine).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import warnings
 from pathlib import Path
 
 from recipes.config.schema import RunConfig
-from trainer.checkpointing import save_strategy
 
 MIB = 1 << 20
 
@@ -61,6 +60,11 @@ PHASES = (
     ("megatron.core.dist_checkpointing.strategies.fully_parallel",
      "FullyParallelSaveStrategyWrapper.apply_saving_parallelization",
      "save: fully parallel distribution (+ validation)"),
+    ("trainer.checkpointing", "_agree", "save: each phase's outcome shared (all ranks)"),
+    ("megatron.core.dist_checkpointing.strategies.async_utils",
+     "AsyncCallsQueue.schedule_async_request", "async: start the writer (preload, fork)"),
+    ("trainer.checkpointing", "forked_results_queue", "async: fork the results queue"),
+    ("trainer.checkpointing", "finish_saves", "async: finish_saves (check, publish)"),
     ("trainer.checkpointing", "_write_manifest", "save: run.json (checksums of every file)"),
     ("trainer.checkpointing", "_rename_into_place", "save: publish (rename)"),
     ("trainer.checkpointing", "_point_latest", "save: latest marker (write, rename, fsync)"),
@@ -241,109 +245,65 @@ def _timed_step(session) -> float:
     return time.perf_counter() - start
 
 
-def _forked_results_queue() -> None:
-    """Tuned: the writer's results queue from a Manager forked now (torch already imported)
-    instead of one spawned inside the first save (strategies/filesystem_async.py:52-66)."""
-    import multiprocessing
+def _steps_until_published(session, limit: int) -> tuple[list[float], int]:
+    """Train while the async save writes; each step ends as the run loop's does, with the
+    (collective) `finish_saves`. Returns the step times and how many ran before publication."""
+    from trainer.checkpointing import finish_saves
 
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    if filesystem_async._results_queue is None:
-        filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
-
-
-class AsyncSaver:
-    """What `save_checkpoint` writes, through Megatron's async save (mcore strategy: a forked
-    writer per save) on an `AsyncCallsQueue`: Megatron's defaults, or `tuned` (frozen GC around
-    the optimizer state, a forked results queue made up front, fully parallel save with cached
-    plan and distribution, sharding validated on the first save only)."""
-
-    def __init__(self, tuned: bool):
-        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
-
-        self.tuned = tuned
-        self.queue = AsyncCallsQueue()
-        self.strategy = save_strategy(cached=True) if tuned else None
-        self.saves = 0
-        if tuned:
-            _forked_results_queue()
-
-    def start(self, session, path: Path) -> None:
-        from megatron.core import dist_checkpointing
-
-        from trainer import checkpointing as ckpt
-
-        state = session.capture_state()
-        metadata = ckpt.content_metadata(session.cfg)
-        if _rank0():
-            path.mkdir(parents=True)
-        _barrier()
-        with ckpt.parameters_gathered(session.model):
-            sharded = ckpt.sharded_checkpoint(session, state, metadata, freeze_gc=self.tuned)
-            # A fresh copy: the sharded dicts add a process group to `metadata`, which only
-            # the validation branch strips (dist_checkpointing/state_dict_utils.py:44-49).
-            request = dist_checkpointing.save(
-                sharded, str(path), self.strategy,
-                content_metadata=ckpt.content_metadata(session.cfg),
-                validate_access_integrity=not (self.tuned and self.saves > 0),
-                async_sharded_save=True, async_strategy="mcore")
-            self.queue.schedule_async_request(request)
-        self.saves += 1
-
-
-def _steps_until_finalized(session, queue, limit: int) -> tuple[list[float], int]:
-    """Train while the async save writes; each step ends with the (collective) finalisation
-    check. Returns the step times and how many steps ran before it was finalised."""
     times = []
-    while queue.get_num_unfinalized_calls() and len(times) < limit:
+    while session.async_saves.in_flight and len(times) < limit:
         start = time.perf_counter()
         _timed_step(session)
-        queue.maybe_finalize_async_calls(blocking=False)
+        finish_saves(session, blocking=False)
         times.append(time.perf_counter() - start)
     overlapped = len(times)
-    queue.maybe_finalize_async_calls(blocking=True)
+    finish_saves(session, blocking=True)
     return times, overlapped
 
 
-def _one_async_save(session, saver: AsyncSaver, root: Path, median: float,
-                    timer: PhaseTimer) -> dict:
-    """The step that starts an async save vs a normal step; then steps until it is final."""
-    path = root / f"async_{'tuned' if saver.tuned else 'default'}_{session.state.step + 1:07d}"
+def _one_async_save(session, root: Path, median: float, timer: PhaseTimer) -> dict:
+    """The step that starts an async save (`save_checkpoint` with checkpoint.async_save=true,
+    the trainer's own path) vs a normal step; then steps until it is published."""
+    from trainer import checkpointing
+
     _barrier()
     timer.take()
     start = time.perf_counter()
     _timed_step(session)
     started = time.perf_counter()
-    saver.start(session, path)
+    path = checkpointing.save_checkpoint(session, root)
     start_s = _slowest(time.perf_counter() - started)
     saving_step = _slowest(time.perf_counter() - start)
     scheduling = timer.take()
-    after, overlapped = _steps_until_finalized(session, saver.queue, limit=20)
+    after, overlapped = _steps_until_published(session, limit=20)
     total_s = _slowest(time.perf_counter() - start)
-    complete, nbytes = (path / "metadata.json").exists(), directory_bytes(path)
+    complete = (root / "latest").exists() and (root / "latest").read_text() == path.name
+    nbytes = directory_bytes(path) if path.exists() else 0
     _barrier()
     if _rank0():
         shutil.rmtree(path, ignore_errors=True)
     return {"saving_step_s": round(saving_step, 4), "stall_s": round(saving_step - median, 4),
             "start_s": round(start_s, 4),
             "steps_after": [round(_slowest(t), 4) for t in after],
-            "steps_overlapped": overlapped, "until_finalized_s": round(total_s, 4),
+            "steps_overlapped": overlapped, "until_published_s": round(total_s, 4),
             "complete": complete, "phases": scheduling, "bytes": nbytes}
 
 
 def measure_async(session, root: Path, steps: int, timer: PhaseTimer) -> dict:
-    """Normal steps, then async saves: one with Megatron's defaults, two tuned (the second
-    shows the cached plan)."""
+    """Normal steps, then two async saves through the trainer (the first starts the writer's
+    results queue and validates the sharding; the second is what every later save pays)."""
     _progress(f"async save: {steps} normal steps, then steps that start saves ...")
     normal = [_slowest(_timed_step(session)) for _ in range(steps)]
     median = statistics.median(normal)
     figures = {"normal_step_s": round(median, 4), "saves": []}
-    for tuned, count in ((False, 1), (True, 2)):
-        saver = AsyncSaver(tuned)
-        for _ in range(count):
-            _progress(f"async save ({'tuned' if tuned else 'Megatron defaults'}) ...")
-            row = _one_async_save(session, saver, root, median, timer)
-            figures["saves"].append({"tuned": tuned, **row})
+    session.cfg.checkpoint.async_save = True
+    try:
+        for number in (1, 2):
+            _progress(f"async save {number}/2 ...")
+            figures["saves"].append({"number": number,
+                                     **_one_async_save(session, root, median, timer)})
+    finally:
+        session.cfg.checkpoint.async_save = False
     return figures
 
 
@@ -382,19 +342,20 @@ def report_lines(name: str, figures: dict) -> list[str]:
         lines += _phase_lines(f"phases of save #{row['repeat']}", row["save_phases"])
     lines += _phase_lines("phases of the last load", figures["sync"][-1]["load_phases"])
     a = figures["async"]
-    lines.append(f"  async save (normal step {a['normal_step_s']:.3f} s; stall = the step "
-                 "that starts the save - a normal step, and the time blocked starting it; "
-                 "goal 0.2 s):")
+    sync_stall = figures["sync"][-1]["save_s"]
+    lines.append(f"  step stall (goal 0.2 s; normal step {a['normal_step_s']:.3f} s): async off "
+                 f"{sync_stall:.3f} s (the synchronous save), async on: the step that starts "
+                 "the save - a normal step, and the time blocked starting it:")
     for row in a["saves"]:
-        lines.append(f"    {'tuned' if row['tuned'] else 'default':8s} step+start "
-                     f"{row['saving_step_s']:.3f} s, stall {row['stall_s']:.3f} s, blocked "
-                     f"{row['start_s']:.3f} s {ok[max(row['stall_s'], row['start_s']) <= 0.2]}; "
-                     f"final after {row['steps_overlapped']} more steps "
+        stall = max(row["stall_s"], row["start_s"])
+        lines.append(f"    async save {row['number']}: step+start {row['saving_step_s']:.3f} s, "
+                     f"stall {row['stall_s']:.3f} s, blocked {row['start_s']:.3f} s "
+                     f"{ok[stall <= 0.2]} ({sync_stall / max(stall, 1e-3):.0f}x less than off); "
+                     f"published after {row['steps_overlapped']} more steps "
                      f"({', '.join(f'{t:.2f}' for t in row['steps_after'])} s), "
-                     f"{row['until_finalized_s']:.2f} s, complete={row['complete']}")
+                     f"{row['until_published_s']:.2f} s, complete={row['complete']}")
     for row in a["saves"]:
-        kind = "tuned" if row["tuned"] else "default"
-        lines += _phase_lines(f"phases of starting an async save ({kind})", row["phases"])
+        lines += _phase_lines(f"phases of starting async save {row['number']}", row["phases"])
     return lines
 
 
