@@ -13,11 +13,11 @@ compared. No torch here: configs are checked before any heavy import.
   of `n_group` groups), weighs by the unbiased scores, divides them by their sum when
   `norm_topk_prob`, and scales by `routed_scaling_factor`. Megatron does the same with
   `moe_router_score_function=sigmoid`, `moe_router_expert_bias` and its top-k scaling factor,
-  but divides by the sum exactly when top-k > 1 (`transformer/moe/moe_utils.py:853-868`), and
+  but divides by the sum exactly when top-k > 1 (`transformer/moe/moe_utils.py:854-868`), and
   group-limited routing has no field here: other settings are refused.
 - dt. transformers 5.24's PyTorch path clamps softplus(dt) from below at `time_step_min`
   (`modeling_nemotron_h.py`: `time_step_limit = (config.time_step_min, inf)`); Megatron's mixer
-  does not clamp (`ssm/mamba_mixer.py:755-775` passes no dt limit), as in the Megatron runs
+  does not clamp (`ssm/mamba_mixer.py:755-773` passes no dt limit), as in the Megatron runs
   NemotronH models are trained with. A `time_step_min` > 0 is accepted (the imported model is
   Megatron's function; transformers differs where softplus(dt) < time_step_min); an export
   written from scratch sets `time_step_min=0`, so that transformers computes our function.
