@@ -1,16 +1,18 @@
-"""Tiny Llama- and Mixtral-shaped recipes for the Hugging Face interop tests (CPU, fp32).
+"""Tiny Llama-, Mixtral- and NemotronH-shaped recipes for the HF interop tests (CPU, fp32).
 
 Each has every feature a published model's mapping touches, at a size a 2-core CPU converts and
 runs in seconds: GQA (4 query heads in 2 groups), SwiGLU, RMSNorm, RoPE with a base (Llama: 3.1's
 scaling too), a vocabulary of 300 (at least the byte tokenizer's 256) that Megatron pads to 320
 at TP1 and TP2 alike (padding unit 160 x TP; added on import, removed on export), untied (Llama)
-and tied (Mixtral) embeddings, and Mixtral's router with 4 experts (top-2). Layouts are overrides
-(`parallel.*`, `cluster.gpus_per_node`).
+and tied (Mixtral) embeddings, and Mixtral's router with 4 experts (top-2). The NemotronH one is
+a hybrid with one layer of each kind (Mamba2, attention, squared-ReLU MLP, MoE routed the
+Nemotron 3 way). Layouts are overrides (`parallel.*`, `cluster.gpus_per_node`).
 """
 
 from __future__ import annotations
 
 from recipes.config.schema import ModelConfig, ParallelConfig, RunConfig
+from recipes.nemotron_h import nemotron3_moe, nemotron_h_model
 from recipes.tiny import tiny_base
 
 
@@ -59,4 +61,23 @@ def hf_tiny_mixtral() -> RunConfig:
     return cfg
 
 
-RECIPES = (hf_tiny_llama, hf_tiny_mixtral)
+def hf_tiny_nemotron_h_model() -> ModelConfig:
+    """4 layers (M * - E) of width 32: Mamba 8 heads x 8 in 2 groups with state 16, GQA 4/2,
+    a squared-ReLU MLP of 64, 4 routed experts of 32 (top-2, sigmoid with expert bias, x2.5)
+    beside a shared expert of 48; the byte vocabulary (256) padded to 320 at TP1 and TP2;
+    untied."""
+    model = nemotron_h_model("M*-E", 32, 64, 4, num_query_groups=2, seq_length=32,
+                             vocab_size=256, make_vocab_size_divisible_by=160, mamba_num_heads=8,
+                             mamba_head_dim=8, mamba_num_groups=2, mamba_state_dim=16,
+                             mamba_chunk_size=8)
+    return nemotron3_moe(model, experts=4, topk=2, width=32, shared=48, scaling=2.5)
+
+
+def hf_tiny_nemotron_h() -> RunConfig:
+    """Tiny NemotronH-shaped hybrid (Mamba2, attention, MLP, Nemotron 3 MoE) on one rank."""
+    cfg = _on(hf_tiny_nemotron_h_model(), ranks=1)
+    cfg.plugins.moe.enabled = True
+    return cfg
+
+
+RECIPES = (hf_tiny_llama, hf_tiny_mixtral, hf_tiny_nemotron_h)

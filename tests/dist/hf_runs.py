@@ -13,15 +13,36 @@ from pathlib import Path
 
 from tests.dist.layout_runs import _finish, _session
 
-VOCAB = 300  # the tiny recipes' vocabulary (padded to 320 by Megatron)
+VOCAB = 300  # the tiny Llama and Mixtral recipes' vocabulary (padded to 320 by Megatron)
+VOCABS = {"llama": VOCAB, "mixtral": VOCAB, "nemotron_h": 256}  # NemotronH: also padded to 320
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def nemotron_h_config():
+    """The transformers config of recipe hf_tiny_nemotron_h's model (recipes/hf_tiny.py):
+    one block of each type, MoE routed as Nemotron 3 (sigmoid, e_score_correction_bias,
+    n_group 1, normalised top-2, x2.5, a shared expert)."""
+    from transformers import NemotronHConfig
+
+    return NemotronHConfig(
+        vocab_size=VOCABS["nemotron_h"], hidden_size=32,
+        layers_block_type=["linear_attention", "full_attention", "mlp", "moe"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
+        mamba_num_heads=8, mamba_head_dim=8, n_groups=2, ssm_state_size=16, conv_kernel=4,
+        chunk_size=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=48, routed_scaling_factor=2.5, n_group=1,
+        topk_group=1, norm_topk_prob=True, layer_norm_epsilon=1e-5, tie_word_embeddings=False,
+        initializer_range=0.1, max_position_embeddings=32,
+    )
 
 
 def hf_config(kind: str):
     """The transformers config of recipe hf_tiny_<kind>'s model (recipes/hf_tiny.py)."""
     from transformers import LlamaConfig, MixtralConfig
 
+    if kind == "nemotron_h":
+        return nemotron_h_config()
     common = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128,
               "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
               "max_position_embeddings": 32}
@@ -32,13 +53,34 @@ def hf_config(kind: str):
                          num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=True)
 
 
+# NemotronH tensors transformers initialises to constants (ones, zeros, log 1..H): moved off them
+# so that a mapping that dropped or swapped one would show in the logits.
+_CONSTANT_AT_INIT = ("norm.weight", "norm_f.weight", "mixer.D", "mixer.A_log", "mixer.dt_bias",
+                     "conv1d.bias", "e_score_correction_bias")
+
+
+def _away_from_defaults(model) -> None:
+    import torch
+
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith(_CONSTANT_AT_INIT):
+                tensor.add_(torch.empty_like(tensor).uniform_(-0.3, 0.3))
+
+
 def make_hf_model(kind: str, directory: Path, seed: int = 0) -> Path:
-    """A randomly initialised model of that shape, saved as transformers saves it."""
+    """A randomly initialised model of that shape, saved as transformers saves it. NemotronH's
+    is saved with `time_step_min=0`: transformers clamps dt from below there, Megatron at 0
+    (trainer/interop/nemotron_h_config.py), so both compute the same function; transformers'
+    own initialisation needs it > 0 (log), so it is set after building."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config(kind), dtype=torch.float32)
+    if kind == "nemotron_h":
+        _away_from_defaults(model)
+        model.config.time_step_min = 0.0
     model.save_pretrained(directory)
     return directory
 
@@ -109,13 +151,14 @@ def _microbatches(rows: list, micro_batch: int) -> list[dict]:
 
 def layout_loss_and_save(payload: dict) -> dict:
     """Load the checkpoint into this layout, the mean loss over `rows` (every DP rank runs all of
-    them: the mean is unchanged), then save the weights from this layout for the export."""
+    them: the mean is unchanged), then save the weights from this layout for the export; with
+    `train_steps`, then train that many optimizer steps and give their losses."""
     import torch
 
     from recipes.config.io import save_config
     from tests.dist.reference_weights import save_model_weights
     from trainer.metrics import reduce_loss_over_world
-    from trainer.step import run_schedule
+    from trainer.step import run_schedule, train_step
 
     session = _loaded_session(payload)
     cfg = session.cfg
@@ -129,8 +172,11 @@ def layout_loss_and_save(payload: dict) -> dict:
     save_model_weights(payload["save_dir"], cfg, session.model)
     if torch.distributed.get_rank() == 0:
         save_config(cfg, Path(payload["save_dir"]) / "config.yaml")
+    for chunk in session.model:
+        chunk.train()
+    trained = [train_step(session).loss for _ in range(payload.get("train_steps", 0))]
     _finish()
-    return {"loss": loss, "tokens": tokens}
+    return {"loss": loss, "tokens": tokens, "train_losses": trained}
 
 
 def published_shapes(payload: dict) -> dict:

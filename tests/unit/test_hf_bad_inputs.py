@@ -1,11 +1,14 @@
 """Bad inputs to scripts/convert.py end in one line naming what and how to fix, before any output
 exists: not a Hugging Face model, an unmapped architecture, a recipe of another shape (each field
-named), a missing shard or tensor, a tensor of the wrong shape, a bad command line. No process
-group: everything here is refused from config.json and the shards' headers."""
+named), a missing shard or tensor, a tensor of the wrong shape, a bad command line, a NemotronH
+feature our hybrid models cannot express. No process group: everything here is refused from
+config.json and the shards' headers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
-from tests.dist.hf_runs import make_hf_model
+from tests.dist.hf_runs import make_hf_model, nemotron_h_config
 from trainer.entry.commands import CONVERT
 from trainer.entry.contract import parse_arguments
 from trainer.interop import cli, hf_config
@@ -144,3 +147,68 @@ def test_config_json_missing_a_field_is_named() -> None:
 def test_existing_output_is_refused_before_anything_runs(tmp_path) -> None:
     with pytest.raises(ConfigError, match=f"out={tmp_path} already exists"):
         _parse(["export", "checkpoint=a", f"out={tmp_path}"])
+
+
+@pytest.fixture(scope="module")
+def nemotron_h() -> dict:
+    """The tiny NemotronH's config.json as transformers writes it (recipe hf_tiny_nemotron_h)."""
+    config = nemotron_h_config()
+    config.time_step_min = 0.0
+    return {**json.loads(config.to_json_string()), "architectures": ["NemotronHForCausalLM"]}
+
+
+NEMOTRON_H_REFUSED = [
+    ({"n_group": 2, "topk_group": 1}, {},
+     "n_group=2 topk_group=1 (group-limited routing) is not mapped"),
+    ({"norm_topk_prob": False}, {},
+     "norm_topk_prob=false with num_experts_per_tok=2 is not mapped"),
+    ({"moe_latent_size": 16}, {}, "moe_latent_size=16 (latent MoE) is not mapped"),
+    ({"num_nextn_predict_layers": 1}, {}, "(multi-token prediction) is not mapped"),
+    ({"mlp_hidden_act": "gelu"}, {}, "mlp_hidden_act=gelu is not mapped"),
+    ({"mamba_hidden_act": "relu"}, {}, "mamba_hidden_act=relu is not mapped"),
+    ({"use_conv_bias": False}, {}, "use_conv_bias=false is not mapped"),
+    ({"time_step_limit": [0.0, 0.1]}, {}, "time_step_limit=[0.0, 0.1] is not mapped"),
+    ({"residual_in_fp32": True}, {}, "residual_in_fp32=true is not mapped"),
+    ({"sliding_window": 16}, {}, "sliding_window=16 is not mapped"),
+    ({"layer_norm_epsilon": 1e-6}, {}, "layer_norm_epsilon=1e-06 is not mapped"),
+    ({"use_bias": True}, {}, "biases (use_bias, mlp_bias or attention_bias true)"),
+    ({"layers_block_type": ["linear_attention", "indexed_attention", "mlp", "moe"]}, {},
+     "block type indexed_attention is not mapped"),
+    ({"ssm_state_size": None}, {}, "config.json lacks field ssm_state_size"),
+    ({"layers_block_type": ["moe", "linear_attention", "full_attention", "mlp"]}, {},
+     "layers_block_type=EM*- but model.hybrid_layer_pattern=M*-E"),
+    ({"moe_shared_expert_intermediate_size": 64, "routed_scaling_factor": 1.0}, {},
+     "moe_shared_expert_intermediate_size=64 but model.moe_shared_expert_ffn_hidden_size=48; "
+     "routed_scaling_factor=1 but model.moe_router_topk_scaling_factor=2.5"),
+    ({}, {"moe_router_expert_bias": False},
+     "gate.e_score_correction_bias=true but model.moe_router_expert_bias=false"),
+    ({}, {"hybrid_layer_pattern": None}, "recipe hf_tiny_nemotron_h is a GPT model, not a hybrid"),
+    ({}, {"activation": "swiglu"}, "is not NemotronH-shaped (model.activation=swiglu)"),
+]
+
+
+@pytest.mark.parametrize("change, ours, expected", NEMOTRON_H_REFUSED)
+def test_nemotron_h_features_we_cannot_express_are_refused(
+    nemotron_h, change, ours, expected
+) -> None:
+    """`change` to the tiny model's config.json (None: the field is absent), `ours` to the
+    recipe's model; what `convert.py import` checks first (cli.import_config)."""
+    config = {name: value for name, value in {**nemotron_h, **change}.items() if value is not None}
+    model = dataclasses.replace(get_recipe("hf_tiny_nemotron_h").model, **ours)
+    with pytest.raises(ConfigError, match=re.escape(expected)) as caught:
+        hf_config.compare_with_recipe(config, model, "hf_tiny_nemotron_h")
+    assert "\n" not in str(caught.value)
+
+
+def test_nemotron_h_refusal_is_one_line_and_exit_2_from_the_script(nemotron_h, tmp_path) -> None:
+    model = tmp_path / "hf"  # config.json alone: it is refused before any weight is looked at
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**nemotron_h, "n_group": 2}))
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "scripts/convert.py", "import", f"hf={model}", f"out={out}",
+         "recipe=hf_tiny_nemotron_h"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0
+    assert done.stderr.startswith("error: config.json n_group=2 topk_group=1")
+    assert not out.exists()

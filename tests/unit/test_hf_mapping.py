@@ -1,6 +1,7 @@
-"""The Hugging Face <-> Megatron Core mappings (trainer/interop/mapping.py), without a process
-group: QKV interleaved per query group, fused gate/up, vocabulary padding, the names and shapes
-transformers writes, and the published Llama 3 / Mixtral shapes against our recipes."""
+"""The Hugging Face <-> Megatron Core mappings (trainer/interop/mapping.py, hf_config.py,
+nemotron_h_config.py), without a process group: QKV interleaved per query group, fused gate/up,
+vocabulary padding, the names and shapes transformers writes, the published Llama 3 / Mixtral /
+Nemotron 3 Nano shapes against our recipes, and NemotronH's config.json written back."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from safetensors import safe_open
 
 from recipes.registry import get_recipe
 from tests.dist.hf_runs import make_hf_model
-from trainer.interop import hf_config, memory
+from trainer.interop import hf_config, memory, nemotron_h_config
 from trainer.interop.mapping import Rule, Shapes, hf_shapes, rules, to_hf, to_megatron
 
 GQA = Shapes(layers=1, hidden=8, heads=4, groups=2, head_dim=2, ffn=6, vocab=5, padded_vocab=8,
@@ -56,7 +57,8 @@ def test_gate_up_is_gate_then_up_and_vocab_padding_is_zero_rows() -> None:
 
 
 @pytest.mark.parametrize("kind, recipe", [("llama", "hf_tiny_llama"),
-                                          ("mixtral", "hf_tiny_mixtral")])
+                                          ("mixtral", "hf_tiny_mixtral"),
+                                          ("nemotron_h", "hf_tiny_nemotron_h")])
 def test_names_and_shapes_are_the_ones_transformers_writes(kind, recipe, tmp_path) -> None:
     saved = make_hf_model(kind, tmp_path / kind)
     with safe_open(saved / "model.safetensors", framework="pt") as f:
@@ -111,3 +113,58 @@ def test_memory_estimates_for_llama3_8b_in_bf16() -> None:
     assert exported < imported / 2  # streamed: embedding twice + one 5 GiB shard
     print(f"\nLlama-3-8B bf16: shards {weights / 1e9:.2f} GB; import holds "
           f"{imported / 1e9:.2f} GB, export {exported / 1e9:.2f} GB of weights at the peak")
+
+
+# Nemotron 3 Nano 30B-A3B's config.json: the fields the mapping reads (and the flags it checks).
+NEMOTRON3_NANO = {
+    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+    "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+    "num_hidden_layers": 52, "hidden_size": 2688, "vocab_size": 131072,
+    "tie_word_embeddings": False, "num_attention_heads": 32, "num_key_value_heads": 2,
+    "head_dim": 128, "intermediate_size": 1856, "mamba_num_heads": 64, "mamba_head_dim": 64,
+    "n_groups": 8, "ssm_state_size": 128, "conv_kernel": 4, "chunk_size": 128,
+    "n_routed_experts": 128, "num_experts_per_tok": 6, "moe_intermediate_size": 1856,
+    "moe_shared_expert_intermediate_size": 3712, "n_shared_experts": 1,
+    "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+    "mlp_hidden_act": "relu2", "mamba_hidden_act": "silu", "layer_norm_epsilon": 1e-05,
+    "use_bias": False, "mlp_bias": False, "attention_bias": False, "use_conv_bias": True,
+    "residual_in_fp32": False, "time_step_min": 0.001, "sliding_window": None,
+}
+
+
+def test_published_nemotron3_nano_config_matches_our_recipe_and_parameter_count() -> None:
+    recipe = "nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16"
+    cfg = get_recipe(recipe)
+    hf_config.compare_with_recipe(NEMOTRON3_NANO, cfg.model, recipe)  # raises on any difference
+    shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
+    tensors = [(rule, shape) for rule in rules(shapes) for shape in hf_shapes(rule, shapes)]
+    count = sum(torch.Size(shape).numel() for rule, shape in tensors
+                if not rule.megatron.endswith("expert_bias"))  # a buffer, not a parameter
+    assert count == 31_577_937_344  # the dry run's total, docs/hybrid-models.md
+    assert sum(rule.megatron.endswith("expert_bias") for rule, _ in tensors) == 23
+
+
+def test_nemotron_h_config_written_back_is_read_as_the_same_model() -> None:
+    """From scratch: transformers' own config class reads the export (block types, dt clamp at
+    0); from an import: its fields and its pattern's form are kept."""
+    from transformers import NemotronHConfig
+
+    model = get_recipe("hf_tiny_nemotron_h").model
+    written = hf_config.hf_config_for(model, "float32")
+    hf_config.compare_with_recipe(written, model, "hf_tiny_nemotron_h")
+    loaded = NemotronHConfig.from_dict(written)
+    assert loaded.hybrid_override_pattern == "M*-E" and loaded.time_step_min == 0.0
+    assert (loaded.n_routed_experts, loaded.moe_shared_expert_intermediate_size) == (4, 48)
+    nano = get_recipe("nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16").model
+    again = hf_config.hf_config_for(nano, "bfloat16", NEMOTRON3_NANO)
+    assert again["hybrid_override_pattern"] == NEMOTRON3_NANO["hybrid_override_pattern"]
+    assert "layers_block_type" not in again and again["time_step_min"] == 0.001
+    assert {k: again[k] for k in NEMOTRON3_NANO} == NEMOTRON3_NANO
+
+
+def test_nemotron_h_block_types_give_the_pattern_in_every_spelling() -> None:
+    blocks = {"layers_block_type": ["mamba", "attention", "mlp", "moe"]}
+    assert nemotron_h_config.hf_pattern(blocks) == "M*-E"
+    assert nemotron_h_config.hf_pattern({"layer_types": ["linear_attention", "full_attention"]}) \
+        == "M*"
+    assert nemotron_h_config.hf_pattern({"hybrid_override_pattern": "ME*-"}) == "ME*-"

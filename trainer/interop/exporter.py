@@ -98,15 +98,23 @@ def _write_layers(template, plan, shapes, step: Path, writer, progress) -> tuple
     task = progress.add_task("export", total=len(plan))
     dtype, largest = None, 0
     for group in _by_layer(plan):
-        wanted = {rule.megatron: where[rule.megatron] for rule in group}
+        wanted = {f"{rule.megatron}#{k}": region for rule in group
+                  for k, region in enumerate(where[rule.megatron])}
         loaded = region_reader.read_regions(step, wanted, stored)
         largest = max(largest, sum(t.numel() * t.element_size() for t in loaded.values()))
         for rule in group:
-            tensor = loaded.pop(rule.megatron).reshape(megatron_shape(rule, shapes))
+            tensor = _assembled(rule, loaded, len(where[rule.megatron]), shapes)
             dtype = dtype or tensor.dtype
             writer.add(zip(rule.hf, to_hf(rule, tensor, shapes), strict=True))
             progress.advance(task)
     return dtype, largest
+
+
+def _assembled(rule: Rule, loaded: dict, parts: int, shapes: Shapes) -> torch.Tensor:
+    """The rule's TP1 tensor from its regions, read in row order (`megatron_side.regions`)."""
+    shape = megatron_shape(rule, shapes)
+    chunks = [loaded.pop(f"{rule.megatron}#{k}").reshape(-1, *shape[1:]) for k in range(parts)]
+    return (chunks[0] if parts == 1 else torch.cat(chunks)).reshape(shape)
 
 
 def _copy_tokenizer(cfg: RunConfig, side: Path | None, directory: Path) -> None:
@@ -133,7 +141,7 @@ def export_hf(checkpoint: Path, out: Path, progress,
     hf_files.refuse_existing(out)
     step = resolve_step(checkpoint)
     cfg = run_config(step)
-    hf_config.check_llama_shaped(cfg.model, f"the model of checkpoint {step}")
+    hf_config.check_exportable(cfg.model, f"the model of checkpoint {step}")
     shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
     plan = rules(shapes)
     stored = next(iter(region_reader.stored_tensors(step).values()))

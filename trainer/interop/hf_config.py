@@ -18,7 +18,8 @@ from pathlib import Path
 from plugins.protocol.errors import ConfigError
 from recipes.config.schema import ModelConfig
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MixtralForCausalLM": "mixtral"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MixtralForCausalLM": "mixtral",
+                 "NemotronHForCausalLM": "nemotron_h"}  # the last: `nemotron_h_config`
 NORM_EPSILON = 1e-5  # Megatron Core's layernorm_epsilon default (the schema has no field)
 # Llama 3.1's `llama3` RoPE scaling constants, as Megatron Core hard-codes them.
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -44,7 +45,8 @@ def read_hf_config(model_dir: Path) -> dict:
 
 
 def family(hf: dict) -> str:
-    """'llama' or 'mixtral' from the config's `architectures`; anything else is refused."""
+    """'llama', 'mixtral' or 'nemotron_h' from the config's `architectures`; anything else is
+    refused."""
     names = hf.get("architectures") or [hf.get("model_type", "?")]
     mapped = [ARCHITECTURES[name] for name in names if name in ARCHITECTURES]
     if not mapped:
@@ -108,6 +110,8 @@ def hf_values(hf: dict) -> dict[str, object]:
     """The HF config's values under our field names, defaults resolved as transformers does."""
     try:
         return _values(hf)
+    except ConfigError:  # already one line naming what is refused
+        raise
     except KeyError as missing:
         raise ConfigError(f"config.json lacks field {missing.args[0]}; re-download the model's "
                           "config.json") from None
@@ -155,6 +159,15 @@ def our_values(model: ModelConfig) -> dict[str, object]:
     }
 
 
+def check_exportable(model: ModelConfig, where: str) -> None:
+    """A hybrid model exports as NemotronH, a GPT one as Llama or Mixtral, if shaped so."""
+    if model.is_hybrid:
+        from trainer.interop import nemotron_h_config
+
+        return nemotron_h_config.check_nemotron_h_shaped(model, where)
+    return check_llama_shaped(model, where)
+
+
 def check_llama_shaped(model: ModelConfig, where: str) -> None:
     """The mappings cover SwiGLU, RMSNorm, RoPE, bias-free blocks only."""
     wanted = {"activation": "swiglu", "normalization": "RMSNorm", "position_embedding": "rope",
@@ -176,13 +189,21 @@ def _text(value: object) -> str:
 
 def compare_with_recipe(hf: dict, model: ModelConfig, recipe: str) -> None:
     """Refuse, in one line naming each differing field, a recipe that is not the HF model."""
+    if family(hf) == "nemotron_h":
+        from trainer.interop import nemotron_h_config
+
+        return nemotron_h_config.compare_with_recipe(hf, model, recipe)
     check_llama_shaped(model, f"recipe {recipe}")
-    ours = our_values(model)
+    refuse_differences(hf_values(hf), our_values(model), FIELD_NAMES, recipe)
+
+
+def refuse_differences(theirs: dict, ours: dict, names: dict[str, str], recipe: str) -> None:
+    """One line naming every field where the HF config (`theirs`) and the recipe differ, with
+    the overrides that make the recipe the HF model; nothing when they agree."""
     diffs, fixes = [], []
-    for field, value in hf_values(hf).items():
+    for field, value in theirs.items():
         if ours[field] != value:
-            diffs.append(f"{FIELD_NAMES[field]}={_text(value)} but model.{field}="
-                         f"{_text(ours[field])}")
+            diffs.append(f"{names[field]}={_text(value)} but model.{field}={_text(ours[field])}")
             fixes.append(f"model.{field}={_text(value)}")
     if diffs:
         raise ConfigError(f"the Hugging Face model does not match recipe {recipe}: "
@@ -200,6 +221,10 @@ def _rope_fields(model: ModelConfig) -> dict:
 def hf_config_for(model: ModelConfig, dtype: str, base: dict | None = None) -> dict:
     """The config.json of an exported model: the imported one (`base`, kept for its tokenizer
     ids and context length) with every mapped field set from the run's model."""
+    if model.is_hybrid:
+        from trainer.interop import nemotron_h_config
+
+        return nemotron_h_config.hf_config_for(model, dtype, base)
     check_llama_shaped(model, "the checkpoint's model")
     moe = model.num_moe_experts is not None
     config = {key: value for key, value in (base or {}).items() if key != "rope_parameters"}

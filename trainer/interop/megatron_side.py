@@ -1,9 +1,10 @@
 """Megatron's side of a conversion: one process, the model's sharded state dict as the template.
 
 Why a template from the real model: the keys, global shapes, layer/expert offsets and the fused
-gate/up factories a checkpoint must hold are exactly what `GPTModel.sharded_state_dict` produces,
-so the converter asks the model (built on the meta device, no memory, as the dry run does) on one
-rank at TP1 x PP1 x EP1, where every state-dict name carries global layer and expert numbers.
+gate/up and Mamba split factories a checkpoint must hold are exactly what the model's own
+`sharded_state_dict` (`GPTModel` or `HybridModel`) produces, so the converter asks the model
+(built on the meta device, no memory, as the dry run does) on one rank at TP1 x PP1 x EP1,
+where every state-dict name carries global layer and expert numbers.
 Because those keys are global (`singleton_local_shards=False`), a checkpoint written here loads
 into any layout (`checkpoint.load=<dir> checkpoint.load_model_only=true`: the loading model's own
 sharded state dict reshards TP/PP/VPP/EP), and any layout's checkpoint is read back here.
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from recipes.config.schema import ClusterConfig, ParallelConfig, RunConfig
+from trainer.interop.region_reader import Region
 
 Template = dict  # state-dict name -> ShardedTensor | ShardedTensorFactory | ShardedObject
 
@@ -66,6 +68,12 @@ def one_process(cfg: RunConfig) -> Iterator[RunConfig]:
     build_plugins(one.plugins).setup_runtime(RuntimeContext())
     created = _start_group()
     initialize_parallel_state(one.layout)
+    if one.model.is_hybrid:
+        # The Mamba mixer draws its conv and dt weights inside the model-parallel RNG
+        # tracker's fork even on the meta device (`ssm/mamba_mixer.py:318, 366`).
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(one.train.seed)
     try:
         yield one
     finally:
@@ -115,26 +123,29 @@ def save(template: Template, tensors: dict[str, torch.Tensor], one: RunConfig, p
     dist_checkpointing.save({"model": template}, str(path), content_metadata=metadata)
 
 
-def regions(template: Template) -> dict:
-    """State-dict name -> the `Region` of the checkpoint holding it: its key, and at the
-    layer (and expert) offsets of the name, the whole extent of the TP1 tensor. A fused gate/up
-    factory stores [gate; up] globally, which at TP1 is exactly the fused local tensor."""
+def regions(template: Template) -> dict[str, list[Region]]:
+    """State-dict name -> the `Region`s of the checkpoint holding it, in row order: one per
+    stored shard the TP1 tensor is made of, at the layer (and expert) offsets of the name. A
+    plain tensor is one region; a fused gate/up factory two ([gate; up] under one key); the
+    Mamba mixer's split factories one per part, each under its own key (`in_proj.weight.z`, ...,
+    `ssm/mamba_mixer.py:1418-1485`). Concatenated along rows they give the TP1 tensor."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
-
-    from trainer.interop.region_reader import Region
 
     found = {}
     for name, item in template.items():
         if not is_weight(item):
             continue
-        shard = item if isinstance(item, ShardedTensor) else _first_built(item)
-        prepend = shard.global_offset[: shard.prepend_axis_num]
-        shape = tuple(item.data.shape)
-        found[name] = Region(shard.key, (*prepend, *(0,) * len(shape)),
-                             (*(1,) * len(prepend), *shape))
+        shards = [item] if isinstance(item, ShardedTensor) else _built(item)
+        found[name] = [_region(shard) for shard in shards]
     return found
 
 
-def _first_built(factory):
+def _region(shard) -> Region:
+    shape = tuple(shard.local_shape)
+    prepend = len(shard.global_offset) - len(shape)  # the layer (and expert) axes
+    return Region(shard.key, tuple(shard.global_offset), (*(1,) * prepend, *shape))
+
+
+def _built(factory) -> list:
     built = factory.build()
-    return next(iter(built.values())) if isinstance(built, dict) else built[0]
+    return list(built.values()) if isinstance(built, dict) else list(built)

@@ -1,0 +1,263 @@
+"""NemotronH's config.json (transformers' `NemotronHConfig`) <-> our hybrid `ModelConfig`.
+
+Why a module of its own: NemotronH (Nemotron-H, Nemotron Nano v2, Nemotron 3) describes a hybrid
+model by block types, Mamba, attention and MoE sizes and routing options of its own; only what
+Megatron's `HybridModel` computes the same way with our schema's fields is mapped, and every
+other feature is refused in one line naming it. The block types give `model.hybrid_layer_pattern`
+(`linear_attention`/`mamba` M, `full_attention`/`attention` *, `mlp` -, `moe` E; older configs
+write the string `hybrid_override_pattern`); fields of a layer kind the pattern lacks are not
+compared. No torch here: configs are checked before any heavy import.
+
+- Routing. transformers' `NemotronHTopkRouter` takes sigmoid scores, adds
+  `e_score_correction_bias` for the choice only, picks the top k (within the best `topk_group`
+  of `n_group` groups), weighs by the unbiased scores, divides them by their sum when
+  `norm_topk_prob`, and scales by `routed_scaling_factor`. Megatron does the same with
+  `moe_router_score_function=sigmoid`, `moe_router_expert_bias` and its top-k scaling factor,
+  but divides by the sum exactly when top-k > 1 (`transformer/moe/moe_utils.py:854-868`), and
+  group-limited routing has no field here: other settings are refused.
+- dt. transformers 5.24's PyTorch path clamps softplus(dt) from below at `time_step_min`
+  (`modeling_nemotron_h.py`: `time_step_limit = (config.time_step_min, inf)`); Megatron's mixer
+  does not clamp (`ssm/mamba_mixer.py:755-773` passes no dt limit), as in the Megatron runs
+  NemotronH models are trained with. A `time_step_min` > 0 is accepted (the imported model is
+  Megatron's function; transformers differs where softplus(dt) < time_step_min); an export
+  written from scratch sets `time_step_min=0`, so that transformers computes our function.
+"""
+
+from __future__ import annotations
+
+import math
+
+from plugins.protocol.errors import ConfigError
+from recipes.config.hybrid import ATTENTION, MAMBA, MLP, MOE, layer_symbols, mamba_heads
+from recipes.config.schema import ModelConfig
+from trainer.interop.hf_config import NORM_EPSILON, refuse_differences
+
+ARCHITECTURE = "NemotronHForCausalLM"
+BLOCK_SYMBOLS = {"linear_attention": MAMBA, "mamba": MAMBA, "full_attention": ATTENTION,
+                 "attention": ATTENTION, "mlp": MLP, "moe": MOE}
+BLOCK_NAMES = {MAMBA: "linear_attention", ATTENTION: "full_attention", MLP: "mlp", MOE: "moe"}
+# Older config.json names transformers still reads (`NemotronHConfig.__post_init__`).
+LEGACY_NAMES = {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv",
+                "chunk_size": "mamba_chunk_size", "use_conv_bias": "mamba_conv_bias",
+                "time_step_limit": "mamba_dt_limit", "time_step_min": "mamba_dt_min"}
+
+# Our `ModelConfig` field -> the config.json name, per the layer kind that needs it (None: all).
+FIELDS = {
+    None: {"num_layers": "num_hidden_layers", "hybrid_layer_pattern": "layers_block_type",
+           "hidden_size": "hidden_size", "vocab_size": "vocab_size",
+           "share_embeddings_and_output_weights": "tie_word_embeddings"},
+    ATTENTION: {"num_attention_heads": "num_attention_heads",
+                "num_query_groups": "num_key_value_heads", "kv_channels": "head_dim"},
+    MLP: {"ffn_hidden_size": "intermediate_size"},
+    MAMBA: {"mamba_num_heads": "mamba_num_heads", "mamba_head_dim": "mamba_head_dim",
+            "mamba_num_groups": "n_groups", "mamba_state_dim": "ssm_state_size",
+            "mamba_conv_kernel": "conv_kernel", "mamba_chunk_size": "chunk_size"},
+    MOE: {"num_moe_experts": "n_routed_experts", "moe_router_topk": "num_experts_per_tok",
+          "moe_ffn_hidden_size": "moe_intermediate_size",
+          "moe_shared_expert_ffn_hidden_size": "moe_shared_expert_intermediate_size",
+          "moe_router_topk_scaling_factor": "routed_scaling_factor",
+          # What transformers' router always does, as our fields say it.
+          "moe_router_score_function": "the router's score",
+          "moe_router_expert_bias": "gate.e_score_correction_bias"},
+}
+FIELD_NAMES = {ours: theirs for kind in FIELDS.values() for ours, theirs in kind.items()}
+# What the NemotronH recipes fix and the mapping relies on (`recipes/nemotron_h.py`).
+SHAPE = {"activation": "squared_relu", "normalization": "RMSNorm", "position_embedding": "none",
+         "add_bias_linear": False}
+
+
+def _get(hf: dict, name: str, default: object = KeyError):
+    """A config.json value by transformers' name or its older one; `default` when absent."""
+    for key in (name, LEGACY_NAMES.get(name)):
+        if key is not None and key in hf:
+            return hf[key]
+    if default is KeyError:
+        raise KeyError(name)
+    return default
+
+
+def hf_pattern(hf: dict) -> str:
+    """The layer symbols of the config's block types."""
+    blocks = hf.get("layers_block_type") or hf.get("layer_types")
+    if blocks is None:
+        pattern = str(_get(hf, "hybrid_override_pattern"))
+        blocks = [BLOCK_NAMES.get(symbol, symbol) for symbol in pattern]
+    unknown = sorted({str(b) for b in blocks if b not in BLOCK_SYMBOLS})
+    if unknown:
+        raise ConfigError(f"config.json block type {', '.join(unknown)} is not mapped; NemotronH "
+                          f"layers map from {', '.join(sorted(set(BLOCK_SYMBOLS)))}")
+    return "".join(BLOCK_SYMBOLS[b] for b in blocks)
+
+
+def _limit_is_open(limit: object) -> bool:
+    """time_step_limit (0, inf), as json or transformers (`{"__float__": "Infinity"}`) writes."""
+    if not isinstance(limit, list | tuple) or len(limit) != 2:
+        return False
+    high = limit[1].get("__float__") if isinstance(limit[1], dict) else limit[1]
+    return float(limit[0]) == 0.0 and math.isinf(float(high))
+
+
+def _refusals(hf: dict, pattern: str) -> list[tuple[bool, str]]:
+    """(does it hold, the message when not) for every feature our model cannot express."""
+    topk = int(_get(hf, "num_experts_per_tok", 2))
+    normalise = bool(_get(hf, "norm_topk_prob", True))
+    groups = (int(_get(hf, "n_group", 1)), int(_get(hf, "topk_group", 1)))
+    return [
+        (_get(hf, "mlp_hidden_act", "relu2") == "relu2",
+         f"mlp_hidden_act={_get(hf, 'mlp_hidden_act', '')} is not mapped; the hybrid models "
+         "here build squared-ReLU MLPs (relu2)"),
+        (abs(float(_get(hf, "layer_norm_epsilon", NORM_EPSILON)) - NORM_EPSILON) < 1e-12,
+         f"layer_norm_epsilon={_get(hf, 'layer_norm_epsilon', '')} is not mapped; Megatron "
+         f"Core's RMSNorm uses {NORM_EPSILON:g}"),
+        (not any(_get(hf, name, False) for name in ("use_bias", "mlp_bias", "attention_bias")),
+         "biases (use_bias, mlp_bias or attention_bias true) are not mapped; the hybrid models "
+         "here have no linear biases"),
+        (not _get(hf, "residual_in_fp32", False),
+         "residual_in_fp32=true is not mapped; the hybrid models here keep the residual in the "
+         "run's dtype"),
+        (int(_get(hf, "num_nextn_predict_layers", 0) or 0) == 0,
+         f"num_nextn_predict_layers={_get(hf, 'num_nextn_predict_layers', 0)} "
+         "(multi-token prediction) is not mapped; import a model without MTP layers"),
+        (MAMBA not in pattern or _get(hf, "mamba_hidden_act", "silu") == "silu",
+         f"mamba_hidden_act={_get(hf, 'mamba_hidden_act', '')} is not mapped; Megatron's Mamba "
+         "mixer uses silu"),
+        (MAMBA not in pattern or bool(_get(hf, "use_conv_bias", True)),
+         "use_conv_bias=false is not mapped; Megatron's Mamba mixer always has a conv bias "
+         "(ssm/mamba_mixer.py:275)"),
+        (MAMBA not in pattern or _limit_is_open(_get(hf, "time_step_limit", [0.0, math.inf])),
+         f"time_step_limit={_get(hf, 'time_step_limit', '')} is not mapped; Megatron's Mamba "
+         "mixer limits dt to (0, inf)"),
+        (ATTENTION not in pattern or _get(hf, "sliding_window", None) is None,
+         f"sliding_window={_get(hf, 'sliding_window', None)} is not mapped; the attention "
+         "layers here attend to the whole sequence"),
+        (MOE not in pattern or _get(hf, "moe_latent_size", None) is None,
+         f"moe_latent_size={_get(hf, 'moe_latent_size', None)} (latent MoE) is not mapped; "
+         "import a model without latent expert projections"),
+        (MOE not in pattern or groups == (1, 1),
+         f"n_group={groups[0]} topk_group={groups[1]} (group-limited routing) is not mapped; "
+         "the MoE layers here route over all experts (n_group=1 topk_group=1)"),
+        (MOE not in pattern or normalise == (topk > 1),
+         f"norm_topk_prob={str(normalise).lower()} with num_experts_per_tok={topk} is not "
+         "mapped; Megatron's sigmoid router divides the top-k weights by their sum exactly "
+         "when top-k > 1"),
+    ]
+
+
+def _values(hf: dict) -> dict[str, object]:
+    if hf.get("model_type", "nemotron_h") != "nemotron_h":
+        raise ConfigError(f"config.json model_type={hf['model_type']} with architecture "
+                          f"{ARCHITECTURE}; re-download the model's config.json")
+    pattern = hf_pattern(hf)
+    for holds, message in _refusals(hf, pattern):
+        if not holds:
+            raise ConfigError(f"config.json {message}")
+    found: dict[str, object] = {
+        "num_layers": len(pattern), "hybrid_layer_pattern": pattern,
+        "hidden_size": int(_get(hf, "hidden_size")), "vocab_size": int(_get(hf, "vocab_size")),
+        "share_embeddings_and_output_weights": bool(_get(hf, "tie_word_embeddings", False)),
+    }
+    if ATTENTION in pattern:
+        heads = int(_get(hf, "num_attention_heads"))
+        found.update(num_attention_heads=heads,
+                     num_query_groups=int(_get(hf, "num_key_value_heads") or heads),
+                     kv_channels=int(_get(hf, "head_dim")))
+    if MLP in pattern:
+        found["ffn_hidden_size"] = int(_get(hf, "intermediate_size"))
+    if MAMBA in pattern:
+        found.update({ours: int(_get(hf, theirs)) for ours, theirs in FIELDS[MAMBA].items()
+                      if ours not in ("mamba_conv_kernel", "mamba_chunk_size")})
+        found["mamba_conv_kernel"] = int(_get(hf, "conv_kernel", 4))
+        found["mamba_chunk_size"] = int(_get(hf, "chunk_size", 128))
+    if MOE in pattern:
+        found.update(
+            num_moe_experts=int(_get(hf, "n_routed_experts")),
+            moe_router_topk=int(_get(hf, "num_experts_per_tok")),
+            moe_ffn_hidden_size=int(_get(hf, "moe_intermediate_size")),
+            moe_shared_expert_ffn_hidden_size=int(_get(hf, "moe_shared_expert_intermediate_size")),
+            moe_router_topk_scaling_factor=float(_get(hf, "routed_scaling_factor", 1.0)),
+            moe_router_score_function="sigmoid", moe_router_expert_bias=True)
+    return found
+
+
+def hf_values(hf: dict) -> dict[str, object]:
+    """The config's values under our field names (only the layer kinds it has)."""
+    try:
+        return _values(hf)
+    except ConfigError:  # already one line naming what is refused
+        raise
+    except KeyError as missing:
+        raise ConfigError(f"config.json lacks field {missing.args[0]}; re-download the model's "
+                          "config.json") from None
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"config.json has a malformed field ({error}); re-download the "
+                          "model's config.json") from None
+
+
+def our_values(model: ModelConfig) -> dict[str, object]:
+    """The recipe's values in the same conventions (defaults resolved as Megatron does)."""
+    return {
+        "num_layers": model.num_layers,
+        "hybrid_layer_pattern": layer_symbols(model.hybrid_layer_pattern or ""),
+        "hidden_size": model.hidden_size, "vocab_size": model.vocab_size,
+        "share_embeddings_and_output_weights": model.share_embeddings_and_output_weights,
+        "num_attention_heads": model.num_attention_heads,
+        "num_query_groups": model.num_query_groups or model.num_attention_heads,
+        "kv_channels": model.kv_channels or model.hidden_size // model.num_attention_heads,
+        "ffn_hidden_size": model.ffn_hidden_size,
+        "mamba_num_heads": mamba_heads(model), "mamba_head_dim": model.mamba_head_dim,
+        "mamba_num_groups": model.mamba_num_groups, "mamba_state_dim": model.mamba_state_dim,
+        "mamba_conv_kernel": model.mamba_conv_kernel, "mamba_chunk_size": model.mamba_chunk_size,
+        "num_moe_experts": model.num_moe_experts, "moe_router_topk": model.moe_router_topk,
+        "moe_ffn_hidden_size": model.moe_ffn_hidden_size or model.ffn_hidden_size,
+        "moe_shared_expert_ffn_hidden_size": model.moe_shared_expert_ffn_hidden_size,
+        "moe_router_topk_scaling_factor": float(model.moe_router_topk_scaling_factor or 1.0),
+        "moe_router_score_function": model.moe_router_score_function,
+        "moe_router_expert_bias": model.moe_router_expert_bias,
+    }
+
+
+def check_nemotron_h_shaped(model: ModelConfig, where: str) -> None:
+    """The NemotronH mapping covers hybrid models built the Nemotron-H way only."""
+    if not model.is_hybrid:
+        raise ConfigError(f"{where} is a GPT model, not a hybrid one; {ARCHITECTURE} maps to "
+                          "recipes with model.hybrid_layer_pattern (e.g. the nemotron_h ones)")
+    wrong = [f"model.{k}={getattr(model, k)}" for k, v in SHAPE.items() if getattr(model, k) != v]
+    if wrong:
+        fix = " ".join(f"model.{k}={v}" for k, v in SHAPE.items())
+        raise ConfigError(f"{where} is not NemotronH-shaped ({', '.join(wrong)}); only hybrid "
+                          f"models with {fix} map to {ARCHITECTURE}")
+
+
+def compare_with_recipe(hf: dict, model: ModelConfig, recipe: str) -> None:
+    """Refuse, in one line naming each differing field, a recipe that is not the HF model."""
+    check_nemotron_h_shaped(model, f"recipe {recipe}")
+    refuse_differences(hf_values(hf), our_values(model), FIELD_NAMES, recipe)
+
+
+def hf_config_for(model: ModelConfig, dtype: str, base: dict | None = None) -> dict:
+    """The config.json of an exported model: the imported one (`base`, kept for its token ids,
+    context length and dt settings) with every mapped field set from the run's model."""
+    check_nemotron_h_shaped(model, "the checkpoint's model")
+    pattern = layer_symbols(model.hybrid_layer_pattern)
+    config = dict(base or {"time_step_min": 0.0})  # from scratch: Megatron's unclamped dt
+    config.setdefault("max_position_embeddings", model.seq_length)
+    config.update({
+        "architectures": [ARCHITECTURE], "model_type": "nemotron_h", "dtype": dtype,
+        "mlp_hidden_act": "relu2", "mamba_hidden_act": "silu", "use_conv_bias": True,
+        "use_bias": False, "mlp_bias": False, "attention_bias": False,
+        "layer_norm_epsilon": NORM_EPSILON, "residual_in_fp32": False,
+        "num_nextn_predict_layers": 0, "n_group": 1, "topk_group": 1,
+        "norm_topk_prob": model.moe_router_topk > 1, "moe_latent_size": None,
+    })
+    skip = ("hybrid_layer_pattern", "moe_router_score_function", "moe_router_expert_bias")
+    for field, value in our_values(model).items():
+        if value is not None and field not in skip:
+            config[FIELD_NAMES[field]] = value
+    blocks = [BLOCK_NAMES[symbol] for symbol in pattern]
+    forms = {"layers_block_type": blocks, "layer_types": blocks, "hybrid_override_pattern": pattern}
+    if not any(key in config for key in forms):
+        config["layers_block_type"] = blocks
+    for key, value in forms.items():  # in every form the imported config used
+        if key in config:
+            config[key] = value
+    return config
