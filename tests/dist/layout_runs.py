@@ -43,10 +43,16 @@ def save_reference_weights(payload: dict) -> str:
 
 
 def train_steps(payload: dict) -> dict:
-    """Per-step loss and grad norm of `payload['steps']` optimizer steps."""
+    """Per-step loss and grad norm of `payload['steps']` optimizer steps. With `weights_dir`
+    the session's initial weights are saved there first (the reference run saves what every
+    other layout loads, one launch fewer than `save_reference_weights` and then training)."""
+    from tests.dist.reference_weights import save_model_weights
     from trainer.step import train_step
 
     session = _session(payload)
+    weights = None
+    if payload.get("weights_dir"):
+        weights = str(save_model_weights(payload["weights_dir"], session.cfg, session.model))
     losses, grad_norms, loss_tokens, mask_tokens = [], [], [], []
     for _ in range(payload["steps"]):
         batches = session.train_batches
@@ -58,7 +64,7 @@ def train_steps(payload: dict) -> dict:
         loss_tokens.append(metrics.loss_tokens)
     _finish()
     return {"losses": losses, "grad_norms": grad_norms, "loss_tokens": loss_tokens,
-            "mask_tokens": mask_tokens}
+            "mask_tokens": mask_tokens, "weights": weights}
 
 
 def train_saving_each_step(payload: dict) -> dict:
