@@ -13,6 +13,9 @@ from recipes.resolve import resolve_config
 # Small, machine-independent data so losses depend on numerics only, not the Python version.
 TEST_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=0",
              "train.eval_interval=0"]
+# The tiny hybrid (recipes/nemotron_h.py) as the layout and resume tests run it: sequence 64
+# (two Mamba scan chunks), global batch 4 of micro-batches of 2.
+HYBRID_SIZE = ["model.seq_length=64", "train.global_batch_size=4"]
 
 
 def _session(payload: dict):

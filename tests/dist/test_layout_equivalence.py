@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.dist.layout_runs import HYBRID_SIZE
+
 pytestmark = pytest.mark.dist
 
 STEPS = 5
@@ -90,10 +92,9 @@ def test_layout_matches_single_rank(launch_ranks, reference, tmp_path, recipe, r
 # The hybrid model (recipes/nemotron_h.py: M*-ME-, Mamba2, attention, MLP and MoE routed the
 # Nemotron 3 way): the Mamba mixer draws its conv, dt and A weights per TP rank
 # (`ssm/mamba_mixer.py:318-380`), so here too every layout loads one reference, which the
-# single-rank run saves before it trains. Sequence 64 (two Mamba scan chunks), batch 4 of 2.
+# single-rank run saves before it trains.
 HYBRID_REFERENCE = "hybrid_tiny_dp1"
 HYBRID_STEPS = 3
-HYBRID_SIZE = ["model.seq_length=64", "train.global_batch_size=4"]
 HYBRID_LAYOUTS = [
     ("hybrid_tiny_tp2_sp", 2, []),
     ("hybrid_tiny_pp2", 2, []),  # an even split, 3 layers a stage
