@@ -86,8 +86,15 @@ class ForkServer:
         return self._reply()
 
     def close(self) -> None:
+        """Ask the idle server to exit; on a loaded machine the interpreter's own shutdown
+        (torch and Megatron imported) can outlast the grace period: then it is killed, as
+        it runs no ranks any more."""
         self._process.stdin.close()
-        self._process.wait(timeout=STOP_GRACE_S)
+        try:
+            self._process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
         self._log.close()
 
 
