@@ -157,6 +157,20 @@ def test_cpu_ranks_need_no_mamba_kernels() -> None:
                                    missing_mamba_kernels=("mamba-ssm", "causal-conv1d")))
 
 
+def test_packed_rows_with_mamba_context_parallel_need_transformer_engine() -> None:
+    cfg = get_recipe("hybrid_tiny_dp1")
+    cfg.parallel.context, cfg.cluster.gpus_per_node = 2, 2
+    cpu = MachineInfo(gpus=0, launched_world_size=None)
+    check_machine(cfg, cpu)  # unpacked rows: Megatron's Mamba CP runs on CPU ranks
+    cfg.plugins.packing.enabled, cfg.train.micro_batch_size = True, 1
+    with pytest.raises(ConfigError, match=r"^plugins.packing.enabled=true with parallel.context=2 "
+                       r"and Mamba layers needs Transformer Engine on GPU ranks .*; set "
+                       r"parallel.context=1, or plugins.packing.enabled=false, or run on GPUs "
+                       r"with the gpu extra$"):
+        check_machine(cfg, cpu)
+    check_machine(cfg, MachineInfo(gpus=2, launched_world_size=None, transformer_engine="2.9"))
+
+
 def test_a_gpu_rank_without_mamba_kernels_is_refused_in_one_line(monkeypatch) -> None:
     from trainer import hybrid_spec
 
