@@ -28,11 +28,16 @@ def _set_expert_bias(session, bias: list[float]) -> None:
 
 def train_steps_with_figures(payload: dict) -> dict:
     """Per-step loss, grad norm, the plugin's figures and its per-layer token counts; with
-    `expert_bias`, every router starts from that bias."""
+    `expert_bias`, every router starts from that bias; with `weights_dir`, the initial weights
+    are saved there first (the reference every other layout loads)."""
     from plugins.protocol.events import RunStart
+    from tests.dist.reference_weights import save_model_weights
     from trainer.step import train_step
 
     session = _session(payload)
+    weights = None
+    if payload.get("weights_dir"):
+        weights = str(save_model_weights(payload["weights_dir"], session.cfg, session.model))
     if payload.get("expert_bias"):
         _set_expert_bias(session, payload["expert_bias"])
     cfg = session.cfg
@@ -46,7 +51,7 @@ def train_steps_with_figures(payload: dict) -> dict:
         trace["extra"].append(metrics.extra)
         trace["per_layer"].append(_moe_plugin(session).last_per_layer)
     _finish()
-    return trace
+    return {**trace, "weights": weights}
 
 
 def pretrain_metrics(payload: dict) -> dict:

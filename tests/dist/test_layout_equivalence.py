@@ -46,13 +46,14 @@ LAYOUTS = [
 
 @pytest.fixture(scope="module")
 def reference(launch_ranks, tmp_path_factory):
-    """Reference weights (saved once) and the single-rank losses from them."""
+    """Reference weights (saved once, by the single-rank run before it trains) and the
+    single-rank losses from them."""
     root = tmp_path_factory.mktemp("reference")
-    weights = launch_ranks(1, f"{ENTRY}:save_reference_weights", {
-        "recipe": "tiny_dp1", "run_dir": str(root / "save"), "weights_dir": str(root / "w"),
+    result = launch_ranks(1, f"{ENTRY}:train_steps", {
+        "recipe": "tiny_dp1", "steps": STEPS, "run_dir": str(root / "ref"),
+        "weights_dir": str(root / "w"),
     })[0]
-    result = _train(launch_ranks, "tiny_dp1", 1, [], weights, root / "ref")
-    return weights, result
+    return result["weights"], result
 
 
 def _train(launch_ranks, recipe, ranks, overrides, weights, run_dir, steps=STEPS) -> dict:

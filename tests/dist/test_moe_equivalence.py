@@ -59,12 +59,14 @@ def _train(launch_ranks, recipe, ranks, overrides, weights, run_dir) -> dict:
 
 @pytest.fixture(scope="module")
 def reference(launch_ranks, tmp_path_factory):
-    """Reference weights (saved once) and the single-rank trace from them."""
+    """Reference weights (saved once, by the single-rank run before it trains) and the
+    single-rank trace from them."""
     root = tmp_path_factory.mktemp("moe-reference")
-    weights = launch_ranks(1, "tests.dist.layout_runs:save_reference_weights", {
-        "recipe": REFERENCE, "run_dir": str(root / "save"), "weights_dir": str(root / "w"),
+    trace = launch_ranks(1, f"{ENTRY}:train_steps_with_figures", {
+        "recipe": REFERENCE, "steps": STEPS, "run_dir": str(root / "ref"),
+        "weights_dir": str(root / "w"), "overrides": [],
     })[0]
-    return weights, _train(launch_ranks, REFERENCE, 1, [], weights, root / "ref")
+    return trace.pop("weights"), trace
 
 
 def test_reference_trains_and_its_router_figures_add_up(reference):

@@ -5,7 +5,7 @@ padding tokens equal those of the three documents each run alone (three micro-ba
 step, same loss tokens, so `finalize_model_grads` divides both by 25), at TP1, TP2 with sequence
 parallelism and PP3 (a middle stage must get the boundaries too), all from one saved reference
 checkpoint (the TP1 run saves it), and at CP2 with each document padded to a multiple of
-2 x CP. The hybrid Mamba-Transformer model (M*-E) likewise at TP1 and TP2 + SP. Controls show
+2 x CP. The hybrid Mamba-Transformer model (M*-E) likewise, at TP1. Controls show
 the comparison can fail: the packed row under causal-only attention (no document mask; for the
 hybrid also no `seq_idx` for Mamba), and at PP3 with the boundaries withheld from the middle
 stage.
@@ -45,11 +45,7 @@ PAD_MULTIPLE = {"cp2": 4}
 # off here. Packed rows with Mamba CP need Transformer Engine (`ssm/mamba_context_parallel.py:
 # 377-380`).
 HYBRID = ["model.num_layers=4", "model.hybrid_layer_pattern=M*-E", "model.moe_aux_loss_coeff=0"]
-HYBRID_LAYOUTS = [
-    ("hybrid_tp1", 1, HYBRID),
-    ("hybrid_tp2_sp", 2, [*HYBRID, "parallel.tensor=2", "parallel.sequence_parallel=true",
-                          "cluster.gpus_per_node=2"]),
-]
+HYBRID_LAYOUTS = [("hybrid_tp1", 1, HYBRID)]
 
 
 def _launch(launch_ranks, layout: str, run_dir, overrides: list[str], **extra) -> list[dict]:
