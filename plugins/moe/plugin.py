@@ -5,7 +5,10 @@ MoE metrics tracker (`transformer/moe/router.py:596-603`, `transformer/moe/moe_l
 each TP x CP rank holds a partial value. `MoEMetricsTracker.report` (`moe_logging.py:130-212`)
 sums it over PP and TP x CP, averages it over DP, scales it by 1 / micro-batches, takes the mean
 over MoE layers and clears it for the next step: the figure Megatron-LM logs as
-`load_balancing_loss`. This plugin calls that, so the figure is Megatron's own.
+`load_balancing_loss`. This plugin calls that, so the figure is Megatron's own. The mean is over
+the layers that routed tokens this step: `moe_layer_freq` counts MoE layers in a GPT model, but a
+hybrid model places them by its pattern and leaves it at 1, which would divide by every layer
+(Megatron-LM counts the pattern's `E` layers instead, `training/training.py:2771-2778`).
 
 Tokens per expert: Megatron keeps no count (the router's `local_tokens_per_expert` exists only
 with expert bias, `router.py:177-198`), so a forward hook on each router adds up its routing
@@ -104,8 +107,9 @@ class RoutedTokenCounter:
             self.counts[router.layer_number - 1] += routing_map.sum(dim=0)
 
     def global_counts(self, config: Any, device: Any) -> torch.Tensor:
-        """[MoE layers, experts] tokens of the whole global batch (a collective over the world);
-        this rank's counts start again from zero. `device` serves ranks without routers."""
+        """[layers, experts] tokens of the whole global batch (a collective over the world; rows
+        of layers without a router are zero); this rank's counts start again from zero.
+        `device` serves ranks without routers."""
         local = self.counts
         if local is None:
             local = torch.zeros(config.num_layers, config.num_moe_experts, dtype=torch.float64,
@@ -115,7 +119,7 @@ class RoutedTokenCounter:
         total = torch.zeros_like(local) if duplicates else local.clone()
         torch.distributed.all_reduce(total)
         local.zero_()
-        return total[total.sum(dim=1) > 0]
+        return total
 
 
 def router_figures(per_layer: torch.Tensor, per_expert: bool) -> dict[str, float]:
@@ -157,15 +161,17 @@ class MoePlugin(Plugin):
     def run_start(self, start: RunStart) -> None:
         self.microbatches = start.config.layout.microbatches
 
-    def _load_balancing_losses(self) -> dict[str, float]:
-        """Megatron's reduced load-balancing losses (a collective), empty when it has none."""
+    def _load_balancing_losses(self, moe_layers: list[int]) -> dict[str, float]:
+        """Megatron's reduced load-balancing losses (a collective), empty when it has none;
+        `moe_layers` marks the layers with a router (1) among all (Megatron's binary
+        `moe_layer_freq`), so the mean is over MoE layers in a hybrid model too."""
         names = tracked_loss_names(self.model_config)
         if not names:
             return {}
         config, reduced = self.model_config, {}
         get_moe_metrics_tracker().report(
             loss_scale=1 / self.microbatches, iteration=0, track_names=names,
-            num_layers=config.num_layers, moe_layer_freq=config.moe_layer_freq,
+            num_layers=config.num_layers, moe_layer_freq=moe_layers,
             mtp_num_layers=config.mtp_num_layers, force_initialize=True,
             total_loss_dict=reduced,
         )
@@ -174,7 +180,9 @@ class MoePlugin(Plugin):
     def after_step(self, metrics: StepMetrics) -> None:
         if self.model_config is None:
             return
-        per_layer = self.counter.global_counts(self.model_config, self._device())
+        counts = self.counter.global_counts(self.model_config, self._device())
+        routed = counts.sum(dim=1) > 0  # every MoE layer routes each training token
+        per_layer = counts[routed]
         self.last_per_layer = per_layer.tolist()
-        metrics.extra.update(self._load_balancing_losses())
+        metrics.extra.update(self._load_balancing_losses([int(r) for r in routed.tolist()]))
         metrics.extra.update(router_figures(per_layer, self.config.per_expert))

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes.config.checkpoint_format import MANIFEST_FILE
+from recipes.config.hybrid import layer_symbols
 
 CHUNK_BYTES = 8 << 20
 
@@ -128,11 +129,20 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _shape_value(name: str, value: Any) -> Any:
+    """A hybrid pattern's `|` marks are stage boundaries (layout), not shape: `M*-ME-` saved
+    resumes as `M*|-M|E|-` at PP2 x VPP2."""
+    if name == "hybrid_layer_pattern" and isinstance(value, str):
+        return layer_symbols(value)
+    return value
+
+
 def shape_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
     """`model.X=a` (saved) vs `model.X=b` (this run) for the first shape field that differs."""
     for name in SHAPE_FIELDS:
         key = f"model.{name}"
-        if key in saved and saved[key] != current.get(key):
+        if key in saved and _shape_value(name, saved[key]) != _shape_value(
+                name, current.get(key)):
             return f"it was saved with {key}={saved[key]}, this run has {key}={current.get(key)}"
     return None
 
@@ -180,12 +190,44 @@ def incompatibility(cfg, manifest: dict[str, Any]) -> str | None:
             or tokenizer_mismatch(manifest.get("tokenizer"), tokenizer_identity(cfg)))
 
 
+def _experts_apart(flat: dict[str, Any]) -> bool:
+    """Whether a run's expert weights have an optimizer of their own: Megatron gives them the
+    expert process groups only with EP > 1 or an expert-TP other than TP
+    (`tensor_parallel/layers.py:961-963`), and only those go to a second, chained optimizer
+    (`optimizer/__init__.py:1180-1186`); otherwise they sit in the dense model's."""
+    tp = flat.get("parallel.tensor") or 1
+    return (flat.get("parallel.expert") or 1) > 1 or (
+        flat.get("parallel.expert_tensor") or tp) != tp
+
+
+def expert_optimizer_problem(cfg, manifest: dict[str, Any]) -> str | None:
+    """Why a full resume cannot load this MoE checkpoint's optimizer state, or None: one run
+    keeps the experts in their own optimizer, the other in the dense model's, and Megatron's
+    chained optimizer loads only as many optimizers as it saved (`optimizer/optimizer.py:
+    1573-1581`), whatever the format."""
+    saved = flatten(manifest.get("config") or {})
+    if not saved.get("model.num_moe_experts") or cfg.checkpoint.load_model_only:
+        return None
+    before, now = _experts_apart(saved), _experts_apart(_current(cfg))
+    if before == now:
+        return None
+    where = {True: "an optimizer of their own (EP > 1 or expert-TP != TP)",
+             False: "the dense model's optimizer (EP1, expert-TP = TP)"}
+    return (f"its experts' optimizer state was saved in {where[before]} and this run keeps them "
+            f"in {where[now]}, which Megatron's chained optimizer cannot load; resume with "
+            f"{'EP > 1 or expert-TP != TP' if before else 'EP1 and expert-TP = TP'}, or start "
+            "from its weights with checkpoint.load_model_only=true (a fresh optimizer)")
+
+
 def reshard_problem(cfg, manifest: dict[str, Any]) -> str | None:
     """Why a full resume cannot reshard this checkpoint's optimizer state, or None.
 
     `dp_reshardable` stores each data-parallel rank's own slice of the distributed optimizer's
     flat buffers, whose layout follows the TP/PP/VPP/CP/EP split (Megatron: "allows checkpoint
     resharding only in DP dimension", `optimizer/distrib_optimizer.py:1472-1476`)."""
+    experts = expert_optimizer_problem(cfg, manifest)
+    if experts:
+        return experts
     saved = flatten(manifest.get("config") or {})
     if not saved.get("optimizer.distributed") or cfg.checkpoint.load_model_only:
         return None

@@ -8,8 +8,9 @@ reduce-scatter in place of each, the same bytes); full recompute repeats the for
 PP sends one activation forward and one gradient back per stage boundary and
 micro-batch (per chunk when interleaved). DP reduces gradients once per step: all-reduce, or
 reduce-scatter plus the weights' all-gather with a sharded optimizer. CP passes K/V around its
-ring (and dK/dV back) in attention layers, EP exchanges routed tokens four times per MoE layer
-(Megatron's Mamba CP all-to-alls are not modelled yet). A group whose
+ring (and dK/dV back) in attention layers and, in Mamba layers, turns the mixer's inputs from
+sequence shards into head shards and its output back by all-to-all; EP exchanges routed tokens
+four times per MoE layer. A group whose
 ranks span nodes is timed at the inter-node bandwidth, else at the intra-node one; latency and
 overlap with compute are not modelled.
 """
@@ -79,6 +80,23 @@ def _cp(cfg: Any, d: int, tokens: float, layers: int) -> float:
     return 3 * forward * layers * layout.microbatches  # backward: K/V again plus dK/dV
 
 
+def _mamba_cp(cfg: Any, d: int, tokens: float, layers: int) -> float:
+    """Megatron's Mamba CP (`ssm/mamba_context_parallel.py:140-211`): before the conv and scan
+    z, x, B, C and dt each go from this rank's sequence chunk to all of the sequence for
+    1/CP of the TP rank's heads (B and C first repeated when the TP rank has fewer groups than
+    CP ranks, l.119-125, 171-184), and after it y goes back; each all-to-all sends (n-1)/n of
+    its input, its backward the gradient's. Full recompute repeats the forward ones."""
+    layout, m = cfg.layout, cfg.model
+    cp, tp = layout.context, layout.tensor
+    heads, groups = hybrid.mamba_heads(m) / tp, m.mamba_num_groups / tp
+    inner = heads * m.mamba_head_dim
+    repeat = cp / groups if groups < cp else 1
+    bc = 2 * groups * repeat * m.mamba_state_dim
+    width = 2 * inner + bc + heads + inner  # z, x, B, C, dt in; y out
+    collectives = 2 + (1 if cfg.train.recompute == "full" else 0)
+    return collectives * _ring(cp) * tokens * width * d * layers * layout.microbatches
+
+
 def _ep(cfg: Any, d: int, tokens: float, layers: int) -> float:
     layout, m = cfg.layout, cfg.model
     routed = tokens * m.moe_router_topk * m.hidden_size * d / layout.tensor
@@ -116,6 +134,9 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
     if layout.context > 1:
         found.append(_traffic(crossing, cluster, "cp", "K/V ring exchange",
                               _cp(cfg, d, tokens, kinds[hybrid.ATTENTION])))
+        if kinds.get(hybrid.MAMBA):
+            found.append(_traffic(crossing, cluster, "cp", "Mamba all-to-all",
+                                  _mamba_cp(cfg, d, tokens, kinds[hybrid.MAMBA])))
     if layout.expert > 1 and cfg.model.num_moe_experts:
         found.append(_traffic(crossing, cluster, "ep", "all-to-all",
                               _ep(cfg, d, tokens, kinds[hybrid.MOE])))

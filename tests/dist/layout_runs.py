@@ -13,6 +13,9 @@ from recipes.resolve import resolve_config
 # Small, machine-independent data so losses depend on numerics only, not the Python version.
 TEST_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=0",
              "train.eval_interval=0"]
+# The tiny hybrid (recipes/nemotron_h.py) as the layout and resume tests run it: sequence 64
+# (two Mamba scan chunks), global batch 4 of micro-batches of 2.
+HYBRID_SIZE = ["model.seq_length=64", "train.global_batch_size=4"]
 
 
 def _session(payload: dict):
@@ -43,10 +46,16 @@ def save_reference_weights(payload: dict) -> str:
 
 
 def train_steps(payload: dict) -> dict:
-    """Per-step loss and grad norm of `payload['steps']` optimizer steps."""
+    """Per-step loss and grad norm of `payload['steps']` optimizer steps. With `weights_dir`
+    the session's initial weights are saved there first (the reference run saves what every
+    other layout loads, one launch fewer than `save_reference_weights` and then training)."""
+    from tests.dist.reference_weights import save_model_weights
     from trainer.step import train_step
 
     session = _session(payload)
+    weights = None
+    if payload.get("weights_dir"):
+        weights = str(save_model_weights(payload["weights_dir"], session.cfg, session.model))
     losses, grad_norms, loss_tokens, mask_tokens = [], [], [], []
     for _ in range(payload["steps"]):
         batches = session.train_batches
@@ -58,7 +67,7 @@ def train_steps(payload: dict) -> dict:
         loss_tokens.append(metrics.loss_tokens)
     _finish()
     return {"losses": losses, "grad_norms": grad_norms, "loss_tokens": loss_tokens,
-            "mask_tokens": mask_tokens}
+            "mask_tokens": mask_tokens, "weights": weights}
 
 
 def train_saving_each_step(payload: dict) -> dict:

@@ -16,12 +16,30 @@ def _moe_plugin(session):
     return next(plugin for plugin in session.plugins if plugin.name == "moe")
 
 
+def _set_expert_bias(session, bias: list[float]) -> None:
+    """Every router's aux-loss-free expert bias set to `bias` (one value per expert)."""
+    import torch
+
+    for chunk in session.model:
+        for name, buffer in chunk.named_buffers():
+            if name.endswith("expert_bias"):
+                buffer.copy_(torch.tensor(bias, dtype=buffer.dtype))
+
+
 def train_steps_with_figures(payload: dict) -> dict:
-    """Per-step loss, grad norm, the plugin's figures and its per-layer token counts."""
+    """Per-step loss, grad norm, the plugin's figures and its per-layer token counts; with
+    `expert_bias`, every router starts from that bias; with `weights_dir`, the initial weights
+    are saved there first (the reference every other layout loads)."""
     from plugins.protocol.events import RunStart
+    from tests.dist.reference_weights import save_model_weights
     from trainer.step import train_step
 
     session = _session(payload)
+    weights = None
+    if payload.get("weights_dir"):
+        weights = str(save_model_weights(payload["weights_dir"], session.cfg, session.model))
+    if payload.get("expert_bias"):
+        _set_expert_bias(session, payload["expert_bias"])
     cfg = session.cfg
     session.plugins.run_start(RunStart(cfg, session.run_dir, 0, cfg.train.train_iters))
     trace: dict[str, list] = {"losses": [], "grad_norms": [], "extra": [], "per_layer": []}
@@ -33,7 +51,7 @@ def train_steps_with_figures(payload: dict) -> dict:
         trace["extra"].append(metrics.extra)
         trace["per_layer"].append(_moe_plugin(session).last_per_layer)
     _finish()
-    return trace
+    return {**trace, "weights": weights}
 
 
 def pretrain_metrics(payload: dict) -> dict:

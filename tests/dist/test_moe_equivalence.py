@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.dist.layout_runs import HYBRID_SIZE
+
 pytestmark = pytest.mark.dist
 
 STEPS = 5
@@ -57,12 +59,14 @@ def _train(launch_ranks, recipe, ranks, overrides, weights, run_dir) -> dict:
 
 @pytest.fixture(scope="module")
 def reference(launch_ranks, tmp_path_factory):
-    """Reference weights (saved once) and the single-rank trace from them."""
+    """Reference weights (saved once, by the single-rank run before it trains) and the
+    single-rank trace from them."""
     root = tmp_path_factory.mktemp("moe-reference")
-    weights = launch_ranks(1, "tests.dist.layout_runs:save_reference_weights", {
-        "recipe": REFERENCE, "run_dir": str(root / "save"), "weights_dir": str(root / "w"),
+    trace = launch_ranks(1, f"{ENTRY}:train_steps_with_figures", {
+        "recipe": REFERENCE, "steps": STEPS, "run_dir": str(root / "ref"),
+        "weights_dir": str(root / "w"), "overrides": [],
     })[0]
-    return weights, _train(launch_ranks, REFERENCE, 1, [], weights, root / "ref")
+    return trace.pop("weights"), trace
 
 
 def test_reference_trains_and_its_router_figures_add_up(reference):
@@ -130,3 +134,22 @@ def test_router_figures_reach_metrics_jsonl_and_the_log(launch_ranks, tmp_path):
         assert extra["moe_load_balancing_loss"] > 0
         assert sum(extra[f"moe_tokens_e{e}"] for e in range(EXPERTS)) == TOKENS * TOPK
         assert f"| moe_imbalance {extra['moe_imbalance']:.4g}" in line
+
+
+def test_hybrid_router_figures_follow_the_routing_used(launch_ranks, tmp_path):
+    """Nemotron 3's routing in the hybrid (M*-ME-: one MoE layer of six; sigmoid scores, expert
+    bias, seq_aux_loss): the balance loss is the mean over its MoE layers, as for Mixtral (over
+    all six layers it would read 1/6 of it), and the tokens per expert are those of the routing
+    actually used: with expert 0's bias at +10 (sigmoid scores lie in (0, 1)) every token takes
+    it as one of its two experts, where the scores alone would give it about a quarter."""
+    tokens = 4 * 64  # HYBRID_SIZE: global batch x sequence length
+    trace = launch_ranks(1, f"{ENTRY}:train_steps_with_figures", {
+        "recipe": "hybrid_tiny_dp1", "steps": 2, "run_dir": str(tmp_path),
+        "overrides": HYBRID_SIZE, "expert_bias": [10.0, 0.0, 0.0, 0.0],
+    })[0]
+    for extra, per_layer in zip(trace["extra"], trace["per_layer"], strict=True):
+        assert len(per_layer) == 1 and sum(per_layer[0]) == tokens * TOPK
+        assert extra["moe_tokens_e0"] == tokens
+        assert extra["moe_imbalance"] == pytest.approx(tokens / (tokens * TOPK / EXPERTS))
+        # Megatron's seq_aux_loss scores the unbiased routing: about 1 when balanced.
+        assert 0.9 < extra["moe_seq_load_balancing_loss"] < 1.5

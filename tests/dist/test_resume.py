@@ -6,13 +6,15 @@ Covers the distributed optimizer's four load-path fixes in trainer/checkpointing
 any one of them the resumed losses drift by ~1e-2 or the load fails), interleaved pipelines,
 dropout (each rank's CPU generator and Megatron's tracker streams must resume), and ten random
 stop points of the single-rank tiny model. A checkpoint saved at TP2 x PP2 resumes at other
-layouts (weights and optimizer state resharded) within float tolerance, with the same samples.
+layouts (weights and optimizer state resharded) within float tolerance, with the same samples;
+so does the hybrid Mamba-Transformer model saved at TP2 + SP and resumed at PP2 x VPP2.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from tests.dist.layout_runs import HYBRID_SIZE
 from tests.dist.resume_runs import random_points
 
 pytestmark = pytest.mark.dist
@@ -78,39 +80,64 @@ def test_ten_random_stop_points_resume_exactly(launch_ranks, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def saved_at_tp2_pp2(launch_ranks, tmp_path_factory) -> tuple[str, list[dict]]:
+def saved_at_tp2_pp2(launch_ranks, tmp_path_factory) -> dict:
     """The uninterrupted TP2 x PP2 run (distributed optimizer), saved after SAVE_AFTER steps in
     the format that resumes in any layout (the default, dp_reshardable, changes DP only)."""
-    root = tmp_path_factory.mktemp("tp2_pp2")
+    return _saved_reshardable(launch_ranks, tmp_path_factory, "tiny_tp2_pp2", 4, [])
+
+
+@pytest.fixture(scope="module")
+def saved_hybrid_at_tp2_sp(launch_ranks, tmp_path_factory) -> dict:
+    """The hybrid at TP2 + SP: every Mamba weight but the norm and every expert split over TP."""
+    return _saved_reshardable(launch_ranks, tmp_path_factory, "hybrid_tiny_tp2_sp", 2,
+                              HYBRID_SIZE)
+
+
+def _saved_reshardable(launch_ranks, tmp_path_factory, recipe, ranks, overrides) -> dict:
+    root = tmp_path_factory.mktemp(recipe)
     checkpoints = root / "checkpoints"
-    result = launch_ranks(4, f"{ENTRY}:continuous", {
-        "recipe": "tiny_tp2_pp2", "steps": STEPS, "run_dir": str(root),
-        "overrides": ["optimizer.distributed=true",
-                      "checkpoint.optimizer_format=fully_reshardable"], "save_at": [SAVE_AFTER],
-        "checkpoint_dir": str(checkpoints),
+    overrides = [*overrides, "optimizer.distributed=true",
+                 "checkpoint.optimizer_format=fully_reshardable"]
+    result = launch_ranks(ranks, f"{ENTRY}:continuous", {
+        "recipe": recipe, "steps": STEPS, "run_dir": str(root), "overrides": overrides,
+        "save_at": [SAVE_AFTER], "checkpoint_dir": str(checkpoints),
     })[0]
-    return str(checkpoints), result["records"]
+    return {"checkpoints": str(checkpoints), "records": result["records"],
+            "overrides": overrides}
 
 
-@pytest.mark.parametrize(("recipe", "ranks", "overrides"), [
-    ("tiny_dp1", 1, []),
-    ("tiny_pp2_vpp2", 2, []),
-    ("tiny_dp2_distopt", 2, []),
-], ids=["tp1_pp1", "pp2_vpp2", "dp2_distopt"])
+# (saved run, recipe to resume at, ranks, extra overrides)
+RESHARD_CASES = [
+    ("saved_at_tp2_pp2", "tiny_dp1", 1, []),
+    ("saved_at_tp2_pp2", "tiny_pp2_vpp2", 2, []),
+    ("saved_at_tp2_pp2", "tiny_dp2_distopt", 2, []),
+    # Mamba's in_proj (z, x, B, C, dt, each split over TP) and the TP-split experts gathered,
+    # the layers handed to four virtual stages (M* | -M | E | -: another pattern, same model).
+    ("saved_hybrid_at_tp2_sp", "hybrid_tiny_pp2_vpp2", 2, []),
+]
+
+
+@pytest.mark.parametrize(("saved", "recipe", "ranks", "overrides"), RESHARD_CASES,
+                         ids=["tp1_pp1", "pp2_vpp2", "dp2_distopt", "hybrid_tp2_sp_to_pp2_vpp2"])
 def test_resume_at_another_layout_continues_the_run(
-    launch_ranks, saved_at_tp2_pp2, tmp_path, recipe, ranks, overrides
+    launch_ranks, request, tmp_path, saved, recipe, ranks, overrides
 ):
-    checkpoints, before = saved_at_tp2_pp2
+    source, saved = saved, request.getfixturevalue(saved)
+    before = saved["records"]
     after = launch_ranks(ranks, f"{ENTRY}:resumed", {
         "recipe": recipe, "steps": STEPS, "run_dir": str(tmp_path),
-        "overrides": [*overrides, "optimizer.distributed=true",
-                      "checkpoint.optimizer_format=fully_reshardable",
-                      f"checkpoint.load={checkpoints}"],
+        "overrides": [*saved["overrides"], *overrides,
+                      f"checkpoint.load={saved['checkpoints']}"],
     })[0]
     assert after["start"] == SAVE_AFTER
     expected = before[SAVE_AFTER:]
     # Consumed samples and tokens continue from the checkpoint whatever the DP size.
     assert [(r["samples"], r["tokens"], r["lr"]) for r in after["records"]] == [
         (r["samples"], r["tokens"], r["lr"]) for r in expected]
+    worst = max(abs(got["loss"] - want["loss"])
+                for got, want in zip(after["records"], expected, strict=True))
+    print(f"{source} -> {recipe}: max |loss - uninterrupted| = {worst:.2e}")
     for got, want in zip(after["records"], expected, strict=True):
         assert got["loss"] == pytest.approx(want["loss"], abs=RESHARD_TOLERANCE)
+        # The router's expert bias moves in steps of its update rate: resharded, it is the same.
+        assert got["expert_bias"] == want["expert_bias"]

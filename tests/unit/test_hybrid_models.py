@@ -1,5 +1,6 @@
 """Hybrid Mamba-Transformer models: the pattern's stage split, the planner's counts by layer
-kind, the FLOPs of a Mamba layer, the translation into Megatron, and the GPU kernel refusal.
+kind, the FLOPs of a Mamba layer and its CP all-to-alls, the translation into Megatron, and
+the GPU kernel refusal.
 
 The meta-device builds of every hybrid recipe, rank for rank against these counts, are in
 test_dry_run.py and test_plan_params.py (every registered recipe).
@@ -11,6 +12,8 @@ import pytest
 
 from plugins.protocol.errors import ConfigError, UserError
 from recipes.config.machine import MachineInfo, check_machine
+from recipes.plan.build import make_plan
+from recipes.plan.cluster import recipe_cluster
 from recipes.plan.flops import FlopsShape, mamba_flops, model_flops_per_token
 from recipes.plan.params import active_parameters, model_parameters, symbol_params
 from recipes.registry import get_recipe
@@ -83,6 +86,27 @@ def test_mamba_flops_are_projections_and_the_chunked_scan() -> None:
     assert mamba_flops(shape) == projections + scan
 
 
+@pytest.mark.parametrize(("tensor", "per_layer_micro_batch"), [
+    # z 128 + x 128 + B 32 + C 32 + dt 8 in, y 128 out: 456 values a token.
+    (1, 456),
+    # Per TP rank z 64 + x 64, one group for two CP ranks: B and C repeated twice (16 x 2
+    # each), dt 4, y 64: 260 values a token.
+    (2, 260),
+])
+def test_mamba_context_parallel_all_to_all_bytes(tensor, per_layer_micro_batch) -> None:
+    """The tiny hybrid (Mamba heads 8 x 16, 2 groups, state 16; 2 Mamba layers) at CP2, fp32:
+    128 tokens a rank (micro-batch 2 x 128 / CP2), half of each all-to-all leaves the rank,
+    forward and backward, 4 micro-batches a step."""
+    cfg = get_recipe("hybrid_tiny_dp1")
+    cfg.parallel.context, cfg.parallel.tensor = 2, tensor
+    cfg.parallel.sequence_parallel = tensor > 1
+    cfg.cluster.gpus_per_node = 2 * tensor
+    [stage] = make_plan(cfg, recipe_cluster(cfg)).stages
+    [mamba] = [t for t in stage.traffic if t.operation == "Mamba all-to-all"]
+    assert mamba.group == "cp"
+    assert mamba.bytes_sent == 128 * per_layer_micro_batch * 4 / 2 * 2 * 2 * 4
+
+
 def test_moe_flops_follow_the_active_experts_not_all() -> None:
     cfg = get_recipe(NANO)
     base = model_flops_per_token(cfg)
@@ -131,6 +155,20 @@ def test_cpu_ranks_need_no_mamba_kernels() -> None:
     cfg = get_recipe("hybrid_tiny_dp1")
     check_machine(cfg, MachineInfo(gpus=0, launched_world_size=None,
                                    missing_mamba_kernels=("mamba-ssm", "causal-conv1d")))
+
+
+def test_packed_rows_with_mamba_context_parallel_need_transformer_engine() -> None:
+    cfg = get_recipe("hybrid_tiny_dp1")
+    cfg.parallel.context, cfg.cluster.gpus_per_node = 2, 2
+    cpu = MachineInfo(gpus=0, launched_world_size=None)
+    check_machine(cfg, cpu)  # unpacked rows: Megatron's Mamba CP runs on CPU ranks
+    cfg.plugins.packing.enabled, cfg.train.micro_batch_size = True, 1
+    with pytest.raises(ConfigError, match=r"^plugins.packing.enabled=true with parallel.context=2 "
+                       r"and Mamba layers needs Transformer Engine on GPU ranks .*; set "
+                       r"parallel.context=1, or plugins.packing.enabled=false, or run on GPUs "
+                       r"with the gpu extra$"):
+        check_machine(cfg, cpu)
+    check_machine(cfg, MachineInfo(gpus=2, launched_world_size=None, transformer_engine="2.9"))
 
 
 def test_a_gpu_rank_without_mamba_kernels_is_refused_in_one_line(monkeypatch) -> None:

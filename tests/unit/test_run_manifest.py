@@ -206,3 +206,23 @@ def test_a_dp_reshardable_optimizer_state_resumes_across_dp_only(tmp_path):
                                recipe="tiny_tp2"), {"__0_0.distcp": b"a"})
     assert checkpoint_preflight(_cfg("optimizer.distributed=true", f"checkpoint.load={fully}",
                                      recipe="tiny_dp2"))
+
+
+def test_experts_moving_between_the_dense_and_their_own_optimizer_are_refused(tmp_path):
+    """At TP2 + SP with EP1 the experts sit in the dense model's optimizer; at EP2 they have
+    their own: Megatron's chained optimizer cannot load one as the other, in any format."""
+    fully = ["optimizer.distributed=true", "checkpoint.optimizer_format=fully_reshardable"]
+    root = tmp_path / "checkpoints"
+    _write_step(root, 2, _cfg(*fully, recipe="hybrid_tiny_tp2_sp"), {"__0_0.distcp": b"a"})
+    load = f"checkpoint.load={root}"
+    with pytest.raises(ConfigError) as caught:
+        checkpoint_preflight(_cfg(*fully, load, recipe="hybrid_tiny_ep2_dp2"))
+    assert str(caught.value) == (
+        f"checkpoint.load={root} cannot resume in this layout: its experts' optimizer state was "
+        "saved in the dense model's optimizer (EP1, expert-TP = TP) and this run keeps them in "
+        "an optimizer of their own (EP > 1 or expert-TP != TP), which Megatron's chained "
+        "optimizer cannot load; resume with EP1 and expert-TP = TP, or start from its weights "
+        "with checkpoint.load_model_only=true (a fresh optimizer)")
+    assert checkpoint_preflight(_cfg(*fully, load, recipe="hybrid_tiny_pp2_vpp2"))
+    assert checkpoint_preflight(_cfg(*fully, load, "checkpoint.load_model_only=true",
+                                     recipe="hybrid_tiny_ep2_dp2")) == []
