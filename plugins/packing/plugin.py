@@ -67,8 +67,10 @@ def packed_seq_params(batch: dict[str, Any], mamba_layers: bool = False) -> Pack
 
 
 class PackingPlugin(Plugin):
-    def __init__(self, mamba_layers: bool = False) -> None:
-        self.mamba_layers = mamba_layers  # set from the run's model at run start
+    def __init__(self, mamba_layers: bool = True) -> None:
+        # Set from the run's model at run start; until then the safe side (a Mamba layer
+        # without seq_idx would scan a packed row as one sequence, silently).
+        self.mamba_layers = mamba_layers
 
     def run_start(self, start: RunStart) -> None:
         self.mamba_layers = start.config.model.is_hybrid

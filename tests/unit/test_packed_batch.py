@@ -117,7 +117,7 @@ def test_document_mask_refuses_boundaries_that_do_not_cover_the_row(bad):
 def test_forward_kwargs_carry_thd_params_and_no_dense_mask():
     row = as_tensors(packed_row(_documents(), SEQ, PAD))
     base = {"input_ids": row["tokens"], "attention_mask": torch.ones(1), "labels": row["labels"]}
-    kwargs = PackingPlugin().forward_kwargs(row, base)
+    kwargs = PackingPlugin(mamba_layers=False).forward_kwargs(row, base)
     params = kwargs["packed_seq_params"]
     assert kwargs["attention_mask"] is None
     assert kwargs["input_ids"] is row["tokens"] and kwargs["labels"] is row["labels"]
@@ -137,7 +137,7 @@ def test_a_hybrid_run_gets_the_mamba_document_index_from_the_rows_plain_length()
 
     row = as_tensors(packed_row(_documents(), SEQ, PAD))
     assert type(row["total_tokens"]) is int and row["total_tokens"] == SEQ
-    plugin = PackingPlugin()
+    plugin = PackingPlugin(mamba_layers=False)
     plugin.run_start(RunStart(get_recipe("hybrid_tiny_dp1"), Path("."), 0, 1))
     params = plugin.forward_kwargs(row, {})["packed_seq_params"]
     assert params.total_tokens == SEQ
@@ -145,6 +145,8 @@ def test_a_hybrid_run_gets_the_mamba_document_index_from_the_rows_plain_length()
     assert params.seq_idx.tolist() == [[0] * 7 + [1] * 12 + [2] * 9 + [3] * 4]
     plugin.run_start(RunStart(get_recipe("tiny_dp1"), Path("."), 0, 1))
     assert plugin.forward_kwargs(row, {})["packed_seq_params"].seq_idx is None
+    # Before a run start says what the model is: the side that is never wrong.
+    assert PackingPlugin().forward_kwargs(row, {})["packed_seq_params"].seq_idx is not None
 
 
 def test_forward_kwargs_refuse_unpacked_batches_in_one_line():
