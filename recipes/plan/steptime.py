@@ -114,7 +114,13 @@ def _traffic_seconds(stage: Any) -> dict[str, float]:
 
 def _dp_exposed(cfg: Any, seconds: float, backward: float, forward: float,
                 sharded: bool) -> float:
-    """The DP reduce (and sharded all-gather) less what hides behind one micro-batch."""
+    """The DP reduce (and sharded all-gather) less what hides behind one micro-batch.
+
+    Megatron FSDP cannot keep whole gradients between micro-batches: with gradients sharded
+    (`optim_grads`) each micro-batch reduce-scatters its own, hidden behind its backward; with
+    weights sharded too (`optim_grads_params`) each micro-batch also gathers the weights for
+    its forward and again for its backward: beyond the one a sharded optimizer does anyway,
+    those hide behind the whole step's compute."""
     o, p = cfg.optimizer, cfg.precision
     grad = 4 if (p.grad_reduce_in_fp32 or p.dtype == "fp32") else 2
     weight = 4 if p.dtype == "fp32" else 2
@@ -122,7 +128,13 @@ def _dp_exposed(cfg: Any, seconds: float, backward: float, forward: float,
     gather = seconds - reduce
     hidden_reduce = backward if o.overlap_grad_reduce else 0.0
     hidden_gather = forward if o.overlap_param_gather else 0.0
-    return max(0.0, reduce - hidden_reduce) + max(0.0, gather - hidden_gather)
+    fsdp, micro = getattr(o, "fsdp", "none"), cfg.layout.microbatches
+    if fsdp != "none":
+        reduce, hidden_reduce = reduce * micro, hidden_reduce * micro
+    exposed = max(0.0, reduce - hidden_reduce) + max(0.0, gather - hidden_gather)
+    if fsdp == "optim_grads_params":  # the other 2 x micro - 1 gathers, behind the compute
+        exposed += max(0.0, (2 * micro - 1) * gather - (forward + backward) * micro)
+    return exposed
 
 
 def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
