@@ -42,6 +42,9 @@ class ClusterSpec:
     # of peak a large GEMM reaches, and the dimension at which a GEMM's throughput halves.
     gemm_peak_fraction: float | None = None
     gemm_half_dim: float | None = None
+    # Seconds one collective costs beyond its bytes (per message, microseconds; None: not
+    # priced), measured with the bandwidth by `plan.py calibrate=true`.
+    collective_latency_us: float | None = None
 
     @property
     def gpu_memory_bytes(self) -> float:
@@ -51,7 +54,7 @@ class ClusterSpec:
 _NUMBERS = ("nodes", "gpus_per_node", "gpu_memory_gb", "intra_node_gb_per_s",
             "inter_node_gb_per_s")
 OPTIONAL = ("host_memory_gb", "device", "cpus_per_task", "exclusive", "gemm_peak_fraction",
-            "gemm_half_dim")
+            "gemm_half_dim", "collective_latency_us")
 DEVICES = ("gpu", "cpu")
 
 

@@ -184,10 +184,10 @@ def run_plan(args: Arguments) -> int:
 
         return run_confirm(cfg, top, steps)
 
-    def calibrate(cluster, dtype):  # calibrate=true: GEMM throughput by shape, fitted
-        from trainer.tools.calibrate import calibration_lines
+    def calibrate(cluster, dtype, path):  # calibrate=true: GEMMs by shape, collectives
+        from trainer.tools.calibrate import calibrate_cluster_file
 
-        return calibration_lines(cluster, dtype)
+        return calibrate_cluster_file(cluster, dtype, path)
 
     return plan(list(args.rest), args.options, as_json="--json" in args.flags,
                 build_shards=dry_run_shards, read_megatron=megatron_config, confirm=confirm,
