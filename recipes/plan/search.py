@@ -194,6 +194,7 @@ class _Searcher:
         self.peak = cluster.peak_tflops["fp8" if fp8 else cfg.precision.dtype]
         self.fraction = cluster.gemm_peak_fraction or PEAK_FRACTION
         self.half = cluster.gemm_half_dim or HALF_DIM
+        self.latency = (cluster.collective_latency_us or 0.0) * 1e-6
 
     def _crossing(self, cfg: Any) -> dict[str, bool]:
         layout = cfg.layout
@@ -209,7 +210,7 @@ class _Searcher:
         peak = max(s.peak for s in stages)
         fits = peak <= self.cluster.gpu_memory_bytes
         time = step_time(cfg, stages, self.peak, peak_fraction=self.fraction,
-                         half_dim=self.half) if timed else None
+                         half_dim=self.half, latency_s=self.latency) if timed else None
         return Evaluated(c, peak, fits, time)
 
 
