@@ -195,6 +195,7 @@ class _Searcher:
         self.fraction = cluster.gemm_peak_fraction or PEAK_FRACTION
         self.half = cluster.gemm_half_dim or HALF_DIM
         self.latency = (cluster.collective_latency_us or 0.0) * 1e-6
+        self.kernel = (cluster.kernel_overhead_us or 0.0) * 1e-6
 
     def _crossing(self, cfg: Any) -> dict[str, bool]:
         layout = cfg.layout
@@ -210,7 +211,8 @@ class _Searcher:
         peak = max(s.peak for s in stages)
         fits = peak <= self.cluster.gpu_memory_bytes
         time = step_time(cfg, stages, self.peak, peak_fraction=self.fraction,
-                         half_dim=self.half, latency_s=self.latency) if timed else None
+                         half_dim=self.half, latency_s=self.latency,
+                         kernel_s=self.kernel) if timed else None
         return Evaluated(c, peak, fits, time)
 
 

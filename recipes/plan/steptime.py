@@ -17,7 +17,9 @@ distributed optimizer's all-gather the first one's forward (`overlap_param_gathe
 bubble is (PP - 1) / VPP of the slowest stage's per-micro-batch time. Each collective also
 costs the cluster file's per-message latency (`collective_latency_us`, measured by
 `plan.py calibrate=true`; none when the file has none), counted per step by `collective_counts`
-and added, exposed, to its group's figure (the DP reduce's to what overlaps).
+and added, exposed, to its group's figure (the DP reduce's to what overlaps); and each kernel a
+layer runs costs the file's `kernel_overhead_us` beyond its FLOPs (in compute): small layers
+cut into many micro-batches pay for their many small kernels.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ from recipes.plan.flops import (
     qkv_projection_flops,
 )
 
+# Kernels one layer's forward runs in Megatron's layers (norms, QKV, RoPE, the attention
+# core's products, mask and softmax, projection, bias-dropout-adds, the MLP's two products and
+# activation); the backward runs about twice as many.
+KERNELS_PER_LAYER = 24
 PEAK_FRACTION = 0.75  # share of peak a large GEMM reaches (cluster file: gemm_peak_fraction)
 HALF_DIM = 64.0  # GEMM dimension at which throughput halves (cluster file: gemm_half_dim)
 
@@ -160,7 +166,7 @@ def collective_counts(cfg: Any, layers: int) -> dict[str, float]:
 
 def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
               peak_fraction: float = PEAK_FRACTION, half_dim: float = HALF_DIM,
-              latency_s: float = 0.0) -> StepTime:
+              latency_s: float = 0.0, kernel_s: float = 0.0) -> StepTime:
     """The modeled step of `cfg` whose stage plans (`recipes.plan.build.stage_plans`) are
     `stages`, on GPUs of `peak_tflops` dense TFLOP/s, each collective costing `latency_s`
     beyond its bytes."""
@@ -181,7 +187,9 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
         forward = layers * (layer_forward + core_forward)
         if stage.stage == len(stages) - 1:
             forward += _seconds(logits, peak, peak_fraction, half_dim)
-        per_micro = 3 * forward + layers * extra[t.recompute]
+        passes = 3 + (1 if t.recompute == "full" else 0)
+        per_micro = (3 * forward + layers * extra[t.recompute]
+                     + layers * KERNELS_PER_LAYER * passes * kernel_s)
         comm = _traffic_seconds(stage)
         waits = {group: count * latency_s
                  for group, count in collective_counts(cfg, layers).items()}

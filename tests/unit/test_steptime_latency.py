@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from recipes.plan.build import PlanOptions, stage_plans
 from recipes.plan.cluster import load_cluster
 from recipes.plan.steptime import collective_counts, step_time
@@ -35,3 +37,19 @@ def test_latency_is_added_per_collective_and_off_without_the_figure():
     assert dataclasses.replace(priced, tp=none.tp) == none
     # TP2 starts 64 collectives a step, DP2 one: with latency DP2 ranks ahead
     assert _time("tiny_dp2", 1e-3).total < priced.total
+
+
+def test_kernel_overhead_charges_many_small_micro_batches():
+    cfg = resolve_config(["recipe=tiny_dp2"], check_paths=False)
+    cluster = load_cluster(CPU)
+
+    def total(micro_batch: int, kernel_s: float) -> float:
+        c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train,
+                                                               micro_batch_size=micro_batch))
+        stages = stage_plans(c, cluster, PlanOptions(listed_groups=0))
+        return step_time(c, stages, cluster.peak_tflops["fp32"], kernel_s=kernel_s).compute
+
+    # 4 micro-batches of 1 run twice the kernels of 2 of 2: 4 layers x 24 kernels x 3 passes
+    extra = total(1, 1e-3) - total(1, 0.0)
+    assert extra == pytest.approx(4 * 4 * 24 * 3 * 1e-3)
+    assert extra == pytest.approx(2 * (total(2, 1e-3) - total(2, 0.0)))

@@ -7,7 +7,9 @@ into the cluster file.
 - collectives inside a node: all-reduces of 4 B to 8 MB over the node's ranks (gloo on CPU,
   NCCL over this node's GPUs), fitted as time = latency + bytes sent / bandwidth: the
   per-rank bandwidth (`intra_node_gb_per_s`, one direction) and the per-message latency
-  (`collective_latency_us`) the step model prices for every collective. Across nodes is not
+  (`collective_latency_us`) the step model prices for every collective, and the time of a
+  small kernel while every rank runs them (`kernel_overhead_us`), what each of a layer's
+  kernels costs beyond its FLOPs. Across nodes is not
   measured from one machine: `inter_node_gb_per_s` stays the file's.
 Each key is replaced in place (its comment kept) or appended; the rest of the file is kept.
 """
@@ -70,6 +72,14 @@ def _all_reduce_rank(rank: int, world: int, store_path: str, backend: str,
     device = f"cuda:{rank}" if backend == "nccl" else "cpu"
     if backend == "nccl":
         torch.cuda.set_device(rank)
+    small = torch.randn(32, 32, device=device)
+    torch.distributed.barrier()
+    start = time.perf_counter()  # every rank at once: a small kernel with the node busy
+    for _ in range(500):
+        torch.matmul(small, small)
+    if backend == "nccl":
+        torch.cuda.synchronize()
+    kernel = (time.perf_counter() - start) / 500
     found = []
     for size in sizes:
         t = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
@@ -89,13 +99,14 @@ def _all_reduce_rank(rank: int, world: int, store_path: str, backend: str,
             torch.cuda.synchronize()
         found.append((size, (time.perf_counter() - start) / int(reps.item())))
     if rank == 0:
-        out.put(found)
+        out.put((kernel, found))
     torch.distributed.destroy_process_group()
 
 
 def measure_collectives(ranks: int, sizes: tuple[int, ...] = COLLECTIVE_BYTES,
-                        seconds: float = 0.2) -> tuple[str, list[tuple[int, float]]]:
-    """(backend, [(bytes, seconds of one all-reduce)]) over `ranks` local processes."""
+                        seconds: float = 0.2) -> tuple[str, list[tuple[int, float]], float]:
+    """(backend, [(bytes, seconds of one all-reduce)], seconds of one small kernel on rank 0
+    while every rank runs them) over `ranks` local processes."""
     import tempfile
 
     import torch
@@ -110,10 +121,10 @@ def measure_collectives(ranks: int, sizes: tuple[int, ...] = COLLECTIVE_BYTES,
             r, ranks, f"{folder}/store", backend, sizes, seconds, out)) for r in range(ranks)]
         for p in procs:
             p.start()
-        found = out.get(timeout=600)
+        kernel, found = out.get(timeout=600)
         for p in procs:
             p.join(timeout=60)
-    return backend, found
+    return backend, found, kernel
 
 
 def fit_collectives(points: list[tuple[int, float]], ranks: int) -> tuple[float, float]:
@@ -158,11 +169,11 @@ def calibrate_cluster_file(cluster: Any, dtype: str, path: str) -> list[str]:
     points = measure_gemms(dtype)
     fraction, half = fit_gemm_model(points, cluster.peak_tflops[dtype])
     ranks = _local_ranks(max(2, cluster.gpus_per_node))
-    backend, collectives = measure_collectives(ranks)
+    backend, collectives, kernel = measure_collectives(ranks)
     latency, bandwidth = fit_collectives(collectives, ranks)
     figures = {"gemm_peak_fraction": round(fraction, 3), "gemm_half_dim": round(half, 1),
                "intra_node_gb_per_s": bandwidth / 1e9,
-               "collective_latency_us": latency * 1e6}
+               "collective_latency_us": latency * 1e6, "kernel_overhead_us": kernel * 1e6}
     update_cluster_file(path, figures)
     shapes = ", ".join(f"{d}: {t * 1e3:.2f}" for d, t in points)
     sizes = ", ".join(f"{b} B: {s * 1e6:.0f} us" for b, s in collectives)
