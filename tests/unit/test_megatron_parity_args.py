@@ -6,7 +6,12 @@ from __future__ import annotations
 import torch
 
 from recipes.resolve import resolve_config
-from trainer.tools.megatron_parity import ALIGNMENTS, RecordedSamples, parity_arguments
+from trainer.tools.megatron_parity import (
+    ALIGNMENTS,
+    RecordedSamples,
+    parity_arguments,
+    unsupported,
+)
 
 
 def test_arguments_carry_every_alignment_and_the_steps():
@@ -30,3 +35,9 @@ def test_megatron_lm_indices_reach_this_ranks_own_micro_batches():
                for s in range(2)]
     rank1 = RecordedSamples(batches, global_batch=8, micro_batch=2, dp=2, dp_rank=1)
     assert [int(rank1[i]["tokens"][0]) for i in (2, 3, 6, 7, 10)] == [0, 1, 2, 3, 10]
+
+
+def test_what_the_check_cannot_compare_is_one_line():
+    hybrid = unsupported(resolve_config(["recipe=hybrid_tiny_dp1"], check_paths=False))
+    assert hybrid and "\n" not in hybrid and "hybrid" in hybrid
+    assert unsupported(resolve_config(["recipe=tiny_dp1"], check_paths=False)) is None

@@ -444,7 +444,27 @@ def compare(ours: RunRecord, theirs: RunRecord, arguments: list[str]) -> ParityR
     return ParityReport(rows, final, int(differ_t.item()), initial, arguments)
 
 
+def unsupported(cfg: RunConfig) -> str | None:
+    """What the check cannot compare, as one line (None: it can): its `get_batch` is
+    pretrain_gpt.py's for plain GPT batches, and Megatron-LM's GPT builder builds GPTModel."""
+    if cfg.model.is_hybrid:
+        return (f"check_megatron_parity compares GPT recipes; {cfg.name} is a hybrid model "
+                "(pretrain_mamba.py's loop is not compared); pick a GPT or MoE recipe")
+    if cfg.data.documents != "concatenate":
+        return (f"check_megatron_parity feeds plain batches; data.documents="
+                f"{cfg.data.documents} makes packed ones; set data.documents=concatenate")
+    if cfg.phases or cfg.train.rampup_batch_size:
+        return ("check_megatron_parity runs one phase at one batch size; drop phases and "
+                "train.rampup_batch_size")
+    return None
+
+
 def run_parity_check(cfg: RunConfig, run_dir: Path, steps: int) -> ParityReport:
+    from plugins.protocol.errors import ConfigError
+
+    problem = unsupported(cfg)
+    if problem:
+        raise ConfigError(problem)
     cfg = dataclasses.replace(
         cfg, checkpoint=dataclasses.replace(cfg.checkpoint, save=False, load=None, resume=False))
     ours, batches = train_ours(cfg, run_dir, steps)
