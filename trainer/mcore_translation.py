@@ -237,6 +237,9 @@ def build_ddp_config(cfg: RunConfig) -> DistributedDataParallelConfig:
         overlap_grad_reduce=o.overlap_grad_reduce,
         overlap_param_gather=o.overlap_param_gather,
         use_distributed_optimizer=o.distributed,
+        # Megatron FSDP: planned and searched; the trainer's run rules refuse training it.
+        use_megatron_fsdp=o.fsdp != "none",
+        data_parallel_sharding_strategy="no_shard" if o.fsdp == "none" else o.fsdp,
         bucket_size=o.bucket_size,
         # Per-token loss needs summed (not averaged) DP gradients; Megatron divides by tokens.
         average_in_collective=False,

@@ -222,6 +222,26 @@ def _data_from(a: Mapping[str, Any]) -> dict[str, Any]:
     return {"data.source": "synthetic"} if a["mock_data"] else {}
 
 
+def _fsdp_args(cfg: Any) -> list[str]:
+    fsdp = cfg.optimizer.fsdp
+    return [] if fsdp == "none" else [
+        "--use-megatron-fsdp", "--data-parallel-sharding-strategy", fsdp,
+        "--ckpt-format", "fsdp_dtensor"]  # Megatron-LM's FSDP saves only this format
+
+
+def _fsdp_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    if not a["use_megatron_fsdp"]:
+        return {"optimizer.fsdp": "none"}
+    strategy = a["data_parallel_sharding_strategy"]
+    if strategy not in ("optim_grads", "optim_grads_params"):
+        from plugins.protocol.errors import ConfigError
+
+        raise ConfigError(f"--data-parallel-sharding-strategy {strategy} is not one the project "
+                          "plans (optim_grads, optim_grads_params); for ZeRO-1 use "
+                          "--use-distributed-optimizer without --use-megatron-fsdp")
+    return {"optimizer.fsdp": strategy}
+
+
 def _format_args(cfg: Any) -> list[str]:
     return (["--dist-ckpt-optim-fully-reshardable"]
             if cfg.checkpoint.optimizer_format == "fully_reshardable" else [])
@@ -253,6 +273,8 @@ SPELLED: tuple[Spelled, ...] = (
                                "max_position_embeddings"), _data_args, _data_from),
     Spelled(("checkpoint.optimizer_format",), ("dist_ckpt_optim_fully_reshardable",),
             _format_args, _format_from),
+    Spelled(("optimizer.fsdp",), ("use_megatron_fsdp", "data_parallel_sharding_strategy"),
+            _fsdp_args, _fsdp_from),
 )
 
 # Megatron-LM flags that say where things are or how a run reports, not what it trains: read

@@ -162,6 +162,11 @@ class OptimizerConfig:
     overlap_grad_reduce: bool = False  # overlap DP gradient reduce with backward
     overlap_param_gather: bool = False  # overlap DP param all-gather (distributed optimizer)
     bucket_size: int | None = None  # DDP bucket size in elements; None = Megatron's default
+    # Megatron FSDP (`use_megatron_fsdp`, `data_parallel_sharding_strategy` in
+    # megatron.core.distributed): also shard gradients (ZeRO-2) or gradients and weights
+    # (ZeRO-3) over DP; needs the distributed optimizer. Planned and searched; this trainer
+    # trains it not (its checkpoints are torch_dist, Megatron FSDP's fsdp_dtensor).
+    fsdp: Literal["none", "optim_grads", "optim_grads_params"] = "none"
 
 
 @dataclass(kw_only=True)

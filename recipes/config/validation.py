@@ -427,6 +427,16 @@ def check_param_gather(cfg: RunConfig) -> str | None:
         )
 
 
+def check_fsdp_needs_distributed_optimizer(cfg: RunConfig) -> str | None:
+    """Megatron FSDP runs on the distributed optimizer; Megatron-LM switches it on itself
+    (`megatron/training/arguments.py:1105-1112`), the project asks for it."""
+    o = cfg.optimizer
+    if o.fsdp != "none" and not o.distributed:
+        return (f"optimizer.fsdp={o.fsdp} (Megatron FSDP) runs on the distributed optimizer; "
+                "set optimizer.distributed=true or optimizer.fsdp=none")
+    return None
+
+
 def check_evaluation(cfg: RunConfig) -> str | None:
     """Periodic evaluation must evaluate something (an interval past the end means 'at the end')."""
     t = cfg.train
@@ -597,6 +607,7 @@ RULES: tuple[Rule, ...] = (
     check_moe_settings_need_experts,
     check_moe_tensor_parallel,
     check_param_gather,
+    check_fsdp_needs_distributed_optimizer,
     check_evaluation,
     check_scheduler,
     check_learning_rate,

@@ -42,6 +42,12 @@ class ClusterSpec:
     # of peak a large GEMM reaches, and the dimension at which a GEMM's throughput halves.
     gemm_peak_fraction: float | None = None
     gemm_half_dim: float | None = None
+    # Seconds one collective costs beyond its bytes (per message, microseconds; None: not
+    # priced), measured with the bandwidth by `plan.py calibrate=true`.
+    collective_latency_us: float | None = None
+    # Seconds one small kernel costs whatever its work, with every rank of the node busy
+    # (microseconds; None: not priced): what many small operators cost beyond their FLOPs.
+    kernel_overhead_us: float | None = None
 
     @property
     def gpu_memory_bytes(self) -> float:
@@ -51,7 +57,7 @@ class ClusterSpec:
 _NUMBERS = ("nodes", "gpus_per_node", "gpu_memory_gb", "intra_node_gb_per_s",
             "inter_node_gb_per_s")
 OPTIONAL = ("host_memory_gb", "device", "cpus_per_task", "exclusive", "gemm_peak_fraction",
-            "gemm_half_dim")
+            "gemm_half_dim", "collective_latency_us", "kernel_overhead_us")
 DEVICES = ("gpu", "cpu")
 
 

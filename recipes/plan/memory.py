@@ -62,6 +62,9 @@ def sharding_of(cfg: Any, override: str | None = None) -> str:
     """The run's sharding: the distributed optimizer when `optimizer.distributed`, else none;
     the planner's `sharding=` option asks about the others."""
     if override is None:
+        fsdp = getattr(cfg.optimizer, "fsdp", "none")
+        if fsdp != "none":
+            return fsdp  # Megatron FSDP's sharding strategy
         return "dist_opt" if cfg.optimizer.distributed else "none"
     if override not in SHARDINGS:
         raise ConfigError(f"sharding={override} is not known; use one of {', '.join(SHARDINGS)}")

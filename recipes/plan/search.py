@@ -5,11 +5,12 @@ The model, its sequence length, precision and global batch stay the recipe's; th
 varies TP (inside a node, dividing the heads and KV groups), PP with its VPP choices and the
 first/last-stage layer counts Megatron accepts, CP, EP and expert TP (MoE models), the derived
 DP, the micro-batch, sequence parallel, recompute (none, selective, full) and the distributed
-optimizer (overlapped, as the large recipes run it). Memory is the planner's
-(`build.stage_plans`), nothing recomputed here.
+optimizer (overlapped, as the large recipes run it), alone or under Megatron FSDP's gradient
+(ZeRO-2) or gradient-and-weight (ZeRO-3) sharding where it alone does not fit. Memory is the
+planner's (`build.stage_plans`), nothing recomputed here.
 
 It prunes without losing a winner: a block (TP, PP split, CP, EP) whose cheapest variant
-(SP, the distributed optimizer, micro-batch 1, full recompute) does not fit is skipped whole;
+(SP, ZeRO-3 sharding, micro-batch 1, full recompute) does not fit is skipped whole;
 a larger micro-batch is not tried once a smaller one fits nowhere; and more recompute is not
 tried once less fits, since it only adds compute. The fastest fitting layouts are then checked
 by the project's validation rules in rank order (the listed ones all pass); the planner's
@@ -32,6 +33,7 @@ from recipes.plan.steptime import HALF_DIM, PEAK_FRACTION, StepTime, step_time
 
 RECOMPUTE = ("none", "selective", "full")
 MICRO_BATCHES = (1, 2, 4, 8, 16)
+FSDP = ("none", "optim_grads", "optim_grads_params")  # beside the distributed optimizer
 LARGEST_CLUSTER_GPUS = 2**20  # how far the smallest-cluster answer looks
 
 
@@ -51,6 +53,7 @@ class Candidate:
     sequence_parallel: bool
     recompute: str
     distributed: bool
+    fsdp: str = "none"  # Megatron FSDP's sharding (with the distributed optimizer)
 
     def overrides(self) -> list[str]:
         """What to type after the recipe to train this layout."""
@@ -65,6 +68,7 @@ class Candidate:
                 f"parallel.sequence_parallel={text(self.sequence_parallel)}",
                 f"train.micro_batch_size={self.micro_batch}", f"train.recompute={self.recompute}",
                 f"optimizer.distributed={text(self.distributed)}",
+                f"optimizer.fsdp={self.fsdp}",
                 "optimizer.overlap_grad_reduce=true",
                 f"optimizer.overlap_param_gather={text(self.distributed)}"]
 
@@ -83,6 +87,7 @@ class Candidate:
             et = "" if self.expert_tensor is None else f"/ETP{self.expert_tensor}"
             parts.append(f"EP{self.expert}{et}")
         parts += [f"mbs{self.micro_batch}", f"rc-{self.recompute}",
+                  f"fsdp-{self.fsdp}" if self.fsdp != "none" else
                   "distopt" if self.distributed else "ddp"]
         return " ".join(parts)
 
@@ -95,7 +100,7 @@ def apply_candidate(cfg: Any, c: Candidate) -> Any:
         expert_tensor=c.expert_tensor, sequence_parallel=c.sequence_parallel,
         batch_p2p_comm=False if c.virtual else cfg.parallel.batch_p2p_comm)
     train = dataclasses.replace(cfg.train, micro_batch_size=c.micro_batch, recompute=c.recompute)
-    optimizer = dataclasses.replace(cfg.optimizer, distributed=c.distributed,
+    optimizer = dataclasses.replace(cfg.optimizer, distributed=c.distributed, fsdp=c.fsdp,
                                     overlap_grad_reduce=True,
                                     overlap_param_gather=c.distributed)
     return dataclasses.replace(cfg, parallel=parallel, train=train, optimizer=optimizer)
@@ -189,6 +194,8 @@ class _Searcher:
         self.peak = cluster.peak_tflops["fp8" if fp8 else cfg.precision.dtype]
         self.fraction = cluster.gemm_peak_fraction or PEAK_FRACTION
         self.half = cluster.gemm_half_dim or HALF_DIM
+        self.latency = (cluster.collective_latency_us or 0.0) * 1e-6
+        self.kernel = (cluster.kernel_overhead_us or 0.0) * 1e-6
 
     def _crossing(self, cfg: Any) -> dict[str, bool]:
         layout = cfg.layout
@@ -204,7 +211,8 @@ class _Searcher:
         peak = max(s.peak for s in stages)
         fits = peak <= self.cluster.gpu_memory_bytes
         time = step_time(cfg, stages, self.peak, peak_fraction=self.fraction,
-                         half_dim=self.half) if timed else None
+                         half_dim=self.half, latency_s=self.latency,
+                         kernel_s=self.kernel) if timed else None
         return Evaluated(c, peak, fits, time)
 
 
@@ -238,7 +246,8 @@ def search(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None,
     moe = bool(cfg.model.num_moe_experts)
     for tp, pp, first, last, vpps, cp, ep, etp in _blocks(cfg, layout.world_size):
         dp = layout.world_size // (tp * pp * cp)
-        cheapest = Candidate(tp, pp, None, first, last, cp, ep, etp, 1, tp > 1, "full", True)
+        cheapest = Candidate(tp, pp, None, first, last, cp, ep, etp, 1, tp > 1, "full", True,
+                             FSDP[-1])
         result.enumerated += 1
         if not searcher.evaluate(cheapest, timed=False).fits:
             result.pruned_blocks += 1
@@ -274,7 +283,7 @@ def candidate_of(cfg: Any) -> Candidate:
     return Candidate(p.tensor, p.pipeline, p.virtual_pipeline, p.first_stage_layers,
                      p.last_stage_layers, p.context, p.expert, p.expert_tensor,
                      t.micro_batch_size, p.sequence_parallel, t.recompute,
-                     cfg.optimizer.distributed)
+                     cfg.optimizer.distributed, cfg.optimizer.fsdp)
 
 
 def place(cfg: Any, cluster: ClusterSpec, result: SearchResult,
@@ -299,18 +308,30 @@ def _micro_batches(searcher: _Searcher, result: SearchResult, cfg: Any, dp: int,
             continue
         fitted = False
         for recompute in RECOMPUTE:
-            c = Candidate(tp, pp, vpp, first, last, cp, ep, etp, mbs, sp, recompute, distributed)
-            result.enumerated += 1
-            planned += 1
-            evaluated = searcher.evaluate(c)
-            if evaluated.fits:
-                result.fitting.append(evaluated)
-                fitted = True
-                break
-            result.too_big.append(evaluated)
+            sharding = _first_fitting_sharding(searcher, result, (
+                tp, pp, vpp, first, last, cp, ep, etp, mbs, sp, recompute, distributed))
+            planned += sharding[1]
+            fitted = fitted or sharding[0] is not None
+            if sharding[0] == "none":
+                break  # more recompute only adds compute
         if not fitted:
             break
     return planned
+
+
+def _first_fitting_sharding(searcher: _Searcher, result: SearchResult,
+                            fields: tuple) -> tuple[str | None, int]:
+    """The least sharding (the distributed optimizer, then Megatron FSDP's ZeRO-2 and ZeRO-3)
+    that fits this layout, kept; more sharding only adds communication. (None when none fits,
+    and how many were planned.)"""
+    for planned, fsdp in enumerate(FSDP, start=1):
+        result.enumerated += 1
+        evaluated = searcher.evaluate(Candidate(*fields, fsdp))
+        if evaluated.fits:
+            result.fitting.append(evaluated)
+            return fsdp, planned
+        result.too_big.append(evaluated)
+    return None, len(FSDP)
 
 
 def smallest_fitting_world(cfg: Any, cluster: ClusterSpec) -> tuple[int, Candidate] | None:
@@ -327,7 +348,8 @@ def smallest_fitting_world(cfg: Any, cluster: ClusterSpec) -> tuple[int, Candida
             train=dataclasses.replace(cfg.train, global_batch_size=batch))
         searcher = _Searcher(bigger, cluster, PlanOptions(listed_groups=0))
         for tp, pp, first, last, _vpps, cp, ep, etp in _blocks(bigger, world):
-            cheapest = Candidate(tp, pp, None, first, last, cp, ep, etp, 1, tp > 1, "full", True)
+            cheapest = Candidate(tp, pp, None, first, last, cp, ep, etp, 1, tp > 1, "full", True,
+                                 FSDP[-1])
             if searcher.evaluate(cheapest, timed=False).fits:
                 return nodes, cheapest
     return None

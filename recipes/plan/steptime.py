@@ -14,7 +14,12 @@ need them (exposed); the CP ring overlaps the attention core it feeds (exposed b
 pipeline sends overlap compute except along the fill and drain; the DP gradient reduce
 overlaps the last micro-batch's backward (`optimizer.overlap_grad_reduce`) and the
 distributed optimizer's all-gather the first one's forward (`overlap_param_gather`). The
-bubble is (PP - 1) / VPP of the slowest stage's per-micro-batch time. Latency is not modeled.
+bubble is (PP - 1) / VPP of the slowest stage's per-micro-batch time. Each collective also
+costs the cluster file's per-message latency (`collective_latency_us`, measured by
+`plan.py calibrate=true`; none when the file has none), counted per step by `collective_counts`
+and added, exposed, to its group's figure (the DP reduce's to what overlaps); and each kernel a
+layer runs costs the file's `kernel_overhead_us` beyond its FLOPs (in compute): small layers
+cut into many micro-batches pay for their many small kernels.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ from recipes.plan.flops import (
     qkv_projection_flops,
 )
 
+# Kernels one layer's forward runs in Megatron's layers (norms, QKV, RoPE, the attention
+# core's products, mask and softmax, projection, bias-dropout-adds, the MLP's two products and
+# activation); the backward runs about twice as many.
+KERNELS_PER_LAYER = 24
 PEAK_FRACTION = 0.75  # share of peak a large GEMM reaches (cluster file: gemm_peak_fraction)
 HALF_DIM = 64.0  # GEMM dimension at which throughput halves (cluster file: gemm_half_dim)
 
@@ -114,7 +123,13 @@ def _traffic_seconds(stage: Any) -> dict[str, float]:
 
 def _dp_exposed(cfg: Any, seconds: float, backward: float, forward: float,
                 sharded: bool) -> float:
-    """The DP reduce (and sharded all-gather) less what hides behind one micro-batch."""
+    """The DP reduce (and sharded all-gather) less what hides behind one micro-batch.
+
+    Megatron FSDP cannot keep whole gradients between micro-batches: with gradients sharded
+    (`optim_grads`) each micro-batch reduce-scatters its own, hidden behind its backward; with
+    weights sharded too (`optim_grads_params`) each micro-batch also gathers the weights for
+    its forward and again for its backward: beyond the one a sharded optimizer does anyway,
+    those hide behind the whole step's compute."""
     o, p = cfg.optimizer, cfg.precision
     grad = 4 if (p.grad_reduce_in_fp32 or p.dtype == "fp32") else 2
     weight = 4 if p.dtype == "fp32" else 2
@@ -122,13 +137,39 @@ def _dp_exposed(cfg: Any, seconds: float, backward: float, forward: float,
     gather = seconds - reduce
     hidden_reduce = backward if o.overlap_grad_reduce else 0.0
     hidden_gather = forward if o.overlap_param_gather else 0.0
-    return max(0.0, reduce - hidden_reduce) + max(0.0, gather - hidden_gather)
+    fsdp, micro = getattr(o, "fsdp", "none"), cfg.layout.microbatches
+    if fsdp != "none":
+        reduce, hidden_reduce = reduce * micro, hidden_reduce * micro
+    exposed = max(0.0, reduce - hidden_reduce) + max(0.0, gather - hidden_gather)
+    if fsdp == "optim_grads_params":  # the other 2 x micro - 1 gathers, behind the compute
+        exposed += max(0.0, (2 * micro - 1) * gather - (forward + backward) * micro)
+    return exposed
+
+
+def collective_counts(cfg: Any, layers: int) -> dict[str, float]:
+    """Collectives one rank of a stage holding `layers` layers starts in one step, by group:
+    TP two per layer's forward (SP: two all-gathers and two reduce-scatters), as many in the
+    backward, again in a full recompute; CP's ring steps (CP - 1 per layer, three passes); EP's
+    dispatch and combine (forward and backward); PP's sends and receives (two per micro-batch
+    and chunk); DP's reduce (and gather) once per chunk."""
+    layout, p, t = cfg.layout, cfg.parallel, cfg.train
+    micro, passes = layout.microbatches, 3 if t.recompute == "full" else 2
+    tp = (4 if p.sequence_parallel else 2) * passes * layers * micro if layout.tensor > 1 else 0
+    cp = 3 * (layout.context - 1) * layers * micro
+    moe_layers = layers if cfg.model.num_moe_experts else 0
+    ep = 4 * moe_layers * micro if layout.expert > 1 else 0
+    chunks = layout.virtual_stages
+    pp = 2 * 2 * micro * chunks if layout.pipeline > 1 else 0
+    dp = chunks * (2 if cfg.optimizer.distributed else 1) if layout.data_parallel > 1 else 0
+    return {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp-cp": dp}
 
 
 def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
-              peak_fraction: float = PEAK_FRACTION, half_dim: float = HALF_DIM) -> StepTime:
+              peak_fraction: float = PEAK_FRACTION, half_dim: float = HALF_DIM,
+              latency_s: float = 0.0, kernel_s: float = 0.0) -> StepTime:
     """The modeled step of `cfg` whose stage plans (`recipes.plan.build.stage_plans`) are
-    `stages`, on GPUs of `peak_tflops` dense TFLOP/s."""
+    `stages`, on GPUs of `peak_tflops` dense TFLOP/s, each collective costing `latency_s`
+    beyond its bytes."""
     layout, t = cfg.layout, cfg.train
     peak = peak_tflops * 1e12
     gemms, core = layer_gemms(cfg)
@@ -146,12 +187,19 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
         forward = layers * (layer_forward + core_forward)
         if stage.stage == len(stages) - 1:
             forward += _seconds(logits, peak, peak_fraction, half_dim)
-        per_micro = 3 * forward + layers * extra[t.recompute]
+        passes = 3 + (1 if t.recompute == "full" else 0)
+        per_micro = (3 * forward + layers * extra[t.recompute]
+                     + layers * KERNELS_PER_LAYER * passes * kernel_s)
         comm = _traffic_seconds(stage)
-        cp = max(0.0, comm.get("cp", 0.0) - micro * layers * 3 * core_forward)
+        waits = {group: count * latency_s
+                 for group, count in collective_counts(cfg, layers).items()}
+        comm["tp"] = comm.get("tp", 0.0) + waits["tp"]
+        comm["ep"] = comm.get("ep", 0.0) + waits["ep"]
+        comm["dp-cp"] = comm.get("dp-cp", 0.0) + waits["dp-cp"]
+        cp = max(0.0, comm.get("cp", 0.0) - micro * layers * 3 * core_forward) + waits["cp"]
         busy = micro * per_micro + comm.get("tp", 0.0) + cp + comm.get("ep", 0.0)
         fill = (layout.pipeline - 1) / (micro * layout.virtual_stages)
-        pp = comm.get("pp", 0.0) * min(1.0, fill)
+        pp = comm.get("pp", 0.0) * min(1.0, fill) + waits["pp"]
         dp = _dp_exposed(cfg, comm.get("dp-cp", 0.0) + comm.get("expert-dp", 0.0),
                          2 * forward, forward, cfg.optimizer.distributed)
         row = (busy, micro * per_micro, busy / micro, comm.get("tp", 0.0), cp,

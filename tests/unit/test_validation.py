@@ -189,6 +189,8 @@ RULE_CASES = [
      "optimizer.distributed=true"),
     ("check_param_gather", "tiny_dp2_distopt", ["optimizer.overlap_param_gather=true"],
      "needs optimizer.overlap_grad_reduce=true"),
+    ("check_fsdp_needs_distributed_optimizer", "tiny_dp2", ["optimizer.fsdp=optim_grads"],
+     "optimizer.fsdp=optim_grads (Megatron FSDP) runs on the distributed optimizer"),
     ("check_evaluation", "tiny_dp1", ["train.eval_interval=50", "train.eval_iters=0"],
      "train.eval_interval=50 with train.eval_iters=0 evaluates nothing"),
     ("check_scheduler", "tiny_dp1", ["train.train_iters=100", "scheduler.warmup_iters=100"],

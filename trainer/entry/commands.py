@@ -77,6 +77,19 @@ def validate_resume_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
     return 0 if all(ok for *_, ok in rows) else 1
 
 
+def megatron_parity_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
+    """This trainer and Megatron-LM's loop on every rank; rank 0 prints the comparison. Exit 1
+    when the final weights are not bit-identical."""
+    import torch
+
+    from trainer.tools.megatron_parity import format_report, run_parity_check
+
+    report = run_parity_check(cfg, run_dir, args["steps"])
+    if torch.distributed.get_rank() == 0:
+        print(format_report(cfg.name, report), flush=True)
+    return 0 if report.bit_identical else 1
+
+
 def check_resume_options(args: Arguments) -> None:
     """The resume check saves inside the run it compares with."""
     if args["save_at"] >= args["steps"]:
@@ -136,6 +149,11 @@ VALIDATE_RESUME = Command(
              "save_at": Option(3, "the step after which the checkpoint is saved",
                                check=positive)})
 
+CHECK_MEGATRON_PARITY = Command(
+    script="check_megatron_parity.py", run=Training(megatron_parity_rank), rest=CONFIG_REST,
+    takes_recipe=True,
+    options={"steps": Option(20, "steps of each run", check=positive)})
+
 BENCH_CHECKPOINT = Command(
     script="bench_checkpoint.py", run=Training(bench_checkpoint_rank, checkpoint_sizes),
     rest=CONFIG_REST, takes_recipe=True,
@@ -166,10 +184,10 @@ def run_plan(args: Arguments) -> int:
 
         return run_confirm(cfg, top, steps)
 
-    def calibrate(cluster, dtype):  # calibrate=true: GEMM throughput by shape, fitted
-        from trainer.tools.calibrate import calibration_lines
+    def calibrate(cluster, dtype, path):  # calibrate=true: GEMMs by shape, collectives
+        from trainer.tools.calibrate import calibrate_cluster_file
 
-        return calibration_lines(cluster, dtype)
+        return calibrate_cluster_file(cluster, dtype, path)
 
     return plan(list(args.rest), args.options, as_json="--json" in args.flags,
                 build_shards=dry_run_shards, read_megatron=megatron_config, confirm=confirm,
@@ -442,6 +460,6 @@ GPU_CHECK_PRECISION = Command(
              "install_te": Option(False, "try to install Transformer Engine first", type=bool)})
 
 
-COMMANDS = (PRETRAIN, BENCH_STEP, VALIDATE_RESUME, BENCH_CHECKPOINT, PLAN, LAUNCH, SCALING,
-            CONVERT, COMPARE_RUNS, PREPARE_DATA, BENCH_DATA, BENCH_DOCUMENTS, BENCH_PACKING,
-            GPU_CHECK_PRECISION)
+COMMANDS = (PRETRAIN, BENCH_STEP, VALIDATE_RESUME, CHECK_MEGATRON_PARITY, BENCH_CHECKPOINT, PLAN,
+            LAUNCH, SCALING, CONVERT, COMPARE_RUNS, PREPARE_DATA, BENCH_DATA, BENCH_DOCUMENTS,
+            BENCH_PACKING, GPU_CHECK_PRECISION)

@@ -1,8 +1,17 @@
-"""`scripts/plan.py calibrate=true cluster=FILE`: measure this machine's GEMM throughput by
-shape and fit the search's GEMM model to it (`recipes/plan/steptime.py`): the share of the
-cluster file's peak a large GEMM reaches (`gemm_peak_fraction`) and the dimension at which a
-GEMM's throughput halves (`gemm_half_dim`). It prints the two lines to put in the cluster file;
-bandwidths are not measured yet.
+"""`scripts/plan.py calibrate=true cluster=FILE`: measure this machine and write the figures
+into the cluster file.
+
+- GEMM throughput by shape, fitted to the search's GEMM model (`recipes/plan/steptime.py`):
+  the share of the cluster file's peak a large GEMM reaches (`gemm_peak_fraction`) and the
+  dimension at which a GEMM's throughput halves (`gemm_half_dim`);
+- collectives inside a node: all-reduces of 4 B to 8 MB over the node's ranks (gloo on CPU,
+  NCCL over this node's GPUs), fitted as time = latency + bytes sent / bandwidth: the
+  per-rank bandwidth (`intra_node_gb_per_s`, one direction) and the per-message latency
+  (`collective_latency_us`) the step model prices for every collective, and the time of a
+  small kernel while every rank runs them (`kernel_overhead_us`), what each of a layer's
+  kernels costs beyond its FLOPs. Across nodes is not
+  measured from one machine: `inter_node_gb_per_s` stays the file's.
+Each key is replaced in place (its comment kept) or appended; the rest of the file is kept.
 """
 
 from __future__ import annotations
@@ -50,11 +59,134 @@ def fit_gemm_model(points: list[tuple[int, float]], peak_tflops: float) -> tuple
     return best[1], best[2]
 
 
-def calibration_lines(cluster: Any, dtype: str) -> list[str]:
+COLLECTIVE_BYTES = tuple(4 * 8**i for i in range(8))  # 4 B to 8 MB
+
+
+def _all_reduce_rank(rank: int, world: int, store_path: str, backend: str,
+                     sizes: tuple[int, ...], seconds: float, out: Any) -> None:
+    """One rank of the collective measurement: mean seconds of an all-reduce of each size."""
+    import torch
+
+    store = torch.distributed.FileStore(store_path, world)
+    torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world)
+    device = f"cuda:{rank}" if backend == "nccl" else "cpu"
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    small = torch.randn(32, 32, device=device)
+    torch.distributed.barrier()
+    start = time.perf_counter()  # every rank at once: a small kernel with the node busy
+    for _ in range(500):
+        torch.matmul(small, small)
+    if backend == "nccl":
+        torch.cuda.synchronize()
+    kernel = (time.perf_counter() - start) / 500
+    found = []
+    for size in sizes:
+        t = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
+        torch.distributed.all_reduce(t)
+        start = time.perf_counter()
+        for _ in range(3):  # every rank runs the same calls: time three, then fill `seconds`
+            torch.distributed.all_reduce(t)
+        reps = torch.tensor([max(3, min(2000, int(seconds * 3 / max(
+            time.perf_counter() - start, 1e-9))))], dtype=torch.int64, device=device)
+        torch.distributed.broadcast(reps, 0)  # rank 0's count, on every rank
+        if backend == "nccl":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(int(reps.item())):
+            torch.distributed.all_reduce(t)
+        if backend == "nccl":
+            torch.cuda.synchronize()
+        found.append((size, (time.perf_counter() - start) / int(reps.item())))
+    if rank == 0:
+        out.put((kernel, found))
+    torch.distributed.destroy_process_group()
+
+
+def measure_collectives(ranks: int, sizes: tuple[int, ...] = COLLECTIVE_BYTES,
+                        seconds: float = 0.2) -> tuple[str, list[tuple[int, float]], float]:
+    """(backend, [(bytes, seconds of one all-reduce)], seconds of one small kernel on rank 0
+    while every rank runs them) over `ranks` local processes."""
+    import tempfile
+
+    import torch
+    import torch.multiprocessing as mp
+
+    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= ranks \
+        else "gloo"
+    context = mp.get_context("spawn")
+    out = context.Queue()
+    with tempfile.TemporaryDirectory() as folder:
+        procs = [context.Process(target=_all_reduce_rank, args=(
+            r, ranks, f"{folder}/store", backend, sizes, seconds, out)) for r in range(ranks)]
+        for p in procs:
+            p.start()
+        kernel, found = out.get(timeout=600)
+        for p in procs:
+            p.join(timeout=60)
+    return backend, found, kernel
+
+
+def fit_collectives(points: list[tuple[int, float]], ranks: int) -> tuple[float, float]:
+    """(latency seconds, bandwidth bytes/s per rank, one direction) of time = latency +
+    sent / bandwidth, least squares; a ring all-reduce sends 2 (n-1)/n of the bytes."""
+    xs = [size * 2 * (ranks - 1) / ranks for size, _ in points]
+    ys = [seconds for _, seconds in points]
+    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / max(
+        sum((x - mx) ** 2 for x in xs), 1e-30)
+    slope = max(slope, 1e-15)
+    latency = max(0.0, my - slope * mx) if n > 1 else 0.0
+    return latency, 1.0 / slope
+
+
+def update_cluster_file(path: str, figures: dict[str, float]) -> None:
+    """Set each `key: value` of the cluster file to the measured figure, keeping the line's
+    comment and every other line; keys the file lacks are appended."""
+    from pathlib import Path
+
+    file = Path(path)
+    lines = file.read_text(encoding="utf-8").splitlines()
+    left = dict(figures)
+    for i, line in enumerate(lines):
+        key = line.split(":", 1)[0]
+        if key in left and not line.startswith((" ", "#")):
+            comment = line[line.index("#"):] if "#" in line else ""
+            text = f"{key}: {_figure(left.pop(key))}"
+            lines[i] = f"{text}  {comment}" if comment else text
+    lines += [f"{key}: {_figure(value)}  # measured by plan.py calibrate=true"
+              for key, value in left.items()]
+    file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _figure(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def calibrate_cluster_file(cluster: Any, dtype: str, path: str) -> list[str]:
+    """Measure GEMMs and the node's collectives, write the figures into `path`, and say what
+    was measured and written."""
     points = measure_gemms(dtype)
     fraction, half = fit_gemm_model(points, cluster.peak_tflops[dtype])
+    ranks = _local_ranks(max(2, cluster.gpus_per_node))
+    backend, collectives, kernel = measure_collectives(ranks)
+    latency, bandwidth = fit_collectives(collectives, ranks)
+    figures = {"gemm_peak_fraction": round(fraction, 3), "gemm_half_dim": round(half, 1),
+               "intra_node_gb_per_s": bandwidth / 1e9,
+               "collective_latency_us": latency * 1e6, "kernel_overhead_us": kernel * 1e6}
+    update_cluster_file(path, figures)
     shapes = ", ".join(f"{d}: {t * 1e3:.2f}" for d, t in points)
+    sizes = ", ".join(f"{b} B: {s * 1e6:.0f} us" for b, s in collectives)
     return [f"calibrate: {dtype} GEMM [d,d]x[d,d] GFLOP/s by d: {shapes}",
-            f"calibrate: fit against {cluster.name}'s peak {cluster.peak_tflops[dtype]:g} "
-            "TFLOP/s; put these in the cluster file:",
-            f"gemm_peak_fraction: {fraction:.3f}", f"gemm_half_dim: {half:.1f}"]
+            f"calibrate: {backend} all-reduce over {ranks} ranks by size: {sizes}",
+            f"calibrate: wrote into {path} (fit against {cluster.name}'s peak "
+            f"{cluster.peak_tflops[dtype]:g} TFLOP/s; across nodes not measured here):",
+            *(f"{key}: {_figure(value)}" for key, value in figures.items())]
+
+
+def _local_ranks(wanted: int) -> int:
+    """The node's ranks on GPUs when this machine has that many, else `wanted` CPU ranks."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return min(wanted, gpus) if gpus >= 2 else wanted

@@ -1,0 +1,87 @@
+"""Megatron FSDP as a recipe field: through the one translation, in the planner's memory and
+the step model's DP communication, enumerated by the search where the distributed optimizer
+alone does not fit, written and read as Megatron-LM flags, and refused for training here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from plugins.protocol.errors import ConfigError
+from recipes.config.megatron_args import from_megatron_values, to_megatron_args
+from recipes.plan.build import PlanOptions, stage_plans
+from recipes.plan.cluster import load_cluster
+from recipes.plan.search import apply_candidate, candidate_of, search
+from recipes.plan.steptime import step_time
+from recipes.resolve import resolve_config
+from trainer.throughput import check_fsdp_not_trained_here
+
+H100 = "conf/cluster/h100_80gb_8x8.yaml"
+
+
+def _cfg(*overrides):
+    return resolve_config(["recipe=llama3_8b_tp8_dp8", f"cluster.spec={H100}", *overrides],
+                          check_paths=False)
+
+
+def _plan(cfg):
+    cluster = load_cluster(H100)
+    stages = stage_plans(cfg, cluster, PlanOptions(listed_groups=0))
+    return stages, step_time(cfg, stages, cluster.peak_tflops[cfg.precision.dtype])
+
+
+def test_translation_sets_megatrons_fsdp_fields():
+    from trainer.mcore_translation import build_ddp_config
+
+    ddp = build_ddp_config(_cfg("optimizer.distributed=true", "optimizer.fsdp=optim_grads_params"))
+    assert ddp.use_megatron_fsdp and ddp.data_parallel_sharding_strategy == "optim_grads_params"
+    assert not build_ddp_config(_cfg()).use_megatron_fsdp
+
+
+def test_sharding_weights_lowers_memory_and_costs_dp_communication():
+    base = _cfg("optimizer.distributed=true", "optimizer.overlap_grad_reduce=true",
+                "optimizer.overlap_param_gather=true", "parallel.tensor=1",
+                "parallel.sequence_parallel=false",
+                "train.micro_batch_size=1")
+    peaks, dps = [], []
+    for fsdp in ("none", "optim_grads", "optim_grads_params"):
+        stages, time = _plan(dataclasses.replace(
+            base, optimizer=dataclasses.replace(base.optimizer, fsdp=fsdp)))
+        peaks.append(max(s.peak for s in stages))
+        dps.append(time.dp)
+    assert peaks[0] > peaks[1] > peaks[2]
+    assert dps[0] <= dps[1] <= dps[2] and dps[2] > dps[0]
+
+
+def test_search_enumerates_fsdp_where_the_distributed_optimizer_does_not_fit():
+    cfg = _cfg("cluster.nodes=1")  # 8B on 8 GPUs of 40 GB: the model state is tight
+    small = dataclasses.replace(load_cluster(H100), gpu_memory_gb=40.0)
+    result = search(cfg, small, top=50)
+    kinds = {e.candidate.fsdp for e in result.fitting}
+    assert "optim_grads_params" in kinds
+    best = result.listed[0].candidate
+    assert apply_candidate(cfg, best).optimizer.fsdp == best.fsdp
+    assert candidate_of(apply_candidate(cfg, best)) == best
+
+
+def test_megatron_lm_flags_round_trip_and_refuse_zero1_as_fsdp():
+    cfg = _cfg("optimizer.distributed=true", "optimizer.fsdp=optim_grads")
+    args = to_megatron_args(cfg)
+    assert "--use-megatron-fsdp" in args and "fsdp_dtensor" in args
+    from recipes.config.megatron_args import SPELLED
+
+    fsdp = next(s for s in SPELLED if s.fields == ("optimizer.fsdp",))
+    assert fsdp.from_args({"use_megatron_fsdp": True,
+                           "data_parallel_sharding_strategy": "optim_grads"}) == {
+        "optimizer.fsdp": "optim_grads"}
+    with pytest.raises(ConfigError, match="--data-parallel-sharding-strategy optim "):
+        fsdp.from_args({"use_megatron_fsdp": True, "data_parallel_sharding_strategy": "optim"})
+    assert from_megatron_values  # the table's reader is the one plan.py megatron_args= uses
+
+
+def test_training_it_here_is_refused_in_one_line():
+    message = check_fsdp_not_trained_here(_cfg("optimizer.distributed=true",
+                                                "optimizer.fsdp=optim_grads_params"))
+    assert message and "\n" not in message and "fsdp_dtensor" in message and "gloo" in message
+    assert check_fsdp_not_trained_here(_cfg()) is None

@@ -1,0 +1,500 @@
+"""Train the same steps with this trainer and with Megatron-LM's own loop, and compare.
+
+`scripts/check_megatron_parity.py` runs this on every rank. First this trainer: `steps` steps of
+the recipe, recording per step the loss, grad norm and learning rate, the micro-batches each
+rank trained on, and the weights before the first step and after the last. Then Megatron-LM:
+`megatron.training.pretrain` from the wheel, driven as its `pretrain_gpt.py` drives it
+(`parse_and_validate_args` over the recipe's Megatron-LM command line,
+`recipes/config/megatron_args.py`, then `gpt_config_from_args`,
+`pretrain_cfg_container_from_args`, `pretrain`), with three things of ours plugged into the
+places Megatron-LM leaves to the caller:
+- the initial weights: a `pre_wrap_hooks` entry of the model config
+  (`megatron/training/models/base.py:72`) copies ours into the model before DDP and the
+  optimizer see it;
+- the batches: the dataset provider returns, at every sample index Megatron-LM's sampler gives
+  this rank, the sample this rank trained on at that position, so each DP rank gets the same
+  micro-batches in the same order;
+- `forward_step`, `loss_func` and `get_batch`: those of `pretrain_gpt.py` (core_v0.19.0), which
+  the wheel does not ship, without its SFT, packed-sequence and ModelOpt branches.
+
+Settings where the two differ on purpose are listed in `ALIGNMENTS`: the check adds the flag
+that aligns each one and prints the list. On CPU the CPU runtime runs Megatron-LM as it runs
+this trainer; `initialize_megatron` is called with `allow_no_cuda` and sees one device while it
+sets up its process groups and seeds, which it skips without one (`initialize.py:64-66, 358,
+121-134` via `_set_random_seed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from recipes.config.megatron_args import to_megatron_args
+from recipes.config.schema import RunConfig
+
+
+@dataclass(frozen=True)
+class Alignment:
+    setting: str
+    ours: str
+    megatron_lm: str  # Megatron-LM's default for the recipe's command line
+    flags: tuple[str, ...]  # what the check adds to Megatron-LM's command line
+    why: str
+
+
+ALIGNMENTS: tuple[Alignment, ...] = (
+    Alignment("per-token loss", "always (every loss token of the global batch weighs alike)",
+              "off: each micro-batch's mean, averaged", ("--calculate-per-token-loss",),
+              "the project's objective; without it micro-batches with fewer loss tokens weigh "
+              "more"),
+    Alignment("attention softmax in fp32", "True (Megatron Core's TransformerConfig default)",
+              "False", ("--attention-softmax-in-fp32",),
+              "changes numerics in bf16/fp16 only"),
+    Alignment("WSD decay iterations", "a tenth of the decay iterations when unset",
+              "none: Megatron-LM's WSD scheduler needs --lr-wsd-decay-iters", (),
+              "the check writes the resolved value (wsd recipes only)"),
+    Alignment("weight-decay steps", "the lr decay span", "train_iters x global batch", (),
+              "no effect: the project's weight decay is constant (start = end)"),
+    Alignment("EOD loss mask", "on", "off", (),
+              "the recipe's command line carries --eod-mask-loss; the batches (and their "
+              "loss masks) are the trainer's in both runs"),
+)
+
+
+def cpu_flags() -> list[str]:
+    """On CPU ranks this trainer builds Megatron Core's local layers with no GPU fusions; the
+    recipe's command line (`transformer_impl=auto`) asks Megatron-LM for Transformer Engine's,
+    with fusions on, which need CUDA (`transformer_config.py:2185`, RoPE fusion)."""
+    return ["--transformer-impl", "local", "--no-rope-fusion", "--no-bias-dropout-fusion",
+            "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-masked-softmax-fusion",
+            "--no-gradient-accumulation-fusion", "--no-persist-layer-norm",
+            "--use-cpu-initialization"]
+
+
+def run_flags(steps: int) -> list[str]:
+    """How the check runs Megatron-LM's loop: the recipe's schedule (`--train-iters`), left
+    after `steps` steps (`--exit-interval`, which ends in sys.exit), no evaluation, no saving, no
+    data-loader workers, the attention mask built by the model as in this trainer."""
+    return ["--exit-interval", str(steps), "--eval-iters", "0", "--eval-interval", str(steps + 1),
+            "--log-interval", "1", "--num-workers", "0", "--save-interval", str(steps + 1),
+            "--no-create-attention-mask-in-dataloader", "--distributed-backend",
+            "gloo" if not torch.cuda.is_available() else "nccl"]
+
+
+def parity_arguments(cfg: RunConfig, steps: int) -> list[str]:
+    """Megatron-LM's command line for the check: the recipe's (print=megatron_args), the
+    alignments, the CPU layers on CPU, and the run's own flags (later flags win)."""
+    args = to_megatron_args(cfg)
+    for alignment in ALIGNMENTS:
+        args += list(alignment.flags)
+    if cfg.scheduler.style == "wsd" and cfg.scheduler.wsd_decay_iters is None:
+        decay = cfg.scheduler.decay_iters or cfg.train.train_iters
+        args += ["--lr-wsd-decay-iters", str(max(1, decay // 10))]
+    if not torch.cuda.is_available():
+        args += cpu_flags()
+    return args + run_flags(steps)
+
+
+# --- one run's record ---------------------------------------------------------------------
+
+@dataclass
+class RunRecord:
+    losses: list[float] = field(default_factory=list)  # NaN where this rank holds no loss
+    grad_norms: list[float] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    initial: list[dict[str, torch.Tensor]] = field(default_factory=list)  # per chunk
+    final: list[dict[str, torch.Tensor]] = field(default_factory=list)
+
+
+def weights(model: list) -> list[dict[str, torch.Tensor]]:
+    from megatron.core.utils import unwrap_model
+
+    return [{name: p.detach().clone() for name, p in chunk.named_parameters()}
+            for chunk in unwrap_model(model)]
+
+
+def train_ours(cfg: RunConfig, run_dir: Path, steps: int) -> tuple[RunRecord, list]:
+    """This trainer's run: its record and, per step, this rank's micro-batches."""
+    from megatron.core import parallel_state
+
+    from trainer.session import start_session
+    from trainer.step import train_step
+
+    session = start_session(cfg, run_dir)
+    record, batches = RunRecord(initial=weights(session.model)), []
+    while session.state.step < steps:
+        batches.append([{k: v.clone() for k, v in mb.items() if torch.is_tensor(v)}
+                        for mb in session.train_batches.upcoming()])
+        metrics = train_step(session)
+        record.losses.append(metrics.loss)
+        record.grad_norms.append(metrics.grad_norm)
+        record.lrs.append(metrics.lr)
+    record.final = weights(session.model)
+    parallel_state.destroy_model_parallel()
+    return record, batches
+
+
+# --- Megatron-LM's run ----------------------------------------------------------------------
+
+class RecordedSamples(torch.utils.data.Dataset):
+    """Sample index -> the sample this rank trained on there. Megatron-LM's sampler hands DP
+    rank r, for micro-batch m of global batch k, indices kG + m*b*D + r*b + i
+    (`megatron/training/datasets/data_samplers.py`, MegatronPretrainingSampler); this trainer's
+    rank r trained on its recorded micro-batch m at that place."""
+
+    def __init__(self, batches: list, global_batch: int, micro_batch: int, dp: int, dp_rank: int):
+        self.batches, self.g, self.b, self.dp, self.rank = (batches, global_batch, micro_batch,
+                                                            dp, dp_rank)
+
+    def __len__(self) -> int:
+        return len(self.batches) * self.g
+
+    def __getitem__(self, index: int) -> dict:
+        step, offset = divmod(int(index), self.g)
+        micro, rest = divmod(offset, self.b * self.dp)
+        rank, row = divmod(rest, self.b)
+        if rank != self.rank:
+            raise IndexError(f"sample {index} belongs to DP rank {rank}, not {self.rank}")
+        mb = self.batches[step][micro]
+        return {key: mb[key][row] for key in ("tokens", "labels", "loss_mask", "position_ids")}
+
+
+def _get_batch(data_iterator, vp_stage=None):
+    """pretrain_gpt.py's get_batch (core_v0.19.0) for plain GPT batches."""
+    from megatron.core import mpu
+    from megatron.core.utils import get_batch_on_this_cp_rank, get_batch_on_this_tp_rank
+    from megatron.training import get_args
+    from megatron.training.utils import is_first_or_last_pipeline_stage
+
+    args = get_args()
+    if not is_first_or_last_pipeline_stage(vp_stage):
+        return None, None, None, None, None
+    batch = {}
+    if mpu.get_tensor_model_parallel_rank() == 0:
+        batch = {k: v.cuda(non_blocking=True) for k, v in next(data_iterator).items()}
+        batch["attention_mask"] = None
+    # Positional, in the signature's order (`core/utils.py:2119`): batch, has_cu_seqlens,
+    # is_hybrid_cp, create_attention_mask_in_dataloader, broadcast src rank and group, cp size,
+    # tp rank, micro-batch, sequence, mtp_on_this_rank, pipeline size, first / last stage.
+    batch = get_batch_on_this_tp_rank(
+        batch, False, False, False, mpu.get_tensor_model_parallel_src_rank(),
+        mpu.get_tensor_model_parallel_group(), args.context_parallel_size,
+        mpu.get_tensor_model_parallel_rank(), args.micro_batch_size, args.seq_length, False,
+        args.pipeline_model_parallel_size, mpu.is_pipeline_first_stage(),
+        mpu.is_pipeline_last_stage())
+    batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False,
+                                      cp_group=mpu.get_context_parallel_group())
+    return (batch["tokens"], batch["labels"], batch["loss_mask"], batch.get("attention_mask"),
+            batch["position_ids"])
+
+
+def _loss_func(loss_mask, output_tensor):
+    """pretrain_gpt.py's loss_func: summed loss, token count, [sum, count] report."""
+    losses = output_tensor.view(-1).float()
+    loss_mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * loss_mask)
+    num_tokens = loss_mask.sum().clone().detach().to(torch.int)
+    return loss, num_tokens, {"lm loss": torch.cat([loss.clone().detach().view(1),
+                                                     num_tokens.view(1)])}
+
+
+def _forward_step(data_iterator, model):
+    """pretrain_gpt.py's forward_step for plain GPT batches."""
+    from megatron.core.utils import get_attr_wrapped_model
+
+    vp_stage = get_attr_wrapped_model(model, "vp_stage")
+    tokens, labels, loss_mask, attention_mask, position_ids = _get_batch(data_iterator, vp_stage)
+    output = model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
+    return output, partial(_loss_func, loss_mask)
+
+
+def _copy_weights(source: list[dict[str, torch.Tensor]], record: RunRecord):
+    """The pre-wrap hook: Megatron-LM's own initial weights kept for the report, then ours."""
+    def hook(model_list):
+        mine = weights(model_list)
+        record.initial = mine
+        for chunk, params in zip(model_list, source, strict=True):
+            named = dict(chunk.named_parameters())
+            if set(named) != set(params):
+                missing = sorted(set(named) ^ set(params))[:3]
+                raise RuntimeError(f"Megatron-LM's model has other parameters than this "
+                                   f"trainer's: {missing}")
+            with torch.no_grad():
+                for name, tensor in params.items():
+                    named[name].copy_(tensor)
+        return model_list
+    return hook
+
+
+def _cpu_layer_spec(cfg: RunConfig):
+    """Megatron-LM's default layer spec with the CPU runtime's adaptations, as this trainer's
+    plugins apply them (`plugins.layer_spec`): SP-capable norms, the packed attention."""
+    from megatron.training.models.gpt import default_layer_spec
+
+    from plugins.registry import build_plugins
+
+    plugins = build_plugins(cfg.plugins)
+    plugins.setup_runtime(_runtime())
+
+    def spec(model_config, vp_stage=None):
+        return plugins.layer_spec(default_layer_spec(model_config, vp_stage),
+                                  model_config.transformer)
+    return spec
+
+
+def _runtime():
+    from plugins.protocol.events import RuntimeContext
+
+    return RuntimeContext()
+
+
+@contextlib.contextmanager
+def _cpu_arguments():
+    """Megatron-LM's checks ask the GPU's architecture under TP or CP
+    (`arguments.py:1413-1414`), which raises without one; CPU work runs in one in-order queue,
+    so the CUDA_DEVICE_MAX_CONNECTIONS ordering it guards is moot: answered as Blackwell."""
+    import megatron.training.arguments as arguments
+
+    original = arguments.get_device_arch_version
+    if not torch.cuda.is_available():
+        arguments.get_device_arch_version = lambda: 10
+    try:
+        yield
+    finally:
+        arguments.get_device_arch_version = original
+
+
+@contextlib.contextmanager
+def _one_device_while_initializing():
+    """`initialize_megatron` asserts CUDA and, without a device, skips the model-parallel
+    groups and the model-parallel RNG seeds (`initialize.py:64-66, 358`; `_set_random_seed`)."""
+    import megatron.core.datasets.utils as dataset_utils
+    import megatron.training.initialize as initialize
+    import megatron.training.training as training
+
+    original, count = training.initialize_megatron, torch.cuda.device_count
+
+    def initialize_megatron(*args, **kwargs):
+        torch.cuda.device_count = lambda: 1
+        try:
+            return original(*args, allow_no_cuda=True, **kwargs)
+        finally:
+            torch.cuda.device_count = count
+
+    training.initialize_megatron = initialize_megatron
+    compile_helpers = dataset_utils.compile_helpers
+    # The wheel ships the dataset helpers compiled (helpers_cpp) but not their Makefile, so
+    # rank 0's `make` fails and exits (`initialize.py:176-178`, `datasets/utils.py`).
+    dataset_utils.compile_helpers = _helpers_are_compiled
+    try:
+        yield initialize
+    finally:
+        training.initialize_megatron = original
+        dataset_utils.compile_helpers = compile_helpers
+
+
+def _helpers_are_compiled() -> None:
+    import megatron.core.datasets.helpers_cpp  # noqa: F401
+
+
+@contextlib.contextmanager
+def _recording_steps(record: RunRecord):
+    """Wraps Megatron-LM's train_step to keep each step's loss, grad norm and lr."""
+    import megatron.training.training as training
+
+    original = training.train_step
+
+    def train_step(*args, **kwargs):
+        result = original(*args, **kwargs)
+        loss_dict, grad_norm, optimizer = result[0], result[5], args[3]
+        loss = loss_dict.get("lm loss")
+        record.losses.append(float(loss) if loss is not None else math.nan)
+        record.grad_norms.append(float(grad_norm) if grad_norm is not None else math.nan)
+        record.lrs.append(float(optimizer.param_groups[0]["lr"]))
+        return result
+
+    training.train_step = train_step
+    try:
+        yield
+    finally:
+        training.train_step = original
+
+
+def train_megatron_lm(cfg: RunConfig, steps: int, ours: RunRecord, batches: list
+                      ) -> RunRecord:
+    """Megatron-LM's run of the same steps from our initial weights on our batches."""
+    from megatron.core import mpu
+    from megatron.core.enums import ModelType
+    from megatron.training import pretrain
+    from megatron.training.argument_utils import (
+        gpt_config_from_args,
+        pretrain_cfg_container_from_args,
+    )
+    from megatron.training.arguments import parse_and_validate_args
+    from megatron.training.global_vars import destroy_global_vars
+
+    record, models = RunRecord(), []
+    argv, sys.argv = sys.argv, ["pretrain_gpt.py", *parity_arguments(cfg, steps)]
+    os.environ.setdefault("LOCAL_RANK", "0")
+    try:
+        with _cpu_arguments():
+            args = parse_and_validate_args()
+    finally:
+        sys.argv = argv
+    model_cfg = gpt_config_from_args(args)
+    if not torch.cuda.is_available():
+        model_cfg.transformer_layer_spec = _cpu_layer_spec(cfg)
+    model_cfg.pre_wrap_hooks.append(_copy_weights(ours.initial, record))
+    model_cfg.post_wrap_hooks.append(lambda model: models.extend(model) or model)
+    container = pretrain_cfg_container_from_args(args, model_cfg)
+
+    def datasets(num_samples, vp_stage=None):
+        t = cfg.train
+        dp, rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
+        return RecordedSamples(batches, t.global_batch_size, t.micro_batch_size, dp,
+                               rank), None, None
+
+    datasets.is_distributed = True
+    with _one_device_while_initializing(), _recording_steps(record):
+        try:
+            pretrain(container, datasets, ModelType.encoder_or_decoder, _forward_step)
+        except SystemExit as stop:  # --exit-interval leaves through sys.exit (training.py:4155)
+            if stop.code not in (0, None):
+                raise RuntimeError(f"Megatron-LM's loop exited with code {stop.code}") from None
+    record.final = weights(models)
+    mpu.destroy_model_parallel()
+    destroy_global_vars()
+    return record
+
+
+# --- the comparison -------------------------------------------------------------------------
+
+def _max_over_world(values: list[float]) -> list[float]:
+    t = torch.tensor([-1.0 if math.isnan(v) else v for v in values], dtype=torch.float64)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return [math.nan if v < 0 else v for v in t.tolist()]
+
+
+def _fp32(value: float) -> float:
+    """Megatron-LM reports the loss and grad norm as fp32 tensors (`training.py:2546-2552`,
+    `reduce_max_stat_across_model_parallel_group`); this trainer in fp64. Compared at fp32."""
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def _diffs(ours: list[float], theirs: list[float], as_reported) -> list[float]:
+    return [abs(as_reported(a) - b) for a, b in zip(ours, theirs, strict=True)]
+
+
+def _weights_diff(a: list[dict], b: list[dict]) -> tuple[float, int]:
+    """Largest |difference| over every parameter of this rank, and how many tensors differ."""
+    worst, differ = 0.0, 0
+    for chunk_a, chunk_b in zip(a, b, strict=True):
+        for name, tensor in chunk_a.items():
+            d = (tensor.float() - chunk_b[name].float()).abs().max().item()
+            worst, differ = max(worst, d), differ + (not torch.equal(tensor, chunk_b[name]))
+    return worst, differ
+
+
+@dataclass
+class ParityReport:
+    steps: list[tuple[int, float, float, float, float, float, float]]  # step, ours/diff x3
+    final_max_diff: float
+    final_tensors_differ: int
+    initial_max_diff: float  # Megatron-LM's own initialisation against ours (then replaced)
+    arguments: list[str]
+
+    @property
+    def loss_max_diff(self) -> float:
+        return max((abs(s[2]) for s in self.steps if not math.isnan(s[2])), default=0.0)
+
+    @property
+    def bit_identical(self) -> bool:
+        """Final weights, every learning rate and grad norm equal bit for bit (the loss is
+        compared apart: Megatron-LM divides its fp32 sum by the token count in fp32)."""
+        return self.final_tensors_differ == 0 and all(
+            s[4] == 0.0 and s[6] == 0.0 for s in self.steps)
+
+
+def compare(ours: RunRecord, theirs: RunRecord, arguments: list[str]) -> ParityReport:
+    """Per step (reduced over ranks: the loss is known on the last stage) and the weights."""
+    n = len(ours.losses)
+    if len(theirs.losses) != n:
+        raise RuntimeError(f"Megatron-LM ran {len(theirs.losses)} steps, this trainer {n}")
+    loss_ours = _max_over_world(ours.losses)
+    gn_ours = _max_over_world(ours.grad_norms)
+    lr_ours = _max_over_world(ours.lrs)
+    loss_d = _max_over_world(_diffs(ours.losses, theirs.losses, _fp32))
+    gn_d = _max_over_world(_diffs(ours.grad_norms, theirs.grad_norms, _fp32))
+    lr_d = _max_over_world(_diffs(ours.lrs, theirs.lrs, float))
+    final, differ = _weights_diff(ours.final, theirs.final)
+    initial, _ = _weights_diff(ours.initial, theirs.initial)
+    final, initial = _max_over_world([final, initial])
+    differ_t = torch.tensor([differ], dtype=torch.int64)
+    torch.distributed.all_reduce(differ_t)
+    rows = [(i + 1, loss_ours[i], loss_d[i], gn_ours[i], gn_d[i], lr_ours[i], lr_d[i])
+            for i in range(n)]
+    return ParityReport(rows, final, int(differ_t.item()), initial, arguments)
+
+
+def unsupported(cfg: RunConfig) -> str | None:
+    """What the check cannot compare, as one line (None: it can): its `get_batch` is
+    pretrain_gpt.py's for plain GPT batches, and Megatron-LM's GPT builder builds GPTModel."""
+    if cfg.model.is_hybrid:
+        return (f"check_megatron_parity compares GPT recipes; {cfg.name} is a hybrid model "
+                "(pretrain_mamba.py's loop is not compared); pick a GPT or MoE recipe")
+    if cfg.data.documents != "concatenate":
+        return (f"check_megatron_parity feeds plain batches; data.documents="
+                f"{cfg.data.documents} makes packed ones; set data.documents=concatenate")
+    if cfg.phases or cfg.train.rampup_batch_size:
+        return ("check_megatron_parity runs one phase at one batch size; drop phases and "
+                "train.rampup_batch_size")
+    return None
+
+
+def run_parity_check(cfg: RunConfig, run_dir: Path, steps: int) -> ParityReport:
+    from plugins.protocol.errors import ConfigError
+
+    problem = unsupported(cfg)
+    if problem:
+        raise ConfigError(problem)
+    cfg = dataclasses.replace(
+        cfg, checkpoint=dataclasses.replace(cfg.checkpoint, save=False, load=None, resume=False))
+    ours, batches = train_ours(cfg, run_dir, steps)
+    theirs = train_megatron_lm(cfg, steps, ours, batches)
+    return compare(ours, theirs, parity_arguments(cfg, steps))
+
+
+def format_report(name: str, report: ParityReport) -> str:
+    lines = [f"check_megatron_parity {name}: {len(report.steps)} steps with this trainer and "
+             "with megatron.training.pretrain, same initial weights, same batches",
+             "aligned for the check (the project's setting, Megatron-LM's default):"]
+    for a in ALIGNMENTS:
+        added = " ".join(a.flags) or "nothing added"
+        lines.append(f"  {a.setting}: ours {a.ours}; Megatron-LM {a.megatron_lm}; {added} "
+                     f"({a.why})")
+    if not torch.cuda.is_available():
+        lines.append("  layers: ours are Megatron Core's local layers on CPU; Megatron-LM gets "
+                     "--transformer-impl local and its fusions off")
+    lines.append(f"Megatron-LM arguments: {' '.join(report.arguments)}")
+    lines.append(f"Megatron-LM's own initial weights vs ours (before ours are loaded): max "
+                 f"|difference| {report.initial_max_diff:.3g}")
+    lines.append(f"  {'step':>4}  {'loss':>10}  {'|d loss|':>9}  {'grad norm':>10}  "
+                 f"{'|d gnorm|':>9}  {'lr':>10}  {'|d lr|':>9}")
+    for step, loss, dl, gn, dg, lr, dlr in report.steps:
+        lines.append(f"  {step:>4}  {loss:>10.6f}  {dl:>9.3g}  {gn:>10.6f}  {dg:>9.3g}  "
+                     f"{lr:>10.4g}  {dlr:>9.3g}")
+    lines.append(f"final weights: max |difference| {report.final_max_diff:.3g}, "
+                 f"{report.final_tensors_differ} tensors differ (summed over ranks)")
+    verdict = ("bit-identical (final weights, grad norms, learning rates)"
+               if report.bit_identical else "NOT bit-identical")
+    lines.append(f"{verdict}; losses agree within {report.loss_max_diff:.3g} (Megatron-LM "
+                 "reports them in fp32)")
+    return "\n".join(lines)
