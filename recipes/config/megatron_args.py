@@ -85,7 +85,6 @@ FLAGS: tuple[Flag, ...] = (
     Flag("optimizer.bucket_size", "--ddp-bucket-size"),
     Flag("scheduler.warmup_iters", "--lr-warmup-iters"),
     Flag("scheduler.decay_iters", "--lr-decay-iters"),
-    Flag("scheduler.wsd_decay_iters", "--lr-wsd-decay-iters"),
     Flag("scheduler.wsd_decay_style", "--lr-wsd-decay-style"),
     Flag("precision.grad_reduce_in_fp32", "--accumulate-allreduce-grads-in-fp32", kind=ON),
     Flag("precision.loss_scale", "--loss-scale"),
@@ -199,6 +198,48 @@ def _gc_from(a: Mapping[str, Any]) -> dict[str, Any]:
     return {"train.manual_gc_interval": a["manual_gc_interval"] if a["manual_gc"] else 0}
 
 
+def _wsd_args(cfg: Any) -> list[str]:
+    """WSD's anneal as the trainer resolves it: Megatron-LM's WSD scheduler has no default."""
+    from recipes.config.phases import wsd_decay_iters
+
+    s = cfg.scheduler
+    if s.style != "wsd" and s.wsd_decay_iters is None:
+        return []
+    return ["--lr-wsd-decay-iters", str(wsd_decay_iters(s, cfg.train.train_iters))]
+
+
+def _wsd_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    given = a["lr_wsd_decay_iters"]
+    decay = a["lr_decay_iters"] or a["train_iters"]
+    default = max(1, decay // 10) if decay else None  # the same resolution, read back
+    return {"scheduler.wsd_decay_iters": None if given == default else given}
+
+
+# What this trainer always does and Megatron-LM does only when told: written on every command
+# line, and named when a command line read in lacks it (it would train something else).
+ALWAYS_ON = (
+    ("--calculate-per-token-loss", "calculate_per_token_loss",
+     "every loss token of the global batch weighs alike; without the flag Megatron-LM "
+     "averages each micro-batch's mean"),
+    ("--attention-softmax-in-fp32", "attention_softmax_in_fp32",
+     "attention scores are normalised in fp32; without the flag in bf16/fp16"),
+)
+
+
+def _always_args(cfg: Any) -> list[str]:
+    return [flag for flag, _, _ in ALWAYS_ON]
+
+
+def _always_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+def missing_always_on(given: frozenset[str] | set[str]) -> list[str]:
+    """One note per ALWAYS_ON flag a Megatron-LM command line did not type."""
+    return [f"{flag} is not given, but this project always trains so ({why})"
+            for flag, dest, why in ALWAYS_ON if dest not in given]
+
+
 def _style_args(cfg: Any) -> list[str]:
     return ["--lr-decay-style", _STYLES[cfg.scheduler.style]]
 
@@ -269,6 +310,8 @@ SPELLED: tuple[Spelled, ...] = (
     Spelled(("train.manual_gc_interval",), ("manual_gc", "manual_gc_interval"), _gc_args,
             _gc_from),
     Spelled(("scheduler.style",), ("lr_decay_style",), _style_args, _style_from),
+    Spelled(("scheduler.wsd_decay_iters",), ("lr_wsd_decay_iters",), _wsd_args, _wsd_from),
+    Spelled((), tuple(dest for _, dest, _ in ALWAYS_ON), _always_args, _always_from),
     Spelled(("data.source",), ("mock_data", "tokenizer_type",
                                "max_position_embeddings"), _data_args, _data_from),
     Spelled(("checkpoint.optimizer_format",), ("dist_ckpt_optim_fully_reshardable",),

@@ -378,6 +378,13 @@ class ScheduleSamples:
     wsd_decay: int  # WSD: the final anneal's length
 
 
+def wsd_decay_iters(scheduler, train_iters: int) -> int:
+    """WSD's final anneal in steps, outside phases: the scheduler's, or a tenth of the decay
+    span (`scheduler.decay_iters`, else the whole run)."""
+    decay = scheduler.decay_iters or train_iters
+    return scheduler.wsd_decay_iters or max(1, decay // 10)
+
+
 def run_samples_at(cfg: RunConfig, step: int) -> int:
     """Consumed samples after `step` steps of the run: through the batch ramp-up when there is
     one (recipes/config/rampup.py), else through each phase's batch."""
@@ -393,7 +400,7 @@ def schedule_samples(cfg: RunConfig) -> ScheduleSamples:
     WSD's anneal: it starts at the phase's first step and ends at its last."""
     spans, s = phase_spans(cfg), cfg.scheduler
     decay_iters = s.decay_iters or cfg.train.train_iters
-    wsd_iters = s.wsd_decay_iters or max(1, decay_iters // 10)
+    wsd_iters = wsd_decay_iters(s, cfg.train.train_iters)
     decaying = next((span for span in spans if span.lr_decay), None)
     if decaying is not None:
         decay_iters, wsd_iters = decaying.end_step, decaying.steps

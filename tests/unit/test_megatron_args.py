@@ -87,7 +87,8 @@ def test_path_flags_are_named_not_dropped(tmp_path) -> None:
     cfg, notes = config_from_megatron_args(read_argument_file(str(script)))
     assert cfg.parallel.tensor == 2 and cfg.cluster.gpus_per_node == 2
     assert cfg.model.hidden_dropout == 0.1  # Megatron-LM's default, not ours
-    assert [n.split(" ")[2] for n in notes] == ["--data-path", "--save"]
+    assert [n.split(" ")[2] for n in notes if n.startswith("not carried")] == [
+        "--data-path", "--save"]
 
 
 def test_plan_reads_a_megatron_file(tmp_path, capsys) -> None:
@@ -108,3 +109,23 @@ def test_pretrain_prints_the_megatron_command_line(capsys) -> None:
     out = capsys.readouterr().out
     assert out == command_text(get_recipe("tiny_cp2")) + "\n"
     assert "--context-parallel-size 2" in out and "# no Megatron-LM flag for" in out
+
+
+def test_what_this_trainer_always_does_is_on_every_command_line_and_missing_ones_noted() -> None:
+    args = to_megatron_args(get_recipe("tiny_dp1"))
+    assert "--calculate-per-token-loss" in args and "--attention-softmax-in-fp32" in args
+    _, notes = config_from_megatron_args(["--num-layers", "4"])
+    assert [n.split(" ")[0] for n in notes] == ["--calculate-per-token-loss",
+                                                "--attention-softmax-in-fp32"]
+
+
+def test_wsd_writes_its_resolved_anneal_and_reads_it_back_as_unset() -> None:
+    cfg = get_recipe("tiny_dp1")
+    cfg.scheduler.style = "wsd"
+    args = to_megatron_args(cfg)
+    assert args[args.index("--lr-wsd-decay-iters") + 1] == str(cfg.train.train_iters // 10)
+    back, _ = config_from_megatron_args(args, cfg.cluster)
+    assert back.scheduler.wsd_decay_iters is None
+    cfg.scheduler.wsd_decay_iters = 7
+    back, _ = config_from_megatron_args(to_megatron_args(cfg), cfg.cluster)
+    assert back.scheduler.wsd_decay_iters == 7

@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.megatron_args import ENVIRONMENT_DESTS, carried_dests, from_megatron_values
+from recipes.config.megatron_args import (
+    ENVIRONMENT_DESTS,
+    carried_dests,
+    from_megatron_values,
+    missing_always_on,
+)
 from recipes.config.schema import ClusterConfig, RunConfig
 
 
@@ -115,6 +120,7 @@ def config_from_megatron_args(argv: Sequence[str], cluster: ClusterConfig | None
                             "config field changes what it changes); remove it to plan the rest")
     if problems:
         raise ConfigError("\nerror: ".join(problems))
+    notes += missing_always_on(set(given))
     values = {**vars(namespace), "__given__": frozenset(given)}
     cfg = RunConfig(name="megatron_args")
     _apply(cfg, from_megatron_values(values))

@@ -52,15 +52,14 @@ class Alignment:
 
 ALIGNMENTS: tuple[Alignment, ...] = (
     Alignment("per-token loss", "always (every loss token of the global batch weighs alike)",
-              "off: each micro-batch's mean, averaged", ("--calculate-per-token-loss",),
-              "the project's objective; without it micro-batches with fewer loss tokens weigh "
-              "more"),
+              "off: each micro-batch's mean, averaged", (),
+              "print=megatron_args writes --calculate-per-token-loss on every command line"),
     Alignment("attention softmax in fp32", "True (Megatron Core's TransformerConfig default)",
-              "False", ("--attention-softmax-in-fp32",),
-              "changes numerics in bf16/fp16 only"),
+              "False", (), "print=megatron_args writes --attention-softmax-in-fp32; changes "
+              "numerics in bf16/fp16 only"),
     Alignment("WSD decay iterations", "a tenth of the decay iterations when unset",
               "none: Megatron-LM's WSD scheduler needs --lr-wsd-decay-iters", (),
-              "the check writes the resolved value (wsd recipes only)"),
+              "print=megatron_args writes the resolved value (wsd recipes only)"),
     Alignment("weight-decay steps", "the lr decay span", "train_iters x global batch", (),
               "no effect: the project's weight decay is constant (start = end)"),
     Alignment("EOD loss mask", "on", "off", (),
@@ -95,9 +94,6 @@ def parity_arguments(cfg: RunConfig, steps: int) -> list[str]:
     args = to_megatron_args(cfg)
     for alignment in ALIGNMENTS:
         args += list(alignment.flags)
-    if cfg.scheduler.style == "wsd" and cfg.scheduler.wsd_decay_iters is None:
-        decay = cfg.scheduler.decay_iters or cfg.train.train_iters
-        args += ["--lr-wsd-decay-iters", str(max(1, decay // 10))]
     if not torch.cuda.is_available():
         args += cpu_flags()
     return args + run_flags(steps)
