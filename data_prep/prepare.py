@@ -504,7 +504,29 @@ def summary_table(result: PrepareResult) -> Table:
     return table
 
 
+def source_table(result: PrepareResult) -> Table:
+    """The source at a glance: per split its shards, documents, empty ones (kept as
+    zero-length documents, or skipped), tokens; the total with tokens/s per worker."""
+    kept = "zero-length" if result.empty_kept else "skipped"
+    table = Table(title=f"source {result.output.name}", title_justify="left")
+    for column in ("split", "shards", "documents", f"empty ({kept})", "tokens",
+                   "tokens/s per worker"):
+        table.add_column(column, justify="left" if column == "split" else "right")
+    for split in SPLITS:
+        shards = [s for s in result.shards if s.split == split]
+        if shards:
+            table.add_row(split, f"{len(shards):,}", f"{sum(s.documents for s in shards):,}",
+                          f"{sum(s.empty for s in shards):,}",
+                          f"{sum(s.tokens for s in shards):,}", "")
+    per_worker = result.tokens_per_second / max(1, result.workers)
+    table.add_row("total", f"{len(result.shards):,}", f"{result.documents:,}",
+                  f"{result.empty:,}", f"{result.tokens:,}",
+                  f"{per_worker:,.0f} ({result.workers} worker(s))", style="bold")
+    return table
+
+
 def print_summary(result: PrepareResult, console: Console | None = None) -> None:
     console = console or Console()
+    console.print(source_table(result))
     console.print(summary_table(result))
     console.print(summary_line(result), soft_wrap=True, highlight=False)
