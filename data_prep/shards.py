@@ -334,6 +334,10 @@ class _Writer:
     def discard(self) -> None:
         """Remove the work files of the dataset being written (a failed task)."""
         if self.open is not None:
+            try:  # Megatron's builder holds the .bin open (its buffer would be flushed later)
+                self.open.builder.data_file.close()
+            except OSError:
+                pass
             for suffix in (".bin", ".idx"):
                 Path(f"{self.open.part}{suffix}").unlink(missing_ok=True)
             self.open = None
@@ -347,10 +351,11 @@ def free_space(folder: str | Path) -> str:
     return f"{stat.f_bavail * stat.f_frsize / 2**20:,.1f} MiB"
 
 
-def disk_full(output: str, err: OSError) -> ConfigError:
+def disk_full(output: str, err: OSError, writing: str | None = None) -> ConfigError:
     """The one line for a file system that filled up while this preparation wrote to it."""
     folder = Path(output).expanduser().parent
-    written = f" writing {err.filename}" if err.filename else ""
+    writing = writing or err.filename
+    written = f" writing {writing}" if writing else ""
     return ConfigError(
         f"output={output}: the file system is full ({err.strerror or 'No space left on device'})"
         f"{written}; {free_space(folder)} free in {folder}; the unfinished shard was removed "
@@ -372,9 +377,10 @@ def run_task(spec: TaskSpec, report: Report | None = None) -> dict[str, Any]:
                 writer.add(ids)
         return _publish(spec, writer.close())
     except OSError as err:
+        writing = writer.open.prefix if writer.open else spec.plan.prefix
         writer.discard()
         if err.errno == errno.ENOSPC:
-            raise disk_full(spec.output, err) from None
+            raise disk_full(spec.output, err, writing) from None
         raise
     except BaseException:
         writer.discard()
