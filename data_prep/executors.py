@@ -9,12 +9,18 @@ in the driver itself. `executor=ray` submits one Ray task per shard to the clust
 stopped after it); a Ray session already open in the process is used as it is. Ray retries a
 task whose worker died; the records make any retry, or a re-run, idempotent. `ray` is imported
 only here, only for that executor (the `ray` extra of pyproject.toml).
+
+Local workers report how far into their shard they are through a queue the driver drains in a
+thread (`progress`: the per-shard bars and the job's ETA); Ray tasks report only when done. A
+task that fails with a user's problem (an unreadable line, a full disk) stops the job with its
+one line: the pool's queued tasks are cancelled, the complete shards stay.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,10 +29,11 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from data_prep.shards import TaskSpec, run_task
+from data_prep.shards import Report, TaskSpec, run_task
 from plugins.protocol.errors import ConfigError
 
 Done = Callable[[dict[str, Any]], None]
+_REPORTS: Any = None  # in a pool worker: the queue its progress goes to
 RAY_RETRIES = 3
 ORPHAN_POLL_S = 0.2
 
@@ -35,9 +42,13 @@ class WorkerLost(RuntimeError):
     """A worker died mid-shard (killed, out of memory): the complete shards are kept."""
 
 
-def _orphan_watch(driver: int) -> None:
-    """In a worker: exit as soon as the driver is gone (a killed driver would otherwise leave
-    its workers waiting on the task queue for ever); its half-written work file stays hidden."""
+def _start_worker(driver: int, reports: Any) -> None:
+    """In a worker: keep the progress queue; exit as soon as the driver is gone (a killed
+    driver would otherwise leave its workers waiting on the task queue for ever); its
+    half-written work file stays hidden."""
+    global _REPORTS
+    _REPORTS = reports
+
     def watch() -> None:
         while os.getppid() == driver:
             time.sleep(ORPHAN_POLL_S)
@@ -46,15 +57,39 @@ def _orphan_watch(driver: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def run_local(specs: Sequence[TaskSpec], workers: int, done: Done) -> None:
+def _report(prefix: str, share: float) -> None:
+    _REPORTS.put((prefix, share))
+
+
+def _pooled(spec: TaskSpec) -> dict[str, Any]:
+    return run_task(spec, _report)
+
+
+def _drain(reports: Any, progress: Report, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            progress(*reports.get(timeout=0.1))
+        except queue.Empty:
+            continue
+        except (EOFError, OSError):
+            return
+
+
+def run_local(specs: Sequence[TaskSpec], workers: int, done: Done,
+              progress: Report | None = None) -> None:
     if workers <= 1 or len(specs) <= 1:
         for spec in specs:
-            done(run_task(spec))
+            done(run_task(spec, progress))
         return
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=min(workers, len(specs)), mp_context=context,
-                             initializer=_orphan_watch, initargs=(os.getpid(),)) as pool:
-        pending = {pool.submit(run_task, spec) for spec in specs}
+    reports = context.SimpleQueue() if progress is None else context.Queue()
+    stop = threading.Event()
+    if progress is not None:
+        threading.Thread(target=_drain, args=(reports, progress, stop), daemon=True).start()
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(specs)), mp_context=context,
+                               initializer=_start_worker, initargs=(os.getpid(), reports))
+    try:
+        pending = {pool.submit(_pooled if progress else run_task, spec) for spec in specs}
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
@@ -65,6 +100,12 @@ def run_local(specs: Sequence[TaskSpec], workers: int, done: Done) -> None:
                         "a preparation worker died mid-shard (killed or out of memory); run "
                         "the same command again: it keeps the complete shards and redoes the "
                         "rest") from None
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
+        stop.set()
 
 
 def _ray() -> Any:
@@ -99,15 +140,23 @@ def run_ray(specs: Sequence[TaskSpec], workers: int, address: str | None, done: 
             finished, _ = ray.wait(list(pending), num_returns=1)
             for ref in finished:
                 pending.pop(ref)
-                done(ray.get(ref))
+                try:
+                    record = ray.get(ref)
+                except ray.exceptions.RayTaskError as err:
+                    for other in pending:
+                        ray.cancel(other)
+                    if isinstance(err.cause, ConfigError):  # the task's one line
+                        raise err.cause from None
+                    raise
+                done(record)
     finally:
         if started:
             ray.shutdown()
 
 
 def run_tasks(specs: Sequence[TaskSpec], executor: str, workers: int, address: str | None,
-              done: Done) -> None:
+              done: Done, progress: Report | None = None) -> None:
     if executor == "ray":
         run_ray(specs, workers, address, done)
     else:
-        run_local(specs, workers, done)
+        run_local(specs, workers, done, progress)

@@ -3,21 +3,24 @@ input file, or `num_shards` (+ `valid_shards`, `test_shards`) of about equal tok
 manifest (`<output>.json`) a blend can name, the tokenizer folder and Megatron-LM's blend files.
 
 Why it is built this way:
-- Files are read through `datasets` (its packaged text/json/parquet builders, offline), which
-  converts each input once into memory-mapped Arrow files in a hidden work folder beside the
-  output; every format and compression it knows works, and the shard tasks read row ranges of
-  those files, window by window (memory per worker is bounded by a batch, not by the corpus).
-- The work is cut into shards planned from the inputs alone (`data_prep/shards.py`) and run by
-  a local process pool or Ray (`data_prep/executors.py`): the same shards and bytes whatever the
-  executor and the number of workers. Each shard is published by rename with a record holding
-  its checksums, so a killed run is finished by the same command, which redoes only the shards
-  that are not complete; no half-written file is ever named like a dataset.
+- The driver does O(files) work: it checks each input's head (`data_prep/readers.py`), plans
+  the shards from the files' sizes (`data_prep/shards.py`) and collects the records; every
+  shard task reads its own range of the inputs as a stream (JSONL, text, Parquet, compressed),
+  tokenizes and writes it, so the work that grows with the corpus runs on the workers and
+  memory per worker is bounded by a batch, not by the corpus.
+- The tasks run on a local process pool or Ray (`data_prep/executors.py`): the same shards and
+  bytes whatever the executor and the number of workers. Each shard is published by rename
+  with a record holding its checksums, so a killed run is finished by the same command, which
+  redoes only the shards that are not complete; no half-written file is ever named like a
+  dataset.
 - Datasets are written only through Megatron Core's `IndexedDatasetBuilder`, as Megatron-LM's
   `tools/preprocess_data.py` writes them (one sequence per document, the EOD appended, an empty
   document a zero-length document), so for the same input and tokenizer both `.bin` and `.idx`
   are the same bytes (`empty_documents=skip` leaves them out of the index instead).
 - Everything that can be a user mistake (paths, fields, an unreadable file or tokenizer) is
-  checked before the first dataset is written, as one-line `ConfigError`s.
+  checked before the first dataset is written, as one-line `ConfigError`s, as far as a bounded
+  look at each file's head can tell; a bad line further in stops the job with the same kind
+  of line, as does a file system that fills up (the complete shards are kept for the re-run).
 - Same inputs, same outputs, byte for byte: input order is sorted, nothing is shuffled, the BPE
   trainer is deterministic (see `data_prep/hf_tokenizer.py`), and the manifest holds no times or
   absolute paths of its own (Megatron-LM's blend files beside it do hold absolute prefixes).
@@ -25,7 +28,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
-import difflib
+import errno
 import functools
 import hashlib
 import json
@@ -40,39 +43,35 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never reach the Hub
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import datasets  # noqa: E402
-import numpy as np  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import (  # noqa: E402
+import numpy as np
+from rich.console import Console
+from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table  # noqa: E402
+from rich.table import Table
 
-from data_prep.config import PrepareConfig, input_format, shard_names, validate  # noqa: E402
-from data_prep.executors import run_tasks  # noqa: E402
-from data_prep.hf_tokenizer import PreparedTokenizer, prepare_tokenizer  # noqa: E402
-from data_prep.shards import (  # noqa: E402
+from data_prep import readers
+from data_prep.config import COMPRESSIONS, PrepareConfig, input_format, shard_names, validate
+from data_prep.executors import run_tasks
+from data_prep.hf_tokenizer import PreparedTokenizer, prepare_tokenizer
+from data_prep.readers import InputFile
+from data_prep.shards import (
     SPLITS,
     TaskSpec,
     complete,
+    disk_full,
     held_out_stride,
     plan_key,
     plan_shards,
 )
-from plugins.protocol.errors import ConfigError  # noqa: E402
-from recipes.config.dataset_files import RECORD_KEYS  # noqa: E402
+from plugins.protocol.errors import ConfigError
+from recipes.config.dataset_files import RECORD_KEYS
 
 MAP_BATCH = 1000  # documents per batch the BPE trainer reads
-FORMAT_NAMES = {"text": "text", "json": "JSON lines", "parquet": "Parquet"}
 
 
 @dataclass(frozen=True)
@@ -130,105 +129,30 @@ class PrepareResult:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-@dataclass(frozen=True)
-class _Corpus:
-    """One input file read into Arrow: the rows and the column that holds the text."""
-
-    path: Path
-    name: str
-    data: datasets.Dataset
-    column: str
-
-
 # ----------------------------------------------------------------------------- reading
 
 
-def _quiet_libraries() -> None:
-    """datasets' own bars and logs would interleave with this module's progress bar."""
-    datasets.disable_progress_bars()
-    datasets.utils.logging.set_verbosity(logging.CRITICAL)  # a bad file is one error line
-
-
-def _reason(err: BaseException) -> str:
-    """The first error under datasets' own wrappers ('An error occurred while generating the
-    dataset'): the parser's words, e.g. 'ArrowInvalid: JSON parse error: ... in row 1'."""
-    found: BaseException | None = err
-    while isinstance(found, datasets.exceptions.DatasetsError):
-        found = found.__cause__ or found.__context__
-    found = found or err
-    text = str(found).strip().splitlines()
-    return f"{type(found).__name__}: {text[0]}" if text else type(found).__name__
-
-
-def read_corpus(path: Path, name: str, cfg: PrepareConfig, cache: Path) -> _Corpus:
-    """Read one input file with datasets' packaged builder; check its text field."""
+def read_input(path: Path, cfg: PrepareConfig) -> InputFile:
+    """One input as the tasks will read it, after the bounded look at its head."""
     fmt = input_format(path)
     assert fmt is not None  # resolve_inputs refused unknown formats
-    options: dict[str, Any] = {"sample_by": cfg.sample_by} if fmt == "text" else {}
-    try:
-        data = datasets.load_dataset(
-            fmt, data_files=[str(path)], split="train", cache_dir=str(cache), **options
-        )
-    except Exception as err:  # any failure to parse a user's file is that file's problem
-        raise ConfigError(
-            f"input file {path} cannot be read as {FORMAT_NAMES[fmt]} ({_reason(err)}); "
-            "fix the file or remove it from input="
-        ) from None
-    column = "text" if fmt == "text" else cfg.text_field
-    _check_text_column(path, data, column, fmt)
-    return _Corpus(path=path, name=name, data=data, column=column)
+    suffix = path.suffix.lower()
+    compression = suffix if suffix in COMPRESSIONS else None
+    return readers.inspect(path, fmt, compression, cfg.text_field, cfg.sample_by)
 
 
-def _is_text(feature: Any) -> bool:
-    return isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
-
-
-def _check_text_column(path: Path, data: datasets.Dataset, column: str, fmt: str) -> None:
-    """The column exists, holds text, and not only empty documents."""
-    fields = data.column_names
-    if column not in fields:
-        near = difflib.get_close_matches(column, fields, n=1, cutoff=0.5)
-        texts = [f for f in fields if _is_text(data.features[f])]
-        hint = near[0] if near and near[0] in texts else (texts[0] if texts else None)
-        fix = f"set text_field={hint}" if hint else "give files with a text field"
-        raise ConfigError(
-            f"input file {path} has no field '{column}'; its fields are "
-            f"{', '.join(fields) or 'none'}; {fix}"
-        )
-    feature = data.features[column]
-    if not _is_text(feature):
-        texts = [f for f in fields if _is_text(data.features[f])]
-        fix = f"text fields: {', '.join(texts)}" if texts else "the file has no text field"
-        raise ConfigError(
-            f"input file {path}: field '{column}' holds {_describe(feature)}, not text; "
-            f"set text_field to a text field ({fix})"
-        )
-    if not _has_text(data, column):
-        what = "lines" if fmt == "text" and data.num_rows > 1 else "documents"
-        raise ConfigError(
-            f"input file {path} has no text: all {data.num_rows} {what} are empty; "
-            "remove it from input="
-        )
-
-
-def _describe(feature: Any) -> str:
-    return feature.dtype if isinstance(feature, datasets.Value) else type(feature).__name__
-
-
-def _has_text(data: datasets.Dataset, column: str) -> bool:
-    """Whether any document is more than whitespace (chunk by chunk: bounded memory)."""
-    for chunk in data.data.column(column).chunks:
-        lengths = pc.binary_length(pc.utf8_trim_whitespace(chunk))
-        if pc.any(pc.greater(lengths, 0)).as_py():
-            return True
-    return False
-
-
-def _texts(corpora: Sequence[_Corpus]) -> Iterator[list[str]]:
+def _texts(inputs: Sequence[InputFile]) -> Iterator[list[str]]:
     """Every non-empty document, in batches, in input order (what train:VOCAB learns from)."""
-    for corpus in corpora:
-        for batch in corpus.data.iter(batch_size=MAP_BATCH):
-            yield [t for t in batch[corpus.column] if t and not t.isspace()]
+    for source in inputs:
+        batch: list[str] = []
+        for text in readers.documents(source):
+            if text and not text.isspace():
+                batch.append(text)
+            if len(batch) == MAP_BATCH:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
 
 
 # ----------------------------------------------------------------------------- writing
@@ -251,45 +175,35 @@ def dataset_dtype(vocab_size: int) -> type[np.number]:
     return _indexed_dataset_api()[1].optimal_dtype(vocab_size)
 
 
-def text_sizes(corpus: _Corpus) -> np.ndarray:
-    """Each document's text bytes (what the shard plan balances), chunk by chunk."""
-    chunks = corpus.data.data.column(corpus.column).chunks
-    if not chunks:
-        return np.zeros(0, np.int64)
-    return np.concatenate([pc.binary_length(c).fill_null(0).to_numpy(zero_copy_only=False)
-                           for c in chunks]).astype(np.int64)
-
-
 def shard_counts(cfg: PrepareConfig) -> dict[str, int | None]:
     return {"train": cfg.num_shards, "valid": cfg.valid_shards, "test": cfg.test_shards}
 
 
-def _identity(cfg: PrepareConfig, corpora: Sequence[_Corpus], prepared: PreparedTokenizer,
+def _identity(cfg: PrepareConfig, inputs: Sequence[InputFile], prepared: PreparedTokenizer,
               dtype: type[np.number], tokenizer_json: str) -> dict[str, Any]:
     """What every shard depends on besides its own plan (a change redoes every shard)."""
-    inputs = [(str(c.path), c.path.stat().st_size, c.path.stat().st_mtime_ns) for c in corpora]
-    return {"inputs": inputs, "column": [c.column for c in corpora],
+    files = [(s.path, s.size, Path(s.path).stat().st_mtime_ns) for s in inputs]
+    return {"inputs": files, "column": [s.column for s in inputs],
             "tokenizer": hashlib.sha256(tokenizer_json.encode()).hexdigest(),
             "eod_id": prepared.eod_id, "dtype": np.dtype(dtype).name,
             "empty_documents": cfg.empty_documents, "sample_by": cfg.sample_by}
 
 
-def task_specs(cfg: PrepareConfig, corpora: Sequence[_Corpus], prepared: PreparedTokenizer,
-               dtype: type[np.number], output: Path, work: Path) -> list[TaskSpec]:
+def task_specs(cfg: PrepareConfig, inputs: Sequence[InputFile], names: Sequence[str],
+               prepared: PreparedTokenizer, dtype: type[np.number], output: Path,
+               work: Path) -> list[TaskSpec]:
     """The preparation's shards as task values, in manifest order."""
     tokenizer_json = prepared.tokenizer.to_str()
-    plans = plan_shards(output.name, [c.name for c in corpora], [str(c.path) for c in corpora],
-                        [text_sizes(c) for c in corpora], shard_counts(cfg),
+    plans = plan_shards(output.name, names, inputs, shard_counts(cfg),
                         held_out_stride(cfg.held_out_fraction), cfg.shard_size)
-    identity = _identity(cfg, corpora, prepared, dtype, tokenizer_json)
-    arrow = tuple(tuple(f["filename"] for f in c.data.cache_files) for c in corpora)
+    identity = _identity(cfg, inputs, prepared, dtype, tokenizer_json)
     records = records_folder(output)
     records.mkdir(exist_ok=True)
-    return [TaskSpec(plan=plan, key=plan_key(plan, identity), arrow_files=arrow,
-                     column=corpora[0].column, tokenizer_json=tokenizer_json,
-                     eod_id=prepared.eod_id, dtype=np.dtype(dtype).name,
-                     keep_empty=cfg.empty_documents == "keep", output_dir=str(output.parent),
-                     work_dir=str(work), records_dir=str(records))
+    return [TaskSpec(plan=plan, key=plan_key(plan, identity), inputs=tuple(inputs),
+                     tokenizer_json=tokenizer_json, eod_id=prepared.eod_id,
+                     dtype=np.dtype(dtype).name, keep_empty=cfg.empty_documents == "keep",
+                     output=cfg.output, output_dir=str(output.parent), work_dir=str(work),
+                     records_dir=str(records))
             for plan in plans]
 
 
@@ -297,10 +211,14 @@ def records_folder(output: Path) -> Path:
     return output.with_name(output.name + ".shards")
 
 
+MIB = 2**20
+
+
 def write_all(specs: Sequence[TaskSpec], cfg: PrepareConfig, bar: Progress) -> tuple[
         list[dict[str, Any]], int]:
     """Run the shards that are not complete; return every shard's record (plan order) and
-    how many were redone."""
+    how many were redone. The bar: the whole job in MiB of input read (its ETA), and one bar
+    per shard being written."""
     records: dict[str, dict[str, Any]] = {}
     todo = []
     for spec in specs:
@@ -309,16 +227,44 @@ def write_all(specs: Sequence[TaskSpec], cfg: PrepareConfig, bar: Progress) -> t
             todo.append(spec)
         else:
             records[spec.plan.prefix] = found
-    task = bar.add_task("shards", total=len(specs), completed=len(records),
-                        tokens=_tokens(records.values()))
+    weights = {spec.plan.prefix: spec.weight / MIB for spec in specs}
+    shares: dict[str, float] = {p: 1.0 for p in records}
+    job = bar.add_task("job", total=sum(weights.values()) or 1,
+                       completed=sum(weights[p] for p in records),
+                       info=_job_info(records, len(specs)))
+    rows: dict[str, Any] = {}
+
+    def progress(prefix: str, share: float) -> None:
+        if prefix in records:
+            return
+        shares[prefix] = share
+        if prefix not in rows:
+            rows[prefix] = bar.add_task(f"  {prefix}", total=weights[prefix] or 1, info="")
+        bar.update(rows[prefix], completed=share * weights[prefix])
+        bar.update(job, completed=sum(weights[p] * s for p, s in shares.items()), refresh=True)
 
     def done(record: dict[str, Any]) -> None:
-        records[record["prefix"]] = record
-        bar.update(task, completed=len(records), tokens=_tokens(records.values()), refresh=True)
+        prefix = record["prefix"]
+        records[prefix] = record
+        shares[prefix] = 1.0
+        if prefix in rows:
+            bar.remove_task(rows.pop(prefix))
+        bar.update(job, completed=sum(weights[p] * s for p, s in shares.items()),
+                   info=_job_info(records, len(specs)), refresh=True)
 
     with bar:
-        run_tasks(todo, cfg.executor, cfg.num_proc, cfg.ray_address, done)
+        try:
+            run_tasks(todo, cfg.executor, cfg.num_proc, cfg.ray_address, done,
+                      None if bar.disable else progress)
+        except OSError as err:
+            if err.errno != errno.ENOSPC:
+                raise
+            raise disk_full(cfg.output, err) from None
     return [records[spec.plan.prefix] for spec in specs], len(todo)
+
+
+def _job_info(records: dict[str, dict[str, Any]], shards: int) -> str:
+    return f"{len(records)}/{shards} shards, {_tokens(records.values()):,} tokens"
 
 
 def _tokens(records: Any) -> int:
@@ -335,22 +281,22 @@ def shards_of(records: Sequence[dict[str, Any]]) -> list[Shard]:
 
 
 def _progress(enabled: bool | None, console: Console) -> Progress:
-    """A bar over shards with tokens so far and the job's ETA; off when the output is not a
-    terminal (logs, tests, pipes)."""
+    """The job's bar (MiB of input read, shards and tokens done, its ETA) over one bar per
+    shard being written; off when the output is not a terminal (logs, tests, pipes)."""
     return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[tokens]:,} tokens"), TimeElapsedColumn(),
-        TimeRemainingColumn(), console=console, auto_refresh=False,
+        TextColumn("[bold]{task.description}"), BarColumn(),
+        TextColumn("{task.completed:,.1f}/{task.total:,.1f} MiB"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=console, auto_refresh=False,
         disable=not (console.is_terminal if enabled is None else enabled),
     )
 
 
 def _work_folder(output: Path) -> Path:
-    """A hidden folder beside the output (same filesystem, so publishing is a rename), named
-    after it so that a re-run finds the Arrow copies of the inputs again."""
+    """A hidden folder beside the output (same filesystem, so publishing is a rename)."""
     folder = output.with_name(f".{output.name}.work")
     try:
-        (folder / "cache").mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(
             f"output={output}: cannot write in {output.parent} ({err.strerror}); "
@@ -419,29 +365,30 @@ def prepare(cfg: PrepareConfig, *, progress: bool | None = None,
     started = time.perf_counter()
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
-    _quiet_libraries()
     loaded = prepare_tokenizer(cfg) if cfg.train_vocab is None else None  # before any reading
     output = Path(cfg.output).expanduser()
     work = _work_folder(output)
     try:
-        corpora = [read_corpus(path, name, cfg, work / "cache")
-                   for path, name in zip(files, shard_names(files), strict=True)]
+        inputs = [read_input(path, cfg) for path in files]
     except ConfigError:  # a bad input: nothing to resume, nothing left behind
         shutil.rmtree(work, ignore_errors=True)
         raise
     prepared, train_seconds = loaded, 0.0
     if prepared is None:
         trained = time.perf_counter()
-        rows = sum(c.data.num_rows for c in corpora)
-        prepared = prepare_tokenizer(cfg, _texts(corpora), length=-(-rows // MAP_BATCH))
+        prepared = prepare_tokenizer(cfg, _texts(inputs))
         train_seconds = time.perf_counter() - trained
     dtype = dataset_dtype(prepared.vocab_size)
-    specs = task_specs(cfg, corpora, prepared, dtype, output, work)
-    del corpora  # the Arrow files stay mapped in the tasks only
+    specs = task_specs(cfg, inputs, shard_names(files), prepared, dtype, output, work)
     records, redone = write_all(specs, cfg, _progress(progress, console or Console()))
     shards = shards_of(records)
-    packs = write_pack_indexes(shards, output, cfg) if cfg.pack_size else ()
-    result = _finish(cfg, output, work, prepared, shards, dtype, started, train_seconds)
+    try:
+        packs = write_pack_indexes(shards, output, cfg) if cfg.pack_size else ()
+        result = _finish(cfg, output, work, prepared, shards, dtype, started, train_seconds)
+    except OSError as err:
+        if err.errno != errno.ENOSPC:
+            raise
+        raise disk_full(cfg.output, err) from None
     shutil.rmtree(work, ignore_errors=True)
     return replace(result, packs=packs, pack_size=cfg.pack_size, pad_multiple=cfg.pad_multiple,
                    redone=redone, workers=min(cfg.num_proc, max(1, redone)),
@@ -557,7 +504,29 @@ def summary_table(result: PrepareResult) -> Table:
     return table
 
 
+def source_table(result: PrepareResult) -> Table:
+    """The source at a glance: per split its shards, documents, empty ones (kept as
+    zero-length documents, or skipped), tokens; the total with tokens/s per worker."""
+    kept = "zero-length" if result.empty_kept else "skipped"
+    table = Table(title=f"source {result.output.name}", title_justify="left")
+    for column in ("split", "shards", "documents", f"empty ({kept})", "tokens",
+                   "tokens/s per worker"):
+        table.add_column(column, justify="left" if column == "split" else "right")
+    for split in SPLITS:
+        shards = [s for s in result.shards if s.split == split]
+        if shards:
+            table.add_row(split, f"{len(shards):,}", f"{sum(s.documents for s in shards):,}",
+                          f"{sum(s.empty for s in shards):,}",
+                          f"{sum(s.tokens for s in shards):,}", "")
+    per_worker = result.tokens_per_second / max(1, result.workers)
+    table.add_row("total", f"{len(result.shards):,}", f"{result.documents:,}",
+                  f"{result.empty:,}", f"{result.tokens:,}",
+                  f"{per_worker:,.0f} ({result.workers} worker(s))", style="bold")
+    return table
+
+
 def print_summary(result: PrepareResult, console: Console | None = None) -> None:
     console = console or Console()
+    console.print(source_table(result))
     console.print(summary_table(result))
     console.print(summary_line(result), soft_wrap=True, highlight=False)

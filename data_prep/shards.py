@@ -1,62 +1,73 @@
 """A preparation cut into shards, each written by one task, each task redone only if incomplete.
 
 Why it is built this way:
-- The plan is made from the inputs alone (their documents' text sizes, in input order), before
-  any tokenizing, so it is the same whatever runs the tasks and however many workers there are:
-  `num_shards=N` cuts a source's documents, in document order, into N shards of about equal
-  text (so about equal tokens); `valid_shards` / `test_shards` do the same with every
-  `1/held_out_fraction`-th document set aside for each; without `num_shards` a shard is one
-  input file (today's layout, and `shard_size` still starts a new dataset every N documents).
+- The plan is made from what the driver learns in O(files) (each input's size, a Parquet
+  file's row count), before any reading or tokenizing, so it is the same whatever runs the
+  tasks and however many workers there are: `num_shards=N` cuts the inputs, taken end to end
+  in order, into N byte ranges of about equal size (so about equal tokens); a shard reads its
+  own range (`data_prep/readers.py`: a line belongs to the range holding its first byte, a
+  compressed file is one range). Without `num_shards` a shard is one input file (and
+  `shard_size` still starts a new dataset every N documents).
+- Held-out documents (`valid_shards`, `test_shards`) are chosen by their text alone (its
+  CRC-32 modulo `1/held_out_fraction`), so the choice does not depend on the layout and a
+  duplicated document never sits on both sides; the i-th held-out shard reads the ranges of
+  the i-th group of train shards and keeps only its split's documents.
 - A task (`run_task`) is a plain picklable value and a module-level function: the local process
-  pool and Ray run exactly the same code, and a task reads its rows from the Arrow files the
-  driver converted once, so workers never parse the inputs again.
+  pool and Ray run exactly the same code, and everything that grows with the corpus (reading,
+  parsing, tokenizing, writing) happens there; the driver only plans and collects records.
 - Each task writes its datasets in the hidden work folder, publishes them by rename, then writes
   its record (`<output>.shards/<prefix>.json`: the plan's key, sizes, the `.idx` CRC-32 and the
   `.bin` CRC-32 computed while writing) by rename too. A shard is complete when its record
   names this plan and its files still match the record (sizes, index CRC-32, bounded `.bin`
-  fingerprint): a killed run (driver or worker) leaves at worst a stale work file, and the
-  same command redoes only the shards that are not complete.
+  fingerprint): a killed run (driver or worker) leaves at worst a stale work file, a task that
+  fails (a full disk) removes its own, and the same command redoes only the shards that are
+  not complete.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import zlib
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from data_prep import readers
+from data_prep.readers import InputFile
+from plugins.protocol.errors import ConfigError
 from recipes.config import dataset_files
 
-ENCODE_BATCH = 1000  # documents per encode_batch call
+ENCODE_BATCH = readers.BATCH  # documents per encode_batch call
 SPLITS = ("train", "valid", "test")
+Report = Callable[[str, float], None]  # (shard prefix, share of it done)
 
 
 @dataclass(frozen=True)
 class Piece:
-    """Rows [start, stop) of one input file; `first` is the first row's document number."""
+    """Units [start, stop) of one input (bytes of plain lines, rows of Parquet, 0..1 for an
+    input read as one stream)."""
 
     file: int
     start: int
     stop: int
-    first: int
 
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """One task: the rows it reads, which of them belong to its split, the dataset names."""
+    """One task: the input ranges it reads, which split it keeps, the dataset names."""
 
     prefix: str  # the (first) dataset's name, relative to the output's folder
     split: str
     source: str  # the input file(s) it reads, for the summary
     pieces: tuple[Piece, ...]
-    stride: int  # held-out selection: document g is valid if g % stride == stride - 1,
-    held_out: tuple[str, ...]  # test if g % stride == stride - 2 (for the splits listed)
+    stride: int  # held-out selection: a document is valid if crc32(text) % stride is
+    held_out: tuple[str, ...]  # stride - 1, test if stride - 2 (for the splits listed)
     shard_size: int | None = None  # documents per dataset inside the task (files layout only)
 
 
@@ -66,15 +77,20 @@ class TaskSpec:
 
     plan: ShardPlan
     key: str  # the plan's identity: a record with another key is not this shard
-    arrow_files: tuple[tuple[str, ...], ...]  # per input file, the Arrow files datasets wrote
-    column: str
+    inputs: tuple[InputFile, ...]
     tokenizer_json: str
     eod_id: int
     dtype: str
     keep_empty: bool
+    output: str  # the preparation's prefix (named in errors)
     output_dir: str
     work_dir: str
     records_dir: str
+
+    @property
+    def weight(self) -> float:
+        """The bytes of input the task reads (what the job's progress counts)."""
+        return sum(piece_weight(self.inputs[p.file], p) for p in self.plan.pieces)
 
 
 @dataclass
@@ -88,7 +104,6 @@ class _Dataset:
     empty: int = 0
     tokens: int = 0
     bin_crc32: int = 0
-    sources: set = field(default_factory=set)
 
 
 # ----------------------------------------------------------------------------- planning
@@ -99,69 +114,73 @@ def held_out_stride(fraction: float) -> int:
     return max(3, round(1 / fraction))
 
 
-def split_of(numbers: np.ndarray, stride: int, held_out: Sequence[str]) -> np.ndarray:
-    """The split index (0 train, 1 valid, 2 test) of each document number."""
-    out = np.zeros(numbers.shape, np.int8)
-    if "valid" in held_out:
-        out[numbers % stride == stride - 1] = 1
-    if "test" in held_out:
-        out[numbers % stride == stride - 2] = 2
-    return out
+def split_of(text: str, stride: int, held_out: Sequence[str]) -> int:
+    """The split index (0 train, 1 valid, 2 test) of a document, from its text alone."""
+    if not held_out or not text:
+        return 0
+    residue = zlib.crc32(text.encode("utf-8")) % stride
+    if residue == stride - 1 and "valid" in held_out:
+        return 1
+    if residue == stride - 2 and "test" in held_out:
+        return 2
+    return 0
 
 
-def _cuts(sizes: np.ndarray, count: int) -> list[int]:
-    """Positions cutting `sizes` (in order) into `count` runs of about equal sum."""
-    ends = np.cumsum(sizes, dtype=np.int64)
-    total = int(ends[-1]) if ends.size else 0
-    marks = [total * j / count for j in range(1, count)]
-    cuts = [int(np.searchsorted(ends, m, side="left")) + 1 for m in marks]
-    return [0, *[min(c, sizes.size) for c in cuts], sizes.size]
+def piece_weight(source: InputFile, piece: Piece) -> float:
+    return (piece.stop - piece.start) * source.size / max(source.units, 1)
 
 
-def _pieces(numbers: np.ndarray, file_starts: np.ndarray) -> tuple[Piece, ...]:
-    """The file row ranges spanning document numbers [numbers[0], numbers[-1]]."""
-    if numbers.size == 0:
-        return ()
-    low, high = int(numbers[0]), int(numbers[-1]) + 1
+def _range_pieces(inputs: Sequence[InputFile], starts: Sequence[int], low: int,
+                  high: int) -> tuple[Piece, ...]:
+    """The pieces of global bytes [low, high) (inputs end to end): a splittable input gives
+    the units under that span, one read as a stream belongs wholly to the range where it
+    starts."""
     pieces = []
-    for index in range(file_starts.size - 1):
-        begin, end = int(file_starts[index]), int(file_starts[index + 1])
-        a, b = max(low, begin), min(high, end)
+    for index, (source, begin) in enumerate(zip(inputs, starts, strict=True)):
+        end = begin + source.size
+        if not source.splittable:
+            if low <= begin < high:
+                pieces.append(Piece(index, 0, source.units))
+            continue
+        a, b = max(low, begin) - begin, min(high, end) - begin
         if a < b:
-            pieces.append(Piece(index, a - begin, b - begin, a))
+            unit_a, unit_b = a * source.units // source.size, b * source.units // source.size
+            if unit_a < unit_b:
+                pieces.append(Piece(index, unit_a, unit_b))
     return tuple(pieces)
 
 
-def plan_shards(output_name: str, names: Sequence[str], paths: Sequence[str],
-                sizes: Sequence[np.ndarray], counts: dict[str, int | None], stride: int,
-                shard_size: int | None) -> list[ShardPlan]:
-    """The shards of one source, in order: train, then valid, then test.
+def _source(inputs: Sequence[InputFile], pieces: Sequence[Piece]) -> str:
+    return ", ".join(dict.fromkeys(inputs[p.file].path for p in pieces)) or "-"
 
-    `sizes[i]` holds the text bytes of input i's documents; `counts` the number of shards per
+
+def plan_shards(output_name: str, names: Sequence[str], inputs: Sequence[InputFile],
+                counts: dict[str, int | None], stride: int,
+                shard_size: int | None) -> list[ShardPlan]:
+    """The shards of one source, in order: train, then valid, then test. `counts`: shards per
     split (`train: None` = one per input file)."""
     held_out = tuple(s for s in ("valid", "test") if counts.get(s))
-    file_starts = np.concatenate([[0], np.cumsum([s.size for s in sizes])]).astype(np.int64)
-    every = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
-    numbers = np.arange(every.size, dtype=np.int64)
-    split = split_of(numbers, stride, held_out)
-    plans: list[ShardPlan] = []
+    starts = [0]
+    for source in inputs:
+        starts.append(starts[-1] + source.size)
+    total = starts[-1]
     if counts.get("train") is None:
-        for index, name in enumerate(names):
-            rows = numbers[file_starts[index]:file_starts[index + 1]]
-            plans.append(ShardPlan(f"{output_name}_{name}", "train", paths[index],
-                                   _pieces(rows, file_starts), stride, held_out, shard_size))
-    for split_index, split_name in enumerate(SPLITS):
-        count = counts.get(split_name)
-        if not count or (split_name == "train" and counts.get("train") is None):
-            continue
-        chosen = numbers[split == split_index]
-        cuts = _cuts(every[chosen], count)
+        ranges = [(Piece(i, 0, s.units),) for i, s in enumerate(inputs)]
+        plans = [ShardPlan(f"{output_name}_{name}", "train", inputs[i].path, ranges[i], stride,
+                           held_out, shard_size) for i, name in enumerate(names)]
+    else:
+        count = int(counts["train"])
+        ranges = [_range_pieces(inputs, starts[:-1], total * j // count,
+                                total * (j + 1) // count) for j in range(count)]
+        plans = [ShardPlan(f"{output_name}_train_{j:05d}", "train", _source(inputs, pieces),
+                           pieces, stride, held_out) for j, pieces in enumerate(ranges)]
+    for split_name in held_out:
+        count = int(counts[split_name])
         for j in range(count):
-            rows = chosen[cuts[j]:cuts[j + 1]]
-            pieces = _pieces(rows, file_starts)
-            source = ", ".join(dict.fromkeys(paths[p.file] for p in pieces)) or "-"
-            plans.append(ShardPlan(f"{output_name}_{split_name}_{j:05d}", split_name, source,
-                                   pieces, stride, held_out))
+            group = ranges[j * len(ranges) // count:(j + 1) * len(ranges) // count]
+            pieces = tuple(p for r in group for p in r)
+            plans.append(ShardPlan(f"{output_name}_{split_name}_{j:05d}", split_name,
+                                   _source(inputs, pieces), pieces, stride, held_out))
     return plans
 
 
@@ -219,21 +238,28 @@ def _builder_class() -> Any:
     return IndexedDatasetBuilder
 
 
-def _texts(spec: TaskSpec) -> Iterator[tuple[list[Any], str]]:
-    """The task's documents in order, in batches, each batch with its input file's name."""
-    import datasets
-
+def _texts(spec: TaskSpec, report: Report | None) -> Iterator[list[Any]]:
+    """The task's documents in order, in batches (only its split's, when held out)."""
     plan = spec.plan
-    for piece in plan.pieces:
-        files = spec.arrow_files[piece.file]
-        table = datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in files])
-        column = table.data.column(spec.column)
-        for start in range(piece.start, piece.stop, ENCODE_BATCH):
-            stop = min(start + ENCODE_BATCH, piece.stop)
-            texts = column.slice(start, stop - start).to_pylist()
-            numbers = np.arange(piece.first + start - piece.start, piece.first + stop - piece.start)
-            mine = split_of(numbers, plan.stride, plan.held_out) == SPLITS.index(plan.split)
-            yield [t for t, keep in zip(texts, mine, strict=True) if keep], str(piece.file)
+    mine = SPLITS.index(plan.split)
+    weights = [piece_weight(spec.inputs[p.file], p) for p in plan.pieces]
+    total, done = max(sum(weights), 1.0), 0.0
+    for piece, weight in zip(plan.pieces, weights, strict=True):
+        def progress(share: float, before: float = done, weight: float = weight) -> None:
+            if report:
+                report(plan.prefix, (before + share * weight) / total)
+
+        batch: list[Any] = []
+        for text in readers.documents(spec.inputs[piece.file], piece.start, piece.stop,
+                                      progress):
+            if not plan.held_out or split_of(text, plan.stride, plan.held_out) == mine:
+                batch.append(text)
+                if len(batch) == ENCODE_BATCH:
+                    yield batch
+                    batch = []
+        if batch:
+            yield batch
+        done += weight
 
 
 def _encode(tokenizer: Any, texts: list[Any], eod: int, keep_empty: bool) -> list[list[int]]:
@@ -271,12 +297,11 @@ class _Writer:
         self.open = _Dataset(name, builder, part)
         return self.open
 
-    def add(self, tokens: list[int], source: str) -> None:
+    def add(self, tokens: list[int]) -> None:
         if not tokens and not self.spec.keep_empty:  # skipped: counted where it fell
             (self.open or (self.done[-1] if self.done else self._start())).empty += 1
             return
         dataset = self.open or self._start()
-        dataset.sources.add(source)
         dataset.empty += 0 if tokens else 1
         array = np.asarray(tokens, dtype=self.dtype)
         dataset.builder.add_document(array, [array.size] if array.size else [])
@@ -306,17 +331,63 @@ class _Writer:
         return self.done
 
 
-def run_task(spec: TaskSpec) -> dict[str, Any]:
-    """Write one shard's dataset(s), publish them, then its record; returns the record."""
+    def discard(self) -> None:
+        """Remove the work files of the dataset being written (a failed task)."""
+        if self.open is not None:
+            try:  # Megatron's builder holds the .bin open (its buffer would be flushed later)
+                self.open.builder.data_file.close()
+            except OSError:
+                pass
+            for suffix in (".bin", ".idx"):
+                Path(f"{self.open.part}{suffix}").unlink(missing_ok=True)
+            self.open = None
+
+
+def free_space(folder: str | Path) -> str:
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return "unknown"
+    return f"{stat.f_bavail * stat.f_frsize / 2**20:,.1f} MiB"
+
+
+def disk_full(output: str, err: OSError, writing: str | None = None) -> ConfigError:
+    """The one line for a file system that filled up while this preparation wrote to it."""
+    folder = Path(output).expanduser().parent
+    writing = writing or err.filename
+    written = f" writing {writing}" if writing else ""
+    return ConfigError(
+        f"output={output}: the file system is full ({err.strerror or 'No space left on device'})"
+        f"{written}; {free_space(folder)} free in {folder}; the unfinished shard was removed "
+        "and the complete ones are kept: free space there (or choose another output) and run "
+        "the same command again to finish")
+
+
+def run_task(spec: TaskSpec, report: Report | None = None) -> dict[str, Any]:
+    """Write one shard's dataset(s), publish them, then its record; returns the record.
+    A full disk removes the shard's work files and raises one line (`disk_full`)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the workers are the parallelism
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_str(spec.tokenizer_json)
     writer = _Writer(spec)
-    for texts, source in _texts(spec):
-        for ids in _encode(tokenizer, texts, spec.eod_id, spec.keep_empty):
-            writer.add(ids, source)
-    datasets_written = writer.close()
+    try:
+        for texts in _texts(spec, report):
+            for ids in _encode(tokenizer, texts, spec.eod_id, spec.keep_empty):
+                writer.add(ids)
+        return _publish(spec, writer.close())
+    except OSError as err:
+        writing = writer.open.prefix if writer.open else spec.plan.prefix
+        writer.discard()
+        if err.errno == errno.ENOSPC:
+            raise disk_full(spec.output, err, writing) from None
+        raise
+    except BaseException:
+        writer.discard()
+        raise
+
+
+def _publish(spec: TaskSpec, datasets_written: list[_Dataset]) -> dict[str, Any]:
     record = {"key": spec.key, "prefix": spec.plan.prefix, "split": spec.plan.split,
               "source": spec.plan.source, "datasets": []}
     for dataset in datasets_written:

@@ -2,13 +2,20 @@
 
 usage: python scripts/bench_data.py [corpus=stdlib|synthetic] [max_mb=N] [vocab=N] [repeats=N]
                                     [tokenizer=PATH] [megatron_lm=PATH] [workers=N]
+                                    [memory=true [format=jsonl|gz|zst|parquet]]
 
     python scripts/bench_data.py                        # 8 MiB of the stdlib's sources
     python scripts/bench_data.py corpus=synthetic max_mb=8 vocab=4096 repeats=5
     python scripts/bench_data.py megatron_lm=/tmp/Megatron-LM/tools/preprocess_data.py
+    python scripts/bench_data.py memory=true corpus=synthetic max_mb=4 vocab=4096 format=gz
+
+memory=true measures instead the peak resident memory per worker (2 workers, 2 shards, a fresh
+process per size) at 1x and 10x the corpus, and prints both and their ratio (goal: within 20%;
+trainer/tools/bench_data_memory.py).
 
 Then, on every core and by wall clock (each tool's start-up taken off): tokens/s of
-prepare_data with 2 workers against 1 (num_shards=4; goal >= 1.7), and with megatron_lm= (the
+prepare_data with 2 workers against 1 (num_shards=4; goal >= 1.7; with the driver's share
+of the CPU time, the serial part that bounds the ratio on idle cores), and with megatron_lm= (the
 one file from the Megatron-LM repository) that tool on the same corpus, tokenizer folder and
 `workers`, against prepare_data with as many workers (goal >= 1.0), plus a byte comparison of
 both tools' .bin/.idx with one worker each (trainer/tools/bench_data_scale.py).

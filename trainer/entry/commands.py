@@ -406,7 +406,11 @@ BENCH_DATA = Command(
              "megatron_lm": Option(None, "Megatron-LM's tools/preprocess_data.py to compare "
                                    "with", type=str | None),
              "workers": Option(2, "workers of the comparison with Megatron-LM",
-                               check=positive)})
+                               check=positive),
+             "memory": Option(False, "instead: peak memory per worker at 1x and 10x the corpus",
+                              type=bool),
+             "format": Option("jsonl", "memory=true: the corpus files' format",
+                              type=Literal["jsonl", "gz", "zst", "parquet"])})
 
 
 def at_least_three(key: str, value: int) -> str | None:

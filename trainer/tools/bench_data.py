@@ -81,6 +81,11 @@ def run_bench_data(options: dict) -> int:
             trained.save(str(tokenizer_file))
             print(f"trained a byte-level BPE of {trained.get_vocab_size():,} tokens in "
                   f"{time.perf_counter() - started:.1f} s (not timed below)")
+        if options.get("memory"):
+            from trainer.tools.bench_data_memory import memory
+
+            os.sched_setaffinity(0, range(os.cpu_count() or 1))
+            return memory(documents, tokenizer_file, folder / "memory", options["format"])
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
         pipeline(corpus, tokenizer_file, folder)  # warm-up: first-call costs of datasets
         times: dict[str, list[float]] = {"encode_batch": [], "encode_batch_fast": [],

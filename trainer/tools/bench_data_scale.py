@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -83,8 +84,17 @@ def tokenizer_folder(tokenizer_json: Path, folder: Path) -> Path:
     return target
 
 
-def _in_process(corpus: Path, tokenizer: Path, folder: Path, workers: int) -> float:
-    """Wall seconds of prepare() itself in this process (its imports done; workers fork)."""
+def _cpu() -> tuple[float, float]:
+    """CPU seconds so far of this process (the driver) and of its waited-for children."""
+    me, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
+                                                    resource.RUSAGE_CHILDREN))
+    return me.ru_utime + me.ru_stime, children.ru_utime + children.ru_stime
+
+
+def _in_process(corpus: Path, tokenizer: Path, folder: Path,
+                workers: int) -> tuple[float, float, float]:
+    """Wall seconds of prepare() itself in this process (its imports done; workers fork), and
+    the driver's CPU seconds in it when the work ran in worker processes."""
     from data_prep.config import PrepareConfig
     from data_prep.prepare import prepare
 
@@ -92,19 +102,31 @@ def _in_process(corpus: Path, tokenizer: Path, folder: Path, workers: int) -> fl
     shutil.rmtree(out, ignore_errors=True)
     cfg = PrepareConfig(input=str(corpus), output=str(out / "out"), tokenizer=str(tokenizer),
                         num_proc=workers, num_shards=SHARDS)
-    return prepare(cfg, progress=False).seconds
+    before = _cpu()
+    seconds = prepare(cfg, progress=False).seconds
+    after = _cpu()
+    return seconds, after[0] - before[0], after[1] - before[1]
 
 
 def scaling(corpus: Path, tokenizer: Path, folder: Path, tokens: int, repeats: int) -> None:
-    """prepare() with 1 and 2 workers, alternated, best of the repeats (wall clock)."""
+    """prepare() with 1 and 2 workers, alternated, best of the repeats (wall clock); with the
+    driver's and the workers' CPU time of the 2-worker runs, the serial share (Amdahl's bound
+    on two idle cores), which neighbours on a shared machine cannot distort."""
     seconds: dict[int, list[float]] = {1: [], 2: []}
+    driver = workers_cpu = 0.0
     for _ in range(repeats):
         for workers in (1, 2):
-            seconds[workers].append(_in_process(corpus, tokenizer, folder, workers))
+            wall, mine, theirs = _in_process(corpus, tokenizer, folder, workers)
+            seconds[workers].append(wall)
+            if workers == 2:
+                driver, workers_cpu = driver + mine, workers_cpu + theirs
     best = {w: min(v) for w, v in seconds.items()}
     print(f"prepare() num_shards={SHARDS}: 1 worker {tokens / best[1]:,.0f} tokens/s, "
           f"2 workers {tokens / best[2]:,.0f} tokens/s (wall)")
     print(f"ratio 2 workers / 1 worker:         {best[1] / best[2]:.2f} (goal >= 1.7)")
+    serial = driver / max(driver + workers_cpu, 1e-9)
+    print(f"2 workers: driver {driver:.2f} CPU s, workers {workers_cpu:.2f} CPU s; serial share "
+          f"{serial:.1%}, so at most {1 / (serial + (1 - serial) / 2):.2f}x on two idle cores")
 
 
 def against_megatron_lm(tool: Path, corpus: Path, tokenizer: Path, folder: Path, tokens: int,

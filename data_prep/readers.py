@@ -1,0 +1,349 @@
+"""Input files read as streams: a range of one file at a time, a batch of documents at a time.
+
+Why it is built this way:
+- The driver plans from what it can learn in O(files): each file's size, a Parquet file's row
+  count (its footer), and a bounded look at its head (`inspect`: the text field exists and
+  holds text, a small file is not all empty, the first lines parse). The work that grows with
+  the corpus (reading, parsing, tokenizing) happens in the shard tasks, each on its own range.
+- A range of a plain JSONL or text file (`sample_by=line`) is a byte range: a line belongs to
+  the range holding its first byte, so ranges cut anywhere give every line exactly once. A
+  Parquet range is a row range, read row group by row group. A compressed file (.gz, .bz2,
+  .xz, .zst) cannot be entered in the middle: it is one range, decompressed as a stream. So is
+  a text file read by paragraph or as one document, and a `.json` file holding one array.
+- The documents are the ones `datasets`' packaged builders produced before: text lines split on
+  universal newlines without the line break, paragraphs split on blank lines, JSON rows whose
+  field is missing or null empty; memory is bounded by a read chunk and a batch, never a file.
+"""
+
+from __future__ import annotations
+
+import bz2
+import difflib
+import gzip
+import json
+import lzma
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from plugins.protocol.errors import ConfigError
+
+CHUNK = 1 << 20  # bytes read at a time from a file
+BATCH = 1000  # documents handed to the tokenizer at a time
+HEAD_BYTES = 1 << 20  # what the pre-flight reads of each file
+FORMAT_NAMES = {"text": "text", "json": "JSON lines", "parquet": "Parquet"}
+Progress = Callable[[float], None]  # the share of the range read so far
+
+
+class InputError(ConfigError):
+    """A file that cannot be read as what its name says (found by a task, mid-file)."""
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input as a task needs it: where, how to read it, and how it can be cut."""
+
+    path: str
+    fmt: str  # text, json, parquet
+    compression: str | None  # .gz, .bz2, .xz, .zst or None
+    column: str  # the field holding the text ("text" for text files)
+    sample_by: str  # text files: line, paragraph, document
+    size: int  # bytes on disk (what the plan balances)
+    units: int  # what a range counts: bytes (plain lines), rows (Parquet), 1 (one stream)
+    array: bool = False  # a .json file holding one JSON array, not JSON lines
+
+    @property
+    def splittable(self) -> bool:
+        return self.units > 1 or self.fmt == "parquet"
+
+
+# ----------------------------------------------------------------------------- streams
+
+
+def _opened(path: str, compression: str | None) -> tuple[BinaryIO, BinaryIO]:
+    """(the raw file, the decompressed stream over it); the raw one tells the progress."""
+    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
+    if compression == ".gz":
+        return raw, gzip.GzipFile(fileobj=raw)
+    if compression == ".bz2":
+        return raw, bz2.BZ2File(raw)
+    if compression == ".xz":
+        return raw, lzma.LZMAFile(raw)
+    if compression == ".zst":
+        import pyarrow as pa
+
+        return raw, pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), "zstd")
+    return raw, raw
+
+
+def _lines(stream: BinaryIO, position: int, stop: int | None,
+           drop: bool) -> Iterator[tuple[int, bytes]]:
+    """(offset, line without b"\\n") of the lines starting before `stop` of a stream at
+    `position`; `drop`: the stream is one byte before its range, so the first piece (the end
+    of the line before the range, or nothing) belongs to the range before."""
+    pending = b""
+    while stop is None or position < stop:
+        chunk = stream.read(CHUNK)
+        if not chunk:
+            if pending and not drop:
+                yield position, pending
+            return
+        pieces = (pending + chunk).split(b"\n")
+        pending = pieces.pop()
+        for piece in pieces:
+            if not drop:
+                if stop is not None and position >= stop:
+                    return
+                yield position, piece
+            drop = False
+            position += len(piece) + 1
+
+
+def _line_documents(line: bytes, path: str) -> list[str]:
+    """One line of a text file as the documents universal newlines make of it."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"input file {path} cannot be read as text ({err}); fix the file or "
+                         "remove it from input=") from None
+    if text.endswith("\r"):
+        text = text[:-1]
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n") if "\r" in text else [text]
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "bool", int: "int64", float: "double", list: "list", dict: "struct"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _json_text(row: Any, column: str, path: str, where: str) -> str | None:
+    if not isinstance(row, dict):
+        raise InputError(f"input file {path} cannot be read as JSON lines ({where} is "
+                         f"{_json_type(row)}, not an object); fix the file or remove it from "
+                         "input=")
+    value = row.get(column)
+    if value is not None and not isinstance(value, str):
+        raise InputError(f"input file {path}: field '{column}' holds {_json_type(value)} "
+                         f"({where}), not text; set text_field to a text field")
+    return value
+
+
+def _json_row(line: bytes, path: str, number: int) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError as err:
+        reason = str(err).splitlines()[0]
+        raise InputError(f"input file {path} cannot be read as JSON lines ({type(err).__name__}: "
+                         f"{reason} in the line at byte {number}); fix the file or remove it "
+                         "from input=") from None
+
+
+def _json_documents(lines: Iterator[tuple[int, bytes]], column: str,
+                    path: str) -> Iterator[str | None]:
+    for offset, line in lines:
+        if line.strip():
+            yield _json_text(_json_row(line, path, offset), column, path, f"byte {offset}")
+
+
+def _paragraphs(stream: BinaryIO, path: str) -> Iterator[str]:
+    """Paragraphs (split on blank lines, empty ones dropped) of a whole text stream."""
+    pending = ""
+    for _, line in _lines(stream, 0, None, False):
+        for text in _line_documents(line, path):
+            pending += text + "\n"
+            pieces = pending.split("\n\n")
+            pending = pieces.pop()
+            yield from (p for p in pieces if p)
+    pending = pending[:-1] if pending.endswith("\n") else pending
+    if pending:
+        yield pending
+
+
+def _array_documents(stream: BinaryIO, column: str, path: str) -> Iterator[str | None]:
+    try:
+        rows = json.load(stream)
+    except ValueError as err:
+        raise InputError(f"input file {path} cannot be read as JSON ({err}); fix the file or "
+                         "remove it from input=") from None
+    for index, row in enumerate(rows):
+        yield _json_text(row, column, path, f"item {index}")
+
+
+def _parquet_documents(source: InputFile, start: int, stop: int,
+                       progress: Progress | None) -> Iterator[str | None]:
+    """Rows [start, stop) of the text column, row group by row group."""
+    import pyarrow.parquet as pq
+
+    handle = pq.ParquetFile(source.path)
+    first = 0
+    for group in range(handle.num_row_groups):
+        rows = handle.metadata.row_group(group).num_rows
+        low, high = max(start, first), min(stop, first + rows)
+        if low < high:
+            done = 0
+            for batch in handle.iter_batches(batch_size=BATCH, row_groups=[group],
+                                             columns=[source.column], use_threads=False):
+                a, b = max(low - first - done, 0), min(high - first - done, batch.num_rows)
+                if a < b:
+                    yield from batch.column(0).slice(a, b - a).to_pylist()
+                done += batch.num_rows
+                if progress:
+                    progress(min(1.0, (first + done - start) / max(stop - start, 1)))
+        first += rows
+        if first >= stop:
+            return
+
+
+def documents(source: InputFile, start: int = 0, stop: int | None = None,
+              progress: Progress | None = None) -> Iterator[str | None]:
+    """The documents of one range of one input, in order (None: a missing or null field)."""
+    if source.fmt == "parquet":
+        yield from _parquet_documents(source, start, source.units if stop is None else stop,
+                                      progress)
+        return
+    stop = source.units if stop is None else stop
+    raw, stream = _opened(source.path, source.compression)
+    with raw:
+        if start > 0:
+            raw.seek(start - 1)
+        yield from _stream_documents(source, stream, start, stop if source.units > 1 else None,
+                                     progress, raw)
+
+
+def _stream_documents(source: InputFile, stream: BinaryIO, start: int, stop: int | None,
+                      progress: Progress | None, raw: BinaryIO) -> Iterator[str | None]:
+    if source.array:
+        yield from _array_documents(stream, source.column, source.path)
+    elif source.fmt == "text" and source.sample_by == "document":
+        yield b"".join(iter(lambda: stream.read(CHUNK), b"")).decode("utf-8").replace(
+            "\r\n", "\n").replace("\r", "\n")
+    elif source.fmt == "text" and source.sample_by == "paragraph":
+        yield from _paragraphs(stream, source.path)
+    else:
+        lines = _lines(stream, max(start - 1, 0), stop, start > 0)
+        if source.fmt == "json":
+            found = _json_documents(lines, source.column, source.path)
+        else:
+            found = (d for _, line in lines for d in _line_documents(line, source.path))
+        span = (stop or source.size) - start
+        for count, document in enumerate(found):
+            yield document
+            if progress and count % BATCH == BATCH - 1:
+                progress(min(1.0, (raw.tell() - start) / max(span, 1)))
+    if progress:
+        progress(1.0)
+
+
+# ----------------------------------------------------------------------------- pre-flight
+
+
+def _head(source: InputFile) -> tuple[list[Any], bool]:
+    """The first documents (as parsed rows for JSON) within HEAD_BYTES, and whether that was
+    the whole file."""
+    raw, stream = _opened(source.path, source.compression)
+    with raw:
+        if source.fmt == "json" and not source.array:
+            rows, read = [], 0
+            for offset, line in _lines(stream, 0, None, False):
+                read = offset + len(line) + 1
+                if line.strip():
+                    rows.append(_json_row(line, source.path, offset))
+                if read >= HEAD_BYTES:
+                    return rows, False
+            return rows, True
+    texts = []
+    for text in documents(source):
+        texts.append(text)
+        if sum(len(t or "") for t in texts) >= HEAD_BYTES:
+            return texts, False
+    return texts, True
+
+
+def _starts_with_array(path: str, compression: str | None) -> bool:
+    raw, stream = _opened(path, compression)
+    with raw:
+        return stream.read(4096).lstrip()[:1] == b"["
+
+
+def inspect(path: Path, fmt: str, compression: str | None, text_field: str,
+            sample_by: str) -> InputFile:
+    """The input as a task reads it, after a bounded look at its head (one-line errors)."""
+    size = path.stat().st_size
+    if fmt == "parquet":
+        return _inspect_parquet(path, text_field, size)
+    column = "text" if fmt == "text" else text_field
+    array = fmt == "json" and _starts_with_array(str(path), compression)
+    whole = compression or array or (fmt == "text" and sample_by != "line")
+    source = InputFile(str(path), fmt, compression, column, sample_by, size,
+                       1 if whole else size, array)
+    try:
+        head, complete = _head(source)
+    except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as err:
+        raise ConfigError(f"input file {path} cannot be read as {FORMAT_NAMES[fmt]} "
+                          f"({type(err).__name__}: {err}); fix the file or remove it from "
+                          "input=") from None
+    if fmt == "json":
+        _check_rows(path, head, text_field)
+        texts = [row.get(text_field) for row in head if isinstance(row, dict)]
+    else:
+        texts = head
+    if complete:
+        _check_not_empty(path, texts, fmt)
+    return source
+
+
+def _check_rows(path: Path, rows: list[Any], column: str) -> None:
+    """The field exists in the rows read and holds text (the first value that is not null)."""
+    types: dict[str, str] = {}
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ConfigError(f"input file {path} cannot be read as JSON lines (row {index} "
+                              f"is {_json_type(row)}, not an object); fix the file or remove "
+                              "it from input=")
+        for key, value in row.items():
+            if value is not None and key not in types:
+                types[key] = "string" if isinstance(value, str) else _json_type(value)
+            types.setdefault(key, "null")
+    check_field(path, column, types)
+
+
+def check_field(path: Path, column: str, types: dict[str, str]) -> None:
+    """`types`: field -> its type name ("string" or "large_string" for text), in file order."""
+    texts = [f for f, t in types.items() if t in ("string", "large_string")]
+    if column not in types:
+        near = difflib.get_close_matches(column, list(types), n=1, cutoff=0.5)
+        hint = near[0] if near and near[0] in texts else (texts[0] if texts else None)
+        fix = f"set text_field={hint}" if hint else "give files with a text field"
+        raise ConfigError(f"input file {path} has no field '{column}'; its fields are "
+                          f"{', '.join(types) or 'none'}; {fix}")
+    if types[column] not in ("string", "large_string", "null"):
+        fix = f"text fields: {', '.join(texts)}" if texts else "the file has no text field"
+        raise ConfigError(f"input file {path}: field '{column}' holds {types[column]}, not "
+                          f"text; set text_field to a text field ({fix})")
+
+
+def _check_not_empty(path: Path, texts: list[Any], fmt: str) -> None:
+    if not any(t and not t.isspace() for t in texts):
+        what = "lines" if fmt == "text" and len(texts) > 1 else "documents"
+        raise ConfigError(f"input file {path} has no text: all {len(texts)} {what} are "
+                          "empty; remove it from input=")
+
+
+def _inspect_parquet(path: Path, column: str, size: int) -> InputFile:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        handle = pq.ParquetFile(str(path))
+    except (OSError, pa.ArrowException) as err:
+        raise ConfigError(f"input file {path} cannot be read as Parquet ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0]}); fix the file or remove it from "
+                          "input=") from None
+    schema = handle.schema_arrow
+    check_field(path, column, {f.name: str(f.type) for f in schema})
+    rows = handle.metadata.num_rows
+    source = InputFile(str(path), "parquet", None, column, "line", size, rows)
+    if rows <= BATCH:
+        _check_not_empty(path, list(documents(source)), "parquet")
+    return source
