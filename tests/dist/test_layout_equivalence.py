@@ -4,7 +4,8 @@ All layouts start from one reference checkpoint (pipeline parallelism changes th
 initial weights, so a shared seed is not enough) and see the same global batches. Losses are
 the per-token mean over the whole global batch, reduced across ranks by the trainer. The
 hybrid Mamba-Transformer model is checked the same way in its own layouts (TP2 + SP, PP2 with
-and without '|', PP2 x VPP2, DP2 with the distributed optimizer, EP2, CP2, CP2 x TP2 + SP).
+and without '|', PP2 x VPP2, DP2 with the distributed optimizer, EP2, CP2, CP2 x TP2 + SP,
+TP2 + SP x DP2 x EP2).
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ HYBRID_LAYOUTS = [
     # Megatron's Mamba CP: all-to-all from sequence to head shards around the scan.
     ("hybrid_tiny_dp1", 2, ["parallel.context=2", "cluster.gpus_per_node=2"]),
     ("hybrid_tiny_tp2_sp", 4, ["parallel.context=2", "cluster.gpus_per_node=4"]),
+    # Three at once, Nemotron 3 Nano's layout in miniature: TP2 + SP x DP2, experts over EP2.
+    ("hybrid_tiny_tp2_sp", 4, ["parallel.expert=2", "cluster.gpus_per_node=4"]),
 ]
 
 
