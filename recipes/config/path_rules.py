@@ -136,6 +136,21 @@ def loaded_step(load: str) -> Path | None:
     return path if is_checkpoint(path) else newest_checkpoint(path)
 
 
+def resumed_step(cfg: RunConfig) -> int:
+    """The step a run continues from: its checkpoint's saved step on a full resume (run.json,
+    else the step directory's name), else 0."""
+    load = cfg.checkpoint.load
+    if load is None or cfg.checkpoint.load_model_only or not Path(load).exists():
+        return 0
+    step_dir = loaded_step(load)
+    if step_dir is None:
+        return 0
+    manifest = read_manifest(step_dir)
+    if manifest is not None and isinstance(manifest.get("step"), int):
+        return manifest["step"]
+    return step_of(step_dir.name) or 0
+
+
 def previous_step(step_dir: Path) -> Path | None:
     """The newest complete step before `step_dir` in its checkpoint root."""
     step = step_of(step_dir.name)

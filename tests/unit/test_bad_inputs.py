@@ -315,6 +315,12 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
       "phases=[{name: a, end_step: 100}, {name: b, end_step: 300, "
       "blend: {tmp}/no_phase_blend.yaml}]"],
      "phases[1] (b): data.blend={tmp}/no_phase_blend.yaml does not exist"),
+    (["recipe=tiny_dp1", "checkpoint.save=false", "phases=[{name: a, end_step: 100, "
+      "seq_length: 128}, {name: b, end_step: 300, seq_length: 256, relaunch: true}]"],
+     "phases with relaunch: true continue from the checkpoint the launch before saves"),
+    (["recipe=tiny_dp2_distopt", "phases=[{name: a, end_step: 100, seq_length: 128}, "
+      "{name: b, end_step: 300, seq_length: 256, context: 2, relaunch: true}]"],
+     "set checkpoint.optimizer_format=fully_reshardable"),
     # malformed command lines
     (["--lr", "1"], "'--lr' is not an override; write KEY=VALUE without dashes"),
     (["a.b", "=", "c"], "'a.b' is not an override; write KEY=VALUE with no spaces around '='"),
