@@ -4,7 +4,9 @@ benchmarks, the resume check), in two explicit paths:
     launching process   resolve (recipe or saved config, overrides; core, plugin and the
                         trainer's rules) -> dry run, or: prepare data a blend names -> paths ->
                         machine -> pre-flight (plan summary, checkpoint checks) -> run dir and
-                        config.yaml -> start one local rank per GPU (or CPU rank) and wait
+                        config.yaml -> start one local rank per GPU (or CPU rank) and wait;
+                        pretrain: a run in phases that needs a new launch for a later phase
+                        goes on with it, from the checkpoint saved at its start, until the end
     a rank              resolve -> dry run, or: paths -> machine (world size) -> pre-flight
                         unless the launcher did it -> run dir -> the command's rank function
                         -> process groups torn down
