@@ -1,5 +1,6 @@
 """Hybrid Mamba-Transformer recipes on Megatron Core's HybridModel: Nemotron-H 4B/8B/47B/56B,
-Nemotron Nano v2 9B/12B, Nemotron 3 Nano 30B-A3B, and tiny hybrids for CPU ranks.
+Nemotron Nano v2 9B/12B (12B also in its reported phases: a data curriculum, WSD's decay,
+a 512k long-context phase), Nemotron 3 Nano 30B-A3B, and tiny hybrids for CPU ranks.
 
 Shapes are Megatron Bridge's `nemotronh` providers; the layouts its pretraining recipes use.
 Every family member is `nemotron_h_model` plus its own sizes and pattern; every large recipe is
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from recipes.base_64gpu import large_run_base
 from recipes.config.hybrid import layer_symbols
+from recipes.config.phases import PhaseConfig
 from recipes.config.schema import ModelConfig, ParallelConfig, RunConfig
 from recipes.tiny import tiny_base
 
@@ -105,6 +107,45 @@ def nemotron_nano_v2_12b_tp4_sp_dp16() -> RunConfig:
     return _hybrid_run(model, ParallelConfig(tensor=4, sequence_parallel=True))
 
 
+NANO_V2_TOKENS = 20e12  # reported pretraining tokens
+NANO_V2_DECAY_TOKENS = 3.6e12  # reported: WSD decays over the final 3.6T tokens
+NANO_V2_LONG_SEQ = 524_288  # reported: the long-context phase trains at 512k tokens a sequence
+LONG_TOKENS = 20e9  # not published in what we read: this recipe's own length of that phase
+LONG_BATCH, LONG_CP = 16, 16  # not published either: 16 x 512k per step on TP4 x CP16
+
+
+def nemotron_nano_v2_12b_phases_tp4_sp_dp16() -> RunConfig:
+    """Nemotron Nano v2 12B pretraining in phases on 64 GPUs: a two-phase data curriculum with
+    WSD's decay in the second, then a long-context phase at 512k tokens with CP16.
+
+    Reported (Nemotron Nano 2 report and model card): 20T tokens at 8192 x 768 sequences (the
+    card says 736), WSD with peak lr 4.5e-4 decaying to 4.5e-6 over the final 3.6T tokens, a
+    data curriculum that starts diverse and moves to higher-quality sources, then continued
+    pretraining at sequence length 524,288. Not published in what we read: the curriculum's
+    blend weights and its exact boundaries (the report has three data phases; here the second
+    is the 3.6T of the decay), and the long phase's token count, batch, CP size and lr. This
+    recipe takes 20B long-context tokens at 16 sequences per step on TP4 x CP16 and keeps
+    WSD's min lr; the blends (conf/data/nemotron_h_*.yaml) are examples to replace.
+    """
+    cfg = nemotron_nano_v2_12b_tp4_sp_dp16()
+    seq, batch = cfg.model.seq_length, cfg.train.global_batch_size
+    general = round((NANO_V2_TOKENS - NANO_V2_DECAY_TOKENS) / (seq * batch))
+    decay = general + round(NANO_V2_DECAY_TOKENS / (seq * batch))
+    cfg.train.train_iters = decay + round(LONG_TOKENS / (NANO_V2_LONG_SEQ * LONG_BATCH))
+    cfg.scheduler.style, cfg.optimizer.lr, cfg.optimizer.min_lr = "wsd", 4.5e-4, 4.5e-6
+    cfg.checkpoint.optimizer_format = "fully_reshardable"  # CP16 resumes the CP1 state
+    cfg.data.source, cfg.data.blend = "blend", "conf/data/nemotron_h_general.yaml"
+    cfg.phases = [
+        PhaseConfig(name="general", end_step=general, seq_length=seq),
+        PhaseConfig(name="quality", end_step=decay, seq_length=seq, lr_decay=True,
+                    blend="conf/data/nemotron_h_quality.yaml"),
+        PhaseConfig(name="long_context", end_step=cfg.train.train_iters, relaunch=True,
+                    seq_length=NANO_V2_LONG_SEQ, context=LONG_CP, global_batch_size=LONG_BATCH,
+                    blend="conf/data/nemotron_h_long_context.yaml"),
+    ]
+    return cfg
+
+
 def nemotron3_nano_30b_a3b_model() -> ModelConfig:
     """Nemotron 3 Nano 30B-A3B: 52 layers (23 Mamba2, 23 MoE, 6 attention), hidden 2688,
     GQA 32/2, 128 routed experts of 1856 (top-6, x2.5) and a 3712-wide shared expert."""
@@ -196,6 +237,7 @@ RECIPES = (
     nemotron_h_56b_tp8_sp_dp8,
     nemotron_nano_v2_9b_tp2_sp_dp32,
     nemotron_nano_v2_12b_tp4_sp_dp16,
+    nemotron_nano_v2_12b_phases_tp4_sp_dp16,
     nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16,
     hybrid_tiny_dp1,
     hybrid_tiny_tp2_sp,

@@ -20,7 +20,7 @@ import signal
 import torch
 
 from plugins.protocol.events import RunStart, StepMetrics
-from recipes.config.phases import launch_end, relaunch_overrides
+from recipes.config.phases import continue_overrides, launch_stop
 from trainer import checkpointing
 from trainer.metrics import RunReporter
 from trainer.session import TrainingSession
@@ -184,8 +184,9 @@ def _train(session: TrainingSession, reporter: RunReporter, collect,
     cfg, history = session.cfg, RunHistory()
     start = session.state.step
     # A phase that changes the sequence length or CP size starts a new launch: this one ends
-    # at its boundary, with a checkpoint (recipes/config/phases.py).
-    total = launch_end(session.train_batches.spans, start)
+    # at its boundary, with a checkpoint; resumed at that boundary in the layout before it (a
+    # requeue after its last save), it trains nothing (recipes/config/phases.py).
+    total = launch_stop(cfg, start)
     reporter.continue_from(start)  # an earlier attempt's records past `start` are redone
     profiled = trainer_profiled_steps(start, total, cfg.logging.exposed_comm)
     session.plugins.run_start(RunStart(cfg, session.run_dir, start, total, profiled))
@@ -226,4 +227,4 @@ def announce_relaunch(session: TrainingSession, reporter: RunReporter, step: int
     reporter.print(
         f"phase '{span.name}' starts at step {step} in a new launch: continue with "
         f"scripts/pretrain.py config={session.run_dir / 'config.yaml'} "
-        f"run_dir={session.run_dir} checkpoint.resume=true {' '.join(relaunch_overrides(span))}")
+        f"run_dir={session.run_dir} {' '.join(continue_overrides(span))}")

@@ -312,3 +312,37 @@ def load_blend(path: str) -> Blend:
     notes = _bare_checks(path, loaded, found, eod, vocab)
     return Blend(path=path, train=train, valid=valid, split=_split(path, loaded), eod_id=eod,
                  vocab_size=vocab, notes=notes)
+
+
+def split_documents(documents: int, split: tuple[float, float]) -> tuple[int, int]:
+    """The documents of a source that Megatron Core gives the train and held-out splits: the
+    split normalized, its bookends (0, a) and (a, a + b) each rounded to a document
+    (`megatron/core/datasets/blended_megatron_dataset_builder.py:470-471`)."""
+    total = split[0] + split[1]
+    first, second = split[0] / total, split[1] / total
+    cut, end = int(round(first * documents)), int(round((first + second) * documents))
+    return cut, end - cut
+
+
+def empty_split_problem(blend: Blend) -> str | None:
+    """A train source whose train or held-out share of its documents is none at all. Megatron
+    Core then builds a split of zero tokens and counts epochs until they hold the samples asked
+    for, which never ends: the dataset builder hangs every rank
+    (`megatron/core/datasets/gpt_dataset.py:693-695`). A blend with its own `valid` sources
+    uses each source whole."""
+    if blend.valid is not None:
+        return None
+    for source in blend.train:
+        documents = dataset_files.document_count(source.prefix)
+        if documents is None:
+            continue
+        train, heldout = split_documents(documents, blend.split)
+        if min(train, heldout) == 0:
+            which = "held-out" if heldout == 0 else "train"
+            share = blend.split[1] if heldout == 0 else blend.split[0]
+            return (f"data.blend={blend.path}: source {source.prefix} has {documents} "
+                    f"document{'s' if documents != 1 else ''}, too few for its {which} share "
+                    f"(split {blend.split[0]:g}/{blend.split[1]:g} gives it 0; Megatron's "
+                    f"dataset builder would wait forever); raise the {which} share above "
+                    f"{share:g}, give the blend valid: sources, or prepare more documents")
+    return None

@@ -79,6 +79,16 @@ def _header(prefix: str) -> tuple[tuple[int, int, int, int], int] | str:
     return fields, size
 
 
+def document_count(prefix: str) -> int | None:
+    """The documents an index holds (Megatron's `numel_low_level_dataset`: its document index
+    entries less one), or None when the index cannot be read (its own rules say why)."""
+    try:
+        header = _header(prefix)
+    except OSError:
+        return None
+    return None if isinstance(header, str) else header[0][3] - 1
+
+
 def index_problem(prefix: str) -> str | None:
     """None when the `.idx` is whole and the `.bin` is as long as it says; else the problem."""
     read = read_index(prefix)

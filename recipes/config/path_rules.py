@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.blend import load_blend
+from recipes.config.blend import empty_split_problem, load_blend
 from recipes.config.checkpoint_format import (
     CHECKPOINT_MARKER,
     LATEST_FILE,
@@ -134,6 +134,21 @@ def loaded_step(load: str) -> Path | None:
     """The step directory `checkpoint.load` names or resumes from (None: no complete step)."""
     path = Path(load)
     return path if is_checkpoint(path) else newest_checkpoint(path)
+
+
+def resumed_step(cfg: RunConfig) -> int:
+    """The step a run continues from: its checkpoint's saved step on a full resume (run.json,
+    else the step directory's name), else 0."""
+    load = cfg.checkpoint.load
+    if load is None or cfg.checkpoint.load_model_only or not Path(load).exists():
+        return 0
+    step_dir = loaded_step(load)
+    if step_dir is None:
+        return 0
+    manifest = read_manifest(step_dir)
+    if manifest is not None and isinstance(manifest.get("step"), int):
+        return manifest["step"]
+    return step_of(step_dir.name) or 0
 
 
 def previous_step(step_dir: Path) -> Path | None:
@@ -289,6 +304,23 @@ def check_phase_blends(cfg: RunConfig) -> str | None:
     return None
 
 
+def check_blend_splits(cfg: RunConfig) -> str | None:
+    """No blend source of the run or of a phase is too small for its train or held-out share
+    (`blend.empty_split_problem`: Megatron's dataset builder would hang on it)."""
+    if cfg.data.source != "blend" or cfg.data.documents == "packed":
+        return None
+    blends = [cfg.data.blend] + [span.blend for span in phase_spans(cfg)] if cfg.phases \
+        else [cfg.data.blend]
+    for path in dict.fromkeys(blend for blend in blends if blend is not None):
+        try:
+            message = empty_split_problem(load_blend(path))
+        except ConfigError:
+            continue  # the blend rules above say what is wrong with it
+        if message is not None:
+            return message
+    return None
+
+
 def check_cluster_spec(cfg: RunConfig) -> str | None:
     """`cluster.spec` names a readable cluster file (its peak TFLOP/s gives the MFU)."""
     spec = cfg.cluster.spec
@@ -313,7 +345,7 @@ def check_real_data_beyond_one_node(cfg: RunConfig) -> str | None:
 
 PATH_RULES: tuple[PathRule, ...] = (
     check_output_dir, check_run_dir, check_checkpoint_load_path, check_data_blend,
-    check_phase_blends, check_cluster_spec, check_real_data_beyond_one_node,
+    check_phase_blends, check_blend_splits, check_cluster_spec, check_real_data_beyond_one_node,
 )
 
 

@@ -283,6 +283,27 @@ def check_relaunch_sequences_given(cfg: RunConfig) -> str | None:
     return None
 
 
+def check_relaunch_saves(cfg: RunConfig) -> str | None:
+    """A launch that ends where a relaunch phase begins hands over through its checkpoint:
+    the run saves, and a CP change (a new layout) with the distributed optimizer saves a
+    state that any layout can load (recipes/config/run_manifest.py, `reshard_problem`)."""
+    if not any(phase.relaunch for phase in cfg.phases):
+        return None
+    if not cfg.checkpoint.save:
+        return ("phases with relaunch: true continue from the checkpoint the launch before "
+                "saves at their start, but checkpoint.save=false; set checkpoint.save=true")
+    if not _resolvable(cfg):
+        return None
+    spans = phase_spans(cfg)
+    changes_cp = any(a.context != b.context for a, b in zip(spans, spans[1:], strict=False))
+    if changes_cp and cfg.optimizer.distributed and \
+            cfg.checkpoint.optimizer_format != "fully_reshardable":
+        return ("a relaunch phase changes parallel.context, a new layout, and the distributed "
+                f"optimizer's {cfg.checkpoint.optimizer_format} state reshards over DP only; "
+                "set checkpoint.optimizer_format=fully_reshardable")
+    return None
+
+
 def launch_end(spans: tuple[PhaseSpan, ...], start_step: int) -> int:
     """The step a launch starting at `start_step` trains to: the start of the next phase that
     needs a new launch, else the run's end."""
@@ -290,23 +311,71 @@ def launch_end(spans: tuple[PhaseSpan, ...], start_step: int) -> int:
                 spans[-1].end_step)
 
 
+def launch_starts(spans: tuple[PhaseSpan, ...]) -> tuple[PhaseSpan, ...]:
+    """The first phase of each launch the run takes: the first phase, then every phase that
+    needs a new launch (one job each under scripts/launch.py)."""
+    return tuple(s for s in spans if s.index == 0 or s.relaunch)
+
+
 def relaunch_overrides(span: PhaseSpan) -> list[str]:
     """The overrides that start a launch in `span`'s layout."""
     return [f"model.seq_length={span.seq_length}", f"parallel.context={span.context}"]
 
 
+def continue_overrides(span: PhaseSpan) -> list[str]:
+    """What a later launch adds to the run's saved config: the full resume from the run's
+    newest checkpoint (not a `checkpoint.load` the run started from, nor the resolved resume
+    the saved config holds) and the layout of the phase it starts in."""
+    return ["checkpoint.load=null", "checkpoint.load_model_only=false", "checkpoint.resume=true",
+            *relaunch_overrides(span)]
+
+
+def _layout(cfg: RunConfig) -> tuple[int, int]:
+    return cfg.model.seq_length, cfg.parallel.context
+
+
+def launch_finished(cfg: RunConfig, start_step: int) -> bool:
+    """A launch in the layout of the phases that end at `start_step`, where a phase that needs
+    a new launch begins: a requeue of that launch after its last save, with nothing left to
+    train in its layout."""
+    if not cfg.phases or start_step >= cfg.train.train_iters:
+        return False
+    spans = phase_spans(cfg)
+    span = span_at(spans, start_step)
+    if not span.relaunch or span.start_step != start_step:
+        return False
+    before = spans[span.index - 1]
+    return _layout(cfg) == (before.seq_length, before.context) != (span.seq_length,
+                                                                   span.context)
+
+
+def launch_stop(cfg: RunConfig, start_step: int) -> int:
+    """The step this launch trains to from `start_step` (its own start when it is finished)."""
+    if launch_finished(cfg, start_step):
+        return start_step
+    return launch_end(phase_spans(cfg), start_step)
+
+
+def launch_layout(cfg: RunConfig, start_step: int) -> list[str]:
+    """The overrides that put a launch starting at `start_step` into the layout of the phase
+    that step is in (none when it is in it already): the phase comes from the saved state."""
+    if not cfg.phases or start_step >= cfg.train.train_iters:
+        return []
+    span = span_at(phase_spans(cfg), start_step)
+    return [] if _layout(cfg) == (span.seq_length, span.context) else relaunch_overrides(span)
+
+
 def launch_mismatch(cfg: RunConfig, start_step: int) -> str | None:
     """A launch must run in the layout of the phase it starts in (sequence length, CP size):
-    None when it does, else the one line that says how to start it."""
-    if not cfg.phases or start_step >= cfg.train.train_iters:
+    None when it does (or has finished its phases), else the one line that says how."""
+    overrides = launch_layout(cfg, start_step)
+    if not overrides or launch_finished(cfg, start_step):
         return None
     span = span_at(phase_spans(cfg), start_step)
-    if (span.seq_length, span.context) == (cfg.model.seq_length, cfg.parallel.context):
-        return None
     return (f"step {start_step} is in phases[{span.index}] ({span.name}), which trains with "
             f"sequence {span.seq_length} and CP {span.context}, but this launch has "
             f"model.seq_length={cfg.model.seq_length} parallel.context={cfg.parallel.context}; "
-            f"start it with {' '.join(relaunch_overrides(span))}")
+            f"start it with {' '.join(overrides)}")
 
 
 def check_phase_lr_decay(cfg: RunConfig) -> str | None:
@@ -365,6 +434,7 @@ PHASE_RULES = (
     check_phase_blend,
     check_phase_relaunch,
     check_relaunch_sequences_given,
+    check_relaunch_saves,
     check_phase_lr_decay,
 )
 

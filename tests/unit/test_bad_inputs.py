@@ -318,6 +318,15 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
       "phases=[{name: a, end_step: 100}, {name: b, end_step: 300, "
       "blend: {tmp}/no_phase_blend.yaml}]"],
      "phases[1] (b): data.blend={tmp}/no_phase_blend.yaml does not exist"),
+    (["recipe=tiny_dp1", "data.source=blend", "data.blend={tmp}/few_blend.yaml"],
+     "has 5 documents, too few for its held-out share (split 95/5 gives it 0; Megatron's "
+     "dataset builder would wait forever)"),
+    (["recipe=tiny_dp1", "checkpoint.save=false", "phases=[{name: a, end_step: 100, "
+      "seq_length: 128}, {name: b, end_step: 300, seq_length: 256, relaunch: true}]"],
+     "phases with relaunch: true continue from the checkpoint the launch before saves"),
+    (["recipe=tiny_dp2_distopt", "phases=[{name: a, end_step: 100, seq_length: 128}, "
+      "{name: b, end_step: 300, seq_length: 256, context: 2, relaunch: true}]"],
+     "set checkpoint.optimizer_format=fully_reshardable"),
     # malformed command lines
     (["--lr", "1"], "'--lr' is not an override; write KEY=VALUE without dashes"),
     (["a.b", "=", "c"], "'a.b' is not an override; write KEY=VALUE with no spaces around '='"),
@@ -374,7 +383,10 @@ def paths_dir(tmp_path_factory) -> Path:
     wide = write_dataset(tmp / "data" / "wide", [[5, 8191, 0]])
     _write(tmp / "wide_blend.yaml", f"train:\n  - {{prefix: {wide}}}\neod_id: 0\n"
            "vocab_size: 4096\n")
-    ok = write_dataset(tmp / "data" / "ds", [[1, 2, 0]])  # whole: only the phases are wrong
+    # whole, 20 documents (one held out at 95/5): only the phases are wrong
+    ok = write_dataset(tmp / "data" / "ds", [[1, 2, 0]] * 20)
+    few = write_dataset(tmp / "data" / "few", [[1, 2, 0]] * 5)  # 95/5 holds none out
+    _write(tmp / "few_blend.yaml", f"train: [{{prefix: {few}}}]\neod_id: 0\nvocab_size: 256\n")
     _write(tmp / "ok_blend.yaml", f"train: [{{prefix: {ok}}}]\neod_id: 0\nvocab_size: 256\n")
     return tmp
 

@@ -116,3 +116,48 @@ def test_the_nemotron_style_example_is_a_well_formed_blend():
     """Its sources live on a cluster; here only their absence may be reported."""
     with pytest.raises(ConfigError, match="manifest /data/prepared/web_crawl_high"):
         load_blend(str(REPO / "conf" / "data" / "nemotron_style_example.yaml"))
+
+
+@pytest.mark.parametrize("split", [(95.0, 5.0), (98.0, 1.0), (90.0, 10.0), (5.0, 95.0),
+                                   (99.0, 1.0), (2.0, 1.0)])
+def test_split_documents_are_megatrons_own_bookends(split):
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
+
+    from recipes.config.blend import split_documents
+
+    matrix = convert_split_vector_to_split_matrix(
+        parse_and_normalize_split(f"{split[0]:g},{split[1]:g},0"))
+    for documents in range(0, 60):
+        counts = [int(round(hi * float(documents))) - int(round(lo * float(documents)))
+                  for lo, hi in matrix[:2]]  # blended_megatron_dataset_builder.py:470-471
+        assert split_documents(documents, split) == tuple(counts), (documents, split)
+
+
+def test_a_source_too_small_for_its_heldout_share_is_refused_alone(tmp_path):
+    """Five documents at 95/5 give the held-out split none (round(0.95 x 5) = 5): refused
+    before launch, by this rule only; twenty give it one."""
+    from recipes.config.path_rules import PATH_RULES, check_blend_splits
+
+    def run(documents: int):
+        prefix = write_dataset(tmp_path / f"d{documents}", [[1, 2, 0]] * documents)
+        blend = tmp_path / f"blend{documents}.yaml"
+        blend.write_text(f"train: [{{prefix: {prefix}}}]\nsplit: [95, 5]\neod_id: 0\n"
+                         "vocab_size: 256\n")
+        return apply_overrides(get_recipe("tiny_dp1"), ["data.source=blend",
+                                                        f"data.blend={blend}"])
+
+    small = run(5)
+    assert [rule.__name__ for rule in PATH_RULES if rule(small)] == ["check_blend_splits"]
+    message = check_blend_splits(small)
+    assert message == (
+        f"data.blend={tmp_path / 'blend5.yaml'}: source {tmp_path / 'd5'} has 5 documents, too "
+        "few for its held-out share (split 95/5 gives it 0; Megatron's dataset builder would "
+        "wait forever); raise the held-out share above 5, give the blend valid: sources, or "
+        "prepare more documents")
+    assert check_blend_splits(run(20)) is None
+    phased = apply_overrides(run(20), [f"phases=[{{name: a, end_step: 100}}, {{name: b, "
+                                       f"end_step: 300, blend: {tmp_path / 'blend5.yaml'}}}]"])
+    assert check_blend_splits(phased) == message  # a phase's blend is checked too

@@ -113,8 +113,8 @@ def test_training_has_two_explicit_paths(monkeypatch):
     """The launching process and a rank run different functions, chosen once: a rank never
     prepares data or starts ranks, the launcher never runs the rank function."""
     calls = []
-    monkeypatch.setattr(pipeline, "launch_and_wait", lambda args, extra=(): calls.append(
-        ("launch", tuple(extra))) or 0)
+    monkeypatch.setattr(pipeline, "launch_and_wait", lambda args, extra=(), phased=False:
+                        calls.append(("launch", tuple(extra))) or 0)
     monkeypatch.setattr(pipeline, "run_as_rank", lambda rank, args: calls.append(("rank",)) or 0)
     args = parse_arguments(commands.BENCH_CHECKPOINT, ["size=both"])
     monkeypatch.delenv("LOCAL_RANK", raising=False)

@@ -300,3 +300,65 @@ def test_an_attempt_whose_steps_got_sigterm_is_not_requeued(tmp_path):
     assert _requeue(lines, 1, tmp_path) == "scontrol requeue 7\n"  # a failure: retried
     assert _requeue(lines, 143, tmp_path).startswith(  # scancel --signal=TERM: a stop
         "not requeued: the job's steps got SIGTERM (scancel --signal=TERM)")
+
+
+PHASED = ["recipe=tiny_dp2", SYNTHETIC, "train.train_iters=6", "scheduler.warmup_iters=1",
+          "model.seq_length=32", "phases=[{name: short, end_step: 3, seq_length: 32}, "
+          "{name: long, end_step: 6, seq_length: 64, context: 2, relaunch: true}]"]
+RESUME_LONG = ("checkpoint.load=null checkpoint.load_model_only=false checkpoint.resume=true "
+               "model.seq_length=64 parallel.context=2")
+
+
+def test_a_run_in_phases_is_one_experiment_of_dependent_jobs_in_their_layouts(capsys, tmp_path):
+    out = launch_output(capsys, tmp_path, *PHASED, f"cluster={CPU_SLURM}", "retries=1")
+    first, second = out.split("# job 1/2: pretrain-short\n")[1].split(
+        "# job 2/2: pretrain-long; runs after pretrain-short succeeds (sbatch "
+        "--dependency=afterok:<its job id>)\n")
+    [run_dir] = set(RUN_DIR.findall(out))  # one run directory for both jobs
+    assert pretrain_args(first).endswith(
+        f"run_dir={run_dir} checkpoint.resume=true model.seq_length=32 parallel.context=1")
+    assert pretrain_args(second).endswith(f"run_dir={run_dir} checkpoint.resume=true "
+                                          + RESUME_LONG)
+    assert "sbatch --requeue" in first and "sbatch --requeue" in second  # each job requeues
+    assert "slurm_failed_attempts-pretrain-short" in first  # each job counts its own failures
+    assert "slurm_failed_attempts-pretrain-long" in second
+
+
+def test_phase_jobs_are_submitted_with_afterok_on_the_job_before(monkeypatch, capsys, tmp_path):
+    """NeMo-Run's own submission with a tunnel that records the commands instead of running
+    them (no cluster): the second sbatch waits for the first job's id."""
+    pytest.importorskip("nemo_run")
+    from types import SimpleNamespace
+
+    from nemo_run.core.tunnel import client
+
+    from trainer.launch import slurm_jobs
+
+    commands = []
+
+    def run(self, command, *args, **kwargs):
+        commands.append(command)
+        job = 1000 + sum(c.startswith("sbatch") for c in commands)
+        return SimpleNamespace(stdout=str(job) if command.startswith("sbatch") else "",
+                               stderr="", return_code=0, exited=0, ok=True, failed=False)
+
+    monkeypatch.setattr(client.LocalTunnel, "run", run)
+    monkeypatch.setattr(slurm_jobs, "job_state", lambda job: ("PENDING", "squeue"))
+    argv = [*PHASED, f"cluster={CPU_SLURM}", f"job_dir={tmp_path}"]
+    assert run_launch(parse_launch_args(argv)) == 0
+    sbatch = [c for c in commands if c.startswith("sbatch")]
+    assert [c.split()[:4] for c in sbatch] == [
+        ["sbatch", "--requeue", "--parsable", sbatch[0].split()[3]],
+        ["sbatch", "--requeue", "--parsable", "--dependency=afterok:1001"]]
+    out = capsys.readouterr().out
+    assert "submitted Slurm job 1001 (pretrain-short): PENDING" in out
+    assert "submitted Slurm job 1002 (pretrain-long): PENDING" in out
+
+
+def test_the_local_executor_runs_phase_jobs_in_one_pinned_run_directory(capsys, tmp_path):
+    out = launch_output(capsys, tmp_path, *PHASED, f"cluster={CPU_SLURM}", "executor=local")
+    assert "# job 2/2: pretrain-long; runs after pretrain-short succeeds\n" in out
+    assert len(re.findall(r"'run_dir=([^']+)'", out)) == 2  # a command per job ...
+    assert len(set(re.findall(r"'run_dir=([^']+)'", out))) == 1  # ... in one run directory
+    second = out[out.index("# job 2/2"):]
+    assert all(f"'{arg}'" in second for arg in RESUME_LONG.split())

@@ -16,6 +16,8 @@ RUN = ["train.train_iters=20", "scheduler.warmup_iters=2"]
 TWO_BY_STEP = "phases=[{name: general, end_step: 12}, {name: quality, end_step: 20}]"
 LONG = ("phases=[{name: a, end_step: 10, seq_length: 128}, "
         "{name: long, end_step: 20, seq_length: 256, relaunch: true, lr_decay: true}]")
+CP_CHANGE = ("phases=[{name: a, end_step: 10, seq_length: 64}, {name: long, end_step: 20, "
+             "seq_length: 128, context: 2, relaunch: true}]")
 TWO_BY_SHARE = ("phases=[{name: general, tokens: 0.5}, "
                 "{name: big, tokens: 0.5, global_batch_size: 16}]")
 
@@ -113,6 +115,13 @@ PHASE_RULE_CASES = [
                                         "end_step: 20, seq_length: 256, relaunch: true}]"],
      "phases[0] (a): a run with relaunch phases names every phase's seq_length; set "
      "seq_length: 128 on it"),
+    ("check_relaunch_saves", ["checkpoint.save=false", LONG.replace(", lr_decay: true", "")],
+     "phases with relaunch: true continue from the checkpoint the launch before saves at their "
+     "start, but checkpoint.save=false; set checkpoint.save=true"),
+    ("check_relaunch_saves", ["cluster.gpus_per_node=2", "optimizer.distributed=true",
+                              CP_CHANGE], "a relaunch phase changes parallel.context, a new "
+     "layout, and the distributed optimizer's dp_reshardable state reshards over DP only; set "
+     "checkpoint.optimizer_format=fully_reshardable"),
     ("check_phase_lr_decay", ["phases=[{name: a, end_step: 20, lr_decay: true}]"],
      "phases[0] (a): lr_decay: true places a warm-up–stable–decay schedule's decay, but "
      "scheduler.style=cosine; set scheduler.style=wsd"),
@@ -149,16 +158,41 @@ def test_valid_phases_break_no_rule() -> None:
 
 
 def test_a_launch_ends_where_a_relaunch_phase_starts_and_the_next_starts_in_its_layout() -> None:
-    from recipes.config.phases import launch_end, launch_mismatch
+    from recipes.config.phases import (
+        continue_overrides,
+        launch_end,
+        launch_finished,
+        launch_layout,
+        launch_mismatch,
+        launch_starts,
+        launch_stop,
+    )
 
     cfg = _cfg("scheduler.style=wsd", LONG)
     spans = phase_spans(cfg)
     assert (launch_end(spans, 0), launch_end(spans, 7), launch_end(spans, 10)) == (10, 10, 20)
+    assert [span.name for span in launch_starts(spans)] == ["a", "long"]
     assert launch_mismatch(cfg, 0) is None  # phase a trains at the run's 128
-    assert launch_mismatch(cfg, 10) == (
-        "step 10 is in phases[1] (long), which trains with sequence 256 and CP 1, but this "
+    assert launch_mismatch(cfg, 12) == (
+        "step 12 is in phases[1] (long), which trains with sequence 256 and CP 1, but this "
         "launch has model.seq_length=128 parallel.context=1; start it with "
         "model.seq_length=256 parallel.context=1")
+    # The phase comes from the step the launch resumes at: which layout it needs, and at the
+    # boundary in phase a's layout (a requeue after its last save) nothing is left to train.
+    assert launch_layout(cfg, 7) == [] and launch_layout(cfg, 10) == launch_layout(cfg, 12) \
+        == ["model.seq_length=256", "parallel.context=1"]
+    assert launch_finished(cfg, 10) and not launch_finished(cfg, 9)
+    assert launch_mismatch(cfg, 10) is None and launch_stop(cfg, 10) == 10
+    assert launch_stop(cfg, 4) == 10
     relaunched = _cfg("scheduler.style=wsd", LONG, "model.seq_length=256")
-    assert launch_mismatch(relaunched, 10) is None
+    assert launch_mismatch(relaunched, 10) is None and not launch_finished(relaunched, 10)
+    assert launch_stop(relaunched, 10) == 20
     assert phase_spans(relaunched) == spans  # every phase names its length: nothing moves
+    assert continue_overrides(spans[1]) == [  # the resume, never a first checkpoint.load
+        "checkpoint.load=null", "checkpoint.load_model_only=false", "checkpoint.resume=true",
+        "model.seq_length=256", "parallel.context=1"]
+    resumed = _cfg("scheduler.style=wsd", LONG, "checkpoint.load=/pretrained",
+                   *continue_overrides(spans[1]), "run_dir=/runs/x")
+    assert (resumed.checkpoint.load, resumed.checkpoint.resume) == (None, True)
+
+

@@ -128,7 +128,7 @@ def pretrain(args: Arguments) -> int:
 
         print(command_text(resolve_config(list(args.rest), check_paths=False)))
         return 0
-    return Training(pretrain_rank)(args)
+    return Training(pretrain_rank, phased=True)(args)
 
 
 PRETRAIN = Command(

@@ -4,7 +4,9 @@ benchmarks, the resume check), in two explicit paths:
     launching process   resolve (recipe or saved config, overrides; core, plugin and the
                         trainer's rules) -> dry run, or: prepare data a blend names -> paths ->
                         machine -> pre-flight (plan summary, checkpoint checks) -> run dir and
-                        config.yaml -> start one local rank per GPU (or CPU rank) and wait
+                        config.yaml -> start one local rank per GPU (or CPU rank) and wait;
+                        pretrain: a run in phases that needs a new launch for a later phase
+                        goes on with it, from the checkpoint saved at its start, until the end
     a rank              resolve -> dry run, or: paths -> machine (world size) -> pre-flight
                         unless the launcher did it -> run dir -> the command's rank function
                         -> process groups torn down
@@ -29,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plugins.protocol.errors import EXIT_NONFINITE, ConfigError, UserError
+from recipes.config.checkpoint_format import RUN_CHECKPOINTS, newest_checkpoint, step_of
 from recipes.config.io import CONFIG_FILENAME, save_config
 from recipes.config.machine import check_machine, detect_machine
-from recipes.config.path_rules import checkpoint_preflight, validate_paths
+from recipes.config.path_rules import checkpoint_preflight, resumed_step, validate_paths
 from recipes.config.schema import RunConfig
 from recipes.plan.fit import local_attention_cost
 from recipes.resolve import resolve_config
@@ -47,12 +50,14 @@ RankFunction = Callable[[RunConfig, Path, Arguments], int]
 @dataclass(frozen=True)
 class Training:
     """What a training command runs on every rank; optionally a check of its own options
-    (raises ConfigError, on both paths, before anything starts) and the launches one command
-    line makes, each a list of extra overrides (the checkpoint benchmark runs two sizes)."""
+    (raises ConfigError, on both paths, before anything starts), the launches one command
+    line makes, each a list of extra overrides (the checkpoint benchmark runs two sizes), and
+    whether a run in phases goes on with the later launches its phases need (pretrain)."""
 
     rank: RankFunction
     launches: Callable[[Arguments], list[list[str]]] | None = None
     check: Callable[[Arguments], None] | None = None
+    phased: bool = False
 
     def __call__(self, args: Arguments) -> int:
         quiet_library_noise()
@@ -61,7 +66,7 @@ class Training:
         if launched_as_rank():
             return run_as_rank(self.rank, args)
         for extra in self.launches(args) if self.launches else [[]]:
-            code = launch_and_wait(args, extra)
+            code = launch_and_wait(args, extra, phased=self.phased)
             if code != 0:
                 return code
         return 0
@@ -99,21 +104,82 @@ def dry_run(cfg: RunConfig) -> int:
 
 # --- the launching process ------------------------------------------------------------------
 
-def launch_and_wait(args: Arguments, extra: Sequence[str] = ()) -> int:
-    """Check everything once, then start this machine's ranks and wait for them."""
+def launch_and_wait(args: Arguments, extra: Sequence[str] = (), phased: bool = False) -> int:
+    """Check everything once, then start this machine's ranks and wait for them. `phased`: a
+    launch that stopped where a phase needing a new launch begins (a new sequence length or
+    CP size) is followed by that phase's launch, from the checkpoint it saved there, until the
+    run ends (recipes/config/phases.py)."""
+    code, cfg, run_dir = launch_once(args, extra)
+    started = resumed_step(cfg) if cfg is not None else None
+    while phased and code == 0 and cfg is not None:
+        following = next_launch(cfg, run_dir, started)
+        if following is None:
+            break
+        started, span, overrides = following
+        print(f"phase '{span.name}' starts at step {started}: launching it from "
+              f"{run_dir / RUN_CHECKPOINTS} with {' '.join(overrides)}", flush=True)
+        continued = dataclasses.replace(
+            args, rest=(f"config={run_dir / CONFIG_FILENAME}", f"run_dir={run_dir}", *overrides))
+        code, cfg, run_dir = launch_once(continued)
+    return code
+
+
+def next_launch(cfg: RunConfig, run_dir: Path, started: int | None):
+    """After a launch of a run with relaunch phases: (the step the next launch starts from,
+    its phase, its overrides), read from the run's newest checkpoint; None when the run has
+    ended or has no relaunch phases."""
+    from recipes.config.phases import continue_overrides, phase_spans, span_at
+
+    if not any(phase.relaunch for phase in cfg.phases):
+        return None
+    newest = newest_checkpoint(run_dir / RUN_CHECKPOINTS)
+    step = step_of(newest.name) if newest is not None else None
+    if step is not None and step >= cfg.train.train_iters:
+        return None
+    if step is None or (started is not None and step <= started):
+        raise UserError(f"the launch from step {started or 0} left no later checkpoint in "
+                        f"{run_dir / RUN_CHECKPOINTS} to continue its phases from; continue "
+                        f"with config={run_dir / CONFIG_FILENAME} run_dir={run_dir} "
+                        "checkpoint.resume=true")
+    span = span_at(phase_spans(cfg), step)
+    return step, span, continue_overrides(span)
+
+
+def launch_once(args: Arguments, extra: Sequence[str] = ()) -> tuple[int, RunConfig | None,
+                                                                    Path | None]:
+    """One launch: resolve, check, start the ranks; the exit code, config and run directory
+    (no config for a dry run). A resumed run in phases launches in the layout of the phase
+    its checkpoint is in: the phase comes from the saved state."""
     cfg = resolve(args, extra)
     if cfg.dry_run:
-        return dry_run(cfg)
+        return dry_run(cfg), None, None
     from data_prep.blend_prepare import prepare_missing_data
 
     prepare_missing_data(cfg)  # before the path rules: they check the prepared files
     validate_paths(cfg)
+    cfg = in_resumed_phase_layout(cfg, args, extra)
     machine = detect_machine()
     check_machine(cfg, machine, [*args.rest, *extra], local_attention_cost)
     preflight(cfg, machine)
     cfg, run_dir = prepare_run_dir(cfg)
     on_gpu = not cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
-    return start_local_ranks(cfg, run_dir, args, on_gpu)
+    return start_local_ranks(cfg, run_dir, args, on_gpu), cfg, run_dir
+
+
+def in_resumed_phase_layout(cfg: RunConfig, args: Arguments, extra: Sequence[str]) -> RunConfig:
+    """`cfg`, or when the step it resumes from lies in a phase of another sequence length or
+    CP size, `cfg` resolved again with that phase's layout (said in one line)."""
+    from recipes.config.phases import launch_layout
+
+    start = resumed_step(cfg)
+    layout = launch_layout(cfg, start)
+    if not layout:
+        return cfg
+    print(f"resume: step {start} lies in a phase that trains with {' '.join(layout)}; this "
+          "launch uses them", flush=True)
+    cfg = resolve(args, [*extra, *layout])
+    validate_paths(cfg)
+    return cfg
 
 
 def start_local_ranks(cfg: RunConfig, run_dir: Path, args: Arguments, on_gpu: bool) -> int:

@@ -19,6 +19,14 @@ instead of starting a new one; and the c10d rendezvous port, derived from the ex
 and the launch time (NeMo-Run's fixed 29500 would collide between jobs sharing a first node).
 NeMo-Run starts the command `torchrun` by name, so `scripts/agent` goes first on PATH: our
 torchrun agent (a torchrun-compatible wrapper that names rendezvous timeouts and dead ranks).
+
+A run in phases whose later phases need a new launch (a new sequence length or CP size,
+recipes/config/phases.py) is one experiment of dependent jobs, one per launch, each in its
+phase's layout and the run directory pinned for all: `experiment.add(..., dependencies=[the
+job before])`, which NeMo-Run submits on Slurm as `sbatch --dependency=afterok:<job id>` and
+runs one after the other on this machine. Each job after the first resumes the run's newest
+checkpoint; a requeue of any job continues its phase (a job requeued after its last save trains
+nothing and ends, trainer/loop.py).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import dataclasses
 import importlib.util
 import io
 import os
+import re
 import shlex
 import sys
 import zlib
@@ -142,6 +151,34 @@ def plan_launch(args: LaunchArgs) -> LaunchPlan:
     return LaunchPlan(cfg, nodes, gpus, [*args.rest, *placed], cluster=cluster)
 
 
+@dataclass(frozen=True)
+class PhaseJob:
+    """One job of a launch: its NeMo-Run task name, the phase it starts in (None: the run's
+    only job) and the overrides it adds to the run's arguments."""
+
+    name: str
+    phase: str | None = None
+    extra: tuple[str, ...] = ()
+
+
+def phase_jobs(cfg: Any) -> list[PhaseJob]:
+    """One job per launch the run's phases need: the first in the first phase's layout, each
+    later one the full resume in its phase's layout (recipes/config/phases.py)."""
+    from recipes.config.phases import (
+        continue_overrides,
+        launch_starts,
+        phase_spans,
+        relaunch_overrides,
+    )
+
+    starts = launch_starts(phase_spans(cfg))
+    if len(starts) == 1:
+        return [PhaseJob("pretrain")]
+    return [PhaseJob(f"pretrain-{re.sub(r'[^A-Za-z0-9_-]+', '-', span.name)}", span.name, tuple(
+        relaunch_overrides(span) if index == 0 else continue_overrides(span)))
+        for index, span in enumerate(starts)]
+
+
 def _require_nemo_run() -> None:
     if importlib.util.find_spec("nemo_run") is None:
         raise ConfigError("scripts/launch.py needs NeMo-Run, which is not installed; install "
@@ -202,19 +239,26 @@ def requeue_args(cfg: Any, rest: Sequence[str], run_dir: Path) -> tuple[list[str
     return extra, f"run directory: {where} (a requeued job continues from its newest checkpoint)"
 
 
+def pin_run_dir(plan: LaunchPlan, args: LaunchArgs, now: datetime) -> LaunchPlan:
+    """The run directory on the jobs' storage and `checkpoint.resume=true`, fixed at launch so
+    that each requeue, and each later job of a run in phases, continues the same run."""
+    base = Path(job_dir(args)) / "runs" / f"{plan.cfg.name}-{now:%Y%m%d-%H%M%S}"
+    run_dir = base if plan.cfg.run_dir else new_run_dir(base, create=not args.dry_run)
+    extra, line = requeue_args(plan.cfg, args.rest, run_dir)
+    print(line, flush=True)
+    return dataclasses.replace(plan, script_args=[*plan.script_args, *extra],
+                               run_dir=str(plan.cfg.run_dir or run_dir))
+
+
 def pin_slurm_run(plan: LaunchPlan, args: LaunchArgs, experiment: str,
                   now: datetime | None = None) -> LaunchPlan:
     """What a Slurm job fixes at launch so that each requeue continues the same run: the run
     directory on shared storage, `checkpoint.resume=true` and the rendezvous port (printed)."""
     now = now or datetime.now(UTC)
-    base = Path(job_dir(args)) / "runs" / f"{plan.cfg.name}-{now:%Y%m%d-%H%M%S}"
-    run_dir = base if plan.cfg.run_dir else new_run_dir(base, create=not args.dry_run)
-    extra, line = requeue_args(plan.cfg, args.rest, run_dir)
+    plan = pin_run_dir(plan, args, now)
     port = args.rdzv_port or default_rdzv_port(experiment, now)
-    print(line, flush=True)
     print(rendezvous_line(plan.nodes, port, chosen=args.rdzv_port is not None), flush=True)
-    return dataclasses.replace(plan, script_args=[*plan.script_args, *extra], rdzv_port=port,
-                               run_dir=str(plan.cfg.run_dir or run_dir))
+    return dataclasses.replace(plan, rdzv_port=port)
 
 
 def rendezvous_line(nodes: int, port: int, chosen: bool) -> str:
@@ -229,7 +273,7 @@ def rendezvous_line(nodes: int, port: int, chosen: bool) -> str:
 FAILED_ATTEMPTS_FILE = "slurm_failed_attempts"  # in the run directory, one line per failure
 
 
-def retry_lines(retries: int, run_dir: str | None) -> list[str]:
+def retry_lines(retries: int, run_dir: str | None, job: str = "pretrain") -> list[str]:
     """sbatch lines that make `retries` count failed attempts only. NeMo-Run's script requeues
     a failed attempt while `TORCHX_MAX_RETRIES > SLURM_RESTART_COUNT`, but `scontrol requeue`
     and preemption raise the restart count too; our torchrun agent records each failed attempt
@@ -237,10 +281,12 @@ def retry_lines(retries: int, run_dir: str | None) -> list[str]:
     restarts that were not failures. The script also requeues an attempt whose steps alone got
     SIGTERM (`scancel --signal=TERM`: the batch shell lives on and sees the agent's exit code
     128 + 15), which is a stop, not a failure: its `scontrol requeue` is skipped (a shell
-    function of that name, which the script's later `scontrol requeue` line calls)."""
+    function of that name, which the script's later `scontrol requeue` line calls). Each job of a
+    run in phases counts its own."""
     if run_dir is None:
         return []
-    record = shlex.quote(str(Path(run_dir) / FAILED_ATTEMPTS_FILE))
+    name = FAILED_ATTEMPTS_FILE if job == "pretrain" else f"{FAILED_ATTEMPTS_FILE}-{job}"
+    record = shlex.quote(str(Path(run_dir) / name))
     return [f"export {FAILED_ATTEMPTS_ENV}={record}",
             f'failed_attempts=$(sort -u {record} 2>/dev/null | wc -l)',
             f"export TORCHX_MAX_RETRIES=$(( {retries} + ${{SLURM_RESTART_COUNT:-0}} - "
@@ -250,7 +296,7 @@ def retry_lines(retries: int, run_dir: str | None) -> list[str]:
             'stop, not a failure to retry"; return 0; fi; command scontrol "$@"; }']
 
 
-def slurm_executor(plan: LaunchPlan, args: LaunchArgs) -> Any:
+def slurm_executor(plan: LaunchPlan, args: LaunchArgs, job: str = "pretrain") -> Any:
     """NeMo-Run's Slurm executor: one torchrun per node, this checkout as the job's code."""
     import nemo_run as run
 
@@ -274,7 +320,7 @@ def slurm_executor(plan: LaunchPlan, args: LaunchArgs) -> Any:
         # file system too): NeMo-Run's launch line names `torchrun`, so PATH picks it.
         setup_lines="\n".join([
             f'export PATH="{AGENT_DIR}:{Path(sys.executable).parent}:$PATH"',
-            *retry_lines(args.retries, plan.run_dir),
+            *retry_lines(args.retries, plan.run_dir, job),
             *shell_exports(gpu_environment(plan.cfg))]),  # GPU ranks' needs (harmless on CPU)
     )
     # NeMo-Run then asks one task per node; port None: NeMo-Run's default
@@ -303,55 +349,89 @@ def local_executor(plan: LaunchPlan) -> Any:
     return run.LocalExecutor(ntasks_per_node=plan.gpus_per_node, launcher="torchrun")
 
 
-def build_task(plan: LaunchPlan, args: LaunchArgs) -> tuple[Any, Any]:
-    """(executor, task): pretrain.py under torchrun on every node."""
+def build_task(plan: LaunchPlan, args: LaunchArgs,
+               job: PhaseJob = PhaseJob("pretrain")) -> tuple[Any, Any]:
+    """(executor, task): pretrain.py under torchrun on every node, with the job's overrides."""
     import nemo_run as run
 
+    script_args = [*plan.script_args, *job.extra]
     if args.executor == "slurm":  # run from the job's code dir, a link to this checkout
-        return slurm_executor(plan, args), run.Script(
-            path="scripts/pretrain.py", args=plan.script_args, entrypoint="python")
+        return slurm_executor(plan, args, job.name), run.Script(
+            path="scripts/pretrain.py", args=script_args, entrypoint="python")
     return local_executor(plan), run.Script(  # runs where it is started: name the script
-        path=str(REPO / "scripts" / "pretrain.py"), args=plan.script_args, entrypoint="python")
+        path=str(REPO / "scripts" / "pretrain.py"), args=script_args, entrypoint="python")
+
+
+def add_jobs(experiment: Any, plan: LaunchPlan, args: LaunchArgs,
+             jobs: Sequence[PhaseJob]) -> None:
+    """Each job into the experiment, each depending on the one before (a run in phases)."""
+    previous: str | None = None
+    for job in jobs:
+        executor, task = build_task(plan, args, job)
+        previous = experiment.add(task, executor=executor, name=job.name,
+                                  dependencies=[previous] if previous else None)
 
 
 def rendered_script(experiment: Any) -> str:
-    """What the experiment would submit: the sbatch script (Slurm) or the command (local)."""
+    """What the experiment would submit: each job's sbatch script (Slurm) or command (local);
+    a job that waits for another says so above its script."""
     experiment.dryrun(log=False)
-    info = experiment.jobs[0]._dryrun_info  # set by Job.launch(dryrun=True)
-    request = info.request
-    if hasattr(request, "materialize"):  # SlurmBatchRequest
-        return " ".join(request.launch_cmd) + " <<'SBATCH'\n" + request.materialize() + "\nSBATCH"
-    return str(info)
+    names = {job.id: job.id for job in experiment.jobs}
+    parts = []
+    for index, job in enumerate(experiment.jobs):
+        info = job._dryrun_info  # set by Job.launch(dryrun=True)
+        request = info.request
+        slurm = hasattr(request, "materialize")  # a SlurmBatchRequest
+        if slurm:
+            text = " ".join(request.launch_cmd) + " <<'SBATCH'\n" + request.materialize() + \
+                "\nSBATCH"
+        else:
+            text = str(info)
+        if len(experiment.jobs) > 1:
+            after = ", ".join(names[dep] for dep in job.dependencies)
+            how = " (sbatch --dependency=afterok:<its job id>)" if slurm else ""
+            wait = f"; runs after {after} succeeds{how}" if after else ""
+            text = f"# job {index + 1}/{len(experiment.jobs)}: {job.id}{wait}\n{text}"
+        parts.append(text)
+    return "\n".join(parts)
 
 
 def run_launch(args: LaunchArgs) -> int:
-    """Check, place and submit (or render, or run here) one launch; the scaling harness
-    submits each of its sizes through this too (trainer/tools/scaling_sweep.py)."""
+    """Check, place and submit (or render, or run here) one launch, as one job or as a run in
+    phases' dependent jobs; the scaling harness submits each of its sizes through this too
+    (trainer/tools/scaling_sweep.py)."""
     plan = plan_launch(args)
     _require_nemo_run()
     import nemo_run as run
 
     experiment_name = f"mcore-{plan.cfg.name}"
+    jobs = phase_jobs(plan.cfg)
     if args.executor == "slurm":
         plan = pin_slurm_run(plan, args, experiment_name)
-    executor, task = build_task(plan, args)
+    elif len(jobs) > 1:  # the later jobs resume the first one's run directory
+        plan = pin_run_dir(plan, args, datetime.now(UTC))
+    if len(jobs) > 1:
+        print(f"phases: {len(jobs)} dependent jobs, "
+              + ", then ".join(f"{job.name} ({' '.join(job.extra)})" for job in jobs), flush=True)
     if args.executor == "slurm" and not args.dry_run:
-        return submit_slurm(experiment_name, executor, task, job_dir(args))
-    with run.Experiment(experiment_name, executor=executor, log_level="WARN",
+        return submit_slurm(experiment_name, plan, args, jobs)
+    with run.Experiment(experiment_name, log_level="WARN",
                         base_dir=job_dir(args)) as experiment:
-        experiment.add(task, name="pretrain")
+        add_jobs(experiment, plan, args, jobs)
         if args.dry_run:
             print(rendered_script(experiment))
             return 0
         experiment.run(detach=False)
-    state = str(experiment.jobs[0].state)  # ran here and waited: pass its outcome on
-    print(f"pretrain under NeMo-Run's local executor: {state}", flush=True)
-    return 0 if state.endswith("SUCCEEDED") else 1
+    states = [str(job.state) for job in experiment.jobs]  # ran here and waited: pass them on
+    for job, state in zip(experiment.jobs, states, strict=True):
+        print(f"{job.id} under NeMo-Run's local executor: {state}", flush=True)
+    return 0 if all(state.endswith("SUCCEEDED") for state in states) else 1
 
 
-def submit_slurm(name: str, executor: Any, task: Any, base_dir: str) -> int:
-    """Submit through NeMo-Run and say which job it is and its state. A refused sbatch is one
-    line with Slurm's own reason (NeMo-Run's report of it and its traceback are held back)."""
+def submit_slurm(name: str, plan: LaunchPlan, args: LaunchArgs, jobs: Sequence[PhaseJob]) -> int:
+    """Submit through NeMo-Run and say which jobs they are and their states. A refused sbatch
+    is one line with Slurm's own reason (NeMo-Run's report of it and its traceback are held
+    back)."""
     import nemo_run as run
 
     from trainer.launch.slurm_jobs import job_id_of, job_state, sbatch_message
@@ -359,9 +439,8 @@ def submit_slurm(name: str, executor: Any, task: Any, base_dir: str) -> int:
     held = io.StringIO()
     try:
         with contextlib.redirect_stdout(held), contextlib.redirect_stderr(held), \
-                run.Experiment(name, executor=executor, log_level="WARN",
-                               base_dir=base_dir) as experiment:
-            experiment.add(task, name="pretrain")
+                run.Experiment(name, log_level="WARN", base_dir=job_dir(args)) as experiment:
+            add_jobs(experiment, plan, args, jobs)
             experiment.run(detach=True)
     except Exception as error:
         reason = sbatch_message(error)
@@ -371,8 +450,10 @@ def submit_slurm(name: str, executor: Any, task: Any, base_dir: str) -> int:
         raise UserError(f"sbatch refused the job: {reason} (Slurm's words; check partition=, "
                         "account=, time= and the cluster file against sinfo)") from None
     sys.stdout.write(held.getvalue())
-    job = job_id_of(experiment.jobs[0].handle)
-    state, source = job_state(job)
-    print(f"submitted Slurm job {job}: {state} (from {source}); its log is in "
-          f"{experiment.jobs[0].executor.job_dir}", flush=True)
+    for job in experiment.jobs:
+        job_id = job_id_of(job.handle)
+        state, source = job_state(job_id)
+        what = "" if len(experiment.jobs) == 1 else f" ({job.id})"
+        print(f"submitted Slurm job {job_id}{what}: {state} (from {source}); its log is in "
+              f"{job.executor.job_dir}", flush=True)
     return 0
