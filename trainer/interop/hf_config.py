@@ -13,6 +13,7 @@ No torch here: configs are checked before any heavy import.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from plugins.protocol.errors import ConfigError
@@ -108,8 +109,13 @@ FIELD_NAMES = {
 
 def hf_values(hf: dict) -> dict[str, object]:
     """The HF config's values under our field names, defaults resolved as transformers does."""
+    return read_values(_values, hf)
+
+
+def read_values(read: Callable[[dict], dict[str, object]], hf: dict) -> dict[str, object]:
+    """`read(hf)`, with a missing or malformed config.json field as one line (every family)."""
     try:
-        return _values(hf)
+        return read(hf)
     except ConfigError:  # already one line naming what is refused
         raise
     except KeyError as missing:

@@ -30,7 +30,7 @@ import math
 from plugins.protocol.errors import ConfigError
 from recipes.config.hybrid import ATTENTION, MAMBA, MLP, MOE, layer_symbols, mamba_heads
 from recipes.config.schema import ModelConfig
-from trainer.interop.hf_config import NORM_EPSILON, refuse_differences
+from trainer.interop.hf_config import NORM_EPSILON, read_values, refuse_differences
 
 ARCHITECTURE = "NemotronHForCausalLM"
 BLOCK_SYMBOLS = {"linear_attention": MAMBA, "mamba": MAMBA, "full_attention": ATTENTION,
@@ -181,16 +181,7 @@ def _values(hf: dict) -> dict[str, object]:
 
 def hf_values(hf: dict) -> dict[str, object]:
     """The config's values under our field names (only the layer kinds it has)."""
-    try:
-        return _values(hf)
-    except ConfigError:  # already one line naming what is refused
-        raise
-    except KeyError as missing:
-        raise ConfigError(f"config.json lacks field {missing.args[0]}; re-download the model's "
-                          "config.json") from None
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"config.json has a malformed field ({error}); re-download the "
-                          "model's config.json") from None
+    return read_values(_values, hf)
 
 
 def our_values(model: ModelConfig) -> dict[str, object]:
