@@ -209,9 +209,13 @@ def _wsd_args(cfg: Any) -> list[str]:
 
 
 def _wsd_from(a: Mapping[str, Any]) -> dict[str, Any]:
-    given = a["lr_wsd_decay_iters"]
-    decay = a["lr_decay_iters"] or a["train_iters"]
-    default = max(1, decay // 10) if decay else None  # the same resolution, read back
+    from recipes.config.phases import wsd_decay_iters
+    from recipes.config.schema import SchedulerConfig
+
+    given, train = a["lr_wsd_decay_iters"], a["train_iters"]
+    default = None  # the trainer's own resolution, read back as unset
+    if a["lr_decay_iters"] or train:
+        default = wsd_decay_iters(SchedulerConfig(decay_iters=a["lr_decay_iters"]), train)
     return {"scheduler.wsd_decay_iters": None if given == default else given}
 
 
