@@ -273,3 +273,15 @@ def test_a_rank_failure_is_not_counted_once_slurm_is_ending_the_attempt(tmp_path
 def test_slurm_job_reads_the_attempt_and_asks_nothing_outside_slurm():
     assert agent.slurm_job({"SLURM_RESTART_COUNT": "2"}) == (None, 2)
     assert agent.slurm_job({}) == (None, 0)
+
+
+def test_the_first_slurm_node_hosts_the_store_and_the_others_connect():
+    assert agent.store_host_conf("", "c10d", {"SLURM_NODEID": "0"}) == "is_host=true"
+    assert (agent.store_host_conf("join_timeout=60", "c10d", {"SLURM_NODEID": "1"})
+            == "join_timeout=60,is_host=false")
+
+
+def test_the_store_host_is_left_to_torch_outside_slurm_or_when_the_user_chose():
+    assert agent.store_host_conf("join_timeout=60", "c10d", {}) == "join_timeout=60"
+    assert agent.store_host_conf("is_host=false", "c10d", {"SLURM_NODEID": "0"}) == "is_host=false"
+    assert agent.store_host_conf("", "static", {"SLURM_NODEID": "0"}) == ""

@@ -439,6 +439,25 @@ def rendezvous_error_line(error: Exception, args: Any, watch: RendezvousWatch) -
     return f"error: rendezvous at {endpoint} (id {run_id}) failed: {one_line(error)}"
 
 
+def store_host_conf(rdzv_conf: str, backend: str, environ: dict[str, str]) -> str:
+    """`--rdzv-conf` with `is_host` set on a Slurm node: the first node of the allocation (the
+    rendezvous endpoint's, SLURM_NODEID 0) hosts the store, the others connect to it. Without it
+    torch decides by matching the endpoint's address against the machine's
+    (c10d_rendezvous_backend.py:137-145), and where several nodes' agents share one address
+    (nodes that are one host, an address every host answers to) whichever starts first hosts it:
+    the run then dies with that node, and the others block in a store call that ignores SIGTERM
+    until it times out. A user's own `is_host` stays; outside Slurm nothing changes."""
+    node = environ.get("SLURM_NODEID", "")
+    if backend != "c10d" or not node.isdigit() or "is_host" in _conf_keys(rdzv_conf):
+        return rdzv_conf
+    setting = f"is_host={'true' if int(node) == 0 else 'false'}"
+    return f"{rdzv_conf},{setting}" if rdzv_conf else setting
+
+
+def _conf_keys(rdzv_conf: str) -> set[str]:
+    return {item.partition("=")[0].strip() for item in (rdzv_conf or "").split(",")}
+
+
 def _nodes(args: Any) -> tuple[int, int]:
     from torch.distributed.run import parse_min_max_nnodes
 
@@ -530,6 +549,7 @@ def run_agent(argv: Sequence[str]) -> int:
 
     args = get_args_parser().parse_args(list(argv))  # torchrun's own usage errors: exit 2
     args.min_nodes, args.max_nodes = _nodes(args)
+    args.rdzv_conf = store_host_conf(args.rdzv_conf, args.rdzv_backend, dict(os.environ))
     quiet_elastic_logs()
     watch = RendezvousWatch()
     watch.install()
