@@ -32,6 +32,10 @@ DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
 NODES = ("node1", "node2")
 CRED_EXPIRE = 5  # seconds a job credential lives (Slurm's default is 120, its least 5)
 SLURMD_TIMEOUT = 5  # seconds without an answer before a node is not responding (default 300)
+# Seconds from a step's SIGTERM to its SIGKILL: Slurm's default, which the torchrun agent's way
+# out (its ranks stopped, then Slurm asked why) is made to fit; 5 s killed agents mid-line on a
+# loaded machine. Processes that end at once do not wait for it.
+KILL_WAIT = 30
 FIRST_ONLY = "first"  # a partition of node1 alone
 START_TIMEOUT = 60.0
 
@@ -80,7 +84,8 @@ def slurm_conf(root: Path, host: str, ctld_port: int, node_ports: list[int]) -> 
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
         "SchedulerParameters=sched_interval=2", "ReturnToService=2", "JobRequeue=1",
         "MpiDefault=none", "SlurmctldTimeout=30", f"SlurmdTimeout={SLURMD_TIMEOUT}",
-        "InactiveLimit=0", "KillWait=5", "MinJobAge=600", "SlurmdParameters=config_overrides",
+        "InactiveLimit=0", f"KillWait={KILL_WAIT}", "MinJobAge=600",
+        "SlurmdParameters=config_overrides",
     ]
     for name, port in zip(NODES, node_ports, strict=True):
         lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
@@ -89,6 +94,19 @@ def slurm_conf(root: Path, host: str, ctld_port: int, node_ports: list[int]) -> 
                  "State=UP")
     lines.append(f"PartitionName={FIRST_ONLY} Nodes={NODES[0]} MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
+
+
+def process_states(pids: list[int]) -> str:
+    """`PID STATE (WCHAN) COMMAND` of each process still alive: what a stuck job is doing."""
+    rows = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            proc = Path("/proc") / str(pid)
+            state = next(line.split(None, 1)[1].strip() for line in
+                         (proc / "status").read_text().splitlines() if line.startswith("State:"))
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+            rows.append(f"{pid} {state} ({(proc / 'wchan').read_text()}) {command}")
+    return "; ".join(rows) or "none alive"
 
 
 def job_processes(job: str, **environ: str) -> list[int]:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.local_slurm import FIRST_ONLY, job_processes
+from tests.slurm.local_slurm import FIRST_ONLY, KILL_WAIT, job_processes, process_states
 from trainer.launch.slurm_jobs import job_state
 
 pytestmark = pytest.mark.slurm
@@ -85,14 +85,16 @@ def submitted(result: subprocess.CompletedProcess) -> tuple[str, Path]:
     return job.group(1), Path(run_dir.group(1))
 
 
-def until(ready, what: str, timeout: float = JOB_TIMEOUT_S, every: float = 0.1):
+def until(ready, what: str, timeout: float = JOB_TIMEOUT_S, every: float = 0.1, why=None):
+    """`ready()` once it is true; else, after `timeout`, an error that says what is missing
+    (and `why()`: what the job was doing instead)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = ready()
         if value:
             return value
         time.sleep(every)
-    raise AssertionError(f"no {what} after {timeout:.0f} s")
+    raise AssertionError(f"no {what} after {timeout:.0f} s" + (f": {why()}" if why else ""))
 
 
 def wait_for(slurm, job: str) -> str:
@@ -130,10 +132,17 @@ def requeue_then_lose_node2(slurm, job: str, run_dir: Path, job_dir: Path) -> di
     requeued_at = reached(run_dir, REQUEUE_AT)
     slurm.run("scontrol", "requeue", job)
     until(lambda: restarts(slurm, job) >= 1, "first requeue")
+    # node2 is lost while the second attempt's ranks train (not while its agents meet: steps
+    # the first attempt logged past its checkpoint may already be there)
+    until(lambda: "resume: resuming from" in attempt_log(job_dir, job, 1), "the second attempt")
     lost_at = reached(run_dir, LOSE_NODE_AT)
     slurm.lose_node("node2", job)
     until(lambda: restarts(slurm, job) >= 2, "the requeue after node2 was set down", every=0.5)
-    until(lambda: "got SIGTERM" in attempt_log(job_dir, job, 1), "node1's agent's line")
+    on_node1 = process_states(job_processes(job, SLURMD_NODENAME="node1"))  # as Slurm stops them
+    until(lambda: "got SIGTERM" in attempt_log(job_dir, job, 1), "node1's agent's line",
+          timeout=KILL_WAIT + 30,  # Slurm has killed what the SIGTERM did not end by then
+          why=lambda: (f"job {job}'s processes on node1 at the requeue: {on_node1}; "
+                       f"attempt 1's log ends: {attempt_log(job_dir, job, 1)[-1500:]}"))
     slurm.start_slurmd("node2")  # back in service (ReturnToService=2) for the third attempt
     return {"requeued_at": requeued_at, "lost_at": lost_at, "state": wait_for(slurm, job)}
 
@@ -234,7 +243,9 @@ def resumed_step(log: str) -> int:
 
 
 def newest_checkpoint_at(step: int) -> int:
-    return step // SAVE_INTERVAL * SAVE_INTERVAL
+    """The newest checkpoint surely whole once `step` was logged: a step's record comes before
+    its save, which the next step waits for (so the save at `step` itself may be cut off)."""
+    return (step - 1) // SAVE_INTERVAL * SAVE_INTERVAL
 
 
 @pytest.mark.parametrize("which", ["two", "killed"])
