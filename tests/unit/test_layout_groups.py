@@ -5,24 +5,21 @@ can use it before any process group exists. If it drifted from Megatron Core (an
 order, CP folded into the wrong grid, expert DP miscounted), every placement and group it
 reports would be wrong while nothing crashed. The reference here is Megatron itself:
 `layout_groups_probe.py` runs `parallel_state.initialize_model_parallel` for every rank of every
-recipe on torch's fake backend, in a subprocess (process groups are process-wide state).
+recipe on torch's fake backend, in subprocesses split over the cores (process groups are
+process-wide state).
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from recipes.config.layout import GROUP_KINDS, Layout
 from recipes.registry import RECIPES, get_recipe
 from tests.unit.layout_groups_probe import probed_ranks
+from tests.unit.probes import split_probe
 
-REPO = Path(__file__).resolve().parents[2]
 COORDINATES = ("tp", "pp", "dp", "cp", "ep")
 
 
@@ -30,16 +27,10 @@ COORDINATES = ("tp", "pp", "dp", "cp", "ep")
 def megatron() -> dict:
     """{recipe: {"ranks": [per-rank groups and coordinates], "created": {kind: groups}}}."""
     start = time.perf_counter()
-    result = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "unit" / "layout_groups_probe.py"), *RECIPES],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads(result.stdout.splitlines()[-1])
-    print(f"\nlayout_groups_probe: {data['seconds']:.1f} s in parallel_state, "
-          f"{time.perf_counter() - start:.1f} s with start-up")
-    return data["recipes"]
+    parts = split_probe("layout_groups_probe.py", list(RECIPES), timeout=300)
+    print(f"\nlayout_groups_probe: {max(p['seconds'] for p in parts):.1f} s in parallel_state "
+          f"(the longest of {len(parts)} parts), {time.perf_counter() - start:.1f} s with start-up")
+    return {name: found for part in parts for name, found in part["recipes"].items()}
 
 
 def group_mismatches(layout: Layout, records: list[dict]) -> list[str]:
