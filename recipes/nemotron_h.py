@@ -107,6 +107,30 @@ def nemotron_nano_v2_12b_tp4_sp_dp16() -> RunConfig:
     return _hybrid_run(model, ParallelConfig(tensor=4, sequence_parallel=True))
 
 
+def phased_pretraining(cfg: RunConfig, tokens: float, quality_tokens: float, long_seq: int,
+                       long_tokens: float, long_batch: int, long_cp: int) -> RunConfig:
+    """What the phased Nemotron recipes share: token counts -> end steps of a general phase,
+    a quality phase holding WSD's decay, and a long-context phase that relaunches with CP
+    (a CP change, so the optimizer saves fully_reshardable); the blends are the examples in
+    conf/data/nemotron_h_*.yaml."""
+    seq, batch = cfg.model.seq_length, cfg.train.global_batch_size
+    general = round((tokens - quality_tokens) / (seq * batch))
+    decay = general + round(quality_tokens / (seq * batch))
+    cfg.train.train_iters = decay + round(long_tokens / (long_seq * long_batch))
+    cfg.scheduler.style = "wsd"
+    cfg.checkpoint.optimizer_format = "fully_reshardable"  # the CP relaunch resumes CP1's state
+    cfg.data.source, cfg.data.blend = "blend", "conf/data/nemotron_h_general.yaml"
+    cfg.phases = [
+        PhaseConfig(name="general", end_step=general, seq_length=seq),
+        PhaseConfig(name="quality", end_step=decay, seq_length=seq, lr_decay=True,
+                    blend="conf/data/nemotron_h_quality.yaml"),
+        PhaseConfig(name="long_context", end_step=cfg.train.train_iters, relaunch=True,
+                    seq_length=long_seq, context=long_cp, global_batch_size=long_batch,
+                    blend="conf/data/nemotron_h_long_context.yaml"),
+    ]
+    return cfg
+
+
 NANO_V2_TOKENS = 20e12  # reported pretraining tokens
 NANO_V2_DECAY_TOKENS = 3.6e12  # reported: WSD decays over the final 3.6T tokens
 NANO_V2_LONG_SEQ = 524_288  # reported: the long-context phase trains at 512k tokens a sequence
@@ -127,22 +151,10 @@ def nemotron_nano_v2_12b_phases_tp4_sp_dp16() -> RunConfig:
     recipe takes 20B long-context tokens at 16 sequences per step on TP4 x CP16 and keeps
     WSD's min lr; the blends (conf/data/nemotron_h_*.yaml) are examples to replace.
     """
-    cfg = nemotron_nano_v2_12b_tp4_sp_dp16()
-    seq, batch = cfg.model.seq_length, cfg.train.global_batch_size
-    general = round((NANO_V2_TOKENS - NANO_V2_DECAY_TOKENS) / (seq * batch))
-    decay = general + round(NANO_V2_DECAY_TOKENS / (seq * batch))
-    cfg.train.train_iters = decay + round(LONG_TOKENS / (NANO_V2_LONG_SEQ * LONG_BATCH))
-    cfg.scheduler.style, cfg.optimizer.lr, cfg.optimizer.min_lr = "wsd", 4.5e-4, 4.5e-6
-    cfg.checkpoint.optimizer_format = "fully_reshardable"  # CP16 resumes the CP1 state
-    cfg.data.source, cfg.data.blend = "blend", "conf/data/nemotron_h_general.yaml"
-    cfg.phases = [
-        PhaseConfig(name="general", end_step=general, seq_length=seq),
-        PhaseConfig(name="quality", end_step=decay, seq_length=seq, lr_decay=True,
-                    blend="conf/data/nemotron_h_quality.yaml"),
-        PhaseConfig(name="long_context", end_step=cfg.train.train_iters, relaunch=True,
-                    seq_length=NANO_V2_LONG_SEQ, context=LONG_CP, global_batch_size=LONG_BATCH,
-                    blend="conf/data/nemotron_h_long_context.yaml"),
-    ]
+    cfg = phased_pretraining(nemotron_nano_v2_12b_tp4_sp_dp16(), NANO_V2_TOKENS,
+                             NANO_V2_DECAY_TOKENS, NANO_V2_LONG_SEQ, LONG_TOKENS, LONG_BATCH,
+                             LONG_CP)
+    cfg.optimizer.lr, cfg.optimizer.min_lr = 4.5e-4, 4.5e-6
     return cfg
 
 
