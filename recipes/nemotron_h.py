@@ -1,6 +1,7 @@
 """Hybrid Mamba-Transformer recipes on Megatron Core's HybridModel: Nemotron-H 4B/8B/47B/56B,
 Nemotron Nano v2 9B/12B (12B also in its reported phases: a data curriculum, WSD's decay,
-a 512k long-context phase), Nemotron 3 Nano 30B-A3B, and tiny hybrids for CPU ranks.
+a 512k long-context phase), Nemotron 3 Nano 30B-A3B (also in its reported phases), and tiny
+hybrids for CPU ranks.
 
 Shapes are Megatron Bridge's `nemotronh` providers; the layouts its pretraining recipes use.
 Every family member is `nemotron_h_model` plus its own sizes and pattern; every large recipe is
@@ -179,6 +180,31 @@ def nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16() -> RunConfig:
     return cfg
 
 
+NANO3_TOKENS, NANO3_QUALITY_TOKENS = 25e12, 1.5e12  # reported: 23.5T diverse, then 1.5T quality
+NANO3_LONG_TOKENS, NANO3_LONG_BATCH = 121e9, 48  # reported: the LC phase's tokens and batch
+NANO3_LONG_SEQ = 524_288  # not published in what we read: this recipe's own LC sequence
+NANO3_LONG_CP = 16  # this recipe's own: TP4 x CP16 fills the 64 GPUs, 32k tokens a rank
+
+
+def nemotron3_nano_30b_a3b_phases_tp4_sp_ep8_dp16() -> RunConfig:
+    """Nemotron 3 Nano 30B-A3B pretraining in phases on 64 GPUs: 23.5T diverse tokens, 1.5T
+    high-quality tokens holding WSD's decay, then a long-context phase with CP16 (EP8 kept).
+
+    Reported (Nemotron 3 Nano technical report, as NVIDIA's Nemotron training docs summarise
+    it; model card): 25T tokens with WSD in two data phases (23.5T for diversity, 1.5T of
+    higher-quality data), then an LC phase of 121B tokens at global batch 48 with a constant
+    lr of 1e-5, the model supporting contexts up to 1M tokens. Not published in what we read:
+    the LC phase's sequence length and the blends' weights; the reported decay also spans the
+    final 5T (20%), wider than phase 2, and the LC layout is TP8 x PP4 x CP8 x EP8. This
+    recipe's own choices: 524,288 tokens a sequence, WSD's decay over phase 2 only, the LC
+    phase on TP4 x CP16 (DP1 divides the batch of 48; experts stay EP8 x expert-DP8 over the
+    same 64 GPUs) holding the base recipe's min lr; the blends are examples to replace.
+    """
+    return phased_pretraining(nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16(), NANO3_TOKENS,
+                              NANO3_QUALITY_TOKENS, NANO3_LONG_SEQ, NANO3_LONG_TOKENS,
+                              NANO3_LONG_BATCH, NANO3_LONG_CP)
+
+
 # The tiny hybrid: every layer kind once or twice, Mamba heads 8 x 16 in 2 groups, state 16.
 TINY_HYBRID_PATTERN = "M*-ME-"
 
@@ -251,6 +277,7 @@ RECIPES = (
     nemotron_nano_v2_12b_tp4_sp_dp16,
     nemotron_nano_v2_12b_phases_tp4_sp_dp16,
     nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16,
+    nemotron3_nano_30b_a3b_phases_tp4_sp_ep8_dp16,
     hybrid_tiny_dp1,
     hybrid_tiny_tp2_sp,
     hybrid_tiny_pp2,
