@@ -1,6 +1,7 @@
 """Hybrid Mamba-Transformer recipes on Megatron Core's HybridModel: Nemotron-H 4B/8B/47B/56B,
 Nemotron Nano v2 9B/12B (12B also in its reported phases: a data curriculum, WSD's decay,
-a 512k long-context phase), Nemotron 3 Nano 30B-A3B, and tiny hybrids for CPU ranks.
+a 512k long-context phase), Nemotron 3 Nano 30B-A3B (also in its reported phases), and tiny
+hybrids for CPU ranks.
 
 Shapes are Megatron Bridge's `nemotronh` providers; the layouts its pretraining recipes use.
 Every family member is `nemotron_h_model` plus its own sizes and pattern; every large recipe is
@@ -107,6 +108,30 @@ def nemotron_nano_v2_12b_tp4_sp_dp16() -> RunConfig:
     return _hybrid_run(model, ParallelConfig(tensor=4, sequence_parallel=True))
 
 
+def phased_pretraining(cfg: RunConfig, tokens: float, quality_tokens: float, long_seq: int,
+                       long_tokens: float, long_batch: int, long_cp: int) -> RunConfig:
+    """What the phased Nemotron recipes share: token counts -> end steps of a general phase,
+    a quality phase holding WSD's decay, and a long-context phase that relaunches with CP
+    (a CP change, so the optimizer saves fully_reshardable); the blends are the examples in
+    conf/data/nemotron_h_*.yaml."""
+    seq, batch = cfg.model.seq_length, cfg.train.global_batch_size
+    general = round((tokens - quality_tokens) / (seq * batch))
+    decay = general + round(quality_tokens / (seq * batch))
+    cfg.train.train_iters = decay + round(long_tokens / (long_seq * long_batch))
+    cfg.scheduler.style = "wsd"
+    cfg.checkpoint.optimizer_format = "fully_reshardable"  # the CP relaunch resumes CP1's state
+    cfg.data.source, cfg.data.blend = "blend", "conf/data/nemotron_h_general.yaml"
+    cfg.phases = [
+        PhaseConfig(name="general", end_step=general, seq_length=seq),
+        PhaseConfig(name="quality", end_step=decay, seq_length=seq, lr_decay=True,
+                    blend="conf/data/nemotron_h_quality.yaml"),
+        PhaseConfig(name="long_context", end_step=cfg.train.train_iters, relaunch=True,
+                    seq_length=long_seq, context=long_cp, global_batch_size=long_batch,
+                    blend="conf/data/nemotron_h_long_context.yaml"),
+    ]
+    return cfg
+
+
 NANO_V2_TOKENS = 20e12  # reported pretraining tokens
 NANO_V2_DECAY_TOKENS = 3.6e12  # reported: WSD decays over the final 3.6T tokens
 NANO_V2_LONG_SEQ = 524_288  # reported: the long-context phase trains at 512k tokens a sequence
@@ -127,22 +152,10 @@ def nemotron_nano_v2_12b_phases_tp4_sp_dp16() -> RunConfig:
     recipe takes 20B long-context tokens at 16 sequences per step on TP4 x CP16 and keeps
     WSD's min lr; the blends (conf/data/nemotron_h_*.yaml) are examples to replace.
     """
-    cfg = nemotron_nano_v2_12b_tp4_sp_dp16()
-    seq, batch = cfg.model.seq_length, cfg.train.global_batch_size
-    general = round((NANO_V2_TOKENS - NANO_V2_DECAY_TOKENS) / (seq * batch))
-    decay = general + round(NANO_V2_DECAY_TOKENS / (seq * batch))
-    cfg.train.train_iters = decay + round(LONG_TOKENS / (NANO_V2_LONG_SEQ * LONG_BATCH))
-    cfg.scheduler.style, cfg.optimizer.lr, cfg.optimizer.min_lr = "wsd", 4.5e-4, 4.5e-6
-    cfg.checkpoint.optimizer_format = "fully_reshardable"  # CP16 resumes the CP1 state
-    cfg.data.source, cfg.data.blend = "blend", "conf/data/nemotron_h_general.yaml"
-    cfg.phases = [
-        PhaseConfig(name="general", end_step=general, seq_length=seq),
-        PhaseConfig(name="quality", end_step=decay, seq_length=seq, lr_decay=True,
-                    blend="conf/data/nemotron_h_quality.yaml"),
-        PhaseConfig(name="long_context", end_step=cfg.train.train_iters, relaunch=True,
-                    seq_length=NANO_V2_LONG_SEQ, context=LONG_CP, global_batch_size=LONG_BATCH,
-                    blend="conf/data/nemotron_h_long_context.yaml"),
-    ]
+    cfg = phased_pretraining(nemotron_nano_v2_12b_tp4_sp_dp16(), NANO_V2_TOKENS,
+                             NANO_V2_DECAY_TOKENS, NANO_V2_LONG_SEQ, LONG_TOKENS, LONG_BATCH,
+                             LONG_CP)
+    cfg.optimizer.lr, cfg.optimizer.min_lr = 4.5e-4, 4.5e-6
     return cfg
 
 
@@ -165,6 +178,31 @@ def nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16() -> RunConfig:
     cfg.scheduler.warmup_iters = 333
     cfg.plugins.moe.enabled = True  # balance figures every step
     return cfg
+
+
+NANO3_TOKENS, NANO3_QUALITY_TOKENS = 25e12, 1.5e12  # reported: 23.5T diverse, then 1.5T quality
+NANO3_LONG_TOKENS, NANO3_LONG_BATCH = 121e9, 48  # reported: the LC phase's tokens and batch
+NANO3_LONG_SEQ = 524_288  # not published in what we read: this recipe's own LC sequence
+NANO3_LONG_CP = 16  # this recipe's own: TP4 x CP16 fills the 64 GPUs, 32k tokens a rank
+
+
+def nemotron3_nano_30b_a3b_phases_tp4_sp_ep8_dp16() -> RunConfig:
+    """Nemotron 3 Nano 30B-A3B pretraining in phases on 64 GPUs: 23.5T diverse tokens, 1.5T
+    high-quality tokens holding WSD's decay, then a long-context phase with CP16 (EP8 kept).
+
+    Reported (Nemotron 3 Nano technical report, as NVIDIA's Nemotron training docs summarise
+    it; model card): 25T tokens with WSD in two data phases (23.5T for diversity, 1.5T of
+    higher-quality data), then an LC phase of 121B tokens at global batch 48 with a constant
+    lr of 1e-5, the model supporting contexts up to 1M tokens. Not published in what we read:
+    the LC phase's sequence length and the blends' weights; the reported decay also spans the
+    final 5T (20%), wider than phase 2, and the LC layout is TP8 x PP4 x CP8 x EP8. This
+    recipe's own choices: 524,288 tokens a sequence, WSD's decay over phase 2 only, the LC
+    phase on TP4 x CP16 (DP1 divides the batch of 48; experts stay EP8 x expert-DP8 over the
+    same 64 GPUs) holding the base recipe's min lr; the blends are examples to replace.
+    """
+    return phased_pretraining(nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16(), NANO3_TOKENS,
+                              NANO3_QUALITY_TOKENS, NANO3_LONG_SEQ, NANO3_LONG_TOKENS,
+                              NANO3_LONG_BATCH, NANO3_LONG_CP)
 
 
 # The tiny hybrid: every layer kind once or twice, Mamba heads 8 x 16 in 2 groups, state 16.
@@ -239,6 +277,7 @@ RECIPES = (
     nemotron_nano_v2_12b_tp4_sp_dp16,
     nemotron_nano_v2_12b_phases_tp4_sp_dp16,
     nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16,
+    nemotron3_nano_30b_a3b_phases_tp4_sp_ep8_dp16,
     hybrid_tiny_dp1,
     hybrid_tiny_tp2_sp,
     hybrid_tiny_pp2,

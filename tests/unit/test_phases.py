@@ -3,6 +3,8 @@ firing alone with its one-line message."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from recipes.config.phases import phase_spans, samples_at, schedule_samples
 from recipes.config.validation import failing_rules, validate
 from recipes.registry import get_recipe
 
+REPO = Path(__file__).resolve().parents[2]
 RUN = ["train.train_iters=20", "scheduler.warmup_iters=2"]
 TWO_BY_STEP = "phases=[{name: general, end_step: 12}, {name: quality, end_step: 20}]"
 LONG = ("phases=[{name: a, end_step: 10, seq_length: 128}, "
@@ -196,3 +199,22 @@ def test_a_launch_ends_where_a_relaunch_phase_starts_and_the_next_starts_in_its_
     assert (resumed.checkpoint.load, resumed.checkpoint.resume) == (None, True)
 
 
+
+
+PHASED_NEMOTRON = {  # recipe: the reported tokens of each phase (general, quality, long)
+    "nemotron_nano_v2_12b_phases_tp4_sp_dp16": (16.4e12, 3.6e12, 20e9),
+    "nemotron3_nano_30b_a3b_phases_tp4_sp_ep8_dp16": (23.5e12, 1.5e12, 121e9),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PHASED_NEMOTRON))
+def test_phased_nemotron_recipes_train_their_token_counts_on_blends_that_exist(name) -> None:
+    cfg = get_recipe(name)
+    validate(cfg)
+    spans = phase_spans(cfg)
+    for span, tokens in zip(spans, PHASED_NEMOTRON[name], strict=True):
+        step_tokens = span.global_batch_size * span.seq_length
+        assert abs(span.tokens - tokens) <= step_tokens / 2, span.name
+        assert (REPO / span.blend).is_file(), span.blend
+    assert [s.lr_decay for s in spans] == [False, True, False]
+    assert spans[-1].relaunch and spans[-1].context > spans[0].context
