@@ -199,8 +199,6 @@ def test_a_launch_ends_where_a_relaunch_phase_starts_and_the_next_starts_in_its_
     assert (resumed.checkpoint.load, resumed.checkpoint.resume) == (None, True)
 
 
-
-
 PHASED_NEMOTRON = {  # recipe: the reported tokens of each phase (general, quality, long)
     "nemotron_nano_v2_12b_phases_tp4_sp_dp16": (16.4e12, 3.6e12, 20e9),
     "nemotron3_nano_30b_a3b_phases_tp4_sp_ep8_dp16": (23.5e12, 1.5e12, 121e9),
