@@ -4,7 +4,8 @@ Exactly means, per step after the resume: the same loss, learning rate and consu
 for bit, and the same token ids in the same order on every rank (a digest of each micro-batch).
 Covers the distributed optimizer's four load-path fixes in trainer/checkpointing.py (without
 any one of them the resumed losses drift by ~1e-2 or the load fails), interleaved pipelines,
-dropout (each rank's CPU generator and Megatron's tracker streams must resume), and ten random
+dropout (each rank's CPU generator and Megatron's tracker streams must resume), the hybrid
+Mamba-Transformer model at EP2 with Nemotron 3's router expert bias, and ten random
 stop points of the single-rank tiny model. A checkpoint saved at TP2 x PP2 resumes at other
 layouts (weights and optimizer state resharded) within float tolerance, with the same samples;
 so does the hybrid Mamba-Transformer model saved at TP2 + SP and resumed at PP2 x VPP2.
@@ -41,6 +42,9 @@ CASES = [
     ("tiny_tp2", 2, ["model.hidden_dropout=0.1", "model.attention_dropout=0.1"]),
     # Nemotron 3's routing: the aux-loss-free expert bias is router state the steps move.
     ("mixtral_tiny_ep2_dp2", 2, NEMOTRON3_ROUTING),
+    # The hybrid (Mamba2, attention, MLP, MoE routed as in Nemotron 3, expert bias included) with
+    # its experts over EP2: the Mamba states, the scan's parameters and the router bias resume.
+    ("hybrid_tiny_ep2_dp2", 2, HYBRID_SIZE),
 ]
 
 
@@ -62,7 +66,7 @@ def test_resumed_run_equals_uninterrupted_run(launch_ranks, tmp_path, recipe, ra
         assert after["start"] == SAVE_AFTER
         assert after["records"] == before["records"][SAVE_AFTER:], f"rank {rank}"
         biases = [record["expert_bias"] for record in before["records"]]
-        if "model.moe_router_expert_bias=true" in overrides:
+        if "model.moe_router_expert_bias=true" in overrides or recipe.startswith("hybrid"):
             assert len(set(biases)) == len(biases), "the expert bias moves every step"
 
 
