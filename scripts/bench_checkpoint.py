@@ -13,7 +13,7 @@ size=100m raises its model to about 100M parameters (12 layers, hidden 768, voca
 one 128-token sample per rank per step); both (the default) runs tiny, then 100m. Each
 repeat saves through the trainer's save_checkpoint, writes the same bytes with dd on rank 0,
 and loads them back; the first save of a process is reported apart. Then normal steps are
-timed against two steps that start a save with checkpoint.async_save=true (the trainer's own
+timed against three steps that start a save with checkpoint.async_save=true (the trainer's own
 path, trainer/tools/bench_checkpoint.py); the stall with async off is the synchronous save.
 Goals: save <= 2 x dd + 0.5 s, load <= 2 x dd, step stall with async on <= 0.2 s.
 Prints a table, the phases of saves, a load and async starts, and one JSON line (also

@@ -525,6 +525,77 @@ class AsyncSaves:
         self.in_flight: list[_Save] = []
 
 
+def is_storage_view(tensor: torch.Tensor) -> bool:
+    """A tensor that is a piece of a larger storage (a parameter in its DDP buffer): torch.save
+    would write the whole storage (the test Megatron uses, strategies/filesystem_async.py:165)."""
+    return tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size()
+
+
+def compact_buckets(buckets: list) -> list:
+    """Megatron's write buckets, `(path, name, (bytes items, [(item, tensor)]))`, with every CPU
+    tensor that is a view of a larger storage replaced by its own copy."""
+    return [(path, name, (byte_items, [
+        (item, tensor.clone() if tensor.device.type == "cpu" and is_storage_view(tensor)
+         else tensor) for item, tensor in tensor_items]))
+        for path, name, (byte_items, tensor_items) in buckets]
+
+
+@contextlib.contextmanager
+def views_uncopied():
+    """The writer's `prepare_write_data` copies every CPU tensor that is a view (on a CPU rank:
+    every parameter, a view of its DDP buffer; strategies/filesystem_async.py:146-166, :180),
+    in the step. A forked writer does not need the copy for consistency (the fork is the
+    snapshot, async_utils.py:270-275), only for the bytes it writes: while this is active,
+    such views reach the write buckets uncopied, and `_copied_in_writer` makes the copies in
+    the writer process, after the fork."""
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import (
+        FileSystemWriterAsync,
+    )
+
+    prepare = FileSystemWriterAsync.prepare_write_data
+
+    def prepare_without_copies(writer, plan, planner):
+        views: dict[int, torch.Tensor] = {}
+        resolve = planner.resolve_data
+
+        def resolve_placeholder(item):
+            data = resolve(item)
+            if isinstance(data, torch.Tensor) and data.device.type == "cpu" and \
+                    is_storage_view(data):
+                views[id(item)] = data
+                return data.new_empty(0)  # what Megatron hands on without a copy
+            return data
+
+        planner.resolve_data = resolve_placeholder
+        try:
+            prepare(writer, plan, planner)
+        finally:
+            del planner.resolve_data
+        writer.write_buckets = [(path, name, (byte_items, [
+            (item, views.get(id(item), tensor)) for item, tensor in tensor_items]))
+            for path, name, (byte_items, tensor_items) in writer.write_buckets]
+
+    FileSystemWriterAsync.prepare_write_data = prepare_without_copies
+    try:
+        yield
+    finally:
+        FileSystemWriterAsync.prepare_write_data = prepare
+
+
+def _copied_in_writer(request):
+    """The request with its write function compacting the buckets first (`compact_buckets`),
+    in the forked writer: Megatron calls it as `async_fn(rank, write_buckets, results_queue)`
+    (strategies/filesystem_async.py:220-224, the buckets preloaded at async_utils.py:264-269)."""
+    write = request.async_fn
+    if write is None:
+        return request
+
+    def write_compacted(rank, buckets, *rest, **kwargs):
+        return write(rank, compact_buckets(buckets), *rest, **kwargs)
+
+    return request._replace(async_fn=write_compacted)
+
+
 def _async_saves(session) -> AsyncSaves:
     if getattr(session, "async_saves", None) is None:
         session.async_saves = AsyncSaves()
@@ -540,11 +611,13 @@ def _start_async_write(session, save: _Save) -> None:
         # A fresh content_metadata: the sharded dicts leave a process group in `metadata`,
         # which only the validation branch strips (dist_checkpointing/state_dict_utils.py:
         # 44-49) and the writer cannot pickle; the sharding is validated on the first save.
-        request = dist_checkpointing.save(
-            sharded, str(save.tmp), saves.strategy,
-            content_metadata=content_metadata(session.cfg),
-            validate_access_integrity=saves.started == 0,
-            async_sharded_save=True, async_strategy="mcore")
+        with views_uncopied():
+            request = dist_checkpointing.save(
+                sharded, str(save.tmp), saves.strategy,
+                content_metadata=content_metadata(session.cfg),
+                validate_access_integrity=saves.started == 0,
+                async_sharded_save=True, async_strategy="mcore")
+        request = _copied_in_writer(request)
         writing = tuple(s.tmp for s in saves.in_flight)
         request.add_finalize_fn(lambda: _publish(session, save, writing))
         with writer_errors_unlogged():  # the forked writer keeps the raised level

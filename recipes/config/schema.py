@@ -281,6 +281,8 @@ class CheckpointConfig:
     # The distributed optimizer's state on disk (Megatron-LM's default): dp_reshardable writes
     # each rank's own shard (no gather; a resume may change DP only); fully_reshardable gathers
     # each TP x PP share's whole fp32 state on every rank first (any layout can resume it).
+    # Megatron's fully_sharded_model_space (no gather) is not offered: Core 0.19.2 refuses to
+    # save it (flattened_range, docs/checkpoints.md "Format").
     optimizer_format: Literal["fully_reshardable", "dp_reshardable"] = "dp_reshardable"
     keep_last: int | None = None  # keep the newest N saved steps (+ the resumed-from); None: all
     # Before launch, check the loaded checkpoint's files against its run.json: sizes and CRC-32

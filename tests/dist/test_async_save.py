@@ -45,6 +45,25 @@ def terminated_while_writing(payload: dict) -> dict:
     return {"code": main(PRETRAIN, payload["argv"])}  # not reached: the signal ends the rank
 
 
+def saved_both_ways(payload: dict) -> dict:
+    """One step, then that state saved synchronously and asynchronously: each shard file's
+    size. The asynchronous writer copies the parameters' views itself (`views_uncopied`)."""
+    from tests.dist.layout_runs import _finish, _session
+    from tests.dist.resume_runs import _step
+    from trainer.checkpointing import finish_saves, save_checkpoint
+
+    session = _session(payload)
+    _step(session)
+    sizes = {}
+    for mode in ("sync", "async"):
+        session.cfg.checkpoint.async_save = mode == "async"
+        path = save_checkpoint(session, Path(payload["run_dir"]) / mode)
+        finish_saves(session, blocking=True)
+        sizes[mode] = {p.name: p.stat().st_size for p in sorted(path.glob("*.distcp"))}
+    _finish()
+    return sizes
+
+
 @pytest.fixture(scope="module")
 def async_run(launch_ranks, tmp_path_factory) -> tuple[Path, dict]:
     """One launch: 4 steps without saves, then 4 steps saving asynchronously after 1 and 2."""
@@ -96,3 +115,11 @@ def test_sigterm_during_an_async_write_publishes_it_before_the_run_stops(launch_
     assert (root / "latest").read_text() == "step_0000002"
     step = root / "step_0000002"
     assert damaged_file(step, read_manifest(step), True) is None
+
+
+def test_an_async_save_writes_the_bytes_of_a_synchronous_one(launch_ranks, tmp_path):
+    # The views of the DDP buffer reach the writer uncopied; written as they are, each file
+    # would hold whole buffers.
+    for rank in launch_ranks(RANKS, "tests.dist.test_async_save:saved_both_ways",
+                             {"recipe": RECIPE, "run_dir": str(tmp_path), "overrides": []}):
+        assert rank["sync"] and rank["async"] == rank["sync"]

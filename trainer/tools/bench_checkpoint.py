@@ -13,7 +13,7 @@ atomic publication included), writes the same number of bytes with `dd ... conv=
 0 in the same directory, and loads the checkpoint back through `load_checkpoint`. The first save
 of a process is reported apart: Megatron starts process-wide helpers on it. Phases are timed by
 wrapping Megatron's and our functions for the duration of the benchmark (nested phases overlap;
-barriers include waiting for the slowest rank). The async part times normal steps, then two
+barriers include waiting for the slowest rank). The async part times normal steps, then three
 steps that also start a save through the same `save_checkpoint` with checkpoint.async_save=true
 (Megatron's asynchronous save, trainer/checkpointing.py), then the steps until it is
 published. The stall with async off is the synchronous save itself; with async on it is
@@ -50,6 +50,11 @@ PHASES = (
      "save: validate_sharding_integrity"),
     ("megatron.core.dist_checkpointing.strategies.state_dict_saver",
      "save_state_dict_async_plan", "save: torch DCP plan + prepare_write_data"),
+    ("megatron.core.dist_checkpointing.strategies.torch", "MCoreSavePlanner.create_local_plan",
+     "save: DCP local plan (until cached)"),
+    ("megatron.core.dist_checkpointing.strategies.filesystem_async",
+     "FileSystemWriterAsync.prepare_write_data",
+     "save: prepare_write_data (copies of CPU views)"),
     ("megatron.core.dist_checkpointing.strategies.filesystem_async", "get_write_results_queue",
      "save: results queue (spawned multiprocessing Manager)"),
     ("megatron.core.dist_checkpointing.strategies.filesystem_async",
@@ -289,17 +294,23 @@ def _one_async_save(session, root: Path, median: float, timer: PhaseTimer) -> di
             "complete": complete, "phases": scheduling, "bytes": nbytes}
 
 
+ASYNC_SAVES = 3
+
+
 def measure_async(session, root: Path, steps: int, timer: PhaseTimer) -> dict:
-    """Normal steps, then two async saves through the trainer (the first starts the writer's
-    results queue and validates the sharding; the second is what every later save pays)."""
+    """Normal steps, then three async saves through the trainer: the first starts the writer's
+    results queue, validates the sharding and plans; the second plans again, gathering every
+    rank's plan, and finds it equal to the first (Megatron sets `validated_cache_reuse` from
+    that comparison, strategies/state_dict_saver.py:166); the third is the first to reuse the
+    cached plan (:128-131), what every later save of the run pays."""
     _progress(f"async save: {steps} normal steps, then steps that start saves ...")
     normal = [_slowest(_timed_step(session)) for _ in range(steps)]
     median = statistics.median(normal)
     figures = {"normal_step_s": round(median, 4), "saves": []}
     session.cfg.checkpoint.async_save = True
     try:
-        for number in (1, 2):
-            _progress(f"async save {number}/2 ...")
+        for number in range(1, ASYNC_SAVES + 1):
+            _progress(f"async save {number}/{ASYNC_SAVES} ...")
             figures["saves"].append({"number": number,
                                      **_one_async_save(session, root, median, timer)})
     finally:
