@@ -6,7 +6,8 @@ A `SampleSource` turns sample indices into one micro-batch. Sources:
 - `MegatronSamples`: prepared datasets through Megatron Core's own `BlendedMegatronDatasetBuilder`
   and `GPTDataset` (blend weights, train/held-out split, its shuffling, and with
   `data.documents=inter_document` its per-document `cu_seqlens`), in the packed batch format
-  (`plugins/protocol/packed_batch.py`) when documents are kept apart.
+  (`plugins/protocol/packed_batch.py`) when documents are kept apart. A manifest's shards are one
+  dataset there (`trainer/sharded_dataset.py`): the samples of the unsharded preparation.
 - `PackedSamples`: exact packs of whole documents (`data_prep.packing`), one packed row each;
   under context parallelism packed for, and padded to, per-document multiples of 2 x CP, since
   Megatron cuts every document of a packed row into 2 x CP chunks.
@@ -161,7 +162,9 @@ def megatron_sources(cfg: RunConfig, blend: Blend, cache: Path, eval_samples: in
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
     )
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+
+    from trainer.sharded_dataset import ShardedGPTDataset
 
     inter_document = cfg.data.documents == "inter_document"
     per_split = None if blend.valid is None else [
@@ -177,11 +180,11 @@ def megatron_sources(cfg: RunConfig, blend: Blend, cache: Path, eval_samples: in
         inter_document_masking=inter_document,
     )
     sizes = [train_samples, eval_samples, 0]
-    train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True,
+    train, valid, _ = BlendedMegatronDatasetBuilder(ShardedGPTDataset, sizes, lambda: True,
                                                     config).build()
-    names = source_labels([source.prefix for source in blend.train])
+    names = source_labels([source.label for source in blend.train])
     heldout_names = names if blend.valid is None else source_labels(
-        [source.prefix for source in blend.valid])
+        [source.label for source in blend.valid])
     return (MegatronSamples(train, inter_document, names),
             MegatronSamples(valid, inter_document, heldout_names))
 
@@ -233,23 +236,25 @@ def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int):
 
 
 def packed_sources(cfg: RunConfig, blend: Blend) -> tuple[PackedSamples, PackedSamples]:
-    """Every pack of every train source once; held-out packs from `valid`, else the split."""
+    """Every pack of every train source once (a manifest's: each shard's, in order); held-out
+    packs from `valid`, else the split."""
     seq, seed = cfg.model.seq_length, cfg.train.seed
     multiple = document_pad_multiple(cfg.parallel.context)
 
     def packs(sources) -> tuple[list[tuple[object, object, int]], list[int]]:
         found, owners = [], []
         for number, source in enumerate(sources):
-            dataset, index = _pack_index(source.prefix, seq, seed, multiple)
-            found += [(dataset, index, i) for i in range(len(index))]
-            owners += [number] * len(index)
+            for prefix in source.prefixes:
+                dataset, index = _pack_index(prefix, seq, seed, multiple)
+                found += [(dataset, index, i) for i in range(len(index))]
+                owners += [number] * len(index)
         return found, owners
 
-    names = source_labels([source.prefix for source in blend.train])
+    names = source_labels([source.label for source in blend.train])
     train, owners = packs(blend.train)
     if blend.valid is not None:
         heldout, heldout_owners = packs(blend.valid)
-        heldout_names = source_labels([source.prefix for source in blend.valid])
+        heldout_names = source_labels([source.label for source in blend.valid])
     else:
         count = max(1, round(len(train) * blend.split[1] / sum(blend.split)))
         train, heldout = train[:-count], train[-count:]

@@ -14,10 +14,13 @@ blending; this module only reads and checks the file, before any rank starts:
     tokenizer: /data/tokenizers/web          # optional: the tokenizer bare prefixes were made with
 
 A manifest is the `<output>.json` that `scripts/prepare_data.py` writes (shards, EOD id, vocab
-size). Megatron-LM's own blend files are read too: a `--data-args-path` file (`weight prefix
-weight prefix ...`) and a `--per-split-data-args-path` JSON (`{"train": [weight, prefix, ...],
-"valid": [...], "test": [...]}`); their EOD id and vocabulary come from the manifests in the
-prefixes' folders that list them.
+size). A manifest entry is one source: its shards of the split, in document order, reach Megatron
+as one dataset (`manifest_dataset`, read by `trainer/sharded_dataset.py`), so sharded output
+trains on the samples the same documents prepared unsharded give. Megatron-LM's own blend files
+are read too: a `--data-args-path` file (`weight prefix weight prefix ...`) and a
+`--per-split-data-args-path` JSON (`{"train": [weight, prefix, ...], "valid": [...], "test":
+[...]}`); they list shards, which Megatron-LM blends, and are blended so here too. Their EOD id
+and vocabulary come from the manifests in the prefixes' folders that list them.
 
 Every dataset's files are checked here as well (`dataset_files.py`, O(index)): a damaged or
 foreign `.idx`, a short `.bin`, files that are not the ones their manifest recorded, ids beyond
@@ -42,11 +45,53 @@ import yaml
 from plugins.protocol.errors import ConfigError
 from recipes.config import dataset_files
 
+MANIFEST_SPLIT = "#"  # <manifest>.json#<split>: a manifest's shards of a split, as one dataset
+
 
 @dataclass(frozen=True)
 class BlendSource:
-    prefix: str  # an indexed dataset: <prefix>.bin and <prefix>.idx
+    # The dataset Megatron is given: an indexed dataset (<prefix>.bin and <prefix>.idx), or a
+    # manifest's split (`manifest_dataset`), whose shards are `shards`.
+    prefix: str
     weight: float
+    shards: tuple[str, ...] = ()  # a manifest's shard prefixes, in document order
+
+    @property
+    def prefixes(self) -> tuple[str, ...]:
+        """The indexed datasets on disk this source reads, in document order."""
+        return self.shards or (self.prefix,)
+
+    @property
+    def named(self) -> str:
+        """What the blend file names: the manifest, or the prefix."""
+        found = manifest_split(self.prefix)
+        return found[0] if found else self.prefix
+
+    @property
+    def label(self) -> str:
+        """The source's path for logs: a manifest's without `.json` (its preparation's output)."""
+        found = manifest_split(self.prefix)
+        return str(Path(found[0]).with_suffix("")) if found else self.prefix
+
+
+def manifest_dataset(manifest: str, split: str) -> str:
+    """The one dataset path Megatron's builder is given for a manifest's shards of a split."""
+    return f"{manifest}{MANIFEST_SPLIT}{split}"
+
+
+def manifest_split(path: str) -> tuple[str, str] | None:
+    """(manifest, split) of a `manifest_dataset` path; None for an indexed-dataset prefix."""
+    manifest, mark, split = path.rpartition(MANIFEST_SPLIT)
+    if not mark or not manifest or split not in ("train", "valid"):
+        return None
+    return manifest, split
+
+
+def manifest_prefixes(manifest: str, split: str) -> list[str]:
+    """The shard prefixes a manifest file lists for a split, beside it, in document order."""
+    facts = json.loads(Path(manifest).read_text(encoding="utf-8"))
+    folder = Path(manifest).parent
+    return [str(folder / shard["prefix"]) for shard in manifest_shards(facts, split)]
 
 
 @dataclass(frozen=True)
@@ -204,7 +249,7 @@ def manifest_shards(manifest: dict[str, Any], split: str) -> list[dict[str, Any]
 
 def _sources(path: str, entries: Any, found: _Found,
              split: str = "train") -> tuple[BlendSource, ...]:
-    """Expand manifests into their shards (weights shared by token count), check prefixes."""
+    """One source per entry (a manifest's shards are one dataset), every prefix checked."""
     if not isinstance(entries, list) or not entries:
         raise _fail(path, "'train' and 'valid' must be non-empty lists of "
                           "{prefix|manifest, weight} entries")
@@ -220,13 +265,13 @@ def _sources(path: str, entries: Any, found: _Found,
         manifest = _read_manifest(path, name)
         found.manifests.append((name, manifest))
         folder = Path(name).parent
-        shards = manifest_shards(manifest, split)
-        total = sum(shard["tokens"] for shard in shards) or 1
-        for shard in shards:
+        prefixes = []
+        for shard in manifest_shards(manifest, split):
             prefix = str(folder / shard["prefix"])
             _check_prefix(path, prefix)
             _check_recorded(path, prefix, shard, name)
-            sources.append(BlendSource(prefix, weight * shard["tokens"] / total))
+            prefixes.append(prefix)
+        sources.append(BlendSource(manifest_dataset(name, split), weight, tuple(prefixes)))
     if sum(s.weight for s in sources) <= 0:
         raise _fail(path, "all weights are zero; give at least one source a positive weight")
     return tuple(sources)
@@ -333,14 +378,15 @@ def empty_split_problem(blend: Blend) -> str | None:
     if blend.valid is not None:
         return None
     for source in blend.train:
-        documents = dataset_files.document_count(source.prefix)
-        if documents is None:
+        counts = [dataset_files.document_count(prefix) for prefix in source.prefixes]
+        if None in counts:
             continue
+        documents = sum(counts)
         train, heldout = split_documents(documents, blend.split)
         if min(train, heldout) == 0:
             which = "held-out" if heldout == 0 else "train"
             share = blend.split[1] if heldout == 0 else blend.split[0]
-            return (f"data.blend={blend.path}: source {source.prefix} has {documents} "
+            return (f"data.blend={blend.path}: source {source.named} has {documents} "
                     f"document{'s' if documents != 1 else ''}, too few for its {which} share "
                     f"(split {blend.split[0]:g}/{blend.split[1]:g} gives it 0; Megatron's "
                     f"dataset builder would wait forever); raise the {which} share above "

@@ -51,3 +51,41 @@ def train_steps_on_packs_padded_for(payload: dict) -> dict:
     multiple, find = payload["index_pad_multiple"], data._pack_index
     data._pack_index = lambda prefix, seq, seed, _multiple: find(prefix, seq, seed, multiple)
     return layout_runs.train_steps(payload)
+
+
+def prepare_corpus(folder: Path, num_shards: int, tokenizer: str) -> object:
+    """`scripts/prepare_data.py` on one small JSONL corpus (made once in `folder/corpus`):
+    `num_shards` train shards and one valid shard; the `PrepareResult`."""
+    import json
+
+    from data_prep.config import PrepareConfig
+    from data_prep.prepare import prepare
+
+    corpus = folder / "corpus"
+    if not corpus.is_dir():
+        corpus.mkdir(parents=True)
+        documents = list(synthetic_documents(240_000, seed=11))
+        for index, part in enumerate((documents[::2], documents[1::2])):
+            (corpus / f"part-{index}.jsonl").write_text(
+                "".join(json.dumps({"text": text}) + "\n" for text in part), encoding="utf-8")
+    output = folder / f"shards_{num_shards}" / "corpus"
+    return prepare(PrepareConfig(input=str(corpus), output=str(output), tokenizer=tokenizer,
+                                 num_shards=num_shards, valid_shards=1, held_out_fraction=0.1),
+                   progress=False)
+
+
+def train_and_hold_out(payload: dict) -> dict:
+    """Rank entry: the per-step records of `tests.dist.resume_runs` (loss, lr, tokens, a digest
+    of the token ids) over `payload['steps']` steps, then a digest of each held-out batch and
+    the held-out loss."""
+    from tests.dist.layout_runs import _finish, _session
+    from tests.dist.resume_runs import _digest, _train
+    from trainer.step import evaluate
+
+    session = _session(payload)
+    records = _train(session, payload["steps"])
+    heldout = [_digest(session.heldout_batches.microbatches(k))
+               for k in range(session.eval_steps)]
+    result = evaluate(session)
+    _finish()
+    return {"records": records, "heldout": heldout, "eval_loss": result.loss}

@@ -4,15 +4,17 @@ From one reference checkpoint, packed rows (documents kept apart by the packing 
 the same losses at TP2 x PP2 as on one rank; effective tokens count loss tokens only (padding
 excluded); packed data at CP2 (packs made for documents padded to multiples of 4, each row's
 documents so padded, cut per document by Megatron) trains the losses of the same packs as plain
-rows on one rank; and a run stopped after two steps and resumed continues bit-identically, with
-the same samples in the same order, on a blend and on packed data.
+rows on one rank; a run stopped after two steps and resumed continues bit-identically, with
+the same samples in the same order, on a blend and on packed data; and a corpus prepared in three
+shards trains exactly as the same corpus prepared as one dataset (its manifest's shards are one
+Megatron dataset, `trainer/sharded_dataset.py`).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.dist.prepared_data import write_blend, write_byte_dataset
+from tests.dist.prepared_data import prepare_corpus, write_blend, write_byte_dataset
 
 pytestmark = pytest.mark.dist
 
@@ -104,3 +106,57 @@ def test_resume_mid_run_continues_with_the_same_samples(launch_ranks, blend, doc
     assert resumed["start"] == SAVE_AFTER
     # Per step: loss, lr, consumed tokens and a digest of the token ids (same samples, order).
     assert resumed["records"] == continuous["records"][SAVE_AFTER:]
+
+
+@pytest.fixture(scope="module")
+def preparations(tmp_path_factory) -> tuple:
+    """One small corpus prepared twice with one tokenizer: one train dataset, and three train
+    shards (one valid dataset each)."""
+    folder = tmp_path_factory.mktemp("sharding")
+    one = prepare_corpus(folder, 1, "train:300")
+    return one, prepare_corpus(folder, 3, str(one.tokenizer_dir))
+
+
+def _sharding_blends(folder, one, three, held_out: str) -> tuple[str, str]:
+    """(the unsharded datasets named by prefix, the sharded preparation named by manifest),
+    held out by `valid:` sources or by `split:`."""
+    def prefix(result, split: str) -> str:
+        return str(result.output.parent / next(s.prefix for s in result.shards
+                                                if s.split == split))
+
+    unsharded, sharded = folder / "one.yaml", folder / "three.yaml"
+    if held_out == "valid":
+        unsharded.write_text(f"train:\n  - {{prefix: {prefix(one, 'train')}}}\n"
+                             f"valid:\n  - {{prefix: {prefix(one, 'valid')}}}\n")
+        sharded.write_text(f"train:\n  - {{manifest: {three.manifest}}}\n"
+                           f"valid:\n  - {{manifest: {three.manifest}}}\n")
+    else:
+        unsharded.write_text(f"train:\n  - {{prefix: {prefix(one, 'train')}}}\nsplit: [90, 10]\n")
+        sharded.write_text(f"train:\n  - {{manifest: {three.manifest}}}\nsplit: [90, 10]\n")
+    return str(unsharded), str(sharded)
+
+
+@pytest.mark.parametrize("held_out", ["valid", "split"])
+def test_sharded_output_trains_exactly_as_one_dataset(launch_ranks, preparations, held_out,
+                                                      tmp_path):
+    """Per step: the same loss, lr, tokens and token ids; the same held-out batches and loss."""
+    one, three = preparations
+    assert sum(s.split == "train" for s in one.shards) == 1
+    assert sum(s.split == "train" for s in three.shards) == 3
+    runs = {}
+    for name, blend in zip(("one", "three"), _sharding_blends(tmp_path, one, three, held_out),
+                           strict=True):
+        runs[name] = launch_ranks(1, "tests.dist.prepared_data:train_and_hold_out", {
+            "recipe": "tiny_dp1", "steps": STEPS, "run_dir": str(tmp_path / name),
+            "overrides": ["data.source=blend", f"data.blend={blend}", "model.vocab_size=320",
+                          f"train.train_iters={STEPS}", "scheduler.warmup_iters=2",
+                          "train.eval_iters=2"],
+        })[0]
+    keys = ("step", "loss", "lr", "tokens", "samples", "data")
+    steps = {name: [{k: r[k] for k in keys} for r in run["records"]] for name, run in runs.items()}
+    print(f"{held_out}: losses {[r['loss'] for r in steps['one']]}")
+    assert steps["three"] == steps["one"]
+    assert len({r["data"] for r in steps["one"]}) == STEPS  # every step other samples
+    assert len(runs["one"]["heldout"]) == 2
+    assert runs["three"]["heldout"] == runs["one"]["heldout"]
+    assert runs["three"]["eval_loss"] == runs["one"]["eval_loss"]

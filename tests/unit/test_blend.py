@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.blend import load_blend
+from recipes.config.blend import load_blend, manifest_dataset, manifest_split
 from recipes.config.overrides import apply_overrides
 from recipes.config.path_rules import check_data_blend
 from recipes.registry import get_recipe
@@ -37,15 +37,26 @@ def _blend(folder: Path, text: str) -> str:
     return str(path)
 
 
-def test_manifest_shards_share_their_weight_by_tokens(tmp_path):
+def test_a_manifest_is_one_source_of_its_shards_in_order(tmp_path):
+    """Its shards reach Megatron as one dataset (the unsharded one), with the entry's weight."""
     manifest = _manifest(tmp_path, {"a": 300, "b": 100})
     other = _dataset(tmp_path, "c")
     blend = load_blend(_blend(tmp_path, f"train:\n  - {{manifest: {manifest}, weight: 0.8}}\n"
                                         f"  - {{prefix: {other}, weight: 0.2}}\n"))
     prefixes, weights = blend.weights(blend.train)
-    assert [Path(p).name for p in prefixes] == ["a", "b", "c"]
-    assert weights == pytest.approx([0.6, 0.2, 0.2])
+    assert prefixes == [manifest_dataset(manifest, "train"), other]
+    assert weights == pytest.approx([0.8, 0.2])
+    assert [Path(p).name for p in blend.train[0].prefixes] == ["a", "b"]
+    assert blend.train[1].prefixes == (other,)
+    assert [Path(s.label).name for s in blend.train] == ["prep", "c"]
     assert (blend.eod_id, blend.vocab_size, blend.split, blend.valid) == (0, 512, (95.0, 5.0), None)
+
+
+def test_a_manifest_dataset_path_names_its_manifest_and_split():
+    assert manifest_split(manifest_dataset("d/web.json", "valid")) == ("d/web.json", "valid")
+    assert manifest_split(manifest_dataset("d/web.json", "train")) == ("d/web.json", "train")
+    assert manifest_split("/data/web/web_train_00003") is None
+    assert manifest_split("/data/odd#name") is None
 
 
 @pytest.mark.parametrize(
@@ -161,3 +172,22 @@ def test_a_source_too_small_for_its_heldout_share_is_refused_alone(tmp_path):
     phased = apply_overrides(run(20), [f"phases=[{{name: a, end_step: 100}}, {{name: b, "
                                        f"end_step: 300, blend: {tmp_path / 'blend5.yaml'}}}]"])
     assert check_blend_splits(phased) == message  # a phase's blend is checked too
+
+
+def test_a_manifests_split_counts_the_documents_of_all_its_shards(tmp_path):
+    """Its shards are one dataset: at 75/25 two shards of two documents each give the held-out
+    split one of four (each alone would give it none); at 95/5 the four give it none."""
+    from recipes.config.blend import empty_split_problem
+
+    manifest = _manifest(tmp_path, {"a": 5, "b": 5})  # two documents per shard
+
+    def problem(split: str) -> str | None:
+        return empty_split_problem(load_blend(_blend(
+            tmp_path, f"train:\n  - {{manifest: {manifest}}}\nsplit: [{split}]\n")))
+
+    assert problem("75, 25") is None
+    assert problem("95, 5") == (
+        f"data.blend={tmp_path / 'blend.yaml'}: source {manifest} has 4 documents, too few for "
+        "its held-out share (split 95/5 gives it 0; Megatron's dataset builder would wait "
+        "forever); raise the held-out share above 5, give the blend valid: sources, or "
+        "prepare more documents")

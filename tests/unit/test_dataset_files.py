@@ -70,7 +70,7 @@ def _truncate(file: Path, size: int) -> None:
 def test_a_sound_blend_passes(sound) -> None:
     folder, path = sound
     blend = load_blend(path)
-    assert [Path(s.prefix).name for s in blend.train] == ["corpus_a", "corpus_b"]
+    assert [Path(p).name for p in blend.train[0].prefixes] == ["corpus_a", "corpus_b"]
     assert blend.notes == ()
 
 

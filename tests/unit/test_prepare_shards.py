@@ -17,7 +17,6 @@ import time
 import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
@@ -174,14 +173,14 @@ def test_a_blend_names_the_manifest_its_valid_shards_and_megatron_lm_files(made)
     blend_file.write_text(f"train:\n  - {{manifest: {reference.manifest}}}\n"
                           f"valid:\n  - {{manifest: {reference.manifest}}}\n")
     blend = load_blend(str(blend_file))
-    assert [Path(s.prefix).name for s in blend.valid] == ["web_valid_00000"]
+    assert [Path(p).name for p in blend.valid[0].prefixes] == ["web_valid_00000"]
     per_split = load_blend(str(reference.per_split_args))
     args = load_blend(str(reference.data_args))
     assert per_split.train == args.train
-    assert [s.prefix for s in per_split.train] == [s.prefix for s in blend.train]
-    total = sum(s.tokens for s in reference.shards if s.split == "train")
-    assert np.allclose([s.weight for s in per_split.train],
-                       [s.weight * total for s in blend.train])
+    # Megatron-LM's files list the shards; the manifest is one source of the same shards.
+    assert [s.prefix for s in per_split.train] == list(blend.train[0].prefixes)
+    assert [s.weight for s in per_split.train] == [
+        s.tokens for s in reference.shards if s.split == "train"]
     assert (args.eod_id, args.vocab_size) == (blend.eod_id, blend.vocab_size)
     saved = json.loads(reference.per_split_args.read_text())
     assert sorted(saved) == ["test", "train", "valid"]
@@ -202,18 +201,38 @@ def _samples(blend_path: Path, cache: Path, count: int = 12) -> list[list[int]]:
     return [train.dataset[i]["tokens"].tolist() for i in range(count)]
 
 
-def test_the_trainer_draws_the_same_samples_from_every_form_of_the_blend(made, tmp_path) -> None:
-    """The manifest, Megatron-LM's data-args file and the shards listed one by one with their
-    token counts as weights are one blend: the same samples in the same order."""
+def _merged(prefixes: list[str], prefix: Path) -> str:
+    """The shards as one dataset, merged by Megatron Core's own `IndexedDatasetBuilder`: what a
+    preparation without shards writes for the same documents."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=IndexedDataset(prefixes[0]).index.dtype)
+    for shard in prefixes:
+        builder.add_index(shard)
+    builder.finalize(f"{prefix}.idx")
+    return str(prefix)
+
+
+def test_the_trainer_draws_the_unsharded_samples_from_a_manifest(made, tmp_path) -> None:
+    """The manifest trains on its shards as one dataset: the samples, in their order, of the
+    same documents as one dataset. Megatron-LM's data-args file is its blend of the shards,
+    the shards listed one by one with their token counts as weights, as Megatron-LM draws."""
     _, _, reference = made
     folder = reference.output.parent
+    shards = [str(folder / s.prefix) for s in reference.shards if s.split == "train"]
     listed = tmp_path / "listed.yaml"
     listed.write_text("train:\n" + "".join(
         f"  - {{prefix: {folder / s.prefix}, weight: {s.tokens}}}\n"
         for s in reference.shards if s.split == "train"))
     named = tmp_path / "named.yaml"
     named.write_text(f"train:\n  - {{manifest: {reference.manifest}}}\n")
-    drawn = [_samples(path, tmp_path / f"cache_{path.stem}") for path in
-             (named, reference.data_args, listed)]
-    assert drawn[0] == drawn[1] == drawn[2]
-    assert len({tuple(s) for s in drawn[0]}) == len(drawn[0])  # distinct samples
+    facts = json.loads(reference.manifest.read_text())
+    whole = tmp_path / "whole.yaml"
+    whole.write_text(f"train:\n  - {{prefix: {_merged(shards, tmp_path / 'whole')}}}\n"
+                     f"eod_id: {facts['eod_id']}\nvocab_size: {facts['vocab_size']}\n")
+    drawn = {path.stem: _samples(path, tmp_path / f"cache_{path.stem}") for path in
+             (named, whole, reference.data_args, listed)}
+    assert drawn["named"] == drawn["whole"]
+    assert drawn["web"] == drawn["listed"]  # <output>.data-args
+    assert drawn["named"] != drawn["listed"]  # a blend of shards draws other samples
+    assert len({tuple(s) for s in drawn["named"]}) == len(drawn["named"])  # distinct samples

@@ -30,7 +30,8 @@ def layout_figures(blend_path: str, seq: int) -> dict[str, dict[str, float]]:
     from recipes.config.blend import load_blend
 
     # Keep each dataset alive while its memory-mapped lengths are read (it unmaps on deletion).
-    datasets = [IndexedDataset(s.prefix) for s in load_blend(blend_path).train]
+    datasets = [IndexedDataset(prefix) for source in load_blend(blend_path).train
+                for prefix in source.prefixes]
     lengths = np.concatenate([d.sequence_lengths.astype(np.int64) for d in datasets])
     ends = np.cumsum(lengths)
     starts = ends - lengths
