@@ -1,16 +1,18 @@
 """`plan.py calibrate=true` writes its figures into the cluster file: each key replaced in place
 with its comment kept, missing keys appended, every other line kept, and the file still loads;
-the collective fit recovers a known latency and bandwidth. (The speed itself is not tested.)"""
+the collective fit recovers a known latency and bandwidth; `host_cores` goes into CPU files
+only. (The speed itself is not tested.)"""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 from recipes.plan.cluster import load_cluster
-from trainer.tools.calibrate import fit_collectives, update_cluster_file
+from trainer.tools.calibrate import fit_collectives, host_cores_figure, update_cluster_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,3 +44,18 @@ def test_collective_fit_recovers_latency_and_bandwidth():
     fitted_latency, fitted_bandwidth = fit_collectives(points, ranks)
     assert fitted_latency == pytest.approx(latency, rel=1e-6)
     assert fitted_bandwidth == pytest.approx(bandwidth, rel=1e-6)
+
+
+def test_host_cores_is_written_for_cpu_files_only(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    assert host_cores_figure("cpu") == {"host_cores": cores}
+    assert host_cores_figure("gpu") == {}
+    path = tmp_path / "cpu.yaml"
+    shutil.copy(REPO / "conf/cluster/cpu_local.yaml", path)
+    update_cluster_file(str(path), host_cores_figure(load_cluster(str(path)).device))
+    assert load_cluster(str(path)).host_cores == cores  # written as a whole number, loads
+    gpu = tmp_path / "h200.yaml"
+    shutil.copy(REPO / "conf/cluster/h200_1x8.yaml", gpu)
+    before = gpu.read_text()
+    update_cluster_file(str(gpu), host_cores_figure(load_cluster(str(gpu)).device))
+    assert gpu.read_text() == before and load_cluster(str(gpu)).host_cores is None
