@@ -49,6 +49,15 @@ from recipes.plan.flops import (
 # core's products, mask and softmax, projection, bias-dropout-adds, the MLP's two products and
 # activation); the backward runs about twice as many.
 KERNELS_PER_LAYER = 24
+
+
+def layer_kernels(recompute: str) -> int:
+    """Kernels one layer runs for one micro-batch: its forward, the backward's two passes'
+    worth, and the forward again under full recompute (what `kernel_overhead_us` multiplies,
+    and what `calibrate=true` divides a measured layer's time by)."""
+    return KERNELS_PER_LAYER * (3 + (1 if recompute == "full" else 0))
+
+
 PEAK_FRACTION = 0.75  # share of peak a large GEMM reaches (cluster file: gemm_peak_fraction)
 HALF_DIM = 64.0  # GEMM dimension at which throughput halves (cluster file: gemm_half_dim)
 
@@ -122,6 +131,15 @@ def layer_gemms(cfg: Any) -> tuple[list[Gemm], Gemm]:
 
 def _seconds(g: Gemm, peak: float, fraction: float, half: float) -> float:
     return g.flops / (peak * gemm_efficiency(g, fraction, half)) if g.flops else 0.0
+
+
+def layer_forward_seconds(cfg: Any, peak: float, fraction: float, half: float,
+                          ) -> tuple[float, float]:
+    """(one layer's products, its attention core) for one micro-batch's forward, in seconds,
+    on a device of `peak` FLOP/s; the backward's are twice as long."""
+    gemms, core = layer_gemms(cfg)
+    return sum(_seconds(g, peak, fraction, half) for g in gemms), _seconds(core, peak, fraction,
+                                                                           half)
 
 
 def _traffic_seconds(stage: Any) -> dict[str, float]:
@@ -205,9 +223,7 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
     beyond its bytes, each node's ranks sharing `host_cores` CPU cores (None: one each)."""
     layout, t = cfg.layout, cfg.train
     peak = peak_tflops * 1e12
-    gemms, core = layer_gemms(cfg)
-    layer_forward = sum(_seconds(g, peak, peak_fraction, half_dim) for g in gemms)
-    core_forward = _seconds(core, peak, peak_fraction, half_dim)
+    layer_forward, core_forward = layer_forward_seconds(cfg, peak, peak_fraction, half_dim)
     shape = FlopsShape.from_config(cfg)
     tokens = layout.micro_batch * cfg.model.seq_length / layout.context
     logits = Gemm(tokens * logits_flops(shape) / layout.tensor, tokens, shape.hidden_size,
@@ -221,9 +237,8 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
         forward = layers * (layer_forward + core_forward)
         if stage.stage == len(stages) - 1:
             forward += _seconds(logits, peak, peak_fraction, half_dim)
-        passes = 3 + (1 if t.recompute == "full" else 0)
         per_micro = (3 * forward + layers * extra[t.recompute]
-                     + layers * KERNELS_PER_LAYER * passes * kernel_s)
+                     + layers * layer_kernels(t.recompute) * kernel_s)
         comm = _traffic_seconds(stage)
         waits = {group: count * latency_s
                  for group, count in collective_counts(cfg, layers).items()}
