@@ -4,8 +4,9 @@ A cluster file says what the planner cannot know from a recipe: GPUs per node, m
 bandwidth inside a node and between nodes (per GPU, one direction), and peak dense TFLOP/s by
 precision; optionally what a Slurm job asks for besides (`device: cpu` for nodes without GPUs,
 whose ranks are processes; `cpus_per_task` or `exclusive`, so a node's ranks are not all
-pinned to the one CPU Slurm gives a task by default). It is read here, without torch, and
-every mistake is one line naming the key.
+pinned to the one CPU Slurm gives a task by default; `host_cores`, the cores a CPU node's
+ranks share, which the step model prices when there are more ranks than cores). It is read
+here, without torch, and every mistake is one line naming the key.
 """
 
 from __future__ import annotations
@@ -45,9 +46,13 @@ class ClusterSpec:
     # Seconds one collective costs beyond its bytes (per message, microseconds; None: not
     # priced), measured with the bandwidth by `plan.py calibrate=true`.
     collective_latency_us: float | None = None
-    # Seconds one small kernel costs whatever its work, with every rank of the node busy
-    # (microseconds; None: not priced): what many small operators cost beyond their FLOPs.
+    # Seconds one small kernel costs whatever its work (microseconds; None: not priced): what
+    # many small operators cost beyond their FLOPs; timed with every rank of the node busy on
+    # GPUs, on one rank alone on CPU (sharing the cores is `host_cores`'s term).
     kernel_overhead_us: float | None = None
+    # CPU cores a node's ranks share (`device: cpu` files only; None: a core, or a GPU, per
+    # rank), written by `plan.py calibrate=true`: more ranks than cores compete for them.
+    host_cores: int | None = None
 
     @property
     def gpu_memory_bytes(self) -> float:
@@ -57,12 +62,12 @@ class ClusterSpec:
 _NUMBERS = ("nodes", "gpus_per_node", "gpu_memory_gb", "intra_node_gb_per_s",
             "inter_node_gb_per_s")
 OPTIONAL = ("host_memory_gb", "device", "cpus_per_task", "exclusive", "gemm_peak_fraction",
-            "gemm_half_dim", "collective_latency_us", "kernel_overhead_us")
+            "gemm_half_dim", "collective_latency_us", "kernel_overhead_us", "host_cores")
 DEVICES = ("gpu", "cpu")
 
 
 def _check_number(path: str, key: str, value: Any) -> None:
-    integral = key in ("nodes", "gpus_per_node", "cpus_per_task")
+    integral = key in ("nodes", "gpus_per_node", "cpus_per_task", "host_cores")
     ok = isinstance(value, int) if integral else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok or value <= 0:
         kind = "a positive whole number" if integral else "a positive number"
@@ -109,6 +114,9 @@ def load_cluster(path: str | Path) -> ClusterSpec:
             _check_number(str(path), key, data[key])
     if data.get("device", "gpu") not in DEVICES:
         raise ConfigError(f"{path}: device={data['device']!r} must be gpu or cpu")
+    if "host_cores" in data and data.get("device", "gpu") != "cpu":
+        raise ConfigError(f"{path}: host_cores={data['host_cores']!r} is for CPU ranks; add "
+                          "device: cpu or remove host_cores")
     if not isinstance(data.get("exclusive", False), bool):
         raise ConfigError(f"{path}: exclusive={data['exclusive']!r} must be true or false")
     if data["attention"] not in ("flash", "explicit"):

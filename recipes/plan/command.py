@@ -101,7 +101,8 @@ def megatron_config(rest: Sequence[str], path: str, cluster_file: str | None,
 
 
 Confirmer = Callable[[Any, list[Any], int], list[str]]  # config, top layouts, steps -> lines
-Calibrator = Callable[[Any, str, str], list[str]]  # cluster, dtype, file -> lines to print
+# cluster, dtype, file, threads a CPU rank runs, the recipe (its layers timed) -> lines to print
+Calibrator = Callable[[Any, str, str, int | None, Any], list[str]]
 
 
 def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = False,
@@ -135,7 +136,9 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
         if calibrate is None or not cluster_file:
             raise ConfigError("calibrate=true measures this machine against a cluster file's "
                               "peak; run it through scripts/plan.py with cluster=FILE")
-        print("\n".join(calibrate(cluster, cfg.precision.dtype, cluster_file)))
+        cpu = getattr(cfg.plugins, "cpu_runtime", None)
+        print("\n".join(calibrate(cluster, cfg.precision.dtype, cluster_file,
+                                   getattr(cpu, "threads_per_rank", None), cfg)))
         return 0
     if options.get("search"):
         return run_search(cfg, cluster, options, as_json=as_json, confirm=confirm)

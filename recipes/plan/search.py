@@ -196,6 +196,7 @@ class _Searcher:
         self.half = cluster.gemm_half_dim or HALF_DIM
         self.latency = (cluster.collective_latency_us or 0.0) * 1e-6
         self.kernel = (cluster.kernel_overhead_us or 0.0) * 1e-6
+        self.host_cores = cluster.host_cores
 
     def _crossing(self, cfg: Any) -> dict[str, bool]:
         layout = cfg.layout
@@ -212,7 +213,7 @@ class _Searcher:
         fits = peak <= self.cluster.gpu_memory_bytes
         time = step_time(cfg, stages, self.peak, peak_fraction=self.fraction,
                          half_dim=self.half, latency_s=self.latency,
-                         kernel_s=self.kernel) if timed else None
+                         kernel_s=self.kernel, host_cores=self.host_cores) if timed else None
         return Evaluated(c, peak, fits, time)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from recipes.plan.search import Evaluated, SearchResult
 
-TERMS = ("compute", "bubble", "tp", "cp", "ep", "pp", "dp")
+TERMS = ("compute", "bubble", "tp", "cp", "ep", "pp", "dp", "cores")
 LOSERS_SHOWN = 3
 NEAR_MISS = 1.25  # a layout that lost on memory is shown if its peak is within 25 % of it
 
@@ -31,9 +31,25 @@ def near_misses(r: SearchResult, cluster: Any) -> list[Evaluated]:
     return (close or r.too_big)[:LOSERS_SHOWN]
 
 
-def _row(rank: int, e: Evaluated, best: Evaluated) -> str:
+def shown_terms(cluster: Any) -> tuple[str, ...]:
+    """The breakdown's columns: `cores` (the host-cores bound's excess) only for a cluster file
+    whose ranks share a node's CPU cores."""
+    return TERMS if getattr(cluster, "host_cores", None) else TERMS[:-1]
+
+
+def cores_note(cluster: Any, r: SearchResult) -> list[str]:
+    """A line naming the host-cores bound when it sets some listed layout's step."""
+    if not any(e.time and e.time.cores > 0 for e in r.listed):
+        return []
+    return [f"  cores: the host-cores bound binds ({r.gpus_per_node} ranks on "
+            f"{cluster.host_cores} cores per node): step = the node's ranks' compute / "
+            f"{cluster.host_cores} + exposed communication; the column is its excess over the "
+            "per-rank sum"]
+
+
+def _row(rank: int, e: Evaluated, best: Evaluated, terms_shown: tuple[str, ...]) -> str:
     t = e.time.items()
-    terms = " ".join(f"{t[k]:>7.3f}" for k in TERMS)
+    terms = " ".join(f"{t[k]:>7.3f}" for k in terms_shown)
     return (f"{rank:>4} {e.seconds:>8.3f} {e.peak / 1e9:>7.1f}  {e.candidate.describe():<44} "
             f"{terms}  {lost_by(e, best)}")
 
@@ -52,11 +68,12 @@ def _head(cfg: Any, cluster: Any, r: SearchResult) -> list[str]:
 
 
 def text_search(cfg: Any, cluster: Any, r: SearchResult) -> str:
-    lines = _head(cfg, cluster, r)
-    header = " ".join(f"{k:>7}" for k in TERMS)
+    lines = _head(cfg, cluster, r) + cores_note(cluster, r)
+    terms_shown = shown_terms(cluster)
+    header = " ".join(f"{k:>7}" for k in terms_shown)
     lines.append(f"rank   step s peak GB  {'layout':<44} {header}  lost to #1 by")
     best = r.listed[0] if r.listed else None
-    lines += [_row(i + 1, e, best) for i, e in enumerate(r.listed)]
+    lines += [_row(i + 1, e, best, terms_shown) for i, e in enumerate(r.listed)]
     lines.append("best of what lost:")
     for e in near_misses(r, cluster):
         lines.append(f"  {e.candidate.describe():<44} {e.seconds:>8.3f} s modeled, but peak "

@@ -20,10 +20,18 @@ costs the cluster file's per-message latency (`collective_latency_us`, measured 
 and added, exposed, to its group's figure (the DP reduce's to what overlaps); and each kernel a
 layer runs costs the file's `kernel_overhead_us` beyond its FLOPs (in compute): small layers
 cut into many micro-batches pay for their many small kernels.
+
+All of that assumes each rank has a device of its own. CPU ranks share their node's cores
+(`host_cores` in a `device: cpu` cluster file): with more ranks than cores the node cannot
+finish a step faster than all its ranks' compute spread over its cores, plus the exposed
+communication every rank waits on together (`host_cores_bound`). The step is the larger of
+that and the per-rank model, so a pipeline stage idling in its bubble lends its core to the
+others, and TP ranks that all compute at once share the cores (the `cores` term, the excess).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +49,15 @@ from recipes.plan.flops import (
 # core's products, mask and softmax, projection, bias-dropout-adds, the MLP's two products and
 # activation); the backward runs about twice as many.
 KERNELS_PER_LAYER = 24
+
+
+def layer_kernels(recompute: str) -> int:
+    """Kernels one layer runs for one micro-batch: its forward, the backward's two passes'
+    worth, and the forward again under full recompute (what `kernel_overhead_us` multiplies,
+    and what `calibrate=true` divides a measured layer's time by)."""
+    return KERNELS_PER_LAYER * (3 + (1 if recompute == "full" else 0))
+
+
 PEAK_FRACTION = 0.75  # share of peak a large GEMM reaches (cluster file: gemm_peak_fraction)
 HALF_DIM = 64.0  # GEMM dimension at which throughput halves (cluster file: gemm_half_dim)
 
@@ -73,14 +90,16 @@ class StepTime:
     ep: float
     pp: float
     dp: float
+    cores: float = 0.0  # what the host-cores bound adds beyond the per-rank model (CPU ranks)
 
     @property
     def total(self) -> float:
-        return self.compute + self.bubble + self.tp + self.cp + self.ep + self.pp + self.dp
+        return (self.compute + self.bubble + self.tp + self.cp + self.ep + self.pp + self.dp
+                + self.cores)
 
     def items(self) -> dict[str, float]:
         return {"compute": self.compute, "bubble": self.bubble, "tp": self.tp, "cp": self.cp,
-                "ep": self.ep, "pp": self.pp, "dp": self.dp}
+                "ep": self.ep, "pp": self.pp, "dp": self.dp, "cores": self.cores}
 
 
 def layer_gemms(cfg: Any) -> tuple[list[Gemm], Gemm]:
@@ -112,6 +131,15 @@ def layer_gemms(cfg: Any) -> tuple[list[Gemm], Gemm]:
 
 def _seconds(g: Gemm, peak: float, fraction: float, half: float) -> float:
     return g.flops / (peak * gemm_efficiency(g, fraction, half)) if g.flops else 0.0
+
+
+def layer_forward_seconds(cfg: Any, peak: float, fraction: float, half: float,
+                          ) -> tuple[float, float]:
+    """(one layer's products, its attention core) for one micro-batch's forward, in seconds,
+    on a device of `peak` FLOP/s; the backward's are twice as long."""
+    gemms, core = layer_gemms(cfg)
+    return sum(_seconds(g, peak, fraction, half) for g in gemms), _seconds(core, peak, fraction,
+                                                                           half)
 
 
 def _traffic_seconds(stage: Any) -> dict[str, float]:
@@ -164,17 +192,38 @@ def collective_counts(cfg: Any, layers: int) -> dict[str, float]:
     return {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp-cp": dp}
 
 
+def host_cores_bound(rank_compute: list[float], exposed_comm: float,
+                     host_cores: int | None) -> float:
+    """The shortest step a node whose ranks share `host_cores` CPU cores can take: the
+    compute seconds per step of each of its ranks (`rank_compute`, as if each had a core of
+    its own) spread over the cores, plus the communication no rank can overlap (`exposed_comm`,
+    during which the ranks wait together). A rank idling in the pipeline bubble or in a
+    collective's wait lends its core to the others, so this is a bound, not a sum; 0 when the
+    cores are not oversubscribed (or not known: a core, or a GPU, per rank)."""
+    if host_cores is None or len(rank_compute) <= host_cores:
+        return 0.0
+    return sum(rank_compute) / host_cores + exposed_comm
+
+
+def busiest_node_compute(layout: Any, stage_compute: dict[int, float]) -> list[float]:
+    """The compute seconds per step of each rank on the node whose ranks compute the most,
+    from each pipeline stage's (`stage_compute`, by stage) and where the ranks sit."""
+    gpn = layout.gpus_per_node
+    nodes = [[stage_compute[layout.coordinates(node * gpn + gpu).pp] for gpu in range(gpn)]
+             for node in range(layout.world_size // gpn)]
+    return max(nodes, key=sum)
+
+
 def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
               peak_fraction: float = PEAK_FRACTION, half_dim: float = HALF_DIM,
-              latency_s: float = 0.0, kernel_s: float = 0.0) -> StepTime:
+              latency_s: float = 0.0, kernel_s: float = 0.0,
+              host_cores: int | None = None) -> StepTime:
     """The modeled step of `cfg` whose stage plans (`recipes.plan.build.stage_plans`) are
     `stages`, on GPUs of `peak_tflops` dense TFLOP/s, each collective costing `latency_s`
-    beyond its bytes."""
+    beyond its bytes, each node's ranks sharing `host_cores` CPU cores (None: one each)."""
     layout, t = cfg.layout, cfg.train
     peak = peak_tflops * 1e12
-    gemms, core = layer_gemms(cfg)
-    layer_forward = sum(_seconds(g, peak, peak_fraction, half_dim) for g in gemms)
-    core_forward = _seconds(core, peak, peak_fraction, half_dim)
+    layer_forward, core_forward = layer_forward_seconds(cfg, peak, peak_fraction, half_dim)
     shape = FlopsShape.from_config(cfg)
     tokens = layout.micro_batch * cfg.model.seq_length / layout.context
     logits = Gemm(tokens * logits_flops(shape) / layout.tensor, tokens, shape.hidden_size,
@@ -182,14 +231,14 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
     extra = {"none": 0.0, "selective": core_forward, "full": layer_forward + core_forward}
     micro = layout.microbatches
     worst: tuple[float, ...] = ()
+    stage_compute: dict[int, float] = {}
     for stage in stages:
         layers = sum(stage.layers)
         forward = layers * (layer_forward + core_forward)
         if stage.stage == len(stages) - 1:
             forward += _seconds(logits, peak, peak_fraction, half_dim)
-        passes = 3 + (1 if t.recompute == "full" else 0)
         per_micro = (3 * forward + layers * extra[t.recompute]
-                     + layers * KERNELS_PER_LAYER * passes * kernel_s)
+                     + layers * layer_kernels(t.recompute) * kernel_s)
         comm = _traffic_seconds(stage)
         waits = {group: count * latency_s
                  for group, count in collective_counts(cfg, layers).items()}
@@ -202,9 +251,15 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
         pp = comm.get("pp", 0.0) * min(1.0, fill) + waits["pp"]
         dp = _dp_exposed(cfg, comm.get("dp-cp", 0.0) + comm.get("expert-dp", 0.0),
                          2 * forward, forward, cfg.optimizer.distributed)
+        stage_compute[stage.stage] = micro * per_micro
         row = (busy, micro * per_micro, busy / micro, comm.get("tp", 0.0), cp,
                comm.get("ep", 0.0), pp, dp)
         worst = max(worst, row) if worst else row
     busy, compute, per_micro, tp, cp, ep, pp, dp = worst
     bubble = (layout.pipeline - 1) / layout.virtual_stages * per_micro
-    return StepTime(compute=compute, bubble=bubble, tp=tp, cp=cp, ep=ep, pp=pp, dp=dp)
+    per_rank = StepTime(compute=compute, bubble=bubble, tp=tp, cp=cp, ep=ep, pp=pp, dp=dp)
+    if host_cores is None or layout.gpus_per_node <= host_cores:
+        return per_rank
+    bound = host_cores_bound(busiest_node_compute(layout, stage_compute),
+                             tp + cp + ep + pp + dp, host_cores)
+    return dataclasses.replace(per_rank, cores=max(0.0, bound - per_rank.total))

@@ -1,16 +1,18 @@
 """`plan.py calibrate=true` writes its figures into the cluster file: each key replaced in place
 with its comment kept, missing keys appended, every other line kept, and the file still loads;
-the collective fit recovers a known latency and bandwidth. (The speed itself is not tested.)"""
+the collective fit recovers a known latency and bandwidth; `host_cores` goes into CPU files
+only. (The speed itself is not tested.)"""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 from recipes.plan.cluster import load_cluster
-from trainer.tools.calibrate import fit_collectives, update_cluster_file
+from trainer.tools.calibrate import fit_collectives, host_cores_figure, update_cluster_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,3 +44,56 @@ def test_collective_fit_recovers_latency_and_bandwidth():
     fitted_latency, fitted_bandwidth = fit_collectives(points, ranks)
     assert fitted_latency == pytest.approx(latency, rel=1e-6)
     assert fitted_bandwidth == pytest.approx(bandwidth, rel=1e-6)
+
+
+def test_host_cores_is_written_for_cpu_files_only(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    assert host_cores_figure("cpu") == {"host_cores": cores}
+    assert host_cores_figure("gpu") == {}
+    path = tmp_path / "cpu.yaml"
+    shutil.copy(REPO / "conf/cluster/cpu_local.yaml", path)
+    update_cluster_file(str(path), host_cores_figure(load_cluster(str(path)).device))
+    assert load_cluster(str(path)).host_cores == cores  # written as a whole number, loads
+    gpu = tmp_path / "h200.yaml"
+    shutil.copy(REPO / "conf/cluster/h200_1x8.yaml", gpu)
+    before = gpu.read_text()
+    update_cluster_file(str(gpu), host_cores_figure(load_cluster(str(gpu)).device))
+    assert gpu.read_text() == before and load_cluster(str(gpu)).host_cores is None
+
+
+def test_kernel_cost_is_a_layers_time_beyond_its_gemms_over_its_kernels():
+    from trainer.tools.calibrate import kernel_cost_from_layers
+
+    # 2 ms a step plus 5 ms a layer, 1.4 ms of it GEMMs, over 72 kernels: 50 us each
+    times = {1: 0.007, 3: 0.017}
+    assert kernel_cost_from_layers(times, 0.0014, 72) == pytest.approx(50e-6)
+    assert kernel_cost_from_layers(times, 0.0, 72) == pytest.approx(0.005 / 72)
+    assert kernel_cost_from_layers(times, 0.009, 72) == 0.0  # GEMMs priced above it: none
+
+
+def test_calibrate_writes_the_layers_kernel_cost_for_cpu_files(tmp_path, monkeypatch):
+    import trainer.tools.calibrate as calibrate
+    from recipes.plan.steptime import layer_forward_seconds, layer_kernels
+    from recipes.registry import get_recipe
+
+    monkeypatch.setattr(calibrate, "measure_gemms", lambda *a, **k: [(64, 0.05), (512, 0.08)])
+    monkeypatch.setattr(calibrate, "measure_collectives",
+                        lambda *a, **k: ("gloo", [(4, 1e-3), (4096, 2e-3)], 12e-6))
+    monkeypatch.setattr(calibrate, "time_layers", lambda one: 0.002 + 0.005 * one.model.num_layers)
+    cfg = get_recipe("tiny_tp2_pp2")
+    path = tmp_path / "cpu.yaml"
+    shutil.copy(REPO / "conf/cluster/cpu_local.yaml", path)
+    cluster = load_cluster(str(path))
+    calibrate.calibrate_cluster_file(cluster, "fp32", str(path), 1, cfg)
+    written = load_cluster(str(path))
+    fraction, half = written.gemm_peak_fraction, written.gemm_half_dim
+    products, core = layer_forward_seconds(calibrate.one_micro_batch(cfg, 1), 0.2e12,
+                                           fraction, half)
+    expected = (0.005 - 3 * (products + core)) / layer_kernels("none") * 1e6
+    assert written.kernel_overhead_us == pytest.approx(expected, rel=1e-3)
+    assert written.kernel_overhead_us > 12  # not the bare product's
+    gpu = tmp_path / "h200.yaml"
+    shutil.copy(REPO / "conf/cluster/h200_1x8.yaml", gpu)
+    monkeypatch.setattr(calibrate, "measure_gemms", lambda *a, **k: [(1024, 400.0), (8192, 700.0)])
+    calibrate.calibrate_cluster_file(load_cluster(str(gpu)), "bf16", str(gpu), None, cfg)
+    assert load_cluster(str(gpu)).kernel_overhead_us == pytest.approx(12)  # GPUs: the product

@@ -171,6 +171,18 @@ def test_a_run_is_read_from_measured_steps_and_mfu_uses_the_named_peak(tmp_path)
     assert read_point(tmp_path, get_recipe("tiny_dp1"), point, None)["mfu"] is None
 
 
+def test_one_slow_step_moves_the_mean_but_not_the_median(tmp_path):
+    summary = {"kind": "summary", "layout": "TP1 x PP1 x DP2 (2 ranks)", "backend": "CPU (gloo)",
+               "effective_tokens_per_s": 1.0, "model_tflops_per_gpu": 0.05, "mfu": None,
+               "measured_steps": 5}
+    steps = [0.14, 0.15, 0.73, 0.14, 0.16]  # step 4 of 5 measured: the machine was busy
+    records = [_record(1, 9.0, False)] + [_record(i + 2, s, True) for i, s in enumerate(steps)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records + [summary]))
+    figures = read_point(tmp_path, get_recipe("tiny_dp1"), Point(2, 2, 16, 4, ()), None)
+    assert figures["step_time_s"] == pytest.approx(0.264)
+    assert figures["step_time_median_s"] == pytest.approx(0.15)
+
+
 def test_cpu_ranks_beyond_the_cores_carry_a_caveat(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     options = ScalingOptions(world_sizes=[2, 4], mode="strong")

@@ -45,3 +45,25 @@ def test_calibration_fit_recovers_a_known_gemm_model() -> None:
     got_fraction, got_half = fit_gemm_model(points, peak)
     assert got_fraction == pytest.approx(fraction, rel=1e-2)
     assert got_half == pytest.approx(half, rel=1e-2)
+
+
+def test_confirm_reads_each_runs_median_step(tmp_path, monkeypatch) -> None:
+    import json
+
+    import trainer.tools.search_confirm as confirm
+
+    def fake_run(base, point, log):  # one slow step among the measured ones
+        run_dir = Path(next(o for o in point.overrides if o.startswith("run_dir="))[8:])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rows = [{"kind": "train", "step": i, "step_time_s": s, "loss_tokens": 1,
+                 "data_wait_s": 0.0, "forward_backward_s": s, "optimizer_s": 0.0,
+                 "measured": i > 1} for i, s in enumerate([9.0, 0.14, 0.73, 0.15, 0.16], 1)]
+        rows.append({"kind": "summary", "layout": "x", "backend": "CPU (gloo)",
+                     "effective_tokens_per_s": 1.0, "model_tflops_per_gpu": 0.0, "mfu": None,
+                     "measured_steps": 4})
+        (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+
+    monkeypatch.setattr(confirm, "_run_point", fake_run)
+    cfg = get_recipe("tiny_tp2_pp2")
+    top = search(cfg, load_cluster(REPO / "conf" / "cluster" / "cpu_local.yaml"), top=1).listed
+    assert confirm.measure(cfg, top, 6, tmp_path) == [pytest.approx(0.155)]

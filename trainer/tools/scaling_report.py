@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,8 @@ def read_point(run_dir: Path, cfg: Any, point: Point, peak: float | None,
         "model_tflops_per_gpu": tflops,
         "mfu": model_flops_utilisation(tflops, peak) if peak else summary["mfu"],
         "step_time_s": step,
+        # the median beside the mean: one slow step on a shared machine moves only the mean
+        "step_time_median_s": statistics.median([r["step_time_s"] for r in measured]),
         "data_wait_s": _mean([r["data_wait_s"] for r in measured]),
         "forward_backward_s": _mean([r["forward_backward_s"] for r in measured]),
         "optimizer_s": _mean([r["optimizer_s"] for r in measured]),

@@ -3,7 +3,8 @@ through the scaling harness's measurement, re-ranked by measured step time.
 
 Each layout is one ordinary pretrain run on local ranks (`scaling_sweep._run_point`, the
 harness's runner) with the harness's short-run overrides, and its step time is the harness's
-reading of `metrics.jsonl` (`scaling_report.read_point`: the mean over the measured steps).
+reading of `metrics.jsonl` (`scaling_report.read_point`'s median of the measured steps, which
+one slow step on a shared machine does not move, where the mean would).
 The report sets predicted against measured and gives Spearman's rank correlation between them.
 """
 
@@ -68,7 +69,7 @@ def measure(cfg: Any, evaluated: list[Any], steps: int, out: Path) -> list[float
                       layout.microbatches, short_run_overrides(layout, steps, run_dir))
         print(f"confirm: {i + 1}/{len(evaluated)} {e.candidate.describe()}", flush=True)
         _run_point(base, point, out / f"L{i + 1}.log")
-        measured.append(read_point(run_dir, run, point, None)["step_time_s"])
+        measured.append(read_point(run_dir, run, point, None)["step_time_median_s"])
     return measured
 
 
