@@ -9,7 +9,7 @@ distributed checkpoints (`torch_dist`, global keys, any layout). One concern per
 - `mapping`: tensor names and layouts, Hugging Face <-> Megatron Core (QKV interleaved per query
   group, fused gate/up, vocabulary padding); pure tensor functions.
 - `hf_files`: reading a Hugging Face model directory shard by shard and writing one atomically.
-- `megatron_side`: the one-process Megatron context (`trainer.one_rank`), the template of the model's sharded state
-  dict built on the meta device, and the torch_dist save/load through it.
+- `megatron_side`: the one-process Megatron context (`trainer.one_rank`), the template of the
+  model's sharded state dict built on the meta device, and the torch_dist save/load through it.
 - `importer` / `exporter`: the two directions, streamed (`docs/hf-interop.md`).
 """
