@@ -422,3 +422,12 @@ def test_the_manifest_gives_megatron_lms_blend_arguments(first) -> None:
                                  "per_split_data_args_path": "corpus.per-split-data-args.json"}
     line = prepare_module.summary_line(first)
     assert f"--data-args-path {first.data_args} --tokenizer-type HuggingFaceTokenizer" in line
+
+
+def test_the_comparison_with_megatron_lm_needs_work_above_start_up():
+    from trainer.tools.bench_data_scale import work_share_problem
+
+    assert work_share_problem({"prepare_data": 0.45, "Megatron-LM": 0.7}) is None
+    problem = work_share_problem({"prepare_data": 0.05, "Megatron-LM": 0.5})
+    assert problem.startswith("the corpus is too small to time against start-up")
+    assert "prepare_data 5%" in problem and "Megatron-LM 50%" not in problem
