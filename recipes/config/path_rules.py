@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Callable
@@ -230,15 +231,29 @@ def try_create_directory(path: Path) -> OSError | None:
     return None
 
 
+def _nearest_existing(path: Path) -> tuple[Path, bool]:
+    """`path` or its nearest ancestor that exists, and whether it is a directory, from one
+    `stat` each: ranks probe one directory at once, and a directory another rank removes
+    between an `exists()` and an `is_dir()` would read as a file. One look sees it either as a
+    directory or as absent, never as a file."""
+    for candidate in (path, *path.parents):
+        try:
+            mode = candidate.stat().st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        return candidate, stat.S_ISDIR(mode)
+    return Path(path.anchor), True
+
+
 def directory_problem(key: str, value: str, fix: str) -> str | None:
     """`value` is a directory this process can write, or one it can create: tried for real,
     before any rank starts (and nothing is left behind). `fix` ends the message."""
     path = Path(value).absolute()
-    if path.exists() and not path.is_dir():
+    existing, is_dir = _nearest_existing(path)
+    if existing == path and not is_dir:
         return f"{key}={value} is a file, not a directory; {fix}"
-    missing = _missing_parts(path)
-    existing = missing[0].parent if missing else path
-    if not existing.is_dir():
+    missing = existing != path
+    if not is_dir:
         return f"{key}={value} cannot be created: {existing} is a file; {fix}"
     err = try_create_directory(path)
     if err is None:

@@ -1,6 +1,7 @@
 """The output-directory check creates what it tests and removes it again: ranks run it at the
 same time, so one rank may remove a directory another has just found. The check tries again
-rather than calling a creatable directory unwritable."""
+rather than calling a creatable directory unwritable, and looks at a path once (one `stat`), so
+a directory removed between two looks is never taken for a file."""
 
 from __future__ import annotations
 
@@ -29,3 +30,35 @@ def test_a_directory_that_cannot_be_made_still_fails(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert isinstance(path_rules.try_create_directory(blocker / "runs"), OSError)
+
+
+def test_a_directory_removed_by_another_rank_after_the_first_look_is_not_a_file(tmp_path,
+                                                                               monkeypatch):
+    # The relative `output_dir=runs` every rank checks at once: one rank's probe makes and
+    # removes ./runs while another looks at it. Removed right after our first look, it must be
+    # seen as a directory or as absent, never as "a file, not a directory".
+    target = tmp_path / "runs"
+    target.mkdir()
+    real_stat = path_rules.Path.stat
+    looks = []
+
+    def other_rank_removes_it_after_the_first_look(self, *args, **kwargs):
+        result = real_stat(self, *args, **kwargs)
+        if self == target:
+            looks.append(1)
+            if len(looks) == 1:
+                target.rmdir()
+        return result
+
+    monkeypatch.setattr(path_rules.Path, "stat", other_rank_removes_it_after_the_first_look)
+    assert path_rules.directory_problem("output_dir", str(target), "fix it") is None
+    assert looks and not target.exists()
+
+
+def test_a_file_where_the_directory_or_its_parent_should_be_is_named(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert path_rules.directory_problem("run_dir", str(blocker), "fix").startswith(
+        f"run_dir={blocker} is a file, not a directory; fix")
+    assert path_rules.directory_problem("run_dir", str(blocker / "a" / "b"), "fix") == (
+        f"run_dir={blocker / 'a' / 'b'} cannot be created: {blocker} is a file; fix")
