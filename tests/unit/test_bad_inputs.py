@@ -354,7 +354,14 @@ def _checkpoint(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def paths_dir(tmp_path_factory) -> Path:
-    """Files, broken checkpoints and config files the table names as `{tmp}/...`."""
+    """Files, broken checkpoints and config files the table names as `{tmp}/...`. The default
+    recipe's blend is prepared first, as the entry pipeline would before the path rules: the
+    rules after the data's (the cluster file's) must not depend on an earlier test having made
+    it."""
+    from data_prep.blend_prepare import prepare_missing_data
+    from recipes.resolve import build_config
+
+    prepare_missing_data(build_config([]))
     tmp = tmp_path_factory.mktemp("bad_inputs")
     _write(tmp / "a_file.txt", "not a directory\n")
     (tmp / "empty_dir").mkdir()
