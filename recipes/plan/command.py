@@ -100,7 +100,8 @@ def megatron_config(rest: Sequence[str], path: str, cluster_file: str | None,
     return cfg, notes
 
 
-Confirmer = Callable[[Any, list[Any], int], list[str]]  # config, top layouts, steps -> lines
+# config, the layouts to run with their search ranks, steps -> lines
+Confirmer = Callable[[Any, list[tuple[int, Any]], int], list[str]]
 # cluster, dtype, file, threads a CPU rank runs, the recipe (its layers timed) -> lines to print
 Calibrator = Callable[[Any, str, str, int | None, Any], list[str]]
 
@@ -181,7 +182,8 @@ def no_fit_error(cfg: Any, cluster: Any) -> ConfigError:
 def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool,
                confirm: Confirmer | None = None, calibrate: Calibrator | None = None) -> int:
     """`search=true`: every accepted layout that fits, ranked by modeled step time; with
-    `confirm=K` the top K are run for a few steps each and re-ranked by measured time."""
+    `confirm=K` the top K (or K spread over the ranking) are run for a few steps each and
+    re-ranked by measured time."""
     from recipes.plan.search import search
     from recipes.plan.search_report import json_search, text_search
 
@@ -199,10 +201,26 @@ def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool
     if options.get("confirm"):
         if confirm is None:
             raise ConfigError("confirm= runs layouts; run it through scripts/plan.py")
-        lines = confirm(cfg, result.listed[:options["confirm"]],
-                        options.get("confirm_steps") or 6)
+        picked = confirm_layouts(cfg, result, options["confirm"], options.get("confirm_pick"))
+        print(f"confirm: {len(picked)} layouts, "
+              + ("spread over" if options.get("confirm_pick") == "spread" else "the top of")
+              + f" the {len(result.fitting)} that fit (search ranks "
+              + ", ".join(str(rank) for rank, _ in picked) + ")", flush=True)
+        lines = confirm(cfg, picked, options.get("confirm_steps") or 6)
         print("\n".join(lines))
     return 0
+
+
+def confirm_layouts(cfg: Any, result: Any, k: int, pick: str | None) -> list[tuple[int, Any]]:
+    """The layouts `confirm=K` runs, each with its rank among those that fit: the top K listed
+    (`confirm_pick=top`, choosing a layout), or K spread over the whole ranking
+    (`confirm_pick=spread`, checking the step model: `recipes.plan.search.spread`)."""
+    from recipes.plan.search import spread
+
+    if pick == "spread":
+        return spread(cfg, result, k)
+    rank = {id(e): i + 1 for i, e in enumerate(result.fitting)}
+    return [(rank[id(e)], e) for e in result.listed[:k]]
 
 
 def own_layout_line(cfg: Any, cluster: Any, result: Any) -> str:

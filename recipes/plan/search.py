@@ -287,6 +287,33 @@ def candidate_of(cfg: Any) -> Candidate:
                      cfg.optimizer.distributed, cfg.optimizer.fsdp)
 
 
+def spread(cfg: Any, result: SearchResult, k: int) -> list[tuple[int, Evaluated]]:
+    """`k` fitting layouts spread evenly over the search's ranking, fastest and slowest
+    included, each with its rank (from 1) among those that fit. The top K of a small model can
+    lie closer together than one machine's step times vary from run to run; layouts across the
+    whole range test whether the step model orders what it predicts. Each passes validation:
+    one a rule refuses gives way to the nearest one not already picked (the faster of two)."""
+    from recipes.config.validation import validate
+
+    fitting = result.fitting
+
+    def valid(i: int) -> bool:
+        try:
+            validate(apply_candidate(cfg, fitting[i].candidate))
+        except ConfigError:
+            return False
+        return True
+
+    n, picked = len(fitting), []
+    for slot in range(min(k, n)):
+        target = round(slot * (n - 1) / max(min(k, n) - 1, 1))
+        for i in sorted(range(n), key=lambda i: (abs(i - target), i > target)):
+            if i not in picked and valid(i):
+                picked.append(i)
+                break
+    return [(i + 1, fitting[i]) for i in sorted(picked)]
+
+
 def place(cfg: Any, cluster: ClusterSpec, result: SearchResult,
           candidate: Candidate) -> tuple[int | None, Evaluated]:
     """Where `candidate` ranks among the search's fitting layouts (None: it does not fit)."""

@@ -67,3 +67,77 @@ def test_confirm_reads_each_runs_median_step(tmp_path, monkeypatch) -> None:
     cfg = get_recipe("tiny_tp2_pp2")
     top = search(cfg, load_cluster(REPO / "conf" / "cluster" / "cpu_local.yaml"), top=1).listed
     assert confirm.measure(cfg, top, 6, tmp_path) == [pytest.approx(0.155)]
+
+
+def _tiny_search():
+    cfg = get_recipe("tiny_tp2_pp2")
+    return cfg, search(cfg, load_cluster(REPO / "conf" / "cluster" / "cpu_local.yaml"), top=6)
+
+
+def test_spread_runs_k_layouts_over_the_whole_ranking_fastest_and_slowest_included() -> None:
+    from recipes.config.validation import validate
+    from recipes.plan.search import apply_candidate, spread
+
+    cfg, result = _tiny_search()
+    picked = spread(cfg, result, 6)
+    found = [rank for rank, _ in picked]
+    n = len(result.fitting)
+    assert n > 12 and len(found) == 6 and found[0] == 1 and found[-1] == n
+    assert found == sorted(set(found))
+    assert all(later - earlier > 1 for earlier, later in zip(found, found[1:], strict=False))
+    for rank, evaluated in picked:
+        assert result.fitting[rank - 1] is evaluated
+        validate(apply_candidate(cfg, evaluated.candidate))
+
+
+def test_spread_skips_a_layout_a_rule_refuses_for_its_nearest_neighbour(monkeypatch) -> None:
+    import recipes.config.validation as validation
+    from plugins.protocol.errors import ConfigError
+    from recipes.plan.search import spread
+
+    cfg, result = _tiny_search()
+    slowest = result.fitting[-1].candidate
+    real = validation.validate
+
+    def refuse_the_slowest(run):
+        if run.parallel.tensor == slowest.tensor and \
+                run.train.micro_batch_size == slowest.micro_batch and \
+                run.parallel.context == slowest.context and \
+                run.parallel.pipeline == slowest.pipeline:
+            raise ConfigError("refused")
+        return real(run)
+
+    monkeypatch.setattr(validation, "validate", refuse_the_slowest)
+    found = [rank for rank, _ in spread(cfg, result, 6)]
+    assert found[-1] == len(result.fitting) - 1 and len(found) == 6
+
+
+def test_confirm_pick_top_keeps_the_listed_layouts_and_their_ranks() -> None:
+    from recipes.plan.command import confirm_layouts
+
+    cfg, result = _tiny_search()
+    picked = confirm_layouts(cfg, result, 3, "top")
+    assert [rank for rank, _ in picked] == [1, 2, 3]
+    assert [e for _, e in picked] == result.listed[:3]
+    lines = confirm_lines([e for _, e in picked], [0.3, 0.1, 0.2], [1, 9, 18])
+    assert lines[2].split()[:3] == ["1", "2", "9"]
+
+
+def test_the_search_command_says_which_layouts_it_confirms(capsys) -> None:
+    from recipes.plan.command import run_plan
+
+    seen = []
+
+    def confirmer(cfg, picked, steps):
+        seen.append(([rank for rank, _ in picked], steps))
+        return ["confirmed"]
+
+    cluster = str(REPO / "conf" / "cluster" / "cpu_local.yaml")
+    options = {"cluster": cluster, "search": True, "top": 6, "confirm": 3,
+               "confirm_pick": "spread", "confirm_steps": 2}
+    assert run_plan(["recipe=tiny_tp2_pp2"], options, confirm=confirmer) == 0
+    (found, steps), = seen
+    out = capsys.readouterr().out
+    assert steps == 2 and found[0] == 1 and len(found) == 3
+    assert f"confirm: 3 layouts, spread over the {found[-1]} that fit (search ranks " \
+           f"{', '.join(map(str, found))})" in out

@@ -234,6 +234,9 @@ PLAN = Command(
                           "local ranks and re-rank them by measured step time",
                           check=non_negative),
         "confirm_steps": Option(6, "steps of each confirm run", check=positive),
+        "confirm_pick": Option("top", "which layouts confirm= runs: top (the K fastest "
+                               "predicted, to choose one) or spread (K over the whole ranking, "
+                               "to check the step model)", type=Literal["top", "spread"]),
         "calibrate": Option(False, "measure this machine's GEMM throughput by shape and print "
                             "the cluster file's gemm_peak_fraction and gemm_half_dim",
                             type=bool),

@@ -1,5 +1,6 @@
-"""`scripts/plan.py search=true confirm=K`: the search's top K layouts run for a few steps each
-through the scaling harness's measurement, re-ranked by measured step time.
+"""`scripts/plan.py search=true confirm=K`: the search's top K layouts (or, with
+`confirm_pick=spread`, K spread over its whole ranking) run for a few steps each through the
+scaling harness's measurement, re-ranked by measured step time.
 
 Each layout is one ordinary pretrain run on local ranks (`scaling_sweep._run_point`, the
 harness's runner) with the harness's short-run overrides, and its step time is the harness's
@@ -73,21 +74,29 @@ def measure(cfg: Any, evaluated: list[Any], steps: int, out: Path) -> list[float
     return measured
 
 
-def confirm_lines(evaluated: list[Any], measured: list[float]) -> list[str]:
+def confirm_lines(evaluated: list[Any], measured: list[float],
+                  search_ranks: list[int] | None = None) -> list[str]:
+    """The runs re-ranked by measured step time; `search_ranks` are the layouts' ranks among
+    all that fit (the top K's are 1..K)."""
     predicted = [e.seconds for e in evaluated]
-    by_measured = ranks(measured)
+    by_measured, by_predicted = ranks(measured), ranks(predicted)
+    search_ranks = search_ranks or list(range(1, len(evaluated) + 1))
     lines = ["confirmed by short runs (re-ranked by measured step time):",
-             "  measured rank  predicted rank  predicted s  measured s  layout"]
+             "  measured rank  predicted rank  search rank  predicted s  measured s  layout"]
     for i in sorted(range(len(evaluated)), key=lambda i: measured[i]):
-        lines.append(f"  {by_measured[i]:>13g}  {i + 1:>14}  {predicted[i]:>11.4f}  "
-                     f"{measured[i]:>10.4f}  {evaluated[i].candidate.describe()}")
+        lines.append(f"  {by_measured[i]:>13g}  {by_predicted[i]:>14g}  {search_ranks[i]:>11}"
+                     f"  {predicted[i]:>11.4f}  {measured[i]:>10.4f}  "
+                     f"{evaluated[i].candidate.describe()}")
     lines.append(f"  Spearman rho (predicted vs measured step time): "
                  f"{spearman(predicted, measured):.2f} over {len(evaluated)} layouts")
     return lines
 
 
-def run_confirm(cfg: Any, evaluated: list[Any], steps: int) -> list[str]:
-    """What the search prints after its table with `confirm=K`."""
+def run_confirm(cfg: Any, picked: list[tuple[int, Any]], steps: int) -> list[str]:
+    """What the search prints after its table with `confirm=K`: `picked` are the layouts with
+    their search ranks."""
     out = ROOT / "runs" / f"confirm-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    evaluated = [e for _, e in picked]
     measured = measure(cfg, evaluated, steps, out)
-    return [*confirm_lines(evaluated, measured), f"  runs and logs: {out}"]
+    return [*confirm_lines(evaluated, measured, [rank for rank, _ in picked]),
+            f"  runs and logs: {out}"]
