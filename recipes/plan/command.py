@@ -106,6 +106,17 @@ Confirmer = Callable[[Any, list[tuple[int, Any]], int], list[str]]
 Calibrator = Callable[[Any, str, str, int | None, Any], list[str]]
 
 
+def search_option_problem(options: dict[str, Any]) -> str | None:
+    """`confirm=K` runs the search's layouts and `confirm_pick=spread` picks them: either one
+    without what it needs would be ignored, so it is refused."""
+    if options.get("confirm") and not options.get("search"):
+        return (f"confirm={options['confirm']} runs the layout search's layouts; add "
+                "search=true")
+    if options.get("confirm_pick") == "spread" and not options.get("confirm"):
+        return "confirm_pick=spread picks the layouts confirm=K runs; add confirm=K, e.g. confirm=6"
+    return None
+
+
 def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = False,
              build_shards: Verifier | None = None,
              read_megatron: MegatronReader | None = None,
@@ -118,6 +129,9 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
     from recipes.resolve import resolve_config
 
     start = time.perf_counter()
+    problem = search_option_problem(options)
+    if problem:
+        raise ConfigError(problem)
     cluster_file, notes = options.get("cluster"), []
     if options.get("megatron_args"):
         cfg, notes = megatron_config(rest, options["megatron_args"], cluster_file,

@@ -141,3 +141,15 @@ def test_the_search_command_says_which_layouts_it_confirms(capsys) -> None:
     assert steps == 2 and found[0] == 1 and len(found) == 3
     assert f"confirm: 3 layouts, spread over the {found[-1]} that fit (search ranks " \
            f"{', '.join(map(str, found))})" in out
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ({"confirm": 3}, "confirm=3 runs the layout search's layouts; add search=true"),
+    ({"search": True, "confirm": 0, "confirm_pick": "spread"},
+     "confirm_pick=spread picks the layouts confirm=K runs; add confirm=K, e.g. confirm=6"),
+])
+def test_confirm_options_without_what_they_need_are_refused(options, expected) -> None:
+    from recipes.plan.command import search_option_problem
+
+    assert search_option_problem(options) == expected
+    assert search_option_problem({**options, "search": True, "confirm": 3}) is None
