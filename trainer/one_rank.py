@@ -55,12 +55,13 @@ def one_process(cfg: RunConfig) -> Iterator[RunConfig]:
     build_plugins(one.plugins).setup_runtime(RuntimeContext())
     created = _start_group()
     initialize_parallel_state(one.layout)
-    if one.model.is_hybrid:
-        # The Mamba mixer draws its conv and dt weights inside the model-parallel RNG
-        # tracker's fork even on the meta device (`ssm/mamba_mixer.py:318, 366`).
-        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    # Megatron forks the model-parallel RNG tracker while building or running a model: the
+    # Mamba mixer for its conv and dt weights even on the meta device
+    # (`ssm/mamba_mixer.py:318, 366`), attention dropout on every forward
+    # (`transformer/dot_product_attention.py:217`).
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        model_parallel_cuda_manual_seed(one.train.seed)
+    model_parallel_cuda_manual_seed(one.train.seed)
     try:
         yield one
     finally:

@@ -260,11 +260,6 @@ def time_layers(one: Any, repeats: int = 12) -> float:
 
     torch.set_num_threads(1)
     with one_process(one) as run:
-        # attention dropout forks the model-parallel RNG tracker even on CPU
-        # (`megatron/core/transformer/dot_product_attention.py:217`)
-        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-        model_parallel_cuda_manual_seed(run.train.seed)
         plugins = build_plugins(run.plugins)
         config = plugins.transformer_config(build_transformer_config(run, cpu_initialization=True))
         (model,) = build_model_chunks(run, config, plugins)
