@@ -102,8 +102,8 @@ def megatron_config(rest: Sequence[str], path: str, cluster_file: str | None,
 
 # config, the layouts to run with their search ranks, steps -> lines
 Confirmer = Callable[[Any, list[tuple[int, Any]], int], list[str]]
-# cluster, dtype, file, threads a CPU rank runs, the recipe (its layers timed) -> lines to print
-Calibrator = Callable[[Any, str, str, int | None, Any], list[str]]
+# cluster, dtype, file, the recipe (its CPU threads and layers) -> lines to print
+Calibrator = Callable[[Any, str, str, Any], list[str]]
 
 
 def search_option_problem(options: dict[str, Any]) -> str | None:
@@ -151,9 +151,7 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
         if calibrate is None or not cluster_file:
             raise ConfigError("calibrate=true measures this machine against a cluster file's "
                               "peak; run it through scripts/plan.py with cluster=FILE")
-        cpu = getattr(cfg.plugins, "cpu_runtime", None)
-        print("\n".join(calibrate(cluster, cfg.precision.dtype, cluster_file,
-                                   getattr(cpu, "threads_per_rank", None), cfg)))
+        print("\n".join(calibrate(cluster, cfg.precision.dtype, cluster_file, cfg)))
         return 0
     if options.get("search"):
         return run_search(cfg, cluster, options, as_json=as_json, confirm=confirm)

@@ -84,7 +84,7 @@ def test_calibrate_writes_the_layers_kernel_cost_for_cpu_files(tmp_path, monkeyp
     path = tmp_path / "cpu.yaml"
     shutil.copy(REPO / "conf/cluster/cpu_local.yaml", path)
     cluster = load_cluster(str(path))
-    calibrate.calibrate_cluster_file(cluster, "fp32", str(path), 1, cfg)
+    calibrate.calibrate_cluster_file(cluster, "fp32", str(path), cfg)
     written = load_cluster(str(path))
     fraction, half = written.gemm_peak_fraction, written.gemm_half_dim
     products, core = layer_forward_seconds(calibrate.one_micro_batch(cfg, 1), 0.2e12,
@@ -95,5 +95,5 @@ def test_calibrate_writes_the_layers_kernel_cost_for_cpu_files(tmp_path, monkeyp
     gpu = tmp_path / "h200.yaml"
     shutil.copy(REPO / "conf/cluster/h200_1x8.yaml", gpu)
     monkeypatch.setattr(calibrate, "measure_gemms", lambda *a, **k: [(1024, 400.0), (8192, 700.0)])
-    calibrate.calibrate_cluster_file(load_cluster(str(gpu)), "bf16", str(gpu), None, cfg)
+    calibrate.calibrate_cluster_file(load_cluster(str(gpu)), "bf16", str(gpu), cfg)
     assert load_cluster(str(gpu)).kernel_overhead_us == pytest.approx(12)  # GPUs: the product

@@ -184,10 +184,10 @@ def run_plan(args: Arguments) -> int:
 
         return run_confirm(cfg, top, steps)
 
-    def calibrate(cluster, dtype, path, threads, cfg):  # calibrate=true: GEMMs, comm, cores
+    def calibrate(cluster, dtype, path, cfg):  # calibrate=true: GEMMs, comm, cores
         from trainer.tools.calibrate import calibrate_cluster_file
 
-        return calibrate_cluster_file(cluster, dtype, path, threads, cfg)
+        return calibrate_cluster_file(cluster, dtype, path, cfg)
 
     return plan(list(args.rest), args.options, as_json="--json" in args.flags,
                 build_shards=dry_run_shards, read_megatron=megatron_config, confirm=confirm,

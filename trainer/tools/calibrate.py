@@ -189,14 +189,15 @@ def _figure(value: float) -> str:
     return f"{value:.4g}"
 
 
-def calibrate_cluster_file(cluster: Any, dtype: str, path: str,
-                           threads_per_rank: int | None = None,
-                           cfg: Any = None) -> list[str]:
+def calibrate_cluster_file(cluster: Any, dtype: str, path: str, cfg: Any = None) -> list[str]:
     """Measure GEMMs and the node's collectives, write the figures into `path`, and say what
-    was measured and written. CPU ranks run `threads_per_rank` threads each: GEMMs are timed
-    on as many, and the cores they share are written as `host_cores`."""
+    was measured and written. CPU ranks run the recipe's `cpu_runtime.threads_per_rank`
+    threads each: GEMMs are timed on as many, and the cores they share are written as
+    `host_cores`; the recipe's layers give the kernel cost."""
     on_cpu = cluster.device == "cpu"
-    points = measure_gemms(dtype, threads=threads_per_rank if on_cpu else None)
+    cpu = getattr(cfg.plugins, "cpu_runtime", None) if cfg is not None else None
+    points = measure_gemms(dtype, threads=getattr(cpu, "threads_per_rank", None)
+                           if on_cpu else None)
     fraction, half = fit_gemm_model(points, cluster.peak_tflops[dtype])
     ranks = _local_ranks(max(2, cluster.gpus_per_node))
     backend, collectives, kernel = measure_collectives(ranks, kernel_alone=on_cpu)
@@ -241,9 +242,8 @@ def one_micro_batch(cfg: Any, layers: int) -> Any:
 
     from trainer.one_rank import single_rank
 
-    one = single_rank(dataclasses.replace(
+    return single_rank(dataclasses.replace(
         cfg, model=dataclasses.replace(cfg.model, num_layers=layers)))
-    return one
 
 
 def time_layers(one: Any, repeats: int = 12) -> float:
