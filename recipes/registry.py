@@ -56,9 +56,10 @@ def get_recipe(name: str) -> RunConfig:
 
 
 def recipe_description(name: str) -> str:
-    """First line of the recipe function's docstring."""
-    doc = RECIPES[canonical_name(name)].__doc__ or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    """First paragraph of the recipe function's docstring, on one line (its first line alone
+    would cut a sentence that wraps)."""
+    doc = (RECIPES[canonical_name(name)].__doc__ or "").strip()
+    return " ".join(doc.split("\n\n")[0].split())
 
 
 def format_recipe_list() -> str:

@@ -1,4 +1,5 @@
-"""Check that this trainer trains a recipe exactly as Megatron-LM's own loop does.
+"""Check that this trainer trains a recipe exactly as Megatron-LM's own loop does: GPT recipes,
+dense or MoE; a hybrid recipe is refused (pretrain_mamba.py's loop is not compared).
 
 usage: python scripts/check_megatron_parity.py [recipe=NAME | config=FILE] [overrides] [steps=N]
 

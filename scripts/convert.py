@@ -1,4 +1,4 @@
-"""Convert between Hugging Face Llama/Mixtral models and this project's Megatron checkpoints.
+"""Convert between Hugging Face models and this project's Megatron checkpoints, both ways.
 
 usage: python scripts/convert.py import hf=DIR out=DIR recipe=NAME [section.field=value ...]
        python scripts/convert.py export checkpoint=DIR out=DIR [max_shard_size=BYTES]
@@ -11,8 +11,7 @@ usage: python scripts/convert.py import hf=DIR out=DIR recipe=NAME [section.fiel
 
 import:
   hf=          a local Hugging Face model directory: config.json and *.safetensors (one file,
-               or shards with model.safetensors.index.json); LlamaForCausalLM (Llama 3 / 3.1)
-               or MixtralForCausalLM
+               or shards with model.safetensors.index.json) of an architecture listed below
   recipe=      the recipe you will train (or config=FILE); its model must be the HF model's
                shape (each differing field is named), and its layout sets the vocabulary padding
                (make_vocab_size_divisible_by x TP): load the checkpoint into layouts that pad

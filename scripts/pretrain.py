@@ -1,4 +1,5 @@
-"""Pretrain a GPT with Megatron Core from a named recipe.
+"""Pretrain a model with Megatron Core from a named recipe: a GPT, dense or MoE, or a hybrid
+Mamba-Transformer (every family is in the recipe list below).
 
 usage: python scripts/pretrain.py [recipe=NAME | config=FILE] [section.field=value ...]
 

@@ -109,6 +109,59 @@ def test_help_lists_a_commands_own_options():
     assert "print=  megatron_args: print the Megatron-LM" in help_text(PRETRAIN)
 
 
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c.takes_recipe],
+                         ids=lambda c: c.script)
+def test_help_of_every_recipe_command_names_every_registered_recipe(command, monkeypatch):
+    """Every family's recipes are in --help, a family added to the registry included."""
+    from recipes import registry
+
+    def qwen_tiny_dp1():
+        """A family added later."""
+        return registry.RECIPES["tiny_dp1"]()
+
+    monkeypatch.setitem(registry.RECIPES, "qwen_tiny_dp1", qwen_tiny_dp1)
+    listed = {line.split()[0] for line in help_text(command).splitlines()
+              if line.startswith("  ")}
+    assert set(registry.RECIPES) <= listed
+
+
+def _architecture_rows(text: str) -> dict[str, str]:
+    """convert.py --help's architecture section: label -> its recipes, wrapped lines joined."""
+    section = text.split("Hugging Face architectures")[1].split("\n\n")[0]
+    rows: dict[str, str] = {}
+    for line in section.splitlines()[1:]:
+        if line.startswith("      "):  # a wrapped line of the row above
+            last = list(rows)[-1]
+            rows[last] += " " + line.strip()
+        else:
+            label, _, recipes = line.strip().partition(": ")
+            rows[label] = recipes
+    return rows
+
+
+def test_convert_help_names_every_hf_architecture_with_its_recipes():
+    """Each architecture the import and export map is named with the recipes of its shape; the
+    GPT recipes no architecture fits are named as such."""
+    from trainer.entry.commands import CONVERT
+    from trainer.interop.hf_config import ARCHITECTURES
+
+    rows = _architecture_rows(help_text(CONVERT))
+    assert [label.split()[0] for label in rows] == [*ARCHITECTURES, "no"]
+    assert "hf_tiny_llama" in rows["LlamaForCausalLM (llama)"].split(", ")
+    assert "hf_tiny_mixtral" in rows["MixtralForCausalLM (mixtral)"].split(", ")
+    assert "nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16" in rows[
+        "NemotronHForCausalLM (nemotron_h)"].split(", ")
+    assert {"tiny_dp1", "nemotron4_15b_tp8_pp2_dp4"} <= set(rows["no architecture"].split(", "))
+
+
+def test_an_architecture_added_to_the_list_is_in_convert_help(monkeypatch):
+    from trainer.entry.commands import CONVERT
+    from trainer.interop import hf_config
+
+    monkeypatch.setitem(hf_config.ARCHITECTURES, "QwenForCausalLM", "qwen")
+    assert "QwenForCausalLM (qwen)" in _architecture_rows(help_text(CONVERT))
+
+
 def test_training_has_two_explicit_paths(monkeypatch):
     """The launching process and a rank run different functions, chosen once: a rank never
     prepares data or starts ranks, the launcher never runs the rank function."""

@@ -131,6 +131,14 @@ def test_recipe_list_shows_every_recipe_with_its_description() -> None:
     assert "alias 8b_tp8_pp4_dp2" in text
 
 
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_recipe_description_is_a_whole_sentence(name: str) -> None:
+    """The list shows a docstring's first paragraph, not a first line cut mid-sentence."""
+    description = recipe_description(name)
+    assert description.endswith("."), description
+    assert "\n" not in description and "  " not in description
+
+
 def test_tiny_layouts_train_the_same_model_on_the_same_batch() -> None:
     tiny = [name for name in RECIPES if name.startswith("tiny_")]
     reference = get_recipe("tiny_dp1")

@@ -134,7 +134,9 @@ def pretrain(args: Arguments) -> int:
 PRETRAIN = Command(
     script="pretrain.py", run=pretrain, rest=CONFIG_REST, takes_recipe=True,
     options={"print": Option(None, "megatron_args: print the Megatron-LM pretrain_gpt.py "
-                             "command line training the same thing, and start nothing",
+                             "command line training the same thing, and start nothing (a "
+                             "hybrid's layer pattern and Mamba fields are listed as having "
+                             "no pretrain_gpt.py flag)",
                              type=Literal["megatron_args"] | None)})
 
 BENCH_STEP = Command(
@@ -339,8 +341,37 @@ def run_convert(args: Arguments) -> int:
     return 0
 
 
+def hf_architectures() -> str:
+    """convert.py --help: every Hugging Face architecture the import and export map (the one
+    list, `ARCHITECTURES` in trainer/interop/hf_config.py), each with the recipes whose model
+    exports as it (what `hf_config_for` writes), and the recipes no architecture fits."""
+    import textwrap
+
+    from recipes.registry import RECIPES, get_recipe
+    from trainer.interop.hf_config import ARCHITECTURES, hf_config_for
+
+    of_architecture: dict[str, list[str]] = {name: [] for name in ARCHITECTURES}
+    unmapped = []
+    for recipe in RECIPES:
+        try:
+            config = hf_config_for(get_recipe(recipe).model, "bfloat16")
+        except ConfigError:  # not Llama-, Mixtral- or NemotronH-shaped
+            unmapped.append(recipe)
+            continue
+        of_architecture.setdefault(config["architectures"][0], []).append(recipe)
+    lines = ["Hugging Face architectures (config.json's `architectures`), both ways, with the "
+             "recipes of each:"]
+    rows = [*((f"{name} ({ARCHITECTURES.get(name, '?')})", recipes)
+              for name, recipes in of_architecture.items()),
+            ("no architecture", unmapped)]
+    for label, recipes in rows:
+        lines.append(textwrap.fill(", ".join(recipes) or "-", width=100,
+                                   initial_indent=f"  {label}: ", subsequent_indent="      "))
+    return "\n".join(lines)
+
+
 CONVERT = Command(
-    script="convert.py", run=run_convert, takes_recipe=True,
+    script="convert.py", run=run_convert, takes_recipe=True, handles=hf_architectures,
     rest="import|export, then (import) recipe=NAME | config=FILE and overrides",
     # The local layer spec names the weights: conversion runs on CPU, CUDA hidden.
     environment={"CUDA_VISIBLE_DEVICES": ""},

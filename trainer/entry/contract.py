@@ -90,6 +90,9 @@ class Command:
     # (e.g. "recipe=NAME | config=FILE and section.field=value overrides"); None: nothing.
     rest: str | None = None
     takes_recipe: bool = False  # --help lists the recipes
+    # --help: what the command handles besides the recipe list (e.g. the model families it
+    # converts), computed when asked from the list the code itself uses, so it cannot drift.
+    handles: Callable[[], str] | None = None
     environment: Mapping[str, str] = field(default_factory=dict)  # set before anything runs
 
     @property
@@ -104,7 +107,8 @@ def script_usage(command: Command) -> str:
 
 
 def help_text(command: Command) -> str:
-    """The script's usage, its own options, then (commands that take a recipe) every recipe."""
+    """The script's usage, its own options, what it handles, then (commands that take a recipe)
+    every recipe."""
     lines = [script_usage(command).strip(), ""]
     if command.options:
         lines.append("options:")
@@ -113,6 +117,8 @@ def help_text(command: Command) -> str:
             lines.append(f"  {key}=  {option.help} ({describe_type(option.type)}, default "
                          f"{default})")
         lines.append("")
+    if command.handles is not None:
+        lines += [command.handles().rstrip(), ""]
     text = "\n".join(lines)
     if command.takes_recipe:
         from recipes.registry import format_recipe_list
