@@ -10,6 +10,7 @@ ranks, adapted there by the CPU runtime plugin; a hybrid model's stack spec is
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import torch
 from megatron.core import parallel_state, tensor_parallel
@@ -27,6 +28,7 @@ from megatron.core.utils import unwrap_model
 from plugins.protocol.errors import UserError
 from plugins.protocol.hooks import PluginSet
 from recipes.config.schema import RunConfig, uses_transformer_engine
+from trainer.cpu_runtime.runtime import adapt_cpu_layer_spec, cpu_runtime_active
 from trainer.hybrid_spec import hybrid_stack_spec
 
 
@@ -57,6 +59,14 @@ def build_block_spec(
         vp_stage=vp_stage,
         pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
     )
+    return adapted_spec(spec, config, plugins)
+
+
+def adapted_spec(spec: Any, config: TransformerConfig, plugins: PluginSet) -> Any:
+    """A layer spec as this rank builds it: the CPU runtime's adaptations on CPU ranks (the
+    sequence-parallel norm, packed and CP attention), then the plugins' (`layer_spec` hook)."""
+    if cpu_runtime_active():
+        spec = adapt_cpu_layer_spec(spec, config)
     return plugins.layer_spec(spec, config)
 
 
@@ -88,7 +98,7 @@ def _hybrid_chunk(cfg: RunConfig, config: TransformerConfig, plugins: PluginSet,
     spec = hybrid_stack_spec(cfg, transformer_engine=transformer_engine_in_use(cfg))
     return HybridModel(
         config=config,
-        hybrid_stack_spec=plugins.layer_spec(spec, config),
+        hybrid_stack_spec=adapted_spec(spec, config, plugins),
         vocab_size=cfg.layout.padded_vocab,
         max_sequence_length=cfg.model.seq_length,
         hybrid_layer_pattern=cfg.model.hybrid_layer_pattern,

@@ -97,6 +97,7 @@ def check_positive_sizes(cfg: RunConfig) -> str | None:
         "parallel.expert_tensor": p.expert_tensor,
         "cluster.nodes": c.nodes,
         "cluster.gpus_per_node": c.gpus_per_node,
+        "cluster.threads_per_rank": c.threads_per_rank,
         "train.micro_batch_size": t.micro_batch_size,
         "train.global_batch_size": t.global_batch_size,
         "train.train_iters": t.train_iters,

@@ -12,6 +12,7 @@ Each rule is also shown to fail on a planted violation.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import subprocess
 from pathlib import Path
@@ -133,7 +134,7 @@ def test_config_resolution_is_torch_free():
 
 @pytest.mark.parametrize(("path", "name"), [
     ("plugins/protocol/errors.py", "plugins.registry"),  # the ground floor imports nothing
-    ("plugins/cpu_runtime/cp_attention.py", "plugins.context_parallel.plugin"),  # sideways
+    ("plugins/context_parallel/config.py", "plugins.packing.plugin"),  # sideways
     ("plugins/fp8/config.py", "recipes.config.schema"),  # a plugin reaches the config above
     ("recipes/config/schema.py", "recipes.registry"),  # the machinery reaches the catalogue
     ("recipes/config/validation.py", "recipes.resolve"),
@@ -142,11 +143,11 @@ def test_config_resolution_is_torch_free():
     ("data_prep/packing.py", "trainer.data"),
     ("trainer/step.py", "trainer.tools.bench_step"),  # the loop reaches a tool
     ("trainer/loop.py", "trainer.entry.pipeline"),
-    ("trainer/session.py", "plugins.cpu_runtime.runtime"),  # the loop names a plugin
+    ("trainer/session.py", "plugins.fp8.plugin"),  # the loop names a plugin
     ("trainer/launch/cluster.py", "trainer.tools.scaling_sweep"),
     ("trainer/interop/cli.py", "trainer.entry.contract"),
     ("trainer/tools/bench_step.py", "trainer.entry.commands"),
-    ("trainer/tools/dry_run.py", "plugins.cpu_runtime.plugin"),  # a tool beyond the curves
+    ("trainer/tools/dry_run.py", "plugins.fp8.plugin"),  # a tool beyond the curves
     ("scripts/pretrain.py", "trainer.loop"),  # a script skips the entry contract
 ])
 def test_each_floor_rule_fails_on_a_planted_violation(path, name):
@@ -203,7 +204,7 @@ def test_parallel_sizes_reach_megatron_in_one_place():
     builds Megatron's local attention (which refuses CP) from a CP-free copy of the config."""
     setters = keyword_setters(product_sources())
     assert set(setters.pop("trainer/mcore_translation.py")) == set(PARALLEL_KEYWORDS)
-    assert setters == {"plugins/cpu_runtime/cp_attention.py": ["context_parallel_size"]}
+    assert setters == {"trainer/cpu_runtime/cp_attention.py": ["context_parallel_size"]}
 
 
 def test_the_parallel_size_rule_fails_on_a_planted_keyword():
@@ -213,6 +214,79 @@ def test_the_parallel_size_rule_fails_on_a_planted_keyword():
     setters = keyword_setters(files)
     assert setters["trainer/tools/dry_run.py"] == ["tensor_model_parallel_size"]
     assert setters["trainer/model.py"] == ["context_parallel_size"]
+
+
+# Where a plugin may be named besides its own folder and the registry that lists it: the recipe
+# catalogue, whose recipes are configurations (a recipe may turn a plugin on). The rest of
+# recipes/ is the machinery every configuration goes through.
+RECIPE_MACHINERY = ("recipes/config/", "recipes/plan/", "recipes/models/", "recipes/resolve.py",
+                    "recipes/registry.py")
+
+
+def plugin_names() -> set[str]:
+    from plugins.registry import PluginsConfig
+
+    return {f.name for f in dataclasses.fields(PluginsConfig)}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are docstrings (modules, classes, functions)."""
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(
+                body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            found.add(id(body[0].value))
+    return found
+
+
+def named_plugins(files: dict[str, str], names: set[str]) -> list[str]:
+    """Every place outside a plugin's own code, the registry and the recipe catalogue that names
+    a plugin: an import is the floor rule's; here a string such as an override
+    `plugins.<name>.<key>=...` or a message naming one, and a config attribute
+    `<cfg>.plugins.<name>` or `getattr(<cfg>.plugins, "<name>")`. Docstrings and comments may
+    talk about plugins."""
+    spelled = re.compile(r"\bplugins\.(" + "|".join(sorted(names)) + r")\b")
+    bad = []
+    for path, text in files.items():
+        if path.startswith("plugins/") or (
+                path.startswith("recipes/") and not path.startswith(RECIPE_MACHINERY)):
+            continue
+        tree = ast.parse(text)
+        docs = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                    id(node) not in docs) and (found := spelled.search(node.value)):
+                bad.append(f"{path}:{node.lineno} names {found.group(0)} in a string")
+            elif isinstance(node, ast.Attribute) and node.attr in names and isinstance(
+                    node.value, ast.Attribute) and node.value.attr == "plugins":
+                bad.append(f"{path}:{node.lineno} reads the config section plugins.{node.attr}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
+                    node.func.id == "getattr") and len(node.args) >= 2 and isinstance(
+                    node.args[0], ast.Attribute) and node.args[0].attr == "plugins" and (
+                    isinstance(node.args[1], ast.Constant) and node.args[1].value in names):
+                bad.append(f"{path}:{node.lineno} reads the config section "
+                           f"plugins.{node.args[1].value}")
+    return sorted(bad)
+
+
+def test_only_plugins_the_registry_and_recipes_name_a_plugin():
+    """The trainer, data preparation, the scripts and the config machinery work with any set of
+    plugins: none names one, not even through an override string or a config attribute (a
+    feature they need is a core field the plugin derives from, or a protocol hook)."""
+    assert named_plugins(product_sources(), plugin_names()) == []
+
+
+@pytest.mark.parametrize("planted", [
+    'args.append("plugins.fp8.format=hybrid")\n',  # an override string
+    "threads = cfg.plugins.fp8.margin\n",  # a config attribute
+    'section = getattr(cfg.plugins, "fp8", None)\n',  # a getattr on the section
+])
+def test_the_plugin_naming_rule_fails_on_a_planted_name(planted):
+    files = product_sources()
+    files["trainer/launch/cluster.py"] += "\n" + planted
+    assert [line for line in named_plugins(files, plugin_names())
+            if line.startswith("trainer/launch/cluster.py:")]
 
 
 def _tracked(patterns: tuple[str, ...]) -> list[Path]:
