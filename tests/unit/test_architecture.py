@@ -2,7 +2,8 @@
 
 From the ground up: the protocol (errors, hooks, events, the batch formats) imports nothing of
 ours; each plugin imports only the protocol; the plugin registry composes the plugins; the
-torch-free config machinery composes the registry; the recipe catalogue builds configs;
+model families' torch-free half (rules, parameter and FLOPs terms) stands on the protocol; the
+torch-free config machinery composes the registry and the families; the recipe catalogue builds configs;
 resolution sits above both; the planner above resolution; data preparation beside it; the
 training loop above all of that; HF interop, launch and the user tools above the loop; the entry
 pipeline and its command objects above everything; the scripts call only the entry contract.
@@ -28,14 +29,16 @@ LOWER = {
     "plugins.protocol": set(),
     "plugin": {"plugins.protocol"},
     "plugins.registry": {"plugins.protocol", "plugin"},
-    "recipes.config": {"plugins.protocol", "plugins.registry"},
-    CATALOGUE: {"plugins.protocol", "recipes.config"},
-    "recipes.resolve": {"plugins.protocol", "recipes.config", CATALOGUE},
-    "recipes.plan": {"plugins.protocol", "recipes.config", CATALOGUE, "recipes.resolve"},
+    "recipes.models": {"plugins.protocol"},
+    "recipes.config": {"plugins.protocol", "plugins.registry", "recipes.models"},
+    CATALOGUE: {"plugins.protocol", "recipes.models", "recipes.config"},
+    "recipes.resolve": {"plugins.protocol", "recipes.models", "recipes.config", CATALOGUE},
+    "recipes.plan": {"plugins.protocol", "recipes.models", "recipes.config", CATALOGUE,
+                     "recipes.resolve"},
     "data_prep": {"plugins.protocol", "recipes.config"},
 }
-BELOW_THE_LOOP = {"plugins.protocol", "plugins.registry", "recipes.config", CATALOGUE,
-                  "recipes.resolve", "recipes.plan", "data_prep"}
+BELOW_THE_LOOP = {"plugins.protocol", "plugins.registry", "recipes.models", "recipes.config",
+                  CATALOGUE, "recipes.resolve", "recipes.plan", "data_prep"}
 LOWER["trainer (loop)"] = BELOW_THE_LOOP
 LOWER["trainer.interop"] = BELOW_THE_LOOP | {"trainer (loop)"}
 LOWER["trainer.launch"] = BELOW_THE_LOOP | {"trainer (loop)"}
@@ -55,7 +58,7 @@ def room_of(module: str) -> str | None:
             return ".".join(parts[:2])
         return "plugin"
     if parts[0] == "recipes":
-        if len(parts) > 1 and parts[1] in ("config", "resolve", "plan"):
+        if len(parts) > 1 and parts[1] in ("models", "config", "resolve", "plan"):
             return ".".join(parts[:2])
         return CATALOGUE
     if parts[0] == "data_prep":
@@ -119,7 +122,9 @@ def torch_violations(imports: dict[str, set[str]]) -> list[str]:
     the registry and all of recipes/ are torch-free."""
     torch_free = [path for path in imports
                   if path.startswith(("plugins/protocol/", "recipes/", "plugins/registry.py"))
-                  or (path.startswith("plugins/") and path.endswith("/config.py"))]
+                  or (path.startswith("plugins/") and path.endswith("/config.py"))
+                  or (path.startswith("trainer/models/") and path.endswith("/hf_config.py"))
+                  or path == "trainer/interop/hf_config.py"]
     return sorted(f"{path} imports {name}" for path in torch_free for name in imports[path]
                   if name.split(".")[0] in ("torch", "megatron"))
 
@@ -137,6 +142,8 @@ def test_config_resolution_is_torch_free():
     ("plugins/context_parallel/config.py", "plugins.packing.plugin"),  # sideways
     ("plugins/fp8/config.py", "recipes.config.schema"),  # a plugin reaches the config above
     ("recipes/config/schema.py", "recipes.registry"),  # the machinery reaches the catalogue
+    ("recipes/models/hybrid/rules.py", "recipes.config.layout"),  # a family reaches the config
+    ("recipes/models/gpt/params.py", "recipes.plan.params"),  # a family reaches the planner
     ("recipes/config/validation.py", "recipes.resolve"),
     ("recipes/llama3.py", "recipes.plan.flops"),  # the catalogue reaches the planner
     ("recipes/plan/flops.py", "trainer.throughput"),  # recipes reach the trainer
@@ -158,7 +165,9 @@ def test_each_floor_rule_fails_on_a_planted_violation(path, name):
 
 
 @pytest.mark.parametrize("path", ["plugins/protocol/hooks.py", "plugins/packing/config.py",
-                                  "recipes/plan/flops.py", "plugins/registry.py"])
+                                  "recipes/plan/flops.py", "plugins/registry.py",
+                                  "recipes/models/hybrid/params.py",
+                                  "trainer/models/hybrid/hf_config.py"])
 def test_the_torch_free_rule_fails_on_a_planted_import(path):
     imports = all_imports()
     imports[path] = {*imports[path], "torch"}
@@ -343,3 +352,39 @@ def test_every_imported_package_is_declared():
     missing = sorted(t for t in third_party
                      if imported_as.get(t, t).lower().replace("-", "_") not in declared)
     assert missing == []
+
+
+# A family may build on the families before it (a hybrid model has GPT attention and MoE
+# layers), never on one after it; the shared modules of recipes/models/ import no family.
+FAMILY_ORDER = ("gpt", "moe", "hybrid")
+
+
+def family_violations(imports: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for path, names in imports.items():
+        parts = path.split("/")
+        if parts[0] not in ("recipes", "trainer") or len(parts) < 3 or parts[1] != "models":
+            continue
+        own = parts[2] if parts[2] in FAMILY_ORDER else None
+        allowed = FAMILY_ORDER[:FAMILY_ORDER.index(own)] if own else ()
+        for name in names:
+            bits = name.split(".")
+            if bits[:2] == [parts[0], "models"] and len(bits) > 2 and bits[2] in FAMILY_ORDER \
+                    and bits[2] != own and bits[2] not in allowed:
+                bad.append(f"{path} imports {name}")
+    return sorted(bad)
+
+
+def test_families_build_on_earlier_families_only():
+    assert family_violations(all_imports()) == []
+
+
+@pytest.mark.parametrize(("path", "name"), [
+    ("recipes/models/gpt/params.py", "recipes.models.hybrid.pattern"),
+    ("recipes/models/kinds.py", "recipes.models.moe.params"),
+    ("trainer/models/gpt/hf_tensors.py", "trainer.models.hybrid.hf_tensors"),
+])
+def test_the_family_rule_fails_on_a_planted_import(path, name):
+    imports = all_imports()
+    imports[path] = {*imports[path], name}
+    assert family_violations(imports) == [f"{path} imports {name}"]
