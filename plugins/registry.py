@@ -11,7 +11,6 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from plugins.context_parallel.config import ContextParallelConfig
-from plugins.cpu_runtime.config import CpuRuntimeConfig
 from plugins.fp8.config import Fp8Config
 from plugins.logging.config import LoggingConfig
 from plugins.moe.config import MoeConfig
@@ -24,7 +23,6 @@ from plugins.protocol.hooks import PluginConfig, PluginSet, Rule
 class PluginsConfig:
     """Features that attach at the trainer's hook points (`plugins/protocol/hooks.py`)."""
 
-    cpu_runtime: CpuRuntimeConfig = field(default_factory=CpuRuntimeConfig)
     fp8: Fp8Config = field(default_factory=Fp8Config)
     packing: PackingConfig = field(default_factory=PackingConfig)
     context_parallel: ContextParallelConfig = field(default_factory=ContextParallelConfig)
@@ -40,22 +38,20 @@ class PluginsConfig:
         """Every plugin's validation rules, in registry order."""
         return tuple(rule for _, config in self.configs() for rule in config.rules())
 
-    def runs_ranks_on_cpu(self, gpus: int, nodes: int) -> bool:
-        """Whether some plugin runs this run's ranks on CPU on a machine with `gpus` GPUs."""
-        return any(config.runs_ranks_on_cpu(gpus, nodes) for _, config in self.configs())
+    def gpu_checks(self) -> dict[str, list[str]]:
+        """Every plugin's GPU check runs, by name, in registry order."""
+        return {name: overrides for _, config in self.configs()
+                for name, overrides in config.gpu_checks().items()}
+
+    def gemm_precision(self) -> str | None:
+        """The GEMMs' number format a plugin sets (the last in registry order wins), or None."""
+        found = [p for _, config in self.configs() if (p := config.gemm_precision())]
+        return found[-1] if found else None
 
     def process_group_options(self, cfg) -> dict:
         """What the plugins add to Megatron's process-group set-up (later plugins win)."""
         return {key: value for _, config in self.configs()
                 for key, value in config.process_group_options(cfg).items()}
-
-    def launch_environment(self) -> dict[str, str]:
-        """Environment the plugins want for locally launched ranks (later plugins win)."""
-        return {
-            key: value
-            for _, config in self.configs()
-            for key, value in config.launch_environment().items()
-        }
 
 
 def build_plugins(plugins: PluginsConfig) -> PluginSet:

@@ -13,9 +13,9 @@ their losses are comparable layout to layout; `hybrid_tiny_dp1` is the one-rank 
 from __future__ import annotations
 
 from recipes.base_64gpu import large_run_base
-from recipes.config.hybrid import layer_symbols
 from recipes.config.phases import PhaseConfig
 from recipes.config.schema import ModelConfig, ParallelConfig, RunConfig
+from recipes.models.hybrid.pattern import layer_symbols
 from recipes.tiny import tiny_base
 
 NEMOTRON_H_VOCAB = 131_072

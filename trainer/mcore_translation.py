@@ -107,7 +107,7 @@ def _moe_fields(cfg: RunConfig) -> dict:
 def _hybrid_fields(cfg: RunConfig) -> dict:
     """A hybrid model's Mamba mixer, as `TransformerConfig` reads it (`ssm/mamba_mixer.py:
     233-249`); the conv width and scan chunk are the mixer's own arguments (the layer spec,
-    `trainer/hybrid_spec.py`)."""
+    `trainer/models/hybrid/spec.py`)."""
     m = cfg.model
     if not m.is_hybrid:
         return {}

@@ -1,33 +1,35 @@
 """Build this rank's model chunks (GPTModel, or HybridModel for a hybrid layer pattern) and wrap
 them in Megatron DDP.
 
-Model construction lives only here. The layer spec is Transformer Engine's on GPU ranks
-(`model.transformer_impl`, never a silent fallback) and Megatron Core's local spec on CPU
-ranks, adapted there by the CPU runtime plugin; a hybrid model's stack spec is
-`trainer/hybrid_spec.py`'s.
+Each family says its layer spec and model class (`trainer/models/<family>/build.py`); here
+they are put together the same way for every family: Transformer Engine's layers on GPU ranks
+(`model.transformer_impl`, never a silent fallback) and Megatron Core's local ones on CPU
+ranks, the spec adapted by the CPU runtime there and then by the plugins, one chunk per
+virtual pipeline stage, the precision wrapper and DDP.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.models.hybrid.hybrid_model import HybridModel
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.pipeline_parallel.utils import is_vp_first_stage, is_vp_last_stage
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
-from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.utils import unwrap_model
 
 from plugins.protocol.errors import UserError
 from plugins.protocol.hooks import PluginSet
 from recipes.config.schema import RunConfig, uses_transformer_engine
-from trainer.hybrid_spec import hybrid_stack_spec
+from trainer.cpu_runtime.runtime import adapt_cpu_layer_spec, cpu_runtime_active
+from trainer.models.gpt import build as gpt
+from trainer.models.hybrid import build as hybrid
 
 
 def transformer_engine_in_use(cfg: RunConfig) -> bool:
@@ -42,62 +44,17 @@ def transformer_engine_in_use(cfg: RunConfig) -> bool:
     return use
 
 
-def build_block_spec(
-    cfg: RunConfig, config: TransformerConfig, plugins: PluginSet, vp_stage: int | None
-) -> TransformerBlockSubmodules:
-    """Decoder-block spec for this rank's chunk: TE layers on GPU nodes, local ones otherwise.
-
-    A block spec (not a single layer spec) so the final norm is part of the spec too and
-    plugins can swap every module, e.g. the CPU runtime's sequence-parallel torch norm.
-    """
-    spec = get_gpt_decoder_block_spec(
-        config,
-        use_transformer_engine=transformer_engine_in_use(cfg),
-        normalization=cfg.model.normalization,
-        vp_stage=vp_stage,
-        pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
-    )
+def adapted_spec(spec: Any, config: TransformerConfig, plugins: PluginSet) -> Any:
+    """A layer spec as this rank builds it: the CPU runtime's adaptations on CPU ranks (the
+    sequence-parallel norm, packed and CP attention), then the plugins' (`layer_spec` hook)."""
+    if cpu_runtime_active():
+        spec = adapt_cpu_layer_spec(spec, config)
     return plugins.layer_spec(spec, config)
 
 
 def _vp_stages(cfg: RunConfig) -> list[int | None]:
     vpp = cfg.parallel.virtual_pipeline
     return [None] if vpp is None else list(range(vpp))
-
-
-def _gpt_chunk(cfg: RunConfig, config: TransformerConfig, plugins: PluginSet,
-               vp_stage: int | None, **ends: bool) -> GPTModel:
-    return GPTModel(
-        config=config,
-        transformer_layer_spec=build_block_spec(cfg, config, plugins, vp_stage),
-        vocab_size=cfg.layout.padded_vocab,
-        max_sequence_length=cfg.model.seq_length,
-        share_embeddings_and_output_weights=cfg.model.share_embeddings_and_output_weights,
-        position_embedding_type=cfg.model.position_embedding,
-        rotary_base=cfg.model.rotary_base,
-        rope_scaling=cfg.model.rope_scaling_factor is not None,
-        rope_scaling_factor=cfg.model.rope_scaling_factor or 8.0,
-        vp_stage=vp_stage,
-        **ends,
-    )
-
-
-def _hybrid_chunk(cfg: RunConfig, config: TransformerConfig, plugins: PluginSet,
-                  vp_stage: int | None, **ends: bool) -> HybridModel:
-    """A HybridModel chunk: Megatron picks this chunk's '|' segment (or even share) itself."""
-    spec = hybrid_stack_spec(cfg, transformer_engine=transformer_engine_in_use(cfg))
-    return HybridModel(
-        config=config,
-        hybrid_stack_spec=plugins.layer_spec(spec, config),
-        vocab_size=cfg.layout.padded_vocab,
-        max_sequence_length=cfg.model.seq_length,
-        hybrid_layer_pattern=cfg.model.hybrid_layer_pattern,
-        share_embeddings_and_output_weights=cfg.model.share_embeddings_and_output_weights,
-        position_embedding_type=cfg.model.position_embedding,
-        rotary_base=cfg.model.rotary_base,
-        vp_stage=vp_stage,
-        **ends,
-    )
 
 
 def build_model_chunks(
@@ -107,13 +64,15 @@ def build_model_chunks(
     vpp = cfg.parallel.virtual_pipeline
     first_pp = parallel_state.is_pipeline_first_stage(ignore_virtual=True)
     last_pp = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
-    build = _hybrid_chunk if cfg.model.is_hybrid else _gpt_chunk
+    family = hybrid if cfg.model.is_hybrid else gpt
+    transformer_engine = transformer_engine_in_use(cfg)
     chunks = []
     for vp_stage in _vp_stages(cfg):
         stage = 0 if vp_stage is None else vp_stage
-        chunk = build(cfg, config, plugins, vp_stage,
-                      pre_process=first_pp and is_vp_first_stage(stage, vpp),
-                      post_process=last_pp and is_vp_last_stage(stage, vpp))
+        spec = family.layer_spec(cfg, config, vp_stage, transformer_engine)
+        chunk = family.model_chunk(cfg, config, adapted_spec(spec, config, plugins), vp_stage,
+                                   pre_process=first_pp and is_vp_first_stage(stage, vpp),
+                                   post_process=last_pp and is_vp_last_stage(stage, vpp))
         for param in chunk.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
         chunks.append(chunk)

@@ -45,14 +45,13 @@ def one_process(cfg: RunConfig) -> Iterator[RunConfig]:
     """Megatron's parallel state for `single_rank(cfg)` in this process; yields that config."""
     from megatron.core import parallel_state
 
-    from plugins.protocol.events import RuntimeContext
-    from plugins.registry import build_plugins
+    from trainer.cpu_runtime.runtime import runtime_for
     from trainer.mcore_translation import initialize_parallel_state
 
     one = single_rank(cfg)
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() != 1:
         raise RuntimeError("conversion runs in one process (world size 1)")
-    build_plugins(one.plugins).setup_runtime(RuntimeContext())
+    runtime_for(one.cluster)
     created = _start_group()
     initialize_parallel_state(one.layout)
     # Megatron forks the model-parallel RNG tracker while building or running a model: the

@@ -32,6 +32,7 @@ from recipes.config.phases import launch_mismatch, phase_config, phase_spans, sc
 from recipes.config.rampup import megatron_schedule, ramp_schedule
 from recipes.config.schema import RunConfig
 from trainer import checkpointing
+from trainer.cpu_runtime.runtime import runtime_for
 from trainer.data import GlobalBatches, PhasedBatches, build_sources
 from trainer.mcore_translation import (
     build_ddp_config,
@@ -95,9 +96,10 @@ class TrainingSession:
 
 
 def start_runtime(cfg: RunConfig) -> tuple[PluginSet, RuntimeContext]:
-    """Plugins' runtime setup, then the default process group and Megatron's parallel state."""
+    """Where this rank computes (the CPU runtime on CPU ranks), told to the plugins; then the
+    default process group and Megatron's parallel state."""
     plugins = build_plugins(cfg.plugins)
-    runtime = plugins.setup_runtime(RuntimeContext())
+    runtime = plugins.setup_runtime(runtime_for(cfg.cluster))
     if runtime.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not torch.distributed.is_initialized():

@@ -7,7 +7,7 @@ it does the same per document, through Transformer Engine's `thd_get_partitioned
 model's RoPE picks the same chunks of its table (`models/common/embeddings/
 rotary_pos_embedding.py:199-204`), and attention then needs every CP rank's keys: Transformer
 Engine's attention exchanges them by `cp_comm_type` on GPU; on CPU the CPU runtime's reference
-attention gathers them (`plugins/cpu_runtime/cp_attention.py`).
+attention gathers them (`trainer/cpu_runtime/cp_attention.py`).
 
 Losses need nothing extra: each CP rank sums the loss of its own tokens, the trainer reduces
 sums and token counts over the world (`trainer/metrics.py`), and Megatron's DDP reduces

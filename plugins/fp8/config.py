@@ -74,6 +74,23 @@ class Fp8Config(PluginConfig):
                 return problem
         return None
 
+    def gpu_checks(self) -> dict[str, list[str]]:
+        """Current scaling (compared with BF16 by the GPU check) and a smoke run of every other
+        recipe: delayed, current with BF16 end layers, blockwise, MXFP8."""
+        current = ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise"]
+        return {
+            "fp8_current": current,
+            "fp8_delayed": ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=delayed",
+                            "plugins.fp8.amax_history_len=16", "plugins.fp8.margin=0"],
+            "fp8_current_bf16_ends": [*current, "plugins.fp8.first_layers_bf16=1",
+                                      "plugins.fp8.last_layers_bf16=1"],
+            "fp8_blockwise": ["plugins.fp8.format=e4m3", "plugins.fp8.recipe=blockwise"],
+            "mxfp8": ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=mxfp8"],
+        }
+
+    def gemm_precision(self) -> str | None:
+        return None if self.format is None else "fp8"
+
     def transformer_fields(self) -> dict[str, Any]:
         """The Megatron `TransformerConfig` fields this config sets (empty when off)."""
         if self.format is None:

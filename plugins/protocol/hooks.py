@@ -99,14 +99,17 @@ class PluginConfig:
         """The plugin, or None when this config leaves it off. Imports torch lazily."""
         return None
 
-    def runs_ranks_on_cpu(self, gpus: int, nodes: int) -> bool:
-        """Whether this plugin, so configured, runs the ranks of a `nodes`-node run on CPU on
-        a machine with `gpus` GPUs (the machine check asks before any torch import)."""
-        return False
-
-    def launch_environment(self) -> dict[str, str]:
-        """Environment variables for locally launched ranks (set before torch starts them)."""
+    def gpu_checks(self) -> dict[str, list[str]]:
+        """Runs that exercise this plugin on a GPU (`scripts/gpu_check_precision.py` trains each
+        on a small model): check name -> the overrides that configure the plugin so; {} for
+        none. The plugin names its own keys here, so the tool never does."""
         return {}
+
+    def gemm_precision(self) -> str | None:
+        """The number format this plugin, so configured, runs the model's GEMMs in (a cluster
+        file's `peak_tflops` key, e.g. "fp8"), or None when it leaves them in the run's
+        dtype; the planner prices step time at that peak."""
+        return None
 
     def process_group_options(self, cfg: Any) -> dict[str, Any]:
         """Keyword arguments this plugin, so configured, adds to Megatron Core's

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from recipes.config import hybrid
+from recipes.models.hybrid import pattern as hybrid
 
 # Megatron Core's default rank order, fastest-varying axis first.
 RANK_ORDER = ("tp", "cp", "ep", "dp", "pp")

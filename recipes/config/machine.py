@@ -18,6 +18,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from plugins.protocol.errors import ConfigError
 from recipes.config.schema import RunConfig, uses_transformer_engine
@@ -39,6 +40,21 @@ class MachineInfo:
 
 
 MAMBA_KERNEL_PACKAGES = {"mamba_ssm": "mamba-ssm", "causal_conv1d": "causal-conv1d"}
+
+
+def ranks_on_cpu(cluster: Any, gpus: int) -> bool:
+    """Whether a run's ranks compute on CPU, launched from a machine with `gpus` GPUs:
+    `cluster.device=cpu`, or `auto` on one node without GPUs. `auto` never turns a multi-node
+    run into CPU ranks: a GPU node without GPUs is a broken allocation, refused in one line."""
+    return cluster.device == "cpu" or (
+        cluster.device == "auto" and gpus == 0 and cluster.nodes == 1)
+
+
+def process_on_cpu(cluster: Any, cuda: bool) -> bool:
+    """Whether this process (a rank, a dry run, a converter) computes on CPU: `cluster.device=
+    cpu`, or `auto` where it has no CUDA device (a dry run of a 64-GPU recipe on a laptop
+    too). A multi-node rank without GPUs never gets this far: `check_ranks` refuses it."""
+    return cluster.device == "cpu" or (cluster.device == "auto" and not cuda)
 
 
 def missing_mamba_kernels() -> tuple[str, ...]:
@@ -196,7 +212,7 @@ def check_mamba_packed_context_parallel(cfg: RunConfig, machine: MachineInfo) ->
     has_mamba = "M" in (cfg.model.hybrid_layer_pattern or "")
     if not (has_mamba and cfg.parallel.context > 1 and cfg.plugins.packing.enabled):
         return
-    on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
+    on_cpu = ranks_on_cpu(cfg.cluster, machine.gpus)
     if not on_cpu and machine.transformer_engine is not None and (
             uses_transformer_engine(cfg.model.transformer_impl, on_gpu=True)):
         return
@@ -211,7 +227,7 @@ def check_mamba_kernels(cfg: RunConfig, machine: MachineInfo) -> None:
     """A hybrid model's Mamba layers on GPU ranks call mamba-ssm's and causal-conv1d's CUDA
     kernels (`ssm/mamba_mixer.py:61-80`; the torch ones are the CPU runtime's): refused before
     launch without them rather than failing in every rank's model build."""
-    on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
+    on_cpu = ranks_on_cpu(cfg.cluster, machine.gpus)
     if on_cpu or "M" not in (cfg.model.hybrid_layer_pattern or "") or (
             not machine.missing_mamba_kernels):
         return
@@ -229,7 +245,7 @@ def check_transformer_engine(
     would otherwise fall back to the local layers silently (unfused attention keeping every
     score, whose memory `local_attention_cost` states; sequence-parallel recipes die in the
     norm). CPU ranks cannot run TE's layers."""
-    on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
+    on_cpu = ranks_on_cpu(cfg.cluster, machine.gpus)
     impl = cfg.model.transformer_impl
     if on_cpu and impl == "transformer_engine":
         raise ConfigError("model.transformer_impl=transformer_engine needs GPU ranks, but this "
@@ -247,7 +263,7 @@ def check_transformer_engine(
 
 def check_plugin_needs(cfg: RunConfig, machine: MachineInfo) -> None:
     """The first plugin (registry order) that finds this machine lacking raises its line."""
-    on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
+    on_cpu = ranks_on_cpu(cfg.cluster, machine.gpus)
     for _, plugin_config in cfg.plugins.configs():
         if problem := plugin_config.machine_problem(machine, on_cpu):
             raise ConfigError(problem)
@@ -267,7 +283,7 @@ def check_ranks(
     found = f"found {gpus} GPU{'' if gpus == 1 else 's'}"
     if launched is not None and launched != world:
         raise ConfigError(f"{needs}; this process was launched with WORLD_SIZE={launched}; {hint}")
-    on_cpu = cfg.plugins.runs_ranks_on_cpu(gpus, c.nodes)
+    on_cpu = ranks_on_cpu(c, gpus)
     if c.nodes > 1:
         if launched is None:
             raise ConfigError(
@@ -287,5 +303,5 @@ def check_ranks(
             )
         return
     if gpus < world:
-        off = " and plugins.cpu_runtime.enabled=off" if gpus == 0 else ""
+        off = " and cluster.device=gpu" if gpus == 0 else ""
         raise ConfigError(f"{needs}; {found}{off}; {hint}")

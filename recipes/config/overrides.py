@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.arguments import describe_type, literal_options, split_argument
+from recipes.config.arguments import describe_type, split_argument
 from recipes.config.phases import PhaseConfig
 from recipes.config.schema import RunConfig
 
@@ -52,10 +52,8 @@ _HABITUAL_SECTIONS = {
     "training": "train",
     "trainer": "train",
     "log": "logging",
-    "fp8": "plugins.fp8",
-    "cpu_runtime": "plugins.cpu_runtime",
+    "cpu_runtime": "cluster",
 }
-_YAML_BOOL_WORDS = {"on", "off", "yes", "no", "y", "n"}  # YAML 1.1 booleans
 _LISTED_KEYS = 12  # an unknown key in a section this small lists the section's keys
 _DATA_PARALLEL_NAMES = ("dp", "data_parallel", "data_parallel_size", "parallel.data")
 
@@ -147,9 +145,10 @@ def missing_section(key: str) -> str | None:
 
 def nearest_sections(name: str, limit: int = 3) -> list[str]:
     """Existing sections nearest to a section name that does not exist: habits, sections that
-    start with it (`plugins.cpu` -> `plugins.cpu_runtime`), then spelling."""
+    start with it (`plugins.fp` -> `plugins.fp8`), then spelling."""
     sections = list(dict.fromkeys(p for s in config_sections() for p in _prefixes(s)))
     ranked = [_HABITUAL_SECTIONS[name]] if name in _HABITUAL_SECTIONS else []
+    ranked += [s for s in sections if s.rsplit(".", 1)[-1] == name]  # `fp8` -> `plugins.fp8`
     ranked += [s for s in sections if s.startswith(name)]
     ranked += difflib.get_close_matches(name, sections, n=limit, cutoff=0.6)
     ancestors = _prefixes(name)  # `plugins` exists when `plugins.fp9` does not: not a suggestion
@@ -223,10 +222,7 @@ def wrong_value_message(key: str, given: str, origin: str, current: Any) -> str:
         )
     expected = describe_type(tp) if tp is not None else "a different value"
     shown = _yaml_scalar(current)
-    message = f"{origin}: {key} expects {expected}, got '{given}' (currently {key}={shown})"
-    if given in ("true", "false") and _YAML_BOOL_WORDS & set(literal_options(tp)):
-        message += "; YAML reads on/off/yes/no as true/false, so quote the word, e.g. 'on'"
-    return message
+    return f"{origin}: {key} expects {expected}, got '{given}' (currently {key}={shown})"
 
 
 def merge_checked(base: DictConfig, update: DictConfig, origin: str) -> DictConfig:
@@ -326,20 +322,6 @@ def split_override(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _verbatim_option(key: str, value: str) -> DictConfig | None:
-    """`key=on` for a field whose options include the text 'on': keep it as text.
-
-    YAML 1.1 (OmegaConf's value grammar) reads on/off/yes/no as booleans, which would turn
-    `plugins.cpu_runtime.enabled=on` into `True` and fail the type check.
-    """
-    if value not in literal_options(field_type(key)):
-        return None
-    nested: Any = value
-    for part in reversed(key.split(".")):
-        nested = {part: nested}
-    return typing.cast(DictConfig, OmegaConf.create(nested))
-
-
 def _nullable(tp: Any) -> bool:
     union = isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
     return union and type(None) in typing.get_args(tp)
@@ -384,7 +366,7 @@ def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
         key, value = split_override(text)
         check_override_key(key, value, node, f"override '{text}'")
         try:
-            update = _verbatim_option(key, value) or OmegaConf.from_dotlist([text])
+            update = OmegaConf.from_dotlist([text])
         except (OmegaConfBaseException, yaml.YAMLError):
             raise ConfigError(
                 f"override '{text}': cannot parse the value '{value}' (unbalanced brackets or "

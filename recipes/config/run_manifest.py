@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes.config.checkpoint_format import MANIFEST_FILE
-from recipes.config.hybrid import layer_symbols
+from recipes.models.hybrid.pattern import layer_symbols
 
 CHUNK_BYTES = 8 << 20
 

@@ -112,6 +112,11 @@ class ClusterConfig:
     # A conf/cluster/*.yaml file describing the machines: its peak TFLOP/s per precision gives
     # the run's MFU (None: MFU is reported as unknown, not guessed).
     spec: str | None = None
+    # Where ranks compute: gpu, cpu (Megatron Core over gloo through the CPU runtime; a cluster
+    # file's `device: cpu` sets it), or auto = on CPU exactly when there is no CUDA device (on a
+    # single node: a GPU node of a multi-node run without GPUs is refused, not run on CPU).
+    device: Literal["auto", "gpu", "cpu"] = "auto"
+    threads_per_rank: int = 1  # torch intra-op threads per CPU rank (OMP_NUM_THREADS)
 
     @property
     def world_size(self) -> int:

@@ -16,11 +16,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from plugins.protocol.errors import ConfigError
-from recipes.config import hybrid
 from recipes.config.layout import Layout
 from recipes.config.phases import PHASE_RULES, check_each_phase
 from recipes.config.rampup import RAMPUP_RULES
 from recipes.config.schema import RunConfig
+from recipes.models.gpt import rules as gpt_rules
+from recipes.models.hybrid import pattern as hybrid
+from recipes.models.hybrid import rules as hybrid_rules
+from recipes.models.moe import rules as moe_rules
 
 BYTE_VOCAB = 256  # the byte tokenizer emits ids 0..255
 
@@ -97,6 +100,7 @@ def check_positive_sizes(cfg: RunConfig) -> str | None:
         "parallel.expert_tensor": p.expert_tensor,
         "cluster.nodes": c.nodes,
         "cluster.gpus_per_node": c.gpus_per_node,
+        "cluster.threads_per_rank": c.threads_per_rank,
         "train.micro_batch_size": t.micro_batch_size,
         "train.global_batch_size": t.global_batch_size,
         "train.train_iters": t.train_iters,
@@ -160,46 +164,6 @@ def check_world_size(cfg: RunConfig) -> str | None:
         )
 
 
-def check_heads_divisible_by_tensor(cfg: RunConfig) -> str | None:
-    """Each TP rank holds whole query heads, and whole KV heads or a copy of one."""
-    m, tp = cfg.model, cfg.parallel.tensor
-    groups = m.num_query_groups or m.num_attention_heads
-    if m.num_attention_heads % tp:
-        return (
-            f"model.num_attention_heads={m.num_attention_heads} is not divisible by "
-            f"parallel.tensor={tp}; choose a TP size that divides the head count"
-        )
-    if groups % tp and tp % groups:
-        # Fewer KV heads than TP ranks is allowed: each KV head is then copied to TP / groups
-        # ranks (`transformer/attention.py:353-360`, `transformer_config.py:1338-1345`).
-        return (
-            f"model.num_query_groups={groups} (KV heads) and parallel.tensor={tp} must divide "
-            "one another; choose a TP size that divides the KV head count or is a multiple of it"
-        )
-
-
-def check_query_groups(cfg: RunConfig) -> str | None:
-    """Grouped-query attention: every KV head serves the same number of query heads."""
-    m = cfg.model
-    groups = m.num_query_groups
-    if groups is not None and m.num_attention_heads % groups:
-        return (
-            f"model.num_attention_heads={m.num_attention_heads} is not divisible by "
-            f"model.num_query_groups={groups}; set num_query_groups to a divisor of the heads"
-        )
-
-
-def check_head_width(cfg: RunConfig) -> str | None:
-    """Without explicit kv_channels the head width is hidden / heads and must be whole."""
-    m = cfg.model
-    if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
-        return (
-            f"model.hidden_size={m.hidden_size} is not divisible by "
-            f"model.num_attention_heads={m.num_attention_heads}; change one of them or set "
-            "model.kv_channels explicitly"
-        )
-
-
 def _uneven_stages(cfg: RunConfig) -> str | None:
     """First/last stage layer counts (Megatron's num_layers_in_first/last_pipeline_stage): with
     pipelining, positive, divisible by VPP, leaving the middle stages an even share."""
@@ -224,7 +188,7 @@ def check_layers_per_stage(cfg: RunConfig) -> str | None:
     p, layers = cfg.parallel, cfg.model.num_layers
     vpp = p.virtual_pipeline or 1
     if hybrid.has_pipes(cfg.model.hybrid_layer_pattern):
-        return None  # the '|' segments place the layers (hybrid.check_hybrid_segments)
+        return None  # the '|' segments place the layers (hybrid_rules.check_hybrid_segments)
     if p.first_stage_layers is not None or p.last_stage_layers is not None:
         return _uneven_stages(cfg)
     if layers % (p.pipeline * vpp):
@@ -313,102 +277,6 @@ def check_interleaved_p2p(cfg: RunConfig) -> str | None:
         return (
             "parallel.batch_p2p_comm=true with an interleaved pipeline gives silently wrong "
             "losses in Megatron Core; set parallel.batch_p2p_comm=false"
-        )
-
-
-def check_expert_parallel(cfg: RunConfig) -> str | None:
-    """EP splits the experts of each MoE layer; it needs experts and must divide them."""
-    m, ep = cfg.model, cfg.parallel.expert
-    if m.num_moe_experts is None:
-        if ep > 1 or cfg.parallel.expert_tensor not in (None, cfg.parallel.tensor):
-            return (
-                f"parallel.expert={ep} / expert_tensor need an MoE model; set "
-                "model.num_moe_experts or parallel.expert=1 and parallel.expert_tensor=null"
-            )
-        return
-    if m.num_moe_experts % ep:
-        return (
-            f"model.num_moe_experts={m.num_moe_experts} is not divisible by parallel.expert={ep}; "
-            "choose an expert parallel size that divides the expert count"
-        )
-
-
-def check_expert_world_size(cfg: RunConfig) -> str | None:
-    """Experts use their own grid: world = PP x expert-TP x EP x expert-DP."""
-    if cfg.model.num_moe_experts is None:
-        return
-    p, layout = cfg.parallel, _layout(cfg)
-    world, expert_grid = layout.world_size, layout.expert_model_parallel
-    if world % expert_grid:
-        return (
-            f"world size {world} is not divisible by PP{p.pipeline} x expert-TP"
-            f"{layout.expert_tensor_size} x EP{p.expert} = {expert_grid}; lower parallel.expert "
-            "or parallel.expert_tensor, or change the cluster size"
-        )
-
-
-def check_router_topk(cfg: RunConfig) -> str | None:
-    m = cfg.model
-    if m.num_moe_experts is not None and m.moe_router_topk > m.num_moe_experts:
-        return (
-            f"model.moe_router_topk={m.moe_router_topk} exceeds model.num_moe_experts="
-            f"{m.num_moe_experts}; route each token to at most that many experts"
-        )
-
-
-def check_moe_bias(cfg: RunConfig) -> str | None:
-    """The Megatron Core local MoE spec fails in-place-on-view with linear biases."""
-    if cfg.model.num_moe_experts is not None and cfg.model.add_bias_linear:
-        return (
-            "MoE models cannot use linear biases with the Megatron Core local layer spec "
-            "(in-place-on-view error in the expert MLP); set model.add_bias_linear=false"
-        )
-
-
-def check_expert_bias(cfg: RunConfig) -> str | None:
-    """Aux-loss-free balancing adds its bias to sigmoid scores only (Megatron raises otherwise,
-    `transformer/transformer_config.py:2284-2292`)."""
-    m = cfg.model
-    if m.moe_router_expert_bias and m.moe_router_score_function != "sigmoid":
-        return ("model.moe_router_expert_bias=true needs model.moe_router_score_function=sigmoid "
-                f"(got {m.moe_router_score_function}); set it, or moe_router_expert_bias=false")
-    return None
-
-
-def check_router_scaling(cfg: RunConfig) -> str | None:
-    """The top-k weights are multiplied by the scaling factor: it must be positive."""
-    factor = cfg.model.moe_router_topk_scaling_factor
-    if factor is not None and factor <= 0:
-        return (f"model.moe_router_topk_scaling_factor={factor:g} must be positive; set it, "
-                "e.g. 2.5, or null for no scaling")
-    return None
-
-
-def check_moe_settings_need_experts(cfg: RunConfig) -> str | None:
-    """Router and shared-expert settings on a dense model would be silently ignored."""
-    m = cfg.model
-    if m.num_moe_experts is not None:
-        return None
-    for key, value, default in (
-        ("moe_router_expert_bias", m.moe_router_expert_bias, False),
-        ("moe_router_score_function", m.moe_router_score_function, "softmax"),
-        ("moe_router_topk_scaling_factor", m.moe_router_topk_scaling_factor, None),
-        ("moe_shared_expert_ffn_hidden_size", m.moe_shared_expert_ffn_hidden_size, None),
-        ("moe_load_balancing", m.moe_load_balancing, "aux_loss"),
-    ):
-        if value != default:
-            return (f"model.{key}={value} needs an MoE model; set model.num_moe_experts or "
-                    f"leave model.{key} at its default")
-    return None
-
-
-def check_moe_tensor_parallel(cfg: RunConfig) -> str | None:
-    """Megatron Core's MoE layer refuses to train with TP > 1 unless SP is on."""
-    p = cfg.parallel
-    if cfg.model.num_moe_experts is not None and p.tensor > 1 and not p.sequence_parallel:
-        return (
-            f"MoE with parallel.tensor={p.tensor} needs sequence parallel (Megatron Core raises "
-            "in the first forward otherwise); set parallel.sequence_parallel=true"
         )
 
 
@@ -586,10 +454,8 @@ RULES: tuple[Rule, ...] = (
     check_non_negative_counts,
     check_vocab_padding,
     check_world_size,
-    check_heads_divisible_by_tensor,
-    check_query_groups,
-    check_head_width,
-    *hybrid.RULES,
+    *gpt_rules.RULES,
+    *hybrid_rules.RULES,
     check_virtual_pipeline,
     check_layers_per_stage,
     check_sequence_divisible_by_context,
@@ -598,14 +464,7 @@ RULES: tuple[Rule, ...] = (
     check_global_batch,
     check_interleaved_microbatches,
     check_interleaved_p2p,
-    check_expert_parallel,
-    check_expert_world_size,
-    check_router_topk,
-    check_moe_bias,
-    check_expert_bias,
-    check_router_scaling,
-    check_moe_settings_need_experts,
-    check_moe_tensor_parallel,
+    *moe_rules.RULES,
     check_param_gather,
     check_fsdp_needs_distributed_optimizer,
     check_evaluation,

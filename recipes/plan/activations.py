@@ -22,7 +22,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from recipes.config import hybrid
+from recipes.models import kinds
+from recipes.models.hybrid import pattern as hybrid
 from recipes.plan.params import stage_kinds, stage_layer_counts
 from recipes.plan.schedule import layer_microbatches_in_flight
 
@@ -98,11 +99,11 @@ def symbol_bytes_per_token(cfg: Any, symbol: str, attention: Attention) -> Layer
     """Bytes per token one hybrid layer of kind `symbol` keeps on one rank."""
     m, layout = cfg.model, cfg.layout
     d = _ACT_BYTES[cfg.precision.dtype]
-    if symbol == hybrid.MAMBA:
+    if symbol == kinds.MAMBA:
         return _mamba_terms(m, d, layout.tensor)
-    if symbol == hybrid.ATTENTION:
+    if symbol == kinds.ATTENTION:
         return _attention_terms(m, d, attention, m.seq_length // layout.context, layout.tensor)
-    if symbol == hybrid.MLP:
+    if symbol == kinds.MLP:
         dense = dataclasses.replace(m, num_moe_experts=None)
         return _mlp_terms(dense, d, layout)
     return _mlp_terms(m, d, layout)

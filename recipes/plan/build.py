@@ -11,7 +11,7 @@ from typing import Any
 
 from recipes.plan.activations import StageActivations, stage_activations
 from recipes.plan.batch import BatchPlan, batch_plan
-from recipes.plan.cluster import ClusterSpec
+from recipes.plan.cluster import ClusterSpec, gemm_peak_tflops
 from recipes.plan.comm import Traffic, crossing_kinds, stage_traffic
 from recipes.plan.memory import (
     ModelState,
@@ -101,11 +101,6 @@ class Plan:
         return host is None or self.save_host_per_node <= host * 1e9
 
 
-def _peak_tflops(cfg: Any, cluster: ClusterSpec) -> float:
-    fp8 = getattr(getattr(cfg.plugins, "fp8", None), "format", None)
-    return cluster.peak_tflops["fp8" if fp8 else cfg.precision.dtype]
-
-
 def _notes(cfg: Any, cluster: ClusterSpec) -> list[str]:
     layout, notes = cfg.layout, []
     if layout.nodes > cluster.nodes:
@@ -150,7 +145,7 @@ def make_plan(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None
         bubble_interleaved=bubble(pp, vpp, m) if vpp > 1 else None,
         in_flight={"all_forward": in_flight_all_forward(m),
                    "one_f_one_b": in_flight_1f1b(0, pp, m)},
-        batch=batch_plan(cfg, _peak_tflops(cfg, cluster), options.mfu,
+        batch=batch_plan(cfg, gemm_peak_tflops(cfg, cluster), options.mfu,
                          options.token_budget),
         notes=_notes(cfg, cluster),
         warnings=spanning_warnings(cfg, cluster, [s.traffic for s in stages]),

@@ -86,6 +86,12 @@ def _check_keys(path: str, data: dict) -> None:
             raise ConfigError(f"{path}: '{key}' is missing; add it (see conf/cluster/*.yaml)")
 
 
+def gemm_peak_tflops(cfg: Any, cluster: ClusterSpec) -> float:
+    """Peak dense TFLOP/s per GPU of the GEMMs as this run computes them: the precision a
+    plugin sets (FP8), else the run's dtype."""
+    return cluster.peak_tflops[cfg.plugins.gemm_precision() or cfg.precision.dtype]
+
+
 def _peak(path: str, value: Any) -> dict[str, float]:
     if not isinstance(value, dict) or set(value) != set(PRECISIONS):
         raise ConfigError(f"{path}: peak_tflops must give TFLOP/s for each of "

@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from recipes.config import hybrid
+from recipes.models import kinds
+from recipes.models.hybrid import pattern as hybrid
 from recipes.plan.activations import _ACT_BYTES
 from recipes.plan.params import ParamCount, stage_kinds
 
@@ -117,10 +118,10 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
     dense_ranks, expert_ranks = layout.data_parallel * layout.context, layout.expert_data_parallel
     d = _ACT_BYTES[cfg.precision.dtype]
     tokens = cfg.train.micro_batch_size * cfg.model.seq_length / layout.context
-    kinds = stage_kinds(cfg)[stage]
+    counts = stage_kinds(cfg)[stage]
     found = []
     if layout.tensor > 1:
-        name, sent = _tp(cfg, d, tokens, sum(kinds.values()))
+        name, sent = _tp(cfg, d, tokens, sum(counts.values()))
         found.append(_traffic(crossing, cluster, "tp", name, sent))
     if layout.pipeline > 1:
         found.append(_traffic(crossing, cluster, "pp", "send/recv",
@@ -133,11 +134,11 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
         found.append(_traffic(crossing, cluster, "expert-dp", name, sent))
     if layout.context > 1:
         found.append(_traffic(crossing, cluster, "cp", "K/V ring exchange",
-                              _cp(cfg, d, tokens, kinds[hybrid.ATTENTION])))
-        if kinds.get(hybrid.MAMBA):
+                              _cp(cfg, d, tokens, counts[kinds.ATTENTION])))
+        if counts.get(kinds.MAMBA):
             found.append(_traffic(crossing, cluster, "cp", "Mamba all-to-all",
-                                  _mamba_cp(cfg, d, tokens, kinds[hybrid.MAMBA])))
+                                  _mamba_cp(cfg, d, tokens, counts[kinds.MAMBA])))
     if layout.expert > 1 and cfg.model.num_moe_experts:
         found.append(_traffic(crossing, cluster, "ep", "all-to-all",
-                              _ep(cfg, d, tokens, kinds[hybrid.MOE])))
+                              _ep(cfg, d, tokens, counts[kinds.MOE])))
     return found

@@ -26,7 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from recipes.config import hybrid
+from recipes.models import kinds
+from recipes.models.gpt.flops import (
+    attention_projection_flops,
+    attention_score_flops,
+    logits_flops,
+    mlp_flops,
+)
+from recipes.models.hybrid import pattern as hybrid
+from recipes.models.hybrid.flops import mamba_flops
+from recipes.models.moe.flops import moe_flops
 
 # Forward + backward: the backward computes the data and the weight gradient of every product.
 TRAINING_PASSES = 3
@@ -63,18 +72,18 @@ class FlopsShape:
         m = cfg.model
         moe = m.num_moe_experts is not None
         if m.is_hybrid:
-            kinds = {symbol: hybrid.count(m, symbol) for symbol in hybrid.LAYER_SYMBOLS}
+            counts = {symbol: hybrid.count(m, symbol) for symbol in kinds.LAYER_SYMBOLS}
         else:
-            kinds = {hybrid.MAMBA: 0, hybrid.ATTENTION: m.num_layers,
-                     hybrid.MLP: 0 if moe else m.num_layers, hybrid.MOE: m.num_layers if moe else 0}
-        mamba = kinds[hybrid.MAMBA] > 0
+            counts = {kinds.MAMBA: 0, kinds.ATTENTION: m.num_layers,
+                     kinds.MLP: 0 if moe else m.num_layers, kinds.MOE: m.num_layers if moe else 0}
+        mamba = counts[kinds.MAMBA] > 0
         return cls(
             hidden_size=m.hidden_size,
             padded_vocab_size=cfg.layout.padded_vocab,
-            attention_layers=kinds[hybrid.ATTENTION],
-            dense_mlp_layers=kinds[hybrid.MLP],
-            moe_layers=kinds[hybrid.MOE],
-            mamba_layers=kinds[hybrid.MAMBA],
+            attention_layers=counts[kinds.ATTENTION],
+            dense_mlp_layers=counts[kinds.MLP],
+            moe_layers=counts[kinds.MOE],
+            mamba_layers=counts[kinds.MAMBA],
             mamba_inner=hybrid.mamba_heads(m) * m.mamba_head_dim if mamba else 0,
             mamba_heads=hybrid.mamba_heads(m) if mamba else 0,
             mamba_groups=m.mamba_num_groups if mamba else 0,
@@ -89,57 +98,6 @@ class FlopsShape:
             moe_router_topk=m.moe_router_topk if moe else 0,
             moe_ffn_hidden_size=(m.moe_ffn_hidden_size or m.ffn_hidden_size) if moe else 0,
         )
-
-
-def qkv_projection_flops(s: FlopsShape) -> float:
-    """Forward FLOPs per token of one attention layer's Q, K and V projections."""
-    query, key_value = s.num_attention_heads * s.kv_channels, s.num_query_groups * s.kv_channels
-    return 2 * s.hidden_size * (query + 2 * key_value)
-
-
-def output_projection_flops(s: FlopsShape) -> float:
-    """Forward FLOPs per token of one attention layer's output projection."""
-    return 2 * s.num_attention_heads * s.kv_channels * s.hidden_size
-
-
-def attention_projection_flops(s: FlopsShape) -> float:
-    """Forward FLOPs per token of one attention layer's Q, K, V and output projections."""
-    return qkv_projection_flops(s) + output_projection_flops(s)
-
-
-def logits_flops(s: FlopsShape) -> float:
-    """Forward FLOPs per token of the output layer over the padded vocabulary."""
-    return 2 * s.hidden_size * s.padded_vocab_size
-
-
-def attention_score_flops(s: FlopsShape, pairs: float) -> float:
-    """Forward FLOPs of every attention layer's QK^T and softmax(QK^T)V over `pairs` (query,
-    key) pairs: 2 · 2 · query width per pair. A causal row of n tokens has n²/2 of them."""
-    return s.attention_layers * 2 * 2 * s.num_attention_heads * s.kv_channels * pairs
-
-
-def mlp_flops(s: FlopsShape, width: int) -> float:
-    """Forward FLOPs per token of an MLP of inner `width` (two matrices, three when gated)."""
-    return 2 * s.hidden_size * width * (3 if s.gated else 2)
-
-
-def moe_flops(s: FlopsShape) -> float:
-    """Forward FLOPs per token of one MoE layer: the top-k routed experts and the shared ones."""
-    return mlp_flops(s, s.moe_router_topk * s.moe_ffn_hidden_size + s.moe_shared_ffn_hidden_size)
-
-
-def mamba_flops(s: FlopsShape) -> float:
-    """Forward FLOPs per token of one Mamba2 layer: in_proj (z, x, B, C, dt), out_proj, and the
-    chunked scan's products (its cost per token grows with the chunk, not the sequence)."""
-    bc = 2 * s.mamba_groups * s.mamba_state
-    projections = 2 * s.hidden_size * (2 * s.mamba_inner + bc + s.mamba_heads)
-    projections += 2 * s.mamba_inner * s.hidden_size
-    # Inside a chunk: C·Bᵀ (state-wide, per group) and its mix of x (per channel), over the
-    # causal half of the chunk's positions: 2 · (Q / 2) · (groups · state + d_inner).
-    intra_chunk = s.mamba_chunk * (s.mamba_groups * s.mamba_state + s.mamba_inner)
-    # Between chunks: x·Bᵀ into the state and C·state out, 2 · d_inner · state each.
-    states = 4 * s.mamba_inner * s.mamba_state
-    return projections + intra_chunk + states
 
 
 def forward_flops_per_token(s: FlopsShape) -> float:

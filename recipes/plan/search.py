@@ -27,7 +27,7 @@ from typing import Any
 
 from plugins.protocol.errors import ConfigError
 from recipes.plan.build import PlanOptions, stage_plans
-from recipes.plan.cluster import ClusterSpec
+from recipes.plan.cluster import ClusterSpec, gemm_peak_tflops
 from recipes.plan.comm import crossing_kinds
 from recipes.plan.steptime import HALF_DIM, PEAK_FRACTION, StepTime, step_time
 
@@ -190,8 +190,7 @@ class _Searcher:
     def __init__(self, cfg: Any, cluster: ClusterSpec, options: PlanOptions) -> None:
         self.cfg, self.cluster, self.options = cfg, cluster, options
         self.crossing: dict[tuple, dict[str, bool]] = {}
-        fp8 = getattr(getattr(cfg.plugins, "fp8", None), "format", None)
-        self.peak = cluster.peak_tflops["fp8" if fp8 else cfg.precision.dtype]
+        self.peak = gemm_peak_tflops(cfg, cluster)
         self.fraction = cluster.gemm_peak_fraction or PEAK_FRACTION
         self.half = cluster.gemm_half_dim or HALF_DIM
         self.latency = (cluster.collective_latency_us or 0.0) * 1e-6

@@ -35,15 +35,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from recipes.plan.flops import (
-    FlopsShape,
+from recipes.models.gpt.flops import (
     attention_score_flops,
     logits_flops,
     mlp_flops,
-    moe_flops,
     output_projection_flops,
     qkv_projection_flops,
 )
+from recipes.models.moe.flops import moe_flops
+from recipes.plan.flops import FlopsShape
 
 # Kernels one layer's forward runs in Megatron's layers (norms, QKV, RoPE, the attention
 # core's products, mask and softmax, projection, bias-dropout-adds, the MLP's two products and

@@ -13,8 +13,7 @@ from typing import Any
 import torch
 
 from plugins.context_parallel.config import ContextParallelConfig
-from plugins.cpu_runtime.config import CpuRuntimeConfig
-from plugins.cpu_runtime.runtime import activate_cpu_runtime
+from trainer.cpu_runtime.runtime import activate_cpu_runtime
 
 
 def _batch(length: int, bounds: list[int] | None) -> dict[str, torch.Tensor]:
@@ -30,7 +29,7 @@ def _batch(length: int, bounds: list[int] | None) -> dict[str, torch.Tensor]:
 
 def split_positions(payload: dict[str, Any]) -> dict[str, Any]:
     """This CP rank's kept positions (from `tokens`), or the error the split raised."""
-    activate_cpu_runtime(CpuRuntimeConfig(enabled="on"), skip=frozenset(payload.get("skip", ())))
+    activate_cpu_runtime(skip=frozenset(payload.get("skip", ())))
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(context_parallel_size=payload["cp"])

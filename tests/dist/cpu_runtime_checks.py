@@ -15,8 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plugins.cpu_runtime.config import CpuRuntimeConfig
-from plugins.cpu_runtime.runtime import activate_cpu_runtime, adapt_local_layer_spec
+from trainer.cpu_runtime.runtime import activate_cpu_runtime, adapt_local_layer_spec
 
 
 def _tp_group_and_rank() -> tuple[dist.ProcessGroup, int]:
@@ -222,9 +221,7 @@ CHECKS: dict[str, Callable[[], Any]] = {
 def run_checks(payload: dict[str, Any]) -> dict[str, Any]:
     """Activates the CPU runtime without payload['skip'], sets up TP (DP = the rest), runs
     payload['checks'] in order and returns their results by name."""
-    activate_cpu_runtime(
-        CpuRuntimeConfig(enabled="on"), skip=frozenset(payload.get("skip", ()))
-    )
+    activate_cpu_runtime(skip=frozenset(payload.get("skip", ())))
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=payload["tp"])

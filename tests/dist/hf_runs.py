@@ -71,7 +71,7 @@ def _away_from_defaults(model) -> None:
 def make_hf_model(kind: str, directory: Path, seed: int = 0) -> Path:
     """A randomly initialised model of that shape, saved as transformers saves it. NemotronH's
     is saved with `time_step_min=0`: transformers clamps dt from below there, Megatron at 0
-    (trainer/interop/nemotron_h_config.py), so both compute the same function; transformers'
+    (trainer/models/hybrid/hf_config.py), so both compute the same function; transformers'
     own initialisation needs it > 0 (log), so it is set after building."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -185,12 +185,13 @@ def published_shapes(payload: dict) -> dict:
     recipe's layout pads it."""
     from recipes.registry import get_recipe
     from trainer.interop import megatron_side
-    from trainer.interop.mapping import Shapes, megatron_shape, rules
+    from trainer.interop.mapping import rules, shapes_of
+    from trainer.models.gpt.hf_tensors import megatron_shape
 
     found = {}
     for recipe in payload["recipes"]:
         cfg = get_recipe(recipe)
-        shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
+        shapes = shapes_of(cfg.model, cfg.layout.padded_vocab)
         with megatron_side.one_process(cfg) as one:
             model = megatron_side.weight_shapes(megatron_side.meta_template(one))
         found[recipe] = {

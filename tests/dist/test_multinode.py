@@ -56,7 +56,7 @@ def two_agents(run_dir: Path) -> list[subprocess.CompletedProcess]:
     rendezvous = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                   f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=two-nodes"]
     args = torchrun(*rendezvous, SCRIPT, *TRAIN, f"run_dir={run_dir}", "cluster.nodes=2",
-                    "cluster.gpus_per_node=1", "plugins.cpu_runtime.enabled=on")
+                    "cluster.gpus_per_node=1", "cluster.device=cpu")
     agents = [subprocess.Popen(args, cwd=REPO, env=environment(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = []
@@ -128,7 +128,7 @@ def agents_with_a_dying_rank(tmp_path: Path, **extra: str) -> tuple[list[tuple[i
                   f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=dying"]
     args = ["torchrun", *rendezvous, str(REPO / "tests" / "dist" / "die_at_step.py"), *TRAIN,
             f"run_dir={tmp_path / 'run'}", "cluster.nodes=2", "cluster.gpus_per_node=1",
-            "plugins.cpu_runtime.enabled=on"]
+            "cluster.device=cpu"]
     stamp = tmp_path / "killed_at"
     env = agent_environment(DIE_RANK="1", DIE_AT_STEP="2", DIE_STAMP=str(stamp), **extra)
     logs = [tmp_path / f"agent{i}.log" for i in range(2)]

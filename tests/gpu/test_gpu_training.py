@@ -62,7 +62,8 @@ def test_tiny_hybrid_trains_50_steps_on_one_gpu(tmp_path):
 
 
 def test_cpu_runtime_auto_stays_off_with_cuda():
-    from plugins.cpu_runtime.config import CpuRuntimeConfig
-    from plugins.cpu_runtime.runtime import activate_cpu_runtime
+    from recipes.config.schema import ClusterConfig
+    from trainer.cpu_runtime.runtime import cpu_runtime_active, runtime_for
 
-    assert activate_cpu_runtime(CpuRuntimeConfig(enabled="auto")) is False
+    assert runtime_for(ClusterConfig(device="auto")).device == "cuda"
+    assert not cpu_runtime_active()

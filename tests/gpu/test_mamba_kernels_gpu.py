@@ -11,10 +11,10 @@ import importlib.util
 import pytest
 import torch
 
-from plugins.cpu_runtime.causal_conv import causal_conv1d_fn
-from plugins.cpu_runtime.gated_norm import rms_norm_gated
-from plugins.cpu_runtime.split_conv_scan import mamba_split_conv1d_scan_combined
-from plugins.cpu_runtime.ssd_scan import mamba_chunk_scan_combined
+from trainer.models.hybrid.cpu_kernels.causal_conv import causal_conv1d_fn
+from trainer.models.hybrid.cpu_kernels.gated_norm import rms_norm_gated
+from trainer.models.hybrid.cpu_kernels.split_conv_scan import mamba_split_conv1d_scan_combined
+from trainer.models.hybrid.cpu_kernels.ssd_scan import mamba_chunk_scan_combined
 
 LIBRARIES = ("mamba_ssm", "causal_conv1d")
 MISSING = [name for name in LIBRARIES if importlib.util.find_spec(name) is None]

@@ -14,8 +14,8 @@ import sys
 
 from rich.console import Console
 
-from recipes.config.hybrid import layer_symbols
 from recipes.config.schema import ClusterConfig, ParallelConfig
+from recipes.models.hybrid.pattern import layer_symbols
 from recipes.registry import get_recipe
 from trainer.tools.dry_run import (
     active_parameters,

@@ -2,7 +2,8 @@
 
 From the ground up: the protocol (errors, hooks, events, the batch formats) imports nothing of
 ours; each plugin imports only the protocol; the plugin registry composes the plugins; the
-torch-free config machinery composes the registry; the recipe catalogue builds configs;
+model families' torch-free half (rules, parameter and FLOPs terms) stands on the protocol; the
+torch-free config machinery composes the registry and the families; the recipe catalogue builds configs;
 resolution sits above both; the planner above resolution; data preparation beside it; the
 training loop above all of that; HF interop, launch and the user tools above the loop; the entry
 pipeline and its command objects above everything; the scripts call only the entry contract.
@@ -12,6 +13,7 @@ Each rule is also shown to fail on a planted violation.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import subprocess
 from pathlib import Path
@@ -27,14 +29,16 @@ LOWER = {
     "plugins.protocol": set(),
     "plugin": {"plugins.protocol"},
     "plugins.registry": {"plugins.protocol", "plugin"},
-    "recipes.config": {"plugins.protocol", "plugins.registry"},
-    CATALOGUE: {"plugins.protocol", "recipes.config"},
-    "recipes.resolve": {"plugins.protocol", "recipes.config", CATALOGUE},
-    "recipes.plan": {"plugins.protocol", "recipes.config", CATALOGUE, "recipes.resolve"},
+    "recipes.models": {"plugins.protocol"},
+    "recipes.config": {"plugins.protocol", "plugins.registry", "recipes.models"},
+    CATALOGUE: {"plugins.protocol", "recipes.models", "recipes.config"},
+    "recipes.resolve": {"plugins.protocol", "recipes.models", "recipes.config", CATALOGUE},
+    "recipes.plan": {"plugins.protocol", "recipes.models", "recipes.config", CATALOGUE,
+                     "recipes.resolve"},
     "data_prep": {"plugins.protocol", "recipes.config"},
 }
-BELOW_THE_LOOP = {"plugins.protocol", "plugins.registry", "recipes.config", CATALOGUE,
-                  "recipes.resolve", "recipes.plan", "data_prep"}
+BELOW_THE_LOOP = {"plugins.protocol", "plugins.registry", "recipes.models", "recipes.config",
+                  CATALOGUE, "recipes.resolve", "recipes.plan", "data_prep"}
 LOWER["trainer (loop)"] = BELOW_THE_LOOP
 LOWER["trainer.interop"] = BELOW_THE_LOOP | {"trainer (loop)"}
 LOWER["trainer.launch"] = BELOW_THE_LOOP | {"trainer (loop)"}
@@ -54,7 +58,7 @@ def room_of(module: str) -> str | None:
             return ".".join(parts[:2])
         return "plugin"
     if parts[0] == "recipes":
-        if len(parts) > 1 and parts[1] in ("config", "resolve", "plan"):
+        if len(parts) > 1 and parts[1] in ("models", "config", "resolve", "plan"):
             return ".".join(parts[:2])
         return CATALOGUE
     if parts[0] == "data_prep":
@@ -118,7 +122,9 @@ def torch_violations(imports: dict[str, set[str]]) -> list[str]:
     the registry and all of recipes/ are torch-free."""
     torch_free = [path for path in imports
                   if path.startswith(("plugins/protocol/", "recipes/", "plugins/registry.py"))
-                  or (path.startswith("plugins/") and path.endswith("/config.py"))]
+                  or (path.startswith("plugins/") and path.endswith("/config.py"))
+                  or (path.startswith("trainer/models/") and path.endswith("/hf_config.py"))
+                  or path == "trainer/interop/hf_config.py"]
     return sorted(f"{path} imports {name}" for path in torch_free for name in imports[path]
                   if name.split(".")[0] in ("torch", "megatron"))
 
@@ -133,20 +139,22 @@ def test_config_resolution_is_torch_free():
 
 @pytest.mark.parametrize(("path", "name"), [
     ("plugins/protocol/errors.py", "plugins.registry"),  # the ground floor imports nothing
-    ("plugins/cpu_runtime/cp_attention.py", "plugins.context_parallel.plugin"),  # sideways
+    ("plugins/context_parallel/config.py", "plugins.packing.plugin"),  # sideways
     ("plugins/fp8/config.py", "recipes.config.schema"),  # a plugin reaches the config above
     ("recipes/config/schema.py", "recipes.registry"),  # the machinery reaches the catalogue
+    ("recipes/models/hybrid/rules.py", "recipes.config.layout"),  # a family reaches the config
+    ("recipes/models/gpt/params.py", "recipes.plan.params"),  # a family reaches the planner
     ("recipes/config/validation.py", "recipes.resolve"),
     ("recipes/llama3.py", "recipes.plan.flops"),  # the catalogue reaches the planner
     ("recipes/plan/flops.py", "trainer.throughput"),  # recipes reach the trainer
     ("data_prep/packing.py", "trainer.data"),
     ("trainer/step.py", "trainer.tools.bench_step"),  # the loop reaches a tool
     ("trainer/loop.py", "trainer.entry.pipeline"),
-    ("trainer/session.py", "plugins.cpu_runtime.runtime"),  # the loop names a plugin
+    ("trainer/session.py", "plugins.fp8.plugin"),  # the loop names a plugin
     ("trainer/launch/cluster.py", "trainer.tools.scaling_sweep"),
     ("trainer/interop/cli.py", "trainer.entry.contract"),
     ("trainer/tools/bench_step.py", "trainer.entry.commands"),
-    ("trainer/tools/dry_run.py", "plugins.cpu_runtime.plugin"),  # a tool beyond the curves
+    ("trainer/tools/dry_run.py", "plugins.fp8.plugin"),  # a tool beyond the curves
     ("scripts/pretrain.py", "trainer.loop"),  # a script skips the entry contract
 ])
 def test_each_floor_rule_fails_on_a_planted_violation(path, name):
@@ -157,7 +165,9 @@ def test_each_floor_rule_fails_on_a_planted_violation(path, name):
 
 
 @pytest.mark.parametrize("path", ["plugins/protocol/hooks.py", "plugins/packing/config.py",
-                                  "recipes/plan/flops.py", "plugins/registry.py"])
+                                  "recipes/plan/flops.py", "plugins/registry.py",
+                                  "recipes/models/hybrid/params.py",
+                                  "trainer/models/hybrid/hf_config.py"])
 def test_the_torch_free_rule_fails_on_a_planted_import(path):
     imports = all_imports()
     imports[path] = {*imports[path], "torch"}
@@ -203,7 +213,7 @@ def test_parallel_sizes_reach_megatron_in_one_place():
     builds Megatron's local attention (which refuses CP) from a CP-free copy of the config."""
     setters = keyword_setters(product_sources())
     assert set(setters.pop("trainer/mcore_translation.py")) == set(PARALLEL_KEYWORDS)
-    assert setters == {"plugins/cpu_runtime/cp_attention.py": ["context_parallel_size"]}
+    assert setters == {"trainer/cpu_runtime/cp_attention.py": ["context_parallel_size"]}
 
 
 def test_the_parallel_size_rule_fails_on_a_planted_keyword():
@@ -213,6 +223,79 @@ def test_the_parallel_size_rule_fails_on_a_planted_keyword():
     setters = keyword_setters(files)
     assert setters["trainer/tools/dry_run.py"] == ["tensor_model_parallel_size"]
     assert setters["trainer/model.py"] == ["context_parallel_size"]
+
+
+# Where a plugin may be named besides its own folder and the registry that lists it: the recipe
+# catalogue, whose recipes are configurations (a recipe may turn a plugin on). The rest of
+# recipes/ is the machinery every configuration goes through.
+RECIPE_MACHINERY = ("recipes/config/", "recipes/plan/", "recipes/models/", "recipes/resolve.py",
+                    "recipes/registry.py")
+
+
+def plugin_names() -> set[str]:
+    from plugins.registry import PluginsConfig
+
+    return {f.name for f in dataclasses.fields(PluginsConfig)}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are docstrings (modules, classes, functions)."""
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(
+                body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            found.add(id(body[0].value))
+    return found
+
+
+def named_plugins(files: dict[str, str], names: set[str]) -> list[str]:
+    """Every place outside a plugin's own code, the registry and the recipe catalogue that names
+    a plugin: an import is the floor rule's; here a string such as an override
+    `plugins.<name>.<key>=...` or a message naming one, and a config attribute
+    `<cfg>.plugins.<name>` or `getattr(<cfg>.plugins, "<name>")`. Docstrings and comments may
+    talk about plugins."""
+    spelled = re.compile(r"\bplugins\.(" + "|".join(sorted(names)) + r")\b")
+    bad = []
+    for path, text in files.items():
+        if path.startswith("plugins/") or (
+                path.startswith("recipes/") and not path.startswith(RECIPE_MACHINERY)):
+            continue
+        tree = ast.parse(text)
+        docs = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                    id(node) not in docs) and (found := spelled.search(node.value)):
+                bad.append(f"{path}:{node.lineno} names {found.group(0)} in a string")
+            elif isinstance(node, ast.Attribute) and node.attr in names and isinstance(
+                    node.value, ast.Attribute) and node.value.attr == "plugins":
+                bad.append(f"{path}:{node.lineno} reads the config section plugins.{node.attr}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
+                    node.func.id == "getattr") and len(node.args) >= 2 and isinstance(
+                    node.args[0], ast.Attribute) and node.args[0].attr == "plugins" and (
+                    isinstance(node.args[1], ast.Constant) and node.args[1].value in names):
+                bad.append(f"{path}:{node.lineno} reads the config section "
+                           f"plugins.{node.args[1].value}")
+    return sorted(bad)
+
+
+def test_only_plugins_the_registry_and_recipes_name_a_plugin():
+    """The trainer, data preparation, the scripts and the config machinery work with any set of
+    plugins: none names one, not even through an override string or a config attribute (a
+    feature they need is a core field the plugin derives from, or a protocol hook)."""
+    assert named_plugins(product_sources(), plugin_names()) == []
+
+
+@pytest.mark.parametrize("planted", [
+    'args.append("plugins.fp8.format=hybrid")\n',  # an override string
+    "threads = cfg.plugins.fp8.margin\n",  # a config attribute
+    'section = getattr(cfg.plugins, "fp8", None)\n',  # a getattr on the section
+])
+def test_the_plugin_naming_rule_fails_on_a_planted_name(planted):
+    files = product_sources()
+    files["trainer/launch/cluster.py"] += "\n" + planted
+    assert [line for line in named_plugins(files, plugin_names())
+            if line.startswith("trainer/launch/cluster.py:")]
 
 
 def _tracked(patterns: tuple[str, ...]) -> list[Path]:
@@ -269,3 +352,39 @@ def test_every_imported_package_is_declared():
     missing = sorted(t for t in third_party
                      if imported_as.get(t, t).lower().replace("-", "_") not in declared)
     assert missing == []
+
+
+# A family may build on the families before it (a hybrid model has GPT attention and MoE
+# layers), never on one after it; the shared modules of recipes/models/ import no family.
+FAMILY_ORDER = ("gpt", "moe", "hybrid")
+
+
+def family_violations(imports: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for path, names in imports.items():
+        parts = path.split("/")
+        if parts[0] not in ("recipes", "trainer") or len(parts) < 3 or parts[1] != "models":
+            continue
+        own = parts[2] if parts[2] in FAMILY_ORDER else None
+        allowed = FAMILY_ORDER[:FAMILY_ORDER.index(own)] if own else ()
+        for name in names:
+            bits = name.split(".")
+            if bits[:2] == [parts[0], "models"] and len(bits) > 2 and bits[2] in FAMILY_ORDER \
+                    and bits[2] != own and bits[2] not in allowed:
+                bad.append(f"{path} imports {name}")
+    return sorted(bad)
+
+
+def test_families_build_on_earlier_families_only():
+    assert family_violations(all_imports()) == []
+
+
+@pytest.mark.parametrize(("path", "name"), [
+    ("recipes/models/gpt/params.py", "recipes.models.hybrid.pattern"),
+    ("recipes/models/kinds.py", "recipes.models.moe.params"),
+    ("trainer/models/gpt/hf_tensors.py", "trainer.models.hybrid.hf_tensors"),
+])
+def test_the_family_rule_fails_on_a_planted_import(path, name):
+    imports = all_imports()
+    imports[path] = {*imports[path], name}
+    assert family_violations(imports) == [f"{path} imports {name}"]

@@ -24,7 +24,7 @@ from tests.unit.dataset_fixtures import write_dataset
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = (
     "model, parallel, cluster, train, optimizer, scheduler, precision, data, checkpoint, logging, "
-    "plugins.cpu_runtime, plugins.fp8, plugins.packing, plugins.context_parallel"
+    "plugins.fp8, plugins.packing, plugins.context_parallel"
 )
 
 # (argv, text the one-line message must contain); the default recipe is tiny_tp2_pp2.
@@ -206,14 +206,11 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["logging.progress_bar=sometimes"], "logging.progress_bar expects true or false"),
     (["logging.metrics=true"], "unknown config key 'logging.metrics'; did you mean "
      "logging.metrics_file"),
-    # plugins.cpu_runtime
-    (["plugins.cpu_runtime.threads_per_rank=0"], "plugins.cpu_runtime.threads_per_rank=0 must be "
-     "at least 1"),
-    (["plugins.cpu_runtime.enabled=maybe"], "plugins.cpu_runtime.enabled expects one of auto, "
-     "on, off, got 'maybe'"),
-    (["plugins.cpu.threads_per_rank=2"], "there is no section 'plugins.cpu' (nearest: "
-     "plugins.cpu_runtime"),
-    (["cpu_runtime.enabled=on"], "did you mean plugins.cpu_runtime.enabled?"),
+    # cluster: where ranks compute
+    (["cluster.threads_per_rank=0"], "cluster.threads_per_rank=0 must be at least 1"),
+    (["cluster.device=maybe"], "cluster.device expects one of auto, gpu, cpu, got 'maybe'"),
+    (["cpu_runtime.device=cpu"], "there is no section 'cpu_runtime' (nearest: cluster); did you "
+     "mean cluster.device?"),
     # plugins.packing
     (["plugins.packing.enabled=maybe"], "plugins.packing.enabled expects true or false"),
     (["recipe=tiny_dp1", "plugins.packing.enabled=true"],
@@ -262,8 +259,8 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["plugins.fp8.format=hybrid", "plugins.fp8.recipe=mxfp8", "model.ffn_hidden_size=272"],
      "plugins.fp8.recipe=mxfp8 needs model.ffn_hidden_size divisible by 32, got 272"),
     (["plugins.zz=1"],
-     "unknown config key 'plugins.zz'; section plugins has cpu_runtime, fp8, packing, "
-     "context_parallel"),
+     "unknown config key 'plugins.zz'; section plugins has fp8, packing, context_parallel, "
+     "moe"),
     # top-level keys
     (["dry_run=perhaps"], "dry_run expects true or false, got 'perhaps'"),
     (["name="], "name is empty; give it a value, e.g. name=stdlib_bpe_tp2_pp2"),

@@ -48,9 +48,9 @@ def test_missing_keys_take_schema_defaults(tmp_path) -> None:
          "train.micro_batch_size expects an integer, got 'two'"),
         ("model: [\n", "is not valid YAML at line 2; fix or re-save it"),
         ("- 1\n- 2\n", "must hold a mapping of config sections, not a list"),
-        ("plugins:\n  cpu_runtime:\n    enabled: off\n",
-         "plugins.cpu_runtime.enabled expects one of auto, on, off, got 'false' (currently "
-         "plugins.cpu_runtime.enabled=auto); YAML reads on/off/yes/no as true/false, so quote"),
+        ("cluster:\n  device: off\n",
+         "cluster.device expects one of auto, gpu, cpu, got 'false' (currently "
+         "cluster.device=auto)"),
     ],
 )
 def test_broken_file_is_one_line_naming_the_file(tmp_path, text: str, message: str) -> None:

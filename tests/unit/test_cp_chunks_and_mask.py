@@ -37,8 +37,8 @@ def test_documents_are_split_one_by_one():
 def test_cp_mask_rows_are_the_single_rank_mask_rows(cp, bounds):
     """Each CP rank's mask, with keys put back in row order, is that rank's rows of the
     one-rank (document-)causal mask: CP attention computes exactly what one rank would."""
-    from plugins.cpu_runtime.cp_attention import cp_causal_mask, cp_positions
-    from plugins.cpu_runtime.packed_attention import document_causal_mask
+    from trainer.cpu_runtime.cp_attention import cp_causal_mask, cp_positions
+    from trainer.cpu_runtime.packed_attention import document_causal_mask
 
     length = 32
     full = document_causal_mask(torch.tensor(bounds or [0, length]), length)[0, 0]

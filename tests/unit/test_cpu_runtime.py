@@ -52,7 +52,7 @@ def check_cuda_type_names() -> None:
 
 
 def check_cuda_stand_ins() -> None:
-    from plugins.cpu_runtime.cuda_api import CUDA_STAND_INS
+    from trainer.cpu_runtime.cuda_api import CUDA_STAND_INS
 
     assert torch.cuda.current_device() == 0
     torch.cuda.set_device(0)
@@ -200,16 +200,18 @@ DIST_TESTED_PATCHES = {
 }
 
 
-def run_checks_in_this_process(enabled: str, skip: list[str], names: list[str]) -> None:
-    """Subprocess body: activate, run the named checks, print one JSON line of outcomes."""
-    from plugins.cpu_runtime.config import CpuRuntimeConfig
-    from plugins.cpu_runtime.runtime import activate_cpu_runtime, cpu_runtime_active
+def run_checks_in_this_process(device: str, skip: list[str], names: list[str]) -> None:
+    """Subprocess body: activate (through `runtime_for` as a rank does, with `skip` the patches
+    left out), run the named checks, print one JSON line of outcomes."""
+    from recipes.config.schema import ClusterConfig
+    from trainer.cpu_runtime.runtime import activate_cpu_runtime, cpu_runtime_active, runtime_for
 
+    if skip:
+        activate_cpu_runtime(2, skip=frozenset(skip))
+    runtime = runtime_for(ClusterConfig(device=device, threads_per_rank=2))
+    activate_cpu_runtime(3)  # a second activation is a no-op
     outcome: dict[str, object] = {
-        "activated": activate_cpu_runtime(
-            CpuRuntimeConfig(enabled=enabled, threads_per_rank=2), skip=frozenset(skip)
-        ),
-        "second_call": activate_cpu_runtime(CpuRuntimeConfig(enabled="off")),
+        "on_cpu": (runtime.device, runtime.backend, runtime.cpu_initialization),
         "active": cpu_runtime_active(),
         "threads": torch.get_num_threads(),
     }
@@ -225,10 +227,10 @@ def run_checks_in_this_process(enabled: str, skip: list[str], names: list[str]) 
 # ---- running the checks in fresh processes ----------------------------------------------
 
 
-def _start(enabled: str, skip: list[str], names: list[str]) -> subprocess.Popen:
+def _start(device: str, skip: list[str], names: list[str]) -> subprocess.Popen:
     code = (
         "from tests.unit.test_cpu_runtime import run_checks_in_this_process as run; "
-        f"run({enabled!r}, {skip!r}, {names!r})"
+        f"run({device!r}, {skip!r}, {names!r})"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
     return subprocess.Popen(
@@ -252,18 +254,17 @@ def _outcome(process: subprocess.Popen) -> dict[str, object]:
 def outcomes() -> dict[str, dict[str, object]]:
     """'all' -> every check with every patch; patch name -> its check with that patch skipped."""
     # "auto" must switch the runtime on exactly when there is no CUDA device.
-    enabled = "on" if torch.cuda.is_available() else "auto"
-    processes = {"all": _start(enabled, [], list(UNIT_CHECKS))}
+    device = "cpu" if torch.cuda.is_available() else "auto"
+    processes = {"all": _start(device, [], list(UNIT_CHECKS))}
     for name in UNIT_CHECKS:
-        processes[name] = _start("on", [name], [name])
+        processes[name] = _start("cpu", [name], [name])
     return {key: _outcome(process) for key, process in processes.items()}
 
 
 def test_activation_reports_active_idempotent_and_sets_threads(outcomes):
-    assert outcomes["all"]["activated"] is True
-    assert outcomes["all"]["second_call"] is True  # no-op: already active, "off" is ignored
+    assert outcomes["all"]["on_cpu"] == ["cpu", "gloo", True]
     assert outcomes["all"]["active"] is True
-    assert outcomes["all"]["threads"] == 2
+    assert outcomes["all"]["threads"] == 2  # the second activation's 3 changed nothing
 
 
 @pytest.mark.parametrize("patch", list(UNIT_CHECKS))
@@ -273,12 +274,12 @@ def test_check_passes_with_every_patch(outcomes, patch):
 
 @pytest.mark.parametrize("patch", list(UNIT_CHECKS))
 def test_check_fails_without_its_patch(outcomes, patch):
-    assert outcomes[patch]["activated"] is True
+    assert outcomes[patch]["active"] is True
     assert outcomes[patch][patch] != "ok", f"{patch} check passed with the patch skipped"
 
 
 def test_every_patch_has_a_self_test():
-    from plugins.cpu_runtime.runtime import PATCH_NAMES
+    from trainer.cpu_runtime.runtime import PATCH_NAMES
 
     assert set(PATCH_NAMES) == set(UNIT_CHECKS) | DIST_TESTED_PATCHES
 
@@ -287,31 +288,30 @@ def test_every_patch_has_a_self_test():
 
 
 def test_config_mistakes_are_refused():
-    from plugins.cpu_runtime.config import CpuRuntimeConfig
-    from plugins.cpu_runtime.runtime import activate_cpu_runtime, cpu_runtime_active
     from plugins.protocol.errors import ConfigError
     from recipes.config.overrides import apply_overrides
     from recipes.config.validation import validate
     from recipes.registry import get_recipe
+    from trainer.cpu_runtime.runtime import activate_cpu_runtime, cpu_runtime_active
 
-    # Users meet the plugin's own rule before launch; activation itself only guards bugs.
-    cfg = apply_overrides(get_recipe("tiny_dp1"), ["plugins.cpu_runtime.threads_per_rank=0"])
-    with pytest.raises(ConfigError, match="plugins.cpu_runtime.threads_per_rank=0 must be at"):
+    # Users meet the config's rule before launch; activation itself only guards bugs.
+    cfg = apply_overrides(get_recipe("tiny_dp1"), ["cluster.threads_per_rank=0"])
+    with pytest.raises(ConfigError, match="cluster.threads_per_rank=0 must be at least 1"):
         validate(cfg)
-    with pytest.raises(ValueError, match="invalid CPU runtime config"):
-        activate_cpu_runtime(CpuRuntimeConfig(enabled="maybe"))
+    with pytest.raises(ValueError, match="threads_per_rank=0 must be at least 1"):
+        activate_cpu_runtime(0)
     with pytest.raises(ValueError, match="unknown CPU runtime patches"):
-        activate_cpu_runtime(CpuRuntimeConfig(enabled="on"), skip=frozenset({"nope"}))
+        activate_cpu_runtime(skip=frozenset({"nope"}))
     assert not cpu_runtime_active()
 
 
-def test_off_and_auto_with_cuda_stay_inactive(monkeypatch):
-    from plugins.cpu_runtime.config import CpuRuntimeConfig
-    from plugins.cpu_runtime.runtime import activate_cpu_runtime, cpu_runtime_active
+def test_gpu_and_auto_with_cuda_stay_inactive(monkeypatch):
+    from recipes.config.schema import ClusterConfig
+    from trainer.cpu_runtime.runtime import cpu_runtime_active, runtime_for
 
-    assert activate_cpu_runtime(CpuRuntimeConfig(enabled="off")) is False
+    assert runtime_for(ClusterConfig(device="gpu")).device == "cuda"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert activate_cpu_runtime(CpuRuntimeConfig(enabled="auto")) is False
+    assert runtime_for(ClusterConfig(device="auto")).backend == "nccl"
     assert not cpu_runtime_active()
 
 
@@ -335,7 +335,7 @@ def _sp_config(normalization: str = "LayerNorm"):
 def test_sequence_parallel_torch_norm_builds_and_tags_params(normalization, norm_type):
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    from plugins.cpu_runtime.runtime import SequenceParallelTorchNorm
+    from trainer.cpu_runtime.runtime import SequenceParallelTorchNorm
 
     config = _sp_config(normalization)
     with pytest.raises(AssertionError, match="sequence parallel not supported"):
@@ -369,7 +369,7 @@ def test_adapt_local_layer_spec_swaps_every_torch_norm():
     )
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    from plugins.cpu_runtime.runtime import SequenceParallelTorchNorm, adapt_local_layer_spec
+    from trainer.cpu_runtime.runtime import SequenceParallelTorchNorm, adapt_local_layer_spec
 
     config = _sp_config()
     layer_spec = get_gpt_layer_local_spec(qk_layernorm=True)
@@ -398,7 +398,7 @@ def test_adapt_local_layer_spec_leaves_spec_alone_without_sequence_parallel():
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
 
-    from plugins.cpu_runtime.runtime import adapt_local_layer_spec
+    from trainer.cpu_runtime.runtime import adapt_local_layer_spec
 
     config = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2)
     spec = get_gpt_layer_local_spec()

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 from megatron.training.training import num_floating_point_operations
 
+from recipes.models.gpt.flops import attention_score_flops
 from recipes.plan.build import make_plan
 from recipes.plan.cluster import recipe_cluster
 from recipes.plan.flops import (
     FlopsShape,
-    attention_score_flops,
     forward_flops_per_token,
     model_flops_per_token,
     step_flops,

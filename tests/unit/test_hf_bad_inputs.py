@@ -23,6 +23,7 @@ from trainer.entry.commands import CONVERT
 from trainer.entry.contract import parse_arguments
 from trainer.interop import cli, hf_config
 from trainer.interop.importer import check_source
+from trainer.models.gpt import hf_config as llama_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,9 +81,9 @@ def test_unmapped_rope_scaling_and_norm_epsilon_are_refused() -> None:
     llama = {"architectures": ["LlamaForCausalLM"], "rope_scaling": {"rope_type": "yarn",
                                                                      "factor": 4.0}}
     with pytest.raises(ConfigError, match="RoPE scaling .* is not mapped"):
-        hf_config.rope_scaling_factor(llama)
+        llama_config.rope_scaling_factor(llama)
     with pytest.raises(ConfigError, match="rms_norm_eps=1e-06 is not mapped"):
-        hf_config.hf_values({**llama, "rms_norm_eps": 1e-6})
+        llama_config.hf_values({**llama, "rms_norm_eps": 1e-6})
 
 
 def test_missing_shard_is_named(llama, tmp_path) -> None:
@@ -141,7 +142,7 @@ def test_script_prints_one_line_exits_2_and_writes_nothing(tmp_path) -> None:
 
 def test_config_json_missing_a_field_is_named() -> None:
     with pytest.raises(ConfigError, match="config.json lacks field num_attention_heads"):
-        hf_config.hf_values({"architectures": ["LlamaForCausalLM"], "hidden_size": 64})
+        llama_config.hf_values({"architectures": ["LlamaForCausalLM"], "hidden_size": 64})
 
 
 def test_existing_output_is_refused_before_anything_runs(tmp_path) -> None:

@@ -1,6 +1,6 @@
-"""The Hugging Face <-> Megatron Core mappings (trainer/interop/mapping.py, hf_config.py,
-nemotron_h_config.py), without a process group: QKV interleaved per query group, fused gate/up,
-vocabulary padding, the names and shapes transformers writes, the published Llama 3 / Mixtral /
+"""The Hugging Face <-> Megatron Core mappings (trainer/models/<family>/hf_tensors.py and
+hf_config.py, dispatched by trainer/interop/), without a process group: QKV interleaved per
+query group, fused gate/up, vocabulary padding, the names and shapes transformers writes, the published Llama 3 / Mixtral /
 Nemotron 3 Nano shapes against our recipes, and NemotronH's config.json written back."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from safetensors import safe_open
 
 from recipes.registry import get_recipe
 from tests.dist.hf_runs import make_hf_model
-from trainer.interop import hf_config, memory, nemotron_h_config
-from trainer.interop.mapping import Rule, Shapes, hf_shapes, rules, to_hf, to_megatron
+from trainer.interop import hf_config, memory
+from trainer.interop.mapping import rules, shapes_of
+from trainer.models.gpt.hf_tensors import Rule, Shapes, hf_shapes, to_hf, to_megatron
+from trainer.models.hybrid import hf_config as nemotron_h_config
 
 GQA = Shapes(layers=1, hidden=8, heads=4, groups=2, head_dim=2, ffn=6, vocab=5, padded_vocab=8,
              experts=None, tied=False)
@@ -64,7 +66,7 @@ def test_names_and_shapes_are_the_ones_transformers_writes(kind, recipe, tmp_pat
     with safe_open(saved / "model.safetensors", framework="pt") as f:
         written = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     cfg = get_recipe(recipe)
-    shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
+    shapes = shapes_of(cfg.model, cfg.layout.padded_vocab)
     ours = {name: shape for rule in rules(shapes)
             for name, shape in zip(rule.hf, hf_shapes(rule, shapes), strict=True)}
     assert ours == written
@@ -95,7 +97,7 @@ def test_published_configs_match_our_recipes_and_parameter_counts(
 ) -> None:
     cfg = get_recipe(recipe)
     hf_config.compare_with_recipe(published, cfg.model, recipe)  # raises on any difference
-    shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
+    shapes = shapes_of(cfg.model, cfg.layout.padded_vocab)
     count = sum(torch.Size(shape).numel() for rule in rules(shapes)
                 for shape in hf_shapes(rule, shapes))
     assert count == parameters
@@ -104,7 +106,7 @@ def test_published_configs_match_our_recipes_and_parameter_counts(
 def test_memory_estimates_for_llama3_8b_in_bf16() -> None:
     """Must-show 6's estimate for the 8B shape (bf16, vocabulary padded for TP8)."""
     cfg = get_recipe("llama3_8b_tp8_dp8")
-    shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
+    shapes = shapes_of(cfg.model, cfg.layout.padded_vocab)
     weights = memory.hf_bytes(shapes, 2)
     imported = memory.import_peak(shapes, 2)
     exported = memory.export_peak(shapes, 2, 5 * 1024**3)
@@ -136,7 +138,7 @@ def test_published_nemotron3_nano_config_matches_our_recipe_and_parameter_count(
     recipe = "nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16"
     cfg = get_recipe(recipe)
     hf_config.compare_with_recipe(NEMOTRON3_NANO, cfg.model, recipe)  # raises on any difference
-    shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
+    shapes = shapes_of(cfg.model, cfg.layout.padded_vocab)
     tensors = [(rule, shape) for rule in rules(shapes) for shape in hf_shapes(rule, shapes)]
     count = sum(torch.Size(shape).numel() for rule, shape in tensors
                 if not rule.megatron.endswith("expert_bias"))  # a buffer, not a parameter

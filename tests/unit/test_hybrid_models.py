@@ -12,9 +12,10 @@ import pytest
 
 from plugins.protocol.errors import ConfigError, UserError
 from recipes.config.machine import MachineInfo, check_machine
+from recipes.models.hybrid.flops import mamba_flops
 from recipes.plan.build import make_plan
 from recipes.plan.cluster import recipe_cluster
-from recipes.plan.flops import FlopsShape, mamba_flops, model_flops_per_token
+from recipes.plan.flops import FlopsShape, model_flops_per_token
 from recipes.plan.params import active_parameters, model_parameters, symbol_params
 from recipes.registry import get_recipe
 
@@ -172,7 +173,7 @@ def test_packed_rows_with_mamba_context_parallel_need_transformer_engine() -> No
 
 
 def test_a_gpu_rank_without_mamba_kernels_is_refused_in_one_line(monkeypatch) -> None:
-    from trainer import hybrid_spec
+    from trainer.models.hybrid import spec as hybrid_spec
 
     monkeypatch.setattr(hybrid_spec, "missing_mamba_kernels", lambda: ("causal-conv1d",))
     with pytest.raises(UserError, match="on GPUs need causal-conv1d"):

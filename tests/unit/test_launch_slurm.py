@@ -226,7 +226,7 @@ def test_a_cpu_cluster_asks_no_gpus_and_gives_each_torchrun_its_cpus(capsys, tmp
     assert "--gpus-per-node" not in script and "gres" not in script
     assert "#SBATCH --nodes=2\n" in script and "#SBATCH --cpus-per-task=2\n" in script
     assert "--nnodes 2 --nproc-per-node 2" in script
-    assert "plugins.cpu_runtime.enabled=on" in pretrain_args(script)  # ranks are processes
+    assert "cluster.device=cpu" in pretrain_args(script)  # ranks are processes
     exclusive = tmp_path / "exclusive.yaml"
     exclusive.write_text(Path(CPU_SLURM).read_text().replace("cpus_per_task: 2",
                                                              "exclusive: true"))

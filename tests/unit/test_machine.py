@@ -12,6 +12,8 @@ from recipes.config.machine import (
     count_gpus,
     detect_machine,
     launched_world_size,
+    process_on_cpu,
+    ranks_on_cpu,
 )
 from recipes.config.overrides import apply_overrides
 from recipes.registry import get_recipe
@@ -61,12 +63,12 @@ def test_multi_node_launch_without_enough_gpus_per_node() -> None:
         check_machine(get_recipe("8b_tp8_pp4_dp2"), MachineInfo(gpus=4, launched_world_size=64))
 
 
-def test_multi_node_launch_on_cpu_nodes_is_refused_unless_cpu_runtime_is_on() -> None:
+def test_multi_node_launch_on_cpu_nodes_is_refused_unless_the_cluster_is_cpu() -> None:
     cfg = get_recipe("8b_tp8_pp4_dp2")
     cpu_nodes = MachineInfo(gpus=0, launched_world_size=64)
     with pytest.raises(ConfigError, match="found 0 GPUs on this node of a multi-node launch"):
         check_machine(cfg, cpu_nodes)
-    check_machine(apply_overrides(cfg, ["plugins.cpu_runtime.enabled=on"]), cpu_nodes)
+    check_machine(apply_overrides(cfg, ["cluster.device=cpu"]), cpu_nodes)
 
 
 @pytest.mark.parametrize("launched", [None, 4])
@@ -86,10 +88,25 @@ def test_single_node_with_too_few_gpus() -> None:
         check_machine(get_recipe("tiny_tp2_pp2"), MachineInfo(gpus=2, launched_world_size=None))
 
 
-def test_cpu_runtime_off_without_gpus() -> None:
-    cfg = apply_overrides(get_recipe("tiny_dp2"), ["plugins.cpu_runtime.enabled=off"])
-    with pytest.raises(ConfigError, match="found 0 GPUs and plugins.cpu_runtime.enabled=off"):
+def test_gpu_device_without_gpus() -> None:
+    cfg = apply_overrides(get_recipe("tiny_dp2"), ["cluster.device=gpu"])
+    with pytest.raises(ConfigError, match="found 0 GPUs and cluster.device=gpu"):
         check_machine(cfg, NO_GPU)
+
+
+def test_where_ranks_compute_follows_cluster_device() -> None:
+    auto = get_recipe("tiny_dp1").cluster
+    assert ranks_on_cpu(auto, gpus=0)
+    assert not ranks_on_cpu(auto, gpus=4)
+    assert not ranks_on_cpu(get_recipe("8b_tp8_pp4_dp2").cluster, gpus=0)  # a broken GPU node
+    cpu = apply_overrides(get_recipe("8b_tp8_pp4_dp2"), ["cluster.device=cpu"]).cluster
+    assert ranks_on_cpu(cpu, gpus=8)
+    gpu = apply_overrides(get_recipe("tiny_dp1"), ["cluster.device=gpu"]).cluster
+    assert not ranks_on_cpu(gpu, gpus=0)
+    # In one process: auto follows CUDA, also for a 64-GPU recipe's dry run on a laptop.
+    assert process_on_cpu(get_recipe("8b_tp8_pp4_dp2").cluster, cuda=False)
+    assert not process_on_cpu(auto, cuda=True) and process_on_cpu(cpu, cuda=True)
+    assert not process_on_cpu(gpu, cuda=False)
 
 
 def test_describe_layout_mentions_only_used_dimensions() -> None:

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from plugins.cpu_runtime.causal_conv import causal_conv1d_fn
-from plugins.cpu_runtime.gated_norm import GatedRMSNorm, rms_norm_gated
-from plugins.cpu_runtime.split_conv_scan import mamba_split_conv1d_scan_combined
-from plugins.cpu_runtime.ssd_scan import mamba_chunk_scan_combined
+from trainer.models.hybrid.cpu_kernels.causal_conv import causal_conv1d_fn
+from trainer.models.hybrid.cpu_kernels.gated_norm import GatedRMSNorm, rms_norm_gated
+from trainer.models.hybrid.cpu_kernels.split_conv_scan import mamba_split_conv1d_scan_combined
+from trainer.models.hybrid.cpu_kernels.ssd_scan import mamba_chunk_scan_combined
 
 TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-11}
 DTYPES = [torch.float32, torch.float64]

@@ -112,10 +112,9 @@ def run_checks(store: str) -> dict:
     from megatron.core.packed_seq_params import PackedSeqParams
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from plugins.cpu_runtime.config import CpuRuntimeConfig
-    from plugins.cpu_runtime.runtime import activate_cpu_runtime
+    from trainer.cpu_runtime.runtime import activate_cpu_runtime
 
-    activate_cpu_runtime(CpuRuntimeConfig(enabled="on", threads_per_rank=1))
+    activate_cpu_runtime(threads_per_rank=1)
     torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0,
                                          world_size=1)
     parallel_state.initialize_model_parallel(1, 1)

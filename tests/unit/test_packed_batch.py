@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from plugins.cpu_runtime.packed_attention import document_causal_mask, use_packed_attention
 from plugins.packing.config import (
     PackingConfig,
     check_packing_context_parallel,
@@ -21,6 +20,7 @@ from plugins.registry import PluginsConfig, build_plugins
 from recipes.config.overrides import apply_overrides
 from recipes.config.validation import failing_rules, validate
 from recipes.registry import get_recipe
+from trainer.cpu_runtime.packed_attention import document_causal_mask, use_packed_attention
 from trainer.data import as_tensors
 
 SEQ = 32
@@ -203,11 +203,11 @@ def test_packing_rules_pass_when_packing_is_off_or_fits():
 
 
 def test_packing_is_off_by_default_and_built_by_name_when_on():
-    always = ["cpu_runtime", "context_parallel", "logging"]  # CP acts only when CP > 1
+    always = ["context_parallel", "logging"]  # CP acts only when CP > 1
     assert [p.name for p in build_plugins(PluginsConfig())] == always
     plugins = build_plugins(PluginsConfig(packing=PackingConfig(enabled=True)))
-    assert [p.name for p in plugins] == ["cpu_runtime", "packing", "context_parallel", "logging"]
-    assert isinstance(plugins.plugins[1], PackingPlugin)
+    assert [p.name for p in plugins] == ["packing", "context_parallel", "logging"]
+    assert isinstance(plugins.plugins[0], PackingPlugin)
 
 
 def test_cpu_runtime_swaps_in_the_packed_attention_and_keeps_the_norm_swap():
@@ -215,18 +215,13 @@ def test_cpu_runtime_swaps_in_the_packed_attention_and_keeps_the_norm_swap():
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-    from plugins.cpu_runtime.config import CpuRuntimeConfig
-    from plugins.cpu_runtime.packed_attention import PackedDotProductAttention
-    from plugins.cpu_runtime.plugin import CpuRuntimePlugin
-    from plugins.cpu_runtime.runtime import SequenceParallelTorchNorm
+    from trainer.cpu_runtime.packed_attention import PackedDotProductAttention
+    from trainer.cpu_runtime.runtime import SequenceParallelTorchNorm, adapt_cpu_layer_spec
 
     config = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2,
                                tensor_model_parallel_size=2, sequence_parallel=True)
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, pp_rank=0)
-    plugin = CpuRuntimePlugin(CpuRuntimeConfig())
-    assert plugin.layer_spec(spec, config) is spec  # inactive (e.g. on GPU): untouched
-    plugin.active = True  # as setup_runtime sets it on CPU, without patching this process
-    adapted = plugin.layer_spec(spec, config)
+    adapted = adapt_cpu_layer_spec(spec, config)  # what CPU ranks build (trainer.model)
     for layer in adapted.layer_specs:
         attention = layer.submodules.self_attention.submodules
         assert attention.core_attention is PackedDotProductAttention

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from plugins.cpu_runtime.config import CpuRuntimeConfig
 from plugins.fp8.config import Fp8Config
 from plugins.protocol.events import EvalResult, RuntimeContext, StepMetrics
 from plugins.protocol.hooks import Plugin, PluginSet
@@ -63,11 +62,9 @@ def test_registry_builds_only_what_the_config_turns_on_and_names_it():
     default = build_plugins(PluginsConfig())
     # fp8 is off by default; context_parallel is always built and acts only when CP > 1;
     # logging is on by default (each run draws its loss curve).
-    assert [p.name for p in default] == ["cpu_runtime", "context_parallel", "logging"]
-    gpu = build_plugins(PluginsConfig(cpu_runtime=CpuRuntimeConfig(enabled="off")))
-    assert [p.name for p in gpu] == ["context_parallel", "logging"]
+    assert [p.name for p in default] == ["context_parallel", "logging"]
     fp8 = build_plugins(PluginsConfig(fp8=Fp8Config(format="hybrid")))
-    assert [p.name for p in fp8] == ["cpu_runtime", "fp8", "context_parallel", "logging"]
+    assert [p.name for p in fp8] == ["fp8", "context_parallel", "logging"]
 
 
 def test_every_plugin_config_brings_its_rules():
@@ -75,23 +72,12 @@ def test_every_plugin_config_brings_its_rules():
     names = [name for name, _ in config.configs()]
     assert names == [f.name for f in dataclasses.fields(PluginsConfig)]
     assert {rule.__name__ for rule in config.rules()} == {
-        "check_threads_per_rank", "check_fp8_settings_unused", "check_fp8_delayed_settings",
+        "check_fp8_settings_unused", "check_fp8_delayed_settings",
         "check_fp8_scaling_values", "check_fp8_bf16_layers_recipe", "check_fp8_bf16_layers_range",
         "check_fp8_bf16_layers_leave_fp8", "check_fp8_shapes",
         "check_packed_documents_need_packing", "check_packing_micro_batch",
         "check_packing_context_parallel", "check_cp_hierarchical_sizes", "check_cp_a2a_heads",
         "check_profiler_window"}
-
-
-def test_cpu_runtime_decides_where_ranks_run_and_their_threads():
-    auto = CpuRuntimeConfig()
-    assert auto.runs_ranks_on_cpu(gpus=0, nodes=1)
-    assert not auto.runs_ranks_on_cpu(gpus=0, nodes=8)  # a GPU node without GPUs is broken
-    assert not auto.runs_ranks_on_cpu(gpus=4, nodes=1)
-    assert CpuRuntimeConfig(enabled="on").runs_ranks_on_cpu(gpus=8, nodes=8)
-    assert not CpuRuntimeConfig(enabled="off").runs_ranks_on_cpu(gpus=0, nodes=1)
-    env = PluginsConfig(cpu_runtime=CpuRuntimeConfig(threads_per_rank=3)).launch_environment()
-    assert env == {"OMP_NUM_THREADS": "3"}
 
 
 def test_runtime_context_defaults_to_a_cuda_node():

@@ -21,7 +21,12 @@ from plugins.fp8 import config as fp8_config
 from plugins.fp8.config import Fp8Config
 from plugins.protocol.errors import ConfigError
 from plugins.registry import build_plugins
-from recipes.config.machine import MachineInfo, check_machine, parse_compute_capabilities
+from recipes.config.machine import (
+    MachineInfo,
+    check_machine,
+    parse_compute_capabilities,
+    ranks_on_cpu,
+)
 from recipes.config.overrides import apply_overrides
 from recipes.config.schema import PrecisionConfig
 from recipes.config.validation import all_rules
@@ -203,7 +208,7 @@ MACHINE_CASES = [
      "plugins.fp8.format=hybrid needs CUDA GPUs (Transformer Engine's FP8 GEMMs), but this run "
      "would train on the CPU runtime (found 0 GPUs); run on a GPU node or set "
      "plugins.fp8.format=null"),
-    ("fp8_needs_cuda", [*FP8, "plugins.cpu_runtime.enabled=on"], HOPPER,
+    ("fp8_needs_cuda", [*FP8, "cluster.device=cpu"], HOPPER,
      "would train on the CPU runtime (found 8 GPUs)"),
     ("fp8_needs_transformer_engine", FP8,
      MachineInfo(gpus=8, launched_world_size=None, compute_capability=(9, 0)),
@@ -238,7 +243,7 @@ def test_machine_need_fires_alone_before_launch(check, overrides, machine, messa
     cfg = apply_overrides(get_recipe("tiny_dp1"), overrides)
     assert failing(cfg) == []
     fp8 = cfg.plugins.fp8
-    on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
+    on_cpu = ranks_on_cpu(cfg.cluster, machine.gpus)
     fired = [c.__name__ for c in fp8_config.MACHINE_CHECKS if c(fp8, machine, on_cpu)]
     assert fired == [check]
     with pytest.raises(ConfigError) as caught:

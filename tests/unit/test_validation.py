@@ -227,8 +227,8 @@ RULE_CASES = [
      "checkpoint.resume=true and checkpoint.load=runs/b/checkpoints both say where to start; "
      "keep one: checkpoint.load=null to continue this run_dir's own checkpoints, or "
      "checkpoint.resume=false to start from checkpoint.load"),
-    ("check_threads_per_rank", "tiny_dp1", ["plugins.cpu_runtime.threads_per_rank=0"],
-     "plugins.cpu_runtime.threads_per_rank=0 must be at least 1"),
+    ("check_positive_sizes", "tiny_dp1", ["cluster.threads_per_rank=0"],
+     "cluster.threads_per_rank=0 must be at least 1"),
     ("check_data_source", "tiny_dp1", ["data.source=blend"],
      "data.source=blend needs data.blend=<file>"),
     ("check_data_source", "tiny_dp1", ["data.blend=conf/data/python_stdlib.yaml"],

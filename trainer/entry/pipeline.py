@@ -33,7 +33,7 @@ from pathlib import Path
 from plugins.protocol.errors import EXIT_NONFINITE, ConfigError, UserError
 from recipes.config.checkpoint_format import RUN_CHECKPOINTS, newest_checkpoint, step_of
 from recipes.config.io import CONFIG_FILENAME, save_config
-from recipes.config.machine import check_machine, detect_machine
+from recipes.config.machine import check_machine, detect_machine, ranks_on_cpu
 from recipes.config.path_rules import checkpoint_preflight, resumed_step, validate_paths
 from recipes.config.schema import RunConfig
 from recipes.plan.fit import local_attention_cost
@@ -162,7 +162,7 @@ def launch_once(args: Arguments, extra: Sequence[str] = ()) -> tuple[int, RunCon
     check_machine(cfg, machine, [*args.rest, *extra], local_attention_cost)
     preflight(cfg, machine)
     cfg, run_dir = prepare_run_dir(cfg)
-    on_gpu = not cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
+    on_gpu = not ranks_on_cpu(cfg.cluster, machine.gpus)
     return start_local_ranks(cfg, run_dir, args, on_gpu), cfg, run_dir
 
 
@@ -185,7 +185,7 @@ def in_resumed_phase_layout(cfg: RunConfig, args: Arguments, extra: Sequence[str
 def start_local_ranks(cfg: RunConfig, run_dir: Path, args: Arguments, on_gpu: bool) -> int:
     """One local process per rank, each starting this script again as a rank from the saved
     config, with the command's options (and on GPUs the environment they need)."""
-    from trainer.launch.environment import gpu_environment
+    from trainer.launch.environment import cpu_environment, gpu_environment
     from trainer.launch.local import launch_local_ranks
 
     world = cfg.layout.world_size
@@ -193,8 +193,8 @@ def start_local_ranks(cfg: RunConfig, run_dir: Path, args: Arguments, on_gpu: bo
     options = [f"{key}={value}" for key, value in args.options.items() if value is not None]
     ranks_args = [f"config={run_dir / CONFIG_FILENAME}", f"run_dir={run_dir}", *options,
                   *sorted(args.flags)]
-    environment = {**(gpu_environment(cfg) if on_gpu else {}),
-                   **cfg.plugins.launch_environment(), PREFLIGHT_DONE_ENV: "1"}
+    environment = {**(gpu_environment(cfg) if on_gpu else cpu_environment(cfg)),
+                   PREFLIGHT_DONE_ENV: "1"}
     return launch_local_ranks(world, args.script, ranks_args, environment)
 
 
@@ -206,7 +206,7 @@ def preflight(cfg: RunConfig, machine) -> None:
     from recipes.config.schema import uses_transformer_engine
     from recipes.plan.fit import check_fits, cpu_rank_cluster, local_attention_note, summary_line
 
-    on_cpu = cfg.plugins.runs_ranks_on_cpu(machine.gpus, cfg.cluster.nodes)
+    on_cpu = ranks_on_cpu(cfg.cluster, machine.gpus)
     local_on_gpu = not on_cpu and not uses_transformer_engine(cfg.model.transformer_impl, True)
     explicit = on_cpu or local_on_gpu  # the local attention keeps the n x n scores
     cluster, memory_of = cpu_rank_cluster(cfg, host_memory_bytes()) if on_cpu else (None, None)

@@ -29,7 +29,8 @@ from recipes.config.io import load_config
 from recipes.config.schema import RunConfig
 from trainer.interop import hf_config, hf_files, megatron_side, memory, region_reader
 from trainer.interop.importer import HF_SUBDIR
-from trainer.interop.mapping import Rule, Shapes, megatron_shape, rules, to_hf
+from trainer.interop.mapping import rules, shapes_of
+from trainer.models.gpt.hf_tensors import Rule, Shapes, megatron_shape, to_hf
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -142,7 +143,7 @@ def export_hf(checkpoint: Path, out: Path, progress,
     step = resolve_step(checkpoint)
     cfg = run_config(step)
     hf_config.check_exportable(cfg.model, f"the model of checkpoint {step}")
-    shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
+    shapes = shapes_of(cfg.model, cfg.layout.padded_vocab)
     plan = rules(shapes)
     stored = next(iter(region_reader.stored_tensors(step).values()))
     bytes_per = stored.properties.dtype.itemsize

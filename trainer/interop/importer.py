@@ -24,7 +24,8 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.io import save_config
 from recipes.config.schema import RunConfig
 from trainer.interop import hf_config, hf_files, megatron_side, memory
-from trainer.interop.mapping import Rule, Shapes, hf_shapes, megatron_shape, rules, to_megatron
+from trainer.interop.mapping import rules, shapes_of
+from trainer.models.gpt.hf_tensors import Rule, Shapes, hf_shapes, megatron_shape, to_megatron
 
 HF_SUBDIR = "hf"  # config.json and tokenizer files of the source, kept for the export
 
@@ -58,7 +59,7 @@ def check_source(hf_dir: Path, cfg: RunConfig) -> Source:
     hf_config.family(config)
     hf_config.compare_with_recipe(config, cfg.model, cfg.name)
     weights = hf_files.HFWeights(hf_dir)
-    shapes = Shapes.of(cfg.model, cfg.layout.padded_vocab)
+    shapes = shapes_of(cfg.model, cfg.layout.padded_vocab)
     plan = _in_file_order(rules(shapes), weights)
     for rule in plan:
         for name, wanted in zip(rule.hf, hf_shapes(rule, shapes), strict=True):

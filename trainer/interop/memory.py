@@ -14,7 +14,8 @@ from itertools import groupby
 
 import torch
 
-from trainer.interop.mapping import Rule, Shapes, hf_shapes, megatron_shape, rules
+from trainer.interop.mapping import rules
+from trainer.models.gpt.hf_tensors import Rule, Shapes, hf_shapes, megatron_shape
 
 # torch, Megatron Core and the conversion code themselves (measured, docs/hf-interop.md).
 LIBRARIES_GIB = 0.75

@@ -146,8 +146,8 @@ def plan_launch(args: LaunchArgs) -> LaunchPlan:
     placed = [f"cluster.nodes={nodes}", f"cluster.gpus_per_node={gpus}"]
     placed.append(f"cluster.spec={_job_path(args.cluster)}")  # peak FLOP/s for MFU
     if cluster.device == "cpu" and not any(
-            arg.startswith("plugins.cpu_runtime.enabled=") for arg in args.rest):
-        placed.append("plugins.cpu_runtime.enabled=on")  # CPU nodes: ranks are processes
+            arg.startswith("cluster.device=") for arg in args.rest):
+        placed.append("cluster.device=cpu")  # CPU nodes: ranks are processes
     return LaunchPlan(cfg, nodes, gpus, [*args.rest, *placed], cluster=cluster)
 
 

@@ -25,6 +25,12 @@ def gpu_environment(cfg: Any) -> dict[str, str]:
     return environment
 
 
+def cpu_environment(cfg: Any) -> dict[str, str]:
+    """What CPU ranks need: as many torch threads as `cluster.threads_per_rank`, set before the
+    launcher reads it, so the ranks of a node do not oversubscribe its cores."""
+    return {"OMP_NUM_THREADS": str(cfg.cluster.threads_per_rank)}
+
+
 def shell_exports(environment: dict[str, str]) -> list[str]:
     """The same as `export` lines that keep a value the job's environment already has."""
     return [f'export {key}="${{{key}:-{value}}}"' for key, value in sorted(environment.items())]

@@ -14,7 +14,7 @@ into the cluster file.
   `inter_node_gb_per_s` stays the file's;
 - for a `device: cpu` file, the CPU cores this process may run on (`host_cores`,
   `os.sched_getaffinity`), which the node's ranks share; GEMMs are then timed on the threads
-  one rank gets (`plugins.cpu_runtime.threads_per_rank`), not on every core.
+  one rank gets (`cluster.threads_per_rank`), not on every core.
 - on CPU ranks, `kernel_overhead_us` from the recipe's own layers rather than a bare product:
   its model on one rank (world size 1, gloo), forward and backward of one of its
   micro-batches with 1 and 3 layers, one thread; the two layers' difference less their GEMMs
@@ -191,13 +191,12 @@ def _figure(value: float) -> str:
 
 def calibrate_cluster_file(cluster: Any, dtype: str, path: str, cfg: Any = None) -> list[str]:
     """Measure GEMMs and the node's collectives, write the figures into `path`, and say what
-    was measured and written. CPU ranks run the recipe's `cpu_runtime.threads_per_rank`
+    was measured and written. CPU ranks run the recipe's `cluster.threads_per_rank`
     threads each: GEMMs are timed on as many, and the cores they share are written as
     `host_cores`; the recipe's layers give the kernel cost."""
     on_cpu = cluster.device == "cpu"
-    cpu = getattr(cfg.plugins, "cpu_runtime", None) if cfg is not None else None
-    points = measure_gemms(dtype, threads=getattr(cpu, "threads_per_rank", None)
-                           if on_cpu else None)
+    threads = cfg.cluster.threads_per_rank if cfg is not None and on_cpu else None
+    points = measure_gemms(dtype, threads=threads)
     fraction, half = fit_gemm_model(points, cluster.peak_tflops[dtype])
     ranks = _local_ranks(max(2, cluster.gpus_per_node))
     backend, collectives, kernel = measure_collectives(ranks, kernel_alone=on_cpu)

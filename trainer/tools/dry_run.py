@@ -19,10 +19,10 @@ from megatron.core import parallel_state
 from rich.console import Console
 from rich.table import Table
 
-from plugins.protocol.events import RuntimeContext
 from plugins.protocol.hooks import PluginSet
 from recipes.config.layout import RankCoordinates
 from recipes.config.schema import RunConfig
+from trainer.cpu_runtime.runtime import runtime_for
 
 
 @dataclass
@@ -152,10 +152,10 @@ def collect_shards(cfg: RunConfig) -> list[ShardReport]:
     from plugins.registry import build_plugins
     from recipes.plan.command import shard_world
 
-    # Plugins set up the runtime as on a real rank: without CUDA the model is Megatron's local
-    # spec, which needs the CPU runtime's patches (MoE dispatchers create CUDA streams).
+    # The runtime as on a real rank: without CUDA the model is Megatron's local spec, which
+    # needs the CPU runtime's patches (MoE dispatchers create CUDA streams).
     plugins = build_plugins(cfg.plugins)
-    plugins.setup_runtime(RuntimeContext(dry_run=True))
+    plugins.setup_runtime(runtime_for(cfg.cluster, dry_run=True))
     built = _distinct_shards(shard_world(cfg), plugins)
     shards: dict[tuple[int, int, int], ShardReport] = {}
     layout = cfg.layout

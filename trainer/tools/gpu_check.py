@@ -19,6 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plugins.registry import PluginsConfig
 from recipes.config.machine import detect_machine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,17 +43,11 @@ MODEL = [
 LOCAL = ["model.transformer_impl=local"]
 CONCATENATED = ["train.micro_batch_size=4"]
 PACKED = ["data.documents=packed", "plugins.packing.enabled=true", "train.micro_batch_size=1"]
-FP8_CURRENT = ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise"]
 TP2_SP = ["parallel.tensor=2", "parallel.sequence_parallel=true", "cluster.gpus_per_node=2"]
-SMOKE = {
-    "fp8_delayed": ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=delayed",
-                    "plugins.fp8.amax_history_len=16", "plugins.fp8.margin=0"],
-    "fp8_current_bf16_ends": [*FP8_CURRENT, "plugins.fp8.first_layers_bf16=1",
-                              "plugins.fp8.last_layers_bf16=1"],
-    "fp8_blockwise": ["plugins.fp8.format=e4m3", "plugins.fp8.recipe=blockwise"],
-    "mxfp8": ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=mxfp8"],
-    "fp16": ["precision.dtype=fp16", "precision.initial_loss_scale=4096"],
-}
+# The plugins' own GPU check runs (the FP8 recipes); current scaling is also compared with BF16.
+PLUGIN_CHECKS = PluginsConfig().gpu_checks()
+FP8_CURRENT = PLUGIN_CHECKS.pop("fp8_current")
+SMOKE = {**PLUGIN_CHECKS, "fp16": ["precision.dtype=fp16", "precision.initial_loss_scale=4096"]}
 NEEDS_TWO_GPUS = (
     "FP8 on TP2 + sequence parallel (amax reduction over the TP group, FP8 GEMMs on sequence-"
     "sharded activations)",

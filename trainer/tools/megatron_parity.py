@@ -231,25 +231,22 @@ def _copy_weights(source: list[dict[str, torch.Tensor]], record: RunRecord):
 
 
 def _cpu_layer_spec(cfg: RunConfig):
-    """Megatron-LM's default layer spec with the CPU runtime's adaptations, as this trainer's
-    plugins apply them (`plugins.layer_spec`): SP-capable norms, the packed attention."""
+    """Megatron-LM's default layer spec with the CPU runtime's and the plugins' adaptations, as
+    this trainer applies them (`trainer.model.adapted_spec`): SP-capable norms, the packed
+    attention."""
     from megatron.training.models.gpt import default_layer_spec
 
     from plugins.registry import build_plugins
+    from trainer.cpu_runtime.runtime import runtime_for
+    from trainer.model import adapted_spec
 
     plugins = build_plugins(cfg.plugins)
-    plugins.setup_runtime(_runtime())
+    plugins.setup_runtime(runtime_for(cfg.cluster))
 
     def spec(model_config, vp_stage=None):
-        return plugins.layer_spec(default_layer_spec(model_config, vp_stage),
-                                  model_config.transformer)
+        return adapted_spec(default_layer_spec(model_config, vp_stage),
+                            model_config.transformer, plugins)
     return spec
-
-
-def _runtime():
-    from plugins.protocol.events import RuntimeContext
-
-    return RuntimeContext()
 
 
 @contextlib.contextmanager

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugins.cpu_runtime.causal_conv import causal_conv1d_fn
-from plugins.cpu_runtime.gated_norm import GatedRMSNorm
-from plugins.cpu_runtime.split_conv_scan import mamba_split_conv1d_scan_combined
-from plugins.cpu_runtime.ssd_scan import mamba_chunk_scan_combined
+from trainer.models.hybrid.cpu_kernels.causal_conv import causal_conv1d_fn
+from trainer.models.hybrid.cpu_kernels.gated_norm import GatedRMSNorm
+from trainer.models.hybrid.cpu_kernels.split_conv_scan import mamba_split_conv1d_scan_combined
+from trainer.models.hybrid.cpu_kernels.ssd_scan import mamba_chunk_scan_combined
 
 
 class ShardedGatedRMSNorm(GatedRMSNorm):

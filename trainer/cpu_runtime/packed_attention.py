@@ -23,7 +23,7 @@ import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-from plugins.cpu_runtime.norm import swap_spec_modules
+from trainer.cpu_runtime.norm import swap_spec_modules
 
 
 def document_causal_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
@@ -50,7 +50,7 @@ def _self_attention_boundaries(params: PackedSeqParams) -> torch.Tensor:
     if q is None or (kv is not q and not torch.equal(q, kv)):
         raise ValueError(
             "packed_seq_params on CPU need cu_seqlens_q equal to cu_seqlens_kv (self-attention); "
-            "build them with plugins.packing.plugin.packed_seq_params"
+            "build them as the packing plugin does (packed_seq_params)"
         )
     return q
 

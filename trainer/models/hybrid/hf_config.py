@@ -28,9 +28,10 @@ from __future__ import annotations
 import math
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.hybrid import ATTENTION, MAMBA, MLP, MOE, layer_symbols, mamba_heads
 from recipes.config.schema import ModelConfig
-from trainer.interop.hf_config import NORM_EPSILON, read_values, refuse_differences
+from recipes.models.hybrid.pattern import layer_symbols, mamba_heads
+from recipes.models.kinds import ATTENTION, MAMBA, MLP, MOE
+from trainer.models.gpt.hf_config import NORM_EPSILON, read_values, refuse_differences
 
 ARCHITECTURE = "NemotronHForCausalLM"
 BLOCK_SYMBOLS = {"linear_attention": MAMBA, "mamba": MAMBA, "full_attention": ATTENTION,
@@ -207,7 +208,7 @@ def our_values(model: ModelConfig) -> dict[str, object]:
     }
 
 
-def check_nemotron_h_shaped(model: ModelConfig, where: str) -> None:
+def check_shaped(model: ModelConfig, where: str) -> None:
     """The NemotronH mapping covers hybrid models built the Nemotron-H way only."""
     if not model.is_hybrid:
         raise ConfigError(f"{where} is a GPT model, not a hybrid one; {ARCHITECTURE} maps to "
@@ -221,14 +222,14 @@ def check_nemotron_h_shaped(model: ModelConfig, where: str) -> None:
 
 def compare_with_recipe(hf: dict, model: ModelConfig, recipe: str) -> None:
     """Refuse, in one line naming each differing field, a recipe that is not the HF model."""
-    check_nemotron_h_shaped(model, f"recipe {recipe}")
+    check_shaped(model, f"recipe {recipe}")
     refuse_differences(hf_values(hf), our_values(model), FIELD_NAMES, recipe)
 
 
 def hf_config_for(model: ModelConfig, dtype: str, base: dict | None = None) -> dict:
     """The config.json of an exported model: the imported one (`base`, kept for its token ids,
     context length and dt settings) with every mapped field set from the run's model."""
-    check_nemotron_h_shaped(model, "the checkpoint's model")
+    check_shaped(model, "the checkpoint's model")
     pattern = layer_symbols(model.hybrid_layer_pattern)
     config = dict(base or {"time_step_min": 0.0})  # from scratch: Megatron's unclamped dt
     config.setdefault("max_position_embeddings", model.seq_length)

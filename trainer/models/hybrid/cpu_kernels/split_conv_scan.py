@@ -16,9 +16,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from plugins.cpu_runtime.causal_conv import causal_conv1d_fn
-from plugins.cpu_runtime.gated_norm import rms_norm_gated
-from plugins.cpu_runtime.ssd_scan import mamba_chunk_scan_combined
+from trainer.models.hybrid.cpu_kernels.causal_conv import causal_conv1d_fn
+from trainer.models.hybrid.cpu_kernels.gated_norm import rms_norm_gated
+from trainer.models.hybrid.cpu_kernels.ssd_scan import mamba_chunk_scan_combined
 
 
 def _widths(zxbcdt, conv1d_weight, D, headdim, ngroups) -> tuple[int, int, int, int]:

@@ -1,9 +1,11 @@
-"""CPU runtime plugin: runs unmodified Megatron Core over gloo when there is no CUDA device.
+"""The CPU runtime: runs unmodified Megatron Core over gloo on ranks without a CUDA device.
 
 Every fix is a runtime patch; nothing in site-packages is edited. Each patch has a name in
 `PATCH_NAMES`, and `activate_cpu_runtime(..., skip=...)` can leave any of them out, so the
 self-tests can show what breaks without it. `docs/cpu-runtime.md` says what each patch does and
-why; the comments next to each installer cite the Megatron file and line.
+why; the comments next to each installer cite the Megatron file and line. Whether a process
+runs on CPU is the config's (`cluster.device`, `recipes/config/machine.py`); `runtime_for`
+activates the runtime when it does and says so in the `RuntimeContext` the plugins are handed.
 
 Activation is process-wide and idempotent. The device mode lives on torch's mode stack, which
 is per thread: activate from the thread that will build and train the model.
@@ -16,17 +18,21 @@ from typing import Any
 
 import torch
 
-from plugins.cpu_runtime.collectives import install_list_split_sizes, install_uneven_all_gather
-from plugins.cpu_runtime.cuda_api import disable_dynamo, install_cpu_rng, install_cuda_stand_ins
-from plugins.cpu_runtime.device_mode import CudaToCpuMode
-from plugins.cpu_runtime.norm import SequenceParallelTorchNorm, adapt_local_layer_spec
+from plugins.protocol.events import RuntimeContext
+from recipes.config.machine import process_on_cpu
+from trainer.cpu_runtime.collectives import install_list_split_sizes, install_uneven_all_gather
+from trainer.cpu_runtime.cuda_api import disable_dynamo, install_cpu_rng, install_cuda_stand_ins
+from trainer.cpu_runtime.device_mode import CudaToCpuMode
+from trainer.cpu_runtime.norm import SequenceParallelTorchNorm, adapt_local_layer_spec
 
 __all__ = [
     "PATCH_NAMES",
     "SequenceParallelTorchNorm",
     "activate_cpu_runtime",
+    "adapt_cpu_layer_spec",
     "adapt_local_layer_spec",
     "cpu_runtime_active",
+    "runtime_for",
 ]
 
 # Patches carried out by the one process-wide TorchFunctionMode (see device_mode.py).
@@ -34,14 +40,14 @@ _MODE_PATCHES = ("device_redirect", "cuda_type_names", "backward_in_mode")
 
 def install_thd_partition() -> None:
     """TE's per-document CP partition for Megatron's packed CP split (`cp_attention.py`)."""
-    from plugins.cpu_runtime.cp_attention import install_thd_partition as install
+    from trainer.cpu_runtime.cp_attention import install_thd_partition as install
 
     install()
 
 
 def install_mamba_kernels() -> None:
     """The torch Mamba2 kernels in Megatron's Mamba mixer (`mamba_kernels.py`)."""
-    from plugins.cpu_runtime.mamba_kernels import install_mamba_kernels as install
+    from trainer.cpu_runtime.mamba_kernels import install_mamba_kernels as install
 
     install()
 
@@ -65,15 +71,6 @@ _active_patches: frozenset[str] | None = None
 _device_mode: CudaToCpuMode | None = None
 
 
-def _wants_cpu_runtime(config: Any) -> bool:
-    # The config's rules refuse these before launch; reaching here with them is a bug.
-    if config.enabled not in ("auto", "on", "off") or config.threads_per_rank < 1:
-        raise ValueError(f"invalid CPU runtime config {config}")
-    if config.enabled == "auto":
-        return not torch.cuda.is_available()
-    return config.enabled == "on"
-
-
 def _enter_device_mode(skip: frozenset[str]) -> None:
     """Pushes the device mode onto this thread's torch-function mode stack for good."""
     global _device_mode
@@ -85,9 +82,9 @@ def _enter_device_mode(skip: frozenset[str]) -> None:
     _device_mode.__enter__()
 
 
-def activate_cpu_runtime(config: Any, *, skip: frozenset[str] = frozenset()) -> bool:
-    """Applies the CPU runtime patches when `config` (the plugin's `CpuRuntimeConfig`: its
-    `enabled` and `threads_per_rank`) asks for them; returns whether the runtime is active.
+def activate_cpu_runtime(threads_per_rank: int = 1, *,
+                         skip: frozenset[str] = frozenset()) -> None:
+    """Applies the CPU runtime patches, with `threads_per_rank` torch threads in this process.
 
     Call it before building anything with Megatron Core; before or after
     `torch.distributed.init_process_group` and before or after importing megatron.core both
@@ -95,13 +92,13 @@ def activate_cpu_runtime(config: Any, *, skip: frozenset[str] = frozenset()) -> 
     """
     global _active_patches
     if _active_patches is not None:
-        return True
+        return
     unknown = set(skip) - set(PATCH_NAMES)
     if unknown:
         raise ValueError(f"unknown CPU runtime patches {sorted(unknown)}; known: {PATCH_NAMES}")
-    if not _wants_cpu_runtime(config):
-        return False
-    torch.set_num_threads(config.threads_per_rank)
+    if threads_per_rank < 1:  # the config's rule refuses it before launch
+        raise ValueError(f"threads_per_rank={threads_per_rank} must be at least 1")
+    torch.set_num_threads(threads_per_rank)
     skip = frozenset(skip)
     for name, install in _INSTALLERS.items():
         if name not in skip:
@@ -109,9 +106,34 @@ def activate_cpu_runtime(config: Any, *, skip: frozenset[str] = frozenset()) -> 
     if set(_MODE_PATCHES) - skip:
         _enter_device_mode(skip)
     _active_patches = frozenset(PATCH_NAMES) - skip
-    return True
 
 
 def cpu_runtime_active() -> bool:
     """Whether `activate_cpu_runtime` has applied the CPU runtime in this process."""
     return _active_patches is not None
+
+
+def runtime_for(cluster: Any, *, dry_run: bool = False) -> RuntimeContext:
+    """This process's runtime under `cluster` (the run's `ClusterConfig`): on CPU (`cluster.
+    device=cpu`, or `auto` without CUDA) the CPU runtime is activated, ranks talk over gloo and
+    each full weight is drawn on CPU and then split by TP, so every layout starts equal."""
+    if not process_on_cpu(cluster, cuda=torch.cuda.is_available()):
+        return RuntimeContext(dry_run=dry_run)
+    activate_cpu_runtime(cluster.threads_per_rank)
+    return RuntimeContext(dry_run=dry_run, backend="gloo", device="cpu",
+                          cpu_initialization=True)
+
+
+def adapt_cpu_layer_spec(spec: Any, config: Any) -> Any:
+    """A local layer spec made to run on CPU ranks (the runtime must be active): local-spec norms
+    cannot run sequence parallel on CPU, and local attention refuses packed batches and CP, so
+    the sequence-parallel norm, the packed attention and, under CP, the reference CP attention
+    are swapped in; the swapped-in attentions run other batches exactly as before."""
+    from trainer.cpu_runtime.packed_attention import use_packed_attention
+
+    spec = use_packed_attention(adapt_local_layer_spec(spec, config))
+    if config.context_parallel_size > 1:
+        from trainer.cpu_runtime.cp_attention import use_cp_attention
+
+        spec = use_cp_attention(spec)
+    return spec

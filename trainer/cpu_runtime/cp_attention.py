@@ -29,13 +29,13 @@ from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-from plugins.cpu_runtime.norm import swap_spec_modules
-from plugins.cpu_runtime.packed_attention import (
+from plugins.protocol.cp_split import balanced_positions, document_positions
+from trainer.cpu_runtime.norm import swap_spec_modules
+from trainer.cpu_runtime.packed_attention import (
     PackedDotProductAttention,
     _check_mask_is_used,
     _self_attention_boundaries,
 )
-from plugins.protocol.cp_split import balanced_positions, document_positions
 
 
 class _GatherSequence(torch.autograd.Function):

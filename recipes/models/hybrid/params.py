@@ -1,0 +1,22 @@
+"""The hybrid family's own parameter term on one rank: a Mamba2 layer (its attention, MLP and MoE
+layers are the GPT and MoE families')."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from recipes.models.counts import ParamCount
+from recipes.models.gpt.params import norm_params
+from recipes.models.hybrid.pattern import mamba_heads
+
+
+def mamba_params(m: Any, tp: int) -> ParamCount:
+    """A Mamba2 layer (`ssm/mamba_mixer.py:276-443`): in_proj to z, x, B, C and dt, the
+    depthwise conv over x, B, C (weight and bias), dt_bias, A_log and D per head, the gated
+    norm over d_inner, out_proj; all split over TP. The layer's input norm is replicated."""
+    h, heads = m.hidden_size, mamba_heads(m)
+    inner, bc = heads * m.mamba_head_dim, 2 * m.mamba_num_groups * m.mamba_state_dim
+    in_proj = h * (2 * inner + bc + heads)
+    conv = (inner + bc) * (m.mamba_conv_kernel + 1)
+    split = in_proj + conv + 3 * heads + inner + inner * h
+    return ParamCount(tp_split=split // tp, replicated=norm_params(m))
