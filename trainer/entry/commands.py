@@ -361,7 +361,7 @@ def hf_architectures() -> str:
         of_architecture.setdefault(config["architectures"][0], []).append(recipe)
     lines = ["Hugging Face architectures (config.json's `architectures`), both ways, with the "
              "recipes of each:"]
-    rows = [*((f"{name} ({ARCHITECTURES.get(name, '?')})", recipes)
+    rows = [*((f"{name} ({ARCHITECTURES[name][0] if name in ARCHITECTURES else '?'})", recipes)
               for name, recipes in of_architecture.items()),
             ("no architecture", unmapped)]
     for label, recipes in rows:
