@@ -101,6 +101,11 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["cluster.gpu_memory_gib=-1"], "cluster.gpu_memory_gib=-1.0 must be positive"),
     (["cluster.gpu_memory_gib=inf"], "cluster.gpu_memory_gib=inf must be a finite number"),
     (["cluster.gpus=8"], "unknown config key 'cluster.gpus'; did you mean cluster.gpus_per_node"),
+    # A world no batch of this recipe fills: named by the field set, not by the DP it gives.
+    (["cluster.nodes=1000000"], "cluster.nodes=1,000,000 (x cluster.gpus_per_node=4) gives "
+     "world size 4,000,000, so DP1,000,000 at TP2 x PP2 x CP1, but train.global_batch_size=8 "
+     "holds 4 micro-batches of train.micro_batch_size=2: enough for DP4 at most; set "
+     "cluster.nodes=4 at most"),
     # train
     (["recipe=tiny_dp2", "train.global_batch_size=6"], "train.global_batch_size=6 is not "
      "divisible by train.micro_batch_size=2 x DP2 = 4"),
