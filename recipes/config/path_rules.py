@@ -348,14 +348,17 @@ def check_cluster_spec(cfg: RunConfig) -> str | None:
 def check_real_data_beyond_one_node(cfg: RunConfig) -> str | None:
     """A run across nodes trains on prepared data: the built-in standard-library corpus (a few
     MB of Python source, the default so that CPU-sized recipes run anywhere) would burn the
-    cluster's hours on a toy. Checked with the paths, before launch: planning and the dry run
-    read no data. (`synthetic` is the machinery tests' corpus, named for what it is.)"""
+    cluster's hours on a toy. Checked with the paths, before launch, on the nodes the launch
+    uses (scripts/launch.py checks the config placed on its cluster file's nodes); planning and
+    the dry run read no data. (`synthetic` is the machinery tests' corpus, named for what it
+    is.)"""
     if cfg.cluster.nodes <= 1 or cfg.data.source != "python_stdlib":
         return None
     return (f"{cfg.name} runs on {cfg.cluster.nodes} nodes but data.source=python_stdlib is the "
             "built-in demo corpus; train on prepared data: data.source=blend "
             "data.blend=conf/data/<blend>.yaml (make its datasets with scripts/prepare_data.py "
-            "input=<files> output=<prefix> tokenizer=<tokenizer.json>; docs/data.md)")
+            "input=<files> output=<prefix> tokenizer=<tokenizer.json>; docs/data.md), or try "
+            "the launch machinery alone with data.source=synthetic")
 
 
 PATH_RULES: tuple[PathRule, ...] = (

@@ -246,9 +246,49 @@ def check_sequence_parallel_needs_tensor(cfg: RunConfig) -> str | None:
         )
 
 
+def _world_fields(cfg: RunConfig) -> str:
+    """The fields that make the world size, the one a user sets most likely first."""
+    c = cfg.cluster
+    if c.nodes > 1:
+        return f"cluster.nodes={c.nodes:,} (x cluster.gpus_per_node={c.gpus_per_node})"
+    return f"cluster.gpus_per_node={c.gpus_per_node:,} (on cluster.nodes=1)"
+
+
+def _at_most_ranks(cfg: RunConfig, world: int) -> str:
+    """The fields' largest values that give at most `world` ranks: whole nodes of this size,
+    else part of one node."""
+    per_node = cfg.cluster.gpus_per_node
+    if world >= per_node:
+        return f"cluster.nodes={world // per_node:,} at most (of {per_node} ranks each)"
+    return f"cluster.nodes=1 cluster.gpus_per_node={world} at most"
+
+
+def check_batch_fills_data_parallel(cfg: RunConfig) -> str | None:
+    """Each DP rank trains at least one micro-batch of the global batch: a world so large that
+    micro-batch x DP exceeds it (an absurd `cluster.nodes`) leaves ranks with nothing to train.
+    Named by the world's fields, with the most nodes this batch fills; the batch's divisibility
+    within that is `check_global_batch`'s."""
+    t, p, layout = cfg.train, cfg.parallel, _layout(cfg)
+    dp = layout.data_parallel
+    if t.micro_batch_size * dp <= t.global_batch_size:
+        return None
+    most_dp = max(1, t.global_batch_size // t.micro_batch_size)
+    return (
+        f"{_world_fields(cfg)} gives world size {layout.world_size:,}, so DP{dp:,} at "
+        f"TP{p.tensor} x PP{p.pipeline} x CP{p.context}, but train.global_batch_size="
+        f"{t.global_batch_size} holds {t.global_batch_size // t.micro_batch_size} micro-batches "
+        f"of train.micro_batch_size={t.micro_batch_size}: enough for DP{most_dp} at most; set "
+        f"{_at_most_ranks(cfg, most_dp * layout.model_parallel)}, or raise "
+        f"train.global_batch_size to a multiple of {t.micro_batch_size * dp:,}"
+    )
+
+
 def check_global_batch(cfg: RunConfig) -> str | None:
-    """global batch = micro batch x DP x accumulation steps, all whole numbers."""
+    """global batch = micro batch x DP x accumulation steps, all whole numbers (a batch
+    smaller than one micro-batch per DP rank is `check_batch_fills_data_parallel`'s)."""
     t, dp = cfg.train, _layout(cfg).data_parallel
+    if t.micro_batch_size * dp > t.global_batch_size:
+        return None
     if t.global_batch_size % (t.micro_batch_size * dp):
         return (
             f"train.global_batch_size={t.global_batch_size} is not divisible by "
@@ -443,7 +483,7 @@ def check_phase_layouts(cfg: RunConfig) -> str | None:
     config through the size rules)."""
     return check_each_phase(cfg, (
         check_world_size, check_sequence_divisible_by_context, check_sequence_divisible_by_tensor,
-        check_global_batch, check_interleaved_microbatches,
+        check_batch_fills_data_parallel, check_global_batch, check_interleaved_microbatches,
     ))
 
 
@@ -461,6 +501,7 @@ RULES: tuple[Rule, ...] = (
     check_sequence_divisible_by_context,
     check_sequence_parallel_needs_tensor,
     check_sequence_divisible_by_tensor,
+    check_batch_fills_data_parallel,
     check_global_batch,
     check_interleaved_microbatches,
     check_interleaved_p2p,

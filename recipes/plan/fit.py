@@ -20,12 +20,18 @@ from recipes.plan.build import Plan, PlanOptions, make_plan, stage_plans
 from recipes.plan.cluster import ClusterSpec, recipe_cluster
 
 GB = 1e9
+# Bytes a 64-bit process can address: a rank that needs more cannot run on any machine.
+ADDRESS_SPACE_BYTES = 2**64
 
 
 def size_text(value: float) -> str:
-    """'12.55 GB', or '866.3 kB' / '3.41 MB' for the tiny recipes."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= scale / 10 or unit == "kB":
+    """'12.55 GB', or '866.3 kB' / '3.41 MB' for the tiny recipes, '1.28 TB' / '3.20 PB' for
+    layouts far too big, and beyond 1,000 PB GB in scientific notation ('6.4e+16 GB')."""
+    if value >= 1e18:
+        return f"{value / GB:.2g} GB"
+    for unit, scale, shown_from in (("PB", 1e15, 1e15), ("TB", 1e12, 1e12), ("GB", 1e9, 1e8),
+                                    ("MB", 1e6, 1e5), ("kB", 1e3, 0)):
+        if value >= shown_from:
             return f"{value / scale:,.2f} {unit}"
     return f"{value:g} B"
 
@@ -114,7 +120,7 @@ def cpu_rank_cluster(cfg: Any, host_bytes: int) -> tuple[ClusterSpec, str]:
 
 
 def _memory_text(plan: Plan, memory_of: str | None) -> str:
-    return f"{plan.cluster.gpu_memory_gb:.1f} GB" + (f" ({memory_of})" if memory_of else "")
+    return size_text(plan.cluster.gpu_memory_bytes) + (f" ({memory_of})" if memory_of else "")
 
 
 def summary_line(plan: Plan, memory_of: str | None = None) -> str:
@@ -154,15 +160,61 @@ def local_attention_note(cfg: Any) -> str:
             "fused attention keeps none; install the gpu extra for it)")
 
 
+def _sequence_unit(cfg: Any) -> int:
+    """What every sequence length must be a multiple of at this layout: 2 x CP chunks (when
+    CP > 1), each split over TP with sequence parallel (recipes/config/validation.py)."""
+    p = cfg.parallel
+    return (2 * p.context if p.context > 1 else 1) * (p.tensor if p.sequence_parallel else 1)
+
+
+def longest_fitting_sequence(plan: Plan) -> int | None:
+    """The largest `model.seq_length` below the plan's whose worst rank fits at this layout
+    (memory grows with the sequence, so a bisection finds it), or None when none does."""
+    from recipes.config.validation import validate
+
+    unit = _sequence_unit(plan.cfg)
+
+    def fits(units: int) -> bool:
+        candidate = _set(plan.cfg, model__seq_length=units * unit)
+        return _worst_peak(candidate, plan.cluster, plan.options) <= plan.cluster.gpu_memory_bytes
+
+    low, high = 0, plan.cfg.model.seq_length // unit  # fits(low) (none), not fits(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    if low == 0:
+        return None
+    longest = _set(plan.cfg, model__seq_length=low * unit)
+    try:
+        validate(longest)
+    except ConfigError:
+        return None
+    return low * unit
+
+
 def refusal(plan: Plan, memory_of: str | None = None) -> str:
-    """The one-line reason a layout cannot run, naming its biggest contributors and a fix."""
-    w = plan.worst
-    parts = ", ".join(f"{name} {size / GB:.1f} GB" for name, size in top_contributors(plan))
-    fixes = [s.change for s in suggestions(plan) if s.fits][:2]
-    hint = f"try {' or '.join(fixes)}" if fixes else "more TP/PP or fewer tokens per micro-batch"
+    """The one-line reason a layout cannot run, naming its biggest contributors and a fix: a
+    single change that fits, else the longest sequence that fits at this layout (the line then
+    leads with `model.seq_length`), else more model parallelism. A rank needing more than a
+    64-bit process can address is said to fit no machine."""
+    w, seq = plan.worst, plan.cfg.model.seq_length
+    parts = ", ".join(f"{name} {size_text(size)}" for name, size in top_contributors(plan))
     holder = (f"a rank has {_memory_text(plan, memory_of)}" if memory_of else
-              f"a GPU has {plan.cluster.gpu_memory_gb:.1f} GB (cluster.gpu_memory_gib)")
-    return (f"the layout needs {w.peak / GB:.1f} GB on a rank of pipeline stage {w.stage} but "
+              f"a GPU has {size_text(plan.cluster.gpu_memory_bytes)} (cluster.gpu_memory_gib)")
+    if w.peak > ADDRESS_SPACE_BYTES:
+        holder += (f", and no machine can hold it (a 64-bit process addresses at most "
+                   f"{size_text(ADDRESS_SPACE_BYTES)})")
+    what, fixes = "the layout", [s.change for s in suggestions(plan) if s.fits][:2]
+    if fixes:
+        hint = f"try {' or '.join(fixes)}"
+    elif (longest := longest_fitting_sequence(plan)) is not None:
+        what = f"model.seq_length={seq}"
+        hint = (f"at this layout model.seq_length={longest} fits at most, or split each "
+                "sequence over more ranks (parallel.context, or parallel.tensor with "
+                "parallel.sequence_parallel=true)")
+    else:
+        hint = "more TP/PP or fewer tokens per micro-batch"
+    return (f"{what} needs {size_text(w.peak)} on a rank of pipeline stage {w.stage} but "
             f"{holder}; largest: {parts}; {hint} (scripts/plan.py shows the whole plan)")
 
 
@@ -174,7 +226,7 @@ def save_refusal(plan: Plan) -> str:
               and plan.sharding == "dist_opt" else "")
     fix = ("set checkpoint.optimizer_format=dp_reshardable (no gather; a resume may then change "
            "DP only), or raise TP x PP" if gather else "raise TP x PP or DP")
-    return (f"a checkpoint save holds {plan.save_host_per_node / GB:.1f} GB of CPU memory per "
+    return (f"a checkpoint save holds {size_text(plan.save_host_per_node)} of CPU memory per "
             f"node{gather} but a node has {plan.cluster.host_memory_gb:.0f} GB (host_memory_gb, "
             f"{plan.cluster.name}); {fix}")
 

@@ -2,8 +2,12 @@
 
 One table of command lines that must each be refused by `resolve_config` with a `ConfigError`
 whose message contains the expected text and no newline; `{tmp}` stands for a directory holding
-the files and checkpoint layouts the path cases name (built by `paths_dir`). A few cases then
-run the real entry point to show the user sees `error: <that line>` and exit code 2.
+the files and checkpoint layouts the path cases name (built by `paths_dir`). A second table
+holds the command lines only a launching process can refuse (the fit on this machine, the nodes
+a cluster file places the ranks on), run through that process's checks: pretrain.py's
+`ready_to_launch` and launch.py's `plan_launch`, before any rank starts or job is submitted. A
+few cases then run the real entry point to show the user sees `error: <that line>` and exit
+code 2.
 """
 
 from __future__ import annotations
@@ -101,6 +105,11 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["cluster.gpu_memory_gib=-1"], "cluster.gpu_memory_gib=-1.0 must be positive"),
     (["cluster.gpu_memory_gib=inf"], "cluster.gpu_memory_gib=inf must be a finite number"),
     (["cluster.gpus=8"], "unknown config key 'cluster.gpus'; did you mean cluster.gpus_per_node"),
+    # A world no batch of this recipe fills: named by the field set, not by the DP it gives.
+    (["cluster.nodes=1000000"], "cluster.nodes=1,000,000 (x cluster.gpus_per_node=4) gives "
+     "world size 4,000,000, so DP1,000,000 at TP2 x PP2 x CP1, but train.global_batch_size=8 "
+     "holds 4 micro-batches of train.micro_batch_size=2: enough for DP4 at most; set "
+     "cluster.nodes=4 at most"),
     # train
     (["recipe=tiny_dp2", "train.global_batch_size=6"], "train.global_batch_size=6 is not "
      "divisible by train.micro_batch_size=2 x DP2 = 4"),
@@ -339,6 +348,25 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
 ]
 
 
+# (script, argv, texts the one-line message must contain, in order), refused before launch.
+BAD_LAUNCHES: list[tuple[str, list[str], list[str]]] = [
+    # A sequence no machine holds: the field, the need in a readable unit, the longest that fits.
+    ("pretrain.py", ["model.seq_length=1000000000000"], [
+        "model.seq_length=1000000000000 needs 6.4e+16 GB on a rank of pipeline stage 0 but a "
+        "rank has ", "and no machine can hold it (a 64-bit process addresses at most 1.8e+10 GB)",
+        "at this layout model.seq_length=", " fits at most, or split each sequence over more "
+        "ranks (parallel.context, or parallel.tensor with parallel.sequence_parallel=true)"]),
+    # The built-in demo corpus on the 2 nodes the cluster file gives a 1-node recipe's 4 ranks.
+    ("launch.py", ["recipe=tiny_tp2_pp2", "cluster=conf/cluster/cpu_slurm_2x2.yaml"],
+     ["tiny_tp2_pp2 runs on 2 nodes but data.source=python_stdlib is the built-in demo corpus; "
+      "train on prepared data: data.source=blend"]),
+    ("launch.py", ["recipe=tiny_tp2_pp2", "cluster=conf/cluster/cpu_slurm_2x2.yaml",
+                   "--dry-run"], ["tiny_tp2_pp2 runs on 2 nodes but data.source=python_stdlib"]),
+    ("pretrain.py", ["recipe=tiny_dp2", "cluster.nodes=2", "cluster.gpus_per_node=1"],
+     ["tiny_dp2 runs on 2 nodes but data.source=python_stdlib is the built-in demo corpus"]),
+]
+
+
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
@@ -418,6 +446,38 @@ def test_bad_input_is_one_line_naming_the_fix(argv, expected, paths_dir) -> None
     message = str(caught.value)
     assert _fill([expected], paths_dir)[0] in message
     assert "\n" not in message and message.strip() == message
+
+
+def _plan_the_launch(script: str, argv: list[str], tmp: Path) -> None:
+    """What the launching process of `script` checks before it starts anything (on CPU ranks:
+    the fit is planned against this machine's memory)."""
+    from trainer.entry.commands import LAUNCH, PRETRAIN
+    from trainer.entry.contract import parse_arguments
+
+    if script == "launch.py":
+        from trainer.launch.cluster import launch_args, plan_launch
+
+        args = parse_arguments(LAUNCH, [*argv, f"job_dir={tmp / 'jobs'}"])
+        plan_launch(launch_args(args.options, args.flags, args.rest))
+        return
+    from trainer.entry.pipeline import ready_to_launch, resolve
+
+    args = parse_arguments(PRETRAIN, [*argv, f"output_dir={tmp / 'runs'}"])
+    ready_to_launch(resolve(args), args)
+
+
+@pytest.mark.parametrize(("script", "argv", "expected"), BAD_LAUNCHES,
+                         ids=[f"{script} {' '.join(argv)}" for script, argv, _ in BAD_LAUNCHES])
+def test_bad_launch_is_one_line_before_anything_starts(script, argv, expected, paths_dir,
+                                                       tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU ranks: the machine these lines name
+    with pytest.raises(ConfigError) as caught:
+        _plan_the_launch(script, argv, tmp_path)
+    message = str(caught.value)
+    found = [message.find(text) for text in expected]
+    assert -1 not in found and found == sorted(found), message
+    assert "\n" not in message and message.strip() == message
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "jobs").exists()
 
 
 def test_output_dir_that_cannot_be_written_is_named(tmp_path, monkeypatch) -> None:

@@ -158,7 +158,7 @@ def test_an_architecture_added_to_the_list_is_in_convert_help(monkeypatch):
     from trainer.entry.commands import CONVERT
     from trainer.interop import hf_config
 
-    monkeypatch.setitem(hf_config.ARCHITECTURES, "QwenForCausalLM", "qwen")
+    monkeypatch.setitem(hf_config.ARCHITECTURES, "QwenForCausalLM", ("qwen", hf_config.gpt))
     assert "QwenForCausalLM (qwen)" in _architecture_rows(help_text(CONVERT))
 
 

@@ -1,7 +1,8 @@
 """The Hugging Face <-> Megatron Core mappings (trainer/models/<family>/hf_tensors.py and
 hf_config.py, dispatched by trainer/interop/), without a process group: QKV interleaved per
-query group, fused gate/up, vocabulary padding, the names and shapes transformers writes, the published Llama 3 / Mixtral /
-Nemotron 3 Nano shapes against our recipes, and NemotronH's config.json written back."""
+query group, fused gate/up, vocabulary padding, the names and shapes
+transformers writes, the published Llama 3 / Mixtral / Nemotron 3 Nano shapes against our
+recipes, and NemotronH's config.json written back."""
 
 from __future__ import annotations
 

@@ -223,7 +223,7 @@ CPU_SLURM = str(REPO / "conf" / "cluster" / "cpu_slurm_2x2.yaml")
 
 def test_a_cpu_cluster_asks_no_gpus_and_gives_each_torchrun_its_cpus(capsys, tmp_path):
     script = render(capsys, tmp_path, "recipe=tiny_tp2_pp2", SYNTHETIC, f"cluster={CPU_SLURM}")
-    assert "--gpus-per-node" not in script and "gres" not in script
+    assert "--gpus-per-node" not in script and "--gres" not in script
     assert "#SBATCH --nodes=2\n" in script and "#SBATCH --cpus-per-task=2\n" in script
     assert "--nnodes 2 --nproc-per-node 2" in script
     assert "cluster.device=cpu" in pretrain_args(script)  # ranks are processes
@@ -232,6 +232,56 @@ def test_a_cpu_cluster_asks_no_gpus_and_gives_each_torchrun_its_cpus(capsys, tmp
                                                              "exclusive: true"))
     script = render(capsys, tmp_path, "recipe=tiny_tp2_pp2", SYNTHETIC, f"cluster={exclusive}")
     assert "#SBATCH --exclusive\n" in script and "--cpus-per-task" not in script
+
+
+CPU_LOCAL = str(REPO / "conf" / "cluster" / "cpu_local.yaml")
+# tiny_tp2_pp2's 4 ranks on the 2-node CPU cluster's nodes of 2: a launch on 2 nodes.
+TWO_NODES = ["recipe=tiny_tp2_pp2", f"cluster={CPU_SLURM}"]
+DEMO_CORPUS = ("tiny_tp2_pp2 runs on 2 nodes but data.source=python_stdlib is the built-in demo "
+               "corpus")
+
+
+@pytest.mark.parametrize("flags", [[], ["--dry-run"]], ids=["submit", "dry-run"])
+def test_the_demo_corpus_on_the_nodes_a_slurm_launch_uses_is_refused_before_submit(flags,
+                                                                                   tmp_path):
+    """The recipe itself is one node; the cluster file makes it two. Refused by the launching
+    process before anything is rendered, claimed or submitted (job_dir stays empty)."""
+    assert get_recipe("tiny_tp2_pp2").cluster.nodes == 1
+    with pytest.raises(ConfigError) as error:
+        run_launch(parse_launch_args([*TWO_NODES, f"job_dir={tmp_path}", *flags]))
+    assert str(error.value).startswith(DEMO_CORPUS) and "\n" not in str(error.value)
+    assert list(tmp_path.iterdir()) == []
+    plan = plan_launch(parse_launch_args([*TWO_NODES, SYNTHETIC]))  # the tests' corpus passes
+    assert plan.nodes == 2
+
+
+def test_the_local_executor_judges_the_demo_corpus_on_its_own_one_node(tmp_path):
+    """A recipe written for 2 nodes of 1 that the local cluster file places on one node runs
+    on the demo corpus; on 2 nodes the local executor refuses before the corpus rule."""
+    one_node = ["recipe=tiny_dp2", "cluster.nodes=2", "cluster.gpus_per_node=1"]
+    plan = plan_launch(parse_launch_args([*one_node, f"cluster={CPU_LOCAL}", "executor=local"]))
+    assert (plan.nodes, plan.gpus_per_node, plan.cfg.data.source) == (1, 2, "python_stdlib")
+    one_rank_per_node = tmp_path / "cpu_slurm_2x1.yaml"
+    one_rank_per_node.write_text(Path(CPU_SLURM).read_text().replace("gpus_per_node: 2",
+                                                                     "gpus_per_node: 1"))
+    with pytest.raises(ConfigError, match="^tiny_dp2 runs on 2 nodes but data.source="):
+        plan_launch(parse_launch_args(["recipe=tiny_dp2", f"cluster={one_rank_per_node}"]))
+    with pytest.raises(ConfigError, match="^executor=local runs on this machine only, but "
+                                          "tiny_tp2_pp2 needs 2 nodes"):
+        plan_launch(parse_launch_args([*TWO_NODES, "executor=local"]))
+
+
+def test_pretrain_refuses_the_demo_corpus_beyond_one_node_before_any_rank(tmp_path):
+    """scripts/pretrain.py's launching process: refused by the path rules, before the machine
+    check and before a run directory or rank exists."""
+    from trainer.entry.commands import PRETRAIN
+    from trainer.entry.pipeline import ready_to_launch, resolve
+
+    args = parse_arguments(PRETRAIN, ["recipe=tiny_dp2", "cluster.nodes=2",
+                                      "cluster.gpus_per_node=1", f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="^tiny_dp2 runs on 2 nodes but data.source="):
+        ready_to_launch(resolve(args), args)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_nemo_runs_experiment_and_the_tunnel_share_one_directory(tmp_path):

@@ -4,6 +4,7 @@ names the biggest contributors, and its suggestions really fit when applied."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -115,7 +116,7 @@ def test_a_save_that_cannot_fit_host_memory_is_refused_with_the_fix(tmp_path: Pa
     with pytest.raises(ConfigError) as caught:
         check_fits(cfg, load_cluster(small))
     message = str(caught.value)
-    assert message.startswith("a checkpoint save holds 454.2 GB of CPU memory per node (fully_"
+    assert message.startswith("a checkpoint save holds 454.17 GB of CPU memory per node (fully_"
                               "reshardable gathers the whole fp32 optimizer state")
     assert message.endswith("but a node has 256 GB (host_memory_gb, h100_80gb_8x8); set "
                             "checkpoint.optimizer_format=dp_reshardable (no gather; a resume "
@@ -131,11 +132,11 @@ def test_cpu_ranks_are_planned_against_this_machines_memory_per_rank():
     cluster, memory_of = cpu_rank_cluster(cfg, host_bytes=24 * 10**9)
     plan = check_fits(cfg, cluster, attention="explicit", memory_of=memory_of)
     line = summary_line(plan, memory_of)
-    assert "of 6.0 GB (this machine's memory per CPU rank: 24.0 GB / 4), fits" in line
+    assert "of 6.00 GB (this machine's memory per CPU rank: 24.0 GB / 4), fits" in line
     assert "85.9" not in line  # not an H100's memory
     with pytest.raises(ConfigError) as error:  # too little memory is a refusal naming it
         check_fits(cfg, cpu_rank_cluster(cfg, 10**6)[0], memory_of="this machine's memory")
-    assert "but a rank has 0.0 GB (this machine's memory)" in str(error.value)
+    assert "but a rank has 0.25 MB (this machine's memory)" in str(error.value)
 
 
 def test_host_memory_is_the_lower_of_ram_and_the_cgroup_limit(tmp_path):
@@ -147,3 +148,68 @@ def test_host_memory_is_the_lower_of_ram_and_the_cgroup_limit(tmp_path):
     assert host_memory_bytes(tmp_path / "memory.max") == physical
     (tmp_path / "memory.max").write_text("1000000\n")
     assert host_memory_bytes(tmp_path / "memory.max") == 10**6
+
+
+@pytest.mark.parametrize(("size", "text"), [
+    (86_630, "86.63 kB"), (866_300, "0.87 MB"), (3.41e6, "3.41 MB"), (12.55e9, "12.55 GB"),
+    (454.2e9, "454.20 GB"), (1283.6e9, "1.28 TB"), (3.2e15, "3.20 PB"), (6.4e25, "6.4e+16 GB"),
+    (2**64, "1.8e+10 GB"),
+])
+def test_sizes_read_in_a_unit_a_person_can_compare(size, text):
+    from recipes.plan.fit import size_text
+
+    assert size_text(size) == text
+
+
+def _tiny_on_cpu(seq_length: int, recipe: str = "tiny_dp1"):
+    """The recipe at `seq_length` on one CPU rank of a 24 GB machine, and what its fit says."""
+    from recipes.plan.fit import cpu_rank_cluster
+
+    cfg = copy.deepcopy(get_recipe(recipe))
+    cfg.model.seq_length = seq_length
+    cluster, memory_of = cpu_rank_cluster(cfg, host_bytes=24 * 10**9)
+    with pytest.raises(ConfigError) as error:
+        check_fits(cfg, cluster, attention="explicit", memory_of=memory_of)
+    return cfg, cluster, str(error.value)
+
+
+def _longest_in(line: str) -> int:
+    return int(re.search(r"at this layout model.seq_length=(\d+) fits at most", line)[1])
+
+
+def _fits_at(cfg, cluster, seq_length: int) -> bool:
+    from recipes.config.validation import validate
+    from recipes.plan.build import PlanOptions
+
+    cfg.model.seq_length = seq_length
+    validate(cfg)  # a length the layout can split
+    return make_plan(cfg, cluster, PlanOptions(listed_groups=0, attention="explicit")).fits
+
+
+def test_a_sequence_no_machine_holds_is_named_with_the_longest_that_fits_this_layout():
+    """seq_length=1e12: no single change fits, so the line leads with the field, says no machine
+    can hold it, and gives the longest sequence that fits at this layout: planned again, it
+    fits, and one token longer does not."""
+    cfg, cluster, line = _tiny_on_cpu(10**12)
+    assert "\n" not in line
+    assert line.startswith(
+        "model.seq_length=1000000000000 needs 1.3e+17 GB on a rank of pipeline stage 0 but a "
+        "rank has 24.00 GB (this machine's memory per CPU rank: 24.0 GB / 1), and no machine can "
+        "hold it (a 64-bit process addresses at most 1.8e+10 GB); largest: activations ")
+    assert line.endswith("fits at most, or split each sequence over more ranks "
+                         "(parallel.context, or parallel.tensor with "
+                         "parallel.sequence_parallel=true) (scripts/plan.py shows the whole plan)")
+    longest = _longest_in(line)
+    assert _fits_at(cfg, cluster, longest) and not _fits_at(cfg, cluster, longest + 1)
+
+
+def test_the_longest_fitting_sequence_is_one_the_layout_can_split():
+    """At CP2 x TP2 with sequence parallel a sequence is a multiple of 2 x CP x TP = 8 (each CP
+    chunk split over TP): the longest that fits is the last such multiple; a 1.60 PB need is
+    too much for this machine, not for every machine."""
+    cfg, cluster, line = _tiny_on_cpu(10**7, "tiny_cp2_tp2_sp")
+    assert line.startswith("model.seq_length=10000000 needs 1.60 PB on a rank of pipeline stage")
+    assert "no machine" not in line
+    longest = _longest_in(line)
+    assert longest % 8 == 0
+    assert _fits_at(cfg, cluster, longest) and not _fits_at(cfg, cluster, longest + 8)

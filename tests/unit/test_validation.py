@@ -70,6 +70,17 @@ RULE_CASES = [
      "parallel.sequence_parallel=true needs parallel.tensor > 1"),
     ("check_sequence_divisible_by_tensor", "tiny_tp2_sp", ["model.seq_length=129"],
      "per-CP-rank sequence (129 / CP1 = 129) must be divisible by parallel.tensor=2"),
+    # A world too large for the batch names the field that made it, and the most nodes the
+    # batch fills, not the DP size it gives (nor is it also the divisibility rule's mistake).
+    ("check_batch_fills_data_parallel", "tiny_tp2_pp2", ["cluster.nodes=1000000"],
+     "cluster.nodes=1,000,000 (x cluster.gpus_per_node=4) gives world size 4,000,000, so "
+     "DP1,000,000 at TP2 x PP2 x CP1, but train.global_batch_size=8 holds 4 micro-batches of "
+     "train.micro_batch_size=2: enough for DP4 at most; set cluster.nodes=4 at most (of 4 ranks "
+     "each), or raise train.global_batch_size to a multiple of 2,000,000"),
+    ("check_batch_fills_data_parallel", "tiny_dp1", ["cluster.gpus_per_node=8"],
+     "cluster.gpus_per_node=8 (on cluster.nodes=1) gives world size 8, so DP8 at TP1 x PP1 x "
+     "CP1, but train.global_batch_size=8 holds 4 micro-batches of train.micro_batch_size=2: "
+     "enough for DP4 at most; set cluster.nodes=1 cluster.gpus_per_node=4 at most"),
     ("check_global_batch", "tiny_dp2", ["train.global_batch_size=6"],
      "train.global_batch_size=6 is not divisible by train.micro_batch_size=2 x DP2 = 4; "
      "set the global batch to a multiple of that"),

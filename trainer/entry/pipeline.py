@@ -153,6 +153,15 @@ def launch_once(args: Arguments, extra: Sequence[str] = ()) -> tuple[int, RunCon
     cfg = resolve(args, extra)
     if cfg.dry_run:
         return dry_run(cfg), None, None
+    cfg, run_dir, on_gpu = ready_to_launch(cfg, args, extra)
+    return start_local_ranks(cfg, run_dir, args, on_gpu), cfg, run_dir
+
+
+def ready_to_launch(cfg: RunConfig, args: Arguments,
+                    extra: Sequence[str] = ()) -> tuple[RunConfig, Path, bool]:
+    """Everything the launching process does before it starts ranks: prepare the data a blend
+    names, check the paths and this machine, the pre-flight, the run directory with its
+    config.yaml. The config the ranks start from, its directory and whether they use GPUs."""
     from data_prep.blend_prepare import prepare_missing_data
 
     prepare_missing_data(cfg)  # before the path rules: they check the prepared files
@@ -162,8 +171,7 @@ def launch_once(args: Arguments, extra: Sequence[str] = ()) -> tuple[int, RunCon
     check_machine(cfg, machine, [*args.rest, *extra], local_attention_cost)
     preflight(cfg, machine)
     cfg, run_dir = prepare_run_dir(cfg)
-    on_gpu = not ranks_on_cpu(cfg.cluster, machine.gpus)
-    return start_local_ranks(cfg, run_dir, args, on_gpu), cfg, run_dir
+    return cfg, run_dir, not ranks_on_cpu(cfg.cluster, machine.gpus)
 
 
 def in_resumed_phase_layout(cfg: RunConfig, args: Arguments, extra: Sequence[str]) -> RunConfig:
@@ -190,12 +198,17 @@ def start_local_ranks(cfg: RunConfig, run_dir: Path, args: Arguments, on_gpu: bo
 
     world = cfg.layout.world_size
     print(f"launching {world} local ranks; outputs in {run_dir}", flush=True)
-    options = [f"{key}={value}" for key, value in args.options.items() if value is not None]
-    ranks_args = [f"config={run_dir / CONFIG_FILENAME}", f"run_dir={run_dir}", *options,
-                  *sorted(args.flags)]
     environment = {**(gpu_environment(cfg) if on_gpu else cpu_environment(cfg)),
                    PREFLIGHT_DONE_ENV: "1"}
-    return launch_local_ranks(world, args.script, ranks_args, environment)
+    return launch_local_ranks(world, args.script, rank_arguments(run_dir, args), environment)
+
+
+def rank_arguments(run_dir: Path, args: Arguments) -> list[str]:
+    """A self-launched rank's command line: the run's saved config, its directory, and the
+    command's options and flags."""
+    options = [f"{key}={value}" for key, value in args.options.items() if value is not None]
+    return [f"config={run_dir / CONFIG_FILENAME}", f"run_dir={run_dir}", *options,
+            *sorted(args.flags)]
 
 
 def preflight(cfg: RunConfig, machine) -> None:

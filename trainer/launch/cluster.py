@@ -117,7 +117,10 @@ class LaunchPlan:
 
 def plan_launch(args: LaunchArgs) -> LaunchPlan:
     """Resolve and validate the recipe, then place its ranks on the cluster's nodes. Paths are
-    checked here; `checkpoint.resume` is left for the job to resolve when it (re)starts."""
+    checked here, on the placed config: the rules that depend on the layout (the built-in demo
+    corpus beyond one node) judge the nodes this launch uses, not the recipe's own, before
+    anything is rendered or submitted. `checkpoint.resume` is left for the job to resolve when
+    it (re)starts."""
     from recipes.config.path_rules import validate_paths
     from recipes.plan.cluster import apply_cluster, load_cluster, recipe_cluster
     from recipes.plan.fit import layout_warnings
@@ -125,7 +128,6 @@ def plan_launch(args: LaunchArgs) -> LaunchPlan:
     from trainer.throughput import RUN_RULES
 
     cfg = resolve_config(args.rest, check_paths=False, rules=RUN_RULES)
-    validate_paths(cfg, resume=False)
     if args.cluster is None:
         raise ConfigError("cluster= is missing; name a cluster file, e.g. "
                           "cluster=conf/cluster/h100_80gb_8x8.yaml")
@@ -141,6 +143,7 @@ def plan_launch(args: LaunchArgs) -> LaunchPlan:
         raise ConfigError(
             f"executor=local runs on this machine only, but {cfg.name} needs {nodes} nodes on "
             f"cluster={args.cluster}; use executor=slurm")
+    validate_paths(cfg, resume=False)
     for line in layout_warnings(cfg, recipe_cluster(cfg, network_of=cluster)):
         print(line, flush=True)  # TP or CP groups across this cluster's nodes
     placed = [f"cluster.nodes={nodes}", f"cluster.gpus_per_node={gpus}"]
