@@ -4,9 +4,10 @@ From the ground up: the protocol (errors, hooks, events, the batch formats) impo
 ours; each plugin imports only the protocol; the plugin registry composes the plugins; the
 model families' torch-free half (rules, parameter and FLOPs terms) stands on the protocol; the
 torch-free config machinery composes the registry and the families; the recipe catalogue
-builds configs; resolution sits above both; the planner above resolution; data preparation beside it; the
-training loop above all of that; HF interop, launch and the user tools above the loop; the entry
-pipeline and its command objects above everything; the scripts call only the entry contract.
+builds configs; resolution sits above both; the planner above resolution; data preparation
+beside it; the training loop above all of that; HF interop, launch and the user tools above the
+loop; the entry pipeline and its command objects above everything; the scripts call only the
+entry contract.
 Each rule is also shown to fail on a planted violation.
 """
 
