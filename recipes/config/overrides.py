@@ -55,6 +55,10 @@ _HABITUAL_SECTIONS = {
     "fp8": "plugins.fp8",
     "cpu_runtime": "plugins.cpu_runtime",
 }
+# Keys that were removed or moved: `key: "was <what happened>; <what to set instead>"`, one
+# entry each. An override or a saved config.yaml that still sets one gets that line, not
+# "unknown key".
+RETIRED_KEYS: dict[str, str] = {}
 _YAML_BOOL_WORDS = {"on", "off", "yes", "no", "y", "n"}  # YAML 1.1 booleans
 _LISTED_KEYS = 12  # an unknown key in a section this small lists the section's keys
 _DATA_PARALLEL_NAMES = ("dp", "data_parallel", "data_parallel_size", "parallel.data")
@@ -358,9 +362,29 @@ def empty_value_message(key: str, origin: str, current: Any) -> str:
     return message
 
 
+def retired_key_problem(key: str) -> str | None:
+    """`<key> was <what became of it>; <what to set instead>` for a retired key, else None."""
+    instead = RETIRED_KEYS.get(key)
+    return None if instead is None else f"{key} was {instead}"
+
+
+def check_retired_keys(node: DictConfig, origin: str) -> None:
+    """Refuse a config tree (a saved config.yaml) that still sets retired keys, every one in
+    the same line, before its merge would call the first an unknown key."""
+    absent = object()
+    found = [key for key in RETIRED_KEYS
+             if OmegaConf.select(node, key, default=absent,
+                                 throw_on_resolution_failure=False) is not absent]
+    if found:
+        raise ConfigError(f"{origin}: " + "; also ".join(
+            typing.cast(str, retired_key_problem(key)) for key in found))
+
+
 def check_override_key(key: str, value: str, node: DictConfig, origin: str) -> None:
-    """Refuse what OmegaConf would misread: unknown sections and keys, a value used as a
-    section, a section given a value, and an empty value (which OmegaConf reads as null)."""
+    """Refuse what OmegaConf would misread: retired, unknown sections and keys, a value used as
+    a section, a section given a value, and an empty value (which OmegaConf reads as null)."""
+    if retired := retired_key_problem(key):
+        raise ConfigError(f"{origin}: {retired}")
     if is_section(key):
         raise ConfigError(wrong_value_message(key, value, origin, None))
     parts = key.split(".")

@@ -197,3 +197,23 @@ def test_describe_type_of_schema_fields() -> None:
     assert describe_type(field_type("checkpoint.load")) == "a string or null"
     assert describe_type(field_type("data.tokenizer")) == "one of byte"
     assert field_type("model.nope") is None
+
+
+def test_a_moved_key_is_one_table_line_even_where_its_section_is_gone(monkeypatch,
+                                                                       tmp_path) -> None:
+    """The table is general: a key whose whole section went is named as moved, not as a
+    missing section; in a saved file too."""
+    from recipes.config.io import load_config
+    from recipes.config.overrides import RETIRED_KEYS
+
+    moved = {"plugins.gone.enabled": "moved to cluster.gpus_per_node; set that instead"}
+    monkeypatch.setattr("recipes.config.overrides.RETIRED_KEYS", {**RETIRED_KEYS, **moved})
+    with pytest.raises(ConfigError, match=r"^override 'plugins.gone.enabled=on': "
+                       r"plugins.gone.enabled was moved to cluster.gpus_per_node; set that "
+                       r"instead$"):
+        apply_overrides(get_recipe("tiny_dp1"), ["plugins.gone.enabled=on"])
+    saved = tmp_path / "config.yaml"
+    saved.write_text("name: old\nplugins:\n  gone:\n    enabled: null\n")
+    with pytest.raises(ConfigError, match=rf"^config file {saved}: plugins.gone.enabled was "
+                       r"moved to cluster.gpus_per_node; set that instead$"):
+        load_config(saved)
