@@ -52,7 +52,7 @@ def one_process(cfg: RunConfig) -> Iterator[RunConfig]:
     one = single_rank(cfg)
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() != 1:
         raise RuntimeError("conversion runs in one process (world size 1)")
-    build_plugins(one.plugins).setup_runtime(RuntimeContext())
+    build_plugins(one).setup_runtime(RuntimeContext())
     created = _start_group()
     initialize_parallel_state(one.layout)
     # Megatron forks the model-parallel RNG tracker while building or running a model: the

@@ -96,7 +96,7 @@ class TrainingSession:
 
 def start_runtime(cfg: RunConfig) -> tuple[PluginSet, RuntimeContext]:
     """Plugins' runtime setup, then the default process group and Megatron's parallel state."""
-    plugins = build_plugins(cfg.plugins)
+    plugins = build_plugins(cfg)
     runtime = plugins.setup_runtime(RuntimeContext())
     if runtime.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

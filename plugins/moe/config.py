@@ -8,6 +8,7 @@ it, and it does not count tokens per expert at all), and the trainer stays free 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from plugins.protocol.hooks import Plugin, PluginConfig
 
@@ -20,9 +21,10 @@ class MoeConfig(PluginConfig):
     enabled: bool = False  # report the router figures each step (the MoE recipes turn it on)
     per_expert: bool = True  # also each expert's token count (one figure per expert)
 
+    def active(self, cfg: Any) -> bool:
+        return self.enabled
+
     def build(self) -> Plugin | None:
-        if not self.enabled:
-            return None
         from plugins.moe.plugin import MoePlugin
 
         return MoePlugin(self)

@@ -57,8 +57,13 @@ _HABITUAL_SECTIONS = {
 }
 # Keys that were removed or moved: `key: "was <what happened>; <what to set instead>"`, one
 # entry each. An override or a saved config.yaml that still sets one gets that line, not
-# "unknown key".
-RETIRED_KEYS: dict[str, str] = {}
+# "unknown key". A switch the config already implies is removed, not kept in step by hand.
+RETIRED_KEYS = {
+    "plugins.packing.enabled": (
+        "removed: packing follows data.documents (on for data.documents=packed or "
+        "inter_document on a blend); delete the key, and set data.documents=packed to train on "
+        "packed rows"),
+}
 _YAML_BOOL_WORDS = {"on", "off", "yes", "no", "y", "n"}  # YAML 1.1 booleans
 _LISTED_KEYS = 12  # an unknown key in a section this small lists the section's keys
 _DATA_PARALLEL_NAMES = ("dp", "data_parallel", "data_parallel_size", "parallel.data")
@@ -200,9 +205,11 @@ def unknown_key_message(key: str, origin: str) -> str:
     missing = missing_section(key)
     if missing is not None:
         return missing_section_message(key, missing, origin)
-    near = closest_keys(key)
     section = key.rpartition(".")[0]
     children = list(_field_types(field_type(section))) if section and is_section(section) else []
+    if section and is_section(section) and not children:
+        return f"{origin}: unknown config key '{key}'; section {section} has no settings"
+    near = closest_keys(key)
     if not near and 0 < len(children) <= _LISTED_KEYS:
         return f"{origin}: unknown config key '{key}'; section {section} has {', '.join(children)}"
     sections = nearest_sections(key) if "." not in key else []
@@ -220,7 +227,9 @@ def wrong_value_message(key: str, given: str, origin: str, current: Any) -> str:
     """One line for a value of the wrong type: key, expected type, given and current value."""
     tp = field_type(key)
     if tp is not None and dataclasses.is_dataclass(tp):
-        example = next(k for k in config_keys() if k.startswith(key + "."))
+        example = next((k for k in config_keys() if k.startswith(key + ".")), None)
+        if example is None:  # e.g. plugins.packing: it follows other fields
+            return f"{origin}: '{key}' is a section with no settings; remove the override"
         return (
             f"{origin}: '{key}' is a section, not a value; set one of its fields, "
             f"e.g. {example}=..."

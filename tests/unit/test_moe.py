@@ -27,7 +27,7 @@ from plugins.moe.plugin import (
     wrap_routers,
 )
 from plugins.protocol.events import StepMetrics
-from plugins.registry import PluginsConfig, build_plugins
+from plugins.registry import build_plugins
 from recipes.registry import RECIPES, get_recipe
 from trainer.metrics import RunReporter
 
@@ -129,12 +129,11 @@ def test_plugin_figures_reach_the_metrics_record_and_the_log_line(tmp_path, monk
 
 
 def test_the_plugin_is_off_by_default_and_on_in_every_moe_recipe():
-    assert "moe" not in [plugin.name for plugin in build_plugins(PluginsConfig())]
-    on = build_plugins(PluginsConfig(moe=MoeConfig(enabled=True)))
-    assert [plugin.name for plugin in on if isinstance(plugin, MoePlugin)] == ["moe"]
     for name in RECIPES:
         cfg = get_recipe(name)
         assert cfg.plugins.moe.enabled == (cfg.model.num_moe_experts is not None), name
+        built = [plugin.name for plugin in build_plugins(cfg) if isinstance(plugin, MoePlugin)]
+        assert built == (["moe"] if cfg.plugins.moe.enabled else []), name
 
 
 def test_tiny_moe_layouts_train_the_same_model_on_the_same_batch():

@@ -74,7 +74,7 @@ def test_no_overrides_gives_an_equal_config() -> None:
          "cluster.gpus_per_node / (TP x PP x CP)"),
         ("zzz.qqq=1", "there is no section 'zzz'; the sections are model, parallel, cluster, "
          "train, optimizer, scheduler, precision, data, checkpoint, logging, "
-         "plugins.cpu_runtime, plugins.fp8, plugins.packing"),
+         "plugins.cpu_runtime, plugins.fp8, plugins.context_parallel, plugins.moe"),
         ("plugins.fp9.format=hybrid", "there is no section 'plugins.fp9' (nearest: plugins.fp8"),
         ("fp8.format=hybrid", "there is no section 'fp8' (nearest: plugins.fp8); did you mean "
          "plugins.fp8.format?"),
@@ -197,6 +197,17 @@ def test_describe_type_of_schema_fields() -> None:
     assert describe_type(field_type("checkpoint.load")) == "a string or null"
     assert describe_type(field_type("data.tokenizer")) == "one of byte"
     assert field_type("model.nope") is None
+
+
+def test_every_retired_key_is_gone_from_the_schema_and_refused_in_one_line() -> None:
+    from recipes.config.overrides import RETIRED_KEYS
+
+    assert "plugins.packing.enabled" in RETIRED_KEYS
+    for key, instead in RETIRED_KEYS.items():
+        assert key not in config_keys(), key  # a live key must not be refused
+        with pytest.raises(ConfigError) as caught:
+            apply_overrides(get_recipe("tiny_dp1"), [f"{key}=true"])
+        assert str(caught.value) == f"override '{key}=true': {key} was {instead}"
 
 
 def test_a_moved_key_is_one_table_line_even_where_its_section_is_gone(monkeypatch,

@@ -41,7 +41,7 @@ MODEL = [
 ]
 LOCAL = ["model.transformer_impl=local"]
 CONCATENATED = ["train.micro_batch_size=4"]
-PACKED = ["data.documents=packed", "plugins.packing.enabled=true", "train.micro_batch_size=1"]
+PACKED = ["data.documents=packed", "train.micro_batch_size=1"]
 FP8_CURRENT = ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise"]
 TP2_SP = ["parallel.tensor=2", "parallel.sequence_parallel=true", "cluster.gpus_per_node=2"]
 SMOKE = {

@@ -237,7 +237,7 @@ def _cpu_layer_spec(cfg: RunConfig):
 
     from plugins.registry import build_plugins
 
-    plugins = build_plugins(cfg.plugins)
+    plugins = build_plugins(cfg)
     plugins.setup_runtime(_runtime())
 
     def spec(model_config, vp_stage=None):
