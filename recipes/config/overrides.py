@@ -63,6 +63,10 @@ RETIRED_KEYS = {
         "removed: packing follows data.documents (on for data.documents=packed or "
         "inter_document on a blend); delete the key, and set data.documents=packed to train on "
         "packed rows"),
+    "plugins.moe.enabled": (
+        "removed: the router figures follow model.num_moe_experts (on for every model with "
+        "experts); delete the key (plugins.moe.per_expert=false leaves out the per-expert "
+        "figures)"),
 }
 _YAML_BOOL_WORDS = {"on", "off", "yes", "no", "y", "n"}  # YAML 1.1 booleans
 _LISTED_KEYS = 12  # an unknown key in a section this small lists the section's keys

@@ -222,7 +222,9 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["plugins.packing=true"], "'plugins.packing' is a section with no settings"),
     (["recipe=tiny_dp1", "data.source=blend", "data.blend=x.yaml", "data.documents=packed"],
      "data.documents=packed makes packed rows, which need train.micro_batch_size=1"),
-    # plugins.moe
+    # plugins.moe: on exactly for a model with experts; its switch is gone
+    (["plugins.moe.enabled=true"], "plugins.moe.enabled was removed: the router figures follow "
+     "model.num_moe_experts (on for every model with experts); delete the key"),
     (["plugins.moe.per_expert=maybe"], "plugins.moe.per_expert expects true or false"),
     # plugins.context_parallel
     (["recipe=tiny_cp2", "plugins.context_parallel.comm_type=ring"],

@@ -108,18 +108,22 @@ def test_yaml_text_matches_saved_body(tmp_path) -> None:
     assert path.read_text().endswith(config_to_yaml(cfg))
 
 
-def test_an_old_saved_config_with_the_packing_switch_is_one_line_naming_it(tmp_path) -> None:
-    """Saved configs hold every field, so one written before packing followed data.documents
-    still says `enabled:` under packing: refused, named, with the fix."""
+def test_an_old_saved_config_with_removed_switches_is_one_line_naming_each(tmp_path) -> None:
+    """Saved configs hold every field, so one written before packing and the router figures
+    followed the config still says `enabled:` under both: refused, both named, with the fix."""
     path = save_config(get_recipe("tiny_dp1"), tmp_path / "config.yaml")
     text = path.read_text()
-    assert "  packing: {}\n" in text
-    path.write_text(text.replace("  packing: {}\n", "  packing:\n    enabled: false\n"))
+    assert "  packing: {}\n" in text and "  moe:\n    per_expert: true\n" in text
+    path.write_text(text.replace("  packing: {}\n", "  packing:\n    enabled: false\n")
+                    .replace("  moe:\n", "  moe:\n    enabled: true\n"))
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert str(caught.value) == (
         f"config file {path}: plugins.packing.enabled was removed: packing follows "
         "data.documents (on for data.documents=packed or inter_document on a blend); delete the "
-        "key, and set data.documents=packed to train on packed rows")
+        "key, and set data.documents=packed to train on packed rows; also plugins.moe.enabled "
+        "was removed: the router figures follow model.num_moe_experts (on for every model with "
+        "experts); delete the key (plugins.moe.per_expert=false leaves out the per-expert "
+        "figures)")
     path.write_text(text)  # as saved now: it loads
     assert load_config(path) == get_recipe("tiny_dp1")

@@ -202,7 +202,7 @@ def test_describe_type_of_schema_fields() -> None:
 def test_every_retired_key_is_gone_from_the_schema_and_refused_in_one_line() -> None:
     from recipes.config.overrides import RETIRED_KEYS
 
-    assert "plugins.packing.enabled" in RETIRED_KEYS
+    assert set(RETIRED_KEYS) >= {"plugins.packing.enabled", "plugins.moe.enabled"}
     for key, instead in RETIRED_KEYS.items():
         assert key not in config_keys(), key  # a live key must not be refused
         with pytest.raises(ConfigError) as caught:
