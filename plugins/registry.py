@@ -1,14 +1,16 @@
 """The one explicit list of plugins: the fields of `PluginsConfig`, in the order hooks run.
 
 Adding a plugin is one field here; its config class (torch-free, beside its code) brings its
-rules and builds the plugin. The schema composes `PluginsConfig` into the run config; the
-trainer gets a `PluginSet` from `build_plugins` and never names a plugin.
+rules, says from the run config whether it is on, and builds the plugin. The schema composes
+`PluginsConfig` into the run config; the trainer gets a `PluginSet` from `build_plugins(cfg)`
+and never names a plugin.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from plugins.context_parallel.config import ContextParallelConfig
 from plugins.fp8.config import Fp8Config
@@ -54,11 +56,12 @@ class PluginsConfig:
                 for key, value in config.process_group_options(cfg).items()}
 
 
-def build_plugins(plugins: PluginsConfig) -> PluginSet:
-    """The plugins this config turns on, each named by its field."""
+def build_plugins(cfg: Any) -> PluginSet:
+    """The plugins the run config `cfg` turns on, each named by its field (the whole run config,
+    not its `plugins` section: some plugins follow fields elsewhere, e.g. `data.documents`)."""
     built = PluginSet()
-    for name, config in plugins.configs():
-        plugin = config.build()
+    for name, config in cfg.plugins.configs():
+        plugin = config.build() if config.active(cfg) else None
         if plugin is not None:
             plugin.name = name
             built.plugins.append(plugin)

@@ -57,7 +57,6 @@ def hf_tiny_mixtral_model() -> ModelConfig:
 def hf_tiny_mixtral() -> RunConfig:
     """Tiny Mixtral-shaped MoE (4 experts, top-2, tied embeddings) on one rank."""
     cfg = _on(hf_tiny_mixtral_model(), ranks=1)
-    cfg.plugins.moe.enabled = True
     return cfg
 
 
@@ -76,7 +75,6 @@ def hf_tiny_nemotron_h_model() -> ModelConfig:
 def hf_tiny_nemotron_h() -> RunConfig:
     """Tiny NemotronH-shaped hybrid (Mamba2, attention, MLP, Nemotron 3 MoE) on one rank."""
     cfg = _on(hf_tiny_nemotron_h_model(), ranks=1)
-    cfg.plugins.moe.enabled = True
     return cfg
 
 

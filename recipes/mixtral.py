@@ -32,7 +32,6 @@ def mixtral_8x7b_tp1_pp4_ep8_dp16() -> RunConfig:
     cfg = large_run_base(mixtral_8x7b_model(), lr=1e-4)
     cfg.parallel = ParallelConfig(pipeline=4, expert=8)
     cfg.train.global_batch_size = 256  # 16 micro-batches per DP rank
-    cfg.plugins.moe.enabled = True  # load-balancing loss, tokens per expert, imbalance
     return cfg
 
 
@@ -48,7 +47,6 @@ def mixtral_tiny_base(ranks: int = 1) -> RunConfig:
     m.moe_router_topk = 2
     m.moe_token_dispatcher = "alltoall"
     m.moe_aux_loss_coeff = 0.01
-    cfg.plugins.moe.enabled = True  # load-balancing loss, tokens per expert, imbalance
     return cfg
 
 

@@ -176,7 +176,6 @@ def nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16() -> RunConfig:
     cfg.train.train_iters = 39_735
     cfg.optimizer.min_lr = 1.6e-5
     cfg.scheduler.warmup_iters = 333
-    cfg.plugins.moe.enabled = True  # balance figures every step
     return cfg
 
 
@@ -217,7 +216,6 @@ def hybrid_tiny_base(ranks: int = 1, pattern: str = TINY_HYBRID_PATTERN) -> RunC
                              vocab_size=256, mamba_num_heads=8, mamba_head_dim=16,
                              mamba_num_groups=2, mamba_state_dim=16, mamba_chunk_size=32)
     cfg.model = nemotron3_moe(model, experts=4, topk=2, width=64, shared=64, scaling=1.0)
-    cfg.plugins.moe.enabled = True
     return cfg
 
 

@@ -98,7 +98,7 @@ class TrainingSession:
 def start_runtime(cfg: RunConfig) -> tuple[PluginSet, RuntimeContext]:
     """Where this rank computes (the CPU runtime on CPU ranks), told to the plugins; then the
     default process group and Megatron's parallel state."""
-    plugins = build_plugins(cfg.plugins)
+    plugins = build_plugins(cfg)
     runtime = plugins.setup_runtime(runtime_for(cfg.cluster))
     if runtime.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

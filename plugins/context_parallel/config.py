@@ -1,6 +1,7 @@
 """Config of the context-parallel plugin (torch-free): how CP ranks exchange keys and values.
 
-The CP size itself is a layout degree (`parallel.context`, owned by `recipes/config/layout.py`);
+The CP size itself is a layout degree (`parallel.context`, owned by `recipes/config/layout.py`),
+and the plugin is on exactly when it is above 1 (no switch of its own to keep in step with it);
 this plugin owns what CP needs beyond the degree: the batch split per CP rank (Megatron Core's
 load-balanced chunks) and Transformer Engine's communication scheme (`cp_comm_type`,
 `core/transformer/transformer_config.py`, passed to TE's attention by
@@ -77,8 +78,10 @@ class ContextParallelConfig(PluginConfig):
             return {}
         return {"hierarchical_context_parallel_sizes": list(self.hierarchical_sizes or [])}
 
+    def active(self, cfg: Any) -> bool:
+        return cfg.parallel.context > 1
+
     def build(self) -> Plugin | None:
-        # Always built: it does nothing unless the model's CP size is above 1.
         from plugins.context_parallel.plugin import ContextParallelPlugin
 
         return ContextParallelPlugin(self)

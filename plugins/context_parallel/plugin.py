@@ -43,7 +43,7 @@ class ContextParallelPlugin(Plugin):
         self.config = config
 
     def transformer_config(self, config: Any) -> Any:
-        if config.context_parallel_size == 1:
+        if config.context_parallel_size == 1:  # a meta-device model is built with CP 1
             return config
         if self.config.comm_type == "a2a+p2p":
             _require_hierarchical_groups()

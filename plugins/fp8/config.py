@@ -108,9 +108,10 @@ class Fp8Config(PluginConfig):
             "num_layers_at_end_in_bf16": self.last_layers_bf16 if bf16_ends else 1,
         }
 
+    def active(self, cfg: Any) -> bool:
+        return self.format is not None
+
     def build(self) -> Plugin | None:
-        if self.format is None:
-            return None
         from plugins.fp8.plugin import Fp8Plugin
 
         return Fp8Plugin(self.transformer_fields())

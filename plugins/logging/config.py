@@ -26,9 +26,10 @@ class LoggingConfig(PluginConfig):
     wandb_project: str = "mcore-recipes"  # W&B project of online runs
     loss_curve: bool = True  # <run dir>/loss_curve.png at the end: train and held-out loss, lr
 
+    def active(self, cfg: Any) -> bool:
+        return self.tensorboard or self.wandb != "off" or self.loss_curve
+
     def build(self) -> Plugin | None:
-        if not (self.tensorboard or self.wandb != "off" or self.loss_curve):
-            return None
         from plugins.logging.plugin import LoggingPlugin
 
         return LoggingPlugin(self)

@@ -1,13 +1,22 @@
-"""Config of the MoE plugin (torch-free): whether router figures are reported, and which.
+"""Config of the MoE plugin (torch-free): which router figures an MoE model reports.
 
 A plugin rather than trainer code: only MoE models have routers, the figures need hooks into
 Megatron Core's router (its metrics tracker records the load-balancing loss but nothing reports
 it, and it does not count tokens per expert at all), and the trainer stays free of MoE names.
+
+It is on exactly when the model has experts (`model.num_moe_experts`), with no switch: these
+figures are the only sign of a collapsing router (a few experts taking the tokens), which
+otherwise trains on silently, and Megatron-LM reports the load-balancing loss of every run with
+experts too (`training/training.py:2759`, `if args.num_experts is not None`). Their cost is a
+few small all-reduces per step (a layers x experts count, Megatron's reduction of its tracked
+losses), beside the expert token exchange of every micro-batch. `per_expert` stays a choice:
+it adds one figure per expert.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from plugins.protocol.hooks import Plugin, PluginConfig
 
@@ -15,14 +24,15 @@ from plugins.protocol.hooks import Plugin, PluginConfig
 @dataclass(kw_only=True)
 class MoeConfig(PluginConfig):
     """Router figures of an MoE model after every step: load-balancing loss, tokens per expert
-    and their imbalance (max / mean). A dense model has no routers: nothing is reported."""
+    and their imbalance (max / mean). On for every model with experts; a dense model has no
+    routers, and the plugin is not built."""
 
-    enabled: bool = False  # report the router figures each step (the MoE recipes turn it on)
     per_expert: bool = True  # also each expert's token count (one figure per expert)
 
+    def active(self, cfg: Any) -> bool:
+        return bool(cfg.model.num_moe_experts)
+
     def build(self) -> Plugin | None:
-        if not self.enabled:
-            return None
         from plugins.moe.plugin import MoePlugin
 
         return MoePlugin(self)

@@ -1,7 +1,9 @@
-"""Config of the packing plugin (torch-free): whether micro-batches are packed rows, and its rules.
+"""Config of the packing plugin (torch-free): when micro-batches are packed rows, and its rules.
 
 Packing is a plugin, not a data field alone: besides a data source that packs, it changes what
-reaches the model (`packed_seq_params`, no dense mask) and brings layout rules of its own.
+reaches the model (`packed_seq_params`, no dense mask) and brings layout rules of its own. It has
+no switch of its own: it is on exactly when `data.documents` makes packed batches, so the data
+and the model cannot be set out of step.
 """
 
 from __future__ import annotations
@@ -12,16 +14,13 @@ from typing import Any
 from plugins.protocol.hooks import Plugin, PluginConfig, Rule
 
 
-def check_packed_documents_need_packing(cfg: Any) -> str | None:
-    """Document modes other than concatenation make packed batches from prepared data (the core
-    rule asks for the blend); without this plugin the model would get no cu_seqlens and attend
-    across documents."""
-    documents = cfg.data.documents
-    packed_data = documents != "concatenate" and cfg.data.source == "blend"
-    if packed_data and not cfg.plugins.packing.enabled:
-        return (f"data.documents={documents} makes packed batches, which need the packing "
-                "plugin; set plugins.packing.enabled=true (and train.micro_batch_size=1)")
-    return None
+def makes_packed_batches(cfg: Any) -> bool:
+    """Whether this run's micro-batches are packed rows: prepared data (a blend) whose documents
+    are kept apart, `data.documents=packed` (exact packs) or `inter_document` (Megatron's rows
+    with per-document `cu_seqlens`). The data source (`trainer/data.py`) reads the same two
+    fields, so data and model cannot disagree; other sources with those modes are refused by
+    the core data rule."""
+    return cfg.data.source == "blend" and cfg.data.documents != "concatenate"
 
 
 def check_packing_micro_batch(cfg: Any) -> str | None:
@@ -29,11 +28,12 @@ def check_packing_micro_batch(cfg: Any) -> str | None:
     the attention squeezes its batch dim (`transformer/attention.py:1468-1471`), so rows of a
     larger micro-batch would need their boundaries merged first; pack more documents per row."""
     mbs = cfg.train.micro_batch_size
-    if cfg.plugins.packing.enabled and mbs != 1:
+    if makes_packed_batches(cfg) and mbs != 1:
         return (
-            f"plugins.packing.enabled=true needs train.micro_batch_size=1 (one packed row per "
-            f"micro-batch: THD attention flattens the batch into one stream), got {mbs}; set "
-            "train.micro_batch_size=1 and pack more documents into each row"
+            f"data.documents={cfg.data.documents} makes packed rows, which need "
+            f"train.micro_batch_size=1 (one packed row per micro-batch: THD attention flattens "
+            f"the batch into one stream), got {mbs}; set train.micro_batch_size=1 and pack more "
+            "documents into each row"
         )
     return None
 
@@ -56,17 +56,16 @@ def check_packing_context_parallel(cfg: Any) -> str | None:
 
 @dataclass(kw_only=True)
 class PackingConfig(PluginConfig):
-    """Packed micro-batches (several documents per row) with per-document attention."""
-
-    enabled: bool = False  # micro-batches carry cu_seqlens/max_seqlen; attention stays in-document
+    """Packed micro-batches (several documents per row) with per-document attention; on exactly
+    when `data.documents` makes packed batches (no settings of its own)."""
 
     def rules(self) -> tuple[Rule, ...]:
-        return (check_packed_documents_need_packing, check_packing_micro_batch,
-                check_packing_context_parallel)
+        return (check_packing_micro_batch, check_packing_context_parallel)
+
+    def active(self, cfg: Any) -> bool:
+        return makes_packed_batches(cfg)
 
     def build(self) -> Plugin | None:
-        if not self.enabled:
-            return None
         from plugins.packing.plugin import PackingPlugin
 
         return PackingPlugin()

@@ -24,15 +24,15 @@ def _check_packed(batch: dict[str, Any]) -> None:
     missing = [key for key in ("cu_seqlens", "max_seqlen", "total_tokens") if key not in batch]
     if missing:
         raise UserError(
-            f"plugins.packing.enabled=true but the micro-batch has no {'/'.join(missing)}: the "
-            "data source does not pack documents; use a packing data source or set "
-            "plugins.packing.enabled=false"
+            f"packed rows (data.documents=packed or inter_document) need {'/'.join(missing)} in "
+            "every micro-batch, this one has none: its data source does not pack documents; "
+            "train on a blend with data.documents=packed, or set data.documents=concatenate"
         )
     rows = batch["tokens"].shape[0]
     if rows != 1:
         raise UserError(
-            f"plugins.packing.enabled=true needs one packed row per micro-batch, got {rows}; "
-            "set train.micro_batch_size=1"
+            f"packed rows (data.documents=packed or inter_document) need one row per "
+            f"micro-batch, got {rows}; set train.micro_batch_size=1"
         )
 
 

@@ -50,9 +50,10 @@ class ProfilerConfig(PluginConfig):
         return ProfileWindow(self.start_step, self.start_step + self.steps - 1,
                              "plugins.profiler.start_step")
 
+    def active(self, cfg: Any) -> bool:
+        return self.enabled
+
     def build(self) -> Plugin | None:
-        if not self.enabled:
-            return None
         from plugins.profiler.plugin import ProfilerPlugin
 
         return ProfilerPlugin(self)

@@ -3,8 +3,11 @@
 Both sides import this module and it imports neither: the trainer calls hooks on a `PluginSet`
 without knowing any plugin by name, and a plugin implements the hooks it needs by overriding
 `Plugin` methods. Each plugin's torch-free config dataclass derives from `PluginConfig`: it
-carries the plugin's validation rules and builds the plugin when it is on. The one explicit
-list of plugins is `plugins/registry.py`.
+carries the plugin's validation rules, says from the whole run config whether the plugin is on
+(`active`), and builds it. A plugin that the run config already implies (packing follows
+`data.documents`, context parallel `parallel.context`) decides from those fields, so no second
+switch has to be kept in step with them. The one explicit list of plugins is
+`plugins/registry.py`.
 
 Hook points, in the order a run meets them (the typed events are in `events.py`; Megatron Core
 or torch objects are typed `Any` and named here, so the contract stays torch-free):
@@ -95,8 +98,17 @@ class PluginConfig:
         """This plugin's validation rules (pure functions of the whole run config)."""
         return ()
 
+    def active(self, cfg: Any) -> bool:
+        """Whether the plugin is on in the run config `cfg`: from its own switch where using it
+        is a real choice (fp8's format, the profiler), from the fields the user already sets
+        where the run implies it (packing from `data.documents`). A check elsewhere that
+        needs to know asks this (the Mamba CP machine check asks packing). Pure and
+        torch-free; the default (on) leaves the decision to `build`."""
+        return True
+
     def build(self) -> Plugin | None:
-        """The plugin, or None when this config leaves it off. Imports torch lazily."""
+        """The plugin, asked only when `active` (None: it has nothing to add after all).
+        Imports torch lazily."""
         return None
 
     def gpu_checks(self) -> dict[str, list[str]]:

@@ -9,7 +9,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.overrides import merge_checked, to_run_config
+from recipes.config.overrides import carry_retired_keys, merge_checked, to_run_config
 from recipes.config.schema import RunConfig
 
 CONFIG_FILENAME = "config.yaml"  # name of the resolved config inside a run directory
@@ -54,7 +54,9 @@ def load_config(path: str | Path) -> RunConfig:
     """Read a YAML file written by `save_config` back into a `RunConfig`.
 
     Keys missing from the file take the schema defaults; unknown keys and wrong types are
-    one-line `ConfigError`s naming the file.
+    one-line `ConfigError`s naming the file. Keys an older version saved that were removed or
+    moved since (`RETIRED_KEYS`) are carried over: a moved key's value goes to its new place, a
+    switch the config now implies is dropped.
     """
     if not str(path).strip():
         raise ConfigError(
@@ -82,5 +84,6 @@ def load_config(path: str | Path) -> RunConfig:
             f"{origin} is empty; pass a saved config with its sections (model:, train:, ...), "
             f"e.g. config=runs/<run>/{CONFIG_FILENAME}"
         )
+    loaded = carry_retired_keys(loaded)
     base = typing.cast(DictConfig, OmegaConf.structured(RunConfig))
     return to_run_config(merge_checked(base, loaded, origin), origin)

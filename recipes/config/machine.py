@@ -210,17 +210,17 @@ def check_mamba_packed_context_parallel(cfg: RunConfig, machine: MachineInfo) ->
     `thd_get_partitioned_indices` and asserts TE >= 1.10 (`ssm/mamba_context_parallel.py:
     377-380`): refused before launch where the ranks run without TE (CPU ranks, local layers)."""
     has_mamba = "M" in (cfg.model.hybrid_layer_pattern or "")
-    if not (has_mamba and cfg.parallel.context > 1 and cfg.plugins.packing.enabled):
+    if not (has_mamba and cfg.parallel.context > 1 and cfg.plugins.packing.active(cfg)):
         return
     on_cpu = ranks_on_cpu(cfg.cluster, machine.gpus)
     if not on_cpu and machine.transformer_engine is not None and (
             uses_transformer_engine(cfg.model.transformer_impl, on_gpu=True)):
         return
     raise ConfigError(
-        f"plugins.packing.enabled=true with parallel.context={cfg.parallel.context} and Mamba "
-        "layers needs Transformer Engine on GPU ranks (Megatron's Mamba CP splits packed rows "
-        "with it); set parallel.context=1, or plugins.packing.enabled=false, or run on GPUs "
-        "with the gpu extra")
+        f"data.documents={cfg.data.documents} (packed rows) with parallel.context="
+        f"{cfg.parallel.context} and Mamba layers needs Transformer Engine on GPU ranks "
+        "(Megatron's Mamba CP splits packed rows with it); set parallel.context=1, or "
+        "data.documents=concatenate, or run on GPUs with the gpu extra")
 
 
 def check_mamba_kernels(cfg: RunConfig, machine: MachineInfo) -> None:

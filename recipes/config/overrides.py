@@ -13,7 +13,8 @@ import dataclasses
 import difflib
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -53,6 +54,37 @@ _HABITUAL_SECTIONS = {
     "trainer": "train",
     "log": "logging",
     "cpu_runtime": "cluster",
+}
+@dataclass(frozen=True)
+class Retired:
+    """A key that was removed or moved: what became of it and what to set instead (`<key> was
+    <instead>`, the one line an override that still sets it gets), and what a config.yaml an
+    earlier version saved carries over (its value -> the keys that now hold it; {} for a switch
+    the config now implies)."""
+
+    instead: str
+    carries: Callable[[Any], dict[str, Any]] = lambda value: {}
+
+
+_CPU_DEVICES = {"on": "cpu", True: "cpu", "off": "gpu", False: "gpu"}
+# One entry per retired key. A switch the config already implies is removed, not kept in step by
+# hand; a key that moved keeps its value in a saved config.
+RETIRED_KEYS = {
+    "plugins.packing.enabled": Retired(
+        "removed: packing follows data.documents (on for data.documents=packed or "
+        "inter_document on a blend); delete the key, and set data.documents=packed to train on "
+        "packed rows"),
+    "plugins.moe.enabled": Retired(
+        "removed: the router figures follow model.num_moe_experts (on for every model with "
+        "experts); delete the key (plugins.moe.per_expert=false leaves out the per-expert "
+        "figures)"),
+    "plugins.cpu_runtime.enabled": Retired(
+        "moved: where ranks compute is cluster.device (auto, gpu or cpu; on was cpu, off was "
+        "gpu); set cluster.device instead",
+        lambda value: {"cluster.device": _CPU_DEVICES.get(value, "auto")}),
+    "plugins.cpu_runtime.threads_per_rank": Retired(
+        "moved to cluster.threads_per_rank; set that instead",
+        lambda value: {"cluster.threads_per_rank": value}),
 }
 _LISTED_KEYS = 12  # an unknown key in a section this small lists the section's keys
 _DATA_PARALLEL_NAMES = ("dp", "data_parallel", "data_parallel_size", "parallel.data")
@@ -195,9 +227,11 @@ def unknown_key_message(key: str, origin: str) -> str:
     missing = missing_section(key)
     if missing is not None:
         return missing_section_message(key, missing, origin)
-    near = closest_keys(key)
     section = key.rpartition(".")[0]
     children = list(_field_types(field_type(section))) if section and is_section(section) else []
+    if section and is_section(section) and not children:
+        return f"{origin}: unknown config key '{key}'; section {section} has no settings"
+    near = closest_keys(key)
     if not near and 0 < len(children) <= _LISTED_KEYS:
         return f"{origin}: unknown config key '{key}'; section {section} has {', '.join(children)}"
     sections = nearest_sections(key) if "." not in key else []
@@ -215,7 +249,9 @@ def wrong_value_message(key: str, given: str, origin: str, current: Any) -> str:
     """One line for a value of the wrong type: key, expected type, given and current value."""
     tp = field_type(key)
     if tp is not None and dataclasses.is_dataclass(tp):
-        example = next(k for k in config_keys() if k.startswith(key + "."))
+        example = next((k for k in config_keys() if k.startswith(key + ".")), None)
+        if example is None:  # e.g. plugins.packing: it follows other fields
+            return f"{origin}: '{key}' is a section with no settings; remove the override"
         return (
             f"{origin}: '{key}' is a section, not a value; set one of its fields, "
             f"e.g. {example}=..."
@@ -340,9 +376,37 @@ def empty_value_message(key: str, origin: str, current: Any) -> str:
     return message
 
 
+def retired_key_problem(key: str) -> str | None:
+    """`<key> was <what became of it>; <what to set instead>` for a retired key, else None."""
+    retired = RETIRED_KEYS.get(key)
+    return None if retired is None else f"{key} was {retired.instead}"
+
+
+def carry_retired_keys(node: DictConfig) -> DictConfig:
+    """A config tree an earlier version saved, with each retired key it still holds replaced by
+    what now holds its value (`Retired.carries`), and a section left empty by that removed: a
+    run's own config.yaml keeps working after a key moves."""
+    absent = object()
+    carried = []
+    for key, retired in RETIRED_KEYS.items():
+        value = OmegaConf.select(node, key, default=absent, throw_on_resolution_failure=False)
+        if value is absent:
+            continue
+        parent, _, leaf = key.rpartition(".")
+        section = OmegaConf.select(node, parent)
+        section.pop(leaf)
+        if parent.startswith("plugins.") and not section:
+            node.plugins.pop(parent.split(".")[1])
+        carried += [f"{new}={_yaml_scalar(new_value)}"
+                    for new, new_value in retired.carries(value).items()]
+    return OmegaConf.merge(node, OmegaConf.from_dotlist(carried)) if carried else node
+
+
 def check_override_key(key: str, value: str, node: DictConfig, origin: str) -> None:
-    """Refuse what OmegaConf would misread: unknown sections and keys, a value used as a
-    section, a section given a value, and an empty value (which OmegaConf reads as null)."""
+    """Refuse what OmegaConf would misread: retired, unknown sections and keys, a value used as
+    a section, a section given a value, and an empty value (which OmegaConf reads as null)."""
+    if retired := retired_key_problem(key):
+        raise ConfigError(f"{origin}: {retired}")
     if is_section(key):
         raise ConfigError(wrong_value_message(key, value, origin, None))
     parts = key.split(".")

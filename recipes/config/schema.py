@@ -264,7 +264,8 @@ class DataConfig:
     source: Literal["python_stdlib", "synthetic", "blend"] = "python_stdlib"  # what to train on
     blend: str | None = None  # source=blend: conf/data/<name>.yaml (prepared datasets, weights)
     # How documents share a sample (blend only): concatenate and cut (Megatron's default),
-    # the same with attention kept inside documents, or exact packs (needs plugins.packing).
+    # the same with attention kept inside documents, or exact packs (packed and inter_document
+    # turn the packing plugin on).
     documents: Literal["concatenate", "inter_document", "packed"] = "concatenate"
     tokenizer: Literal["byte"] = "byte"  # in-memory sources: byte-level, no download, vocab 256
     max_corpus_bytes: int = 4_000_000  # cap on text read from the corpus

@@ -1,9 +1,12 @@
 """Per-rank functions for the packed-sequence equality test (run through `launch_ranks`).
 
-Each builds a real session through the trainer (a recipe plus overrides, the packing plugin on)
-and runs forward and backward through `trainer.step.run_schedule`, so the real hooks run: the
-packing plugin's `forward_kwargs` on every pipeline stage, the CPU runtime's attention swap,
-Megatron's schedules and `finalize_model_grads` (which divides by the loss tokens of the batch).
+Each builds a real session through the trainer (a recipe plus overrides) and runs forward and
+backward through `trainer.step.run_schedule`, so the real hooks run: the packing plugin's
+`forward_kwargs` on every pipeline stage, the CPU runtime's attention swap, Megatron's schedules
+and `finalize_model_grads` (which divides by the loss tokens of the batch). The packed rows are
+built here, not read from a blend, so the session's data does not turn packing on: the packing
+plugin is added to the session's own plugins (`_packed`), as a blend with
+`data.documents=packed` adds it (tests/unit/test_packed_batch.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ PACKED_OVERRIDES = [
     "model.num_layers=3",
     f"model.seq_length={SEQ}",
     "train.micro_batch_size=1",
-    "plugins.packing.enabled=true",
 ]
 
 
@@ -91,11 +93,17 @@ def _max_difference(grads: dict, reference: dict) -> float:
     return max(float((grads[name] - reference[name]).abs().max()) for name in reference)
 
 
-def _plain(plugins):
-    """The session's plugins without packing: batches go through Megatron's causal path."""
+def _packed(session):
+    """The session's plugins with the packing plugin, named and set up as the registry builds
+    it for packed data (its place among them does not matter: no other plugin here changes
+    forward kwargs)."""
+    from plugins.packing.plugin import PackingPlugin
     from plugins.protocol.hooks import PluginSet
 
-    return PluginSet([plugin for plugin in plugins if plugin.name != "packing"])
+    assert "packing" not in [plugin.name for plugin in session.plugins]  # plain rows' session
+    packing = PackingPlugin(mamba_layers=session.cfg.model.is_hybrid)
+    packing.name = "packing"
+    return PluginSet([*session.plugins, packing])
 
 
 def _ends_only(plugins):
@@ -133,10 +141,11 @@ def packed_vs_alone(payload: dict) -> dict:
     # Context parallel cuts every document into 2 x CP chunks: each is padded to a multiple.
     packed = as_tensors(
         packed_row(docs, SEQ, PAD_ID, pad_multiple=payload.get("pad_multiple", 1)))
+    plain, packing = session.plugins, _packed(session)  # plain: Megatron's causal path
     alone_loss, alone_grads = _forward_backward(
-        session, [_alone_row(doc) for doc in docs], _plain(session.plugins))
-    packed_loss, packed_grads = _forward_backward(session, [packed], session.plugins)
-    causal_loss, causal_grads = _forward_backward(session, [packed], _plain(session.plugins))
+        session, [_alone_row(doc) for doc in docs], plain)
+    packed_loss, packed_grads = _forward_backward(session, [packed], packing)
+    causal_loss, causal_grads = _forward_backward(session, [packed], plain)
     result = {
         "weights": saved,
         "alone": alone_loss,
@@ -150,11 +159,11 @@ def packed_vs_alone(payload: dict) -> dict:
         # max_seqlen = row length switches THD RoPE to positions running across documents
         # (rope_utils.py:224-250); with a per-document mask RoPE's relative form hides it here.
         row = {**packed, "max_seqlen": SEQ}
-        row_loss, row_grads = _forward_backward(session, [row], session.plugins)
+        row_loss, row_grads = _forward_backward(session, [row], packing)
         result["row_max_seqlen"] = row_loss
         result["row_max_seqlen_grad_max_diff"] = _max_difference(row_grads, alone_grads)
     if payload.get("middle_stage_control"):
-        ends_loss, ends_grads = _forward_backward(session, [packed], _ends_only(session.plugins))
+        ends_loss, ends_grads = _forward_backward(session, [packed], _ends_only(packing))
         result["ends_only"] = ends_loss
         result["ends_only_grad_max_diff"] = _max_difference(ends_grads, alone_grads)
     _finish()

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.dist
 ENTRY = "tests.dist.layout_runs"
 STEPS, SAVE_AFTER = 4, 2
 LOSS_TOLERANCE = 2e-5  # fp32 on CPU: layouts differ only in summation order
-PACKED = ["data.documents=packed", "plugins.packing.enabled=true", "train.micro_batch_size=1"]
+PACKED = ["data.documents=packed", "train.micro_batch_size=1"]
 
 
 @pytest.fixture(scope="module")

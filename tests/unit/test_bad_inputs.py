@@ -28,7 +28,7 @@ from tests.unit.dataset_fixtures import write_dataset
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = (
     "model, parallel, cluster, train, optimizer, scheduler, precision, data, checkpoint, logging, "
-    "plugins.fp8, plugins.packing, plugins.context_parallel"
+    "plugins.fp8, plugins.context_parallel, plugins.moe"
 )
 
 # (argv, text the one-line message must contain); the default recipe is tiny_tp2_pp2.
@@ -220,12 +220,21 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["cluster.device=maybe"], "cluster.device expects one of auto, gpu, cpu, got 'maybe'"),
     (["cpu_runtime.device=cpu"], "there is no section 'cpu_runtime' (nearest: cluster); did you "
      "mean cluster.device?"),
-    # plugins.packing
-    (["plugins.packing.enabled=maybe"], "plugins.packing.enabled expects true or false"),
-    (["recipe=tiny_dp1", "plugins.packing.enabled=true"],
-     "plugins.packing.enabled=true needs train.micro_batch_size=1"),
+    (["plugins.cpu_runtime.enabled=on"], "plugins.cpu_runtime.enabled was moved: where ranks "
+     "compute is cluster.device (auto, gpu or cpu; on was cpu, off was gpu); set cluster.device "
+     "instead"),
+    # plugins.packing: on exactly when data.documents makes packed rows; its switch is gone
+    (["plugins.packing.enabled=true"], "override 'plugins.packing.enabled=true': "
+     "plugins.packing.enabled was removed: packing follows data.documents (on for "
+     "data.documents=packed or inter_document on a blend); delete the key, and set "
+     "data.documents=packed to train on packed rows"),
+    (["plugins.packing=true"], "'plugins.packing' is a section with no settings"),
     (["recipe=tiny_dp1", "data.source=blend", "data.blend=x.yaml", "data.documents=packed"],
-     "data.documents=packed makes packed batches, which need the packing plugin"),
+     "data.documents=packed makes packed rows, which need train.micro_batch_size=1"),
+    # plugins.moe: on exactly for a model with experts; its switch is gone
+    (["plugins.moe.enabled=true"], "plugins.moe.enabled was removed: the router figures follow "
+     "model.num_moe_experts (on for every model with experts); delete the key"),
+    (["plugins.moe.per_expert=maybe"], "plugins.moe.per_expert expects true or false"),
     # plugins.context_parallel
     (["recipe=tiny_cp2", "plugins.context_parallel.comm_type=ring"],
      "plugins.context_parallel.comm_type expects one of p2p, a2a, all_gather, a2a+p2p"),
@@ -520,6 +529,8 @@ def test_directory_that_can_be_created_is_left_as_it_was(tmp_path) -> None:
         (["modle.hidden_size=8"], "error: override 'modle.hidden_size=8': there is no section "
          "'modle' (nearest: model); did you mean model.hidden_size?"),
         (["optimizer.lr=nan"], "error: optimizer.lr=nan must be a finite number"),
+        (["plugins.packing.enabled=true"], "error: override 'plugins.packing.enabled=true': "
+         "plugins.packing.enabled was removed: packing follows data.documents"),
         (["checkpoint.load={tmp}/empty_dir"], "error: checkpoint.load={tmp}/empty_dir is an "
          "empty directory"),
     ],

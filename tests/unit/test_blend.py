@@ -117,7 +117,7 @@ def test_packed_documents_refuse_weights_they_would_ignore(tmp_path):
                             f"  - {{prefix: {second}, weight: 0.3}}\neod_id: 0\nvocab_size: 256\n")
     cfg = apply_overrides(get_recipe("tiny_dp1"), [
         "data.source=blend", f"data.blend={path}", "data.documents=packed",
-        "plugins.packing.enabled=true", "train.micro_batch_size=1"])
+        "train.micro_batch_size=1"])
     assert "trains on every pack of every source once" in check_data_blend(cfg)
     cfg.data.documents = "inter_document"
     assert check_data_blend(cfg) is None

@@ -106,3 +106,23 @@ def test_yaml_text_matches_saved_body(tmp_path) -> None:
     cfg = get_recipe("mixtral_8x7b_tp1_pp4_ep8_dp16")
     path = save_config(cfg, tmp_path / "config.yaml")
     assert path.read_text().endswith(config_to_yaml(cfg))
+
+
+@pytest.mark.parametrize(("old", "carried"), [
+    ("  packing:\n    enabled: false\n  moe:\n    enabled: true\n    per_expert: true\n", []),
+    ("  cpu_runtime:\n    enabled: auto\n    threads_per_rank: 1\n", []),
+    ("  cpu_runtime:\n    enabled: 'on'\n    threads_per_rank: 2\n",
+     ["cluster.device=cpu", "cluster.threads_per_rank=2"]),
+    ("  cpu_runtime:\n    enabled: off\n", ["cluster.device=gpu"]),
+])
+def test_an_old_saved_config_carries_its_moved_keys_over(tmp_path, old, carried) -> None:
+    """Saved configs hold every field, so one written before a key moved or a switch became
+    implied still holds it: a run's own config.yaml loads, the moved values in their new
+    places (an override that sets a retired key is refused instead: tests/unit/
+    test_overrides.py)."""
+    path = save_config(get_recipe("tiny_dp1"), tmp_path / "config.yaml")
+    text = path.read_text()
+    assert "  packing: {}\n" in text and "  moe:\n    per_expert: true\n" in text
+    text = text.replace("  packing: {}\n", "").replace("  moe:\n    per_expert: true\n", "")
+    path.write_text(text.replace("plugins:\n", "plugins:\n" + old))
+    assert load_config(path) == apply_overrides(get_recipe("tiny_dp1"), carried)

@@ -163,11 +163,13 @@ def test_packed_rows_with_mamba_context_parallel_need_transformer_engine() -> No
     cfg.parallel.context, cfg.cluster.gpus_per_node = 2, 2
     cpu = MachineInfo(gpus=0, launched_world_size=None)
     check_machine(cfg, cpu)  # unpacked rows: Megatron's Mamba CP runs on CPU ranks
-    cfg.plugins.packing.enabled, cfg.train.micro_batch_size = True, 1
-    with pytest.raises(ConfigError, match=r"^plugins.packing.enabled=true with parallel.context=2 "
-                       r"and Mamba layers needs Transformer Engine on GPU ranks .*; set "
-                       r"parallel.context=1, or plugins.packing.enabled=false, or run on GPUs "
-                       r"with the gpu extra$"):
+    cfg.data.source, cfg.data.blend = "blend", "conf/data/python_stdlib.yaml"
+    check_machine(cfg, cpu)  # a blend concatenated: no packed rows either
+    cfg.data.documents, cfg.train.micro_batch_size = "packed", 1
+    with pytest.raises(ConfigError, match=r"^data.documents=packed \(packed rows\) with "
+                       r"parallel.context=2 and Mamba layers needs Transformer Engine on GPU "
+                       r"ranks .*; set parallel.context=1, or data.documents=concatenate, or run "
+                       r"on GPUs with the gpu extra$"):
         check_machine(cfg, cpu)
     check_machine(cfg, MachineInfo(gpus=2, launched_world_size=None, transformer_engine="2.9"))
 

@@ -137,7 +137,8 @@ def test_the_loss_curve_is_drawn_at_run_end(tmp_path):
 
 def test_logging_config_is_built_only_when_something_is_on_and_names_missing_packages(
         monkeypatch):
-    assert LoggingConfig(loss_curve=False).build() is None
+    cfg = resolve_config(["recipe=tiny_dp1"], check_paths=False)
+    assert not LoggingConfig(loss_curve=False).active(cfg) and LoggingConfig().active(cfg)
     assert isinstance(LoggingConfig().build(), LoggingPlugin)
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     assert LoggingConfig(wandb="auto").machine_problem(None, True) == (
@@ -218,9 +219,9 @@ def test_profiler_traces_exactly_its_window(tmp_path):
 
     from plugins.profiler.config import ProfilerConfig
 
-    assert ProfilerConfig().build() is None  # off by default: nothing is built
-    plugin = ProfilerConfig(enabled=True, start_step=2, steps=2).build()
     cfg = resolve_config(["recipe=tiny_dp1"], check_paths=False)  # exposed_comm off
+    assert not ProfilerConfig().active(cfg)  # off by default: nothing is built
+    plugin = ProfilerConfig(enabled=True, start_step=2, steps=2).build()
     plugin.run_start(RunStart(config=cfg, run_dir=tmp_path, start_step=0, total_steps=4))
     for step in range(1, 5):
         with torch.profiler.record_function(f"work of step {step}"):

@@ -27,7 +27,7 @@ from plugins.moe.plugin import (
     wrap_routers,
 )
 from plugins.protocol.events import StepMetrics
-from plugins.registry import PluginsConfig, build_plugins
+from plugins.registry import build_plugins
 from recipes.registry import RECIPES, get_recipe
 from trainer.metrics import RunReporter
 
@@ -58,7 +58,7 @@ def test_every_moe_layers_router_is_wrapped_once_and_the_spec_is_left_alone():
 
 
 def test_a_dense_spec_has_no_router_to_wrap():
-    plugin = MoePlugin(MoeConfig(enabled=True))
+    plugin = MoePlugin(MoeConfig())
     spec = _block_spec(num_moe_experts=None)
     assert _routers(spec) == []
     assert plugin.layer_spec(spec, SimpleNamespace(num_moe_experts=None)) is spec
@@ -128,13 +128,16 @@ def test_plugin_figures_reach_the_metrics_record_and_the_log_line(tmp_path, monk
     assert "s/step | moe_load_balancing_loss 1.023 | moe_imbalance 1.5" in capsys.readouterr().out
 
 
-def test_the_plugin_is_off_by_default_and_on_in_every_moe_recipe():
-    assert "moe" not in [plugin.name for plugin in build_plugins(PluginsConfig())]
-    on = build_plugins(PluginsConfig(moe=MoeConfig(enabled=True)))
-    assert [plugin.name for plugin in on if isinstance(plugin, MoePlugin)] == ["moe"]
+def test_the_plugin_is_built_exactly_for_models_with_experts():
+    """No switch to keep in step: every recipe with experts reports its routers, none without."""
+    moe_recipes = 0
     for name in RECIPES:
         cfg = get_recipe(name)
-        assert cfg.plugins.moe.enabled == (cfg.model.num_moe_experts is not None), name
+        built = [plugin for plugin in build_plugins(cfg) if isinstance(plugin, MoePlugin)]
+        experts = cfg.model.num_moe_experts is not None
+        assert [plugin.name for plugin in built] == (["moe"] if experts else []), name
+        moe_recipes += experts
+    assert 0 < moe_recipes < len(RECIPES)  # both kinds were seen
 
 
 def test_tiny_moe_layouts_train_the_same_model_on_the_same_batch():

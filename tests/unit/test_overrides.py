@@ -68,7 +68,7 @@ def test_no_overrides_gives_an_equal_config() -> None:
          "cluster.gpus_per_node / (TP x PP x CP)"),
         ("zzz.qqq=1", "there is no section 'zzz'; the sections are model, parallel, cluster, "
          "train, optimizer, scheduler, precision, data, checkpoint, logging, "
-         "plugins.fp8, plugins.packing"),
+         "plugins.fp8, plugins.context_parallel, plugins.moe"),
         ("plugins.fp9.format=hybrid", "there is no section 'plugins.fp9' (nearest: plugins.fp8"),
         ("fp8.format=hybrid", "there is no section 'fp8' (nearest: plugins.fp8); did you mean "
          "plugins.fp8.format?"),
@@ -191,3 +191,36 @@ def test_describe_type_of_schema_fields() -> None:
     assert describe_type(field_type("checkpoint.load")) == "a string or null"
     assert describe_type(field_type("data.tokenizer")) == "one of byte"
     assert field_type("model.nope") is None
+
+
+def test_every_retired_key_is_gone_from_the_schema_and_refused_in_one_line() -> None:
+    from recipes.config.overrides import RETIRED_KEYS
+
+    assert set(RETIRED_KEYS) >= {"plugins.packing.enabled", "plugins.moe.enabled",
+                                 "plugins.cpu_runtime.enabled"}
+    for key, retired in RETIRED_KEYS.items():
+        assert key not in config_keys(), key  # a live key must not be refused
+        with pytest.raises(ConfigError) as caught:
+            apply_overrides(get_recipe("tiny_dp1"), [f"{key}=true"])
+        assert str(caught.value) == f"override '{key}=true': {key} was {retired.instead}"
+        for new in retired.carries("on"):
+            assert new in config_keys(), (key, new)  # a moved value lands on a live key
+
+
+def test_a_moved_key_is_one_table_line_even_where_its_section_is_gone(monkeypatch,
+                                                                       tmp_path) -> None:
+    """The table is general: a key whose whole section went is named as moved, not as a
+    missing section; in a saved file too."""
+    from recipes.config.io import load_config
+    from recipes.config.overrides import RETIRED_KEYS, Retired
+
+    moved = {"plugins.gone.enabled": Retired("moved to cluster.gpus_per_node; set that instead",
+                                             lambda value: {"cluster.gpus_per_node": value})}
+    monkeypatch.setattr("recipes.config.overrides.RETIRED_KEYS", {**RETIRED_KEYS, **moved})
+    with pytest.raises(ConfigError, match=r"^override 'plugins.gone.enabled=on': "
+                       r"plugins.gone.enabled was moved to cluster.gpus_per_node; set that "
+                       r"instead$"):
+        apply_overrides(get_recipe("tiny_dp1"), ["plugins.gone.enabled=on"])
+    saved = tmp_path / "config.yaml"
+    saved.write_text("name: old\nplugins:\n  gone:\n    enabled: 2\n")
+    assert load_config(saved).cluster.gpus_per_node == 2

@@ -8,15 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from plugins.packing.config import (
-    PackingConfig,
-    check_packing_context_parallel,
-    check_packing_micro_batch,
-)
+from plugins.packing.config import check_packing_context_parallel, check_packing_micro_batch
 from plugins.packing.plugin import PackingPlugin
 from plugins.protocol.errors import UserError
 from plugins.protocol.packed_batch import PACKED_KEYS, packed_row
-from plugins.registry import PluginsConfig, build_plugins
+from plugins.registry import build_plugins
 from recipes.config.overrides import apply_overrides
 from recipes.config.validation import failing_rules, validate
 from recipes.registry import get_recipe
@@ -153,12 +149,11 @@ def test_forward_kwargs_refuse_unpacked_batches_in_one_line():
     row = as_tensors(packed_row(_documents(), SEQ, PAD))
     unpacked = {key: value for key, value in row.items()
                 if key not in ("cu_seqlens", "max_seqlen", "total_tokens")}
-    with pytest.raises(UserError, match="micro-batch has no cu_seqlens/max_seqlen/total_tokens: "
-                       "the data "
-                       "source does not pack documents"):
+    with pytest.raises(UserError, match="need cu_seqlens/max_seqlen/total_tokens in every "
+                       "micro-batch, this one has none: its data source does not pack documents"):
         PackingPlugin().forward_kwargs(unpacked, {})
     two_rows = {**row, "tokens": row["tokens"].expand(2, SEQ)}
-    with pytest.raises(UserError, match="one packed row per micro-batch, got 2"):
+    with pytest.raises(UserError, match="need one row per micro-batch, got 2"):
         PackingPlugin().forward_kwargs(two_rows, {})
 
 
@@ -168,12 +163,12 @@ PACKED_DATA = ["data.source=blend", "data.blend=conf/data/python_stdlib.yaml",
 
 # (rule, overrides on tiny_dp1 that break only that rule, its whole one-line message)
 PACKING_RULE_CASES = [
-    ("check_packing_micro_batch", ["plugins.packing.enabled=true", *PACKED_DATA],
-     "plugins.packing.enabled=true needs train.micro_batch_size=1 (one packed row per "
-     "micro-batch: THD attention flattens the batch into one stream), got 2; set "
+    ("check_packing_micro_batch", PACKED_DATA,
+     "data.documents=packed makes packed rows, which need train.micro_batch_size=1 (one packed "
+     "row per micro-batch: THD attention flattens the batch into one stream), got 2; set "
      "train.micro_batch_size=1 and pack more documents into each row"),
     ("check_packing_context_parallel",
-     ["plugins.packing.enabled=true", "train.micro_batch_size=1", "parallel.context=2",
+     ["train.micro_batch_size=1", "parallel.context=2",
       "cluster.gpus_per_node=2", *PACKED_DATA, "data.documents=inter_document"],
      "data.documents=inter_document does not support parallel.context=2 (Megatron's GPTDataset "
      "rows do not pad each document to a multiple of 2 x CP); set data.documents=packed (pads "
@@ -193,21 +188,34 @@ def test_packing_rules_name_field_value_and_fix(rule, overrides, message):
 
 def test_packing_rules_pass_when_packing_is_off_or_fits():
     off = apply_overrides(get_recipe("tiny_dp1"), ["parallel.context=2", "cluster.gpus_per_node=2"])
-    fits = apply_overrides(get_recipe("tiny_dp1"),
-                           ["plugins.packing.enabled=true", "train.micro_batch_size=1",
-                            *PACKED_DATA])
+    fits = apply_overrides(get_recipe("tiny_dp1"), ["train.micro_batch_size=1", *PACKED_DATA])
     for cfg in (off, fits):
         assert check_packing_micro_batch(cfg) is None
         assert check_packing_context_parallel(cfg) is None
     validate(fits)
 
 
-def test_packing_is_off_by_default_and_built_by_name_when_on():
-    always = ["context_parallel", "logging"]  # CP acts only when CP > 1
-    assert [p.name for p in build_plugins(PluginsConfig())] == always
-    plugins = build_plugins(PluginsConfig(packing=PackingConfig(enabled=True)))
-    assert [p.name for p in plugins] == ["packing", "context_parallel", "logging"]
-    assert isinstance(plugins.plugins[0], PackingPlugin)
+# (overrides on tiny_dp1, whether its micro-batches are packed rows)
+PACKING_FOLLOWS_DOCUMENTS = [
+    ([], False),  # the recipe's in-memory text, concatenated
+    (["data.source=blend", "data.blend=conf/data/python_stdlib.yaml"], False),  # concatenated
+    ([*PACKED_DATA, "train.micro_batch_size=1"], True),
+    ([*PACKED_DATA, "data.documents=inter_document", "train.micro_batch_size=1"], True),
+    (["data.source=synthetic"], False),
+]
+
+
+@pytest.mark.parametrize(("overrides", "packed"), PACKING_FOLLOWS_DOCUMENTS,
+                         ids=["stdlib", "blend_concatenate", "packed", "inter_document",
+                              "synthetic"])
+def test_packing_is_built_exactly_when_data_documents_makes_packed_rows(overrides, packed):
+    cfg = apply_overrides(get_recipe("tiny_dp1"), overrides)
+    assert failing_rules(cfg) == []
+    plugins = build_plugins(cfg)
+    assert ("packing" in [p.name for p in plugins]) == packed == cfg.plugins.packing.active(cfg)
+    if packed:
+        assert [p.name for p in plugins] == ["packing", "logging"]
+        assert isinstance(plugins.plugins[0], PackingPlugin)
 
 
 def test_cpu_runtime_swaps_in_the_packed_attention_and_keeps_the_norm_swap():

@@ -447,7 +447,7 @@ def test_packed_data_under_context_parallel_validates_and_pads_to_2cp():
     from recipes.registry import get_recipe
 
     packed = ["data.source=blend", "data.blend=conf/data/python_stdlib.yaml",
-              "data.documents=packed", "plugins.packing.enabled=true", "train.micro_batch_size=1"]
+              "data.documents=packed", "train.micro_batch_size=1"]
     for recipe, multiple in (("tiny_dp1", 1), ("tiny_cp2", 4), ("tiny_cp4", 8)):
         cfg = apply_overrides(get_recipe(recipe), packed)
         assert failing_rules(cfg) == [], recipe

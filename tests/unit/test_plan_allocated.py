@@ -39,7 +39,7 @@ def size(t):
 
 def measure(args):
     cfg = resolve_config(args, check_paths=False)
-    plugins = build_plugins(cfg.plugins)
+    plugins = build_plugins(cfg)
     plugins.setup_runtime(RuntimeContext())
     torch.distributed.init_process_group("gloo", init_method="file://" + tempfile.mktemp(),
                                          rank=0, world_size=1)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from plugins.fp8.config import Fp8Config
 from plugins.protocol.events import EvalResult, RuntimeContext, StepMetrics
 from plugins.protocol.hooks import Plugin, PluginSet
 from plugins.registry import PluginsConfig, build_plugins
+from recipes.config.overrides import apply_overrides
+from recipes.registry import get_recipe
 
 
 class Recorder(Plugin):
@@ -59,12 +63,28 @@ def test_plugin_state_round_trips_by_name_and_empty_states_are_left_out():
 
 
 def test_registry_builds_only_what_the_config_turns_on_and_names_it():
-    default = build_plugins(PluginsConfig())
-    # fp8 is off by default; context_parallel is always built and acts only when CP > 1;
-    # logging is on by default (each run draws its loss curve).
-    assert [p.name for p in default] == ["context_parallel", "logging"]
-    fp8 = build_plugins(PluginsConfig(fp8=Fp8Config(format="hybrid")))
-    assert [p.name for p in fp8] == ["fp8", "context_parallel", "logging"]
+    def built(*overrides: str) -> list[str]:
+        return [p.name for p in build_plugins(apply_overrides(get_recipe("tiny_dp1"), overrides))]
+
+    # fp8 is off by default; logging is on by default (each run draws its loss curve).
+    assert built() == ["logging"]
+    assert built("plugins.fp8.format=hybrid") == ["fp8", "logging"]
+
+
+@pytest.mark.parametrize(("recipe", "built"), [
+    ("tiny_dp1", False), ("tiny_dp2", False), ("tiny_tp2_pp2", False),
+    ("tiny_cp2", True), ("tiny_cp4", True),
+])
+def test_context_parallel_is_built_exactly_when_parallel_context_is_above_one(recipe, built):
+    cfg = get_recipe(recipe)
+    names = [p.name for p in build_plugins(cfg)]
+    assert ("context_parallel" in names) == built == (cfg.parallel.context > 1), recipe
+    assert cfg.plugins.context_parallel.active(cfg) == built
+    # comm_type stays a setting: it is carried by the plugin that is built.
+    cfg.plugins.context_parallel.comm_type = "all_gather"
+    plugins = build_plugins(cfg)
+    carried = [p.config.comm_type for p in plugins if p.name == "context_parallel"]
+    assert carried == (["all_gather"] if built else [])
 
 
 def test_every_plugin_config_brings_its_rules():
@@ -75,9 +95,8 @@ def test_every_plugin_config_brings_its_rules():
         "check_fp8_settings_unused", "check_fp8_delayed_settings",
         "check_fp8_scaling_values", "check_fp8_bf16_layers_recipe", "check_fp8_bf16_layers_range",
         "check_fp8_bf16_layers_leave_fp8", "check_fp8_shapes",
-        "check_packed_documents_need_packing", "check_packing_micro_batch",
-        "check_packing_context_parallel", "check_cp_hierarchical_sizes", "check_cp_a2a_heads",
-        "check_profiler_window"}
+        "check_packing_micro_batch", "check_packing_context_parallel",
+        "check_cp_hierarchical_sizes", "check_cp_a2a_heads", "check_profiler_window"}
 
 
 def test_runtime_context_defaults_to_a_cuda_node():

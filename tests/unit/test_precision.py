@@ -93,7 +93,7 @@ def test_preset_maps_onto_exactly_these_megatron_fields(preset) -> None:
     cfg = apply_overrides(get_recipe("tiny_dp1"), overrides)
     assert failing(cfg) == []
     # The plugins' hook replaces fields, so TransformerConfig's own checks run with them on.
-    config = build_plugins(cfg.plugins).transformer_config(
+    config = build_plugins(cfg).transformer_config(
         build_transformer_config(cfg, cpu_initialization=True)
     )
     assert {key: getattr(config, key) for key in transformer} == transformer
@@ -104,8 +104,9 @@ def test_preset_maps_onto_exactly_these_megatron_fields(preset) -> None:
 
 
 def test_fp8_off_builds_no_plugin_and_sets_nothing() -> None:
-    assert Fp8Config().build() is None and Fp8Config().transformer_fields() == {}
-    assert "fp8" not in [p.name for p in build_plugins(get_recipe("tiny_dp1").plugins)]
+    cfg = get_recipe("tiny_dp1")
+    assert not Fp8Config().active(cfg) and Fp8Config().transformer_fields() == {}
+    assert "fp8" not in [p.name for p in build_plugins(cfg)]
 
 
 def test_fp8_fields_come_from_the_plugin_config() -> None:

@@ -32,7 +32,7 @@ def meta_template(one: RunConfig) -> Template:
     from trainer.mcore_translation import build_transformer_config
     from trainer.model import build_model_chunks
 
-    plugins = build_plugins(one.plugins)
+    plugins = build_plugins(one)
     config = plugins.transformer_config(
         build_transformer_config(one, cpu_initialization=True, meta_device=True)
     )

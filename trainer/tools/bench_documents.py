@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 MODES = {
     "concatenate": [],
-    "inter_document": ["data.documents=inter_document", "plugins.packing.enabled=true"],
-    "packed": ["data.documents=packed", "plugins.packing.enabled=true"],
+    "inter_document": ["data.documents=inter_document"],
+    "packed": ["data.documents=packed"],
 }
 
 

@@ -259,7 +259,7 @@ def time_layers(one: Any, repeats: int = 12) -> float:
 
     torch.set_num_threads(1)
     with one_process(one) as run:
-        plugins = build_plugins(run.plugins)
+        plugins = build_plugins(run)
         config = plugins.transformer_config(build_transformer_config(run, cpu_initialization=True))
         (model,) = build_model_chunks(run, config, plugins)
         batch, seq = run.train.micro_batch_size, run.model.seq_length

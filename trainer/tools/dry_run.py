@@ -154,7 +154,7 @@ def collect_shards(cfg: RunConfig) -> list[ShardReport]:
 
     # The runtime as on a real rank: without CUDA the model is Megatron's local spec, which
     # needs the CPU runtime's patches (MoE dispatchers create CUDA streams).
-    plugins = build_plugins(cfg.plugins)
+    plugins = build_plugins(cfg)
     plugins.setup_runtime(runtime_for(cfg.cluster, dry_run=True))
     built = _distinct_shards(shard_world(cfg), plugins)
     shards: dict[tuple[int, int, int], ShardReport] = {}

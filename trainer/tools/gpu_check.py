@@ -42,7 +42,7 @@ MODEL = [
 ]
 LOCAL = ["model.transformer_impl=local"]
 CONCATENATED = ["train.micro_batch_size=4"]
-PACKED = ["data.documents=packed", "plugins.packing.enabled=true", "train.micro_batch_size=1"]
+PACKED = ["data.documents=packed", "train.micro_batch_size=1"]
 TP2_SP = ["parallel.tensor=2", "parallel.sequence_parallel=true", "cluster.gpus_per_node=2"]
 # The plugins' own GPU check runs (the FP8 recipes); current scaling is also compared with BF16.
 PLUGIN_CHECKS = PluginsConfig().gpu_checks()

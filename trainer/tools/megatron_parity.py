@@ -240,7 +240,7 @@ def _cpu_layer_spec(cfg: RunConfig):
     from trainer.cpu_runtime.runtime import runtime_for
     from trainer.model import adapted_spec
 
-    plugins = build_plugins(cfg.plugins)
+    plugins = build_plugins(cfg)
     plugins.setup_runtime(runtime_for(cfg.cluster))
 
     def spec(model_config, vp_stage=None):
