@@ -40,6 +40,11 @@ class PluginsConfig:
         """Every plugin's validation rules, in registry order."""
         return tuple(rule for _, config in self.configs() for rule in config.rules())
 
+    def retired_keys(self) -> dict[str, str]:
+        """Every plugin's retired keys, dotted from the root (`plugins.<name>.<key>`)."""
+        return {f"plugins.{name}.{key}": text for name, config in self.configs()
+                for key, text in config.retired_keys().items()}
+
     def gpu_checks(self) -> dict[str, list[str]]:
         """Every plugin's GPU check runs, by name, in registry order."""
         return {name: overrides for _, config in self.configs()

@@ -29,6 +29,11 @@ class MoeConfig(PluginConfig):
 
     per_expert: bool = True  # also each expert's token count (one figure per expert)
 
+    def retired_keys(self) -> dict[str, str]:
+        return {"enabled": "removed: the router figures follow model.num_moe_experts (on for "
+                           "every model with experts); delete the key (plugins.moe.per_expert="
+                           "false leaves out the per-expert figures)"}
+
     def active(self, cfg: Any) -> bool:
         return bool(cfg.model.num_moe_experts)
 

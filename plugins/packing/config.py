@@ -14,21 +14,12 @@ from typing import Any
 from plugins.protocol.hooks import Plugin, PluginConfig, Rule
 
 
-def makes_packed_batches(cfg: Any) -> bool:
-    """Whether this run's micro-batches are packed rows: prepared data (a blend) whose documents
-    are kept apart, `data.documents=packed` (exact packs) or `inter_document` (Megatron's rows
-    with per-document `cu_seqlens`). The data source (`trainer/data.py`) reads the same two
-    fields, so data and model cannot disagree; other sources with those modes are refused by
-    the core data rule."""
-    return cfg.data.source == "blend" and cfg.data.documents != "concatenate"
-
-
 def check_packing_micro_batch(cfg: Any) -> str | None:
     """A packed micro-batch is one row: THD flattens the micro-batch into one token stream and
     the attention squeezes its batch dim (`transformer/attention.py:1468-1471`), so rows of a
     larger micro-batch would need their boundaries merged first; pack more documents per row."""
     mbs = cfg.train.micro_batch_size
-    if makes_packed_batches(cfg) and mbs != 1:
+    if cfg.data.packed_rows and mbs != 1:
         return (
             f"data.documents={cfg.data.documents} makes packed rows, which need "
             f"train.micro_batch_size=1 (one packed row per micro-batch: THD attention flattens "
@@ -62,8 +53,13 @@ class PackingConfig(PluginConfig):
     def rules(self) -> tuple[Rule, ...]:
         return (check_packing_micro_batch, check_packing_context_parallel)
 
+    def retired_keys(self) -> dict[str, str]:
+        return {"enabled": "removed: packing follows data.documents (on for data.documents="
+                           "packed or inter_document on a blend); delete the key, and set "
+                           "data.documents=packed to train on packed rows"}
+
     def active(self, cfg: Any) -> bool:
-        return makes_packed_batches(cfg)
+        return cfg.data.packed_rows  # the core config says it (`DataConfig.packed_rows`)
 
     def build(self) -> Plugin | None:
         from plugins.packing.plugin import PackingPlugin

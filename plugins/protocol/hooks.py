@@ -111,6 +111,12 @@ class PluginConfig:
         Imports torch lazily."""
         return None
 
+    def retired_keys(self) -> dict[str, str]:
+        """Keys this plugin's section once had and has no more, by name within the section ->
+        what became of each and what to set instead (the line an override that still sets it
+        gets: `plugins.<name>.<key> was <text>`); a saved config.yaml that holds one drops it."""
+        return {}
+
     def gpu_checks(self) -> dict[str, list[str]]:
         """Runs that exercise this plugin on a GPU (`scripts/gpu_check_precision.py` trains each
         on a small model): check name -> the overrides that configure the plugin so; {} for

@@ -55,7 +55,7 @@ def load_config(path: str | Path) -> RunConfig:
 
     Keys missing from the file take the schema defaults; unknown keys and wrong types are
     one-line `ConfigError`s naming the file. Keys an older version saved that were removed or
-    moved since (`RETIRED_KEYS`) are carried over: a moved key's value goes to its new place, a
+    moved since (`retired_keys()`) are carried over: a moved key's value goes to its new place, a
     switch the config now implies is dropped.
     """
     if not str(path).strip():

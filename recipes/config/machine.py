@@ -210,7 +210,7 @@ def check_mamba_packed_context_parallel(cfg: RunConfig, machine: MachineInfo) ->
     `thd_get_partitioned_indices` and asserts TE >= 1.10 (`ssm/mamba_context_parallel.py:
     377-380`): refused before launch where the ranks run without TE (CPU ranks, local layers)."""
     has_mamba = "M" in (cfg.model.hybrid_layer_pattern or "")
-    if not (has_mamba and cfg.parallel.context > 1 and cfg.plugins.packing.active(cfg)):
+    if not (has_mamba and cfg.parallel.context > 1 and cfg.data.packed_rows):
         return
     on_cpu = ranks_on_cpu(cfg.cluster, machine.gpus)
     if not on_cpu and machine.transformer_engine is not None and (

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from plugins.protocol.errors import ConfigError
+from plugins.registry import PluginsConfig
 from recipes.config.arguments import describe_type, split_argument
 from recipes.config.phases import PhaseConfig
 from recipes.config.schema import RunConfig
@@ -67,17 +68,10 @@ class Retired:
 
 
 _CPU_DEVICES = {"on": "cpu", True: "cpu", "off": "gpu", False: "gpu"}
-# One entry per retired key. A switch the config already implies is removed, not kept in step by
-# hand; a key that moved keeps its value in a saved config.
+# The core's retired keys, one entry each (a plugin's own are its config's `retired_keys`). A
+# switch the config already implies is removed, not kept in step by hand; a key that moved
+# keeps its value in a saved config.
 RETIRED_KEYS = {
-    "plugins.packing.enabled": Retired(
-        "removed: packing follows data.documents (on for data.documents=packed or "
-        "inter_document on a blend); delete the key, and set data.documents=packed to train on "
-        "packed rows"),
-    "plugins.moe.enabled": Retired(
-        "removed: the router figures follow model.num_moe_experts (on for every model with "
-        "experts); delete the key (plugins.moe.per_expert=false leaves out the per-expert "
-        "figures)"),
     "plugins.cpu_runtime.enabled": Retired(
         "moved: where ranks compute is cluster.device (auto, gpu or cpu; on was cpu, off was "
         "gpu); set cluster.device instead",
@@ -376,9 +370,15 @@ def empty_value_message(key: str, origin: str, current: Any) -> str:
     return message
 
 
+def retired_keys() -> dict[str, Retired]:
+    """Every retired key: the core's and each plugin's (`PluginConfig.retired_keys`)."""
+    plugins = {key: Retired(text) for key, text in PluginsConfig().retired_keys().items()}
+    return {**RETIRED_KEYS, **plugins}
+
+
 def retired_key_problem(key: str) -> str | None:
     """`<key> was <what became of it>; <what to set instead>` for a retired key, else None."""
-    retired = RETIRED_KEYS.get(key)
+    retired = retired_keys().get(key)
     return None if retired is None else f"{key} was {retired.instead}"
 
 
@@ -388,7 +388,7 @@ def carry_retired_keys(node: DictConfig) -> DictConfig:
     run's own config.yaml keeps working after a key moves."""
     absent = object()
     carried = []
-    for key, retired in RETIRED_KEYS.items():
+    for key, retired in retired_keys().items():
         value = OmegaConf.select(node, key, default=absent, throw_on_resolution_failure=False)
         if value is absent:
             continue

@@ -272,6 +272,14 @@ class DataConfig:
     heldout_fraction: float = 0.05  # share of the token stream kept for held-out loss
     eod_mask_loss: bool = True  # no loss where the input is end-of-document (Megatron's flag)
 
+    @property
+    def packed_rows(self) -> bool:
+        """Whether micro-batches are packed rows: prepared data (a blend) whose documents are
+        kept apart, `documents=packed` (exact packs) or `inter_document` (Megatron's rows with
+        per-document `cu_seqlens`); other sources with those modes are refused by the core data
+        rule. The data source, the packing plugin and the machine check all ask this."""
+        return self.source == "blend" and self.documents != "concatenate"
+
 
 @dataclass(kw_only=True)
 class CheckpointConfig:
