@@ -27,11 +27,11 @@ import json, sys, tempfile
 import torch
 from megatron.core import parallel_state
 from megatron.core.optimizer import get_megatron_optimizer
-from plugins.protocol.events import RuntimeContext
 from plugins.registry import build_plugins
 from recipes.resolve import resolve_config
 from trainer.mcore_translation import (build_ddp_config, build_optimizer_config,
                                        build_transformer_config, initialize_parallel_state)
+from trainer.cpu_runtime.runtime import runtime_for
 from trainer.model import build_model_chunks, wrap_for_precision, wrap_with_ddp
 
 def size(t):
@@ -40,7 +40,7 @@ def size(t):
 def measure(args):
     cfg = resolve_config(args, check_paths=False)
     plugins = build_plugins(cfg)
-    plugins.setup_runtime(RuntimeContext())
+    plugins.setup_runtime(runtime_for(cfg.cluster))
     torch.distributed.init_process_group("gloo", init_method="file://" + tempfile.mktemp(),
                                          rank=0, world_size=1)
     initialize_parallel_state(cfg.layout)

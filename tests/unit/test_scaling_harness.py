@@ -255,11 +255,12 @@ def test_memory_and_stage_figures_are_read_from_the_run(tmp_path):
 
 def test_sizes_become_cluster_jobs_through_the_launcher(tmp_path):
     """With cluster=, each size is one NeMo-Run job whose run directory lies in the sweep
-    directory; --dry-run prints each job's sbatch script (8 ranks: 1 node, 16 ranks: 2)."""
+    directory; --dry-run prints each job's sbatch script (8 ranks: 1 node, 16 ranks: 2). A
+    multi-node job refuses the built-in corpus, so the sweep trains synthetic data."""
     out = tmp_path / "sweep"
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "scaling.py"), "recipe=tiny_dp1",
-         "scaling.world_sizes=[8,16]", "cluster=conf/cluster/h100_80gb_8x8.yaml",
+         "data.source=synthetic", "scaling.world_sizes=[8,16]", "cluster=conf/cluster/h100_80gb_8x8.yaml",
          f"scaling.out={out}", "--dry-run", f"job_dir={tmp_path / 'jobs'}"],
         capture_output=True, text=True, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
