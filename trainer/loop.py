@@ -21,7 +21,7 @@ import torch
 
 from plugins.protocol.events import RunStart, StepMetrics
 from recipes.config.phases import continue_overrides, launch_stop
-from trainer import checkpointing
+from trainer.checkpoint import save as checkpointing
 from trainer.metrics import RunReporter
 from trainer.session import TrainingSession
 from trainer.state import RunHistory

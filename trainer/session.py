@@ -31,7 +31,7 @@ from plugins.registry import build_plugins
 from recipes.config.phases import launch_mismatch, phase_config, phase_spans, schedule_samples
 from recipes.config.rampup import megatron_schedule, ramp_schedule
 from recipes.config.schema import RunConfig
-from trainer import checkpointing
+from trainer.checkpoint import save as checkpointing
 from trainer.data import GlobalBatches, PhasedBatches, build_sources
 from trainer.mcore_translation import (
     build_ddp_config,
@@ -67,7 +67,7 @@ class TrainingSession:
     # The step directory a full resume loaded (rotation never deletes it); None otherwise.
     resumed_from: Path | None = None
     mid_step: bool = False  # set by train_step while a step is under way (no saves then)
-    async_saves: Any = None  # checkpoint.async_save: trainer.checkpointing.AsyncSaves
+    async_saves: Any = None  # checkpoint.async_save: trainer.checkpoint.save.AsyncSaves
 
     def capture_state(self) -> RunState:
         """The run state as a checkpoint saves it: counters, data position, plugins, RNG."""

@@ -12,7 +12,7 @@ def save_model_weights(directory: str | Path, cfg, model: list) -> Path:
     import torch
     from megatron.core import dist_checkpointing
 
-    from trainer.checkpointing import (
+    from trainer.checkpoint.save import (
         content_metadata,
         in_process_write_results,
         model_sharded_state_dict,

@@ -53,7 +53,7 @@ def _train(session, steps: int, save_at=(), root: Path | None = None,
     """As the run loop does: save after the steps in `save_at`, publish finished asynchronous
     saves after every step and all of them at the end. `started` gets, per save, what rank 0
     saw in `root` right after the save returned."""
-    from trainer.checkpointing import finish_saves, save_checkpoint
+    from trainer.checkpoint.save import finish_saves, save_checkpoint
 
     records = []
     while session.state.step < steps:
@@ -141,7 +141,7 @@ def stop_points(payload: dict) -> dict:
 def die_during_save(payload: dict) -> dict:
     """Resume, train one step, and SIGKILL rank `kill_rank` as the save reaches `kill_at` (a
     function of trainer/checkpointing.py): the crash the next start must survive."""
-    from trainer import checkpointing
+    from trainer.checkpoint import save as checkpointing
 
     target = getattr(checkpointing, payload["kill_at"])
 
@@ -162,7 +162,7 @@ def die_during_save(payload: dict) -> dict:
 def save_with_planted_object(payload: dict) -> dict:
     """A checkpoint whose RNG object carries pickled code (as a tampered file would), then an
     attempt to load it: the restricted unpickler must refuse it without running it."""
-    from trainer.checkpointing import UntrustedCheckpointError, load_checkpoint, save_checkpoint
+    from trainer.checkpoint.save import UntrustedCheckpointError, load_checkpoint, save_checkpoint
     from trainer.state import RngState
 
     marker = Path(payload["marker"])

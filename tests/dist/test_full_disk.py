@@ -51,7 +51,7 @@ def small_disk(tmp_path):
 
 def test_a_save_onto_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(
         launch_ranks, small_disk):
-    from recipes.config.run_manifest import damaged_file, read_manifest
+    from trainer.checkpoint.manifest import damaged_file, read_manifest
 
     run_dir = small_disk / "run"
     argv = [*SMALL, f"run_dir={run_dir}", "train.train_iters=4", "checkpoint.save_interval=2"]

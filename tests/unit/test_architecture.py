@@ -4,16 +4,19 @@ From the ground up: the protocol (errors, hooks, events, the batch formats) impo
 ours; each plugin imports only the protocol; the plugin registry composes the plugins; the
 torch-free config machinery composes the registry; the recipe catalogue builds configs;
 resolution sits above both; the planner above resolution; data preparation beside it; the
-training loop above all of that; HF interop, launch and the user tools above the loop; the entry
-pipeline and its command objects above everything; the scripts call only the entry contract.
-Each rule is also shown to fail on a planted violation.
+training loop (its checkpoint package, trainer/checkpoint/, included) above all of that; HF
+interop, launch and the user tools above the loop; the entry pipeline and its command objects
+above everything; the scripts call only the entry contract. Each rule is also shown to fail on a
+planted violation.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,14 +116,25 @@ def floor_violations(imports: dict[str, set[str]]) -> list[str]:
     return sorted(bad)
 
 
+# The checkpoint checks the launching process runs before it imports torch (a damaged or
+# unloadable checkpoint is refused in about a second): part of the trainer, yet torch-free.
+TORCH_FREE_TRAINER = ("trainer/__init__.py", "trainer/checkpoint/__init__.py",
+                      "trainer/checkpoint/format.py", "trainer/checkpoint/manifest.py",
+                      "trainer/checkpoint/preflight.py")
+
+
 def torch_violations(imports: dict[str, set[str]]) -> list[str]:
-    """Resolving and validating a config imports no torch: the protocol, every plugin's config,
-    the registry and all of recipes/ are torch-free."""
+    """Resolving and validating a config, and checking the checkpoint it loads, import no torch:
+    the protocol, every plugin's config, the registry, all of recipes/ and the trainer's
+    checkpoint checks are torch-free; those checks import no other module of the trainer."""
     torch_free = [path for path in imports
                   if path.startswith(("plugins/protocol/", "recipes/", "plugins/registry.py"))
-                  or (path.startswith("plugins/") and path.endswith("/config.py"))]
+                  or (path.startswith("plugins/") and path.endswith("/config.py"))
+                  or path in TORCH_FREE_TRAINER]
+    own_torch_free = {module_of(path) for path in TORCH_FREE_TRAINER}
     return sorted(f"{path} imports {name}" for path in torch_free for name in imports[path]
-                  if name.split(".")[0] in ("torch", "megatron"))
+                  if name.split(".")[0] in ("torch", "megatron")
+                  or (name.split(".")[0] == "trainer" and name not in own_torch_free))
 
 
 def test_no_import_runs_up_a_floor():
@@ -157,11 +171,34 @@ def test_each_floor_rule_fails_on_a_planted_violation(path, name):
 
 
 @pytest.mark.parametrize("path", ["plugins/protocol/hooks.py", "plugins/packing/config.py",
-                                  "recipes/plan/flops.py", "plugins/registry.py"])
+                                  "recipes/plan/flops.py", "plugins/registry.py",
+                                  "trainer/checkpoint/format.py", "trainer/checkpoint/manifest.py",
+                                  "trainer/checkpoint/preflight.py"])
 def test_the_torch_free_rule_fails_on_a_planted_import(path):
     imports = all_imports()
     imports[path] = {*imports[path], "torch"}
     assert torch_violations(imports) == [f"{path} imports torch"]
+
+
+@pytest.mark.parametrize(("path", "name"), [
+    ("trainer/checkpoint/preflight.py", "trainer.checkpoint.save"),  # torch through our own
+    ("trainer/checkpoint/manifest.py", "trainer.state"),
+])
+def test_the_checkpoint_checks_reach_no_torch_through_the_trainer(path, name):
+    imports = all_imports()
+    imports[path] = {*imports[path], name}
+    assert torch_violations(imports) == [f"{path} imports {name}"]
+
+
+def test_the_checkpoint_checks_import_no_torch_when_run():
+    """What the static rule promises, in a fresh interpreter: the pre-flight's modules load
+    without torch or Megatron."""
+    code = ("import sys\n"
+            "import trainer.checkpoint.preflight\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.stdout.strip() == "[]"
 
 
 # Megatron's parallel-size keywords, which only the one translation spells.

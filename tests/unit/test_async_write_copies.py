@@ -11,7 +11,7 @@ from torch.distributed.checkpoint.filesystem import _StoragePrefix
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 
-from trainer.checkpointing import (
+from trainer.checkpoint.save import (
     compact_buckets,
     in_process_write_results,
     is_storage_view,

@@ -8,7 +8,7 @@ rank, so the trainer must know what it pays and where. Goals: save <= 2 x dd + 0
 
 Every figure comes from the same processes in the same run (2 shared CPU cores make absolute
 times drift; ratios measured side by side do not): after one warm-up training step, each
-repeat saves through `trainer.checkpointing.save_checkpoint` (the trainer's own path:
+repeat saves through `trainer.checkpoint.save.save_checkpoint` (the trainer's own path:
 atomic publication included), writes the same number of bytes with `dd ... conv=fsync` on rank
 0 in the same directory, and loads the checkpoint back through `load_checkpoint`. The first save
 of a process is reported apart: Megatron starts process-wide helpers on it. Phases are timed by
@@ -39,9 +39,9 @@ MIB = 1 << 20
 
 # (module, attribute or Class.method, label): the phases of one save and one load.
 PHASES = (
-    ("trainer.checkpointing", "_shared_token", "save: token broadcast"),
-    ("trainer.checkpointing", "model_sharded_state_dict", "save+load: model sharded dict"),
-    ("trainer.checkpointing", "_write_sharded", "save: sharded dicts + dist_checkpointing.save"),
+    ("trainer.checkpoint.save", "_shared_token", "save: token broadcast"),
+    ("trainer.checkpoint.save", "model_sharded_state_dict", "save+load: model sharded dict"),
+    ("trainer.checkpoint.save", "_write_sharded", "save: sharded dicts + dist_checkpointing.save"),
     ("megatron.core.dist_checkpointing.serialization", "save_preprocess",
      "save: save_preprocess (factories, validation)"),
     ("megatron.core.dist_checkpointing.state_dict_utils", "determine_global_metadata",
@@ -65,15 +65,15 @@ PHASES = (
     ("megatron.core.dist_checkpointing.strategies.fully_parallel",
      "FullyParallelSaveStrategyWrapper.apply_saving_parallelization",
      "save: fully parallel distribution (+ validation)"),
-    ("trainer.checkpointing", "_agree", "save: each phase's outcome shared (all ranks)"),
+    ("trainer.checkpoint.save", "_agree", "save: each phase's outcome shared (all ranks)"),
     ("megatron.core.dist_checkpointing.strategies.async_utils",
      "AsyncCallsQueue.schedule_async_request", "async: start the writer (preload, fork)"),
-    ("trainer.checkpointing", "forked_results_queue", "async: fork the results queue"),
-    ("trainer.checkpointing", "finish_saves", "async: finish_saves (check, publish)"),
-    ("trainer.checkpointing", "_write_manifest", "save: run.json (checksums of every file)"),
-    ("trainer.checkpointing", "_rename_into_place", "save: publish (rename)"),
-    ("trainer.checkpointing", "_point_latest", "save: latest marker (write, rename, fsync)"),
-    ("trainer.checkpointing", "_rotate", "save: rotate"),
+    ("trainer.checkpoint.save", "forked_results_queue", "async: fork the results queue"),
+    ("trainer.checkpoint.save", "finish_saves", "async: finish_saves (check, publish)"),
+    ("trainer.checkpoint.save", "_write_manifest", "save: run.json (checksums of every file)"),
+    ("trainer.checkpoint.save", "_rename_into_place", "save: publish (rename)"),
+    ("trainer.checkpoint.save", "_point_latest", "save: latest marker (write, rename, fsync)"),
+    ("trainer.checkpoint.save", "_rotate", "save: rotate"),
     ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer.sharded_state_dict",
      "save+load: optimizer sharded dict"),
     ("megatron.core.optimizer.distrib_optimizer",
@@ -82,7 +82,7 @@ PHASES = (
     ("megatron.core.optimizer.distrib_optimizer",
      "DistributedOptimizer.sharded_param_state_dp_reshardable",
      "save+load: optimizer dp_reshardable state"),
-    ("trainer.checkpointing", "_saved_world_size", "load: common state (world size)"),
+    ("trainer.checkpoint.save", "_saved_world_size", "load: common state (world size)"),
     ("megatron.core.dist_checkpointing", "load_content_metadata", "load: content metadata"),
     ("megatron.core.dist_checkpointing", "load", "load: dist_checkpointing.load"),
     ("megatron.core.dist_checkpointing.serialization", "determine_global_metadata",
@@ -91,7 +91,7 @@ PHASES = (
      "load: integrity / strict check"),
     ("megatron.core.dist_checkpointing.strategies.torch", "TorchDistLoadShardedStrategy.load",
      "load: torch DCP read"),
-    ("trainer.checkpointing", "_create_state_if_missing", "load: dummy optimizer state"),
+    ("trainer.checkpoint.save", "_create_state_if_missing", "load: dummy optimizer state"),
     ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer.load_state_dict",
      "load: optimizer.load_state_dict"),
     ("torch.distributed", "barrier", "barriers (incl. waiting)"),
@@ -201,7 +201,7 @@ def _dd_on_rank0(directory: Path, nbytes: int) -> float:
 
 
 def _timed_save(session, root: Path, timer: PhaseTimer) -> tuple[Path, float]:
-    from trainer import checkpointing
+    from trainer.checkpoint import save as checkpointing
 
     _barrier()
     timer.take()  # only the save itself from here
@@ -211,7 +211,7 @@ def _timed_save(session, root: Path, timer: PhaseTimer) -> tuple[Path, float]:
 
 
 def _timed_load(session, path: Path, timer: PhaseTimer) -> float:
-    from trainer import checkpointing
+    from trainer.checkpoint import save as checkpointing
 
     _barrier()
     timer.take()
@@ -253,7 +253,7 @@ def _timed_step(session) -> float:
 def _steps_until_published(session, limit: int) -> tuple[list[float], int]:
     """Train while the async save writes; each step ends as the run loop's does, with the
     (collective) `finish_saves`. Returns the step times and how many ran before publication."""
-    from trainer.checkpointing import finish_saves
+    from trainer.checkpoint.save import finish_saves
 
     times = []
     while session.async_saves.in_flight and len(times) < limit:
@@ -269,7 +269,7 @@ def _steps_until_published(session, limit: int) -> tuple[list[float], int]:
 def _one_async_save(session, root: Path, median: float, timer: PhaseTimer) -> dict:
     """The step that starts an async save (`save_checkpoint` with checkpoint.async_save=true,
     the trainer's own path) vs a normal step; then steps until it is published."""
-    from trainer import checkpointing
+    from trainer.checkpoint import save as checkpointing
 
     _barrier()
     timer.take()

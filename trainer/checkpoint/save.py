@@ -16,11 +16,11 @@ a save is written to `step_NNNNNNN.tmp-<token>` (one token for all ranks), renam
 `step_NNNNNNN` by rank 0 once every rank finished, and only then is `latest` replaced (write to
 a temporary file, rename). A crash at any point leaves the previous checkpoint or the new one as
 the newest complete step, which is what a resume picks (the names on disk and `newest_checkpoint`
-are in `recipes/config/checkpoint_format.py`). `checkpoint.keep_last` rotation runs after
+are in `format.py`). `checkpoint.keep_last` rotation runs after
 publication and never deletes the step this run resumed from. Before the rename, rank 0 writes
 `run.json` (counters, layout, versions, tokenizer, resolved config, size and CRC-32 of every
 file, each rank checksumming its own), which the launching process checks before a later start
-(`recipes/config/run_manifest.py`).
+(`manifest.py`, `preflight.py`).
 A save is refused while `train_step` is under way: checkpoints sit on optimizer-step boundaries.
 
 Loading unpickles no code where torch allows it: non-tensor objects go through the restricted
@@ -52,7 +52,9 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 
 from plugins.protocol.errors import UserError
-from recipes.config.checkpoint_format import (
+from recipes.config.io import config_dict
+from recipes.config.schema import RunConfig
+from trainer.checkpoint.format import (
     LATEST_FILE,
     MANIFEST_FILE,
     MANIFEST_FORMAT,
@@ -65,9 +67,7 @@ from recipes.config.checkpoint_format import (
     step_of_unfinished,
     unfinished_saves,
 )
-from recipes.config.io import config_dict
-from recipes.config.run_manifest import file_record, layout_record, tokenizer_identity
-from recipes.config.schema import RunConfig
+from trainer.checkpoint.manifest import file_record, layout_record, tokenizer_identity
 from trainer.state import RngState, RunState
 
 
@@ -323,7 +323,7 @@ def _manifest(session, state: RunState, files: dict[str, dict]) -> dict:
 
 def _write_manifest(session, state: RunState, tmp: Path) -> None:
     """Every rank checksums the files it wrote; rank 0 writes `run.json` with all of them
-    (recipes/config/run_manifest.py reads it before a later launch)."""
+    (`manifest.py` reads it before a later launch)."""
     rank = torch.distributed.get_rank()
     records = {p.name: file_record(p) for p in _own_files(tmp, rank)}
     gathered = [None] * torch.distributed.get_world_size() if rank == 0 else None
@@ -645,7 +645,7 @@ def finish_saves(session, *, blocking: bool) -> None:
 def resolve_checkpoint_dir(path: str | Path) -> Path:
     """One step directory, or the step a checkpoint root resumes from: the one `latest` names
     when complete, else the newest complete one (`.tmp-` saves ignored). `checkpoint.load` was
-    checked before any rank started (`recipes/config/path_rules.py`); a root without a complete step
+    checked before any rank started (`preflight.py`); a root without a complete step
     here is a programming error."""
     path = Path(path)
     if is_checkpoint(path):
