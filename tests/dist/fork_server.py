@@ -39,6 +39,7 @@ def _preload() -> None:
     from megatron.core.models.gpt import GPTModel  # noqa: F401
 
     import tests.dist.rank_entry  # noqa: F401
+    import trainer.checkpoint.load  # noqa: F401
     import trainer.checkpoint.save  # noqa: F401
     import trainer.loop  # noqa: F401
     import trainer.session  # noqa: F401

@@ -89,10 +89,10 @@ def test_manifest_lists_every_file_with_versions_and_config(saved):
 
 
 KILL_POINTS = [
-    ("_write_sharded", 1),  # rank 1 dies before writing; rank 0 is inside Megatron's save
-    ("_write_manifest", 1),  # every shard written, nothing checksummed or published
-    ("_rename_into_place", 0),  # everything written, not yet renamed
-    ("_point_latest", 0),  # renamed into place, `latest` still names the previous step
+    ("save._write_sharded", 1),  # rank 1 dies before writing; rank 0 is inside Megatron's save
+    ("publish._write_manifest", 1),  # every shard written, nothing checksummed or published
+    ("publish._rename_into_place", 0),  # everything written, not yet renamed
+    ("publish._point_latest", 0),  # renamed into place, `latest` still names the previous step
 ]
 
 

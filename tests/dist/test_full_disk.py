@@ -1,5 +1,5 @@
 """A save onto a file system that fills up mid-write: one line, the previous checkpoint and
-`latest` whole, nothing half-written named like a checkpoint (trainer/checkpointing.py).
+`latest` whole, nothing half-written named like a checkpoint (trainer/checkpoint/disk_errors.py).
 
 The run directory is on a small tmpfs (root mounts it; skipped where that is not allowed) that
 holds the step-2 checkpoint of the tiny recipe but not the step-4 one beside it.
@@ -58,7 +58,7 @@ def test_a_save_onto_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(
     [result] = launch_ranks(1, START, {"argv": argv})
     root = run_dir / "checkpoints"
     errors = [line for line in result["stderr"].splitlines() if "error" in line.lower()]
-    assert errors == [  # Megatron's writer logs nothing of its own (checkpointing.py)
+    assert errors == [  # Megatron's writer logs nothing of its own (megatron_fixes.py)
         f"error: the checkpoint of step 4 could not be written to {root} (No space left on "
         "device); the unfinished save was removed and step_0000002 and latest are untouched "
         "(resume from them with checkpoint.resume=true run_dir=<this run>); free space there "

@@ -75,8 +75,14 @@ def module_of(path: str) -> str:
     return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
+def is_our_module(name: str) -> bool:
+    path = REPO / name.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def imported_modules(folder: str) -> dict[str, set[str]]:
-    """Every module each .py file under `folder` imports (top-level and inside functions)."""
+    """Every module each .py file under `folder` imports (top-level and inside functions);
+    `from a.b import c` counts `a.b`, and `a.b.c` too when that is a module of ours."""
     found: dict[str, set[str]] = {}
     for path in sorted((REPO / folder).rglob("*.py")):
         names: set[str] = set()
@@ -85,6 +91,8 @@ def imported_modules(folder: str) -> dict[str, set[str]]:
                 names.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names
+                             if is_our_module(f"{node.module}.{alias.name}"))
         found[str(path.relative_to(REPO))] = names
     return found
 
@@ -199,6 +207,43 @@ def test_the_checkpoint_checks_import_no_torch_when_run():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.stdout.strip() == "[]"
+
+
+# trainer/checkpoint/, its torch-free checks first: each module imports only those before it.
+CHECKPOINT_ORDER = ("format", "manifest", "preflight", "megatron_fixes", "state_dicts",
+                    "disk_errors", "publish", "async_save", "save", "load")
+
+
+def checkpoint_order_violations(imports: dict[str, set[str]]) -> list[str]:
+    """Every import inside trainer/checkpoint/ of a module listed after the importer (or not
+    listed): the package's modules form one line, so none can import the other in a circle."""
+    bad = []
+    for path, names in imports.items():
+        if not path.startswith("trainer/checkpoint/") or path.endswith("__init__.py"):
+            continue
+        own = CHECKPOINT_ORDER.index(module_of(path).rsplit(".", 1)[1])
+        for name in names:
+            if name.startswith("trainer.checkpoint."):
+                target = name.split(".")[2]
+                if target not in CHECKPOINT_ORDER[:own]:
+                    bad.append(f"{path} imports {name}")
+    return sorted(bad)
+
+
+def test_the_checkpoint_modules_import_only_those_before_them():
+    checkpoint = {path.stem for path in (REPO / "trainer" / "checkpoint").glob("*.py")}
+    assert checkpoint - {"__init__"} == set(CHECKPOINT_ORDER)
+    assert checkpoint_order_violations(all_imports()) == []
+
+
+@pytest.mark.parametrize(("path", "name"), [
+    ("trainer/checkpoint/publish.py", "trainer.checkpoint.save"),  # a circle save -> publish
+    ("trainer/checkpoint/format.py", "trainer.checkpoint.manifest"),
+])
+def test_the_checkpoint_order_fails_on_a_planted_import(path, name):
+    imports = all_imports()
+    imports[path] = {*imports[path], name}
+    assert checkpoint_order_violations(imports) == [f"{path} imports {name}"]
 
 
 # Megatron's parallel-size keywords, which only the one translation spells.
