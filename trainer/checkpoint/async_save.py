@@ -53,13 +53,12 @@ def start_async_write(session, save: PendingSave) -> None:
     metadata = state_dicts.content_metadata(session.cfg)
     with megatron_fixes.parameters_gathered(session.model):
         sharded = state_dicts.sharded_checkpoint(session, save.state, metadata)
-        # A fresh content_metadata: the sharded dicts leave a process group in `metadata`,
-        # which only the validation branch strips (dist_checkpointing/state_dict_utils.py:
-        # 44-49) and the writer cannot pickle; the sharding is validated on the first save.
+        # The sharding is validated on the first save only; the later ones save the content
+        # metadata unvalidated, so without its process group.
         with megatron_fixes.views_uncopied():
             request = dist_checkpointing.save(
                 sharded, str(save.tmp), saves.strategy,
-                content_metadata=state_dicts.content_metadata(session.cfg),
+                content_metadata=megatron_fixes.metadata_without_process_group(metadata),
                 validate_access_integrity=saves.started == 0,
                 async_sharded_save=True, async_strategy="mcore")
         request = megatron_fixes.views_copied_in_writer(request)

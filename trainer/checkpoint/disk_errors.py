@@ -5,13 +5,12 @@ each one every rank's outcome is shared, which is also the phase's barrier. A re
 rank then removes the unfinished save and stops every rank with the same one-line
 `CheckpointWriteError`, naming what is left to resume from, before the previous step or
 `latest` was touched. Any other error is raised as it is. Megatron's writer loses the errno of
-a failed write, so the disk itself is asked what went wrong (`_refuses_a_write`).
+a failed write, so the disk itself is asked what went wrong
+(`megatron_fixes.disk_refusal`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import shutil
 from collections.abc import Callable
@@ -21,9 +20,9 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from plugins.protocol.errors import UserError
+from trainer.checkpoint import megatron_fixes
 from trainer.checkpoint.format import LATEST_FILE, newest_checkpoint
-
-DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)  # the disk said no
+from trainer.checkpoint.megatron_fixes import DISK_ERRNOS
 
 
 class CheckpointWriteError(UserError):
@@ -49,32 +48,6 @@ def disk_error(error: BaseException) -> OSError | None:
     return None
 
 
-PROBE_BYTES = 1 << 20
-
-
-def _refuses_a_write(directory: Path) -> OSError | None:
-    """Whether `directory`'s file system has under 1 MiB free or refuses a 1 MiB write now.
-    Megatron's writer threads hand their own exception on as text only (its
-    dist_checkpointing/strategies/filesystem_async.py:284-291 logs it, then fails an assert on
-    its type), and torch's stream writer reports a full disk as a position mismatch, so a
-    failed save asks the disk itself."""
-    with contextlib.suppress(OSError):
-        if shutil.disk_usage(directory).free < PROBE_BYTES:
-            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    probe = directory / f".write-probe-{os.getpid()}"
-    try:
-        with open(probe, "wb") as handle:
-            handle.write(b"\0" * PROBE_BYTES)
-            handle.flush()
-            os.fsync(handle.fileno())
-    except OSError as error:
-        return error if error.errno in DISK_ERRNOS else None
-    finally:
-        with contextlib.suppress(OSError):
-            probe.unlink()
-    return None
-
-
 def attempt(step: Callable[[], None], directory: Path) -> str | None:
     """Run one phase of a save; the file system's refusal as words, other errors raised."""
     try:
@@ -82,7 +55,7 @@ def attempt(step: Callable[[], None], directory: Path) -> str | None:
     except CheckpointWriteError:  # a publication that already stopped every rank
         raise
     except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-        disk = disk_error(error) or _refuses_a_write(
+        disk = disk_error(error) or megatron_fixes.disk_refusal(
             directory if directory.is_dir() else directory.parent)
         if disk is None:
             raise

@@ -1,26 +1,105 @@
-"""Every change this project makes to Megatron Core's behaviour on the checkpoint paths.
+"""Every change this project makes to Megatron Core's behaviour on the checkpoint paths, by name.
 
 Megatron Core 0.19.2 is used unmodified; where its save or load does the wrong thing here (a
 defect on the torch-Adam path the CPU takes, a slow default, a pickle that runs code, two log
 lines around an error we report ourselves), a function or context manager below works around
-it from the outside, around Megatron's own calls, citing the Megatron file:line it works
-around (`docs/checkpoints.md` tells the longer stories). The rest of the package calls them
-only through this module.
+it from the outside, around Megatron's own calls. Each is one named entry of `FIXES`: the
+Megatron symbol and file:line it works around, one line on why, and what applies it
+(`docs/checkpoints.md` tells the longer stories). The rest of the package calls them only
+through this module, so a fix is found, and can be left out, by its name.
+
+`skipping(names)` leaves fixes out for the duration (each then does nothing, or hands its
+argument back unchanged): the self-tests (tests/unit/test_megatron_fixes.py; for those that
+need a process group with the distributed optimizer tests/dist/test_load_path_fixes.py, and for
+the disk probe tests/dist/test_full_disk.py) show what breaks or differs without each one.
+`FIX_NAMES` is the list every fix must have a self-test for; where none were feasible on CPU,
+`Fix.no_cpu_test` would say why (none needs it today).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
+import os
 import pickle
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from plugins.protocol.errors import UserError
 
+
+@dataclass(frozen=True)
+class Fix:
+    """One workaround: its name, what of Megatron it works around (symbol, file:line), why (one
+    line), the function or context manager that applies it, and, when it has no self-test on
+    CPU, why not."""
+
+    name: str
+    works_around: str
+    why: str
+    apply: Callable[..., Any]
+    context: bool  # a context manager entered around Megatron's call (else a call)
+    no_cpu_test: str | None = None
+
+
+FIXES: dict[str, Fix] = {}
+_skipped: frozenset[str] = frozenset()
+
+
+def _unchanged(argument: Any, *_: Any, **__: Any) -> Any:
+    return argument
+
+
+def _fix(name: str, *, works_around: str, why: str, context: bool = False,
+         when_skipped: Callable[..., Any] | None = None, no_cpu_test: str | None = None):
+    """Register the decorated function as the fix `name`. Skipped (`skipping`), a context
+    manager enters nothing and a call does nothing, or what `when_skipped` does instead."""
+
+    def register(function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def applied(*args: Any, **kwargs: Any) -> Any:
+            if name not in _skipped:
+                return function(*args, **kwargs)
+            if when_skipped is not None:
+                return when_skipped(*args, **kwargs)
+            return contextlib.nullcontext() if context else None
+
+        FIXES[name] = Fix(name, works_around, why, applied, context, no_cpu_test)
+        return applied
+
+    return register
+
+
+@contextlib.contextmanager
+def skipping(names: Iterable[str]) -> Iterator[None]:
+    """Leave the named fixes out while active (self-tests only). A forked writer inherits it."""
+    global _skipped
+    names = frozenset(names)
+    unknown = names - set(FIXES)
+    if unknown:
+        raise ValueError(f"unknown Megatron fixes {sorted(unknown)}; known: {sorted(FIXES)}")
+    previous, _skipped = _skipped, _skipped | names
+    try:
+        yield
+    finally:
+        _skipped = previous
+
+
 # --- Saving -------------------------------------------------------------------------------
 
 
+@_fix("params_gathered_before_save", context=True,
+      works_around="DistributedDataParallel's overlapped param all-gather, finished only in the "
+                   "next forward's pre-hook (distributed/distributed_data_parallel.py:412, "
+                   ":426-430)",
+      why="a save right after a step would store the pre-update weights (Megatron-LM gathers "
+          "first too, training/training.py:3045-3046)")
 @contextlib.contextmanager
 def parameters_gathered(model: list) -> Iterator[None]:
     """With overlapped param all-gather the updated weights arrive in the next forward's
@@ -38,6 +117,11 @@ def parameters_gathered(model: list) -> Iterator[None]:
             chunk.enable_forward_pre_hook()
 
 
+@_fix("gc_frozen", context=True,
+      works_around="the full gc.collect() ending DistributedOptimizer's fully_reshardable state "
+                   "(optimizer/distrib_optimizer.py:1569)",
+      why="it scans the trainer's whole heap, 0.4 s on every save and load; frozen, only "
+          "objects newer than the call are scanned")
 @contextlib.contextmanager
 def gc_frozen() -> Iterator[None]:
     """Megatron ends the fully_reshardable optimizer state with a full `gc.collect()`
@@ -52,6 +136,12 @@ def gc_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+@_fix("in_process_write_results", context=True,
+      works_around="filesystem_async.get_write_results_queue, a multiprocessing Manager started "
+                   "with spawn (dist_checkpointing/strategies/filesystem_async.py:52-66, called "
+                   "at :200)",
+      why="a synchronous save needs no other process; the spawned one imports torch to "
+          "unpickle the first result (:357), 3-4 s of every process's first save")
 @contextlib.contextmanager
 def in_process_write_results() -> Iterator[None]:
     """A synchronous save hands its write results over an in-process queue. Megatron's default
@@ -70,6 +160,11 @@ def in_process_write_results() -> Iterator[None]:
         filesystem_async._results_queue = previous
 
 
+@_fix("writer_errors_unlogged", context=True,
+      works_around="FileSystemWriterAsync.write_preloaded_data_multithread's logger.error calls "
+                   "(dist_checkpointing/strategies/filesystem_async.py:290 and :331)",
+      why="a failed write is logged twice before it reaches us as the exception; a full disk "
+          "is then our one line only")
 @contextlib.contextmanager
 def writer_errors_unlogged() -> Iterator[None]:
     """Megatron's writer logs a failed write itself, twice, before handing it on
@@ -89,9 +184,48 @@ def writer_errors_unlogged() -> Iterator[None]:
         writer_logger.setLevel(previous)
 
 
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)  # the disk said no
+PROBE_BYTES = 1 << 20
+
+
+@_fix("disk_asked_after_a_failed_write",
+      works_around="the writer threads' exception handed on as text, then an assert on its type "
+                   "(dist_checkpointing/strategies/filesystem_async.py:284-291, :330-332); "
+                   "torch's stream writer reports a full disk as a position mismatch",
+      why="the errno is lost, so only the disk itself can say a failed save was a full, "
+          "over-quota or read-only file system (one line instead of a traceback)")
+def disk_refusal(directory: Path) -> OSError | None:
+    """Whether `directory`'s file system has under 1 MiB free or refuses a 1 MiB write now
+    (the error it gives), asked after a save phase failed: Megatron's writer threads hand their
+    own exception on as text only (its dist_checkpointing/strategies/filesystem_async.py:284-291
+    logs it, then fails an assert on its type), and torch's stream writer reports a full disk
+    as a position mismatch."""
+    with contextlib.suppress(OSError):
+        if shutil.disk_usage(directory).free < PROBE_BYTES:
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    probe = directory / f".write-probe-{os.getpid()}"
+    try:
+        with open(probe, "wb") as handle:
+            handle.write(b"\0" * PROBE_BYTES)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as error:
+        return error if error.errno in DISK_ERRNOS else None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return None
+
+
 # --- Asynchronous saves ---------------------------------------------------------------------
 
 
+@_fix("forked_results_queue",
+      works_around="filesystem_async.get_write_results_queue, a multiprocessing Manager spawned "
+                   "inside the first asynchronous save (dist_checkpointing/strategies/"
+                   "filesystem_async.py:52-66)",
+      why="the spawned interpreter imports torch, 3-4 s of the step that starts the first "
+          "save; forked from this process up front it costs a fork")
 def forked_results_queue() -> None:
     """The writer hands its results over Megatron's process-wide queue, by default a
     multiprocessing Manager spawned inside the first save (strategies/filesystem_async.py:
@@ -120,6 +254,13 @@ def compact_buckets(buckets: list) -> list:
         for path, name, (byte_items, tensor_items) in buckets]
 
 
+@_fix("views_uncopied", context=True,
+      works_around="FileSystemWriterAsync.prepare_write_data, which copies every CPU tensor "
+                   "that is a view (dist_checkpointing/strategies/filesystem_async.py:146-166, "
+                   ":180)",
+      why="on a CPU rank every parameter is a view of its DDP buffer, copied inside the "
+          "training step; the forked writer is the snapshot and copies them itself "
+          "(`views_copied_in_writer`)")
 @contextlib.contextmanager
 def views_uncopied() -> Iterator[None]:
     """The writer's `prepare_write_data` copies every CPU tensor that is a view (on a CPU rank:
@@ -162,6 +303,12 @@ def views_uncopied() -> Iterator[None]:
         FileSystemWriterAsync.prepare_write_data = prepare
 
 
+@_fix("views_copied_in_writer", when_skipped=_unchanged,
+      works_around="the AsyncRequest's write function, called in the forked writer as "
+                   "async_fn(rank, write_buckets, results_queue) (dist_checkpointing/strategies/"
+                   "filesystem_async.py:220-224; buckets preloaded at async_utils.py:264-269)",
+      why="with `views_uncopied`, torch.save would write each view's whole DDP buffer; the "
+          "writer copies the views first, after the fork")
 def views_copied_in_writer(request):
     """The request with its write function compacting the buckets first (`compact_buckets`),
     in the forked writer: Megatron calls it as `async_fn(rank, write_buckets, results_queue)`
@@ -174,6 +321,20 @@ def views_copied_in_writer(request):
         return write(rank, compact_buckets(buckets), *rest, **kwargs)
 
     return request._replace(async_fn=write_compacted)
+
+
+@_fix("metadata_without_process_group", when_skipped=_unchanged,
+      works_around="the `dp_cp_group` the sharded state dicts add to the content metadata "
+                   "(transformer/utils.py:247), stripped only on the validated path "
+                   "(dist_checkpointing/state_dict_utils.py:44-49)",
+      why="an asynchronous save validates its sharding once; the later ones would save a "
+          "process group in the common state, which cannot be pickled")
+def metadata_without_process_group(metadata: dict) -> dict:
+    """The content metadata to save, without the process group the sharded state dicts put in
+    it (Megatron's own cleaning, dist_checkpointing/utils.py:335-349)."""
+    from megatron.core.dist_checkpointing.utils import _clean_metadata_for_serialization
+
+    return _clean_metadata_for_serialization(metadata)
 
 
 # --- Loading --------------------------------------------------------------------------------
@@ -213,6 +374,11 @@ def _load_bytes_weights_only(planner, read_item, value) -> None:
         planner.state_dict[read_item.dest_index.fqn] = loaded
 
 
+@_fix("weights_only_objects", context=True,
+      works_around="MCoreLoadPlanner.load_bytes, torch DCP's DefaultLoadPlanner.load_bytes with "
+                   "weights_only=False (torch/distributed/checkpoint/default_planner.py:381-392)",
+      why="a tampered checkpoint's non-tensor objects would run pickled code on every rank; "
+          "the restricted unpickler refuses it in one line")
 @contextlib.contextmanager
 def weights_only_objects() -> Iterator[None]:
     """While loading: Megatron's load planner unpickles byte objects with weights_only."""
@@ -239,6 +405,12 @@ def _is_distributed(optimizer) -> bool:
     return hasattr(optimizer, "_init_optimizer_states_with_dummy_values")
 
 
+@_fix("create_state_if_missing",
+      works_around="DistributedOptimizer.state_dict's `assert len(steps) == 1` "
+                   "(optimizer/distrib_optimizer.py:839), reached from sharded_state_dict at "
+                   ":1532",
+      why="a freshly built optimizer has no state to describe, so a load template cannot be "
+          "built; Megatron's own dummy step (:1422-1437) creates it, the load replaces it")
 def create_state_if_missing(optimizer) -> None:
     """A fresh distributed optimizer has no state to describe (`assert len(steps) == 1`,
     distrib_optimizer.py:839); Megatron's own dummy step creates it (replaced by the load)."""
@@ -247,6 +419,11 @@ def create_state_if_missing(optimizer) -> None:
             inner._init_optimizer_states_with_dummy_values()
 
 
+@_fix("keep_step_out_of_param_state", context=True,
+      works_around="DistributedOptimizer._set_main_param_and_optimizer_states "
+                   "(optimizer/distrib_optimizer.py:1193; read at :1223, copied at :1225)",
+      why="it expects a `step` tensor the loaded dict lacks (KeyError, fully_reshardable) or "
+          "overwrites the right step with the receiving optimizer's dummy one (dp_reshardable)")
 @contextlib.contextmanager
 def keep_step_out_of_param_state(optimizer) -> Iterator[None]:
     """The per-parameter copy (distrib_optimizer.py:1193) expects a `step` tensor the loaded
@@ -276,11 +453,22 @@ def keep_step_out_of_param_state(optimizer) -> Iterator[None]:
             del inner._set_main_param_and_optimizer_states
 
 
+@_fix("load_without_grad", context=True,
+      works_around="DistributedOptimizer.load_parameter_state_from_dp_reshardable, which copies "
+                   "into leaf parameters outside no_grad (optimizer/distrib_optimizer.py:2061, "
+                   "copy at :1225)",
+      why="with fp32 parameters the copy is an in-place operation on a leaf that requires "
+          "grad, a RuntimeError")
 def load_without_grad():
     """`torch.no_grad()` around the optimizer's `load_state_dict`."""
     return torch.no_grad()
 
 
+@_fix("give_each_param_its_own_step",
+      works_around="DistributedOptimizer.load_state_dict, which gives every parameter one "
+                   "shared `step` tensor (optimizer/distrib_optimizer.py:1028-1032)",
+      why="silent: torch's foreach AdamW then increments the shared step once per parameter, "
+          "so bias correction drifts from the uninterrupted run")
 def give_each_param_its_own_step(optimizer) -> None:
     """The load gives every parameter one shared `step` tensor (distrib_optimizer.py:1028);
     torch's foreach Adam then increments it once per parameter: each gets its own copy."""
@@ -293,6 +481,12 @@ def give_each_param_its_own_step(optimizer) -> None:
                 state["step"] = state["step"].detach().clone()
 
 
+@_fix("adopt_hyperparameters",
+      works_around="DistributedOptimizer.load_state_dict matching saved param groups to its own "
+                   "by max_lr/min_lr (optimizer/distrib_optimizer.py:941-970), and torch's "
+                   "load_state_dict restoring the saved betas and eps",
+      why="a resume with another learning rate fails with a KeyError, and one with other Adam "
+          "settings silently keeps the saved ones; a resume applies this run's values")
 def adopt_hyperparameters(loaded, values: dict) -> None:
     """Resume with this run's learning rates and Adam settings, not the saved ones.
 
@@ -318,3 +512,5 @@ def _into_param_groups(loaded, values: dict) -> None:
         for value in loaded:
             _into_param_groups(value, values)
 
+
+FIX_NAMES: tuple[str, ...] = tuple(FIXES)
