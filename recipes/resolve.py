@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from plugins.protocol.errors import ConfigError
 from recipes.config.io import load_config
 from recipes.config.overrides import apply_overrides, split_override
-from recipes.config.path_rules import validate_paths
 from recipes.config.schema import RunConfig
 from recipes.config.validation import Rule, validate
 from recipes.registry import DEFAULT_RECIPE, get_recipe
@@ -58,21 +57,18 @@ def parse_args(argv: Sequence[str]) -> ParsedArgs:
     return parsed
 
 
-def resolve_config(argv: Sequence[str], *, check_paths: bool = True,
-                   rules: Sequence[Rule] = ()) -> RunConfig:
+def resolve_config(argv: Sequence[str], *, rules: Sequence[Rule] = ()) -> RunConfig:
     """Build, override and validate the configuration the command line describes.
 
-    Raises `ListRecipesRequested` for `recipe=list`, and `ConfigError` (one
-    line, with the fix) for any mistake, including paths the config names (checked here, before
-    any rank starts, unless `check_paths=False`: the entry pipeline first makes data a blend
-    says how to prepare). `rules` are checked after the core and plugin rules (the trainer's
-    own, `trainer.throughput.RUN_RULES`). Does not check the machine; see
-    `recipes.config.machine`.
+    Raises `ListRecipesRequested` for `recipe=list`, and `ConfigError` (one line, with the fix)
+    for any mistake. `rules` are checked after the core and plugin rules (the trainer's own,
+    `trainer.throughput.RUN_RULES`). Reads no files beyond the config itself: the paths the
+    config names (output, checkpoint, blend files) and `checkpoint.resume` are the trainer's
+    `validate_paths` (trainer/checkpoint/preflight.py), run after data a blend says how to
+    prepare is made. Does not check the machine; see `recipes.config.machine`.
     """
     cfg = build_config(argv)
     validate(cfg, rules)
-    if check_paths:
-        validate_paths(cfg)
     return cfg
 
 

@@ -21,7 +21,8 @@ import torch
 
 from plugins.protocol.events import RunStart, StepMetrics
 from recipes.config.phases import continue_overrides, launch_stop
-from trainer import checkpointing
+from trainer.checkpoint import async_save
+from trainer.checkpoint.save import save_checkpoint
 from trainer.metrics import RunReporter
 from trainer.session import TrainingSession
 from trainer.state import RunHistory
@@ -175,7 +176,7 @@ def run_training(session: TrainingSession, reporter: RunReporter) -> RunHistory:
     with manual_gc(session.cfg.train.manual_gc_interval) as collect, \
             saves_published_before_exit(session) as stop:
         history = _train(session, reporter, collect, stop)
-        checkpointing.finish_saves(session, blocking=True)
+        async_save.finish_saves(session, blocking=True)
         return history
 
 
@@ -208,10 +209,10 @@ def _train(session: TrainingSession, reporter: RunReporter, collect,
             _evaluate(session, history, reporter)
         # After the whole optimizer step: the only place a run saves (docs/checkpoints.md).
         if cfg.checkpoint.save and _due(metrics.step, cfg.checkpoint.save_interval, total):
-            path = checkpointing.save_checkpoint(session, session.run_dir / "checkpoints")
+            path = save_checkpoint(session, session.run_dir / "checkpoints")
             history.checkpoint = str(path)
         if stop is not None:  # asynchronous saves
-            checkpointing.finish_saves(session, blocking=False)
+            async_save.finish_saves(session, blocking=False)
             if stop.agreed():
                 reporter.print(f"stopping after step {metrics.step} (SIGTERM); checkpoints "
                                "still being written are published first")

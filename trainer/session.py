@@ -31,7 +31,7 @@ from plugins.registry import build_plugins
 from recipes.config.phases import launch_mismatch, phase_config, phase_spans, schedule_samples
 from recipes.config.rampup import megatron_schedule, ramp_schedule
 from recipes.config.schema import RunConfig
-from trainer import checkpointing
+from trainer.checkpoint.load import load_checkpoint, load_model_weights, resolve_checkpoint_dir
 from trainer.cpu_runtime.runtime import runtime_for
 from trainer.data import GlobalBatches, PhasedBatches, build_sources
 from trainer.mcore_translation import (
@@ -68,7 +68,7 @@ class TrainingSession:
     # The step directory a full resume loaded (rotation never deletes it); None otherwise.
     resumed_from: Path | None = None
     mid_step: bool = False  # set by train_step while a step is under way (no saves then)
-    async_saves: Any = None  # checkpoint.async_save: trainer.checkpointing.AsyncSaves
+    async_saves: Any = None  # checkpoint.async_save: trainer.checkpoint.async_save.AsyncSaves
 
     def capture_state(self) -> RunState:
         """The run state as a checkpoint saves it: counters, data position, plugins, RNG."""
@@ -243,7 +243,7 @@ def build_session(
     chunks = build_model_chunks(cfg, config, plugins)
     load = cfg.checkpoint.load
     if load is not None and cfg.checkpoint.load_model_only:
-        checkpointing.load_model_weights(load, chunks)
+        load_model_weights(load, chunks)
     model = wrap_with_ddp(wrap_for_precision(chunks, config), config, build_ddp_config(cfg))
     optimizer = get_megatron_optimizer(build_optimizer_config(cfg), model)
     scheduler = build_scheduler(cfg, optimizer)
@@ -255,8 +255,8 @@ def build_session(
         eval_steps=eval_steps, state=RunState(world_size=torch.distributed.get_world_size()),
     )
     if load is not None and not cfg.checkpoint.load_model_only:
-        session.resumed_from = checkpointing.resolve_checkpoint_dir(load)
-        session.restore_state(checkpointing.load_checkpoint(session, session.resumed_from))
+        session.resumed_from = resolve_checkpoint_dir(load)
+        session.restore_state(load_checkpoint(session, session.resumed_from))
     mismatch = launch_mismatch(cfg, session.start_step)  # a phase that needs its own layout
     if mismatch is not None:
         raise ConfigError(mismatch)

@@ -1,6 +1,6 @@
 """Typed run state: everything besides weights, optimizer and scheduler that a resume needs.
 
-`RunState` is what a checkpoint saves and loads as a whole (see checkpointing.py): the step,
+`RunState` is what a checkpoint saves and loads as a whole (trainer/checkpoint/): the step,
 samples and loss tokens consumed, the training data position, this rank's RNG streams, and
 each plugin's own state. Adding a field here adds it to every checkpoint; no save or load
 signature changes. `RunHistory` is what the loop records for the summary.

@@ -286,7 +286,7 @@ def check_relaunch_sequences_given(cfg: RunConfig) -> str | None:
 def check_relaunch_saves(cfg: RunConfig) -> str | None:
     """A launch that ends where a relaunch phase begins hands over through its checkpoint:
     the run saves, and a CP change (a new layout) with the distributed optimizer saves a
-    state that any layout can load (recipes/config/run_manifest.py, `reshard_problem`)."""
+    state that any layout can load (trainer/checkpoint/manifest.py, `reshard_problem`)."""
     if not any(phase.relaunch for phase in cfg.phases):
         return None
     if not cfg.checkpoint.save:

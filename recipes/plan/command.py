@@ -143,7 +143,7 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
 
         cfg = build_config(rest)
     else:
-        cfg = resolve_config(rest, check_paths=False)
+        cfg = resolve_config(rest)
     cluster = load_cluster(cluster_file) if cluster_file else recipe_cluster(cfg)
     if cluster_file:
         cfg = apply_cluster(cfg, cluster)

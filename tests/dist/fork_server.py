@@ -39,7 +39,8 @@ def _preload() -> None:
     from megatron.core.models.gpt import GPTModel  # noqa: F401
 
     import tests.dist.rank_entry  # noqa: F401
-    import trainer.checkpointing  # noqa: F401
+    import trainer.checkpoint.load  # noqa: F401
+    import trainer.checkpoint.save  # noqa: F401
     import trainer.loop  # noqa: F401
     import trainer.session  # noqa: F401
 

@@ -96,8 +96,7 @@ def import_checkpoint(payload: dict) -> dict:
     from recipes.resolve import resolve_config
     from trainer.interop.importer import import_hf
 
-    cfg = resolve_config([f"recipe={payload['recipe']}", *payload.get("overrides", [])],
-                         check_paths=False)
+    cfg = resolve_config([f"recipe={payload['recipe']}", *payload.get("overrides", [])])
     with _quiet_progress() as progress:
         result = import_hf(Path(payload["hf"]), cfg, Path(payload["out"]), progress)
     return {"tensors": result.tensors, "bytes": result.bytes, "seconds": result.seconds,

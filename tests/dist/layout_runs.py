@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recipes.resolve import resolve_config
+from trainer.checkpoint.preflight import validate_paths
 
 # Small, machine-independent data so losses depend on numerics only, not the Python version.
 TEST_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=0",
@@ -24,6 +25,7 @@ def _session(payload: dict):
     cfg = resolve_config(
         [f"recipe={payload['recipe']}", *TEST_DATA, *payload.get("overrides", [])]
     )
+    validate_paths(cfg)
     cfg.checkpoint.save = False
     cfg.logging.progress_bar = False
     return start_session(cfg, Path(payload["run_dir"]))
@@ -73,7 +75,7 @@ def train_steps(payload: dict) -> dict:
 def train_saving_each_step(payload: dict) -> dict:
     """Train up to `steps`, saving a full checkpoint after every optimizer step (as the run
     loop does when `checkpoint.save_interval=1`); what the checkpoint root then holds."""
-    from trainer.checkpointing import save_checkpoint
+    from trainer.checkpoint.save import save_checkpoint
     from trainer.step import train_step
 
     session = _session(payload)

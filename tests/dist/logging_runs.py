@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recipes.resolve import resolve_config
+from trainer.checkpoint.preflight import validate_paths
 
 SMALL_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=1",
               "checkpoint.save=false", "logging.progress_bar=false",
@@ -22,6 +23,7 @@ def pretrain(payload: dict) -> dict:
     from trainer.entry.commands import pretrain_rank
 
     cfg = resolve_config([f"recipe={payload['recipe']}", *SMALL_DATA, *payload["overrides"]])
+    validate_paths(cfg)
     run_dir = Path(payload["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
     return {"exit": pretrain_rank(cfg, run_dir, None)}

@@ -65,9 +65,11 @@ def pretrain_metrics(payload: dict) -> dict:
 
     from recipes.resolve import resolve_config
     from tests.dist.layout_runs import TEST_DATA
+    from trainer.checkpoint.preflight import validate_paths
     from trainer.entry.commands import pretrain_rank
 
     cfg = resolve_config([f"recipe={payload['recipe']}", *TEST_DATA, *payload["overrides"]])
+    validate_paths(cfg)
     cfg.checkpoint.save = False
     cfg.logging.progress_bar = False
     run_dir = Path(payload["run_dir"])

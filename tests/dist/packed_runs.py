@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from recipes.resolve import resolve_config
+from trainer.checkpoint.preflight import validate_paths
 
 SEQ = 32  # one packed row: documents of 7, 12 and 9 tokens, then 4 padding tokens
 LENGTHS = (7, 12, 9)
@@ -38,6 +39,7 @@ def _session(payload: dict):
 
     cfg = resolve_config([f"recipe={payload['recipe']}", *TEST_DATA, *PACKED_OVERRIDES,
                           *payload.get("overrides", [])])
+    validate_paths(cfg)
     cfg.checkpoint.save = False
     cfg.logging.progress_bar = False
     return start_session(cfg, Path(payload["run_dir"]))

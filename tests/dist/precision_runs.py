@@ -14,6 +14,7 @@ from pathlib import Path
 from plugins.protocol.events import StepMetrics
 from plugins.protocol.hooks import Plugin
 from recipes.resolve import resolve_config
+from trainer.checkpoint.preflight import validate_paths
 
 # Small, machine-independent data and no held-out evaluation: losses depend on numerics only.
 TEST_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=0",
@@ -54,6 +55,7 @@ def train_recording_scaler(payload: dict) -> dict:
     from trainer.session import start_session
 
     cfg = resolve_config([f"recipe={payload['recipe']}", *TEST_DATA, *payload["overrides"]])
+    validate_paths(cfg)
     cfg.logging.progress_bar = False
     session = start_session(cfg, Path(payload["run_dir"]))
     loaded = scaler_state(session.optimizer)

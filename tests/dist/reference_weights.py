@@ -12,11 +12,8 @@ def save_model_weights(directory: str | Path, cfg, model: list) -> Path:
     import torch
     from megatron.core import dist_checkpointing
 
-    from trainer.checkpointing import (
-        content_metadata,
-        in_process_write_results,
-        model_sharded_state_dict,
-    )
+    from trainer.checkpoint.megatron_fixes import in_process_write_results
+    from trainer.checkpoint.state_dicts import content_metadata, model_sharded_state_dict
 
     path = Path(directory)
     if torch.distributed.get_rank() == 0:

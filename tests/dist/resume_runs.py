@@ -53,7 +53,8 @@ def _train(session, steps: int, save_at=(), root: Path | None = None,
     """As the run loop does: save after the steps in `save_at`, publish finished asynchronous
     saves after every step and all of them at the end. `started` gets, per save, what rank 0
     saw in `root` right after the save returned."""
-    from trainer.checkpointing import finish_saves, save_checkpoint
+    from trainer.checkpoint.async_save import finish_saves
+    from trainer.checkpoint.save import save_checkpoint
 
     records = []
     while session.state.step < steps:
@@ -139,11 +140,14 @@ def stop_points(payload: dict) -> dict:
 
 
 def die_during_save(payload: dict) -> dict:
-    """Resume, train one step, and SIGKILL rank `kill_rank` as the save reaches `kill_at` (a
-    function of trainer/checkpointing.py): the crash the next start must survive."""
-    from trainer import checkpointing
+    """Resume, train one step, and SIGKILL rank `kill_rank` as the save reaches `kill_at`
+    (`module.function` of trainer/checkpoint/, patched where the save looks it up): the crash
+    the next start must survive."""
+    import importlib
 
-    target = getattr(checkpointing, payload["kill_at"])
+    module_name, function = payload["kill_at"].rsplit(".", 1)
+    module = importlib.import_module(f"trainer.checkpoint.{module_name}")
+    target = getattr(module, function)
 
     def killed(*args, **kwargs):
         import torch
@@ -152,7 +156,7 @@ def die_during_save(payload: dict) -> dict:
             os.kill(os.getpid(), signal.SIGKILL)
         return target(*args, **kwargs)
 
-    setattr(checkpointing, payload["kill_at"], killed)
+    setattr(module, function, killed)
     session = _session(payload)
     _train(session, session.start_step + 1, {session.start_step + 1},
            Path(payload["checkpoint_dir"]))
@@ -162,7 +166,8 @@ def die_during_save(payload: dict) -> dict:
 def save_with_planted_object(payload: dict) -> dict:
     """A checkpoint whose RNG object carries pickled code (as a tampered file would), then an
     attempt to load it: the restricted unpickler must refuse it without running it."""
-    from trainer.checkpointing import UntrustedCheckpointError, load_checkpoint, save_checkpoint
+    from trainer.checkpoint.load import UntrustedCheckpointError, load_checkpoint
+    from trainer.checkpoint.save import save_checkpoint
     from trainer.state import RngState
 
     marker = Path(payload["marker"])

@@ -1,7 +1,7 @@
-"""Asynchronous saves (`checkpoint.async_save=true`, trainer/checkpointing.py): training is the
-same with them as without, a step is published (`latest`) only after every rank's writer has
-finished, a rank killed while the writers are at work leaves the previous checkpoint to resume
-from, and a resume from an asynchronously written checkpoint continues exactly.
+"""Asynchronous saves (`checkpoint.async_save=true`, trainer/checkpoint/async_save.py): training
+is the same with them as without, a step is published (`latest`) only after every rank's writer
+has finished, a rank killed while the writers are at work leaves the previous checkpoint to
+resume from, and a resume from an asynchronously written checkpoint continues exactly.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config.checkpoint_format import newest_checkpoint, unfinished_saves
-from recipes.config.run_manifest import damaged_file, read_manifest
 from tests.dist.test_requeue_resume import SMALL
+from trainer.checkpoint.format import newest_checkpoint, unfinished_saves
+from trainer.checkpoint.manifest import damaged_file, read_manifest
 
 pytestmark = pytest.mark.dist
 
@@ -50,7 +50,8 @@ def saved_both_ways(payload: dict) -> dict:
     size. The asynchronous writer copies the parameters' views itself (`views_uncopied`)."""
     from tests.dist.layout_runs import _finish, _session
     from tests.dist.resume_runs import _step
-    from trainer.checkpointing import finish_saves, save_checkpoint
+    from trainer.checkpoint.async_save import finish_saves
+    from trainer.checkpoint.save import save_checkpoint
 
     session = _session(payload)
     _step(session)

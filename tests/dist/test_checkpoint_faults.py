@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.checkpoint_format import MANIFEST_FILE, newest_checkpoint
-from recipes.config.path_rules import checkpoint_preflight
-from recipes.config.run_manifest import file_record
 from recipes.resolve import resolve_config
 from tests.dist.layout_runs import TEST_DATA
+from trainer.checkpoint.format import MANIFEST_FILE, newest_checkpoint
+from trainer.checkpoint.manifest import file_record
+from trainer.checkpoint.preflight import checkpoint_preflight, validate_paths
 
 pytestmark = pytest.mark.dist
 
@@ -55,7 +55,9 @@ def _copy(saved_root: Path, tmp_path: Path) -> Path:
 
 
 def _cfg(root: Path, *overrides: str):
-    return resolve_config([f"recipe={RECIPE}", *TEST_DATA, f"checkpoint.load={root}", *overrides])
+    cfg = resolve_config([f"recipe={RECIPE}", *TEST_DATA, f"checkpoint.load={root}", *overrides])
+    validate_paths(cfg)
+    return cfg
 
 
 def test_damaged_checkpoint_stops_pretrain_in_one_line_before_any_rank(saved, tmp_path):
@@ -87,10 +89,10 @@ def test_manifest_lists_every_file_with_versions_and_config(saved):
 
 
 KILL_POINTS = [
-    ("_write_sharded", 1),  # rank 1 dies before writing; rank 0 is inside Megatron's save
-    ("_write_manifest", 1),  # every shard written, nothing checksummed or published
-    ("_rename_into_place", 0),  # everything written, not yet renamed
-    ("_point_latest", 0),  # renamed into place, `latest` still names the previous step
+    ("save._write_sharded", 1),  # rank 1 dies before writing; rank 0 is inside Megatron's save
+    ("publish._write_manifest", 1),  # every shard written, nothing checksummed or published
+    ("publish._rename_into_place", 0),  # everything written, not yet renamed
+    ("publish._point_latest", 0),  # renamed into place, `latest` still names the previous step
 ]
 
 

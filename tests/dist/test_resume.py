@@ -2,11 +2,11 @@
 
 Exactly means, per step after the resume: the same loss, learning rate and consumed tokens, bit
 for bit, and the same token ids in the same order on every rank (a digest of each micro-batch).
-Covers the distributed optimizer's four load-path fixes in trainer/checkpointing.py (without
-any one of them the resumed losses drift by ~1e-2 or the load fails), interleaved pipelines,
-dropout (each rank's CPU generator and Megatron's tracker streams must resume), the hybrid
-Mamba-Transformer model at EP2 with Nemotron 3's router expert bias, and ten random
-stop points of the single-rank tiny model. A checkpoint saved at TP2 x PP2 resumes at other
+Covers the distributed optimizer's load-path fixes (trainer/checkpoint/megatron_fixes.py;
+without any one of them the resumed losses drift by ~1e-2 or the load fails), interleaved
+pipelines, dropout (each rank's CPU generator and Megatron's tracker streams must resume), the
+hybrid Mamba-Transformer model at EP2 with Nemotron 3's router expert bias, and ten random stop
+points of the single-rank tiny model. A checkpoint saved at TP2 x PP2 resumes at other
 layouts (weights and optimizer state resharded) within float tolerance, with the same samples;
 so does the hybrid Mamba-Transformer model saved at TP2 + SP and resumed at PP2 x VPP2.
 """

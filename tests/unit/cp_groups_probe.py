@@ -43,7 +43,7 @@ def _rank(cfg, rank: int, options: dict) -> dict:
 
 
 if __name__ == "__main__":
-    cfg = resolve_config(sys.argv[1:], check_paths=False)
+    cfg = resolve_config(sys.argv[1:])
     options = cfg.plugins.process_group_options(cfg)
     ranks = range(cfg.layout.world_size)
     print(json.dumps({"options": options,

@@ -5,18 +5,20 @@ ours; each plugin imports only the protocol; the plugin registry composes the pl
 model families' torch-free half (rules, parameter and FLOPs terms) stands on the protocol; the
 torch-free config machinery composes the registry and the families; the recipe catalogue
 builds configs; resolution sits above both; the planner above resolution; data preparation
-beside it; the training loop above all of that; HF interop, launch and the user tools above the
-loop; the entry pipeline and its command objects above everything; the scripts call only the
-entry contract.
-Each rule is also shown to fail on a planted violation.
+beside it; the training loop (its checkpoint package, trainer/checkpoint/, included) above all
+of that; HF interop, launch and the user tools above the loop; the entry pipeline and its
+command objects above everything; the scripts call only the entry contract. Each rule is also
+shown to fail on a planted violation.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,8 +79,14 @@ def module_of(path: str) -> str:
     return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
+def is_our_module(name: str) -> bool:
+    path = REPO / name.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def imported_modules(folder: str) -> dict[str, set[str]]:
-    """Every module each .py file under `folder` imports (top-level and inside functions)."""
+    """Every module each .py file under `folder` imports (top-level and inside functions);
+    `from a.b import c` counts `a.b`, and `a.b.c` too when that is a module of ours."""
     found: dict[str, set[str]] = {}
     for path in sorted((REPO / folder).rglob("*.py")):
         names: set[str] = set()
@@ -87,6 +95,8 @@ def imported_modules(folder: str) -> dict[str, set[str]]:
                 names.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names
+                             if is_our_module(f"{node.module}.{alias.name}"))
         found[str(path.relative_to(REPO))] = names
     return found
 
@@ -118,16 +128,29 @@ def floor_violations(imports: dict[str, set[str]]) -> list[str]:
     return sorted(bad)
 
 
+# Parts of the trainer the launching process runs before it imports torch: the checkpoint checks
+# (a damaged or unloadable checkpoint is refused in about a second) and the families' Hugging
+# Face configs (a model directory of another shape is refused before a conversion starts).
+TORCH_FREE_TRAINER = ("trainer/__init__.py", "trainer/checkpoint/__init__.py",
+                      "trainer/checkpoint/format.py", "trainer/checkpoint/manifest.py",
+                      "trainer/checkpoint/preflight.py", "trainer/models/__init__.py",
+                      "trainer/models/gpt/__init__.py", "trainer/models/gpt/hf_config.py",
+                      "trainer/models/hybrid/__init__.py", "trainer/models/hybrid/hf_config.py",
+                      "trainer/interop/__init__.py", "trainer/interop/hf_config.py")
+
+
 def torch_violations(imports: dict[str, set[str]]) -> list[str]:
-    """Resolving and validating a config imports no torch: the protocol, every plugin's config,
-    the registry and all of recipes/ are torch-free."""
+    """Resolving and validating a config, and checking the checkpoint it loads, import no torch:
+    the protocol, every plugin's config, the registry, all of recipes/ and the trainer's
+    checkpoint checks are torch-free; those checks import no other module of the trainer."""
     torch_free = [path for path in imports
                   if path.startswith(("plugins/protocol/", "recipes/", "plugins/registry.py"))
                   or (path.startswith("plugins/") and path.endswith("/config.py"))
-                  or (path.startswith("trainer/models/") and path.endswith("/hf_config.py"))
-                  or path == "trainer/interop/hf_config.py"]
+                  or path in TORCH_FREE_TRAINER]
+    own_torch_free = {module_of(path) for path in TORCH_FREE_TRAINER}
     return sorted(f"{path} imports {name}" for path in torch_free for name in imports[path]
-                  if name.split(".")[0] in ("torch", "megatron"))
+                  if name.split(".")[0] in ("torch", "megatron")
+                  or (name.split(".")[0] == "trainer" and name not in own_torch_free))
 
 
 def test_no_import_runs_up_a_floor():
@@ -168,11 +191,71 @@ def test_each_floor_rule_fails_on_a_planted_violation(path, name):
 @pytest.mark.parametrize("path", ["plugins/protocol/hooks.py", "plugins/packing/config.py",
                                   "recipes/plan/flops.py", "plugins/registry.py",
                                   "recipes/models/hybrid/params.py",
-                                  "trainer/models/hybrid/hf_config.py"])
+                                  "trainer/models/hybrid/hf_config.py",
+                                  "trainer/checkpoint/format.py", "trainer/checkpoint/manifest.py",
+                                  "trainer/checkpoint/preflight.py"])
 def test_the_torch_free_rule_fails_on_a_planted_import(path):
     imports = all_imports()
     imports[path] = {*imports[path], "torch"}
     assert torch_violations(imports) == [f"{path} imports torch"]
+
+
+@pytest.mark.parametrize(("path", "name"), [
+    ("trainer/checkpoint/preflight.py", "trainer.checkpoint.save"),  # torch through our own
+    ("trainer/checkpoint/manifest.py", "trainer.state"),
+])
+def test_the_checkpoint_checks_reach_no_torch_through_the_trainer(path, name):
+    imports = all_imports()
+    imports[path] = {*imports[path], name}
+    assert torch_violations(imports) == [f"{path} imports {name}"]
+
+
+def test_the_checkpoint_checks_import_no_torch_when_run():
+    """What the static rule promises, in a fresh interpreter: the pre-flight's modules load
+    without torch or Megatron."""
+    code = ("import sys\n"
+            "import trainer.checkpoint.preflight\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.stdout.strip() == "[]"
+
+
+# trainer/checkpoint/, its torch-free checks first: each module imports only those before it.
+CHECKPOINT_ORDER = ("format", "manifest", "preflight", "megatron_fixes", "state_dicts",
+                    "disk_errors", "publish", "async_save", "save", "load")
+
+
+def checkpoint_order_violations(imports: dict[str, set[str]]) -> list[str]:
+    """Every import inside trainer/checkpoint/ of a module listed after the importer (or not
+    listed): the package's modules form one line, so none can import the other in a circle."""
+    bad = []
+    for path, names in imports.items():
+        if not path.startswith("trainer/checkpoint/") or path.endswith("__init__.py"):
+            continue
+        own = CHECKPOINT_ORDER.index(module_of(path).rsplit(".", 1)[1])
+        for name in names:
+            if name.startswith("trainer.checkpoint."):
+                target = name.split(".")[2]
+                if target not in CHECKPOINT_ORDER[:own]:
+                    bad.append(f"{path} imports {name}")
+    return sorted(bad)
+
+
+def test_the_checkpoint_modules_import_only_those_before_them():
+    checkpoint = {path.stem for path in (REPO / "trainer" / "checkpoint").glob("*.py")}
+    assert checkpoint - {"__init__"} == set(CHECKPOINT_ORDER)
+    assert checkpoint_order_violations(all_imports()) == []
+
+
+@pytest.mark.parametrize(("path", "name"), [
+    ("trainer/checkpoint/publish.py", "trainer.checkpoint.save"),  # a circle save -> publish
+    ("trainer/checkpoint/format.py", "trainer.checkpoint.manifest"),
+])
+def test_the_checkpoint_order_fails_on_a_planted_import(path, name):
+    imports = all_imports()
+    imports[path] = {*imports[path], name}
+    assert checkpoint_order_violations(imports) == [f"{path} imports {name}"]
 
 
 # Megatron's parallel-size keywords, which only the one translation spells.

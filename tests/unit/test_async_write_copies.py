@@ -1,7 +1,7 @@
 """An asynchronous save leaves the copies of CPU views to its forked writer
-(trainer/checkpointing.py, `views_uncopied` and `compact_buckets`): the step hands the writer
-the parameters as they are, and the writer copies each view before writing, so that a file
-holds the view's bytes and not its whole buffer. Without a process group."""
+(trainer/checkpoint/megatron_fixes.py, `views_uncopied` and `compact_buckets`): the step hands
+the writer the parameters as they are, and the writer copies each view before writing, so that
+a file holds the view's bytes and not its whole buffer. Without a process group."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch.distributed.checkpoint.filesystem import _StoragePrefix
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 
-from trainer.checkpointing import (
+from trainer.checkpoint.megatron_fixes import (
     compact_buckets,
     in_process_write_results,
     is_storage_view,

@@ -1,6 +1,7 @@
 """Every user mistake is one line naming the field and the fix, across the whole schema.
 
-One table of command lines that must each be refused by `resolve_config` with a `ConfigError`
+One table of command lines that must each be refused by `resolve_config` or, for the paths,
+the trainer's `validate_paths` after it (as the entry pipeline runs them) with a `ConfigError`
 whose message contains the expected text and no newline; `{tmp}` stands for a directory holding
 the files and checkpoint layouts the path cases name (built by `paths_dir`). A second table
 holds the command lines only a launching process can refuse (the fit on this machine, the nodes
@@ -24,6 +25,7 @@ from recipes.config.path_rules import check_output_dir
 from recipes.registry import get_recipe
 from recipes.resolve import resolve_config
 from tests.unit.dataset_fixtures import write_dataset
+from trainer.checkpoint.preflight import validate_paths
 
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = (
@@ -451,7 +453,7 @@ def test_table_is_large_distinct_and_covers_every_section() -> None:
 )
 def test_bad_input_is_one_line_naming_the_fix(argv, expected, paths_dir) -> None:
     with pytest.raises(ConfigError) as caught:
-        resolve_config(_fill(argv, paths_dir))
+        validate_paths(resolve_config(_fill(argv, paths_dir)))
     message = str(caught.value)
     assert _fill([expected], paths_dir)[0] in message
     assert "\n" not in message and message.strip() == message
@@ -512,7 +514,7 @@ def test_directory_under_proc_is_refused_by_trying_to_create_it(key) -> None:
     # os.access says root may write /proc; creating /proc/nope fails, and that is the answer.
     assert os.access("/proc", os.W_OK) or os.geteuid() != 0
     with pytest.raises(ConfigError) as caught:
-        resolve_config(["recipe=tiny_dp1", f"{key}=/proc/nope"])
+        validate_paths(resolve_config(["recipe=tiny_dp1", f"{key}=/proc/nope"]))
     assert str(caught.value).startswith(f"{key}=/proc/nope cannot be created (under /proc: ")
 
 

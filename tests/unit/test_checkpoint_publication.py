@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from recipes.config.checkpoint_format import newest_checkpoint
-from recipes.config.path_rules import check_checkpoint_load_path
 from recipes.registry import get_recipe
-from trainer.checkpointing import (
+from trainer.checkpoint.format import newest_checkpoint
+from trainer.checkpoint.load import resolve_checkpoint_dir
+from trainer.checkpoint.preflight import check_checkpoint_load_path
+from trainer.checkpoint.publish import (
     _point_latest,
     _rename_into_place,
     _rotate,
     checkpoints_to_delete,
-    resolve_checkpoint_dir,
 )
 
 

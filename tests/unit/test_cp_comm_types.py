@@ -47,7 +47,7 @@ def test_a2a_p2p_creates_the_layouts_hierarchical_groups_or_is_refused():
     assert result.returncode == 0, result.stderr[-3000:]
     probe = json.loads(result.stdout.splitlines()[-1])
     assert probe["options"] == {"hierarchical_context_parallel_sizes": [2, 2]}
-    layout = resolve_config(A2A_P2P, check_paths=False).layout
+    layout = resolve_config(A2A_P2P).layout
     assert layout.context == 4 and layout.data_parallel == 2
     levels = layout.hierarchical_context_groups([2, 2])
     for rank, record in enumerate(probe["with"]):

@@ -195,7 +195,7 @@ def test_the_local_launcher_gives_gpu_ranks_their_environment(monkeypatch, tmp_p
     seen = {}
     monkeypatch.setattr(local, "launch_local_ranks",
                         lambda world, script, args, environment: seen.update(environment) or 0)
-    cfg = resolve_config([f"recipe={recipe}", f"run_dir={tmp_path}"], check_paths=False)
+    cfg = resolve_config([f"recipe={recipe}", f"run_dir={tmp_path}"])
     args = parse_arguments(PRETRAIN, [f"recipe={recipe}"])
     assert pipeline.start_local_ranks(cfg, tmp_path, args, on_gpu) == 0
     assert {k: v for k, v in seen.items() if k != pipeline.PREFLIGHT_DONE_ENV} == expected

@@ -137,7 +137,7 @@ def test_the_loss_curve_is_drawn_at_run_end(tmp_path):
 
 def test_logging_config_is_built_only_when_something_is_on_and_names_missing_packages(
         monkeypatch):
-    cfg = resolve_config(["recipe=tiny_dp1"], check_paths=False)
+    cfg = resolve_config(["recipe=tiny_dp1"])
     assert not LoggingConfig(loss_curve=False).active(cfg) and LoggingConfig().active(cfg)
     assert isinstance(LoggingConfig().build(), LoggingPlugin)
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
@@ -195,7 +195,7 @@ def test_compare_runs_overlays_run_dirs_and_refuses_in_one_line(tmp_path):
 def test_profiler_window_rules():
     def cfg(*overrides: str):
         return resolve_config(["recipe=tiny_dp1", "plugins.profiler.enabled=true", *overrides],
-                              check_paths=False, rules=RUN_RULES)
+                              rules=RUN_RULES)
 
     assert check_profiler_window(cfg()) is None  # default window 5-6 of 300 steps
     with pytest.raises(ConfigError, match=r"plugins.profiler.steps=0 must be at least 1"):
@@ -219,7 +219,7 @@ def test_profiler_traces_exactly_its_window(tmp_path):
 
     from plugins.profiler.config import ProfilerConfig
 
-    cfg = resolve_config(["recipe=tiny_dp1"], check_paths=False)  # exposed_comm off
+    cfg = resolve_config(["recipe=tiny_dp1"])  # exposed_comm off
     assert not ProfilerConfig().active(cfg)  # off by default: nothing is built
     plugin = ProfilerConfig(enabled=True, start_step=2, steps=2).build()
     plugin.run_start(RunStart(config=cfg, run_dir=tmp_path, start_step=0, total_steps=4))
@@ -240,7 +240,7 @@ def test_profiler_stands_aside_for_the_trainers_own_profiled_steps(tmp_path, cap
     from plugins.profiler.config import ProfilerConfig
 
     plugin = ProfilerConfig(enabled=True, start_step=12, steps=2).build()
-    cfg = resolve_config(["recipe=tiny_dp1"], check_paths=False)
+    cfg = resolve_config(["recipe=tiny_dp1"])
     own = trainer_profiled_steps(10, 20, exposed_comm=True)
     assert own == {12, 13}
     plugin.run_start(RunStart(config=cfg, run_dir=tmp_path, start_step=10, total_steps=20,
@@ -283,7 +283,7 @@ def test_summary_has_one_row_per_phase():
 
     cfg = resolve_config(["recipe=tiny_dp1", "train.train_iters=20", "scheduler.warmup_iters=2",
                           "phases=[{name: a, end_step: 12}, {name: b, end_step: 20, "
-                          "global_batch_size: 16}]"], check_paths=False)
+                          "global_batch_size: 16}]"])
     rows = phase_rows(cfg)
     assert [(r["phase"], r["steps"], r["global_batch"]) for r in rows] == [
         ("a", "0-12", 8), ("b", "12-20", 16)]

@@ -15,7 +15,7 @@ from trainer.tools.megatron_parity import (
 
 
 def test_arguments_carry_every_alignment_and_the_steps():
-    args = parity_arguments(resolve_config(["recipe=tiny_dp1"], check_paths=False), 5)
+    args = parity_arguments(resolve_config(["recipe=tiny_dp1"]), 5)
     for alignment in ALIGNMENTS:
         assert all(flag in args for flag in alignment.flags)
     assert args[args.index("--exit-interval") + 1] == "5"
@@ -23,7 +23,7 @@ def test_arguments_carry_every_alignment_and_the_steps():
 
 
 def test_wsd_gets_its_resolved_decay_iterations():
-    cfg = resolve_config(["recipe=tiny_dp1", "scheduler.style=wsd"], check_paths=False)
+    cfg = resolve_config(["recipe=tiny_dp1", "scheduler.style=wsd"])
     args = parity_arguments(cfg, 2)
     assert args[args.index("--lr-wsd-decay-iters") + 1] == "30"
 
@@ -38,6 +38,6 @@ def test_megatron_lm_indices_reach_this_ranks_own_micro_batches():
 
 
 def test_what_the_check_cannot_compare_is_one_line():
-    hybrid = unsupported(resolve_config(["recipe=hybrid_tiny_dp1"], check_paths=False))
+    hybrid = unsupported(resolve_config(["recipe=hybrid_tiny_dp1"]))
     assert hybrid and "\n" not in hybrid and "hybrid" in hybrid
-    assert unsupported(resolve_config(["recipe=tiny_dp1"], check_paths=False)) is None
+    assert unsupported(resolve_config(["recipe=tiny_dp1"])) is None

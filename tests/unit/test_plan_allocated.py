@@ -38,7 +38,7 @@ def size(t):
     return t.numel() * t.element_size()
 
 def measure(args):
-    cfg = resolve_config(args, check_paths=False)
+    cfg = resolve_config(args)
     plugins = build_plugins(cfg)
     plugins.setup_runtime(runtime_for(cfg.cluster))
     torch.distributed.init_process_group("gloo", init_method="file://" + tempfile.mktemp(),
@@ -88,7 +88,7 @@ def test_model_state_equals_allocated_bytes(args):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     real = json.loads(result.stdout.splitlines()[-1])
-    cfg = resolve_config(args, check_paths=False)
+    cfg = resolve_config(args)
     plan = rank_model_state(cfg, stage_params(cfg)[0], state_bytes_of(cfg), sharding_of(cfg))
     assert real == {"weights": plan.weights, "grads": plan.grads, "master": plan.master,
                     "moments": plan.moments}

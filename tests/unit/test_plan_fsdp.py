@@ -21,8 +21,7 @@ H100 = "conf/cluster/h100_80gb_8x8.yaml"
 
 
 def _cfg(*overrides):
-    return resolve_config(["recipe=llama3_8b_tp8_dp8", f"cluster.spec={H100}", *overrides],
-                          check_paths=False)
+    return resolve_config(["recipe=llama3_8b_tp8_dp8", f"cluster.spec={H100}", *overrides])
 
 
 def _plan(cfg):

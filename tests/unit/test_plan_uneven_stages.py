@@ -29,7 +29,7 @@ def test_first_and_last_stage_hold_one_layer_fewer():
     (LLAMA31[2], 16384, (8, 16, 16, 8), 131_072, 16_777_216),
 ])
 def test_the_published_layouts(name, world, degrees, seq, tokens):
-    cfg = resolve_config([f"recipe={name}"], check_paths=False)
+    cfg = resolve_config([f"recipe={name}"])
     layout = cfg.layout
     assert layout.world_size == world
     assert (layout.tensor, layout.pipeline, layout.context, layout.data_parallel) == degrees
@@ -50,11 +50,10 @@ def test_even_split_is_unchanged():
 ])
 def test_bad_uneven_splits_are_one_line(overrides, message):
     with pytest.raises(ConfigError, match=message) as error:
-        resolve_config([f"recipe={LLAMA31[1]}", "parallel.last_stage_layers=null", *overrides],
-                       check_paths=False)
+        resolve_config([f"recipe={LLAMA31[1]}", "parallel.last_stage_layers=null", *overrides])
     assert "\n" not in str(error.value)
 
 
 def test_uneven_needs_pipelining():
     with pytest.raises(ConfigError, match="needs parallel.pipeline >= 2"):
-        resolve_config(["recipe=tiny_dp1", "parallel.first_stage_layers=2"], check_paths=False)
+        resolve_config(["recipe=tiny_dp1", "parallel.first_stage_layers=2"])

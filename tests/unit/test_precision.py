@@ -320,8 +320,7 @@ def test_gpu_check_runs_are_valid_configs() -> None:
 
     check = _gpu_check()
     for name, overrides in check.planned_runs().items():
-        cfg = resolve_config([*check.run_arguments(overrides), "train.train_iters=50"],
-                             check_paths=False)
+        cfg = resolve_config([*check.run_arguments(overrides), "train.train_iters=50"])
         assert failing(cfg) == [], name
         assert (cfg.model.hidden_size, cfg.model.vocab_size) == (1024, 2048), name
 

@@ -13,17 +13,17 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.io import save_config
 from recipes.registry import DEFAULT_RECIPE, get_recipe
 from recipes.resolve import ListRecipesRequested, parse_args, resolve_config
+from trainer.checkpoint.preflight import validate_paths
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_no_arguments_gives_the_default_recipe() -> None:
-    assert resolve_config([], check_paths=False) == get_recipe(DEFAULT_RECIPE)
+    assert resolve_config([]) == get_recipe(DEFAULT_RECIPE)
 
 
 def test_alias_and_overrides_resolve_to_the_named_recipe() -> None:
-    cfg = resolve_config(["recipe=8b_tp8_pp4_dp2", "train.micro_batch_size=1", "optimizer.lr=2e-4"],
-                         check_paths=False)
+    cfg = resolve_config(["recipe=8b_tp8_pp4_dp2", "train.micro_batch_size=1", "optimizer.lr=2e-4"])
     assert cfg.name == "llama3_8b_tp8_pp4_dp2"
     assert cfg.train.micro_batch_size == 1
     assert cfg.optimizer.lr == pytest.approx(2e-4)
@@ -93,23 +93,31 @@ def _finished_checkpoint(path: Path) -> Path:
     return path
 
 
+def _resolved_and_checked(argv: list[str]):
+    """As the entry pipeline does: resolve (reads no paths), then the trainer's path checks."""
+    cfg = resolve_config(argv)
+    validate_paths(cfg)
+    return cfg
+
+
 def test_checkpoint_paths_that_hold_a_checkpoint_resolve(tmp_path) -> None:
     root = tmp_path / "run" / "checkpoints"
     step = _finished_checkpoint(root / "step_0000300")
     (root / "latest").write_text("step_0000300")
     weights = _finished_checkpoint(tmp_path / "weights")
     for load in (root, step, weights):
-        cfg = resolve_config([f"checkpoint.load={load}", f"output_dir={tmp_path / 'out'}"])
+        cfg = _resolved_and_checked([f"checkpoint.load={load}", f"output_dir={tmp_path / 'out'}"])
         assert cfg.checkpoint.load == str(load)
 
 
-def test_paths_are_checked_after_validation_and_not_for_a_dry_run(tmp_path) -> None:
+def test_resolving_reads_no_paths_and_the_path_checks_skip_a_dry_run(tmp_path) -> None:
     missing = tmp_path / "missing"
+    assert resolve_config([f"checkpoint.load={missing}"]).checkpoint.load == str(missing)
     with pytest.raises(ConfigError, match=r"^checkpoint\.load=.*/missing does not exist"):
-        resolve_config([f"checkpoint.load={missing}"])
+        _resolved_and_checked([f"checkpoint.load={missing}"])
     with pytest.raises(ConfigError, match=r"^train.global_batch_size=6 is not divisible"):
-        resolve_config(
+        _resolved_and_checked(
             ["recipe=tiny_dp2", "train.global_batch_size=6", f"checkpoint.load={missing}"]
         )
-    cfg = resolve_config(["dry_run=true", f"checkpoint.load={missing}"])  # reads no files
+    cfg = _resolved_and_checked(["dry_run=true", f"checkpoint.load={missing}"])  # reads no files
     assert cfg.checkpoint.load == str(missing)

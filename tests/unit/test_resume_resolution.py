@@ -15,10 +15,10 @@ import pytest
 from plugins.protocol.errors import ConfigError
 from recipes.config.io import save_config
 from recipes.config.overrides import apply_overrides
-from recipes.config.path_rules import check_checkpoint_load_path, resolve_resume, validate_paths
 from recipes.config.validation import validate
 from recipes.registry import get_recipe
 from recipes.resolve import resolve_config
+from trainer.checkpoint.preflight import check_checkpoint_load_path, resolve_resume, validate_paths
 
 
 def _cfg(run_dir: Path, *overrides: str):
@@ -100,4 +100,5 @@ def test_the_saved_config_of_a_resumed_run_resolves_on_its_ranks(tmp_path) -> No
     resolved, _ = resolve_resume(_cfg(run_dir))
     save_config(resolved, run_dir / "config.yaml")
     again = resolve_config([f"config={run_dir / 'config.yaml'}", f"run_dir={run_dir}"])
+    validate_paths(again)
     assert again.checkpoint.load == resolved.checkpoint.load and not again.checkpoint.resume

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.checkpoint_format import MANIFEST_FILE
 from recipes.config.overrides import apply_overrides
-from recipes.config.path_rules import checkpoint_preflight, previous_step
-from recipes.config.run_manifest import (
+from recipes.registry import get_recipe
+from trainer.checkpoint.format import MANIFEST_FILE
+from trainer.checkpoint.manifest import (
     damaged_file,
     file_record,
     flatten,
@@ -28,7 +28,7 @@ from recipes.config.run_manifest import (
     tokenizer_identity,
     tokenizer_mismatch,
 )
-from recipes.registry import get_recipe
+from trainer.checkpoint.preflight import checkpoint_preflight, previous_step
 
 
 def _cfg(*overrides: str, recipe: str = "tiny_dp2"):
@@ -171,7 +171,7 @@ def test_data_position_in_samples_survives_a_change_of_global_batch():
 
 
 def test_a_save_inside_an_optimizer_step_is_refused():
-    from trainer.checkpointing import save_checkpoint
+    from trainer.checkpoint.save import save_checkpoint
 
     with pytest.raises(RuntimeError, match="inside an optimizer step"):
         save_checkpoint(SimpleNamespace(mid_step=True), "unused")

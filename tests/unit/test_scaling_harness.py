@@ -260,7 +260,8 @@ def test_sizes_become_cluster_jobs_through_the_launcher(tmp_path):
     out = tmp_path / "sweep"
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "scaling.py"), "recipe=tiny_dp1",
-         "data.source=synthetic", "scaling.world_sizes=[8,16]", "cluster=conf/cluster/h100_80gb_8x8.yaml",
+         "data.source=synthetic", "scaling.world_sizes=[8,16]",
+         "cluster=conf/cluster/h100_80gb_8x8.yaml",
          f"scaling.out={out}", "--dry-run", f"job_dir={tmp_path / 'jobs'}"],
         capture_output=True, text=True, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

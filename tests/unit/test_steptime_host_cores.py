@@ -22,7 +22,7 @@ CPU = REPO / "conf" / "cluster" / "cpu_local.yaml"
 
 
 def _time(recipe: str, host_cores: int | None, *overrides: str):
-    cfg = resolve_config([f"recipe={recipe}", *overrides], check_paths=False)
+    cfg = resolve_config([f"recipe={recipe}", *overrides])
     cluster = load_cluster(CPU)
     cfg = apply_cluster(cfg, cluster)
     stages = stage_plans(cfg, cluster, PlanOptions(listed_groups=0))
@@ -100,7 +100,7 @@ def test_the_search_names_the_bound_when_it_binds(tmp_path):
     path = tmp_path / "cpu.yaml"
     path.write_text(CPU.read_text() + "kernel_overhead_us: 300\nhost_cores: 2\n")
     cluster = load_cluster(path)
-    cfg = apply_cluster(resolve_config(["recipe=tiny_tp2_pp2"], check_paths=False), cluster)
+    cfg = apply_cluster(resolve_config(["recipe=tiny_tp2_pp2"]), cluster)
     result = search(cfg, cluster, top=10)
     text = text_search(cfg, cluster, result)
     assert any(e.time.cores > 0 for e in result.listed)

@@ -17,15 +17,15 @@ CPU = "conf/cluster/cpu_local.yaml"
 
 
 def _time(recipe: str, latency_s: float):
-    cfg = resolve_config([f"recipe={recipe}"], check_paths=False)
+    cfg = resolve_config([f"recipe={recipe}"])
     cluster = load_cluster(CPU)
     stages = stage_plans(cfg, cluster, PlanOptions(listed_groups=0))
     return step_time(cfg, stages, cluster.peak_tflops["fp32"], latency_s=latency_s)
 
 
 def test_counts_follow_the_layout():
-    tp = collective_counts(resolve_config(["recipe=tiny_tp2"], check_paths=False), 4)
-    dp = collective_counts(resolve_config(["recipe=tiny_dp2"], check_paths=False), 4)
+    tp = collective_counts(resolve_config(["recipe=tiny_tp2"]), 4)
+    dp = collective_counts(resolve_config(["recipe=tiny_dp2"]), 4)
     # TP2, 4 micro-batches of 4 layers: 2 forward + 2 backward all-reduces per layer
     assert tp["tp"] == 4 * 4 * 4 and tp["pp"] == tp["dp-cp"] == 0
     assert dp["tp"] == 0 and dp["dp-cp"] == 1
@@ -40,7 +40,7 @@ def test_latency_is_added_per_collective_and_off_without_the_figure():
 
 
 def test_kernel_overhead_charges_many_small_micro_batches():
-    cfg = resolve_config(["recipe=tiny_dp2"], check_paths=False)
+    cfg = resolve_config(["recipe=tiny_dp2"])
     cluster = load_cluster(CPU)
 
     def total(micro_batch: int, kernel_s: float) -> float:

@@ -126,7 +126,7 @@ def pretrain(args: Arguments) -> int:
         from recipes.config.megatron_args import command_text
         from recipes.resolve import resolve_config
 
-        print(command_text(resolve_config(list(args.rest), check_paths=False)))
+        print(command_text(resolve_config(list(args.rest))))
         return 0
     return Training(pretrain_rank, phased=True)(args)
 

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plugins.protocol.errors import EXIT_NONFINITE, ConfigError, UserError
-from recipes.config.checkpoint_format import RUN_CHECKPOINTS, newest_checkpoint, step_of
 from recipes.config.io import CONFIG_FILENAME, save_config
 from recipes.config.machine import check_machine, detect_machine, ranks_on_cpu
-from recipes.config.path_rules import checkpoint_preflight, resumed_step, validate_paths
 from recipes.config.schema import RunConfig
 from recipes.plan.fit import local_attention_cost
 from recipes.resolve import resolve_config
+from trainer.checkpoint.format import RUN_CHECKPOINTS, newest_checkpoint, step_of
+from trainer.checkpoint.preflight import checkpoint_preflight, resumed_step, validate_paths
 from trainer.entry.contract import Arguments, print_once
 from trainer.throughput import RUN_RULES
 
@@ -92,7 +92,7 @@ def quiet_library_noise() -> None:
 def resolve(args: Arguments, extra: Sequence[str] = ()) -> RunConfig:
     """The run's config from the command line (`recipe=list` raises ListRecipesRequested,
     which the contract answers with the help text)."""
-    return resolve_config([*args.rest, *extra], check_paths=False, rules=RUN_RULES)
+    return resolve_config([*args.rest, *extra], rules=RUN_RULES)
 
 
 def dry_run(cfg: RunConfig) -> int:

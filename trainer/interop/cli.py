@@ -70,7 +70,7 @@ def import_config(request: Request):
     if not any(arg.split("=", 1)[0] in ("recipe", "config") for arg in request.rest):
         raise ConfigError("import needs recipe=NAME (or config=FILE): the recipe you will train "
                           "(recipe=list shows them)")
-    cfg = resolve_config(request.rest, check_paths=False)
+    cfg = resolve_config(request.rest)
     hf = hf_config.read_hf_config(request.paths["hf"])
     hf_config.family(hf)
     hf_config.compare_with_recipe(hf, cfg.model, cfg.name)

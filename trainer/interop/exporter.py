@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.checkpoint_format import is_checkpoint, newest_checkpoint
 from recipes.config.io import load_config
 from recipes.config.schema import RunConfig
+from trainer.checkpoint.format import is_checkpoint, newest_checkpoint
 from trainer.interop import hf_config, hf_files, megatron_side, memory, region_reader
 from trainer.interop.importer import HF_SUBDIR
 from trainer.interop.mapping import rules, shapes_of

@@ -28,7 +28,7 @@ Template = dict  # state-dict name -> ShardedTensor | ShardedTensorFactory | Sha
 def meta_template(one: RunConfig) -> Template:
     """The TP1 model's sharded state dict, flat by state-dict name, built on the meta device."""
     from plugins.registry import build_plugins
-    from trainer.checkpointing import content_metadata
+    from trainer.checkpoint.state_dicts import content_metadata
     from trainer.mcore_translation import build_transformer_config
     from trainer.model import build_model_chunks
 
@@ -57,7 +57,7 @@ def save(template: Template, tensors: dict[str, torch.Tensor], one: RunConfig, p
     """Write the template with `tensors` as its data (dtype as given) as a torch_dist checkpoint."""
     from megatron.core import dist_checkpointing
 
-    from trainer.checkpointing import content_metadata
+    from trainer.checkpoint.state_dicts import content_metadata
 
     for name, item in template.items():
         if is_weight(item):

@@ -121,13 +121,13 @@ def plan_launch(args: LaunchArgs) -> LaunchPlan:
     corpus beyond one node) judge the nodes this launch uses, not the recipe's own, before
     anything is rendered or submitted. `checkpoint.resume` is left for the job to resolve when
     it (re)starts."""
-    from recipes.config.path_rules import validate_paths
     from recipes.plan.cluster import apply_cluster, load_cluster, recipe_cluster
     from recipes.plan.fit import layout_warnings
     from recipes.resolve import resolve_config
+    from trainer.checkpoint.preflight import validate_paths
     from trainer.throughput import RUN_RULES
 
-    cfg = resolve_config(args.rest, check_paths=False, rules=RUN_RULES)
+    cfg = resolve_config(args.rest, rules=RUN_RULES)
     if args.cluster is None:
         raise ConfigError("cluster= is missing; name a cluster file, e.g. "
                           "cluster=conf/cluster/h100_80gb_8x8.yaml")

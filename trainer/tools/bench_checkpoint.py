@@ -8,14 +8,14 @@ rank, so the trainer must know what it pays and where. Goals: save <= 2 x dd + 0
 
 Every figure comes from the same processes in the same run (2 shared CPU cores make absolute
 times drift; ratios measured side by side do not): after one warm-up training step, each
-repeat saves through `trainer.checkpointing.save_checkpoint` (the trainer's own path:
+repeat saves through `trainer.checkpoint.save.save_checkpoint` (the trainer's own path:
 atomic publication included), writes the same number of bytes with `dd ... conv=fsync` on rank
 0 in the same directory, and loads the checkpoint back through `load_checkpoint`. The first save
 of a process is reported apart: Megatron starts process-wide helpers on it. Phases are timed by
 wrapping Megatron's and our functions for the duration of the benchmark (nested phases overlap;
 barriers include waiting for the slowest rank). The async part times normal steps, then three
 steps that also start a save through the same `save_checkpoint` with checkpoint.async_save=true
-(Megatron's asynchronous save, trainer/checkpointing.py), then the steps until it is
+(Megatron's asynchronous save, trainer/checkpoint/async_save.py), then the steps until it is
 published. The stall with async off is the synchronous save itself; with async on it is
 reported two ways: the step that starts the save minus a normal step, and the time blocked in
 starting it (less noisy on a shared machine).
@@ -39,9 +39,9 @@ MIB = 1 << 20
 
 # (module, attribute or Class.method, label): the phases of one save and one load.
 PHASES = (
-    ("trainer.checkpointing", "_shared_token", "save: token broadcast"),
-    ("trainer.checkpointing", "model_sharded_state_dict", "save+load: model sharded dict"),
-    ("trainer.checkpointing", "_write_sharded", "save: sharded dicts + dist_checkpointing.save"),
+    ("trainer.checkpoint.publish", "_shared_token", "save: token broadcast"),
+    ("trainer.checkpoint.state_dicts", "model_sharded_state_dict", "save+load: model sharded dict"),
+    ("trainer.checkpoint.save", "_write_sharded", "save: sharded dicts + dist_checkpointing.save"),
     ("megatron.core.dist_checkpointing.serialization", "save_preprocess",
      "save: save_preprocess (factories, validation)"),
     ("megatron.core.dist_checkpointing.state_dict_utils", "determine_global_metadata",
@@ -65,15 +65,15 @@ PHASES = (
     ("megatron.core.dist_checkpointing.strategies.fully_parallel",
      "FullyParallelSaveStrategyWrapper.apply_saving_parallelization",
      "save: fully parallel distribution (+ validation)"),
-    ("trainer.checkpointing", "_agree", "save: each phase's outcome shared (all ranks)"),
+    ("trainer.checkpoint.disk_errors", "agree", "save: each phase's outcome shared (all ranks)"),
     ("megatron.core.dist_checkpointing.strategies.async_utils",
      "AsyncCallsQueue.schedule_async_request", "async: start the writer (preload, fork)"),
-    ("trainer.checkpointing", "forked_results_queue", "async: fork the results queue"),
-    ("trainer.checkpointing", "finish_saves", "async: finish_saves (check, publish)"),
-    ("trainer.checkpointing", "_write_manifest", "save: run.json (checksums of every file)"),
-    ("trainer.checkpointing", "_rename_into_place", "save: publish (rename)"),
-    ("trainer.checkpointing", "_point_latest", "save: latest marker (write, rename, fsync)"),
-    ("trainer.checkpointing", "_rotate", "save: rotate"),
+    ("trainer.checkpoint.megatron_fixes", "forked_results_queue", "async: fork the results queue"),
+    ("trainer.checkpoint.async_save", "finish_saves", "async: finish_saves (check, publish)"),
+    ("trainer.checkpoint.publish", "_write_manifest", "save: run.json (checksums of every file)"),
+    ("trainer.checkpoint.publish", "_rename_into_place", "save: publish (rename)"),
+    ("trainer.checkpoint.publish", "_point_latest", "save: latest marker (write, rename, fsync)"),
+    ("trainer.checkpoint.publish", "_rotate", "save: rotate"),
     ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer.sharded_state_dict",
      "save+load: optimizer sharded dict"),
     ("megatron.core.optimizer.distrib_optimizer",
@@ -82,7 +82,7 @@ PHASES = (
     ("megatron.core.optimizer.distrib_optimizer",
      "DistributedOptimizer.sharded_param_state_dp_reshardable",
      "save+load: optimizer dp_reshardable state"),
-    ("trainer.checkpointing", "_saved_world_size", "load: common state (world size)"),
+    ("trainer.checkpoint.load", "_saved_world_size", "load: common state (world size)"),
     ("megatron.core.dist_checkpointing", "load_content_metadata", "load: content metadata"),
     ("megatron.core.dist_checkpointing", "load", "load: dist_checkpointing.load"),
     ("megatron.core.dist_checkpointing.serialization", "determine_global_metadata",
@@ -91,7 +91,7 @@ PHASES = (
      "load: integrity / strict check"),
     ("megatron.core.dist_checkpointing.strategies.torch", "TorchDistLoadShardedStrategy.load",
      "load: torch DCP read"),
-    ("trainer.checkpointing", "_create_state_if_missing", "load: dummy optimizer state"),
+    ("trainer.checkpoint.megatron_fixes", "create_state_if_missing", "load: dummy optimizer state"),
     ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer.load_state_dict",
      "load: optimizer.load_state_dict"),
     ("torch.distributed", "barrier", "barriers (incl. waiting)"),
@@ -201,22 +201,22 @@ def _dd_on_rank0(directory: Path, nbytes: int) -> float:
 
 
 def _timed_save(session, root: Path, timer: PhaseTimer) -> tuple[Path, float]:
-    from trainer import checkpointing
+    from trainer.checkpoint.save import save_checkpoint
 
     _barrier()
     timer.take()  # only the save itself from here
     start = time.perf_counter()
-    path = checkpointing.save_checkpoint(session, root)
+    path = save_checkpoint(session, root)
     return path, _slowest(time.perf_counter() - start)
 
 
 def _timed_load(session, path: Path, timer: PhaseTimer) -> float:
-    from trainer import checkpointing
+    from trainer.checkpoint.load import load_checkpoint
 
     _barrier()
     timer.take()
     start = time.perf_counter()
-    checkpointing.load_checkpoint(session, path)
+    load_checkpoint(session, path)
     return _slowest(time.perf_counter() - start)
 
 
@@ -253,7 +253,7 @@ def _timed_step(session) -> float:
 def _steps_until_published(session, limit: int) -> tuple[list[float], int]:
     """Train while the async save writes; each step ends as the run loop's does, with the
     (collective) `finish_saves`. Returns the step times and how many ran before publication."""
-    from trainer.checkpointing import finish_saves
+    from trainer.checkpoint.async_save import finish_saves
 
     times = []
     while session.async_saves.in_flight and len(times) < limit:
@@ -269,14 +269,14 @@ def _steps_until_published(session, limit: int) -> tuple[list[float], int]:
 def _one_async_save(session, root: Path, median: float, timer: PhaseTimer) -> dict:
     """The step that starts an async save (`save_checkpoint` with checkpoint.async_save=true,
     the trainer's own path) vs a normal step; then steps until it is published."""
-    from trainer import checkpointing
+    from trainer.checkpoint.save import save_checkpoint
 
     _barrier()
     timer.take()
     start = time.perf_counter()
     _timed_step(session)
     started = time.perf_counter()
-    path = checkpointing.save_checkpoint(session, root)
+    path = save_checkpoint(session, root)
     start_s = _slowest(time.perf_counter() - started)
     saving_step = _slowest(time.perf_counter() - start)
     scheduling = timer.take()

@@ -203,7 +203,7 @@ def planned_peak_gib(overrides: list[str]) -> float:
     from recipes.plan.cluster import load_cluster
     from recipes.resolve import resolve_config
 
-    cfg = resolve_config([*run_arguments(overrides), "train.train_iters=50"], check_paths=False)
+    cfg = resolve_config([*run_arguments(overrides), "train.train_iters=50"])
     attention = "explicit" if "model.transformer_impl=local" in overrides else "flash"
     plan = make_plan(cfg, load_cluster(REPO / CLUSTER), PlanOptions(attention=attention))
     return plan.worst.peak / 2**30

@@ -52,7 +52,7 @@ def _batch_digest(microbatches: list) -> str:
 
 def _train(session, steps: int, save_at: int | None, root: Path) -> tuple[list, str | None]:
     """Records of steps up to `steps`; the RNG digest right after the save (when saving)."""
-    from trainer.checkpointing import save_checkpoint
+    from trainer.checkpoint.save import save_checkpoint
     from trainer.step import train_step
 
     records, at_save = [], None

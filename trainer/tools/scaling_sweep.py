@@ -57,8 +57,8 @@ def _check_points(base_config: Path, points: list[Point]) -> list[Any]:
     from recipes.resolve import resolve_config
 
     return [resolve_config([f"config={base_config}",
-                            *(o for o in point.overrides if not o.startswith("run_dir="))],
-                           check_paths=False) for point in points]
+                            *(o for o in point.overrides if not o.startswith("run_dir="))])
+            for point in points]
 
 
 def model_state_gib(cfg: Any) -> float:
@@ -118,7 +118,7 @@ def write_report(sweep_dir: Path) -> int:
             f"scaling.report={sweep_dir}: the run of {unfinished[0]} ranks has not finished "
             f"(no summary in G{unfinished[0]}/metrics.jsonl); wait for its job or read its log, "
             "then run the same command again")
-    cfg = resolve_config([f"config={sweep_dir / 'base_config.yaml'}"], check_paths=False)
+    cfg = resolve_config([f"config={sweep_dir / 'base_config.yaml'}"])
     peak = load_cluster(options.cluster).peak_tflops.get(cfg.precision.dtype) \
         if options.cluster else None
     results = [read_point(sweep_dir / f"G{point.gpus}", cfg, point, peak, state)
@@ -168,7 +168,7 @@ def run_scaling(options: ScalingOptions, launch: Any, rest: list[str]) -> int:
         return write_report(Path(options.report))
     if launch is not None and options.cluster is None:
         options.cluster = launch.cluster  # its peak gives MFU
-    cfg = resolve_config(rest, check_paths=False, rules=RUN_RULES)
+    cfg = resolve_config(rest, rules=RUN_RULES)
     sweep_dir = _report_dir(cfg, options)
     base_config = save_config(cfg, sweep_dir / "base_config.yaml")
     points = plan_points(cfg, options, sweep_dir)

@@ -1,7 +1,7 @@
 """A checkpoint on disk: the names of its directories and files, and how the one to resume from is
-found. The trainer writes by these names (`trainer/checkpointing.py`), the path rules and the
-pre-flight read by them before any rank starts (`path_rules.py`, `run_manifest.py`), and the
-Hugging Face export finds a run's newest step with them.
+found. The trainer writes by these names (`save.py`), the path rules and the pre-flight read by
+them before any rank starts, without torch (`preflight.py`, `manifest.py`), and the Hugging Face
+export finds a run's newest step with them.
 
     <run_dir>/checkpoints/                 RUN_CHECKPOINTS, a checkpoint root
         step_0000100/                      a published step: STEP_PREFIX + 7 digits

@@ -25,8 +25,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from recipes.config.checkpoint_format import MANIFEST_FILE
 from recipes.models.hybrid.pattern import layer_symbols
+from trainer.checkpoint.format import MANIFEST_FILE
 
 CHUNK_BYTES = 8 << 20
 
