@@ -12,8 +12,7 @@ through this module, so a fix is found, and can be left out, by its name.
 argument back unchanged): the self-tests (tests/unit/test_megatron_fixes.py; for those that
 need a process group with the distributed optimizer tests/dist/test_load_path_fixes.py, and for
 the disk probe tests/dist/test_full_disk.py) show what breaks or differs without each one.
-`FIX_NAMES` is the list every fix must have a self-test for; where none were feasible on CPU,
-`Fix.no_cpu_test` would say why (none needs it today).
+Each fix is an entry of the one table of patches (`trainer/megatron_patches.py`).
 """
 
 from __future__ import annotations
@@ -32,23 +31,25 @@ from typing import Any
 import torch
 
 from plugins.protocol.errors import UserError
+from trainer.megatron_patches import Patch
 
 
 @dataclass(frozen=True)
 class Fix:
-    """One workaround: its name, what of Megatron it works around (symbol, file:line), why (one
-    line), the function or context manager that applies it, and, when it has no self-test on
-    CPU, why not."""
+    """One workaround: its entry in the table of patches (name, what of Megatron it works
+    around, why, its self-test) and the function or context manager that applies it."""
 
-    name: str
-    works_around: str
-    why: str
+    patch: Patch
     apply: Callable[..., Any]
     context: bool  # a context manager entered around Megatron's call (else a call)
-    no_cpu_test: str | None = None
 
 
 FIXES: dict[str, Fix] = {}
+# Where each fix shows what breaks without it: in one process, or (a fix of the distributed
+# optimizer's load path, or of a full disk) in a run of ranks.
+UNIT_SELF_TEST = "tests/unit/test_megatron_fixes.py"
+LOAD_PATH_SELF_TEST = "tests/dist/test_load_path_fixes.py"
+FULL_DISK_SELF_TEST = "tests/dist/test_full_disk.py"
 _skipped: frozenset[str] = frozenset()
 
 
@@ -57,7 +58,7 @@ def _unchanged(argument: Any, *_: Any, **__: Any) -> Any:
 
 
 def _fix(name: str, *, works_around: str, why: str, context: bool = False,
-         when_skipped: Callable[..., Any] | None = None, no_cpu_test: str | None = None):
+         when_skipped: Callable[..., Any] | None = None, self_test: str = UNIT_SELF_TEST):
     """Register the decorated function as the fix `name`. Skipped (`skipping`), a context
     manager enters nothing and a call does nothing, or what `when_skipped` does instead."""
 
@@ -70,7 +71,7 @@ def _fix(name: str, *, works_around: str, why: str, context: bool = False,
                 return when_skipped(*args, **kwargs)
             return contextlib.nullcontext() if context else None
 
-        FIXES[name] = Fix(name, works_around, why, applied, context, no_cpu_test)
+        FIXES[name] = Fix(Patch(name, works_around, why, self_test), applied, context)
         return applied
 
     return register
@@ -94,7 +95,7 @@ def skipping(names: Iterable[str]) -> Iterator[None]:
 # --- Saving -------------------------------------------------------------------------------
 
 
-@_fix("params_gathered_before_save", context=True,
+@_fix("params_gathered_before_save", self_test=LOAD_PATH_SELF_TEST, context=True,
       works_around="DistributedDataParallel's overlapped param all-gather, finished only in the "
                    "next forward's pre-hook (distributed/distributed_data_parallel.py:412, "
                    ":426-430)",
@@ -188,7 +189,7 @@ DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)  # the disk s
 PROBE_BYTES = 1 << 20
 
 
-@_fix("disk_asked_after_a_failed_write",
+@_fix("disk_asked_after_a_failed_write", self_test=FULL_DISK_SELF_TEST,
       works_around="the writer threads' exception handed on as text, then an assert on its type "
                    "(dist_checkpointing/strategies/filesystem_async.py:284-291, :330-332); "
                    "torch's stream writer reports a full disk as a position mismatch",
@@ -405,7 +406,7 @@ def _is_distributed(optimizer) -> bool:
     return hasattr(optimizer, "_init_optimizer_states_with_dummy_values")
 
 
-@_fix("create_state_if_missing",
+@_fix("create_state_if_missing", self_test=LOAD_PATH_SELF_TEST,
       works_around="DistributedOptimizer.state_dict's `assert len(steps) == 1` "
                    "(optimizer/distrib_optimizer.py:839), reached from sharded_state_dict at "
                    ":1532",
@@ -419,7 +420,7 @@ def create_state_if_missing(optimizer) -> None:
             inner._init_optimizer_states_with_dummy_values()
 
 
-@_fix("keep_step_out_of_param_state", context=True,
+@_fix("keep_step_out_of_param_state", self_test=LOAD_PATH_SELF_TEST, context=True,
       works_around="DistributedOptimizer._set_main_param_and_optimizer_states "
                    "(optimizer/distrib_optimizer.py:1193; read at :1223, copied at :1225)",
       why="it expects a `step` tensor the loaded dict lacks (KeyError, fully_reshardable) or "
@@ -453,7 +454,7 @@ def keep_step_out_of_param_state(optimizer) -> Iterator[None]:
             del inner._set_main_param_and_optimizer_states
 
 
-@_fix("load_without_grad", context=True,
+@_fix("load_without_grad", self_test=LOAD_PATH_SELF_TEST, context=True,
       works_around="DistributedOptimizer.load_parameter_state_from_dp_reshardable, which copies "
                    "into leaf parameters outside no_grad (optimizer/distrib_optimizer.py:2061, "
                    "copy at :1225)",
@@ -464,7 +465,7 @@ def load_without_grad():
     return torch.no_grad()
 
 
-@_fix("give_each_param_its_own_step",
+@_fix("give_each_param_its_own_step", self_test=LOAD_PATH_SELF_TEST,
       works_around="DistributedOptimizer.load_state_dict, which gives every parameter one "
                    "shared `step` tensor (optimizer/distrib_optimizer.py:1028-1032)",
       why="silent: torch's foreach AdamW then increments the shared step once per parameter, "
@@ -481,7 +482,7 @@ def give_each_param_its_own_step(optimizer) -> None:
                 state["step"] = state["step"].detach().clone()
 
 
-@_fix("adopt_hyperparameters",
+@_fix("adopt_hyperparameters", self_test=LOAD_PATH_SELF_TEST,
       works_around="DistributedOptimizer.load_state_dict matching saved param groups to its own "
                    "by max_lr/min_lr (optimizer/distrib_optimizer.py:941-970), and torch's "
                    "load_state_dict restoring the saved betas and eps",

@@ -24,6 +24,7 @@ from trainer.cpu_runtime.collectives import install_list_split_sizes, install_un
 from trainer.cpu_runtime.cuda_api import disable_dynamo, install_cpu_rng, install_cuda_stand_ins
 from trainer.cpu_runtime.device_mode import CudaToCpuMode
 from trainer.cpu_runtime.norm import SequenceParallelTorchNorm, adapt_local_layer_spec
+from trainer.megatron_patches import Patch
 
 __all__ = [
     "PATCH_NAMES",
@@ -64,6 +65,43 @@ _INSTALLERS: dict[str, Callable[[], None]] = {
 }
 
 PATCH_NAMES: tuple[str, ...] = (*_MODE_PATCHES, *_INSTALLERS)
+
+_UNIT = "tests/unit/test_cpu_runtime.py"
+# Each patch in the one table of patches (trainer/megatron_patches.py): what of Megatron Core
+# 0.19.2 it works around where it first bites on CPU, and what happens without it.
+CPU_RUNTIME_PATCHES: tuple[Patch, ...] = (
+    Patch("device_redirect", "CUDA devices Megatron allocates on, e.g. "
+          "pipeline_parallel/schedules.py:749", "without it: RuntimeError: Found no NVIDIA "
+          "driver on your system", _UNIT),
+    Patch("cuda_type_names", "the torch.cuda.FloatTensor type names Megatron asserts, "
+          "optimizer/clip_grads.py:174, optimizer/distrib_optimizer.py:466, "
+          "optimizer/optimizer.py:1028", "without it: AssertionError / TypeError: Wrapped "
+          "parameters must be one of torch.cuda.FloatTensor, ...", _UNIT),
+    Patch("backward_in_mode", "autograd functions that allocate on CUDA in backward, "
+          "tensor_parallel/layers.py:646", "backward runs outside the device redirect: Found "
+          "no NVIDIA driver", _UNIT),
+    Patch("cuda_stand_ins", "CUDA streams, events, synchronize and device calls, "
+          "distributed/param_and_grad_buffer.py:632, pipeline_parallel/p2p_communication.py:263",
+          "without it: Found no NVIDIA driver from streams, events, sync, device calls", _UNIT),
+    Patch("rng", "the CUDA RNG tracker, tensor_parallel/random.py:174, :303",
+          "without it seeding is silently lost and reading the state raises", _UNIT),
+    Patch("eager", "torch.compile'd fused helpers, jit.py:21 (e.g. transformer/moe/router.py:727)",
+          "without it TorchInductor compiles Megatron's fused helpers on CPU", _UNIT),
+    Patch("gloo_uneven_all_gather", "all_gather_into_tensor of uneven shards, "
+          "tensor_parallel/mappings.py:154", "gloo refuses it: ProcessGroupGloo::allgather: "
+          "invalid tensor size at index N", "tests/dist/test_cpu_runtime_dist.py"),
+    Patch("all_to_all_list_splits", "all_to_all_single with tensor split sizes, "
+          "tensor_parallel/mappings.py:460 (sizes from transformer/moe/moe_utils.py:1184)",
+          "gloo takes lists only: TypeError: all_to_all_single(): incompatible function "
+          "arguments", "tests/dist/test_cpu_runtime_dist.py"),
+    Patch("thd_cp_partition", "Transformer Engine's thd_get_partitioned_indices, utils.py:2441 "
+          "(tex is None without TE, :58-64)", "a packed row cannot be split for CP without TE: "
+          "AttributeError: 'NoneType' object has no attribute 'thd_get_partitioned_indices'",
+          "tests/dist/test_context_parallel.py"),
+    Patch("mamba_kernels", "mamba-ssm's and causal-conv1d's kernels bound at import, "
+          "ssm/mamba_mixer.py:202-205", "without them no Mamba layer builds: ImportError: "
+          "MambaSSM is not installed", _UNIT),
+)
 
 # The patches applied in this process, or None before a successful activation.
 _active_patches: frozenset[str] | None = None

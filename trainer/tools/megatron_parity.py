@@ -19,9 +19,9 @@ places Megatron-LM leaves to the caller:
 
 Settings where the two differ on purpose are listed in `ALIGNMENTS`: the check adds the flag
 that aligns each one and prints the list. On CPU the CPU runtime runs Megatron-LM as it runs
-this trainer; `initialize_megatron` is called with `allow_no_cuda` and sees one device while it
-sets up its process groups and seeds, which it skips without one (`initialize.py:64-66, 358,
-121-134` via `_set_random_seed`).
+this trainer, with the three patches of `megatron.training` that `megatron_lm_on_cpu` applies
+(`trainer/cpu_runtime/megatron_lm.py`: the device's architecture, `initialize_megatron` without
+CUDA seeing one device, the compiled dataset helpers).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import torch
 
 from recipes.config.megatron_args import to_megatron_args
 from recipes.config.schema import RunConfig
+from trainer.cpu_runtime.megatron_lm import megatron_lm_on_cpu
 
 
 @dataclass(frozen=True)
@@ -250,55 +251,6 @@ def _cpu_layer_spec(cfg: RunConfig):
 
 
 @contextlib.contextmanager
-def _cpu_arguments():
-    """Megatron-LM's checks ask the GPU's architecture under TP or CP
-    (`arguments.py:1413-1414`), which raises without one; CPU work runs in one in-order queue,
-    so the CUDA_DEVICE_MAX_CONNECTIONS ordering it guards is moot: answered as Blackwell."""
-    import megatron.training.arguments as arguments
-
-    original = arguments.get_device_arch_version
-    if not torch.cuda.is_available():
-        arguments.get_device_arch_version = lambda: 10
-    try:
-        yield
-    finally:
-        arguments.get_device_arch_version = original
-
-
-@contextlib.contextmanager
-def _one_device_while_initializing():
-    """`initialize_megatron` asserts CUDA and, without a device, skips the model-parallel
-    groups and the model-parallel RNG seeds (`initialize.py:64-66, 358`; `_set_random_seed`)."""
-    import megatron.core.datasets.utils as dataset_utils
-    import megatron.training.initialize as initialize
-    import megatron.training.training as training
-
-    original, count = training.initialize_megatron, torch.cuda.device_count
-
-    def initialize_megatron(*args, **kwargs):
-        torch.cuda.device_count = lambda: 1
-        try:
-            return original(*args, allow_no_cuda=True, **kwargs)
-        finally:
-            torch.cuda.device_count = count
-
-    training.initialize_megatron = initialize_megatron
-    compile_helpers = dataset_utils.compile_helpers
-    # The wheel ships the dataset helpers compiled (helpers_cpp) but not their Makefile, so
-    # rank 0's `make` fails and exits (`initialize.py:176-178`, `datasets/utils.py`).
-    dataset_utils.compile_helpers = _helpers_are_compiled
-    try:
-        yield initialize
-    finally:
-        training.initialize_megatron = original
-        dataset_utils.compile_helpers = compile_helpers
-
-
-def _helpers_are_compiled() -> None:
-    import megatron.core.datasets.helpers_cpp  # noqa: F401
-
-
-@contextlib.contextmanager
 def _recording_steps(record: RunRecord):
     """Wraps Megatron-LM's train_step to keep each step's loss, grad norm and lr."""
     import megatron.training.training as training
@@ -338,7 +290,7 @@ def train_megatron_lm(cfg: RunConfig, steps: int, ours: RunRecord, batches: list
     argv, sys.argv = sys.argv, ["pretrain_gpt.py", *parity_arguments(cfg, steps)]
     os.environ.setdefault("LOCAL_RANK", "0")
     try:
-        with _cpu_arguments():
+        with megatron_lm_on_cpu():
             args = parse_and_validate_args()
     finally:
         sys.argv = argv
@@ -356,7 +308,7 @@ def train_megatron_lm(cfg: RunConfig, steps: int, ours: RunRecord, batches: list
                                rank), None, None
 
     datasets.is_distributed = True
-    with _one_device_while_initializing(), _recording_steps(record):
+    with megatron_lm_on_cpu(), _recording_steps(record):
         try:
             pretrain(container, datasets, ModelType.encoder_or_decoder, _forward_step)
         except SystemExit as stop:  # --exit-interval leaves through sys.exit (training.py:4155)

@@ -1,0 +1,80 @@
+"""Megatron-LM's own loop (`megatron.training.pretrain`) on CPU, for the parity check.
+
+The parity check (`trainer/tools/megatron_parity.py`) trains the same steps through Megatron-LM's
+loop beside ours; on a CPU rank the CPU runtime makes Megatron Core run, and three places of
+`megatron.training` still insist on a GPU or a build tree. Each is a named patch of the one
+table (`trainer/megatron_patches.py`), applied while `megatron_lm_on_cpu()` is active;
+`skip=` leaves any out, which is how `tests/unit/test_megatron_lm_on_cpu.py` shows each is
+needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from trainer.megatron_patches import Patch
+
+_SELF_TEST = "tests/unit/test_megatron_lm_on_cpu.py"
+MEGATRON_LM_PATCHES: tuple[Patch, ...] = (
+    Patch("megatron_lm_device_arch", "megatron.training.arguments.get_device_arch_version, "
+          "asked under TP or CP (training/arguments.py:1413-1414)",
+          "it reads the GPU's properties and raises without one; CPU work runs in one in-order "
+          "queue, so the CUDA_DEVICE_MAX_CONNECTIONS ordering it guards is moot: answered as "
+          "Blackwell (10)", _SELF_TEST),
+    Patch("megatron_lm_init_without_cuda", "initialize_megatron, which asserts CUDA and without "
+          "a device skips the model-parallel groups and RNG seeds (training/initialize.py:64-66, "
+          ":358)", "called with allow_no_cuda=True while one device is reported, it sets up "
+          "the groups and seeds as on one GPU", _SELF_TEST),
+    Patch("megatron_lm_compiled_helpers", "megatron.core.datasets.utils.compile_helpers, run "
+          "by rank 0 (training/initialize.py:176-178)", "the wheel ships the dataset helpers "
+          "compiled (helpers_cpp) but not their Makefile, so `make` fails and the rank exits; "
+          "importing the compiled module is what compiling would give", _SELF_TEST),
+)
+PATCH_NAMES = tuple(patch.name for patch in MEGATRON_LM_PATCHES)
+
+
+def _device_arch_of_a_cpu() -> int:
+    return 10
+
+
+def _helpers_are_compiled() -> None:
+    import megatron.core.datasets.helpers_cpp  # noqa: F401
+
+
+@contextlib.contextmanager
+def megatron_lm_on_cpu(skip: frozenset[str] = frozenset()) -> Iterator[None]:
+    """Megatron-LM's training entry runnable on this CPU rank while active (each patch that
+    `skip` does not name; GPU ranks keep the device's own architecture)."""
+    import megatron.core.datasets.utils as dataset_utils
+    import megatron.training.arguments as arguments
+    import megatron.training.training as training
+
+    unknown = set(skip) - set(PATCH_NAMES)
+    if unknown:
+        raise ValueError(f"unknown Megatron-LM patches {sorted(unknown)}; known: {PATCH_NAMES}")
+    saved = (arguments.get_device_arch_version, training.initialize_megatron,
+             dataset_utils.compile_helpers)
+    count = torch.cuda.device_count
+    initialize = training.initialize_megatron
+
+    def initialize_megatron(*args, **kwargs):
+        torch.cuda.device_count = lambda: 1
+        try:
+            return initialize(*args, allow_no_cuda=True, **kwargs)
+        finally:
+            torch.cuda.device_count = count
+
+    if "megatron_lm_device_arch" not in skip and not torch.cuda.is_available():
+        arguments.get_device_arch_version = _device_arch_of_a_cpu
+    if "megatron_lm_init_without_cuda" not in skip:
+        training.initialize_megatron = initialize_megatron
+    if "megatron_lm_compiled_helpers" not in skip:
+        dataset_utils.compile_helpers = _helpers_are_compiled
+    try:
+        yield
+    finally:
+        (arguments.get_device_arch_version, training.initialize_megatron,
+         dataset_utils.compile_helpers) = saved

@@ -1,0 +1,49 @@
+"""Every change this project makes to Megatron's behaviour, in one table of named patches.
+
+Megatron Core 0.19.2 (and, for the parity check, Megatron-LM's `megatron.training`) is used
+unmodified: nothing under site-packages is edited. Where it cannot run here or does the wrong
+thing, a patch changes it from the outside, at run time. Each has a name, what of Megatron it
+works around (the symbol and file:line), why (one line) and the test that shows what breaks
+without it; `registry()` collects them from their homes, where each is applied and can be left
+out by name for its self-test:
+
+- the CPU runtime (`trainer/cpu_runtime/runtime.py`, left out with
+  `activate_cpu_runtime(skip=...)`): Megatron Core over gloo without CUDA;
+- Megatron-LM on CPU (`trainer/cpu_runtime/megatron_lm.py`, `megatron_lm_on_cpu(skip=...)`):
+  what the parity check needs to run Megatron-LM's own loop on CPU;
+- the checkpoint paths (`trainer/checkpoint/megatron_fixes.py`, `skipping(...)`): defects and
+  slow defaults of Megatron's save and load.
+
+`tests/unit/test_megatron_patches.py` holds the table to its homes and to its self-tests; the
+stories behind each are in docs/cpu-runtime.md and docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One patch: its name, the Megatron symbol and file:line it works around, why (one line),
+    and the test file whose self-test shows what breaks or differs without it."""
+
+    name: str
+    works_around: str
+    why: str
+    self_test: str
+
+
+def registry() -> dict[str, Patch]:
+    """Every patch by name, from each of its homes (a name is one patch in the whole table)."""
+    from trainer.checkpoint.megatron_fixes import FIXES
+    from trainer.cpu_runtime.megatron_lm import MEGATRON_LM_PATCHES
+    from trainer.cpu_runtime.runtime import CPU_RUNTIME_PATCHES
+
+    found: dict[str, Patch] = {}
+    for patch in (*CPU_RUNTIME_PATCHES, *MEGATRON_LM_PATCHES,
+                  *(fix.patch for fix in FIXES.values())):
+        if patch.name in found:
+            raise ValueError(f"two patches are named {patch.name}")
+        found[patch.name] = patch
+    return found
