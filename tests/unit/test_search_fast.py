@@ -1,7 +1,8 @@
 """The layout search's pruning and memoising change its speed, not its answer: it ranks the
 same layouts with the same figures as the exhaustive search (every layout planned in full,
 nothing memoised) on dense, MoE, hybrid and hybrid-MoE recipes; every memoised figure is the
-same for any two layouts that agree on the fields it is memoised on."""
+same for any two layouts that agree on the fields it is memoised on; and the benchmark that
+times the two runs and checks them at toy size."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from recipes.plan.search_report import near_misses
 from recipes.plan.steptime import layer_forward_seconds
 from recipes.registry import get_recipe
 from tests.unit.test_plan_search import CPU, H100
+from trainer.tools.bench_search import first_difference, run_bench_search
 
 # (recipe, cluster file, GPU memory in GB or None for the file's): memory small enough that
 # some layouts fit, some lose by a little and some by far (what the pruning acts on).
@@ -127,3 +129,23 @@ def test_each_memoised_figure_depends_on_its_fields_only(name, cluster_file,
             assert value == first, (key, first_candidate, c)
             varied.add(key[0])
     assert varied == {"params", "activations", "states", "traffic", "forward"}
+
+
+def test_a_different_ranking_is_named() -> None:
+    cluster = dataclasses.replace(load_cluster(CPU), gpu_memory_gb=0.004)
+    cfg = get_recipe("tiny_tp2_pp2")
+    reference, fast = search(cfg, cluster, top=5), search(cfg, cluster, top=5)
+    assert first_difference(reference, fast) is None
+    fast.listed[1], fast.listed[2] = fast.listed[2], fast.listed[1]
+    assert first_difference(reference, fast).startswith("place 2: ")
+    fast.listed.pop()
+    fast.listed[1], fast.listed[2] = fast.listed[2], fast.listed[1]
+    assert "exhaustive lists 5 layouts, search 4" in first_difference(reference, fast)
+
+
+def test_bench_search_times_both_and_checks_the_ranking(capsys) -> None:
+    code = run_bench_search(["recipe=mixtral_tiny_ep4_dp4"], str(CPU), top=5, repeats=1)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "exhaustive (reference) median" in out and "search / exhaustive:" in out
+    assert "top 5: the same layouts in the same order" in out
