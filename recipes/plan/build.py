@@ -21,7 +21,13 @@ from recipes.plan.memory import (
     sharding_of,
     state_bytes_of,
 )
-from recipes.plan.params import ParamCount, model_parameters, stage_layer_counts, stage_params
+from recipes.plan.params import (
+    ParamCount,
+    model_parameters,
+    stage_kinds,
+    stage_layer_counts,
+    stage_params,
+)
 from recipes.plan.placement import GroupSummary, drawing, group_summaries
 from recipes.plan.schedule import Bubble, bubble, in_flight_1f1b, in_flight_all_forward
 from recipes.plan.spanning import spanning_warnings
@@ -160,8 +166,8 @@ def stage_traffics(cfg: Any, cluster: ClusterSpec, options: PlanOptions,
     slow part)."""
     sharded = sharding_of(cfg, options.sharding) != "none"
     crossing = crossing if crossing is not None else crossing_kinds(cfg.layout)
-    return [stage_traffic(cfg, cluster, crossing, stage, count, sharded)
-            for stage, count in enumerate(params)]
+    return [stage_traffic(cfg, cluster, crossing, stage, count, sharded, kinds)
+            for stage, (count, kinds) in enumerate(zip(params, stage_kinds(cfg), strict=True))]
 
 
 def with_traffic(plans: list[StagePlan], traffics: list[list[Traffic]]) -> list[StagePlan]:
