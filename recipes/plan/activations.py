@@ -169,18 +169,20 @@ def output_bytes(cfg: Any) -> float:
     return _tokens(cfg) * (2 * d * m.hidden_size / split + 4 * layout.padded_vocab / layout.tensor)
 
 
-def _stage_layer_bytes(cfg: Any, attention: Attention, stage: int,
-                       layers: int) -> tuple[float, float]:
-    """(mean, largest) bytes of one of the stage's layers for one micro-batch: every GPT layer
-    alike, a hybrid model's by kind."""
+def _stage_layer_bytes(cfg: Any, attention: Attention,
+                       layers: list[int]) -> list[tuple[float, float]]:
+    """Per stage (holding `layers` layers), (mean, largest) bytes of one of its layers for one
+    micro-batch: every GPT layer alike, a hybrid model's by kind."""
     if not cfg.model.is_hybrid:
         full = layer_bytes(cfg, attention)
-        return full, full
-    kinds = stage_kinds(cfg)[stage]
-    sizes = {symbol: layer_bytes(cfg, attention, symbol=symbol)
-             for symbol, count in kinds.items() if count}
-    total = sum(kinds[symbol] * size for symbol, size in sizes.items())
-    return total / max(layers, 1), max(sizes.values(), default=0.0)
+        return [(full, full)] * len(layers)
+    found = []
+    for counts, count in zip(stage_kinds(cfg), layers, strict=True):
+        sizes = {symbol: layer_bytes(cfg, attention, symbol=symbol)
+                 for symbol, n in counts.items() if n}
+        total = sum(counts[symbol] * size for symbol, size in sizes.items())
+        found.append((total / max(count, 1), max(sizes.values(), default=0.0)))
+    return found
 
 
 @dataclass(frozen=True)
@@ -207,9 +209,9 @@ def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
     stages = stage_layer_counts(cfg)
     block = t.recompute_num_layers
     result = []
-    for stage, chunks in enumerate(stages):
+    per_stage = _stage_layer_bytes(cfg, attention, [sum(chunks) for chunks in stages])
+    for stage, (chunks, (full, largest)) in enumerate(zip(stages, per_stage, strict=True)):
         layers = sum(chunks)
-        full, largest = _stage_layer_bytes(cfg, attention, stage, layers)
         flight = layer_microbatches_in_flight(stage, layout.pipeline, layout.virtual_stages,
                                               layout.microbatches)
         if t.recompute == "full":

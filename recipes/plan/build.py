@@ -6,6 +6,7 @@ the same sizes: TP, CP, DP and EP ranks differ in which slice they hold, not in 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,13 @@ from recipes.plan.memory import (
     sharding_of,
     state_bytes_of,
 )
-from recipes.plan.params import ParamCount, model_parameters, stage_layer_counts, stage_params
+from recipes.plan.params import (
+    ParamCount,
+    model_parameters,
+    stage_kinds,
+    stage_layer_counts,
+    stage_params,
+)
 from recipes.plan.placement import GroupSummary, drawing, group_summaries
 from recipes.plan.schedule import Bubble, bubble, in_flight_1f1b, in_flight_all_forward
 from recipes.plan.spanning import spanning_warnings
@@ -101,6 +108,11 @@ class Plan:
         return host is None or self.save_host_per_node <= host * 1e9
 
 
+def attention_of(cluster: ClusterSpec, options: PlanOptions) -> str:
+    """The attention kernel planned: the option's, else the cluster file's."""
+    return options.attention or cluster.attention
+
+
 def _notes(cfg: Any, cluster: ClusterSpec) -> list[str]:
     layout, notes = cfg.layout, []
     if layout.nodes > cluster.nodes:
@@ -109,24 +121,63 @@ def _notes(cfg: Any, cluster: ClusterSpec) -> list[str]:
     return notes
 
 
-def stage_plans(cfg: Any, cluster: ClusterSpec, options: PlanOptions,
-                crossing: dict[str, bool] | None = None) -> list[StagePlan]:
-    """Memory and traffic of each stage's worst rank (the part a fit check needs); `crossing`
-    (`comm.crossing_kinds` of the layout) may be handed in by a caller that planned the same
-    grid before (the layout search: at 16,384 ranks it is the slow part)."""
+def stage_states(cfg: Any, options: PlanOptions,
+                 params: list[ParamCount]) -> list[tuple[ModelState, float]]:
+    """Each stage's worst rank's model state, and the CPU memory it holds while a checkpoint
+    is written, from the stage's parameters (`stage_params`)."""
     sharding = sharding_of(cfg, options.sharding)
     per = state_bytes_of(cfg, options.fp8_weights)
-    attention = options.attention or cluster.attention
+    return [(rank_model_state(cfg, count, per, sharding, options.offload),
+             save_host_bytes(cfg, count, per, sharding)) for count in params]
+
+
+def assemble_stages(layers: list[list[int]], params: list[ParamCount],
+                    activations: list[StageActivations],
+                    states: list[tuple[ModelState, float]]) -> list[StagePlan]:
+    """Each stage's plan from its parts, no traffic yet (`with_traffic` adds it): its layers
+    per chunk (`stage_layer_counts`), parameters (`stage_params`), activations
+    (`stage_activations`) and model state (`stage_states`). The layout search hands in parts
+    it holds from layouts differing only in what they do not depend on."""
+    return [StagePlan(stage, chunks, count, state, act, [], save)
+            for stage, (chunks, count, act, (state, save)) in enumerate(zip(
+                layers, params, activations, states, strict=True))]
+
+
+def stage_memory(cfg: Any, cluster: ClusterSpec, options: PlanOptions) -> list[StagePlan]:
+    """Model state and activations of each stage's worst rank, no traffic yet: what a fit
+    check needs."""
+    params = stage_params(cfg)
+    return assemble_stages(stage_layer_counts(cfg), params,
+                           stage_activations(cfg, attention_of(cluster, options)),
+                           stage_states(cfg, options, params))
+
+
+def stage_traffics(cfg: Any, cluster: ClusterSpec, options: PlanOptions,
+                   params: list[ParamCount],
+                   crossing: dict[str, bool] | None = None) -> list[list[Traffic]]:
+    """What each stage's worst rank sends per step, from the stage's parameters
+    (`stage_params`); `crossing` (`comm.crossing_kinds` of the layout) may be handed in by a
+    caller that planned the same grid before (the layout search: at 16,384 ranks it is the
+    slow part)."""
+    sharded = sharding_of(cfg, options.sharding) != "none"
     crossing = crossing if crossing is not None else crossing_kinds(cfg.layout)
-    plans = []
-    for stage, (count, act, layers) in enumerate(zip(
-            stage_params(cfg), stage_activations(cfg, attention), stage_layer_counts(cfg),
-            strict=True)):
-        state = rank_model_state(cfg, count, per, sharding, options.offload)
-        traffic = stage_traffic(cfg, cluster, crossing, stage, count, sharding != "none")
-        save = save_host_bytes(cfg, count, per, sharding)
-        plans.append(StagePlan(stage, layers, count, state, act, traffic, save))
-    return plans
+    return [stage_traffic(cfg, cluster, crossing, stage, count, sharded, counts)
+            for stage, (count, counts) in enumerate(zip(params, stage_kinds(cfg), strict=True))]
+
+
+def with_traffic(plans: list[StagePlan], traffics: list[list[Traffic]]) -> list[StagePlan]:
+    """`stage_memory`'s plans with their traffic (`stage_traffics`)."""
+    return [dataclasses.replace(plan, traffic=traffic)
+            for plan, traffic in zip(plans, traffics, strict=True)]
+
+
+def stage_plans(cfg: Any, cluster: ClusterSpec, options: PlanOptions,
+                crossing: dict[str, bool] | None = None) -> list[StagePlan]:
+    """Memory and traffic of each stage's worst rank (what a fit check and the step model
+    need)."""
+    plans = stage_memory(cfg, cluster, options)
+    return with_traffic(plans, stage_traffics(cfg, cluster, options,
+                                              [plan.params for plan in plans], crossing))
 
 
 def make_plan(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None) -> Plan:
@@ -137,7 +188,7 @@ def make_plan(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None
     stages = stage_plans(cfg, cluster, options)
     return Plan(
         cfg=cfg, cluster=cluster, options=options, sharding=sharding_of(cfg, options.sharding),
-        attention=options.attention or cluster.attention, parameters=parameters,
+        attention=attention_of(cluster, options), parameters=parameters,
         stages=stages,
         groups=group_summaries(layout, options.listed_groups,
                               moe=bool(cfg.model.num_moe_experts)), drawing=drawing(layout),

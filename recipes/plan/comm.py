@@ -112,13 +112,16 @@ def _traffic(crossing: dict[str, bool], cluster: Any, kind: str, operation: str,
 
 
 def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
-                  count: ParamCount, sharded: bool) -> list[Traffic]:
-    """What one rank of `stage` sends in one optimizer step, per group type in use."""
+                  count: ParamCount, sharded: bool,
+                  counts: dict[str, int] | None = None) -> list[Traffic]:
+    """What one rank of `stage` sends in one optimizer step, per group type in use; `counts`
+    (its layers by kind, the stage's entry of `params.stage_kinds`) may be handed in by a
+    caller planning every stage, which works them out once."""
     layout = cfg.layout
     dense_ranks, expert_ranks = layout.data_parallel * layout.context, layout.expert_data_parallel
     d = _ACT_BYTES[cfg.precision.dtype]
     tokens = cfg.train.micro_batch_size * cfg.model.seq_length / layout.context
-    counts = stage_kinds(cfg)[stage]
+    counts = counts if counts is not None else stage_kinds(cfg)[stage]
     found = []
     if layout.tensor > 1:
         name, sent = _tp(cfg, d, tokens, sum(counts.values()))

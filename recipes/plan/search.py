@@ -7,7 +7,7 @@ first/last-stage layer counts Megatron accepts, CP, EP and expert TP (MoE models
 DP, the micro-batch, sequence parallel, recompute (none, selective, full) and the distributed
 optimizer (overlapped, as the large recipes run it), alone or under Megatron FSDP's gradient
 (ZeRO-2) or gradient-and-weight (ZeRO-3) sharding where it alone does not fit. Memory is the
-planner's (`build.stage_plans`), nothing recomputed here.
+planner's (`build.stage_memory`), nothing recomputed here.
 
 It prunes without losing a winner: a block (TP, PP split, CP, EP) whose cheapest variant
 (SP, ZeRO-3 sharding, micro-batch 1, full recompute) does not fit is skipped whole;
@@ -15,26 +15,74 @@ a larger micro-batch is not tried once a smaller one fits nowhere; and more reco
 tried once less fits, since it only adds compute. The fastest fitting layouts are then checked
 by the project's validation rules in rank order (the listed ones all pass); the planner's
 communication grid (which groups cross nodes) is computed once per grid.
+
+It prunes without changing the answer: memory is planned before traffic and step time, which
+only the layouts that fit or lose on memory by under `NEAR_MISS` (the report shows those) get;
+the most sharded variant of a layout is sized first, and when it is too big by over
+`NEAR_MISS`, so are the less sharded ones (same activations, more state), counted unplanned;
+and each stage's parameters, activations, model state and traffic, and a layer's products,
+are memoised on the few candidate fields they depend on (`*_DEPEND(S)_ON`), each
+candidate's layout worked out once. `search(..., exhaustive=True)` plans every layout in full
+and memoises nothing: the reference `scripts/bench_search.py` times the search against, and
+`tests/unit/test_search_fast.py` holds it to, figure for figure (docs/search.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cache, cached_property
+from operator import attrgetter
 from typing import Any
 
 from plugins.protocol.errors import ConfigError
-from recipes.plan.build import PlanOptions, stage_plans
+from recipes.config.layout import Layout
+from recipes.config.schema import RunConfig
+from recipes.plan.activations import stage_activations
+from recipes.plan.build import (
+    PlanOptions,
+    StagePlan,
+    assemble_stages,
+    attention_of,
+    stage_memory,
+    stage_states,
+    stage_traffics,
+    with_traffic,
+)
 from recipes.plan.cluster import ClusterSpec, gemm_peak_tflops
 from recipes.plan.comm import crossing_kinds
-from recipes.plan.steptime import HALF_DIM, PEAK_FRACTION, StepTime, step_time
+from recipes.plan.memory import sharding_of
+from recipes.plan.params import stage_layer_counts, stage_params
+from recipes.plan.steptime import (
+    HALF_DIM,
+    PEAK_FRACTION,
+    StepTime,
+    layer_forward_seconds,
+    step_time,
+)
 
 RECOMPUTE = ("none", "selective", "full")
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 FSDP = ("none", "optim_grads", "optim_grads_params")  # beside the distributed optimizer
 LARGEST_CLUSTER_GPUS = 2**20  # how far the smallest-cluster answer looks
+NEAR_MISS = 1.25  # a layout that lost on memory is shown if its peak is within 25 % of it
+# The candidate's fields each memoised figure depends on (the rest of the config is the
+# recipe's, the same for every candidate): each stage's parameters on the model chunks it
+# holds; its activations on the chunks' layers and their widths (not EP), the tokens, the
+# micro-batches in flight, sequence parallel and recompute; its model state on its parameters
+# and the optimizer's sharding over DP x CP; its traffic on all but the sharding, of which only
+# whether there is one (`TRAFFIC_DEPENDS_ON` and `sharding_of`); one layer's products on the
+# widths and tokens. tests/unit/test_search_fast.py varies every other field of each and
+# checks that the figure does not move.
+PARAMS_DEPEND_ON = ("tensor", "pipeline", "virtual", "first", "last", "expert", "expert_tensor")
+ACTIVATIONS_DEPEND_ON = ("tensor", "pipeline", "virtual", "first", "last", "expert_tensor",
+                         "context", "micro_batch", "sequence_parallel", "recompute")
+STATES_DEPEND_ON = PARAMS_DEPEND_ON + ("context", "distributed", "fsdp")
+TRAFFIC_DEPENDS_ON = PARAMS_DEPEND_ON + ("context", "micro_batch", "sequence_parallel",
+                                         "recompute")
+FORWARD_DEPENDS_ON = ("tensor", "context", "micro_batch", "expert", "expert_tensor")
 
 
 @dataclass(frozen=True)
@@ -176,20 +224,66 @@ class Evaluated:
 class SearchResult:
     world: int
     gpus_per_node: int
-    enumerated: int = 0
+    enumerated: int = 0  # layouts considered
+    skipped: int = 0  # of those, not planned: less sharded than one too big by over NEAR_MISS
+    timed: int = 0  # of those planned (for memory), planned in full: traffic and step time
     pruned_blocks: int = 0
     dominated: int = 0  # SP-off and DDP twins of planned layouts (never faster, never smaller)
     fitting: list[Evaluated] = field(default_factory=list)
-    too_big: list[Evaluated] = field(default_factory=list)
+    too_big: list[Evaluated] = field(default_factory=list)  # timed ones (see `search`)
     listed: list[Evaluated] = field(default_factory=list)
     invalid: list[Evaluated] = field(default_factory=list)
     seconds: float = 0.0
 
 
+class _Fixed(RunConfig):
+    """A config the search builds and never changes: its layout is worked out once, not on
+    each of the planner's hundred reads of it (`RunConfig.layout` builds it anew on every
+    read, since a config may change between two). `dataclasses.replace` of one is another,
+    with its own layout."""
+
+    @cached_property
+    def layout(self) -> Layout:  # type: ignore[override]
+        return Layout.from_config(self)
+
+
+@dataclass(frozen=True)
+class Sized:
+    """A candidate planned for memory: its stages (no traffic yet), peak, and config when it
+    was built."""
+
+    candidate: Candidate
+    stages: list[StagePlan]
+    peak: float
+    cfg: Any = None
+
+
+def _memo(cache: dict[Any, Any], key: Any, compute: Callable[[], Any]) -> Any:
+    """`compute()` once per `key`."""
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]
+
+
+def _fields(c: Candidate, names: tuple[str, ...]) -> tuple:
+    return attrgetter(*names)(c)
+
+
 class _Searcher:
-    def __init__(self, cfg: Any, cluster: ClusterSpec, options: PlanOptions) -> None:
-        self.cfg, self.cluster, self.options = cfg, cluster, options
+    """Plans candidates of one recipe on one cluster. `fast`: each candidate's layout is
+    worked out once, and its stages' parameters, activations, model state and traffic and
+    its layer's products are memoised on the candidate fields they depend on (the
+    `*_DEPEND(S)_ON` tuples); else every figure is planned anew (the reference the fast search
+    is checked against)."""
+
+    def __init__(self, cfg: Any, cluster: ClusterSpec, options: PlanOptions,
+                 fast: bool = True) -> None:
+        self.cluster, self.options, self.fast = cluster, options, fast
+        self.cfg = _Fixed(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+                          ) if fast else cfg
         self.crossing: dict[tuple, dict[str, bool]] = {}
+        self.memo: dict[str, dict[Any, Any]] = {
+            name: {} for name in ("params", "activations", "states", "traffic", "forward")}
         self.peak = gemm_peak_tflops(cfg, cluster)
         self.fraction = cluster.gemm_peak_fraction or PEAK_FRACTION
         self.half = cluster.gemm_half_dim or HALF_DIM
@@ -205,15 +299,56 @@ class _Searcher:
             self.crossing[key] = crossing_kinds(layout)
         return self.crossing[key]
 
+    def size(self, c: Candidate) -> Sized:
+        """`c` planned for memory: each stage's worst rank's state and activations. Fast, the
+        candidate's config is built only when a part is not held yet."""
+        if not self.fast:
+            cfg = apply_candidate(self.cfg, c)
+            stages = stage_memory(cfg, self.cluster, self.options)
+            return Sized(c, stages, max(s.peak for s in stages), cfg)
+        config = cache(lambda: apply_candidate(self.cfg, c))
+        memo = self.memo
+        layers, params = _memo(memo["params"], _fields(c, PARAMS_DEPEND_ON), lambda: (
+            stage_layer_counts(config()), stage_params(config())))
+        activations = _memo(memo["activations"], _fields(c, ACTIVATIONS_DEPEND_ON), lambda: (
+            stage_activations(config(), attention_of(self.cluster, self.options))))
+        states = _memo(memo["states"], _fields(c, STATES_DEPEND_ON),
+                       lambda: stage_states(config(), self.options, params))
+        stages = assemble_stages(layers, params, activations, states)
+        return Sized(c, stages, max(s.peak for s in stages))
+
+    def timed(self, sized: Sized) -> Evaluated:
+        """A sized candidate planned in full: its traffic, then its modeled step time."""
+        c = sized.candidate
+        cfg = sized.cfg or apply_candidate(self.cfg, c)
+
+        def traffic() -> list:
+            return stage_traffics(cfg, self.cluster, self.options,
+                                  [s.params for s in sized.stages], self._crossing(cfg))
+
+        def forward() -> tuple[float, float]:
+            return layer_forward_seconds(cfg, self.peak * 1e12, self.fraction, self.half)
+
+        if self.fast:
+            sharded = sharding_of(cfg, self.options.sharding) != "none"
+            traffics = _memo(self.memo["traffic"],
+                             (_fields(c, TRAFFIC_DEPENDS_ON), sharded), traffic)
+            layer = _memo(self.memo["forward"], _fields(c, FORWARD_DEPENDS_ON), forward)
+        else:
+            traffics, layer = traffic(), None
+        time = step_time(cfg, with_traffic(sized.stages, traffics), self.peak,
+                         peak_fraction=self.fraction, half_dim=self.half,
+                         latency_s=self.latency, kernel_s=self.kernel,
+                         host_cores=self.host_cores, forward=layer)
+        return Evaluated(c, sized.peak, self.fits(sized), time)
+
+    def fits(self, sized: Sized) -> bool:
+        return sized.peak <= self.cluster.gpu_memory_bytes
+
     def evaluate(self, c: Candidate, timed: bool = True) -> Evaluated:
-        cfg = apply_candidate(self.cfg, c)
-        stages = stage_plans(cfg, self.cluster, self.options, self._crossing(cfg))
-        peak = max(s.peak for s in stages)
-        fits = peak <= self.cluster.gpu_memory_bytes
-        time = step_time(cfg, stages, self.peak, peak_fraction=self.fraction,
-                         half_dim=self.half, latency_s=self.latency,
-                         kernel_s=self.kernel, host_cores=self.host_cores) if timed else None
-        return Evaluated(c, peak, fits, time)
+        """`c` planned: its worst rank's memory and (`timed`) its step time."""
+        sized = self.size(c)
+        return self.timed(sized) if timed else Evaluated(c, sized.peak, self.fits(sized), None)
 
 
 def _blocks(cfg: Any, world: int) -> Iterator[tuple[int, int, int | None, int | None,
@@ -232,17 +367,25 @@ def _blocks(cfg: Any, world: int) -> Iterator[tuple[int, int, int | None, int | 
 
 
 def search(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None,
-           top: int = 10) -> SearchResult:
-    """Every accepted layout of `cfg`'s model at its world size on `cluster`'s nodes, ranked."""
+           top: int = 10, exhaustive: bool = False) -> SearchResult:
+    """Every accepted layout of `cfg`'s model at its world size on `cluster`'s nodes, ranked.
+
+    Every layout that fits is timed (its rank among them is the answer's), and so is every one
+    too big by up to `NEAR_MISS` of the GPU's memory (what the report shows of those that lost
+    on memory); one too big by more is planned for its memory only, unless no layout is that
+    close. `exhaustive`: every layout planned in full and nothing memoised but the node-crossing
+    grid, the reference the fast search must agree with exactly (`scripts/bench_search.py`)."""
     import time
 
     from recipes.config.validation import validate
 
     start = time.perf_counter()
     options = options or PlanOptions(listed_groups=0)
-    searcher = _Searcher(cfg, cluster, options)
+    searcher = _Searcher(cfg, cluster, options, fast=not exhaustive)
     layout = cfg.layout
     result = SearchResult(layout.world_size, layout.gpus_per_node)
+    planner = _Planner(searcher, result, None if exhaustive else
+                       NEAR_MISS * cluster.gpu_memory_bytes)
     moe = bool(cfg.model.num_moe_experts)
     for tp, pp, first, last, vpps, cp, ep, etp in _blocks(cfg, layout.world_size):
         dp = layout.world_size // (tp * pp * cp)
@@ -258,9 +401,13 @@ def search(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None,
         # and needs more memory, so it never ranks above its twin.
         twins = (2 if tp > 1 and not moe else 1) * 2
         for vpp in vpps:
-            planned = _micro_batches(searcher, result, cfg, dp,
-                                     (tp, pp, vpp, first, last, cp, ep, etp), tp > 1, True)
+            planned = _micro_batches(planner, cfg, dp, (tp, pp, vpp, first, last, cp, ep, etp),
+                                     tp > 1, True)
             result.dominated += planned * (twins - 1)
+    if planner.far and not result.too_big:
+        # nothing lost on memory by a little: the report shows the fastest of all of them
+        result.too_big = [searcher.evaluate(c) for c in planner.far]
+        result.timed, result.skipped = result.timed + len(planner.far), 0
     result.fitting.sort(key=lambda e: (e.seconds, e.peak))
     result.too_big.sort(key=lambda e: (e.seconds, e.peak))
     for evaluated in result.fitting:
@@ -322,8 +469,49 @@ def place(cfg: Any, cluster: ClusterSpec, result: SearchResult,
     return 1 + sum(1 for e in result.fitting if e.seconds < evaluated.seconds), evaluated
 
 
-def _micro_batches(searcher: _Searcher, result: SearchResult, cfg: Any, dp: int,
-                   grid: tuple, sp: bool, distributed: bool) -> int:
+@dataclass
+class _Planner:
+    """Where one search's candidates go: planned by `searcher`, kept in `result` (timed), or,
+    too big by more than `near` bytes, in `far` (memory only; `near` None: every one timed)."""
+
+    searcher: _Searcher
+    result: SearchResult
+    near: float | None
+    far: list[Candidate] = field(default_factory=list)
+    sized: dict[Candidate, Sized] = field(default_factory=dict)  # planned ahead of its turn
+
+    def plan(self, c: Candidate) -> bool:
+        """Plan `c` and keep it; whether it fits."""
+        self.result.enumerated += 1
+        sized = self.sized.pop(c, None) or self.searcher.size(c)
+        if self.near is not None and sized.peak > self.near:
+            self.far.append(c)
+            return False
+        self.result.timed += 1
+        evaluated = self.searcher.timed(sized)
+        (self.result.fitting if evaluated.fits else self.result.too_big).append(evaluated)
+        return evaluated.fits
+
+    def far_beyond(self, fields: tuple) -> bool:
+        """Whether the most sharded variant of a layout (`fields`, all but the sharding) is
+        too big by more than `near`: then so is every less sharded one (the same activations,
+        more state per rank), and they are counted, not planned. Else it is kept for its
+        turn."""
+        if self.near is None:
+            return False
+        variants = [Candidate(*fields, fsdp) for fsdp in FSDP]
+        sized = self.searcher.size(variants[-1])
+        if sized.peak <= self.near:
+            self.sized[variants[-1]] = sized
+            return False
+        self.result.enumerated += len(variants)
+        self.result.skipped += len(variants) - 1
+        self.far += variants
+        return True
+
+
+def _micro_batches(planner: _Planner, cfg: Any, dp: int, grid: tuple, sp: bool,
+                   distributed: bool) -> int:
     """Plan the micro-batches and recompute choices of one grid; returns how many it planned."""
     tp, pp, vpp, first, last, cp, ep, etp = grid
     per_replica = cfg.train.global_batch_size // dp
@@ -335,7 +523,7 @@ def _micro_batches(searcher: _Searcher, result: SearchResult, cfg: Any, dp: int,
             continue
         fitted = False
         for recompute in RECOMPUTE:
-            sharding = _first_fitting_sharding(searcher, result, (
+            sharding = _first_fitting_sharding(planner, (
                 tp, pp, vpp, first, last, cp, ep, etp, mbs, sp, recompute, distributed))
             planned += sharding[1]
             fitted = fitted or sharding[0] is not None
@@ -346,18 +534,15 @@ def _micro_batches(searcher: _Searcher, result: SearchResult, cfg: Any, dp: int,
     return planned
 
 
-def _first_fitting_sharding(searcher: _Searcher, result: SearchResult,
-                            fields: tuple) -> tuple[str | None, int]:
+def _first_fitting_sharding(planner: _Planner, fields: tuple) -> tuple[str | None, int]:
     """The least sharding (the distributed optimizer, then Megatron FSDP's ZeRO-2 and ZeRO-3)
     that fits this layout, kept; more sharding only adds communication. (None when none fits,
     and how many were planned.)"""
+    if planner.far_beyond(fields):
+        return None, len(FSDP)
     for planned, fsdp in enumerate(FSDP, start=1):
-        result.enumerated += 1
-        evaluated = searcher.evaluate(Candidate(*fields, fsdp))
-        if evaluated.fits:
-            result.fitting.append(evaluated)
+        if planner.plan(Candidate(*fields, fsdp)):
             return fsdp, planned
-        result.too_big.append(evaluated)
     return None, len(FSDP)
 
 

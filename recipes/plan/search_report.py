@@ -8,11 +8,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from recipes.plan.search import Evaluated, SearchResult
+from recipes.plan.search import NEAR_MISS, Evaluated, SearchResult
 
 TERMS = ("compute", "bubble", "tp", "cp", "ep", "pp", "dp", "cores")
 LOSERS_SHOWN = 3
-NEAR_MISS = 1.25  # a layout that lost on memory is shown if its peak is within 25 % of it
 
 
 def lost_by(e: Evaluated, best: Evaluated) -> str:
@@ -59,10 +58,11 @@ def _head(cfg: Any, cluster: Any, r: SearchResult) -> list[str]:
     return [f"search for {cfg.name}: {r.world:,} GPUs ({r.world // r.gpus_per_node:,} x "
             f"{r.gpus_per_node}, {cluster.name}, {cluster.gpu_memory_gb:g} GB), global batch "
             f"{cfg.train.global_batch_size} x {m.seq_length}, {cfg.precision.dtype}",
-            f"  {r.enumerated:,} layouts planned ({r.pruned_blocks:,} TP/PP/CP/EP blocks "
-            f"skipped whole: their smallest variant does not fit; {r.dominated:,} SP-off and "
-            f"DDP twins counted, not planned), {len(r.fitting):,} fit, searched in "
-            f"{r.seconds:.1f} s",
+            f"  {r.enumerated:,} layouts: {r.enumerated - r.skipped:,} planned for memory, "
+            f"{r.timed:,} of them timed ({r.skipped:,} less sharded twins of one too big by "
+            f"over {NEAR_MISS - 1:.0%} and {r.dominated:,} SP-off and DDP twins counted, not "
+            f"planned; {r.pruned_blocks:,} TP/PP/CP/EP blocks skipped whole: their smallest "
+            f"variant does not fit), {len(r.fitting):,} fit, searched in {r.seconds:.1f} s",
             "  modeled step time, seconds (compute at GEMM-shape efficiency; exposed "
             "communication; bubble):"]
 
@@ -99,7 +99,9 @@ def _evaluated_json(e: Evaluated) -> dict[str, Any]:
 def json_search(cfg: Any, cluster: Any, r: SearchResult) -> dict[str, Any]:
     best = r.listed[0] if r.listed else None
     return {"recipe": cfg.name, "world_size": r.world, "gpus_per_node": r.gpus_per_node,
-            "cluster": cluster.name, "planned": r.enumerated, "pruned_blocks": r.pruned_blocks,
+            "cluster": cluster.name, "layouts": r.enumerated,
+            "planned": r.enumerated - r.skipped, "timed": r.timed, "skipped": r.skipped,
+            "pruned_blocks": r.pruned_blocks,
             "dominated": r.dominated, "fitting": len(r.fitting), "seconds": r.seconds,
             "top": [{**_evaluated_json(e), "lost_by": lost_by(e, best)} for e in r.listed],
             "too_big": [_evaluated_json(e) for e in near_misses(r, cluster)],

@@ -217,13 +217,17 @@ def busiest_node_compute(layout: Any, stage_compute: dict[int, float]) -> list[f
 def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
               peak_fraction: float = PEAK_FRACTION, half_dim: float = HALF_DIM,
               latency_s: float = 0.0, kernel_s: float = 0.0,
-              host_cores: int | None = None) -> StepTime:
+              host_cores: int | None = None,
+              forward: tuple[float, float] | None = None) -> StepTime:
     """The modeled step of `cfg` whose stage plans (`recipes.plan.build.stage_plans`) are
     `stages`, on GPUs of `peak_tflops` dense TFLOP/s, each collective costing `latency_s`
-    beyond its bytes, each node's ranks sharing `host_cores` CPU cores (None: one each)."""
+    beyond its bytes, each node's ranks sharing `host_cores` CPU cores (None: one each).
+    `forward` (`layer_forward_seconds` of `cfg` at this peak, fraction and half) may be handed
+    in by a caller that holds it from a layout with the same layer products (the search)."""
     layout, t = cfg.layout, cfg.train
     peak = peak_tflops * 1e12
-    layer_forward, core_forward = layer_forward_seconds(cfg, peak, peak_fraction, half_dim)
+    layer_forward, core_forward = forward or layer_forward_seconds(cfg, peak, peak_fraction,
+                                                                   half_dim)
     shape = FlopsShape.from_config(cfg)
     tokens = layout.micro_batch * cfg.model.seq_length / layout.context
     logits = Gemm(tokens * logits_flops(shape) / layout.tensor, tokens, shape.hidden_size,

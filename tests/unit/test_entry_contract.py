@@ -17,7 +17,8 @@ from trainer.entry.contract import help_text, parse_arguments
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
-RECIPE_SCRIPTS = {"pretrain.py", "bench_step.py", "plan.py", "validate_resume.py"}
+RECIPE_SCRIPTS = {"pretrain.py", "bench_step.py", "plan.py", "validate_resume.py",
+                  "bench_search.py"}
 
 
 def run_script(script: Path, *args: str) -> subprocess.CompletedProcess:

@@ -483,6 +483,21 @@ BENCH_PACKING = Command(
              "seed": Option(0, "seed of the document lengths", check=non_negative)})
 
 
+def run_bench_search(args: Arguments) -> int:
+    from trainer.tools.bench_search import run_bench_search as bench
+
+    return bench(list(args.rest), args["cluster"], args["top"], args["repeats"])
+
+
+BENCH_SEARCH = Command(
+    script="bench_search.py", run=run_bench_search, rest=CONFIG_REST, takes_recipe=True,
+    options={"cluster": Option(None, "conf/cluster/*.yaml the search plans on (null: the "
+                               "recipe's cluster section)", type=str | None),
+             "top": Option(10, "layouts whose ranking both searches must agree on",
+                           check=positive),
+             "repeats": Option(3, "timed runs of each search, in turn", check=positive)})
+
+
 def run_gpu_check(args: Arguments) -> int:
     from trainer.tools.gpu_check import run_gpu_check as check
 
@@ -500,4 +515,4 @@ GPU_CHECK_PRECISION = Command(
 
 COMMANDS = (PRETRAIN, BENCH_STEP, VALIDATE_RESUME, CHECK_MEGATRON_PARITY, BENCH_CHECKPOINT, PLAN,
             LAUNCH, SCALING, CONVERT, COMPARE_RUNS, PREPARE_DATA, BENCH_DATA, BENCH_DOCUMENTS,
-            BENCH_PACKING, GPU_CHECK_PRECISION)
+            BENCH_PACKING, BENCH_SEARCH, GPU_CHECK_PRECISION)
