@@ -19,12 +19,11 @@ from pathlib import Path
 import pytest
 
 from tests.dist.prepared_data import write_blend, write_byte_dataset
+from tests.hang import HANG_S
 
 pytestmark = pytest.mark.dist
 
 REPO = Path(__file__).resolve().parents[2]
-# A safety net for a hung benchmark, not a speed limit: these runs take seconds to a minute.
-HANG_S = 1800
 NUMBER = r"([0-9][0-9,]*\.?[0-9]*(?:e[-+]?[0-9]+)?)"
 # bench_data's corpus: a tenth of a MiB of synthetic text and a BPE of 300 tokens.
 SMALL_CORPUS = ["corpus=synthetic", "max_mb=0.1", "vocab=300", "repeats=1"]

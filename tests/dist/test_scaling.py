@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hang import HANG_S
+
 pytestmark = pytest.mark.dist
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +25,7 @@ def weak_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
         [sys.executable, str(REPO / "scripts" / "scaling.py"), "recipe=tiny_dp1",
          "scaling.world_sizes=[1,2]", "scaling.mode=weak", f"scaling.steps={STEPS}",
          f"scaling.out={out}", "model.seq_length=64"],
-        capture_output=True, text=True, cwd=REPO, timeout=900)
+        capture_output=True, text=True, cwd=REPO, timeout=HANG_S)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return result, out
 
@@ -108,7 +110,7 @@ def test_the_report_is_written_again_from_the_sweep_directory(weak_sweep):
     (out / "report.txt").unlink()
     again = subprocess.run([sys.executable, str(REPO / "scripts" / "scaling.py"),
                             f"scaling.report={out}"],
-                           capture_output=True, text=True, cwd=REPO, timeout=300)
+                           capture_output=True, text=True, cwd=REPO, timeout=HANG_S)
     assert again.returncode == 0, again.stderr[-2000:]
     assert (out / "report.txt").read_text() == before
     report = json.loads((out / "report.json").read_text())
