@@ -11,7 +11,8 @@ row tokens), loss tokens per row, and the median step time and effective tokens/
 training steps (micro-batch 1 in every mode, so the rows compare one to one). Modes:
 `concatenate` (Megatron's GPTDataset: documents attend across the cut), `inter_document` (the
 same samples, attention kept inside documents through cu_seqlens), `packed` (whole documents
-packed best-fit-decreasing; padding fills the rest of a row).
+packed best-fit-decreasing; padding fills the rest of a row). Then each mode's step time and
+effective tokens/s as a ratio to concatenate's, measured in the same run.
 """
 
 import sys

@@ -144,6 +144,9 @@ class MegatronSamples:
             batch["cu_seqlens"] = ends
             batch["max_seqlen"] = int((ends[1:] - ends[:-1]).max())
             batch["total_tokens"] = int(ends[-1])  # read here, on the host, not from a device
+            # Every segment is a document: Megatron folds a short sample's padding into its
+            # last one (`datasets/gpt_dataset.py:298-305`).
+            batch["documents"] = len(ends) - 1
         return batch
 
 

@@ -201,7 +201,8 @@ def _train(session: TrainingSession, reporter: RunReporter, collect,
             record_skipped_update(session, reporter, metrics, scale)
         if cfg.train.exit_on_nonfinite:
             check_finite(session, metrics)
-        history.record_step(metrics.loss, metrics.step_time_s, metrics.loss_tokens)
+        history.record_step(metrics.loss, metrics.step_time_s, metrics.loss_tokens,
+                            metrics.model_flops)
         collect(metrics.step)
         session.plugins.after_step(metrics)  # plugins may add figures to metrics.extra
         reporter.step(metrics, total)

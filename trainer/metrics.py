@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from megatron.core import parallel_state
@@ -21,39 +22,56 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from plugins.protocol.events import EvalResult, StepMetrics
 from trainer.device import compute_device
-from trainer.throughput import counts_loss_tokens
+from trainer.throughput import counts_loss_tokens, counts_trained_rows
 
 
 def reduce_loss_over_world(loss_reports: list[dict]) -> tuple[float, int]:
     """(mean loss per token, loss tokens) of the global batch, known on every rank."""
-    loss, tokens, _ = reduce_step_over_world(loss_reports, [])
-    return loss, tokens
+    totals = reduce_step_over_world(loss_reports, [])
+    return totals.loss, totals.loss_tokens
+
+
+class StepTotals(NamedTuple):
+    """A step's figures summed over the world, known on every rank."""
+
+    loss: float  # mean loss per loss token of the global batch
+    loss_tokens: int
+    phase_seconds: list[float]  # each phase's mean seconds over ranks
+    trained_tokens: int  # tokens of the sequences trained (`trainer.throughput.trained_sequences`)
+    squared_lengths: int  # the sum of those sequences' squared lengths
 
 
 def reduce_step_over_world(
-    loss_reports: list[dict], phase_seconds: list[float]
-) -> tuple[float, int, list[float]]:
-    """(mean loss per token, loss tokens, each phase's mean seconds over ranks), on every rank.
+    loss_reports: list[dict], phase_seconds: list[float], sequences: tuple[int, int] = (0, 0)
+) -> StepTotals:
+    """The step's loss, loss tokens, phase times and trained sequences, on every rank.
 
     Only last-stage ranks hold losses; the TP-rank-0 of each DP x CP replica contributes, so a
-    token is counted once however many TP/PP ranks computed it (`counts_loss_tokens`). The
-    phase times ride on the same all-reduce: timing costs no extra collective.
+    token is counted once however many TP/PP ranks computed it (`counts_loss_tokens`). This
+    rank's `sequences` ((tokens, squared lengths) of the rows it took) count once per DP
+    replica (`counts_trained_rows`). The phase times and the sequences ride on the same
+    all-reduce: they cost no extra collective.
     """
-    total = torch.zeros(2 + len(phase_seconds), dtype=torch.float64, device=compute_device())
-    contributes = counts_loss_tokens(
-        parallel_state.get_tensor_model_parallel_rank(),
-        parallel_state.is_pipeline_last_stage(ignore_virtual=True),
-    )
-    if contributes:
+    total = torch.zeros(4 + len(phase_seconds), dtype=torch.float64, device=compute_device())
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    if counts_loss_tokens(tp_rank, last_stage):
         for report in loss_reports:
             total[:2] += report["lm loss"].detach().to(torch.float64)
-    if phase_seconds:
-        total[2:] = torch.tensor(phase_seconds, dtype=torch.float64)
+    host = list(phase_seconds)
+    if counts_trained_rows(tp_rank, parallel_state.get_context_parallel_rank(), last_stage):
+        host += [float(n) for n in sequences]  # exact in float64 below 2**53
+    else:
+        host += [0.0, 0.0]
+    # Host figures travel in one copy (no device read-back); the losses stay on the device.
+    total[2:] = torch.tensor(host, dtype=torch.float64)
     torch.distributed.all_reduce(total)
     values = total.tolist()
     tokens = int(values[1])
     ranks = torch.distributed.get_world_size()
-    return values[0] / max(tokens, 1), tokens, [value / ranks for value in values[2:]]
+    phases = [value / ranks for value in values[2:2 + len(phase_seconds)]]
+    return StepTotals(values[0] / max(tokens, 1), tokens, phases, int(values[-2]),
+                      int(values[-1]))
 
 
 def max_over_world(values: list[float]) -> list[float]:

@@ -107,10 +107,13 @@ class RunHistory:
     final_loss: float | None = None
     heldout: list[tuple[int, float]] = field(default_factory=list)  # (step, loss)
     step_times: list[tuple[float, int]] = field(default_factory=list)  # (seconds, loss tokens)
+    step_flops: list[float] = field(default_factory=list)  # each step's useful model FLOPs
     checkpoint: str | None = None  # the last checkpoint written
 
-    def record_step(self, loss: float, seconds: float, loss_tokens: int) -> None:
+    def record_step(self, loss: float, seconds: float, loss_tokens: int,
+                    model_flops: float = 0.0) -> None:
         if self.first_loss is None:
             self.first_loss = loss
         self.final_loss = loss
         self.step_times.append((seconds, loss_tokens))
+        self.step_flops.append(model_flops)

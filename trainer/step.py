@@ -18,7 +18,12 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from plugins.protocol.events import EvalResult, StepMetrics
 from plugins.protocol.hooks import PluginSet
 from recipes.config.phases import phase_config
-from recipes.plan.flops import model_flops_utilisation, step_flops, tflops_per_gpu
+from recipes.plan.flops import (
+    FlopsShape,
+    model_flops_utilisation,
+    tflops_per_gpu,
+    training_flops,
+)
 from trainer.data import MicroBatch
 from trainer.device import to_compute_device
 from trainer.metrics import max_over_world, reduce_loss_over_world, reduce_step_over_world
@@ -30,7 +35,7 @@ from trainer.step_clock import (
     start_profiler,
     stop_profiler,
 )
-from trainer.throughput import is_measured
+from trainer.throughput import is_measured, trained_sequences
 
 
 def masked_token_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
@@ -136,14 +141,18 @@ def train_step(session) -> StepMetrics:
     if updated:
         session.scheduler.step(increment=batch)
     clock.mark()
-    loss, tokens, phases = reduce_step_over_world(reports, clock.seconds())
+    totals = reduce_step_over_world(reports, clock.seconds(), trained_sequences(microbatches))
+    loss, tokens, phases = totals.loss, totals.loss_tokens, totals.phase_seconds
     session.state.advance(batch, tokens)
     session.mid_step = False
     slowest = slowest_rank_figures(session, profiler, time.perf_counter() - start)
     step_time = slowest["step_time_s"]
+    # Useful FLOPs of the sequences this step trained: full rows, or each packed row's
+    # documents (trainer/throughput.py), summed over the DP replicas by the reduction above.
     step_cfg = phase_config(cfg, dataclasses.replace(phase, global_batch_size=batch))
-    tflops = tflops_per_gpu(step_flops(step_cfg), step_time,
-                            torch.distributed.get_world_size())
+    flops = training_flops(FlopsShape.from_config(step_cfg), totals.trained_tokens,
+                           totals.squared_lengths)
+    tflops = tflops_per_gpu(flops, step_time, torch.distributed.get_world_size())
     return StepMetrics(
         step=session.state.step,
         loss=loss,
@@ -156,6 +165,7 @@ def train_step(session) -> StepMetrics:
         forward_backward_s=phases[1],
         optimizer_s=phases[2],
         exposed_comm_s=slowest.get("exposed_comm_s"),
+        model_flops=flops,
         model_tflops_per_gpu=tflops,
         mfu=model_flops_utilisation(tflops, run_peak_tflops(cfg)),
         measured=is_measured(index, steps_in_process, exposed_comm=cfg.logging.exposed_comm),

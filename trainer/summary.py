@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from recipes.config.phases import phase_spans, run_samples_at
-from recipes.plan.flops import model_flops_utilisation, step_flops, tflops_per_gpu
+from recipes.plan.flops import model_flops_utilisation, tflops_per_gpu
 from trainer.device import compute_device
 from trainer.model import distinct_parameter_counts
 from trainer.state import RunHistory
@@ -46,21 +46,23 @@ def model_parameter_count(model: list) -> int:
 
 def speed_summary(cfg, history: RunHistory) -> dict:
     """Effective tokens/s over the measured steps (whole steps after warm-up, outside the
-    profiler window: sum of tokens over sum of seconds), model TFLOP/s per GPU at that speed
-    and MFU (None without a peak)."""
+    profiler window: sum of tokens over sum of seconds), model TFLOP/s per GPU over the same
+    steps (the useful FLOPs each of them trained, packed documents as they came, over their
+    seconds) and MFU (None without a peak)."""
     steps = history.step_times
     profiling = cfg.logging.exposed_comm
-    measured = [step for index, step in enumerate(steps)
-                if is_measured(index, len(steps), exposed_comm=profiling)]
-    kept = measured or steps
-    seconds = sum(t for t, _ in kept)
+    kept = [index for index in range(len(steps))
+            if is_measured(index, len(steps), exposed_comm=profiling)]
+    measured = len(kept)
+    kept = kept or list(range(len(steps)))
+    seconds = sum(steps[index][0] for index in kept)
     world = cfg.layout.world_size
-    tflops = tflops_per_gpu(step_flops(cfg) * len(kept), seconds, world)
+    tflops = tflops_per_gpu(sum(history.step_flops[index] for index in kept), seconds, world)
     peak = run_peak_tflops(cfg)
     return {
         "effective_tokens_per_s": (measured_throughput(steps, exposed_comm=profiling)
                                    if steps else 0.0),
-        "measured_steps": len(measured),
+        "measured_steps": measured,
         "model_tflops_per_gpu": tflops,
         "peak_tflops": peak,
         "mfu": model_flops_utilisation(tflops, peak),

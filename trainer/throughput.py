@@ -12,7 +12,10 @@ Torch-free, so the trainer, the scaling harness and the tests share one definiti
   measures exposed communication (`logging.exposed_comm`) are left out. torch runs one profiler
   at a time, so a plugin that profiles steps must avoid those: `check_profile_windows` refuses
   an overlap before launch, and `RunStart.profiled_steps` tells plugins at run time;
-- model FLOPs and MFU: the one definition in `recipes/plan/flops.py`, shared with the planner;
+- model FLOPs and MFU: the one definition in `recipes/plan/flops.py`, shared with the planner,
+  over the sequences each step trained: a full row of n tokens is one sequence (n tokens, n²),
+  a packed or inter-document row is its documents (their tokens, the sum of their squares:
+  attention stays inside a document), counted once per DP replica like loss tokens;
 - scaling efficiency against the smallest size that runs the model: T_G / ((G/G0) * T_G0).
 """
 
@@ -20,6 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+import numpy as np
+
+from plugins.protocol.packed_batch import document_lengths
 
 SECONDS_PER_HOUR = 3600.0
 # Steps at the start of a process excluded from throughput (allocator, first collectives).
@@ -100,6 +107,31 @@ def counts_loss_tokens(tp_rank: int, last_pipeline_stage: bool) -> bool:
     holds losses, and of the TP ranks that share a token only TP rank 0 reports it. Every DP
     replica and every CP chunk has its own TP-rank-0 last-stage rank, so those add up."""
     return last_pipeline_stage and tp_rank == 0
+
+
+def counts_trained_rows(tp_rank: int, cp_rank: int, last_pipeline_stage: bool) -> bool:
+    """Whether this rank's micro-batches enter the step's model FLOPs: every rank of a DP
+    replica takes the same rows (whole, before any CP split), so one rank per replica reports
+    them, the one that also reports its loss tokens, at CP rank 0."""
+    return counts_loss_tokens(tp_rank, last_pipeline_stage) and cp_rank == 0
+
+
+def trained_sequences(microbatches: Iterable[dict]) -> tuple[int, int]:
+    """(tokens, sum of squared sequence lengths) of the rows in `microbatches`, as
+    `recipes.plan.flops.training_flops` takes them: a row without `cu_seqlens` is one sequence
+    of its full length; a packed row is its documents (padding is not useful work). Read on
+    the host from the batches as taken, before they move to a device: no synchronisation."""
+    tokens = squares = 0
+    for batch in microbatches:
+        if "cu_seqlens" in batch:
+            lengths = document_lengths(batch)
+            tokens += int(lengths.sum())
+            squares += int(np.square(lengths).sum())
+        else:
+            rows, length = batch["tokens"].shape[:2]
+            tokens += rows * length
+            squares += rows * length * length
+    return tokens, squares
 
 
 def tokens_per_second(steps: Sequence[tuple[float, int]]) -> float:

@@ -39,7 +39,10 @@ class StepMetrics:
     # Communication not hidden behind compute; only on profiled steps (else None), which
     # state the slowest rank's exposed time and step time.
     exposed_comm_s: float | None = None
-    model_tflops_per_gpu: float = 0.0  # useful model FLOPs / step time / ranks (no recompute)
+    # Useful model FLOPs of the step's trained sequences: full rows, or packed rows' documents
+    # (no recompute, no padding; recipes/plan/flops.py `training_flops`).
+    model_flops: float = 0.0
+    model_tflops_per_gpu: float = 0.0  # model_flops / step time / ranks
     mfu: float | None = None  # model_tflops_per_gpu / peak for the precision; None: no peak
     measured: bool = True  # counted in the run's throughput: after warm-up, not profiled
     # Peak memory of the busiest rank in GiB: device memory allocated on GPU, the process's

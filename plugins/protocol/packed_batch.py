@@ -17,6 +17,9 @@ values to the model as tensors (`trainer/data.py`):
     total_tokens  int            the row length S, before any context-parallel split: Mamba
                                  layers need it (Megatron builds their per-document `seq_idx`
                                  from it); a Python int, for the same reason as `max_seqlen`
+    documents     int            n, the documents among the segments (the padding segment, if
+                                 any, comes after them): the trainer counts model FLOPs over
+                                 the documents alone (`document_lengths`), on the host
 
 A document of n tokens occupies n positions and gives n - 1 loss tokens: position i predicts
 token i + 1 of the same document, and its last position predicts nothing (loss mask 0), so no
@@ -46,7 +49,7 @@ from itertools import accumulate
 import numpy as np
 
 PACKED_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "max_seqlen",
-               "total_tokens")
+               "total_tokens", "documents")
 
 
 def document_pad_multiple(context_parallel: int) -> int:
@@ -112,9 +115,20 @@ def packed_row(
         "cu_seqlens": np.array([0, *accumulate(segments)], dtype=np.int32),
         "max_seqlen": int(max(segments)),
         "total_tokens": int(seq_length),
+        "documents": len(docs),
     }
     if pad_multiple > 1:
         own = [*real, *segments[len(real):]]  # the row's trailing padding stays one segment
         row["cu_seqlens_padded"] = row["cu_seqlens"]
         row["cu_seqlens"] = np.array([0, *accumulate(own)], dtype=np.int32)
     return row
+
+
+def document_lengths(batch: dict) -> np.ndarray:
+    """Each document's own length in a packed micro-batch: its `cu_seqlens` segments, less the
+    padding segment after the documents (`documents` says how many come first; a batch
+    without it is all documents, as Megatron's inter-document samples are). Read from host
+    arrays or CPU tensors: nothing is read back from a device."""
+    bounds = np.asarray(batch["cu_seqlens"]).reshape(-1).astype(np.int64)
+    lengths = np.diff(bounds)
+    return lengths[: int(batch.get("documents", len(lengths)))]

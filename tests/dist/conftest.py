@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from tests.hang import HANG_S
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RANK_ENTRY = Path(__file__).resolve().with_name("rank_entry.py")
 STDERR_TAIL_CHARS = 3000
@@ -111,12 +113,13 @@ def _check_launch(reply: dict, run_dir: Path, timeout: float, nprocs: int) -> No
 
 @pytest.fixture(scope="session")
 def launch_ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchRanks]:
-    """A callable `launch(nprocs, entry, payload=None, timeout=300) -> list[result per rank]`."""
+    """A callable `launch(nprocs, entry, payload=None, timeout=HANG_S) -> list[result per
+    rank]`: the timeout is a safety net for a hung launch (tests/hang.py), never a speed limit."""
     base_dir = tmp_path_factory.mktemp("ranks")
     server = ForkServer(base_dir / "fork_server.log")
 
     def launch(
-        nprocs: int, entry: str, payload: dict | None = None, timeout: float = 300
+        nprocs: int, entry: str, payload: dict | None = None, timeout: float = HANG_S
     ) -> list[Any]:
         run_dir = Path(tempfile.mkdtemp(prefix="launch-", dir=base_dir))
         payload_path = run_dir / "payload.json"

@@ -29,7 +29,7 @@ def patch_step(rank: int, die_rank: int, hang_rank: int | None, at_step: int) ->
     def die_or_hang(session):
         if session.state.step + 1 == at_step:  # state.step: the steps already done
             if rank == hang_rank:
-                time.sleep(120)  # long past the test's bound; gone by itself
+                time.sleep(120)  # its agent must stop it first; woken, it kills itself below
             if stamp := os.environ.get("DIE_STAMP"):
                 Path(stamp).write_text(str(time.time()))
             if os.environ.get("DIE_HOW") == "raise":

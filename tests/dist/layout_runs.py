@@ -47,10 +47,38 @@ def save_reference_weights(payload: dict) -> str:
     return str(path)
 
 
+def trained_lengths(microbatches: list[dict], documents: str) -> list[int]:
+    """The lengths of the sequences in `microbatches`, read from their positions and loss
+    masks, not from `cu_seqlens`: a full row (data.documents=concatenate) is one sequence; in
+    a packed or inter-document row a sequence starts where the position ids restart at 0; a
+    packed document of n tokens has n - 1 loss tokens (its padding, and the row's padding
+    segment, have none), while Megatron's inter-document rows are documents end to end."""
+    lengths = []
+    for batch in microbatches:
+        for positions, mask in zip(batch["position_ids"].tolist(), batch["loss_mask"].tolist(),
+                                   strict=True):
+            if documents == "concatenate":
+                lengths.append(len(positions))
+                continue
+            starts = [i for i, position in enumerate(positions) if position == 0]
+            for start, end in zip(starts, [*starts[1:], len(positions)], strict=True):
+                ones = int(sum(mask[start:end]))
+                if documents == "inter_document":
+                    lengths.append(end - start)
+                elif ones:
+                    lengths.append(ones + 1)
+    return lengths
+
+
 def train_steps(payload: dict) -> dict:
-    """Per-step loss and grad norm of `payload['steps']` optimizer steps. With `weights_dir`
-    the session's initial weights are saved there first (the reference run saves what every
-    other layout loads, one launch fewer than `save_reference_weights` and then training)."""
+    """Per-step loss and grad norm of `payload['steps']` optimizer steps, with each step's
+    reported model TFLOP/s and time and the lengths of the sequences this rank trained
+    (`trained_lengths`). With `weights_dir` the session's initial weights are saved there
+    first (the reference run saves what every other layout loads, one launch fewer than
+    `save_reference_weights` and then training)."""
+    import torch
+    from megatron.core import parallel_state
+
     from tests.dist.reference_weights import save_model_weights
     from trainer.step import train_step
 
@@ -59,17 +87,26 @@ def train_steps(payload: dict) -> dict:
     if payload.get("weights_dir"):
         weights = str(save_model_weights(payload["weights_dir"], session.cfg, session.model))
     losses, grad_norms, loss_tokens, mask_tokens = [], [], [], []
+    tflops, step_times, lengths = [], [], []
     for _ in range(payload["steps"]):
         batches = session.train_batches
+        upcoming = batches.upcoming()
         # This rank's loss-mask ones of the coming batch (all of it on a single DP rank).
-        mask_tokens.append(int(sum(mb["loss_mask"].sum() for mb in batches.upcoming())))
+        mask_tokens.append(int(sum(mb["loss_mask"].sum() for mb in upcoming)))
+        lengths.append(trained_lengths(upcoming, session.cfg.data.documents))
         metrics = train_step(session)
         losses.append(metrics.loss)
         grad_norms.append(metrics.grad_norm)
         loss_tokens.append(metrics.loss_tokens)
+        tflops.append(metrics.model_tflops_per_gpu)
+        step_times.append(metrics.step_time_s)
+    result = {"losses": losses, "grad_norms": grad_norms, "loss_tokens": loss_tokens,
+              "mask_tokens": mask_tokens, "weights": weights, "tflops": tflops,
+              "step_times": step_times, "lengths": lengths,
+              "dp_rank": parallel_state.get_data_parallel_rank(),
+              "world": torch.distributed.get_world_size()}
     _finish()
-    return {"losses": losses, "grad_norms": grad_norms, "loss_tokens": loss_tokens,
-            "mask_tokens": mask_tokens, "weights": weights}
+    return result
 
 
 def train_saving_each_step(payload: dict) -> dict:

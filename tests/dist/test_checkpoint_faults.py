@@ -17,7 +17,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ import pytest
 from plugins.protocol.errors import ConfigError
 from recipes.resolve import resolve_config
 from tests.dist.layout_runs import TEST_DATA
+from tests.hang import HANG_S
 from trainer.checkpoint.format import MANIFEST_FILE, newest_checkpoint
 from trainer.checkpoint.manifest import file_record
 from trainer.checkpoint.preflight import checkpoint_preflight, validate_paths
@@ -63,17 +63,15 @@ def _cfg(root: Path, *overrides: str):
 def test_damaged_checkpoint_stops_pretrain_in_one_line_before_any_rank(saved, tmp_path):
     root = _copy(saved[0], tmp_path)
     _damage(sorted((root / "step_0000002").glob("__0_*.distcp"))[0], "truncated")
-    start = time.perf_counter()
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "pretrain.py"), f"recipe={RECIPE}",
          *TEST_DATA, f"checkpoint.load={root}", f"run_dir={tmp_path / 'run'}"],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
+        capture_output=True, text=True, cwd=REPO, timeout=HANG_S,
     )
-    seconds = time.perf_counter() - start
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
     assert lines[0].startswith(f"error: checkpoint.load={root}: step_0000002/__0_")
-    assert "launching" not in result.stdout and seconds < 15
+    assert "launching" not in result.stdout  # refused before any rank
 
 
 def test_manifest_lists_every_file_with_versions_and_config(saved):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hang import HANG_S
+
 pytestmark = pytest.mark.dist
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,7 +22,7 @@ def test_tiny_dp1_trains_bit_identically_to_megatron_lm(tmp_path):
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "check_megatron_parity.py"), "recipe=tiny_dp1",
          "data.max_corpus_bytes=120000", f"run_dir={tmp_path}", "steps=3"],
-        capture_output=True, text=True, cwd=REPO, timeout=600,
+        capture_output=True, text=True, cwd=REPO, timeout=HANG_S,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = result.stdout[result.stdout.index("check_megatron_parity tiny_dp1"):].splitlines()

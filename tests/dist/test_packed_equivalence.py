@@ -59,7 +59,7 @@ def _launch(launch_ranks, layout: str, run_dir, overrides: list[str], **extra) -
         "row_max_seqlen_probe": layout == "tp1",
         "pad_multiple": PAD_MULTIPLE.get(layout, 1),
         **extra,
-    }, timeout=120)
+    })
 
 
 @pytest.fixture(scope="module")

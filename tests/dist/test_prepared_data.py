@@ -5,9 +5,11 @@ the same losses at TP2 x PP2 as on one rank; effective tokens count loss tokens 
 excluded); packed data at CP2 (packs made for documents padded to multiples of 4, each row's
 documents so padded, cut per document by Megatron) trains the losses of the same packs as plain
 rows on one rank; a run stopped after two steps and resumed continues bit-identically, with
-the same samples in the same order, on a blend and on packed data; and a corpus prepared in three
+the same samples in the same order, on a blend and on packed data; a corpus prepared in three
 shards trains exactly as the same corpus prepared as one dataset (its manifest's shards are one
-Megatron dataset, `trainer/sharded_dataset.py`).
+Megatron dataset, `trainer/sharded_dataset.py`); and every step's model TFLOP/s is
+`training_flops` over the sequences it trained, read from the batches independently (full rows;
+packed and inter-document rows: their documents), on one rank, TP2 x PP2, CP2 and DP2.
 """
 
 from __future__ import annotations
@@ -40,6 +42,26 @@ def reference_weights(launch_ranks, tmp_path_factory) -> str:
     })[0]
 
 
+def assert_flops_of_trained_sequences(results: list[dict], recipe: str, overrides) -> None:
+    """Each rank's reported TFLOP/s of each step is `training_flops` over the sequences the
+    step trained (`layout_runs.trained_lengths`, from positions and loss masks: one DP rank's
+    rows each, the other ranks of a replica hold the same) over that rank's step time."""
+    from recipes.plan.flops import FlopsShape, training_flops
+    from recipes.resolve import resolve_config
+    from tests.dist.layout_runs import TEST_DATA
+
+    cfg = resolve_config([f"recipe={recipe}", *TEST_DATA, *overrides])
+    shape = FlopsShape.from_config(cfg)
+    replicas = {r["dp_rank"]: r for r in results}
+    assert len(replicas) == cfg.layout.data_parallel
+    for step in range(len(results[0]["tflops"])):
+        lengths = [n for r in replicas.values() for n in r["lengths"][step]]
+        flops = training_flops(shape, sum(lengths), sum(n * n for n in lengths))
+        for r in results:
+            expected = flops / r["step_times"][step] / r["world"] / 1e12
+            assert r["tflops"][step] == pytest.approx(expected, rel=1e-9), (step, r["dp_rank"])
+
+
 def _train(launch_ranks, recipe, ranks, overrides, weights, run_dir) -> dict:
     results = launch_ranks(ranks, f"{ENTRY}:train_steps", {
         "recipe": recipe, "steps": STEPS, "run_dir": str(run_dir),
@@ -47,6 +69,7 @@ def _train(launch_ranks, recipe, ranks, overrides, weights, run_dir) -> dict:
                       *overrides],
     })
     assert all(r["losses"] == results[0]["losses"] for r in results)
+    assert_flops_of_trained_sequences(results, recipe, overrides)
     return results[0]
 
 
@@ -87,6 +110,32 @@ def test_packed_data_at_cp2_trains_as_its_packs_unpadded_on_one_rank(
     assert cp2["loss_tokens"] == plain["loss_tokens"] == plain["mask_tokens"]
     # Every step trains real documents only: rows are padded, so fewer tokens than slots.
     assert all(0 < tokens < 8 * 128 for tokens in cp2["loss_tokens"])
+
+
+@pytest.mark.parametrize("documents", ["concatenate", "inter_document", "packed"])
+def test_dp2_model_flops_count_the_sequences_each_replica_trained(launch_ranks, blend, documents,
+                                                                  tmp_path):
+    """Two replicas, two steps, each rank's figure from both replicas' rows. Full rows keep
+    the recipe's figure (a global batch of full rows, `step_flops`); packed rows (with a
+    padding segment) and Megatron's inter-document rows count their documents, which is less:
+    attention stays inside each document."""
+    from recipes.plan.flops import step_flops
+    from recipes.resolve import resolve_config
+    from tests.dist.layout_runs import TEST_DATA
+
+    steps = 2
+    overrides = [*blend, f"data.documents={documents}"]
+    if documents != "concatenate":
+        overrides += ["plugins.packing.enabled=true", "train.micro_batch_size=1"]
+    results = launch_ranks(2, f"{ENTRY}:train_steps", {
+        "recipe": "tiny_dp2", "steps": steps, "run_dir": str(tmp_path), "overrides": overrides})
+    assert_flops_of_trained_sequences(results, "tiny_dp2", overrides)
+    full = step_flops(resolve_config(["recipe=tiny_dp2", *TEST_DATA, *overrides]))
+    flops = [t * r["step_times"][k] * 2 * 1e12 for r in results for k, t in enumerate(r["tflops"])]
+    if documents == "concatenate":
+        assert flops == pytest.approx([full] * len(flops), rel=1e-12)
+    else:
+        assert all(f < full for f in flops)
 
 
 @pytest.mark.parametrize("documents", [[], PACKED], ids=["blend", "packed"])

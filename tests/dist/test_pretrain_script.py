@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.hang import HANG_S
 
 pytestmark = pytest.mark.dist
 
@@ -16,10 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "pretrain.py"
 
 
-def run_script(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=REPO,
-        timeout=timeout,
+        timeout=HANG_S,
     )
 
 
@@ -91,12 +92,10 @@ def test_nonfinite_loss_stops_with_one_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_wrong_machine_is_refused_in_one_line_within_5_s():
-    start = time.perf_counter()
-    result = run_script("recipe=8b_tp8_pp4_dp2", "data.source=synthetic", timeout=60)
-    elapsed = time.perf_counter() - start
+def test_wrong_machine_is_refused_in_one_line_before_launch():
+    result = run_script("recipe=8b_tp8_pp4_dp2", "data.source=synthetic")
     assert result.returncode == 2
-    assert elapsed < 5
+    assert "launching" not in result.stdout  # no rank was started
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert "needs 64 GPUs" in lines[0] and "dry_run=true" in lines[0]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hang import HANG_S
+
 pytestmark = pytest.mark.dist
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +25,7 @@ def weak_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
         [sys.executable, str(REPO / "scripts" / "scaling.py"), "recipe=tiny_dp1",
          "scaling.world_sizes=[1,2]", "scaling.mode=weak", f"scaling.steps={STEPS}",
          f"scaling.out={out}", "model.seq_length=64"],
-        capture_output=True, text=True, cwd=REPO, timeout=900)
+        capture_output=True, text=True, cwd=REPO, timeout=HANG_S)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return result, out
 
@@ -78,6 +80,29 @@ def test_run_records_mark_warm_up_and_profiled_steps(weak_sweep):
     assert summary["effective_tokens_per_s"] == pytest.approx(expected)
 
 
+def test_full_rows_keep_the_configured_flops_and_the_summary_sums_measured_steps(weak_sweep):
+    """Concatenated rows: every step's FLOPs are the recipe's global batch of full rows
+    (`step_flops`, n and n² per row); the summary's and the report's TFLOP/s are those of the
+    measured steps over their seconds."""
+    from recipes.config.io import load_config
+    from recipes.plan.flops import step_flops
+
+    _, out = weak_sweep
+    cfg = load_config(out / "G2" / "config.yaml")
+    lines = (out / "G2" / "metrics.jsonl").read_text().splitlines()
+    train = [json.loads(line) for line in lines if '"kind": "train"' in line]
+    for record in train:
+        assert record["model_flops"] == pytest.approx(step_flops(cfg), rel=1e-12)
+        assert record["model_tflops_per_gpu"] == pytest.approx(
+            record["model_flops"] / record["step_time_s"] / 2 / 1e12, rel=1e-12)
+    measured = [r for r in train if r["measured"]]
+    expected = (sum(r["model_flops"] for r in measured)
+                / sum(r["step_time_s"] for r in measured) / 2 / 1e12)
+    assert json.loads(lines[-1])["model_tflops_per_gpu"] == pytest.approx(expected, rel=1e-12)
+    report = json.loads((out / "report.json").read_text())
+    assert report["points"][1]["model_tflops_per_gpu"] == pytest.approx(expected, rel=1e-12)
+
+
 def test_the_report_is_written_again_from_the_sweep_directory(weak_sweep):
     """What a cluster sweep does once its jobs have finished: read the runs, write the report."""
     result, out = weak_sweep
@@ -85,7 +110,7 @@ def test_the_report_is_written_again_from_the_sweep_directory(weak_sweep):
     (out / "report.txt").unlink()
     again = subprocess.run([sys.executable, str(REPO / "scripts" / "scaling.py"),
                             f"scaling.report={out}"],
-                           capture_output=True, text=True, cwd=REPO, timeout=300)
+                           capture_output=True, text=True, cwd=REPO, timeout=HANG_S)
     assert again.returncode == 0, again.stderr[-2000:]
     assert (out / "report.txt").read_text() == before
     report = json.loads((out / "report.json").read_text())

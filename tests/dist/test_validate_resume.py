@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hang import HANG_S
+
 pytestmark = pytest.mark.dist
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +23,7 @@ def test_validate_resume_passes_for_a_recipe_with_dropout(tmp_path):
          "data.source=synthetic", "data.max_corpus_bytes=120000", "model.hidden_dropout=0.1",
          "train.eval_iters=0", "train.eval_interval=0", f"run_dir={tmp_path}", "steps=4",
          "save_at=2"],
-        capture_output=True, text=True, cwd=REPO, timeout=600,
+        capture_output=True, text=True, cwd=REPO, timeout=HANG_S,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     table = result.stdout[result.stdout.index("validate_resume tiny_dp2"):].splitlines()

@@ -14,6 +14,8 @@ import struct
 import time
 from pathlib import Path
 
+from tests.hang import HANG_S
+
 HEADER = b":W&B\xe1\xbe\x00"
 BLOCK = 32768
 CHUNK_HEADER = 7
@@ -61,7 +63,7 @@ def find_run_files(run_dir: Path) -> list[Path]:
     return sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))
 
 
-def wait_for_history(run_dir: Path, rows: int, wait_s: float = 30) -> list[dict]:
+def wait_for_history(run_dir: Path, rows: int, wait_s: float = HANG_S) -> list[dict]:
     """The rows of the one offline run under `run_dir`, waiting (at most `wait_s`) until it
     holds `rows` of them: W&B's service process may still be writing just after `finish`."""
     deadline = time.monotonic() + wait_s

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hang import HANG_S
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -20,7 +22,7 @@ def _train(tmp_path, *overrides: str, recipe: str = "tiny_dp1",
         [sys.executable, str(REPO / "scripts" / "pretrain.py"), f"recipe={recipe}",
          f"run_dir={tmp_path}", f"train.train_iters={steps}", f"train.eval_interval={steps // 2}",
          "scheduler.warmup_iters=5", "data.source=synthetic", *overrides],
-        capture_output=True, text=True, cwd=REPO, timeout=600,
+        capture_output=True, text=True, cwd=REPO, timeout=HANG_S,
     )
 
 

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.hang import HANG_S
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
 NODES = ("node1", "node2")
 CRED_EXPIRE = 5  # seconds a job credential lives (Slurm's default is 120, its least 5)
@@ -37,7 +39,7 @@ SLURMD_TIMEOUT = 5  # seconds without an answer before a node is not responding 
 # loaded machine. Processes that end at once do not wait for it.
 KILL_WAIT = 30
 FIRST_ONLY = "first"  # a partition of node1 alone
-START_TIMEOUT = 60.0
+START_TIMEOUT = HANG_S  # a daemon that dies is reported at once; this is for a hang
 
 
 def missing_programs() -> list[str]:
@@ -196,7 +198,7 @@ class LocalSlurm:
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(argv, env=self.env, capture_output=True, text=True, check=check,
-                              timeout=60)
+                              timeout=HANG_S)
 
     def stop_daemon(self, name: str) -> None:
         """Stop one daemon by its PID (a test kills a slurmd this way)."""

@@ -37,7 +37,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.local_slurm import FIRST_ONLY, KILL_WAIT, job_processes, process_states
+from tests.hang import HANG_S
+from tests.slurm.local_slurm import FIRST_ONLY, job_processes, process_states
 from trainer.launch.slurm_jobs import job_state
 
 pytestmark = pytest.mark.slurm
@@ -52,7 +53,7 @@ RUN = ["recipe=tiny_dp2", "data.source=synthetic", "data.max_corpus_bytes=120000
 REQUEUE_AT, LOSE_NODE_AT, KILL_RANK_AT = 5, 10, 5  # steps reached before each fault
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED")
-JOB_TIMEOUT_S = 420
+JOB_TIMEOUT_S = HANG_S  # a safety net for a hung job, not a speed limit
 
 
 def launch_args(job_dir: Path, cluster: Path, *extra: str) -> list[str]:
@@ -70,7 +71,7 @@ def launch_all(slurm, commands: list[list[str]]) -> subprocess.Popen:
 def launched(launcher: subprocess.Popen) -> subprocess.CompletedProcess:
     """The next launch's exit code, stdout and stderr."""
     line = launcher.stdout.readline()
-    assert line, f"the launches ended early (exit {launcher.wait(timeout=60)})"
+    assert line, f"the launches ended early (exit {launcher.wait(timeout=HANG_S)})"
     result = json.loads(line)
     return subprocess.CompletedProcess("launch.py", result["returncode"], result["stdout"],
                                        result["stderr"])
@@ -140,7 +141,6 @@ def requeue_then_lose_node2(slurm, job: str, run_dir: Path, job_dir: Path) -> di
     until(lambda: restarts(slurm, job) >= 2, "the requeue after node2 was set down", every=0.5)
     on_node1 = process_states(job_processes(job, SLURMD_NODENAME="node1"))  # as Slurm stops them
     until(lambda: "got SIGTERM" in attempt_log(job_dir, job, 1), "node1's agent's line",
-          timeout=KILL_WAIT + 30,  # Slurm has killed what the SIGTERM did not end by then
           why=lambda: (f"job {job}'s processes on node1 at the requeue: {on_node1}; "
                        f"attempt 1's log ends: {attempt_log(job_dir, job, 1)[-1500:]}"))
     slurm.start_slurmd("node2")  # back in service (ReturnToService=2) for the third attempt
@@ -202,7 +202,7 @@ def jobs(slurm, tmp_path_factory):
             futures[name] = pool.submit(SCENARIOS[name][2], slurm, *found[name])
             local = local or train_locally(slurm, local_dir)  # once the longest chain started
         refused = launched(launcher)
-        launcher.wait(timeout=60)
+        launcher.wait(timeout=HANG_S)
         outcomes = {name: future.result() for name, future in futures.items()}
     output, _ = local.communicate(timeout=JOB_TIMEOUT_S)
     assert local.returncode == 0, output[-3000:]

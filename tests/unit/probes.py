@@ -10,10 +10,11 @@ process.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.hang import HANG_S, cores
 
 REPO = Path(__file__).resolve().parents[2]
 MOST_PARTS = 4
@@ -27,16 +28,16 @@ def start_probe(script: str, names: list[str]) -> subprocess.Popen:
     )
 
 
-def split_probe(script: str, names: list[str], timeout: float = 900) -> list[dict]:
+def split_probe(script: str, names: list[str]) -> list[dict]:
     """`script` over `names`, one process per core at once; each part's last stdout line as
     JSON, in the order of the parts."""
     names = sorted(names)
-    parts = max(1, min(os.cpu_count() or 1, MOST_PARTS))
+    parts = min(cores(), MOST_PARTS)
     size = -(-len(names) // parts)
     processes = [start_probe(script, names[i:i + size]) for i in range(0, len(names), size)]
     outputs = []
     for process in processes:
-        out, err = process.communicate(timeout=timeout)
+        out, err = process.communicate(timeout=HANG_S)
         assert process.returncode == 0, err[-3000:]
         outputs.append(json.loads(out.splitlines()[-1]))
     return outputs

@@ -15,6 +15,7 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
+from tests.hang import HANG_S
 from trainer.launch import agent
 from trainer.launch.agent import (
     FAILED,
@@ -71,7 +72,7 @@ def test_the_watch_keeps_the_most_nodes_seen_while_pending(monkeypatch):
     released = threading.Event()
 
     def next_rendezvous():
-        released.wait(5)
+        released.wait(HANG_S)
         return SimpleNamespace(rank=1, world_size=1, store=None)
 
     handler = SimpleNamespace(_state_holder=SimpleNamespace(state=state),
@@ -79,7 +80,11 @@ def test_the_watch_keeps_the_most_nodes_seen_while_pending(monkeypatch):
     watch = agent.RendezvousWatch()
     watch._keep(handler)
     state.participants[_NodeDesc("a", 1, 0)] = 0
-    time.sleep(0.1)
+    # The watch polls on its own thread: wait until it has seen the node (however loaded the
+    # machine is), not a fixed time.
+    deadline = time.monotonic() + HANG_S
+    while watch.most_joined != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     state.participants.clear()  # the node leaves the round at its deadline
     time.sleep(0.1)
     released.set()
@@ -224,9 +229,11 @@ def test_the_first_failing_agent_knows_it_is_first_and_waits_for_the_others(roun
     first.count_ended()
     assert not second.publish("rank 0 (node 0, local rank 0) exited with code 1")
     second.count_ended()
-    start = time.monotonic()
+    waits = []
+    monkeypatch.setattr(agent, "time", SimpleNamespace(monotonic=time.monotonic,
+                                                       sleep=waits.append))
     first.linger()  # both ended: returns at once
-    assert time.monotonic() - start < 1.0
+    assert waits == []  # it never waited for another poll
     assert round_store.get(agent.DEATH_KEY).decode().splitlines() == [
         "rank 1 (node 1, local rank 0) died: signal SIGKILL",
         "rank 0 (node 0, local rank 0) exited with code 1"]

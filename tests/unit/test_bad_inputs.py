@@ -24,6 +24,7 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.path_rules import check_output_dir
 from recipes.registry import get_recipe
 from recipes.resolve import resolve_config
+from tests.hang import HANG_S
 from tests.unit.dataset_fixtures import write_dataset
 from trainer.checkpoint.preflight import validate_paths
 
@@ -542,7 +543,7 @@ def test_entry_point_prints_one_error_line_and_exits_2(args, expected, paths_dir
     env.pop("RANK", None)
     done = subprocess.run(
         [sys.executable, "scripts/pretrain.py", *_fill(args, paths_dir)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S,
     )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()

@@ -16,6 +16,7 @@ import megatron.core.transformer.transformer_config as transformer_config
 
 from plugins.context_parallel.config import ContextParallelConfig
 from recipes.resolve import resolve_config
+from tests.hang import HANG_S
 
 REPO = Path(__file__).resolve().parents[2]
 A2A_P2P = ["recipe=tiny_cp4", "cluster.gpus_per_node=8", "plugins.context_parallel.comm_type"
@@ -41,7 +42,7 @@ def test_comm_types_are_the_ones_megatron_accepts():
 
 def test_a2a_p2p_creates_the_layouts_hierarchical_groups_or_is_refused():
     result = subprocess.run([sys.executable, str(REPO / "tests" / "unit" / "cp_groups_probe.py"),
-                             *A2A_P2P], capture_output=True, text=True, cwd=REPO, timeout=300,
+                             *A2A_P2P], capture_output=True, text=True, cwd=REPO, timeout=HANG_S,
                             env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
                                  "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]

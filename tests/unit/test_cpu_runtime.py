@@ -1,8 +1,9 @@
 """The CPU runtime plugin without a process group.
 
 Activation is process-wide, so each patch's check runs in fresh processes: once with every patch
-(must pass) and once with that patch skipped (must fail). All of them start together, once per
-module. The norm/spec helpers and config validation need no activation and run in-process.
+(must pass) and once with that patch skipped (must fail), once per module, at most one process
+per core at once (all eight together overran their limits on a loaded machine). The norm/spec
+helpers and config validation need no activation and run in-process.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.hang import HANG_S, cores
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -227,38 +231,31 @@ def run_checks_in_this_process(device: str, skip: list[str], names: list[str]) -
 # ---- running the checks in fresh processes ----------------------------------------------
 
 
-def _start(device: str, skip: list[str], names: list[str]) -> subprocess.Popen:
+def _run_checks(device: str, skip: list[str], names: list[str]) -> dict[str, object]:
+    """`run_checks_in_this_process` in a fresh interpreter; its JSON line of outcomes."""
     code = (
         "from tests.unit.test_cpu_runtime import run_checks_in_this_process as run; "
         f"run({device!r}, {skip!r}, {names!r})"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
-    return subprocess.Popen(
-        [sys.executable, "-c", code],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _outcome(process: subprocess.Popen) -> dict[str, object]:
-    stdout, stderr = process.communicate(timeout=240)
-    if process.returncode != 0 or not stdout.strip():
-        raise RuntimeError(f"check process failed ({process.returncode}):\n{stderr[-3000:]}")
-    return json.loads(stdout.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=HANG_S)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise RuntimeError(f"check process failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def outcomes() -> dict[str, dict[str, object]]:
-    """'all' -> every check with every patch; patch name -> its check with that patch skipped."""
+    """'all' -> every check with every patch; patch name -> its check with that patch skipped.
+    Eight interpreters in all, at most one per core at once (tests/hang.py)."""
     # "auto" must switch the runtime on exactly when there is no CUDA device.
     device = "cpu" if torch.cuda.is_available() else "auto"
-    processes = {"all": _start(device, [], list(UNIT_CHECKS))}
-    for name in UNIT_CHECKS:
-        processes[name] = _start("cpu", [name], [name])
-    return {key: _outcome(process) for key, process in processes.items()}
+    runs = {"all": (device, [], list(UNIT_CHECKS)),
+            **{name: ("cpu", [name], [name]) for name in UNIT_CHECKS}}
+    with ThreadPoolExecutor(max_workers=cores()) as pool:
+        started = {key: pool.submit(_run_checks, *run) for key, run in runs.items()}
+        return {key: future.result() for key, future in started.items()}
 
 
 def test_activation_reports_active_idempotent_and_sets_threads(outcomes):

@@ -23,6 +23,7 @@ from recipes.config.blend import load_blend
 from recipes.config.overrides import apply_overrides
 from recipes.config.path_rules import check_data_blend
 from recipes.registry import get_recipe
+from tests.hang import HANG_S
 from tests.unit.dataset_fixtures import write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -212,7 +213,7 @@ def test_the_entry_point_refuses_a_damaged_index_in_one_line(sound) -> None:
     done = subprocess.run(
         [sys.executable, "scripts/pretrain.py", "recipe=tiny_dp1", "model.vocab_size=300",
          "data.source=blend", f"data.blend={path}"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == [
         f"error: data.blend={path}: {folder}/corpus_a.idx is truncated: 20 bytes, shorter than "

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from plugins.protocol.errors import ConfigError
+from tests.hang import HANG_S
 from trainer.entry import commands, pipeline
 from trainer.entry.commands import BENCH_STEP, COMMANDS, PLAN, PRETRAIN, SCALING
 from trainer.entry.contract import help_text, parse_arguments
@@ -24,7 +25,7 @@ RECIPE_SCRIPTS = {"pretrain.py", "bench_step.py", "plan.py", "validate_resume.py
 def run_script(script: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(script), *args], capture_output=True, text=True, cwd=REPO,
-        timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+        timeout=HANG_S, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
     )
 
 

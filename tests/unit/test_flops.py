@@ -87,7 +87,8 @@ def test_mixtral_8x7b_equals_a_hand_count_of_its_published_shape():
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_planner_and_trainer_count_the_same_flops(name):
     """The planner's FLOPs per token (its step time and GPU-hours) times a step's tokens are
-    the FLOPs the trainer divides by the step time for model TFLOP/s and MFU."""
+    the FLOPs the trainer divides by the step time for model TFLOP/s and MFU on full rows
+    (packed rows count their documents: tests/dist/test_prepared_data.py)."""
     cfg = get_recipe(name)
     batch = make_plan(cfg, recipe_cluster(cfg)).batch
     assert batch.flops_per_token * batch.tokens_per_step == step_flops(cfg)

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
 from tests.dist.hf_runs import make_hf_model, nemotron_h_config
+from tests.hang import HANG_S
 from trainer.entry.commands import CONVERT
 from trainer.entry.contract import parse_arguments
 from trainer.interop import cli, hf_config
@@ -133,7 +134,7 @@ def test_script_prints_one_line_exits_2_and_writes_nothing(tmp_path) -> None:
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "scripts/convert.py", "import", f"hf={tmp_path}", f"out={out}",
-         "recipe=hf_tiny_llama"], cwd=REPO, capture_output=True, text=True, timeout=120)
+         "recipe=hf_tiny_llama"], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
     assert done.stderr.startswith("error: hf=") and "no config.json" in done.stderr
@@ -208,7 +209,7 @@ def test_nemotron_h_refusal_is_one_line_and_exit_2_from_the_script(nemotron_h, t
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "scripts/convert.py", "import", f"hf={model}", f"out={out}",
-         "recipe=hf_tiny_nemotron_h"], cwd=REPO, capture_output=True, text=True, timeout=120)
+         "recipe=hf_tiny_nemotron_h"], cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
     assert done.stderr.startswith("error: config.json n_group=2 topk_group=1")

@@ -22,6 +22,7 @@ import pytest
 
 from plugins.protocol.errors import ConfigError
 from recipes.registry import canonical_name, get_recipe, recipe_names
+from tests.hang import HANG_S
 from trainer.entry.commands import LAUNCH
 from trainer.entry.contract import parse_arguments
 from trainer.launch.cluster import (
@@ -213,7 +214,7 @@ def test_launch_script_mistake_is_one_line_exit_2():
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "launch.py"), "recipe=8b_tp8_pp4_dp2",
          SYNTHETIC, "cluster=conf/cluster/h200_1x8.yaml", "--dry-run"],
-        capture_output=True, text=True, cwd=REPO, timeout=120)
+        capture_output=True, text=True, cwd=REPO, timeout=HANG_S)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert result.stderr.startswith("error: llama3_8b_tp8_pp4_dp2 needs 8 nodes")
 

@@ -27,7 +27,7 @@ COORDINATES = ("tp", "pp", "dp", "cp", "ep")
 def megatron() -> dict:
     """{recipe: {"ranks": [per-rank groups and coordinates], "created": {kind: groups}}}."""
     start = time.perf_counter()
-    parts = split_probe("layout_groups_probe.py", list(RECIPES), timeout=300)
+    parts = split_probe("layout_groups_probe.py", list(RECIPES))
     print(f"\nlayout_groups_probe: {max(p['seconds'] for p in parts):.1f} s in parallel_state "
           f"(the longest of {len(parts)} parts), {time.perf_counter() - start:.1f} s with start-up")
     return {name: found for part in parts for name, found in part["recipes"].items()}

@@ -23,6 +23,7 @@ from plugins.protocol.errors import ConfigError, UserError
 from plugins.protocol.events import EvalResult, RunStart, StepMetrics
 from recipes.resolve import resolve_config
 from tests.dist.wandb_records import wait_for_history
+from tests.hang import HANG_S
 from trainer.throughput import RUN_RULES, check_profile_windows, trainer_profiled_steps
 
 REPO = Path(__file__).resolve().parents[2]
@@ -179,7 +180,7 @@ def test_plot_curves_overlays_runs(tmp_path):
 
 def _compare(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "scripts" / "compare_runs.py"), *args],
-                          capture_output=True, text=True, cwd=cwd, timeout=120)
+                          capture_output=True, text=True, cwd=cwd, timeout=HANG_S)
 
 
 def test_compare_runs_overlays_run_dirs_and_refuses_in_one_line(tmp_path):

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hang import HANG_S
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DIMS = {"hidden": 16, "heads": 4, "headdim": 4, "groups": 2, "d_state": 4, "chunk": 4}
 
@@ -188,7 +190,7 @@ def outcome() -> dict:
                 f"print(json.dumps(run_checks({str(Path(tmp) / 'store')!r})))")
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
         done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env,
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=HANG_S)
     if done.returncode != 0:
         raise RuntimeError(f"mixer process failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

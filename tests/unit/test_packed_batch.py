@@ -45,6 +45,7 @@ def test_packed_row_has_the_documented_fields_shapes_and_dtypes():
     assert row["cu_seqlens"].dtype == torch.int32 and row["cu_seqlens"].dim() == 1
     assert row["cu_seqlens"].tolist() == [0, 7, 19, 28, 32]  # padding is a segment of its own
     assert type(row["max_seqlen"]) is int and row["max_seqlen"] == 12  # longest document
+    assert type(row["documents"]) is int and row["documents"] == 3  # the padding is not one
 
 
 def test_labels_never_cross_a_document_boundary():

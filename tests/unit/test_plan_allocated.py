@@ -19,6 +19,7 @@ import pytest
 from recipes.plan.memory import rank_model_state, sharding_of, state_bytes_of
 from recipes.plan.params import stage_params
 from recipes.resolve import resolve_config
+from tests.hang import HANG_S
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,7 +84,7 @@ CASES = [
 def test_model_state_equals_allocated_bytes(args):
     result = subprocess.run(
         [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=REPO,
-        timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+        timeout=HANG_S, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
                           "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.hang import HANG_S
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def plan(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "scripts" / "plan.py"), *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+                          capture_output=True, text=True, cwd=REPO, timeout=HANG_S)
 
 
 def test_text_plan_of_config_b():

@@ -46,11 +46,11 @@ def test_every_rank_holds_what_the_plan_says(real, name):
         assert built["layers"] == layers[c.pp], (name, rank)
 
 
-@pytest.mark.parametrize("name", list(RECIPES))
+# Dense models only: an MoE model's expert weights are counted per EP rank by the dry run, which
+# the per-rank test above compares.
+@pytest.mark.parametrize("name", [n for n in RECIPES if not get_recipe(n).model.num_moe_experts])
 def test_whole_model_adds_up(real, name):
     cfg = get_recipe(name)
     shards = {tuple(key): value for key, value in real[name]}
     dense = sum(v["distinct"] for k, v in shards.items() if k[2] == 0)
-    if cfg.model.num_moe_experts:
-        return  # expert weights are counted per EP rank by the dry run; covered above
     assert dense == model_parameters(cfg)

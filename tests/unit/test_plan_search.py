@@ -32,6 +32,7 @@ from recipes.plan.search import (
 )
 from recipes.plan.steptime import step_time
 from recipes.registry import get_recipe
+from tests.hang import HANG_S
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = REPO / "conf" / "cluster" / "cpu_local.yaml"
@@ -152,7 +153,7 @@ def test_fast_node_crossing_equals_listing_every_group(gpn, world) -> None:
 def test_a_sample_of_listed_layouts_builds_in_the_dry_run() -> None:
     result = subprocess.run(
         [sys.executable, str(REPO / "tests" / "unit" / "search_probe.py"), "tiny_tp2_pp2",
-         "mixtral_tiny_tp2_sp_ep2_dp2"], capture_output=True, text=True, cwd=REPO, timeout=600,
+         "mixtral_tiny_tp2_sp_ep2_dp2"], capture_output=True, text=True, cwd=REPO, timeout=HANG_S,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout.splitlines()[-1])

@@ -27,6 +27,7 @@ from data_prep.hf_tokenizer import prepare_tokenizer
 from data_prep.prepare import prepare
 from plugins.protocol.errors import ConfigError
 from recipes.config.dataset_files import record
+from tests.hang import HANG_S
 
 # Reading a dataset outside a process group makes Megatron warn about the rank; datasets'
 # map forks its workers from this multi-threaded test process (as it does everywhere).
@@ -141,7 +142,7 @@ def test_one_shard_per_input_with_counts_and_manifest(first) -> None:
 def test_script_end_to_end_gives_byte_identical_outputs(first, script_run) -> None:
     """A second run, in another process (BPE trained again there), writes the same bytes."""
     out, process = script_run
-    stdout, stderr = process.communicate(timeout=300)
+    stdout, stderr = process.communicate(timeout=HANG_S)
     assert process.returncode == 0, stderr
     assert "prepared 10 documents (3 empty, zero-length)" in stdout
     assert "tokens/s" in stdout and "3 shard(s)" in stdout
@@ -323,7 +324,7 @@ def test_command_line_mistakes_are_one_line(argv, expected) -> None:
 def test_script_bad_input_exits_2_with_one_line(tmp_path) -> None:
     done = subprocess.run(
         [sys.executable, str(SCRIPT), f"input={tmp_path}/*.jsonl", f"output={tmp_path}/c",
-         "tokenizer=train:1000"], capture_output=True, text=True, timeout=60, cwd=REPO)
+         "tokenizer=train:1000"], capture_output=True, text=True, timeout=HANG_S, cwd=REPO)
     assert done.returncode == 2
     assert done.stderr == f"error: input={tmp_path}/*.jsonl matches no files; check the " \
         "pattern or the folder\n"

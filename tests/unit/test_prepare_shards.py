@@ -24,6 +24,7 @@ from data_prep.config import PrepareConfig
 from data_prep.corpus import synthetic_documents
 from data_prep.prepare import prepare
 from recipes.config.blend import load_blend
+from tests.hang import HANG_S
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning"),
@@ -125,14 +126,14 @@ def _kill_when(process, ready, victim) -> None:
     of the run to be gone (a killed driver's workers notice and exit)."""
     import psutil
 
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline and process.is_alive():
         found = ready()
         if found:
             children = psutil.Process(process.pid).children(recursive=True)
             os.kill(victim(found), signal.SIGKILL)
-            process.join(120)
-            psutil.wait_procs(children, timeout=60)
+            process.join(HANG_S)
+            psutil.wait_procs(children, timeout=HANG_S)
             return
         time.sleep(0.002)
     pytest.fail(f"the run ended before the kill (exit code {process.exitcode})")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -69,8 +68,10 @@ def test_parse_args_keeps_override_order() -> None:
     assert parsed.overrides == ["a.b=1", "c.d=2", "a.b=3"]
 
 
-def test_resolving_imports_neither_torch_nor_megatron_and_is_fast() -> None:
-    # The wrong-machine error must come before heavy imports (within 5 s).
+def test_resolving_imports_neither_torch_nor_megatron() -> None:
+    # The wrong-machine error must come before heavy imports: it is the import of torch and
+    # Megatron Core, not resolution, that takes seconds (a wall-clock bound would measure the
+    # machine's load instead).
     code = (
         "import sys\n"
         "from recipes.resolve import resolve_config\n"
@@ -79,12 +80,10 @@ def test_resolving_imports_neither_torch_nor_megatron_and_is_fast() -> None:
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron'))\n"
         "print(heavy)\n"
     )
-    start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "[]"
-    assert time.perf_counter() - start < 5
 
 
 def _finished_checkpoint(path: Path) -> Path:

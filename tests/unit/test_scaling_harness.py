@@ -13,6 +13,7 @@ import pytest
 
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
+from tests.hang import HANG_S
 from trainer.entry.commands import SCALING
 from trainer.entry.contract import parse_arguments
 from trainer.tools.scaling_report import (
@@ -144,7 +145,7 @@ def test_report_table_json_and_plots(tmp_path):
 def test_script_refuses_a_bad_option_in_one_line():
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "scaling.py"),
                              "recipe=tiny_dp1", "scaling.mode=fast"],
-                            capture_output=True, text=True, cwd=REPO, timeout=120)
+                            capture_output=True, text=True, cwd=REPO, timeout=HANG_S)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: scaling.mode expects one of weak, strong, got 'fast'; e.g. scaling.mode=weak"]
@@ -263,7 +264,7 @@ def test_sizes_become_cluster_jobs_through_the_launcher(tmp_path):
          "data.source=synthetic", "scaling.world_sizes=[8,16]",
          "cluster=conf/cluster/h100_80gb_8x8.yaml",
          f"scaling.out={out}", "--dry-run", f"job_dir={tmp_path / 'jobs'}"],
-        capture_output=True, text=True, cwd=REPO, timeout=300)
+        capture_output=True, text=True, cwd=REPO, timeout=HANG_S)
     assert result.returncode == 0, result.stderr[-2000:]
     scripts = result.stdout.split("scaling: ")[1:]
     assert [s.splitlines()[0] for s in scripts] == ["8 ranks as a slurm job",

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+import numpy as np
 import pytest
 
+from plugins.protocol.packed_batch import packed_row
 from recipes.plan.flops import model_flops_utilisation
 from trainer.throughput import (
     PROFILE_STEPS,
     WARMUP_STEPS,
     counts_loss_tokens,
+    counts_trained_rows,
     exposed_time,
     gpu_hours_for_tokens,
     hours_for_tokens,
@@ -19,6 +22,7 @@ from trainer.throughput import (
     profiled_steps,
     scaling_efficiency,
     tokens_per_second,
+    trained_sequences,
 )
 
 ROW = [1, 1, 1, 1, 0, 0]  # 4 loss tokens, then 2 padding positions
@@ -112,3 +116,43 @@ def test_exposed_communication_excludes_what_compute_hides():
     compute = [(1.0, 2.0), (5.0, 12.0)]  # hides 1 s, 1 s and 1 s
     assert exposed_time(comm, compute) == 4.0
     assert exposed_time(comm, []) == 7.0
+
+
+def _documents(*lengths: int) -> list[np.ndarray]:
+    return [np.arange(1, n + 1) for n in lengths]
+
+
+def test_a_full_row_is_one_sequence_of_its_length():
+    rows = {"tokens": np.zeros((2, 16), dtype=np.int64)}  # a micro-batch of two rows of 16
+    assert trained_sequences([rows, rows]) == (4 * 16, 4 * 16 * 16)
+
+
+def test_a_packed_row_is_its_documents_without_the_padding():
+    row = packed_row(_documents(7, 12, 9), 32, pad_id=0)  # + a padding segment of 4
+    assert row["cu_seqlens"].tolist() == [0, 7, 19, 28, 32]
+    assert trained_sequences([row]) == (28, 7 * 7 + 12 * 12 + 9 * 9)
+    full = packed_row(_documents(20, 12), 32, pad_id=0)  # no padding segment
+    assert trained_sequences([row, full]) == (28 + 32, 274 + 20 * 20 + 12 * 12)
+
+
+def test_documents_padded_for_context_parallel_count_their_own_tokens():
+    row = packed_row(_documents(7, 12, 9), 32, pad_id=0, pad_multiple=4)  # 8 + 12 + 12
+    assert row["cu_seqlens_padded"].tolist() == [0, 8, 20, 32]
+    assert trained_sequences([row]) == (28, 7 * 7 + 12 * 12 + 9 * 9)
+
+
+def test_inter_document_rows_without_a_count_are_documents_end_to_end():
+    """Megatron's GPTDataset rows have no padding segment (it folds a short sample's padding
+    into the last document), so every segment of `cu_seqlens` is a document."""
+    row = {"tokens": np.zeros((1, 32), dtype=np.int64),
+           "cu_seqlens": np.array([0, 5, 30, 32], dtype=np.int32)}
+    assert trained_sequences([row]) == (32, 25 + 625 + 4)
+
+
+def test_one_rank_per_dp_replica_reports_the_rows_it_trained():
+    """Every rank of a replica takes the same rows (CP splits them later): only TP rank 0 of
+    the last pipeline stage at CP rank 0 adds them."""
+    assert counts_trained_rows(tp_rank=0, cp_rank=0, last_pipeline_stage=True)
+    assert not counts_trained_rows(tp_rank=1, cp_rank=0, last_pipeline_stage=True)
+    assert not counts_trained_rows(tp_rank=0, cp_rank=1, last_pipeline_stage=True)
+    assert not counts_trained_rows(tp_rank=0, cp_rank=0, last_pipeline_stage=False)

@@ -432,7 +432,8 @@ BENCH_DATA = Command(
     environment={"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"},  # one core
     options={"corpus": Option("stdlib", "the stdlib's sources or synthetic word salad",
                               type=Literal["stdlib", "synthetic"]),
-             "max_mb": Option(8, "MiB of text", check=positive),
+             "max_mb": Option(8.0, "MiB of text (a fraction for a quick run)", type=float,
+                              check=positive_number),
              "vocab": Option(32000, "tokens of the BPE trained first", check=positive),
              "repeats": Option(5, "timed repeats", check=positive),
              "tokenizer": Option(None, "a tokenizer.json instead of training one",

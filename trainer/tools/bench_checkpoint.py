@@ -361,7 +361,7 @@ def report_lines(name: str, figures: dict) -> list[str]:
         stall = max(row["stall_s"], row["start_s"])
         lines.append(f"    async save {row['number']}: step+start {row['saving_step_s']:.3f} s, "
                      f"stall {row['stall_s']:.3f} s, blocked {row['start_s']:.3f} s "
-                     f"{ok[stall <= 0.2]} ({sync_stall / max(stall, 1e-3):.0f}x less than off); "
+                     f"{ok[stall <= 0.2]} ({sync_stall / max(stall, 1e-3):.3g}x less than off); "
                      f"published after {row['steps_overlapped']} more steps "
                      f"({', '.join(f'{t:.2f}' for t in row['steps_after'])} s), "
                      f"{row['until_published_s']:.2f} s, complete={row['complete']}")

@@ -27,7 +27,7 @@ def write_corpus(options: dict[str, str], folder: Path) -> tuple[Path, list[str]
     from data_prep.corpus import corpus_documents
 
     source = "python_stdlib" if options["corpus"] == "stdlib" else "synthetic"
-    documents = [d for d in corpus_documents(source, int(options["max_mb"]) << 20) if d.strip()]
+    documents = [d for d in corpus_documents(source, int(options["max_mb"] * 2**20)) if d.strip()]
     path = folder / "corpus.jsonl"
     with path.open("w", encoding="utf-8") as file:
         for text in documents:

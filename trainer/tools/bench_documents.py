@@ -1,6 +1,7 @@
 """How documents share samples, concatenate-and-cut against exact packing on the same corpus
 (`scripts/bench_documents.py` is the usage): the layout figures from the blend's datasets, and
-the step figures of short `scripts/pretrain.py` runs, one per mode, in one process.
+the step figures of short `scripts/pretrain.py` runs, one per mode, in one process, and each
+mode's step time and effective tokens/s as a ratio to concatenate-and-cut's in the same run.
 """
 
 from __future__ import annotations
@@ -67,6 +68,16 @@ def step_figures(recipe: str, blend: str, steps: int, mode: str) -> tuple[float,
 
 
 
+def ratio_lines(steps: dict[str, tuple[float, float]]) -> list[str]:
+    """Each mode's step time and effective tokens/s against concatenate-and-cut, measured in
+    the same run (absolute figures of a shared machine drift between runs; ratios of runs side
+    by side drift less)."""
+    base_seconds, base_tokens = steps["concatenate"]
+    return [f"ratio {mode} / concatenate: step time {seconds / base_seconds:.2f}, "
+            f"effective tokens/s {tokens / base_tokens:.2f}"
+            for mode, (seconds, tokens) in steps.items() if mode != "concatenate"]
+
+
 def run_bench_documents(blend: str, steps: int, recipe: str) -> int:
     from recipes.config.overrides import apply_overrides
     from recipes.registry import get_recipe
@@ -76,9 +87,12 @@ def run_bench_documents(blend: str, steps: int, recipe: str) -> int:
     figures["inter_document"] = figures["concatenate"]
     print(f"{'mode':<15}{'documents':>10}{'cut/split':>10}{'padding':>10}{'efficiency':>11}"
           f"{'rows':>8}{'s/step':>9}{'tok/s':>9}")
+    measured = {}
     for mode in MODES:
-        seconds, tokens = step_figures(recipe, blend, steps, mode)
+        seconds, tokens = measured[mode] = step_figures(recipe, blend, steps, mode)
         f = figures[mode]
         print(f"{mode:<15}{f['documents']:>10,}{f['cut']:>10,}{f['padding']:>10,}"
-              f"{f['efficiency']:>10.2%}{f['rows']:>8,}{seconds:>9.3f}{tokens:>9,.0f}")
+              f"{f['efficiency']:>10.2%}{f['rows']:>8,}{seconds:>9.3f}{tokens:>9,.0f}",
+              flush=True)
+    print("\n".join(ratio_lines(measured)))
     return 0
