@@ -20,26 +20,14 @@ stories behind each are in docs/cpu-runtime.md and docs/checkpoints.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class Patch:
-    """One patch: its name, the Megatron symbol and file:line it works around, why (one line),
-    and the test file whose self-test shows what breaks or differs without it."""
-
-    name: str
-    works_around: str
-    why: str
-    self_test: str
+from trainer.checkpoint.megatron_fixes import FIXES
+from trainer.cpu_runtime.megatron_lm import MEGATRON_LM_PATCHES
+from trainer.cpu_runtime.runtime import CPU_RUNTIME_PATCHES
+from trainer.patch import Patch
 
 
 def registry() -> dict[str, Patch]:
     """Every patch by name, from each of its homes (a name is one patch in the whole table)."""
-    from trainer.checkpoint.megatron_fixes import FIXES
-    from trainer.cpu_runtime.megatron_lm import MEGATRON_LM_PATCHES
-    from trainer.cpu_runtime.runtime import CPU_RUNTIME_PATCHES
-
     found: dict[str, Patch] = {}
     for patch in (*CPU_RUNTIME_PATCHES, *MEGATRON_LM_PATCHES,
                   *(fix.patch for fix in FIXES.values())):

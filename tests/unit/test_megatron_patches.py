@@ -13,7 +13,8 @@ import pytest
 from trainer.checkpoint.megatron_fixes import FIX_NAMES
 from trainer.cpu_runtime import megatron_lm
 from trainer.cpu_runtime.runtime import PATCH_NAMES
-from trainer.megatron_patches import Patch, registry
+from trainer.megatron_patches import registry
+from trainer.patch import Patch
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = registry()

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from plugins.protocol.errors import UserError
-from trainer.megatron_patches import Patch
+from trainer.patch import Patch
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
-from trainer.megatron_patches import Patch
+from trainer.patch import Patch
 
 _SELF_TEST = "tests/unit/test_megatron_lm_on_cpu.py"
 MEGATRON_LM_PATCHES: tuple[Patch, ...] = (

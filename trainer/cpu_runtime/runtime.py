@@ -24,7 +24,7 @@ from trainer.cpu_runtime.collectives import install_list_split_sizes, install_un
 from trainer.cpu_runtime.cuda_api import disable_dynamo, install_cpu_rng, install_cuda_stand_ins
 from trainer.cpu_runtime.device_mode import CudaToCpuMode
 from trainer.cpu_runtime.norm import SequenceParallelTorchNorm, adapt_local_layer_spec
-from trainer.megatron_patches import Patch
+from trainer.patch import Patch
 
 __all__ = [
     "PATCH_NAMES",
