@@ -37,9 +37,9 @@ def test_each_patch_cites_megatron_says_why_and_has_a_self_test(name):
 
 
 def test_two_patches_of_one_name_are_refused(monkeypatch):
-    from trainer.cpu_runtime import runtime
+    from trainer import megatron_patches
 
-    twice = (*runtime.CPU_RUNTIME_PATCHES, Patch("rng", "x.py:1", "again", "tests"))
-    monkeypatch.setattr(runtime, "CPU_RUNTIME_PATCHES", twice)
+    twice = (*megatron_patches.CPU_RUNTIME_PATCHES, Patch("rng", "x.py:1", "again", "tests"))
+    monkeypatch.setattr(megatron_patches, "CPU_RUNTIME_PATCHES", twice)
     with pytest.raises(ValueError, match="two patches are named rng"):
         registry()
