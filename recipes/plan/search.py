@@ -40,6 +40,7 @@ from typing import Any
 from plugins.protocol.errors import ConfigError
 from recipes.config.layout import Layout
 from recipes.config.schema import RunConfig
+from recipes.models.hybrid.pattern import has_pipes, segments
 from recipes.plan.activations import stage_activations
 from recipes.plan.build import (
     PlanOptions,
@@ -185,6 +186,22 @@ def pipeline_splits(layers: int, most: int) -> Iterator[tuple[int, int | None, i
             if rest or end < 1:
                 continue
             yield pp, end, end, [None] + [v for v in _divisors(math.gcd(end, middle)) if v > 1]
+
+
+def model_pipeline_splits(cfg: Any, most: int) -> Iterator[tuple[int, int | None, int | None,
+                                                                  list[int | None]]]:
+    """`pipeline_splits` as the model allows them: a hybrid pattern cut by `|` fixes PP x VPP to
+    its segment count (no uneven ends beside it); one without `|` takes no virtual stages
+    (`recipes/models/hybrid/rules.py`)."""
+    pattern = cfg.model.hybrid_layer_pattern
+    if has_pipes(pattern):
+        chunks = len(segments(pattern))
+        for pp in _divisors(min(chunks, most)):
+            if chunks % pp == 0 and (pp > 1 or chunks == 1):  # virtual stages need PP > 1
+                yield pp, None, None, [None if chunks == pp else chunks // pp]
+        return
+    for pp, first, last, vpps in pipeline_splits(cfg.model.num_layers, most):
+        yield pp, first, last, [None] if pattern is not None else vpps
 
 
 def context_sizes(cfg: Any, most: int) -> list[int]:
@@ -353,9 +370,8 @@ class _Searcher:
 
 def _blocks(cfg: Any, world: int) -> Iterator[tuple[int, int, int | None, int | None,
                                                     list[int | None], int, int, int | None]]:
-    m = cfg.model
     for tp in tensor_sizes(cfg):
-        for pp, first, last, vpps in pipeline_splits(m.num_layers, world // tp):
+        for pp, first, last, vpps in model_pipeline_splits(cfg, world // tp):
             if world % (tp * pp):
                 continue
             for cp in context_sizes(cfg, world // (tp * pp)):

@@ -161,3 +161,22 @@ def test_a_sample_of_listed_layouts_builds_in_the_dry_run() -> None:
         assert len(rows) == 2, name
         for row in rows:
             assert "parameters of plan and real model: equal" in row["verify"], (name, row)
+
+
+@pytest.mark.parametrize("recipe", ["hybrid_tiny_pp2_vpp2", "hybrid_tiny_pp2_pipes",
+                                    "hybrid_tiny_pp2"])
+def test_a_hybrid_search_lists_only_splits_its_pattern_allows(recipe):
+    """A pattern cut by `|` fixes PP x VPP to its segments; one without takes no virtual stages:
+    the search offers nothing Megatron (and the hybrid rules) would refuse, and does not crash
+    on a split the segments cannot make."""
+    from recipes.plan.search import search
+
+    cfg = get_recipe(recipe)
+    cluster = load_cluster("conf/cluster/cpu_local.yaml")
+    found = search(apply_cluster(cfg, cluster), cluster, top=50)
+    assert found.fitting and not found.invalid
+    pattern = cfg.model.hybrid_layer_pattern
+    for evaluated in found.fitting:
+        c = evaluated.candidate
+        chunks = c.pipeline * (c.virtual or 1)
+        assert chunks == pattern.count("|") + 1 if "|" in pattern else c.virtual is None
