@@ -55,6 +55,16 @@ class PluginsConfig:
         found = [p for _, config in self.configs() if (p := config.gemm_precision())]
         return found[-1] if found else None
 
+    def ddp_fields(self, cfg) -> dict:
+        """What the active plugins set in Megatron's data-parallel config (later plugins win)."""
+        return {key: value for _, config in self.configs() if config.active(cfg)
+                for key, value in config.ddp_fields().items()}
+
+    def optimizer_fields(self, cfg) -> dict:
+        """What the active plugins set in Megatron's optimizer config (later plugins win)."""
+        return {key: value for _, config in self.configs() if config.active(cfg)
+                for key, value in config.optimizer_fields().items()}
+
     def process_group_options(self, cfg) -> dict:
         """What the plugins add to Megatron's process-group set-up (later plugins win)."""
         return {key: value for _, config in self.configs()

@@ -123,6 +123,32 @@ class PluginConfig:
         none. The plugin names its own keys here, so the tool never does."""
         return {}
 
+    def ddp_fields(self) -> dict[str, Any]:
+        """Fields of Megatron's `DistributedDataParallelConfig` this plugin, so configured,
+        sets (asked only when `active`; the one translation adds them), e.g. FP8's parameter
+        all-gather; {} for none."""
+        return {}
+
+    def optimizer_fields(self) -> dict[str, Any]:
+        """Fields of Megatron's optimizer `OptimizerConfig` this plugin, so configured, sets
+        (asked only when `active`), e.g. the FP8 recipe its FP8 parameters are cast with; {}
+        for none."""
+        return {}
+
+    def megatron_lm_args(self) -> list[str]:
+        """This plugin's settings as Megatron-LM `pretrain_gpt.py` flags (`print=megatron_args`),
+        [] while it is off or has none."""
+        return []
+
+    def megatron_lm_dests(self) -> tuple[str, ...]:
+        """The Megatron-LM parsed-argument names `from_megatron_lm` reads."""
+        return ()
+
+    def from_megatron_lm(self, values: Any) -> dict[str, Any]:
+        """This section's fields (by name) from Megatron-LM's parsed arguments (a mapping of
+        argument names), {} to leave the defaults (`megatron_args=FILE`)."""
+        return {}
+
     def gemm_precision(self) -> str | None:
         """The number format this plugin, so configured, runs the model's GEMMs in (a cluster
         file's `peak_tflops` key, e.g. "fp8"), or None when it leaves them in the run's
