@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from plugins.protocol.hooks import Plugin, PluginConfig, Rule
+from plugins.protocol.hooks import GemmWeights, Plugin, PluginConfig, Rule
 
 FP8_MULTIPLE = 16  # TE FP8 GEMMs need every matrix dimension divisible by 16
 MXFP8_MULTIPLE = 32  # MXFP8 scales blocks of 32 elements (megatron/core/fp8_utils.py:318-323)
@@ -145,6 +145,14 @@ class Fp8Config(PluginConfig):
         found["first_layers_bf16"] = values["num_layers_at_start_in_bf16"] if ends else 0
         found["last_layers_bf16"] = values["num_layers_at_end_in_bf16"] if ends else 0
         return found
+
+    def gemm_weights(self) -> GemmWeights | None:
+        """FP8 parameters hold each GEMM weight of a layer outside the BF16 ends in one byte,
+        with no BF16 copy beside it (`fp8_param`; the DDP buffer holds them as uint8,
+        `distributed/param_and_grad_buffer.py:888, 916`), and gather those bytes over DP."""
+        if self.format is None or not self.param_gather:
+            return None
+        return GemmWeights(1, self.first_layers_bf16, self.last_layers_bf16)
 
     def gemm_precision(self) -> str | None:
         return None if self.format is None else "fp8"

@@ -13,6 +13,7 @@ from recipes.plan.activations import StageActivations, stage_activations
 from recipes.plan.batch import BatchPlan, batch_plan
 from recipes.plan.cluster import ClusterSpec, gemm_peak_tflops
 from recipes.plan.comm import Traffic, crossing_kinds, stage_traffic
+from recipes.plan.gemm_weights import stage_low_precision_weights
 from recipes.plan.memory import (
     ModelState,
     rank_model_state,
@@ -119,11 +120,11 @@ def stage_plans(cfg: Any, cluster: ClusterSpec, options: PlanOptions,
     attention = options.attention or cluster.attention
     crossing = crossing if crossing is not None else crossing_kinds(cfg.layout)
     plans = []
-    for stage, (count, act, layers) in enumerate(zip(
+    for stage, (count, act, layers, low) in enumerate(zip(
             stage_params(cfg), stage_activations(cfg, attention), stage_layer_counts(cfg),
-            strict=True)):
-        state = rank_model_state(cfg, count, per, sharding, options.offload)
-        traffic = stage_traffic(cfg, cluster, crossing, stage, count, sharding != "none")
+            stage_low_precision_weights(cfg), strict=True)):
+        state = rank_model_state(cfg, count, per, sharding, options.offload, low)
+        traffic = stage_traffic(cfg, cluster, crossing, stage, count, sharding != "none", low)
         save = save_host_bytes(cfg, count, per, sharding)
         plans.append(StagePlan(stage, layers, count, state, act, traffic, save))
     return plans
