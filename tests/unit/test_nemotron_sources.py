@@ -6,12 +6,14 @@ precision and FP8, MoE routing, phases) and every field it changes from the sche
 is in its table with a source, and the table holds the values the recipe trains with. A source
 is of a known kind, names where it comes from (code as owner/repo@commit:path:line), and a
 difference or a choice of our own says why. The check itself is shown to fail on a setting
-without a source and on a value changed after the table.
+without a source and on a value changed after the table; `docs/nemotron.md` must be what
+`scripts/nemotron_table.py` writes from the recipes.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,7 @@ from recipes.registry import RECIPES
 from recipes.sources import (
     KINDS,
     build,
+    nemotron_page,
     ours,
     published,
     settings_of,
@@ -26,6 +29,7 @@ from recipes.sources import (
     unsourced,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 NEMOTRON = [name for name in RECIPES if name.startswith("nemotron")]
 # owner/repo@commit:path[:lines], or the installed Megatron Core's path.
 CODE = re.compile(r"[\w.-]+/[\w.-]+@[0-9a-f]{7,40}:[\w./-]+\.(py|yaml|md)(:[\d, -]+)?"
@@ -94,3 +98,10 @@ def test_the_gpu_checks_train_the_recipes_fp8_presets() -> None:
         assert overrides.pop("optimizer.distributed") == "true"
         assert {k: v.lower() for k, v in overrides.items()} == {
             k: str(v).lower() for k, v in preset.items()}
+
+
+def test_the_docs_page_is_generated_from_the_recipes() -> None:
+    committed = (REPO / "docs" / "nemotron.md").read_text(encoding="utf-8")
+    assert committed == nemotron_page(), (
+        "docs/nemotron.md is stale: run python scripts/nemotron_table.py out=docs/nemotron.md")
+    assert all(f"## `{name}`" in committed for name in NEMOTRON)
