@@ -18,7 +18,7 @@ from plugins.logging.config import LoggingConfig
 from plugins.moe.config import MoeConfig
 from plugins.packing.config import PackingConfig
 from plugins.profiler.config import ProfilerConfig
-from plugins.protocol.hooks import PluginConfig, PluginSet, Rule
+from plugins.protocol.hooks import GemmWeights, PluginConfig, PluginSet, Rule
 
 
 @dataclass(kw_only=True)
@@ -54,6 +54,22 @@ class PluginsConfig:
         """The GEMMs' number format a plugin sets (the last in registry order wins), or None."""
         found = [p for _, config in self.configs() if (p := config.gemm_precision())]
         return found[-1] if found else None
+
+    def gemm_weights(self, cfg) -> GemmWeights | None:
+        """How an active plugin stores the GEMM weights (the first that says), or None."""
+        found = [w for _, config in self.configs() if config.active(cfg)
+                 and (w := config.gemm_weights()) is not None]
+        return found[0] if found else None
+
+    def ddp_fields(self, cfg) -> dict:
+        """What the active plugins set in Megatron's data-parallel config (later plugins win)."""
+        return {key: value for _, config in self.configs() if config.active(cfg)
+                for key, value in config.ddp_fields().items()}
+
+    def optimizer_fields(self, cfg) -> dict:
+        """What the active plugins set in Megatron's optimizer config (later plugins win)."""
+        return {key: value for _, config in self.configs() if config.active(cfg)
+                for key, value in config.optimizer_fields().items()}
 
     def process_group_options(self, cfg) -> dict:
         """What the plugins add to Megatron's process-group set-up (later plugins win)."""

@@ -11,9 +11,13 @@ standard-library BPE data) through scripts/pretrain.py, the way a user would:
                               only Transformer Engine's attention accepts on GPU (Megatron's local
                               attention refuses packed sequences), so these runs prove TE's path
   smoke runs                  `smoke_steps` steps each of FP8 delayed scaling, FP8 current with
-                              bf16 end layers, FP8 blockwise, MXFP8 and fp16: each either trains
-                              or is refused with the one line the machine check gives (MXFP8 on
-                              compute capability < 10.0, blockwise on < 9.0)
+                              bf16 end layers, FP8 blockwise, MXFP8 and fp16, and on a tiny
+                              Nemotron-H-shaped hybrid FP8 as NVIDIA pretrained Nemotron-H
+                              (tensorwise, 2 + 2 BF16 end layers, FP8 parameters) and Nano v2
+                              (the same, blockwise E4M3): each either trains or is refused with
+                              the one line the machine check gives (MXFP8 on compute capability
+                              < 10.0, blockwise on < 9.0, FP8 parameters on Transformer Engine
+                              < 2.2, Mamba layers without mamba-ssm)
 
 Each run also reports its model TFLOP/s per GPU and MFU against conf/cluster/h200_1x8.yaml's
 peak, and its peak allocated memory (torch.cuda.max_memory_allocated) against the planner's

@@ -18,6 +18,7 @@ checkpoint saves is the number of samples taken, so it survives a change of batc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,20 +239,40 @@ def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int):
     return IndexedDataset(prefix), PackIndex(prefix, seq_length, pad_multiple)
 
 
+def weighted_pack_order(counts: Sequence[int], weights: Sequence[float]) -> list[tuple[int, int]]:
+    """(source, pack of that source) for each row of an epoch of sum(counts) rows, the sources
+    interleaved by their blend weights as Megatron's blended dataset assigns samples (each row
+    to the source furthest below its share, `datasets/helpers.cpp` build_blending_indices): a
+    source whose weight exceeds its share of the packs repeats its packs, one below it leaves
+    some out. One source: its packs in order."""
+    total, share = sum(counts), [w / sum(weights) for w in weights]
+    taken = [0] * len(counts)
+    order = []
+    for row in range(total):
+        source = max(range(len(counts)),
+                     key=lambda i: (share[i] * (row + 1) - taken[i] if counts[i] else -math.inf))
+        order.append((source, taken[source] % counts[source]))
+        taken[source] += 1
+    return order
+
+
 def packed_sources(cfg: RunConfig, blend: Blend) -> tuple[PackedSamples, PackedSamples]:
-    """Every pack of every train source once (a manifest's: each shard's, in order); held-out
-    packs from `valid`, else the split."""
+    """The packs of every train source (a manifest's: each shard's, in order), interleaved by
+    the blend's weights (`weighted_pack_order`); held-out packs from `valid`, else the split."""
     seq, seed = cfg.model.seq_length, cfg.train.seed
     multiple = document_pad_multiple(cfg.parallel.context)
 
     def packs(sources) -> tuple[list[tuple[object, object, int]], list[int]]:
-        found, owners = [], []
-        for number, source in enumerate(sources):
+        per_source = []
+        for source in sources:
+            mine = []
             for prefix in source.prefixes:
                 dataset, index = _pack_index(prefix, seq, seed, multiple)
-                found += [(dataset, index, i) for i in range(len(index))]
-                owners += [number] * len(index)
-        return found, owners
+                mine += [(dataset, index, i) for i in range(len(index))]
+            per_source.append(mine)
+        order = weighted_pack_order([len(mine) for mine in per_source],
+                                    [source.weight for source in sources])
+        return [per_source[a][b] for a, b in order], [a for a, _ in order]
 
     names = source_labels([source.label for source in blend.train])
     train, owners = packs(blend.train)
@@ -396,8 +417,10 @@ class PhasedBatches:
 
     @staticmethod
     def stream_key(span) -> str:
-        """One stream per blend and sequence length (a longer sequence cuts other samples)."""
-        return f"{span.blend or 'corpus'}:{span.seq_length}"
+        """One stream per blend, sequence length (a longer sequence cuts other samples) and way
+        of cutting rows (packed rows of whole documents are other samples again)."""
+        rows = "" if span.documents == "concatenate" else f":{span.documents}"
+        return f"{span.blend or 'corpus'}:{span.seq_length}{rows}"
 
     def stream_at(self, step: int) -> GlobalBatches:
         """The stream of the phase that trains step `step` (0-based), at that phase's batch."""

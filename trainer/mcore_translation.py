@@ -3,7 +3,9 @@
 Parallel sizes (from the run's `Layout`, through `parallel_sizes`), precision and model shape
 are translated here and nowhere else: process groups (`initialize_parallel_state`),
 `TransformerConfig`, `DistributedDataParallelConfig` and the optimizer's `OptimizerConfig`.
-Plugins adjust the transformer config through their hook afterwards (FP8, for one). Precision
+Plugins adjust the transformer config through their hook afterwards (FP8, for one), and add
+their fields to the data-parallel and optimizer configs here (FP8 parameters). Positions (RoPE's
+base and rotated share) reach `GPTModel`/`HybridModel` through `position_fields`. Precision
 reaches Megatron here as `precision.dtype` (params/pipeline dtype, bf16/fp16 flags of the
 transformer and optimizer configs) and fp16's loss-scale settings (optimizer config).
 """
@@ -189,11 +191,16 @@ def build_transformer_config(
 
     A model built on the meta device (the dry run, the HF interop's templates) runs nothing:
     it is built for its weights, which context parallelism does not split, so with CP 1 (the
-    local attention refuses CP; only TE's runs it)."""
+    local attention refuses CP; only TE's runs it), and on the local layers without LayerNorm1p
+    (the same weights)."""
     m, dtype = cfg.model, torch_dtype(cfg)
     sizes = parallel_sizes(cfg.layout)
     if meta_device:
         sizes["context_parallel_size"] = 1
+    # A zero-centred gamma is how a norm's one weight is read, not its shape: a weights-only
+    # build on the local layers (whose torch norm refuses it, `transformer/torch_norm.py:44-46`)
+    # holds the same parameters without it. Training runs are refused before launch instead.
+    zero_centered = m.layernorm_zero_centered_gamma and (transformer_engine or not meta_device)
     return TransformerConfig(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
@@ -202,6 +209,7 @@ def build_transformer_config(
         num_query_groups=m.num_query_groups,
         kv_channels=m.kv_channels,
         normalization=m.normalization,
+        layernorm_zero_centered_gamma=zero_centered,
         add_bias_linear=m.add_bias_linear,
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
@@ -230,7 +238,18 @@ def build_transformer_config(
     )
 
 
+def position_fields(cfg: RunConfig) -> dict:
+    """Positions, as `GPTModel` and `HybridModel` take them (not `TransformerConfig` fields):
+    the kind, RoPE's base and the share of each head's channels it rotates
+    (`models/common/embeddings/rotary_pos_embedding.py:71-80`)."""
+    m = cfg.model
+    return {"position_embedding_type": m.position_embedding, "rotary_base": m.rotary_base,
+            "rotary_percent": m.rotary_percent}
+
+
 def build_ddp_config(cfg: RunConfig) -> DistributedDataParallelConfig:
+    """Data parallelism's config; plugins add their fields (`ddp_fields`: FP8 parameter
+    all-gather)."""
     o = cfg.optimizer
     return DistributedDataParallelConfig(
         grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32,
@@ -243,6 +262,7 @@ def build_ddp_config(cfg: RunConfig) -> DistributedDataParallelConfig:
         bucket_size=o.bucket_size,
         # Per-token loss needs summed (not averaged) DP gradients; Megatron divides by tokens.
         average_in_collective=False,
+        **cfg.plugins.ddp_fields(cfg),
     )
 
 
@@ -278,4 +298,5 @@ def build_optimizer_config(cfg: RunConfig) -> MegatronOptimizerConfig:
         fp16=dtype == "fp16",
         params_dtype=torch_dtype(cfg),
         use_distributed_optimizer=o.distributed,
+        **cfg.plugins.optimizer_fields(cfg),
     )

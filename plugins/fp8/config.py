@@ -17,6 +17,9 @@ this plugin does not refuse them; the layers kept out of FP8 then run in that dt
     blockwise   1x128 / 128x128 block scales (TE Float8BlockScaling)
     mxfp8       32-element micro-block scales in E8M0 (TE MXFP8BlockScaling; Blackwell)
 
+`param_gather` keeps the GEMM weights in FP8 alone (TE's fp8_model_init; no BF16 copy) and
+all-gathers them over data parallel in FP8, as NVIDIA pretrained Nemotron-H and Nano v2.
+
 Every refusal here is a pure function: config rules take the run config, machine rules take this
 config, the machine description and whether the ranks run on CPU. Each returns None or one line.
 """
@@ -28,7 +31,7 @@ from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from plugins.protocol.hooks import Plugin, PluginConfig, Rule
+from plugins.protocol.hooks import GemmWeights, Plugin, PluginConfig, Rule
 
 FP8_MULTIPLE = 16  # TE FP8 GEMMs need every matrix dimension divisible by 16
 MXFP8_MULTIPLE = 32  # MXFP8 scales blocks of 32 elements (megatron/core/fp8_utils.py:318-323)
@@ -42,6 +45,10 @@ MIN_TE_VERSION = {
     "delayed": "1.0", "tensorwise": "2.2.0.dev0", "blockwise": "2.3.0.dev0", "mxfp8": "2.1.0",
 }
 DELAYED_ONLY = ("amax_history_len", "amax_compute_algo", "margin")
+# Lowest TE for FP8 parameters of a current-scaling or block recipe: below 2.2 Megatron's
+# `quantize_param_shard` (which writes the optimizer's fp32 shards into the FP8 parameters after
+# each step) handles delayed scaling's Float8Tensor only (fp8_utils.py:372-420 against :420-510).
+PARAM_GATHER_MIN_TE = "2.2"
 
 
 @dataclass(kw_only=True)
@@ -58,12 +65,17 @@ class Fp8Config(PluginConfig):
     # not with delayed scaling.
     first_layers_bf16: int = 0  # layers at the start of the model kept out of FP8
     last_layers_bf16: int = 0  # layers at the end of the model kept out of FP8
+    # FP8 parameters: the GEMM weights are kept in FP8 only (no BF16 copy; the distributed
+    # optimizer's fp32 shard is the master) and all-gathered over DP in FP8 (Megatron's
+    # fp8_param_gather and TransformerConfig.fp8_param; Megatron-LM's --fp8-param-gather).
+    param_gather: bool = False
 
     def rules(self) -> tuple[Rule, ...]:
         return (
             check_fp8_settings_unused, check_fp8_delayed_settings,
             check_fp8_scaling_values, check_fp8_bf16_layers_recipe, check_fp8_bf16_layers_range,
             check_fp8_bf16_layers_leave_fp8, check_fp8_shapes,
+            check_fp8_param_gather_distributed,
         )
 
     def machine_problem(self, machine: Any, on_cpu: bool) -> str | None:
@@ -76,8 +88,14 @@ class Fp8Config(PluginConfig):
 
     def gpu_checks(self) -> dict[str, list[str]]:
         """Current scaling (compared with BF16 by the GPU check) and a smoke run of every other
-        recipe: delayed, current with BF16 end layers, blockwise, MXFP8."""
+        recipe: delayed, current with BF16 end layers, blockwise, MXFP8; then, on a tiny
+        hybrid (`_hybrid`), FP8 as NVIDIA pretrained Nemotron-H 47B/56B (tensorwise, 2 + 2
+        BF16 end layers, FP8 parameters) and Nano v2 12B (blockwise E4M3, 2 + 2 BF16 end
+        layers, FP8 parameters): the `recipes/nemotron_h.py` presets, which a unit test holds
+        equal to these."""
         current = ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise"]
+        ends = ["plugins.fp8.first_layers_bf16=2", "plugins.fp8.last_layers_bf16=2",
+                "plugins.fp8.param_gather=true", "optimizer.distributed=true"]
         return {
             "fp8_current": current,
             "fp8_delayed": ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=delayed",
@@ -86,7 +104,55 @@ class Fp8Config(PluginConfig):
                                       "plugins.fp8.last_layers_bf16=1"],
             "fp8_blockwise": ["plugins.fp8.format=e4m3", "plugins.fp8.recipe=blockwise"],
             "mxfp8": ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=mxfp8"],
+            "nemotron_h_fp8_hybrid": [*current, *ends],
+            "nano_v2_fp8_blockwise_hybrid": ["plugins.fp8.format=e4m3",
+                                             "plugins.fp8.recipe=blockwise", *ends],
         }
+
+    def megatron_lm_args(self) -> list[str]:
+        """Megatron-LM's FP8 flags (none while off); --fp8-param-gather turns on both the FP8
+        parameters and their FP8 all-gather (`megatron/training/argument_utils.py:312`)."""
+        if self.format is None:
+            return []
+        args = ["--fp8-format", self.format, "--fp8-recipe", self.recipe]
+        if self.recipe == "delayed":
+            args += ["--fp8-amax-history-len", str(self.amax_history_len),
+                     "--fp8-amax-compute-algo", self.amax_compute_algo, "--fp8-margin",
+                     str(self.margin)]
+        if self.first_layers_bf16 or self.last_layers_bf16:
+            args += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16",
+                     str(self.first_layers_bf16), "--num-layers-at-end-in-bf16",
+                     str(self.last_layers_bf16)]
+        return args + (["--fp8-param-gather"] if self.param_gather else [])
+
+    def megatron_lm_dests(self) -> tuple[str, ...]:
+        return ("fp8", "fp8_recipe", "fp8_amax_history_len", "fp8_amax_compute_algo",
+                "fp8_margin", "first_last_layers_bf16", "num_layers_at_start_in_bf16",
+                "num_layers_at_end_in_bf16", "fp8_param_gather")
+
+    def from_megatron_lm(self, values: Any) -> dict[str, Any]:
+        """Off without --fp8-format; the delayed-only settings for delayed scaling only (the
+        other recipes never read them, and this plugin refuses them changed)."""
+        if values["fp8"] is None:
+            return {}
+        found = {"format": values["fp8"], "recipe": values["fp8_recipe"],
+                 "param_gather": values["fp8_param_gather"]}
+        if values["fp8_recipe"] == "delayed":
+            found.update(amax_history_len=values["fp8_amax_history_len"],
+                         amax_compute_algo=values["fp8_amax_compute_algo"],
+                         margin=values["fp8_margin"])
+        ends = values["first_last_layers_bf16"]
+        found["first_layers_bf16"] = values["num_layers_at_start_in_bf16"] if ends else 0
+        found["last_layers_bf16"] = values["num_layers_at_end_in_bf16"] if ends else 0
+        return found
+
+    def gemm_weights(self) -> GemmWeights | None:
+        """FP8 parameters hold each GEMM weight of a layer outside the BF16 ends in one byte,
+        with no BF16 copy beside it (`fp8_param`; the DDP buffer holds them as uint8,
+        `distributed/param_and_grad_buffer.py:888, 916`), and gather those bytes over DP."""
+        if self.format is None or not self.param_gather:
+            return None
+        return GemmWeights(1, self.first_layers_bf16, self.last_layers_bf16)
 
     def gemm_precision(self) -> str | None:
         return None if self.format is None else "fp8"
@@ -106,7 +172,20 @@ class Fp8Config(PluginConfig):
             # Megatron reads the counts only when first_last_layers_bf16 is on (fp8_utils.py:675).
             "num_layers_at_start_in_bf16": self.first_layers_bf16 if bf16_ends else 1,
             "num_layers_at_end_in_bf16": self.last_layers_bf16 if bf16_ends else 1,
+            # Each layer outside the BF16 ends is built under TE's fp8_model_init
+            # (fp8_utils.get_fp8_context(is_init=True), fp8_utils.py:774-823).
+            "fp8_param": self.param_gather,
         }
+
+    def ddp_fields(self) -> dict[str, Any]:
+        """FP8 parameters are all-gathered in FP8 and refreshed from the distributed
+        optimizer's fp32 shards (`optimizer/distrib_optimizer.py:2815-2840`)."""
+        return {"fp8_param_gather": True} if self.param_gather else {}
+
+    def optimizer_fields(self) -> dict[str, Any]:
+        """The distributed optimizer shards FP8 parameters by recipe: block and current-scaling
+        tensors are not viewed flat (`optimizer/distrib_optimizer.py:403-409`)."""
+        return {"fp8_recipe": self.recipe} if self.param_gather else {}
 
     def active(self, cfg: Any) -> bool:
         return self.format is not None
@@ -221,6 +300,18 @@ def check_fp8_bf16_layers_leave_fp8(cfg: Any) -> str | None:
     )
 
 
+def check_fp8_param_gather_distributed(cfg: Any) -> str | None:
+    """FP8 parameters are refreshed from fp32 master weights only by the distributed optimizer
+    (`optimizer/distrib_optimizer.py:2815-2840`; the plain one has no such step), which
+    Megatron-LM asserts (`megatron/training/arguments.py:1060-1062`)."""
+    fp8 = cfg.plugins.fp8
+    if fp8.format is None or not fp8.param_gather or cfg.optimizer.distributed:
+        return None
+    return ("plugins.fp8.param_gather=true keeps the weights in FP8 and refreshes them from the "
+            "distributed optimizer's fp32 shards, but optimizer.distributed=false; set "
+            "optimizer.distributed=true or plugins.fp8.param_gather=false")
+
+
 def _gemm_dims(cfg: Any) -> dict[str, int | None]:
     m, p = cfg.model, cfg.parallel
     sp_split = p.tensor if p.sequence_parallel else 1
@@ -309,7 +400,25 @@ def fp8_compute_capability(fp8: Fp8Config, machine: Any, on_cpu: bool) -> str | 
     )
 
 
+def fp8_param_gather_transformer_engine(fp8: Fp8Config, machine: Any,
+                                        on_cpu: bool) -> str | None:
+    found = machine.transformer_engine
+    if not fp8.param_gather or fp8.recipe == "delayed" or found is None:
+        return None
+    try:
+        if Version(found) >= Version(PARAM_GATHER_MIN_TE):
+            return None
+    except InvalidVersion:
+        return None
+    return (
+        f"plugins.fp8.param_gather=true with plugins.fp8.recipe={fp8.recipe} needs Transformer "
+        f"Engine >= {PARAM_GATHER_MIN_TE} (Megatron writes the optimizer's fp32 weights into "
+        f"{fp8.recipe} FP8 parameters only from there on), found {found}; upgrade Transformer "
+        "Engine or set plugins.fp8.param_gather=false"
+    )
+
+
 MACHINE_CHECKS = (
     fp8_needs_cuda, fp8_needs_transformer_engine, fp8_transformer_engine_version,
-    fp8_compute_capability,
+    fp8_compute_capability, fp8_param_gather_transformer_engine,
 )

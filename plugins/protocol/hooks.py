@@ -43,6 +43,17 @@ Rule = Callable[[Any], str | None]
 
 
 @dataclass(frozen=True)
+class GemmWeights:
+    """GEMM weights stored in another format than the run's dtype: bytes per element, and the
+    layers at each end of the model that keep the run's dtype (counted as Megatron counts layers:
+    a hybrid model's every pattern symbol, a GPT model's every transformer layer)."""
+
+    bytes_per_weight: int
+    first_layers_kept: int = 0
+    last_layers_kept: int = 0
+
+
+@dataclass(frozen=True)
 class ProfileWindow:
     """Steps first..last (1-based) a plugin runs torch.profiler over, and the key that moves
     them (named in the refusal when they overlap the trainer's own profiled steps)."""
@@ -122,6 +133,38 @@ class PluginConfig:
         on a small model): check name -> the overrides that configure the plugin so; {} for
         none. The plugin names its own keys here, so the tool never does."""
         return {}
+
+    def ddp_fields(self) -> dict[str, Any]:
+        """Fields of Megatron's `DistributedDataParallelConfig` this plugin, so configured,
+        sets (asked only when `active`; the one translation adds them), e.g. FP8's parameter
+        all-gather; {} for none."""
+        return {}
+
+    def optimizer_fields(self) -> dict[str, Any]:
+        """Fields of Megatron's optimizer `OptimizerConfig` this plugin, so configured, sets
+        (asked only when `active`), e.g. the FP8 recipe its FP8 parameters are cast with; {}
+        for none."""
+        return {}
+
+    def megatron_lm_args(self) -> list[str]:
+        """This plugin's settings as Megatron-LM `pretrain_gpt.py` flags (`print=megatron_args`),
+        [] while it is off or has none."""
+        return []
+
+    def megatron_lm_dests(self) -> tuple[str, ...]:
+        """The Megatron-LM parsed-argument names `from_megatron_lm` reads."""
+        return ()
+
+    def from_megatron_lm(self, values: Any) -> dict[str, Any]:
+        """This section's fields (by name) from Megatron-LM's parsed arguments (a mapping of
+        argument names), {} to leave the defaults (`megatron_args=FILE`)."""
+        return {}
+
+    def gemm_weights(self) -> GemmWeights | None:
+        """How this plugin, so configured, stores the model's GEMM weights when not in the run's
+        dtype (FP8 parameters: one byte each, the BF16 end layers excepted); None: it leaves
+        them be. The planner prices weights and their data-parallel all-gather by it."""
+        return None
 
     def gemm_precision(self) -> str | None:
         """The number format this plugin, so configured, runs the model's GEMMs in (a cluster

@@ -203,6 +203,20 @@ def check_machine(
     check_transformer_engine(cfg, machine, local_attention_cost)
     check_mamba_kernels(cfg, machine)
     check_mamba_packed_context_parallel(cfg, machine)
+    check_zero_centered_gamma_norm(cfg, machine)
+
+
+def check_zero_centered_gamma_norm(cfg: RunConfig, machine: MachineInfo) -> None:
+    """LayerNorm1p exists in Transformer Engine's norms only: CPU ranks build Megatron's local
+    torch norm, which asserts against it (`transformer/torch_norm.py:44-46`). GPU ranks on local
+    layers are the config rule's (`recipes/models/gpt/rules.py`)."""
+    if not cfg.model.layernorm_zero_centered_gamma or not ranks_on_cpu(cfg.cluster,
+                                                                       machine.gpus):
+        return
+    raise ConfigError(
+        "model.layernorm_zero_centered_gamma=true needs Transformer Engine's norms on GPU ranks, "
+        "but this run's ranks are on CPU, whose torch norms refuse it; run on GPUs, or set "
+        "model.layernorm_zero_centered_gamma=false (a different model)")
 
 
 def check_mamba_packed_context_parallel(cfg: RunConfig, machine: MachineInfo) -> None:

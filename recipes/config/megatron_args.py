@@ -4,12 +4,13 @@ One table says which Megatron-LM flag carries each config field and how: a value
 (`--num-layers 32`), a switch that is on when the field is true (`--sequence-parallel`) or
 false (`--disable-bias-linear`), or a pair of functions for the fields Megatron-LM spells
 another way (the activation, the precision, recompute, the schedule, GQA, RoPE scaling, the
-data, the checkpoint format). Every field is written, since Megatron-LM's defaults are not
-ours (dropout 0.1, Adam beta2 0.999, linear decay...). The world size is not a flag (torchrun
-gives it) and the fields in `NO_FLAG` have no Megatron-LM flag; `scripts/pretrain.py
-print=megatron_args` lists them. Reading a command line back (`trainer/tools/megatron_args.py`)
-uses Megatron-LM's own parser and this same table, so the two directions cannot drift apart.
-No torch here.
+data, the checkpoint format); a plugin writes and reads its own flags (FP8's, through its
+config's `megatron_lm_args` / `from_megatron_lm`). Every field is written, since Megatron-LM's
+defaults are not ours (dropout 0.1, Adam beta2 0.999, linear decay...). The world size is not
+a flag (torchrun gives it) and the fields in `NO_FLAG` have no Megatron-LM flag;
+`scripts/pretrain.py print=megatron_args` lists them. Reading a command line back
+(`trainer/tools/megatron_args.py`) uses Megatron-LM's own parser and this same table, so the
+two directions cannot drift apart. No torch here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from plugins.registry import PluginsConfig
 
 VALUE, ON, OFF = "value", "on", "off"
 
@@ -46,6 +49,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("model.normalization", "--normalization"),
     Flag("model.position_embedding", "--position-embedding-type"),
     Flag("model.rotary_base", "--rotary-base"),
+    Flag("model.rotary_percent", "--rotary-percent"),
+    Flag("model.layernorm_zero_centered_gamma", "--apply-layernorm-1p",
+         "layernorm_zero_centered_gamma", ON),
     Flag("model.add_bias_linear", "--disable-bias-linear", "add_bias_linear", OFF),
     Flag("model.hidden_dropout", "--hidden-dropout"),
     Flag("model.attention_dropout", "--attention-dropout"),
@@ -355,12 +361,15 @@ def no_flag_fields(cfg: Any) -> list[str]:
     for section in ("model", "parallel", "cluster", "train", "optimizer", "scheduler",
                     "precision", "data", "checkpoint", "logging"):
         found += [n for n in _field_names(getattr(cfg, section), section) if n not in carried]
-    return found + ["plugins.*", "name", "output_dir", "run_dir", "dry_run"]
+    return found + ["plugins.* (but what a plugin writes as flags)", "name", "output_dir",
+                    "run_dir", "dry_run"]
 
 
 def _get(cfg: Any, dotted: str) -> Any:
-    section, name = dotted.split(".")
-    return getattr(getattr(cfg, section), name)
+    value = cfg
+    for name in dotted.split("."):  # 'section.name', or 'plugins.<plugin>.name'
+        value = getattr(value, name)
+    return value
 
 
 def _text(value: Any) -> str:
@@ -380,6 +389,8 @@ def to_megatron_args(cfg: Any) -> list[str]:
             args += [f.flag, _text(value)]
     for spelled in SPELLED:
         args += spelled.to_args(cfg)
+    for _, config in cfg.plugins.configs():  # a plugin's own flags (FP8's), when it is on
+        args += config.megatron_lm_args()
     return args
 
 
@@ -391,12 +402,16 @@ def from_megatron_values(values: Mapping[str, Any]) -> dict[str, Any]:
         found[f.field] = values[f.dest]
     for spelled in SPELLED:
         found.update(spelled.from_args(values))
+    for name, config in PluginsConfig().configs():
+        found.update({f"plugins.{name}.{key}": value
+                      for key, value in config.from_megatron_lm(values).items()})
     return found
 
 
 def carried_dests() -> frozenset[str]:
     """Every Megatron-LM argument this table reads."""
-    return frozenset({f.dest for f in FLAGS} | {d for s in SPELLED for d in s.dests})
+    plugins = {d for _, config in PluginsConfig().configs() for d in config.megatron_lm_dests()}
+    return frozenset({f.dest for f in FLAGS} | {d for s in SPELLED for d in s.dests} | plugins)
 
 
 def command_text(cfg: Any) -> str:

@@ -25,14 +25,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from recipes.config.schema import RunConfig
 
-from recipes.config.rampup import ramp_schedule, samples_after
+from recipes.config.rampup import check_rampup_shape, ramp_schedule, samples_after
 
 SHARE_TOLERANCE = 1e-6  # token shares must add up to 1 within this
+# What a running world holds and a phase may change only with a new launch.
+LAUNCH_FIELDS = ("seq_length", "context", "documents", "micro_batch_size")
 
 
 @dataclass(kw_only=True)
@@ -46,6 +48,10 @@ class PhaseConfig:
     global_batch_size: int | None = None  # its global batch; null = train.global_batch_size
     seq_length: int | None = None  # its sequence length (relaunch); null = model.seq_length
     context: int | None = None  # its context-parallel size (relaunch); null = parallel.context
+    # How its documents share a row (relaunch; null = data.documents): `packed` rows of whole
+    # documents, each attending to itself only, e.g. long rows of mixed document lengths.
+    documents: Literal["concatenate", "inter_document", "packed"] | None = None
+    micro_batch_size: int | None = None  # its micro-batch (relaunch); null = train.micro_batch_size
     lr_decay: bool = False  # the WSD schedule's decay runs over this phase (scheduler.style=wsd)
     relaunch: bool = False  # start it as a new launch from the previous phase's last checkpoint
 
@@ -59,10 +65,13 @@ class PhaseSpan:
     start_step: int
     end_step: int
     start_sample: int  # consumed samples of the run when the phase starts
+    end_sample: int  # and when it ends (through a batch ramp-up when there is one)
     blend: str | None
     global_batch_size: int
     seq_length: int
     context: int
+    documents: str
+    micro_batch_size: int
     lr_decay: bool
     relaunch: bool
 
@@ -72,7 +81,9 @@ class PhaseSpan:
 
     @property
     def samples(self) -> int:
-        return self.steps * self.global_batch_size
+        """Samples the phase trains: its steps at its batch, or what the batch ramp-up takes
+        over its steps (`recipes/config/rampup.py`): the one count every tokens figure uses."""
+        return self.end_sample - self.start_sample
 
     @property
     def tokens(self) -> int:
@@ -86,7 +97,8 @@ def _value(phase_value, run_value):
 def _resolved(cfg: RunConfig, phase: PhaseConfig, previous: PhaseSpan | None) -> dict:
     """The values a phase trains with: its own, else the previous phase's, else the run's."""
     base = {"blend": cfg.data.blend, "global_batch_size": cfg.train.global_batch_size,
-            "seq_length": cfg.model.seq_length, "context": cfg.parallel.context}
+            "seq_length": cfg.model.seq_length, "context": cfg.parallel.context,
+            "documents": cfg.data.documents, "micro_batch_size": cfg.train.micro_batch_size}
     if previous is not None:
         base = {name: getattr(previous, name) for name in base}
     return {name: _value(getattr(phase, name), run) for name, run in base.items()}
@@ -117,13 +129,16 @@ def phase_spans(cfg: RunConfig) -> tuple[PhaseSpan, ...]:
     for phase in cfg.phases:  # values chain: a null keeps the previous phase's value
         span_values = _resolved(cfg, phase, _as_previous(values))
         values.append(span_values)
+    ramp = ramp_schedule(cfg) if check_rampup_shape(cfg) is None else None  # refused elsewhere
     start, sample = 0, 0
     for index, (phase, end) in enumerate(zip(cfg.phases, _end_steps(cfg, values), strict=True)):
+        end_sample = (samples_after(ramp, end) if ramp is not None
+                      else sample + (end - start) * values[index]["global_batch_size"])
         span = PhaseSpan(index=index, name=phase.name, start_step=start, end_step=end,
-                         start_sample=sample, lr_decay=phase.lr_decay,
+                         start_sample=sample, end_sample=end_sample, lr_decay=phase.lr_decay,
                          relaunch=phase.relaunch, **values[index])
         spans.append(span)
-        start, sample = end, sample + span.samples
+        start, sample = end, end_sample
     return tuple(spans)
 
 
@@ -131,7 +146,7 @@ def _as_previous(values: list[dict]) -> PhaseSpan | None:
     """The previous phase's values in the shape `_resolved` reads (steps do not matter)."""
     if not values:
         return None
-    return PhaseSpan(index=0, name="", start_step=0, end_step=0, start_sample=0,
+    return PhaseSpan(index=0, name="", start_step=0, end_step=0, start_sample=0, end_sample=0,
                      lr_decay=False, relaunch=False, **values[-1])
 
 
@@ -142,18 +157,20 @@ def span_at(spans: tuple[PhaseSpan, ...], step: int) -> PhaseSpan:
 
 
 def samples_at(spans: tuple[PhaseSpan, ...], step: int) -> int:
-    """Consumed samples after `step` steps (what Megatron's schedule counts); past the end at
-    the last phase's batch."""
+    """Consumed samples after `step` steps (what Megatron's schedule counts) without a batch
+    ramp-up (`run_samples_at` takes both); past the end at the last phase's batch."""
     span = next((s for s in spans if step <= s.end_step), spans[-1])
     return span.start_sample + max(0, step - span.start_step) * span.global_batch_size
 
 
 def phase_config(cfg: RunConfig, span: PhaseSpan) -> RunConfig:
-    """The run config one phase trains with (its blend, batch, sequence, CP; no phases)."""
+    """The run config one phase trains with (its blend, batch, sequence, CP, documents; no
+    phases)."""
     return dataclasses.replace(
         cfg, phases=[],
-        data=dataclasses.replace(cfg.data, blend=span.blend),
-        train=dataclasses.replace(cfg.train, global_batch_size=span.global_batch_size),
+        data=dataclasses.replace(cfg.data, blend=span.blend, documents=span.documents),
+        train=dataclasses.replace(cfg.train, global_batch_size=span.global_batch_size,
+                                  micro_batch_size=span.micro_batch_size),
         model=dataclasses.replace(cfg.model, seq_length=span.seq_length),
         parallel=dataclasses.replace(cfg.parallel, context=span.context),
     )
@@ -242,25 +259,29 @@ def check_phase_lengths(cfg: RunConfig) -> str | None:
 
 
 def check_phase_blend(cfg: RunConfig) -> str | None:
-    """A phase's blend is prepared data: the run trains on blends (the file is checked on
-    disk with the other paths, before launch)."""
+    """A phase's blend, and its rows of whole documents, are prepared data: the run trains on
+    blends (the file is checked on disk with the other paths, before launch)."""
     for index, phase in enumerate(cfg.phases):
         if phase.blend is not None and cfg.data.source != "blend":
             return (f"{_named(index, phase)}: blend={phase.blend} needs data.source=blend "
                     "(a phase's blend is prepared data); set data.source=blend "
                     "data.blend=<first blend>")
+        if phase.documents not in (None, "concatenate") and cfg.data.source != "blend":
+            return (f"{_named(index, phase)}: documents: {phase.documents} needs prepared data "
+                    "(data.source=blend); set data.source=blend data.blend=<first blend>")
     return None
 
 
 def check_phase_relaunch(cfg: RunConfig) -> str | None:
-    """Sequence length and CP size change what a running world holds: a phase that changes
-    them starts as a new launch, and says so; the first phase has nothing to relaunch from."""
+    """Sequence length, CP size and how documents share a row (the data loader and the packing
+    plugin a launch builds) change what a running world holds: a phase that changes them starts
+    as a new launch, and says so; the first phase has nothing to relaunch from."""
     if cfg.phases and cfg.phases[0].relaunch:
         return (f"{_named(0, cfg.phases[0])}: relaunch: true on the first phase starts from "
                 "nothing; set it on the phase that changes the layout")
     spans = phase_spans(cfg)
     for before, span in zip(spans, spans[1:], strict=False):
-        changed = [name for name in ("seq_length", "context")
+        changed = [name for name in LAUNCH_FIELDS
                    if getattr(span, name) != getattr(before, name)]
         if changed and not span.relaunch:
             name = changed[0]
@@ -280,6 +301,18 @@ def check_relaunch_sequences_given(cfg: RunConfig) -> str | None:
         if phase.seq_length is None:
             return (f"{_named(index, phase)}: a run with relaunch phases names every phase's "
                     f"seq_length; set seq_length: {cfg.model.seq_length} on it")
+    return None
+
+
+def check_phase_documents_given(cfg: RunConfig) -> str | None:
+    """A later launch sets data.documents to its phase's: a phase that inherited the run's would
+    then change its rows, so once one phase names its documents every phase does."""
+    if all(phase.documents is None for phase in cfg.phases):
+        return None
+    for index, phase in enumerate(cfg.phases):
+        if phase.documents is None:
+            return (f"{_named(index, phase)}: a phase of this run names its documents, so every "
+                    f"phase does; set documents: {cfg.data.documents} on it")
     return None
 
 
@@ -319,7 +352,8 @@ def launch_starts(spans: tuple[PhaseSpan, ...]) -> tuple[PhaseSpan, ...]:
 
 def relaunch_overrides(span: PhaseSpan) -> list[str]:
     """The overrides that start a launch in `span`'s layout."""
-    return [f"model.seq_length={span.seq_length}", f"parallel.context={span.context}"]
+    return [f"model.seq_length={span.seq_length}", f"parallel.context={span.context}",
+            f"data.documents={span.documents}", f"train.micro_batch_size={span.micro_batch_size}"]
 
 
 def continue_overrides(span: PhaseSpan) -> list[str]:
@@ -330,8 +364,13 @@ def continue_overrides(span: PhaseSpan) -> list[str]:
             *relaunch_overrides(span)]
 
 
-def _layout(cfg: RunConfig) -> tuple[int, int]:
-    return cfg.model.seq_length, cfg.parallel.context
+def _layout(cfg: RunConfig) -> tuple[int, int, str, int]:
+    return (cfg.model.seq_length, cfg.parallel.context, cfg.data.documents,
+            cfg.train.micro_batch_size)
+
+
+def _span_layout(span: PhaseSpan) -> tuple[int, int, str, int]:
+    return span.seq_length, span.context, span.documents, span.micro_batch_size
 
 
 def launch_finished(cfg: RunConfig, start_step: int) -> bool:
@@ -345,8 +384,7 @@ def launch_finished(cfg: RunConfig, start_step: int) -> bool:
     if not span.relaunch or span.start_step != start_step:
         return False
     before = spans[span.index - 1]
-    return _layout(cfg) == (before.seq_length, before.context) != (span.seq_length,
-                                                                   span.context)
+    return _layout(cfg) == _span_layout(before) != _span_layout(span)
 
 
 def launch_stop(cfg: RunConfig, start_step: int) -> int:
@@ -362,7 +400,7 @@ def launch_layout(cfg: RunConfig, start_step: int) -> list[str]:
     if not cfg.phases or start_step >= cfg.train.train_iters:
         return []
     span = span_at(phase_spans(cfg), start_step)
-    return [] if _layout(cfg) == (span.seq_length, span.context) else relaunch_overrides(span)
+    return [] if _layout(cfg) == _span_layout(span) else relaunch_overrides(span)
 
 
 def launch_mismatch(cfg: RunConfig, start_step: int) -> str | None:
@@ -372,10 +410,13 @@ def launch_mismatch(cfg: RunConfig, start_step: int) -> str | None:
     if not overrides or launch_finished(cfg, start_step):
         return None
     span = span_at(phase_spans(cfg), start_step)
+    keys = [o.split("=")[0] for o in relaunch_overrides(span)]
+    differ = [(key, want, have) for key, want, have in zip(
+        keys, _span_layout(span), _layout(cfg), strict=True) if want != have]
+    wanted = " ".join(f"{key}={want}" for key, want, _ in differ)
+    found = " ".join(f"{key}={have}" for key, _, have in differ)
     return (f"step {start_step} is in phases[{span.index}] ({span.name}), which trains with "
-            f"sequence {span.seq_length} and CP {span.context}, but this launch has "
-            f"model.seq_length={cfg.model.seq_length} parallel.context={cfg.parallel.context}; "
-            f"start it with {' '.join(overrides)}")
+            f"{wanted}, but this launch has {found}; start it with {' '.join(overrides)}")
 
 
 def check_phase_lr_decay(cfg: RunConfig) -> str | None:
@@ -401,7 +442,8 @@ def check_phase_lr_decay(cfg: RunConfig) -> str | None:
 def check_phase_positive(cfg: RunConfig) -> str | None:
     """A phase's batch, sequence and CP sizes are at least 1."""
     for index, phase in enumerate(cfg.phases):
-        for name in ("global_batch_size", "seq_length", "context", "end_step"):
+        for name in ("global_batch_size", "seq_length", "context", "end_step",
+                     "micro_batch_size"):
             value = getattr(phase, name)
             if value is not None and value < 1:
                 return (f"{_named(index, phase)}: {name}={value} must be at least 1, or null "
@@ -434,6 +476,7 @@ PHASE_RULES = (
     check_phase_blend,
     check_phase_relaunch,
     check_relaunch_sequences_given,
+    check_phase_documents_given,
     check_relaunch_saves,
     check_phase_lr_decay,
 )

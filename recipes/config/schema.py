@@ -32,8 +32,15 @@ class ModelConfig:
     make_vocab_size_divisible_by: int = 128  # Megatron's vocab padding unit (before x TP)
     activation: Literal["gelu", "swiglu", "squared_relu"] = "gelu"  # MLP non-linearity
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"  # norm layer type
+    # LayerNorm1p: each norm stores its gamma minus one, so weight decay pulls the scale towards
+    # 1, not 0 (Megatron's layernorm_zero_centered_gamma, Megatron-LM's --apply-layernorm-1p;
+    # Nemotron-4). Transformer Engine's norms only.
+    layernorm_zero_centered_gamma: bool = False
     position_embedding: Literal["rope", "learned_absolute", "none"] = "rope"  # position encoding
     rotary_base: int = 10000  # RoPE theta
+    # Share of each attention head's channels RoPE rotates, the rest pass unrotated (Megatron's
+    # rotary_percent; Nemotron-4: 0.5).
+    rotary_percent: float = 1.0
     rope_scaling_factor: float | None = None  # Llama 3.1 RoPE scaling (8.0); None = no scaling
     add_bias_linear: bool = True  # biases in linear layers (MoE models need False)
     share_embeddings_and_output_weights: bool = True  # tie input embedding and output layer

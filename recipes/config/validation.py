@@ -479,11 +479,13 @@ def check_distributed_timeout(cfg: RunConfig) -> str | None:
 Rule = Callable[[RunConfig], str | None]
 
 def check_phase_layouts(cfg: RunConfig) -> str | None:
-    """Each phase's batch, sequence and CP size divide as the run's own must (a phase's own
-    config through the size rules)."""
+    """Each phase's batch, sequence, CP size, micro-batch and documents meet what the run's own
+    must (a phase's own config through the size rules and the plugins' rules: a phase of
+    packed rows meets the packing plugin's)."""
     return check_each_phase(cfg, (
         check_world_size, check_sequence_divisible_by_context, check_sequence_divisible_by_tensor,
         check_batch_fills_data_parallel, check_global_batch, check_interleaved_microbatches,
+        *cfg.plugins.rules(),
     ))
 
 

@@ -14,6 +14,7 @@ from recipes.plan.activations import StageActivations, stage_activations
 from recipes.plan.batch import BatchPlan, batch_plan
 from recipes.plan.cluster import ClusterSpec, gemm_peak_tflops
 from recipes.plan.comm import Traffic, crossing_kinds, stage_traffic
+from recipes.plan.gemm_weights import stage_low_precision_weights
 from recipes.plan.memory import (
     ModelState,
     rank_model_state,
@@ -127,8 +128,9 @@ def stage_states(cfg: Any, options: PlanOptions,
     is written, from the stage's parameters (`stage_params`)."""
     sharding = sharding_of(cfg, options.sharding)
     per = state_bytes_of(cfg, options.fp8_weights)
-    return [(rank_model_state(cfg, count, per, sharding, options.offload),
-             save_host_bytes(cfg, count, per, sharding)) for count in params]
+    return [(rank_model_state(cfg, count, per, sharding, options.offload, low),
+             save_host_bytes(cfg, count, per, sharding))
+            for count, low in zip(params, stage_low_precision_weights(cfg), strict=True)]
 
 
 def assemble_stages(layers: list[list[int]], params: list[ParamCount],
@@ -161,8 +163,9 @@ def stage_traffics(cfg: Any, cluster: ClusterSpec, options: PlanOptions,
     slow part)."""
     sharded = sharding_of(cfg, options.sharding) != "none"
     crossing = crossing if crossing is not None else crossing_kinds(cfg.layout)
-    return [stage_traffic(cfg, cluster, crossing, stage, count, sharded, counts)
-            for stage, (count, counts) in enumerate(zip(params, stage_kinds(cfg), strict=True))]
+    return [stage_traffic(cfg, cluster, crossing, stage, count, sharded, counts, low)
+            for stage, (count, counts, low) in enumerate(zip(
+                params, stage_kinds(cfg), stage_low_precision_weights(cfg), strict=True))]
 
 
 def with_traffic(plans: list[StagePlan], traffics: list[list[Traffic]]) -> list[StagePlan]:

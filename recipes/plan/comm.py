@@ -7,7 +7,8 @@ attention and MLP, each layer of a hybrid model; with sequence parallel: an all-
 reduce-scatter in place of each, the same bytes); full recompute repeats the forward ones.
 PP sends one activation forward and one gradient back per stage boundary and
 micro-batch (per chunk when interleaved). DP reduces gradients once per step: all-reduce, or
-reduce-scatter plus the weights' all-gather with a sharded optimizer. CP passes K/V around its
+reduce-scatter plus the weights' all-gather with a sharded optimizer (FP8 parameters gathered
+in one byte each). CP passes K/V around its
 ring (and dK/dV back) in attention layers and, in Mamba layers, turns the mixer's inputs from
 sequence shards into head shards and its output back by all-to-all; EP exchanges routed tokens
 four times per MoE layer. A group whose
@@ -64,12 +65,17 @@ def _pp(cfg: Any, d: int, tokens: float, stage: int) -> float:
     return sends * buffer * layout.microbatches * layout.virtual_stages
 
 
-def _dp(cfg: Any, params: int, ranks: int, sharded: bool) -> tuple[str, float]:
+def _dp(cfg: Any, params: int, ranks: int, sharded: bool,
+        low: int = 0) -> tuple[str, float]:
+    """`low` of the parameters are gathered in the bytes a plugin stores them in (FP8
+    parameters: `gemm_weights.py`)."""
     p = cfg.precision
     grad = 4 if (p.grad_reduce_in_fp32 or p.dtype == "fp32") else 2
     weight = _ACT_BYTES[p.dtype]
     if sharded:
-        return "reduce-scatter + all-gather", params * (grad + weight) * _ring(ranks)
+        stored = cfg.plugins.gemm_weights(cfg) if low else None
+        gathered = params * weight - (low * (weight - stored.bytes_per_weight) if stored else 0)
+        return "reduce-scatter + all-gather", (params * grad + gathered) * _ring(ranks)
     return "all-reduce", params * grad * 2 * _ring(ranks)
 
 
@@ -113,10 +119,13 @@ def _traffic(crossing: dict[str, bool], cluster: Any, kind: str, operation: str,
 
 def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
                   count: ParamCount, sharded: bool,
-                  counts: dict[str, int] | None = None) -> list[Traffic]:
+                  counts: dict[str, int] | None = None,
+                  low: ParamCount | None = None) -> list[Traffic]:
     """What one rank of `stage` sends in one optimizer step, per group type in use; `counts`
     (its layers by kind, the stage's entry of `params.stage_kinds`) may be handed in by a
-    caller planning every stage, which works them out once."""
+    caller planning every stage, which works them out once; `low`: the stage's GEMM weights a
+    plugin gathers in fewer bytes (FP8 parameters)."""
+    low = low or ParamCount()
     layout = cfg.layout
     dense_ranks, expert_ranks = layout.data_parallel * layout.context, layout.expert_data_parallel
     d = _ACT_BYTES[cfg.precision.dtype]
@@ -130,10 +139,10 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
         found.append(_traffic(crossing, cluster, "pp", "send/recv",
                               _pp(cfg, d, tokens, stage)))
     if dense_ranks > 1:
-        name, sent = _dp(cfg, count.dense, dense_ranks, sharded)
+        name, sent = _dp(cfg, count.dense, dense_ranks, sharded, low.dense)
         found.append(_traffic(crossing, cluster, "dp-cp", name, sent))
     if count.expert and expert_ranks > 1:
-        name, sent = _dp(cfg, count.expert, expert_ranks, sharded)
+        name, sent = _dp(cfg, count.expert, expert_ranks, sharded, low.expert)
         found.append(_traffic(crossing, cluster, "expert-dp", name, sent))
     if layout.context > 1:
         found.append(_traffic(crossing, cluster, "cp", "K/V ring exchange",

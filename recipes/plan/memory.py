@@ -6,15 +6,18 @@ stored in, whether an FP32 master copy exists) and on what data parallel shards:
 `optim`), also gradients (`optim_grads`, ZeRO-2), also weights (`optim_grads_params`, ZeRO-3);
 optimizer CPU offload moves master weights and moments off the GPU. Dense weights shard over
 DP x CP (Megatron reduces dense gradients over that group), expert weights over expert-DP.
-The byte table: BF16 weights and gradients, FP32 master, two FP32 moments (16 bytes a parameter).
+The byte table: BF16 weights and gradients, FP32 master, two FP32 moments (16 bytes a parameter);
+FP8 parameters hold their layers' GEMM weights in one byte instead (`gemm_weights.py`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from plugins.protocol.errors import ConfigError
+from recipes.plan.gemm_weights import weight_bytes_saved
 from recipes.plan.params import ParamCount
 
 Sharding = Literal["none", "dist_opt", "optim", "optim_grads", "optim_grads_params"]
@@ -136,10 +139,15 @@ def save_host_bytes(cfg: Any, count: ParamCount, per: StateBytes, sharding: str)
 
 
 def rank_model_state(cfg: Any, count: ParamCount, per: StateBytes, sharding: str,
-                     offload: bool = False) -> ModelState:
-    """One rank's model state: dense weights shard over DP x CP, experts over expert-DP."""
+                     offload: bool = False, low: ParamCount | None = None) -> ModelState:
+    """One rank's model state: dense weights shard over DP x CP, experts over expert-DP; `low`:
+    the GEMM weights a plugin stores in fewer bytes (FP8 parameters, `gemm_weights.py`)."""
     layout = cfg.layout
     dense = model_state(count.dense, layout.data_parallel * layout.context, per, sharding,
                         offload)
     expert = model_state(count.expert, layout.expert_data_parallel, per, sharding, offload)
-    return add(dense, expert)
+    state = add(dense, expert)
+    if low is None:
+        return state
+    saved = weight_bytes_saved(cfg, low, per.weight, _SHARDED[sharding][2])
+    return dataclasses.replace(state, weights=state.weights - saved)

@@ -82,7 +82,8 @@ def test_pretrain_launches_the_next_phase_itself_as_two_hand_launches_do(
     assert "seq_length: 64" in saved and "context: 2" in saved
     assert (f"phase 'long' starts at step {BOUNDARY}: launching it from {auto / 'checkpoints'} "
             "with checkpoint.load=null checkpoint.load_model_only=false checkpoint.resume=true "
-            "model.seq_length=64 parallel.context=2") in out
+            "model.seq_length=64 parallel.context=2 data.documents=concatenate "
+            "train.micro_batch_size=2") in out
     assert "layout DP2 (2 ranks) -> CP2 (2 ranks)" in out  # the resharded full resume
 
     # By hand: the first launch, then the command it prints, as an outside launch (no loop).

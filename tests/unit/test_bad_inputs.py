@@ -75,6 +75,15 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
      "needs model.moe_router_score_function=sigmoid"),
     (["recipe=hybrid_tiny_dp1", "model.moe_load_balancing=global"],
      "model.moe_load_balancing expects one of aux_loss, seq_aux_loss, got 'global'"),
+    (["model.rotary_percent=1.5"], "model.rotary_percent=1.5 must be in (0, 1], the share of "
+     "each head's channels RoPE rotates"),
+    (["recipe=hybrid_tiny_dp1", "model.rotary_percent=0.5"], "model.rotary_percent=0.5 only "
+     "applies to RoPE, but model.position_embedding=none"),
+    (["model.rotary_percent=0.2"], "model.rotary_percent=0.2 rotates 3 of a head's 16 channels; "
+     "RoPE turns channel pairs"),
+    (["model.layernorm_zero_centered_gamma=true", "model.transformer_impl=local"],
+     "model.layernorm_zero_centered_gamma=true needs Transformer Engine's norms, but "
+     "model.transformer_impl=local builds torch's"),
     (["model.vocab_size=100"], "model.vocab_size=100 is smaller than the byte tokenizer's 256"),
     (["model.hidden_dropout=1.5"], "model.hidden_dropout=1.5 must be in [0, 1)"),
     (["model.init_method_std=nan"], "model.init_method_std=nan must be a finite number"),
@@ -277,6 +286,12 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise",
       "plugins.fp8.first_layers_bf16=2", "plugins.fp8.last_layers_bf16=2"],
      "keep all 4 layers in bf16, so nothing trains in FP8"),
+    (["plugins.fp8.param_gather=true"], "plugins.fp8.param_gather=True has no effect while "
+     "plugins.fp8.format=null"),
+    (["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise",
+      "plugins.fp8.param_gather=true"],
+     "plugins.fp8.param_gather=true keeps the weights in FP8 and refreshes them from the "
+     "distributed optimizer's fp32 shards, but optimizer.distributed=false"),
     (["plugins.fp8.format=hybrid", "plugins.fp8.recipe=mxfp8", "model.ffn_hidden_size=272"],
      "plugins.fp8.recipe=mxfp8 needs model.ffn_hidden_size divisible by 32, got 272"),
     (["plugins.zz=1"],
@@ -368,6 +383,10 @@ BAD_LAUNCHES: list[tuple[str, list[str], list[str]]] = [
         "rank has ", "and no machine can hold it (a 64-bit process addresses at most 1.8e+10 GB)",
         "at this layout model.seq_length=", " fits at most, or split each sequence over more "
         "ranks (parallel.context, or parallel.tensor with parallel.sequence_parallel=true)"]),
+    # LayerNorm1p exists in Transformer Engine's norms only; these ranks run on CPU.
+    ("pretrain.py", ["recipe=tiny_dp1", "model.layernorm_zero_centered_gamma=true"],
+     ["model.layernorm_zero_centered_gamma=true needs Transformer Engine's norms on GPU ranks, "
+      "but this run's ranks are on CPU"]),
     # The built-in demo corpus on the 2 nodes the cluster file gives a 1-node recipe's 4 ranks.
     ("launch.py", ["recipe=tiny_tp2_pp2", "cluster=conf/cluster/cpu_slurm_2x2.yaml"],
      ["tiny_tp2_pp2 runs on 2 nodes but data.source=python_stdlib is the built-in demo corpus; "

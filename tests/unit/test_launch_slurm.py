@@ -357,7 +357,8 @@ PHASED = ["recipe=tiny_dp2", SYNTHETIC, "train.train_iters=6", "scheduler.warmup
           "model.seq_length=32", "phases=[{name: short, end_step: 3, seq_length: 32}, "
           "{name: long, end_step: 6, seq_length: 64, context: 2, relaunch: true}]"]
 RESUME_LONG = ("checkpoint.load=null checkpoint.load_model_only=false checkpoint.resume=true "
-               "model.seq_length=64 parallel.context=2")
+               "model.seq_length=64 parallel.context=2 data.documents=concatenate "
+               "train.micro_batch_size=2")
 
 
 def test_a_run_in_phases_is_one_experiment_of_dependent_jobs_in_their_layouts(capsys, tmp_path):
@@ -367,7 +368,8 @@ def test_a_run_in_phases_is_one_experiment_of_dependent_jobs_in_their_layouts(ca
         "--dependency=afterok:<its job id>)\n")
     [run_dir] = set(RUN_DIR.findall(out))  # one run directory for both jobs
     assert pretrain_args(first).endswith(
-        f"run_dir={run_dir} checkpoint.resume=true model.seq_length=32 parallel.context=1")
+        f"run_dir={run_dir} checkpoint.resume=true model.seq_length=32 parallel.context=1 "
+        "data.documents=concatenate train.micro_batch_size=2")
     assert pretrain_args(second).endswith(f"run_dir={run_dir} checkpoint.resume=true "
                                           + RESUME_LONG)
     assert "sbatch --requeue" in first and "sbatch --requeue" in second  # each job requeues

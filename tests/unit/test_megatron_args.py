@@ -37,6 +37,10 @@ def _differences(cfg, back) -> list[str]:
                 getattr(back, section), f.name)
             if key not in skip and mine != theirs:
                 found.append(f"{key}: {mine!r} -> {theirs!r}")
+    for f in dataclasses.fields(cfg.plugins.fp8):  # the one plugin Megatron-LM's flags carry
+        mine, theirs = getattr(cfg.plugins.fp8, f.name), getattr(back.plugins.fp8, f.name)
+        if mine != theirs:
+            found.append(f"plugins.fp8.{f.name}: {mine!r} -> {theirs!r}")
     return found
 
 
@@ -44,6 +48,27 @@ def _differences(cfg, back) -> list[str]:
 def test_recipe_to_megatron_args_and_back_is_the_recipe(name) -> None:
     cfg = get_recipe(name)
     back, notes = config_from_megatron_args(to_megatron_args(cfg), cfg.cluster)
+    assert _differences(cfg, back) == [] and notes == []
+
+
+FP8_CASES = {
+    "delayed": ["plugins.fp8.format=hybrid", "plugins.fp8.amax_history_len=16",
+                "plugins.fp8.amax_compute_algo=most_recent", "plugins.fp8.margin=1"],
+    "nemotron_h": ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise",
+                   "plugins.fp8.first_layers_bf16=1", "plugins.fp8.last_layers_bf16=1",
+                   "plugins.fp8.param_gather=true", "optimizer.distributed=true"],
+    "blockwise": ["plugins.fp8.format=e4m3", "plugins.fp8.recipe=blockwise"],
+}
+
+
+@pytest.mark.parametrize("case", FP8_CASES)
+def test_fp8_to_megatron_args_and_back(case) -> None:
+    from recipes.config.overrides import apply_overrides
+
+    cfg = apply_overrides(get_recipe("tiny_dp1"), ["precision.dtype=bf16", *FP8_CASES[case]])
+    args = to_megatron_args(cfg)
+    assert ("--fp8-param-gather" in args) == cfg.plugins.fp8.param_gather
+    back, notes = config_from_megatron_args(args, cfg.cluster)
     assert _differences(cfg, back) == [] and notes == []
 
 

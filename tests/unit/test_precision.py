@@ -66,6 +66,12 @@ PRESETS = {
     "fp8_blockwise": ([*BF16, "plugins.fp8.format=e4m3", "plugins.fp8.recipe=blockwise"],
                       {"fp8": "e4m3", "fp8_recipe": "blockwise", "first_last_layers_bf16": False},
                       {"bf16": True}),
+    # FP8 parameters, as Megatron-LM's --fp8-param-gather sets them (argument_utils.py:312).
+    "fp8_param_gather": ([*FP8, "plugins.fp8.recipe=tensorwise", "plugins.fp8.param_gather=true",
+                          "optimizer.distributed=true"],
+                         {"fp8": "hybrid", "fp8_recipe": "tensorwise", "fp8_param": True},
+                         {"bf16": True, "fp8_recipe": "tensorwise",
+                          "use_distributed_optimizer": True}),
     "mxfp8": ([*FP8, "plugins.fp8.recipe=mxfp8", "plugins.fp8.last_layers_bf16=1"],
               {"fp8": "hybrid", "fp8_recipe": "mxfp8", "first_last_layers_bf16": True,
                "num_layers_at_start_in_bf16": 0, "num_layers_at_end_in_bf16": 1},
@@ -100,8 +106,11 @@ def test_preset_maps_onto_exactly_these_megatron_fields(preset) -> None:
     assert {key: getattr(config, key) for key in transformer} == transformer
     built = build_optimizer_config(cfg)
     assert {key: getattr(built, key) for key in optimizer} == optimizer
-    assert built.fp8_recipe is None  # read only for FP8 parameters, which are not offered
-    assert build_ddp_config(cfg).grad_reduce_in_fp32
+    gather = cfg.plugins.fp8.param_gather
+    # The optimizer reads the recipe only to shard FP8 parameters (distrib_optimizer.py:403-409).
+    assert (built.fp8_recipe is not None) == gather
+    ddp = build_ddp_config(cfg)
+    assert ddp.grad_reduce_in_fp32 and ddp.fp8_param_gather == gather
 
 
 def test_fp8_off_builds_no_plugin_and_sets_nothing() -> None:
@@ -115,7 +124,7 @@ def test_fp8_fields_come_from_the_plugin_config() -> None:
     assert fields == {
         "fp8": "e4m3", "fp8_recipe": "tensorwise", "fp8_amax_history_len": 1024,
         "fp8_amax_compute_algo": "max", "fp8_margin": 0, "first_last_layers_bf16": True,
-        "num_layers_at_start_in_bf16": 2, "num_layers_at_end_in_bf16": 0,
+        "num_layers_at_start_in_bf16": 2, "num_layers_at_end_in_bf16": 0, "fp8_param": False,
     }
     assert Fp8Config(format="e4m3").build().fields["fp8"] == "e4m3"
 
@@ -152,6 +161,12 @@ RULE_CASES = [
                                          "plugins.fp8.first_layers_bf16=2",
                                          "plugins.fp8.last_layers_bf16=2"],
      "keep all 4 layers in bf16, so nothing trains in FP8"),
+    ("check_fp8_param_gather_distributed", [*FP8, "plugins.fp8.param_gather=true"],
+     "plugins.fp8.param_gather=true keeps the weights in FP8 and refreshes them from the "
+     "distributed optimizer's fp32 shards, but optimizer.distributed=false; set "
+     "optimizer.distributed=true or plugins.fp8.param_gather=false"),
+    ("check_fp8_settings_unused", ["plugins.fp8.param_gather=true"],
+     "plugins.fp8.param_gather=True has no effect while plugins.fp8.format=null"),
     ("check_fp8_shapes", [*FP8, "model.ffn_hidden_size=200"],
      "plugins.fp8.format=hybrid needs model.ffn_hidden_size divisible by 16, got 200"),
     ("check_fp8_shapes", ["recipe=tiny_tp2", *FP8, "model.ffn_hidden_size=272"],
@@ -221,6 +236,15 @@ MACHINE_CASES = [
                  transformer_engine="2.2.0"),
      "plugins.fp8.recipe=blockwise needs Transformer Engine >= 2.3.0.dev0 (Megatron refuses it "
      "otherwise), found 2.2.0"),
+    ("fp8_param_gather_transformer_engine",
+     [*FP8, "plugins.fp8.recipe=tensorwise", "plugins.fp8.param_gather=true",
+      "optimizer.distributed=true"],
+     MachineInfo(gpus=8, launched_world_size=None, compute_capability=(9, 0),
+                 transformer_engine="2.2.0.dev0"),
+     "plugins.fp8.param_gather=true with plugins.fp8.recipe=tensorwise needs Transformer Engine "
+     ">= 2.2 (Megatron writes the optimizer's fp32 weights into tensorwise FP8 parameters only "
+     "from there on), found 2.2.0.dev0; upgrade Transformer Engine or set "
+     "plugins.fp8.param_gather=false"),
     ("fp8_compute_capability", FP8,
      MachineInfo(gpus=8, launched_world_size=None, compute_capability=(8, 0),
                  transformer_engine="2.8.0"),

@@ -108,13 +108,14 @@ def test_damage_is_refused_with_the_previous_checkpoint_as_fallback(root):
     "model.num_attention_heads=8", "model.num_query_groups=2", "model.vocab_size=512",
     "model.activation=swiglu", "model.normalization=RMSNorm",
     "model.share_embeddings_and_output_weights=false", "model.add_bias_linear=false",
+    "model.layernorm_zero_centered_gamma=true",  # the norms store gamma - 1 instead
 ])
 def test_each_shape_field_alone_refuses_the_load(override):
     saved = flatten(_config(_cfg()))
     field = override.split("=")[0]
     mismatch = shape_mismatch(saved, flatten(_config(_cfg(override))))
     assert mismatch.startswith(f"it was saved with {field}=")
-    assert mismatch.endswith(f"this run has {override.replace('false', 'False')}")
+    assert mismatch.endswith(f"this run has {override.replace('false', 'False').replace('true', 'True')}")
 
 
 def _config(cfg) -> dict:

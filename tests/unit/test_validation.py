@@ -54,6 +54,23 @@ RULE_CASES = [
     ("check_head_width", "tiny_dp1", ["model.hidden_size=66"],
      "model.hidden_size=66 is not divisible by model.num_attention_heads=4; change one of them "
      "or set model.kv_channels"),
+    ("check_rotary_percent_range", "tiny_dp1", ["model.rotary_percent=0.0"],
+     "model.rotary_percent=0 must be in (0, 1], the share of each head's channels RoPE rotates; "
+     "set it, e.g. model.rotary_percent=0.5"),
+    ("check_rotary_percent_needs_rope", "tiny_dp1",
+     ["model.position_embedding=learned_absolute", "model.rotary_percent=0.5"],
+     "model.rotary_percent=0.5 only applies to RoPE, but "
+     "model.position_embedding=learned_absolute; set model.position_embedding=rope or "
+     "model.rotary_percent=1.0"),
+    ("check_rotary_channels_even", "tiny_dp1", ["model.rotary_percent=0.1"],
+     "model.rotary_percent=0.1 rotates 1 of a head's 16 channels; RoPE turns channel pairs, so "
+     "the count must be even and at least 2: choose a share that gives one, e.g. "
+     "model.rotary_percent=0.5"),
+    ("check_zero_centered_gamma_layers", "tiny_dp1",
+     ["model.layernorm_zero_centered_gamma=true", "model.transformer_impl=local"],
+     "model.layernorm_zero_centered_gamma=true needs Transformer Engine's norms, but "
+     "model.transformer_impl=local builds torch's, which refuse it; set "
+     "model.transformer_impl=auto or model.layernorm_zero_centered_gamma=false"),
     ("check_virtual_pipeline", "tiny_tp2", ["parallel.virtual_pipeline=2"],
      "parallel.virtual_pipeline=2 needs parallel.pipeline > 1 (got 1); set "
      "parallel.virtual_pipeline=null"),
@@ -168,6 +185,11 @@ RULE_CASES = [
     ("check_fp8_shapes", "tiny_tp2_sp", ["plugins.fp8.format=hybrid", "model.seq_length=100"],
      "needs tokens per rank per micro-batch (seq_length / CP [/ TP with SP] x micro_batch_size) "
      "divisible by 16, got 100"),
+    ("check_fp8_param_gather_distributed", "tiny_dp1",
+     ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise",
+      "plugins.fp8.param_gather=true"],
+     "plugins.fp8.param_gather=true keeps the weights in FP8 and refreshes them from the "
+     "distributed optimizer's fp32 shards, but optimizer.distributed=false"),
     ("check_fp8_settings_unused", "tiny_dp1", ["plugins.fp8.recipe=tensorwise"],
      "plugins.fp8.recipe=tensorwise has no effect while plugins.fp8.format=null"),
     ("check_fp8_delayed_settings", "tiny_dp1",

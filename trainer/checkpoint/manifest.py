@@ -30,20 +30,23 @@ from trainer.checkpoint.format import MANIFEST_FILE
 
 CHUNK_BYTES = 8 << 20
 
-# Model fields that decide the saved tensors' names or shapes: a change cannot load.
+# Model fields that decide the saved tensors' names, shapes or meaning (a zero-centred norm
+# stores gamma - 1): a change cannot load.
 SHAPE_FIELDS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
     "kv_channels", "vocab_size", "activation", "normalization", "position_embedding",
     "add_bias_linear", "share_embeddings_and_output_weights", "num_moe_experts",
     "moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size", "hybrid_layer_pattern",
     "mamba_state_dim", "mamba_head_dim", "mamba_num_heads", "mamba_num_groups", "mamba_conv_kernel",
+    "layernorm_zero_centered_gamma",
 )
 # Fields a resume may change; each change is stated before launch (sections, then fields).
 STATED_FIELDS = (
     "train.global_batch_size", "train.micro_batch_size", "train.train_iters", "train.seed",
     "optimizer.lr", "optimizer.min_lr", "optimizer.weight_decay", "optimizer.clip_grad",
     "scheduler.style", "scheduler.warmup_iters", "scheduler.decay_iters", "precision.dtype",
-    "model.seq_length", "model.rotary_base", "model.rope_scaling_factor", "data.source",
+    "model.seq_length", "model.rotary_base", "model.rotary_percent", "model.rope_scaling_factor",
+    "data.source",
     "data.blend", "data.documents",
 )
 LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "dp")

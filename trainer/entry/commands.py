@@ -514,6 +514,25 @@ GPU_CHECK_PRECISION = Command(
              "install_te": Option(False, "try to install Transformer Engine first", type=bool)})
 
 
+def run_nemotron_table(args: Arguments) -> int:
+    """docs/nemotron.md from the recipes' source tables: printed, or written to `out`."""
+    from recipes.sources import nemotron_page
+
+    page = nemotron_page()
+    if args["out"] is None:
+        print(page, end="")
+        return 0
+    Path(args["out"]).write_text(page, encoding="utf-8")
+    print(f"wrote {args['out']}")
+    return 0
+
+
+NEMOTRON_TABLE = Command(
+    script="nemotron_table.py", run=run_nemotron_table,
+    options={"out": Option(None, "write the page here (e.g. docs/nemotron.md); null: print it",
+                           type=str | None)})
+
+
 COMMANDS = (PRETRAIN, BENCH_STEP, VALIDATE_RESUME, CHECK_MEGATRON_PARITY, BENCH_CHECKPOINT, PLAN,
             LAUNCH, SCALING, CONVERT, COMPARE_RUNS, PREPARE_DATA, BENCH_DATA, BENCH_DOCUMENTS,
-            BENCH_PACKING, BENCH_SEARCH, GPU_CHECK_PRECISION)
+            BENCH_PACKING, BENCH_SEARCH, GPU_CHECK_PRECISION, NEMOTRON_TABLE)

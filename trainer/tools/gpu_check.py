@@ -1,6 +1,7 @@
 """What only a GPU can check, each through `scripts/pretrain.py` as a user would run it
 (`scripts/gpu_check_precision.py` is the usage): BF16 against FP8 current scaling, concatenated
-and packed THD rows through Transformer Engine, a smoke run of every other preset; per run the
+and packed THD rows through Transformer Engine, a smoke run of every other preset (the ones a
+plugin names `_hybrid`, NVIDIA's Nemotron FP8 presets, on a Nemotron-H-shaped hybrid); per run the
 model TFLOP/s and MFU against the cluster file's peak, the peak allocated memory against the
 plan's (goal within 10%), and the GPU fusions the run's layers have on. Without Transformer
 Engine it still runs what the local layers can (BF16: speed, MFU, memory against the plan) and
@@ -40,6 +41,12 @@ MODEL = [
     "checkpoint.save=false", "logging.progress_bar=false", "logging.log_interval=10",
     f"cluster.spec={CLUSTER}",
 ]
+# What a plugin's `_hybrid` GPU checks train on instead: the same sizes as a Nemotron-H-shaped
+# hybrid (Mamba2, MLP and one attention layer; squared ReLU, RMSNorm, no position embedding, no
+# biases, untied), so FP8's BF16 end layers are Mamba and MLP layers as in NVIDIA's runs.
+HYBRID = ["model.hybrid_layer_pattern=M-M*M-M-", "model.position_embedding=none",
+          "model.activation=squared_relu", "model.normalization=RMSNorm",
+          "model.add_bias_linear=false", "model.share_embeddings_and_output_weights=false"]
 LOCAL = ["model.transformer_impl=local"]
 CONCATENATED = ["train.micro_batch_size=4"]
 PACKED = ["data.documents=packed", "train.micro_batch_size=1"]
@@ -219,7 +226,8 @@ def planned_runs() -> dict[str, list[str]]:
     return {
         "bf16": CONCATENATED, "fp8_current": [*CONCATENATED, *FP8_CURRENT],
         "bf16_thd": PACKED, "fp8_current_thd": [*PACKED, *FP8_CURRENT],
-        **{name: [*CONCATENATED, *overrides] for name, overrides in SMOKE.items()},
+        **{name: [*CONCATENATED, *(HYBRID if name.endswith("_hybrid") else []), *overrides]
+           for name, overrides in SMOKE.items()},
         "fp8_current_tp2_sp": [*CONCATENATED, *FP8_CURRENT, *TP2_SP],
         "bf16_local": [*CONCATENATED, *LOCAL],
     }

@@ -80,8 +80,10 @@ def _unknown_lines(parser: argparse.ArgumentParser, unknown: list[str]) -> list[
 
 def _apply(cfg: RunConfig, fields: dict[str, Any]) -> None:
     for dotted, value in fields.items():
-        section, name = dotted.split(".")
-        target = getattr(cfg, section)
+        *sections, name = dotted.split(".")  # 'section.name' or 'plugins.<plugin>.name'
+        target = cfg
+        for section in sections:
+            target = getattr(target, section)
         if isinstance(value, list) and len(value) == 1:
             value = value[0]
         current = getattr(target, name)

@@ -54,3 +54,20 @@ def output_params(cfg: Any) -> ParamCount:
     if tied and layout.pipeline == 1:
         return ParamCount(replicated=norm_params(m))
     return ParamCount(tp_split=logits, replicated=norm_params(m), tied_copy=logits if tied else 0)
+
+
+# GEMM weights alone (no biases, norms): what Transformer Engine's linears hold and FP8
+# parameters store in FP8 (`plugins/fp8`).
+
+def attention_gemm_weights(m: Any, tp: int) -> ParamCount:
+    """QKV and output-projection weights of one attention layer on one rank."""
+    heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
+    width = m.kv_channels or m.hidden_size // heads
+    query, key_value = heads * width, 2 * groups * width
+    return ParamCount(tp_split=((query + key_value) * m.hidden_size + m.hidden_size * query) // tp)
+
+
+def dense_mlp_gemm_weights(m: Any, tp: int) -> ParamCount:
+    """The two MLP weights on one rank."""
+    h, f = m.hidden_size, m.ffn_hidden_size
+    return ParamCount(tp_split=(mlp_width(m, f) * h + h * f) // tp)

@@ -20,3 +20,11 @@ def mamba_params(m: Any, tp: int) -> ParamCount:
     conv = (inner + bc) * (m.mamba_conv_kernel + 1)
     split = in_proj + conv + 3 * heads + inner + inner * h
     return ParamCount(tp_split=split // tp, replicated=norm_params(m))
+
+
+def mamba_gemm_weights(m: Any, tp: int) -> ParamCount:
+    """A Mamba2 layer's in_proj and out_proj weights on one rank (conv, dt, A, D and the gated
+    norm are not GEMM weights)."""
+    h, heads = m.hidden_size, mamba_heads(m)
+    inner, bc = heads * m.mamba_head_dim, 2 * m.mamba_num_groups * m.mamba_state_dim
+    return ParamCount(tp_split=(h * (2 * inner + bc + heads) + inner * h) // tp)

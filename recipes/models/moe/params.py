@@ -19,3 +19,12 @@ def moe_mlp_params(m: Any, layout: Any) -> ParamCount:
     shared_split = (mlp_width(m, shared) * h + h * shared) // layout.tensor
     return ParamCount(tp_split=shared_split, replicated=router + norm_params(m),
                       expert=local_experts * per_expert)
+
+
+def moe_gemm_weights(m: Any, layout: Any) -> ParamCount:
+    """The routed and shared experts' weights on one rank (the router is not a GEMM weight)."""
+    h, f = m.hidden_size, m.moe_ffn_hidden_size or m.ffn_hidden_size
+    per_expert = (mlp_width(m, f) * h + h * f) // layout.expert_tensor_size
+    shared = m.moe_shared_expert_ffn_hidden_size or 0
+    return ParamCount(tp_split=(mlp_width(m, shared) * h + h * shared) // layout.tensor,
+                      expert=m.num_moe_experts // layout.expert * per_expert)

@@ -14,6 +14,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.transformer import TransformerConfig
 
 from recipes.config.schema import RunConfig
+from trainer.mcore_translation import position_fields
 
 
 def layer_spec(cfg: RunConfig, config: TransformerConfig, vp_stage: int | None,
@@ -37,8 +38,7 @@ def model_chunk(cfg: RunConfig, config: TransformerConfig, spec: Any, vp_stage: 
         vocab_size=cfg.layout.padded_vocab,
         max_sequence_length=cfg.model.seq_length,
         share_embeddings_and_output_weights=cfg.model.share_embeddings_and_output_weights,
-        position_embedding_type=cfg.model.position_embedding,
-        rotary_base=cfg.model.rotary_base,
+        **position_fields(cfg),
         rope_scaling=cfg.model.rope_scaling_factor is not None,
         rope_scaling_factor=cfg.model.rope_scaling_factor or 8.0,
         vp_stage=vp_stage,

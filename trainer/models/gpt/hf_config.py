@@ -53,6 +53,10 @@ def _check_fixed(hf: dict) -> None:
         if hf.get(name, wanted) != wanted:
             raise ConfigError(f"config.json {name}={hf[name]} is not mapped; the trainer builds "
                               f"{name}={wanted} (Llama/Mixtral shape)")
+    share = float(hf.get("partial_rotary_factor", 1.0))
+    if share != 1.0:
+        raise ConfigError(f"config.json partial_rotary_factor={share:g} is not mapped; Llama and "
+                          "Mixtral rotate the whole head (model.rotary_percent=1.0)")
     eps = float(hf.get("rms_norm_eps", NORM_EPSILON))
     if abs(eps - NORM_EPSILON) > 1e-12:
         raise ConfigError(f"config.json rms_norm_eps={eps:g} is not mapped; Megatron Core's "
@@ -135,9 +139,11 @@ def our_values(model: ModelConfig) -> dict[str, object]:
 
 
 def check_shaped(model: ModelConfig, where: str) -> None:
-    """The mappings cover SwiGLU, RMSNorm, RoPE, bias-free blocks only."""
+    """The mappings cover SwiGLU, RMSNorm (plain gamma), RoPE over the whole head, bias-free
+    blocks only (Nemotron-4's half-rotated heads and LayerNorm1p have no Llama form)."""
     wanted = {"activation": "swiglu", "normalization": "RMSNorm", "position_embedding": "rope",
-              "add_bias_linear": False}
+              "add_bias_linear": False, "rotary_percent": 1.0,
+              "layernorm_zero_centered_gamma": False}
     wrong = [f"model.{k}={getattr(model, k)}" for k, v in wanted.items() if getattr(model, k) != v]
     if wrong:
         fix = " ".join(f"model.{k}={v}" for k, v in wanted.items())

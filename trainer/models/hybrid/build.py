@@ -8,6 +8,7 @@ from megatron.core.models.hybrid.hybrid_model import HybridModel
 from megatron.core.transformer import TransformerConfig
 
 from recipes.config.schema import RunConfig
+from trainer.mcore_translation import position_fields
 from trainer.models.hybrid.spec import hybrid_stack_spec
 
 
@@ -27,8 +28,7 @@ def model_chunk(cfg: RunConfig, config: TransformerConfig, spec: Any, vp_stage: 
         max_sequence_length=cfg.model.seq_length,
         hybrid_layer_pattern=cfg.model.hybrid_layer_pattern,
         share_embeddings_and_output_weights=cfg.model.share_embeddings_and_output_weights,
-        position_embedding_type=cfg.model.position_embedding,
-        rotary_base=cfg.model.rotary_base,
+        **position_fields(cfg),
         vp_stage=vp_stage,
         **ends,
     )

@@ -64,7 +64,7 @@ FIELDS = {
 FIELD_NAMES = {ours: theirs for kind in FIELDS.values() for ours, theirs in kind.items()}
 # What the NemotronH recipes fix and the mapping relies on (`recipes/nemotron_h.py`).
 SHAPE = {"activation": "squared_relu", "normalization": "RMSNorm", "position_embedding": "none",
-         "add_bias_linear": False}
+         "add_bias_linear": False, "layernorm_zero_centered_gamma": False}
 
 
 def _get(hf: dict, name: str, default: object = KeyError):

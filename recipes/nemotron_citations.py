@@ -1,0 +1,62 @@
+"""The sources the Nemotron recipes cite, each spelled once: code as owner/repo@commit:path (the
+recipes add :line), documents as their title and section. Commits are the ones read; a file that
+changed later is cited at the commit whose text the value comes from. A document read only
+through a summary of it says so in its name.
+"""
+
+from __future__ import annotations
+
+BRIDGE = "NVIDIA-NeMo/Megatron-Bridge"
+# Megatron Bridge: the model providers (shapes), the pretraining recipes (demo runs, not
+# NVIDIA's published ones) and the named precision recipes.
+H_PROVIDER = f"{BRIDGE}@38b4a06:src/megatron/bridge/models/nemotronh/nemotron_h_provider.py"
+MAMBA_PROVIDER = f"{BRIDGE}@38b4a06:src/megatron/bridge/models/mamba/mamba_provider.py"
+H_RECIPE = f"{BRIDGE}@38b4a06:src/megatron/bridge/recipes/nemotronh/nemotronh.py"
+V2_RECIPE = f"{BRIDGE}@38b4a06:src/megatron/bridge/recipes/nemotronh/nemotron_nano_v2.py"
+N3_RECIPE = f"{BRIDGE}@928a7e5:src/megatron/bridge/recipes/nemotronh/nemotron_3_nano.py"
+N3_PROVIDER = f"{BRIDGE}@928a7e5:src/megatron/bridge/models/nemotronh/nemotron_h_provider.py"
+N4_PROVIDER = f"{BRIDGE}@dc805f5:src/megatron/bridge/models/nemotron/nemotron_provider.py"
+GPT_PROVIDER = f"{BRIDGE}@dc805f5:src/megatron/bridge/models/gpt_provider.py"
+BRIDGE_COMMON = f"{BRIDGE}@38b4a06:src/megatron/bridge/recipes/common.py"
+BRIDGE_OPTIMIZER = f"{BRIDGE}@38b4a06:src/megatron/bridge/recipes/utils/optimizer_utils.py"
+MIXED_PRECISION = f"{BRIDGE}@38b4a06:src/megatron/bridge/training/mixed_precision.py"
+# Megatron Bridge's scheduler overwrites the optimizer's weight decay every step.
+BRIDGE_WEIGHT_DECAY = (
+    f"Megatron Bridge's recipes set 0.1 ({BRIDGE_OPTIMIZER}:108-123) but their scheduler applies "
+    "0.033 every step (start/end_weight_decay, :162-173; megatron-core 0.19.2 "
+    "optimizer_param_scheduler.py:184-202, 300)")
+MEGATRON_CORE = "megatron-core 0.19.2:megatron/core"
+NEMO_N4_TEMPLATE = "NVIDIA/NeMo@023dfbe:nemo/collections/llm/recipes/nemotron4_15b.py"
+# NVIDIA's own recipe repository: docs of the published runs and the stage-0 configs.
+NEMOTRON = "NVIDIA-NeMo/Nemotron@e27b371"
+N3_DOCS = f"{NEMOTRON}:docs/nemotron/nano3/pretrain.md"
+N3_PAPER = f"{NEMOTRON}:skills/nemotron-nano3/paper/pretraining.md"  # NVIDIA's report summary
+N3_ARCHITECTURE = f"{NEMOTRON}:skills/nemotron-nano3/paper/architecture.md"
+SUPER_PHASE1 = f"{NEMOTRON}:src/nemotron/recipes/super3/stage0_pretrain/config/phase1.yaml"
+# Reports and model cards.
+N4_REPORT = "Nemotron-4 15B technical report (arXiv 2402.16819; read through a summary)"
+N340B_REPORT = "Nemotron-4 340B technical report, continued training (read through a summary)"
+H_PAGE = "Nemotron-H research page (research.nvidia.com/labs/adlr/nemotronh)"
+H_4B_CARD = "Nemotron-H-4B-Base-8K model card"
+H_47B_CARD = "Nemotron-H-47B-Base-8K model card"
+NANO2_CARD = "NVIDIA-Nemotron-Nano-12B-v2-Base model card, 'Model design'"
+NANO2_REPORT = ("Nemotron Nano 2 technical report (arXiv 2508.14444; read through summaries of "
+                "it)")
+N3_CARD = "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 model card, 'Training'"
+# Hugging Face configs, read through third-party transcriptions (Hugging Face not reachable).
+H8B_CONFIG = "nvidia/Nemotron-H-8B-Base-8K config.json (a third-party transcription)"
+V2_9B_CONFIG = "nvidia/NVIDIA-Nemotron-Nano-9B-v2 config.json (a third-party transcription)"
+N3_CONFIG = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B config.json (a third-party transcription)"
+
+# Short names docs/nemotron.md uses for these sources (a legend at its head).
+LABELS: tuple[tuple[str, str], ...] = (
+    ("B-prov", H_PROVIDER), ("B-mamba", MAMBA_PROVIDER), ("B-H", H_RECIPE), ("B-v2", V2_RECIPE),
+    ("B-n3", N3_RECIPE), ("B-n3-prov", N3_PROVIDER), ("B-n4", N4_PROVIDER),
+    ("B-gpt", GPT_PROVIDER), ("B-common", BRIDGE_COMMON), ("B-opt", BRIDGE_OPTIMIZER),
+    ("B-mp", MIXED_PRECISION), ("MC", MEGATRON_CORE), ("NeMo-n4", NEMO_N4_TEMPLATE),
+    ("N-nano3-docs", N3_DOCS), ("N-nano3-paper", N3_PAPER), ("N-nano3-arch", N3_ARCHITECTURE),
+    ("N-super3-phase1", SUPER_PHASE1), ("r-n4", N4_REPORT), ("r-340B", N340B_REPORT),
+    ("r-H", H_PAGE), ("card-H-4B", H_4B_CARD), ("card-H-47B", H_47B_CARD),
+    ("card-v2-12B", NANO2_CARD), ("r-v2", NANO2_REPORT), ("card-n3", N3_CARD),
+    ("hf-H-8B", H8B_CONFIG), ("hf-v2-9B", V2_9B_CONFIG), ("hf-n3", N3_CONFIG),
+)

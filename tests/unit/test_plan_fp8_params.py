@@ -1,0 +1,129 @@
+"""The planner prices FP8 parameters, and only them: Nemotron-4's rotary share and LayerNorm1p
+change no byte.
+
+With `plugins.fp8.param_gather` the GEMM weights of every layer outside the BF16 ends are held
+in one byte (no BF16 copy) and all-gathered over DP in one byte. Checked: which layers Megatron
+numbers where (virtual stages first), that the GEMM weights are exactly the linear weights of the
+real Megatron model (built on one CPU rank; the embedding and output layer excluded), and the
+bytes a plan saves in weights and in the DP all-gather.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from recipes.config.overrides import apply_overrides
+from recipes.models.counts import ParamCount
+from recipes.plan.build import make_plan
+from recipes.plan.cluster import load_cluster
+from recipes.plan.gemm_weights import stage_layer_numbers, stage_low_precision_weights
+from recipes.registry import get_recipe
+
+CLUSTER = load_cluster("conf/cluster/h200_1x8.yaml")
+FP8_PARAMS = ["precision.dtype=bf16", "plugins.fp8.format=hybrid",
+              "plugins.fp8.recipe=tensorwise", "plugins.fp8.param_gather=true",
+              "optimizer.distributed=true"]
+
+
+def test_layers_are_numbered_virtual_stage_first() -> None:
+    gpt = apply_overrides(get_recipe("tiny_pp2"), ["model.num_layers=8",
+                                                   "parallel.virtual_pipeline=2"])
+    assert [[n for n, _ in stage] for stage in stage_layer_numbers(gpt)] == [
+        [0, 1, 4, 5], [2, 3, 6, 7]]
+    hybrid = get_recipe("hybrid_tiny_pp2_vpp2")  # segments M* | -M | E | -
+    assert stage_layer_numbers(hybrid) == [[(0, "M"), (1, "*"), (4, "E")],
+                                           [(2, "-"), (3, "M"), (5, "-")]]
+
+
+def test_the_bf16_end_layers_keep_their_weights() -> None:
+    cfg = apply_overrides(get_recipe("tiny_dp1"), [*FP8_PARAMS,
+                                                   "plugins.fp8.first_layers_bf16=1",
+                                                   "plugins.fp8.last_layers_bf16=2"])
+    every = apply_overrides(get_recipe("tiny_dp1"), FP8_PARAMS)
+    (kept,), (all_four,) = stage_low_precision_weights(cfg), stage_low_precision_weights(every)
+    assert kept.tp_split * 4 == all_four.tp_split  # one of the four layers in FP8
+    off = apply_overrides(get_recipe("tiny_dp1"), FP8_PARAMS[:3])  # FP8, no FP8 parameters
+    assert stage_low_precision_weights(off) == [ParamCount()]
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    from megatron.core import parallel_state
+
+    from trainer.mcore_translation import initialize_parallel_state
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}",
+                                         rank=0, world_size=1)
+    try:
+        yield lambda cfg: initialize_parallel_state(cfg.layout)
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+def _linear_weights(model) -> int:
+    """Elements of every linear layer's weight (Megatron's local linears stand where
+    Transformer Engine's are on GPUs), the output layer excepted."""
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    return sum(module.weight.numel() for name, module in model.named_modules()
+               if isinstance(module, ColumnParallelLinear | RowParallelLinear)
+               and name != "output_layer")
+
+
+# GPT with MoE layers and a shared expert; a hybrid of attention and MLP layers (a Mamba layer's
+# in_proj and out_proj are the terms `recipes/models/hybrid/params.py` counts, which
+# tests/unit/test_plan_params.py holds equal to the real model; its MoE layers route with an
+# expert bias, a CUDA buffer, as does the all-to-all dispatcher: so not built here, the
+# all-gather one has the same weights).
+ALLGATHER = "model.moe_token_dispatcher=allgather"
+
+
+@pytest.mark.parametrize(("recipe", "overrides"), [
+    ("tiny_dp1", []),
+    ("tiny_dp1", ["model.num_moe_experts=4", "model.add_bias_linear=false",
+                  "model.moe_shared_expert_ffn_hidden_size=64", ALLGATHER]),
+    ("hybrid_tiny_dp1", ["model.hybrid_layer_pattern='*-*--*'"]),
+])
+def test_gemm_weights_are_the_real_models_linear_weights(one_rank, recipe, overrides) -> None:
+    from plugins.protocol.hooks import PluginSet
+    from trainer.mcore_translation import build_transformer_config
+    from trainer.model import build_model_chunks
+
+    cfg = apply_overrides(get_recipe(recipe), [*overrides, *FP8_PARAMS])
+    one_rank(cfg)
+    plain = dataclasses.replace(cfg, plugins=get_recipe(recipe).plugins)  # no FP8 to build
+    model = build_model_chunks(plain, build_transformer_config(plain, cpu_initialization=True),
+                               PluginSet())[0]
+    (low,) = stage_low_precision_weights(cfg)
+    assert low.total == _linear_weights(model)
+
+
+def test_fp8_parameters_save_a_byte_per_weight_and_on_the_gather() -> None:
+    bf16 = apply_overrides(get_recipe("nemotron_h_56b_tp8_sp_dp8"),
+                           ["plugins.fp8.format=null", "plugins.fp8.recipe=delayed",
+                            "plugins.fp8.first_layers_bf16=0", "plugins.fp8.last_layers_bf16=0",
+                            "plugins.fp8.param_gather=false"])
+    fp8 = apply_overrides(bf16, [*FP8_PARAMS, "plugins.fp8.first_layers_bf16=2",
+                                 "plugins.fp8.last_layers_bf16=2"])
+    (low,) = stage_low_precision_weights(fp8)
+    before, after = make_plan(bf16, CLUSTER).worst, make_plan(fp8, CLUSTER).worst
+    assert before.state.weights - after.state.weights == low.total  # 2 bytes -> 1
+    assert (before.state.grads, before.state.master) == (after.state.grads, after.state.master)
+    gather = {t.group: t.bytes_sent for t in before.traffic}["dp-cp"] - {
+        t.group: t.bytes_sent for t in after.traffic}["dp-cp"]
+    dp = bf16.layout.data_parallel
+    assert gather == pytest.approx(low.dense * (dp - 1) / dp)
+
+
+@pytest.mark.parametrize("override", ["model.rotary_percent=0.5",
+                                      "model.layernorm_zero_centered_gamma=true"])
+def test_rotary_share_and_layernorm1p_change_no_byte(override) -> None:
+    cfg = get_recipe("tiny_tp2_pp2")
+    changed = apply_overrides(cfg, [override])
+    before, after = make_plan(cfg, CLUSTER), make_plan(changed, CLUSTER)
+    assert [s.peak for s in before.stages] == [s.peak for s in after.stages]
+    assert [s.traffic for s in before.stages] == [s.traffic for s in after.stages]
