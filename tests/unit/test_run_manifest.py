@@ -115,7 +115,8 @@ def test_each_shape_field_alone_refuses_the_load(override):
     field = override.split("=")[0]
     mismatch = shape_mismatch(saved, flatten(_config(_cfg(override))))
     assert mismatch.startswith(f"it was saved with {field}=")
-    assert mismatch.endswith(f"this run has {override.replace('false', 'False').replace('true', 'True')}")
+    shown = override.replace("false", "False").replace("true", "True")
+    assert mismatch.endswith(f"this run has {shown}")
 
 
 def _config(cfg) -> dict:
