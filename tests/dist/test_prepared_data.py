@@ -126,7 +126,7 @@ def test_dp2_model_flops_count_the_sequences_each_replica_trained(launch_ranks, 
     steps = 2
     overrides = [*blend, f"data.documents={documents}"]
     if documents != "concatenate":
-        overrides += ["plugins.packing.enabled=true", "train.micro_batch_size=1"]
+        overrides += ["train.micro_batch_size=1"]
     results = launch_ranks(2, f"{ENTRY}:train_steps", {
         "recipe": "tiny_dp2", "steps": steps, "run_dir": str(tmp_path), "overrides": overrides})
     assert_flops_of_trained_sequences(results, "tiny_dp2", overrides)
