@@ -134,9 +134,9 @@ def pretrain(args: Arguments) -> int:
 PRETRAIN = Command(
     script="pretrain.py", run=pretrain, rest=CONFIG_REST, takes_recipe=True,
     options={"print": Option(None, "megatron_args: print the Megatron-LM pretrain_gpt.py "
-                             "command line training the same thing, and start nothing (a "
-                             "hybrid's layer pattern and Mamba fields are listed as having "
-                             "no pretrain_gpt.py flag)",
+                             "command line training the same thing (pretrain_hybrid.py for a "
+                             "hybrid, with its layer pattern, Mamba sizes and MoE routing), "
+                             "and start nothing",
                              type=Literal["megatron_args"] | None)})
 
 BENCH_STEP = Command(
@@ -226,8 +226,9 @@ PLAN = Command(
                          type=int | None, check=positive),
         "verify": Option(False, "also build every distinct shard on the meta device and "
                          "compare", type=bool),
-        "megatron_args": Option(None, "a file of Megatron-LM pretrain_gpt.py arguments to plan "
-                                "instead of a recipe (read by Megatron-LM's own parser)",
+        "megatron_args": Option(None, "a file of Megatron-LM pretrain_gpt.py or "
+                                "pretrain_hybrid.py arguments to plan instead of a recipe (read "
+                                "by Megatron-LM's own parser)",
                                 type=str | None),
         "search": Option(False, "search every accepted layout of the model on the cluster and "
                          "rank those that fit by modeled step time", type=bool),
