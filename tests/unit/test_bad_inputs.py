@@ -376,6 +376,11 @@ BAD_LAUNCHES: list[tuple[str, list[str], list[str]]] = [
                    "--dry-run"], ["tiny_tp2_pp2 runs on 2 nodes but data.source=python_stdlib"]),
     ("pretrain.py", ["recipe=tiny_dp2", "cluster.nodes=2", "cluster.gpus_per_node=1"],
      ["tiny_dp2 runs on 2 nodes but data.source=python_stdlib is the built-in demo corpus"]),
+    # What the parity check cannot compare, refused before its ranks start.
+    ("check_megatron_parity.py", ["recipe=tiny_dp1", "train.global_batch_size=16",
+                                  "train.rampup_batch_size=[4,4,24]"],
+     ["check_megatron_parity runs one phase at one batch size; drop phases and "
+      "train.rampup_batch_size"]),
 ]
 
 
@@ -463,9 +468,12 @@ def test_bad_input_is_one_line_naming_the_fix(argv, expected, paths_dir) -> None
 def _plan_the_launch(script: str, argv: list[str], tmp: Path) -> None:
     """What the launching process of `script` checks before it starts anything (on CPU ranks:
     the fit is planned against this machine's memory)."""
-    from trainer.entry.commands import LAUNCH, PRETRAIN
+    from trainer.entry.commands import CHECK_MEGATRON_PARITY, LAUNCH, PRETRAIN
     from trainer.entry.contract import parse_arguments
 
+    if script == "check_megatron_parity.py":  # the command's own check, then the launcher's
+        args = parse_arguments(CHECK_MEGATRON_PARITY, [*argv, f"output_dir={tmp / 'runs'}"])
+        CHECK_MEGATRON_PARITY.run.check(args)
     if script == "launch.py":
         from trainer.launch.cluster import launch_args, plan_launch
 
@@ -474,7 +482,8 @@ def _plan_the_launch(script: str, argv: list[str], tmp: Path) -> None:
         return
     from trainer.entry.pipeline import ready_to_launch, resolve
 
-    args = parse_arguments(PRETRAIN, [*argv, f"output_dir={tmp / 'runs'}"])
+    command = CHECK_MEGATRON_PARITY if script == "check_megatron_parity.py" else PRETRAIN
+    args = parse_arguments(command, [*argv, f"output_dir={tmp / 'runs'}"])
     ready_to_launch(resolve(args), args)
 
 

@@ -90,6 +90,16 @@ def megatron_parity_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
     return 0 if report.bit_identical else 1
 
 
+def check_parity_recipe(args: Arguments) -> None:
+    """What the parity check cannot compare is refused before any rank starts (torch-free)."""
+    from recipes.resolve import resolve_config
+    from trainer.tools.parity_scope import unsupported
+
+    problem = unsupported(resolve_config(list(args.rest)))
+    if problem:
+        raise ConfigError(problem)
+
+
 def check_resume_options(args: Arguments) -> None:
     """The resume check saves inside the run it compares with."""
     if args["save_at"] >= args["steps"]:
@@ -152,7 +162,8 @@ VALIDATE_RESUME = Command(
                                check=positive)})
 
 CHECK_MEGATRON_PARITY = Command(
-    script="check_megatron_parity.py", run=Training(megatron_parity_rank), rest=CONFIG_REST,
+    script="check_megatron_parity.py", run=Training(megatron_parity_rank,
+                                                    check=check_parity_recipe), rest=CONFIG_REST,
     takes_recipe=True,
     options={"steps": Option(20, "steps of each run", check=positive)})
 
