@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import functools
 import shlex
 import typing
 from collections.abc import Sequence
@@ -35,12 +34,12 @@ from recipes.config.megatron_args import (
 from recipes.config.schema import ClusterConfig, RunConfig
 
 
-@functools.cache
 def megatron_parser() -> argparse.ArgumentParser:
-    """Megatron-LM's parser, built once (its 800 arguments take seconds to add)."""
-    from megatron.training.arguments import add_megatron_arguments
+    """Megatron-LM's parser, built once (its 800 arguments take seconds to add); the one the
+    trainer writes a checkpoint's Megatron-LM `args` with."""
+    from trainer.mcore_translation import megatron_lm_parser
 
-    return add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False, add_help=False))
+    return megatron_lm_parser()
 
 
 def read_argument_file(path: str) -> list[str]:

@@ -24,9 +24,11 @@ chunk size, which the spec passes as the mixer's params, so both runs build the 
 
 Settings where the two differ on purpose are listed in `ALIGNMENTS`: the check adds the flag
 that aligns each one and prints the list. On CPU the CPU runtime runs Megatron-LM as it runs
-this trainer, with the three patches of `megatron.training` that `megatron_lm_on_cpu` applies
+this trainer, with the patches of `megatron.training` that `megatron_lm_on_cpu` applies
 (`trainer/cpu_runtime/megatron_lm.py`: the device's architecture, `initialize_megatron` without
-CUDA seeing one device, the compiled dataset helpers).
+CUDA seeing one device, the compiled dataset helpers, and for a `--load` the distributed
+optimizer's load-path fixes). `train_megatron_lm` takes more Megatron-LM flags (`--save`,
+`--load`), which is how tests/dist/test_megatron_lm_checkpoints.py moves runs between the two.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import dataclasses
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -311,21 +314,37 @@ def _recording_steps(record: RunRecord):
         training.train_step = original
 
 
-def train_megatron_lm(cfg: RunConfig, steps: int, ours: RunRecord, batches: list
+def _forget_megatron_lm() -> None:
+    """What Megatron-LM's loop leaves set in this process, cleared for a later run in it."""
+    from megatron.core import mpu
+    from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
+    from megatron.core.rerun_state_machine import destroy_rerun_state_machine
+    from megatron.training.global_vars import destroy_global_vars
+
+    mpu.destroy_model_parallel()
+    destroy_global_vars()
+    destroy_num_microbatches_calculator()
+    destroy_rerun_state_machine()
+
+
+def train_megatron_lm(cfg: RunConfig, steps: int, ours: RunRecord, batches: list,
+                      extra: Sequence[str] = (), skip: frozenset[str] = frozenset()
                       ) -> RunRecord:
-    """Megatron-LM's run of the same steps from our initial weights on our batches."""
+    """Megatron-LM's run of the same steps from our initial weights on our batches (`extra`:
+    more Megatron-LM flags, e.g. `--save DIR` or `--load DIR`; a run that loads a checkpoint
+    starts at its step and records the steps after it; `skip`: patches of
+    `megatron_lm_on_cpu` left out)."""
     from megatron.core import mpu
     from megatron.core.enums import ModelType
     from megatron.training import pretrain
     from megatron.training.argument_utils import pretrain_cfg_container_from_args
     from megatron.training.arguments import parse_and_validate_args
-    from megatron.training.global_vars import destroy_global_vars
 
     record, models = RunRecord(), []
-    argv, sys.argv = sys.argv, [script_name(cfg), *parity_arguments(cfg, steps)]
+    argv, sys.argv = sys.argv, [script_name(cfg), *parity_arguments(cfg, steps), *extra]
     os.environ.setdefault("LOCAL_RANK", "0")
     try:
-        with megatron_lm_on_cpu():
+        with megatron_lm_on_cpu(skip):
             args = parse_and_validate_args()
     finally:
         sys.argv = argv
@@ -341,15 +360,17 @@ def train_megatron_lm(cfg: RunConfig, steps: int, ours: RunRecord, batches: list
                                rank), None, None
 
     datasets.is_distributed = True
-    with megatron_lm_on_cpu(), _recording_steps(record):
-        try:
-            pretrain(container, datasets, ModelType.encoder_or_decoder, _forward_step)
-        except SystemExit as stop:  # --exit-interval leaves through sys.exit (training.py:4155)
-            if stop.code not in (0, None):
-                raise RuntimeError(f"Megatron-LM's loop exited with code {stop.code}") from None
-    record.final = weights(models)
-    mpu.destroy_model_parallel()
-    destroy_global_vars()
+    try:
+        with megatron_lm_on_cpu(skip), _recording_steps(record):
+            try:
+                pretrain(container, datasets, ModelType.encoder_or_decoder, _forward_step)
+            except SystemExit as stop:  # --exit-interval leaves by sys.exit (training.py:4155)
+                if stop.code not in (0, None):
+                    raise RuntimeError(f"Megatron-LM's loop exited with code {stop.code}"
+                                       ) from None
+        record.final = weights(models)
+    finally:
+        _forget_megatron_lm()
     return record
 
 
