@@ -285,10 +285,12 @@ def change_notes(cfg, manifest: dict[str, Any], rng: str = "per-rank RNG streams
                      "from the next step, the schedule and the data continue from sample "
                      f"{manifest['consumed_samples']}")
     saved_layout, layout = manifest.get("layout") or {}, layout_record(cfg.layout)
-    if saved_layout and saved_layout != layout:
-        notes.append(f"layout {layout_text(saved_layout)} ({manifest.get('world_size')} ranks) "
-                     f"-> {layout_text(layout)} ({cfg.layout.world_size} ranks): weights and "
-                     f"optimizer state are resharded; {rng}")
+    if any(layout[key] != value for key, value in saved_layout.items()):
+        ranks = manifest.get("world_size")
+        notes.append(f"layout {layout_text(saved_layout)}"
+                     f"{f' ({ranks} ranks)' if ranks else ''} -> {layout_text(layout)} "
+                     f"({cfg.layout.world_size} ranks): weights and optimizer state are "
+                     f"resharded; {rng}")
     return notes
 
 

@@ -87,37 +87,41 @@ def _torch_saved(data: bytes) -> Any:
         return _unpickle(archive.read(name))
 
 
-def dcp_index(step_dir: Path) -> dict[str, tuple[str, int, int]]:
-    """torch DCP's index of a step: each saved item's key -> (file, offset, length)."""
-    metadata = _unpickle((step_dir / DCP_METADATA).read_bytes())
-    index = {}
-    for key, info in metadata.fields()["storage_data"].items():
-        where = info.fields()
-        index[key.fields()["fqn"]] = (where["relative_path"], where["offset"], where["length"])
-    return index
+# What a damaged or foreign file raises in the restricted reader.
+UNREADABLE = (OSError, StopIteration, KeyError, ValueError, EOFError, pickle.UnpicklingError,
+              zipfile.BadZipFile, AttributeError, TypeError, IndexError)
+
+
+def dcp_index(step_dir: Path) -> tuple[list[str], dict[str, tuple[str, int, int]]]:
+    """torch DCP's index of a step (`.metadata`): every saved key, and where each byte object
+    and tensor piece lies (key -> file, offset, length)."""
+    metadata = _unpickle((step_dir / DCP_METADATA).read_bytes()).fields()
+    where = {}
+    for key, info in metadata["storage_data"].items():
+        at = info.fields()
+        where[key.fields()["fqn"]] = (at["relative_path"], at["offset"], at["length"])
+    return list(metadata["state_dict_metadata"]), where
 
 
 def saved_keys(step_dir: Path) -> list[str]:
     """Every key the step's index names (tensor and object keys)."""
-    metadata = _unpickle((step_dir / DCP_METADATA).read_bytes())
-    return list(metadata.fields()["state_dict_metadata"])
+    return dcp_index(step_dir)[0]
 
 
-def read_object(step_dir: Path, key: str) -> Any:
+def read_object(step_dir: Path, at: tuple[str, int, int]) -> Any:
     """One byte object of the checkpoint (the common state, an RNG shard), unpickled inertly."""
-    file, offset, length = dcp_index(step_dir)[key]
+    file, offset, length = at
     with open(step_dir / file, "rb") as f:
         f.seek(offset)
         return _torch_saved(f.read(length))
 
 
-def common_state(step_dir: Path) -> dict[str, Any] | None:
+def common_state(step_dir: Path, where: dict[str, tuple[str, int, int]]) -> dict | None:
     """The common state Megatron Core saved once for all ranks (None: unreadable)."""
     try:
-        key = next(k for k in dcp_index(step_dir) if k.startswith(f"{COMMON_STATE}/"))
-        loaded = read_object(step_dir, key)
-    except (OSError, StopIteration, KeyError, ValueError, EOFError, pickle.UnpicklingError,
-            zipfile.BadZipFile, AttributeError, TypeError):
+        key = next(k for k in where if k.startswith(f"{COMMON_STATE}/"))
+        loaded = read_object(step_dir, where[key])
+    except UNREADABLE:
         return None
     common = loaded[0] if isinstance(loaded, list) and loaded else loaded
     return common if isinstance(common, dict) else None
@@ -209,10 +213,12 @@ def _bridge_parallel(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _layout(args: dict[str, Any]) -> dict[str, int]:
+    """The saving run's layout as `run.json` records it (only the sizes the tool kept: Megatron
+    Bridge's run config has no DP size)."""
     names = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
              "vpp": "virtual_pipeline_model_parallel_size", "cp": "context_parallel_size",
              "ep": "expert_model_parallel_size", "dp": "data_parallel_size"}
-    return {key: int(args.get(names[key]) or 1) for key in LAYOUT_KEYS}
+    return {key: int(args.get(names[key]) or 1) for key in LAYOUT_KEYS if names[key] in args}
 
 
 def _sharding_type(common: dict[str, Any]) -> str | None:
@@ -281,7 +287,11 @@ def foreign_manifest(step_dir: Path) -> dict[str, Any] | None:
     """A step Megatron-LM or Megatron Bridge wrote, described as this project's `run.json`
     describes its own (no file records; `writer` names the tool); None for a step of this
     project or one whose common state cannot be read."""
-    common = common_state(step_dir)
+    try:
+        keys, where = dcp_index(step_dir)
+    except UNREADABLE:
+        return None
+    common = common_state(step_dir, where)
     writer = writer_of(step_dir, common) if common is not None else None
     if writer is None:
         return None
@@ -295,7 +305,6 @@ def foreign_manifest(step_dir: Path) -> dict[str, Any] | None:
     if args.get("use_distributed_optimizer") is not None:
         config.setdefault("optimizer", {})["distributed"] = bool(
             args["use_distributed_optimizer"])
-    keys = saved_keys(step_dir)
     sharding = _sharding_type(common)
     if sharding:
         config.setdefault("checkpoint", {})["optimizer_format"] = sharding
