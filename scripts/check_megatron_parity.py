@@ -1,10 +1,13 @@
 """Check that this trainer trains a recipe exactly as Megatron-LM's own loop does: GPT recipes,
-dense or MoE; a hybrid recipe is refused (pretrain_mamba.py's loop is not compared).
+dense or MoE, through pretrain_gpt.py's path; hybrid recipes through pretrain_hybrid.py's, with
+this project's stack spec (the Mamba mixer's conv width and chunk size have no Megatron-LM
+flag). Packed documents, phases and a batch ramp-up are refused before any rank starts.
 
 usage: python scripts/check_megatron_parity.py [recipe=NAME | config=FILE] [overrides] [steps=N]
 
     python scripts/check_megatron_parity.py recipe=tiny_dp1 steps=20
     python scripts/check_megatron_parity.py recipe=tiny_tp2_pp2 steps=5
+    python scripts/check_megatron_parity.py recipe=hybrid_tiny_dp1 steps=20
 
 Trains N steps (default 20) with this trainer, then N steps with Megatron-LM's
 `megatron.training.pretrain` (from the installed wheel; on CPU through the CPU runtime) from the

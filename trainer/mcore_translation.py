@@ -7,10 +7,15 @@ Plugins adjust the transformer config through their hook afterwards (FP8, for on
 their fields to the data-parallel and optimizer configs here (FP8 parameters). Positions (RoPE's
 base and rotated share) reach `GPTModel`/`HybridModel` through `position_fields`. Precision
 reaches Megatron here as `precision.dtype` (params/pipeline dtype, bf16/fp16 flags of the
-transformer and optimizer configs) and fp16's loss-scale settings (optimizer config).
+transformer and optimizer configs) and fp16's loss-scale settings (optimizer config). The run
+also becomes Megatron-LM's argument namespace here (`megatron_lm_args`: what a checkpoint
+Megatron-LM resumes carries as `args`), through Megatron-LM's own parser.
 """
 
 from __future__ import annotations
+
+import argparse
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -300,3 +305,41 @@ def build_optimizer_config(cfg: RunConfig) -> MegatronOptimizerConfig:
         use_distributed_optimizer=o.distributed,
         **cfg.plugins.optimizer_fields(cfg),
     )
+
+
+# --- Megatron-LM's argument namespace ------------------------------------------------------
+
+@functools.cache
+def megatron_lm_parser() -> argparse.ArgumentParser:
+    """Megatron-LM's own argument parser (`megatron/training/arguments.py:45`,
+    `add_megatron_arguments`, in the wheel), built once: its 800 arguments take a while."""
+    from megatron.training.arguments import add_megatron_arguments
+
+    return add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False, add_help=False))
+
+
+def megatron_lm_args(cfg: RunConfig, step: int, consumed_samples: int) -> argparse.Namespace:
+    """The `args` Megatron-LM saves in a checkpoint, for this run after `step` steps: its parser
+    over the run's Megatron-LM command line (`print=megatron_args`), with what its
+    `validate_args` and training loop fill in and its `load_checkpoint` reads back
+    (`training/checkpointing.py:2149-2160, 2467-2478`, `check_checkpoint_args` :143-186): the
+    world and DP size, the padded vocabulary, the counters, the torch_dist format."""
+    from recipes.config.megatron_args import to_megatron_args
+
+    args, _ = megatron_lm_parser().parse_known_args(to_megatron_args(cfg))
+    m, layout = cfg.model, cfg.layout
+    filled = {
+        "world_size": layout.world_size, "data_parallel_size": layout.data_parallel, "rank": 0,
+        "padded_vocab_size": layout.padded_vocab, "ckpt_format": "torch_dist",
+        "use_dist_ckpt": True, "iteration": step, "consumed_train_samples": consumed_samples,
+        "skipped_train_samples": 0, "consumed_valid_samples": 0,
+        "num_query_groups": m.num_query_groups or m.num_attention_heads,
+        "kv_channels": m.kv_channels or m.hidden_size // m.num_attention_heads,
+        "virtual_pipeline_model_parallel_size": cfg.parallel.virtual_pipeline,
+        "transformer_pipeline_model_parallel_size": cfg.parallel.pipeline,
+        "params_dtype": torch_dtype(cfg),
+        "lr_decay_iters": cfg.scheduler.decay_iters or cfg.train.train_iters,
+    }
+    for name, value in filled.items():
+        setattr(args, name, value)
+    return args

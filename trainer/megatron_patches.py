@@ -10,7 +10,7 @@ out by name for its self-test:
 - the CPU runtime (`trainer/cpu_runtime/runtime.py`, left out with
   `activate_cpu_runtime(skip=...)`): Megatron Core over gloo without CUDA;
 - Megatron-LM on CPU (`trainer/cpu_runtime/megatron_lm.py`, `megatron_lm_on_cpu(skip=...)`):
-  what the parity check needs to run Megatron-LM's own loop on CPU;
+  what the parity check and the checkpoint moves need to run Megatron-LM's own loop on CPU;
 - the checkpoint paths (`trainer/checkpoint/megatron_fixes.py`, `skipping(...)`): defects and
   slow defaults of Megatron's save and load.
 

@@ -61,6 +61,25 @@ class RngState:
         numpy_state = (name, np.asarray(keys, dtype=np.uint32), *rest)
         return cls(**{**values, "numpy": numpy_state})
 
+    def as_megatron_lm(self) -> dict[str, Any]:
+        """The streams under Megatron-LM's names (`training/checkpointing.py:409-415`), which
+        its load restores unconditionally, the CUDA generator's included (on a CPU rank the
+        CPU runtime's CUDA generator is the CPU one)."""
+        return {"random_rng_state": self.python, "np_rng_state": self.numpy,
+                "torch_rng_state": self.torch_cpu,
+                "cuda_rng_state": self.torch_cpu if self.torch_cuda is None else self.torch_cuda,
+                "rng_tracker_states": self.tracker}
+
+    @classmethod
+    def from_megatron_lm(cls, values: dict[str, Any]) -> RngState:
+        """Streams Megatron-LM saved (its names; NumPy's key array as saved)."""
+        name, keys, *rest = values["np_rng_state"]
+        return cls(python=values["random_rng_state"],
+                   numpy=(name, np.asarray(keys, dtype=np.uint32), *rest),
+                   torch_cpu=values["torch_rng_state"],
+                   torch_cuda=values.get("cuda_rng_state") if torch.cuda.is_available() else None,
+                   tracker=dict(values["rng_tracker_states"]))
+
 
 @dataclass
 class RunState:

@@ -1,4 +1,5 @@
-"""A run config as Megatron-LM's `pretrain_gpt.py` command line, and back.
+"""A run config as Megatron-LM's `pretrain_gpt.py` command line (`pretrain_hybrid.py` for a
+hybrid model), and back.
 
 One table says which Megatron-LM flag carries each config field and how: a value
 (`--num-layers 32`), a switch that is on when the field is true (`--sequence-parallel`) or
@@ -31,10 +32,21 @@ class Flag:
     flag: str  # Megatron-LM's option string
     dest: str = ""  # the attribute Megatron-LM's parser stores it in (default: argparse's)
     kind: str = VALUE  # VALUE, ON (store_true when the field is true), OFF (set when false)
+    # Written only for the models that have the field (`when(cfg)`); unwritten, Megatron-LM's
+    # default is the project's, so a line read back carries the same value.
+    when: Callable[[Any], bool] | None = None
 
     def __post_init__(self) -> None:
         if not self.dest:  # argparse's own dest for the option: '--num-layers' -> 'num_layers'
             object.__setattr__(self, "dest", self.flag.lstrip("-").replace("-", "_"))
+
+
+def _moe(cfg: Any) -> bool:
+    return cfg.model.num_moe_experts is not None
+
+
+def _hybrid(cfg: Any) -> bool:
+    return cfg.model.hybrid_layer_pattern is not None
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -61,6 +73,19 @@ FLAGS: tuple[Flag, ...] = (
     Flag("model.moe_ffn_hidden_size", "--moe-ffn-hidden-size"),
     Flag("model.moe_token_dispatcher", "--moe-token-dispatcher-type"),
     Flag("model.moe_aux_loss_coeff", "--moe-aux-loss-coeff"),
+    # MoE routing (Nemotron 3, DeepSeek-V3): written for MoE models only.
+    Flag("model.moe_load_balancing", "--moe-router-load-balancing-type", when=_moe),
+    Flag("model.moe_router_score_function", "--moe-router-score-function", when=_moe),
+    Flag("model.moe_router_expert_bias", "--moe-router-enable-expert-bias", kind=ON, when=_moe),
+    Flag("model.moe_router_bias_update_rate", "--moe-router-bias-update-rate", when=_moe),
+    Flag("model.moe_router_topk_scaling_factor", "--moe-router-topk-scaling-factor", when=_moe),
+    Flag("model.moe_shared_expert_ffn_hidden_size", "--moe-shared-expert-intermediate-size",
+         when=_moe),
+    # The hybrid Mamba-Transformer's Mamba2 sizes (pretrain_hybrid.py): hybrids only.
+    Flag("model.mamba_state_dim", "--mamba-state-dim", when=_hybrid),
+    Flag("model.mamba_head_dim", "--mamba-head-dim", when=_hybrid),
+    Flag("model.mamba_num_heads", "--mamba-num-heads", when=_hybrid),
+    Flag("model.mamba_num_groups", "--mamba-num-groups", when=_hybrid),
     Flag("parallel.tensor", "--tensor-model-parallel-size"),
     Flag("parallel.pipeline", "--pipeline-model-parallel-size"),
     Flag("parallel.virtual_pipeline", "--num-virtual-stages-per-pipeline-rank"),
@@ -303,6 +328,32 @@ def _format_from(a: Mapping[str, Any]) -> dict[str, Any]:
             if a["dist_ckpt_optim_fully_reshardable"] else "dp_reshardable"}
 
 
+def _pattern_args(cfg: Any) -> list[str]:
+    pattern = cfg.model.hybrid_layer_pattern
+    return [] if pattern is None else ["--hybrid-layer-pattern", pattern]
+
+
+def _pattern_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    """`--hybrid-layer-pattern`, or the older spelling `--hybrid-override-pattern` (Megatron-LM
+    reads it as the same pattern, `training/arguments.py:719-731`)."""
+    return {"model.hybrid_layer_pattern": a["hybrid_layer_pattern"]
+            or a["hybrid_override_pattern"]}
+
+
+def _router_dtype_args(cfg: Any) -> list[str]:
+    return ["--moe-router-dtype", "fp32"] if cfg.model.moe_router_fp32 else []
+
+
+def _router_dtype_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    if a["moe_router_dtype"] == "fp64":
+        from plugins.protocol.errors import ConfigError
+
+        raise ConfigError("--moe-router-dtype fp64 is not one the project trains (the router "
+                          "runs in fp32 with model.moe_router_fp32=true, else in the model's "
+                          "dtype); use --moe-router-dtype fp32 or leave it out")
+    return {"model.moe_router_fp32": a["moe_router_dtype"] == "fp32"}
+
+
 SPELLED: tuple[Spelled, ...] = (
     Spelled(("model.activation",), ("swiglu", "squared_relu"), _activation_args,
             _activation_from),
@@ -328,6 +379,10 @@ SPELLED: tuple[Spelled, ...] = (
             _format_args, _format_from),
     Spelled(("optimizer.fsdp",), ("use_megatron_fsdp", "data_parallel_sharding_strategy"),
             _fsdp_args, _fsdp_from),
+    Spelled(("model.hybrid_layer_pattern",), ("hybrid_layer_pattern", "hybrid_override_pattern"),
+            _pattern_args, _pattern_from),
+    Spelled(("model.moe_router_fp32",), ("moe_router_dtype",), _router_dtype_args,
+            _router_dtype_from),
 )
 
 # Megatron-LM flags that say where things are or how a run reports, not what it trains: read
@@ -377,10 +432,13 @@ def _text(value: Any) -> str:
 
 
 def to_megatron_args(cfg: Any) -> list[str]:
-    """The `pretrain_gpt.py` arguments that train what `cfg` trains (every carried field)."""
+    """The `pretrain_gpt.py` (`pretrain_hybrid.py`) arguments that train what `cfg` trains
+    (every carried field)."""
     args: list[str] = []
     for f in FLAGS:
         value = _get(cfg, f.field)
+        if f.when is not None and not f.when(cfg):
+            continue
         if f.kind == ON:
             args += [f.flag] if value else []
         elif f.kind == OFF:
@@ -414,17 +472,46 @@ def carried_dests() -> frozenset[str]:
     return frozenset({f.dest for f in FLAGS} | {d for s in SPELLED for d in s.dests} | plugins)
 
 
+# The Mamba mixer's arguments no Megatron-LM flag carries: its hybrid spec leaves them at
+# `MambaMixer.__init__`'s defaults (`ssm/mamba_mixer.py:177, 192`); this project's stack spec
+# passes the recipe's values as the mixer's params (`trainer/models/hybrid/spec.py`).
+MIXER_DEFAULTS = {"model.mamba_conv_kernel": 4, "model.mamba_chunk_size": 128}
+
+
+def script_name(cfg: Any) -> str:
+    """Megatron-LM's entry script for the model: `pretrain_hybrid.py` builds a HybridModel from
+    `--hybrid-layer-pattern`, `pretrain_gpt.py` a GPTModel."""
+    return "pretrain_hybrid.py" if _hybrid(cfg) else "pretrain_gpt.py"
+
+
+def mixer_note(cfg: Any) -> str | None:
+    """For a hybrid whose mixer differs from Megatron-LM's: what the line cannot say, and how a
+    spec says it (None: Megatron-LM's defaults are the recipe's)."""
+    if not _hybrid(cfg):
+        return None
+    differ = [f"{name}={_get(cfg, name)} (Megatron-LM: {default})"
+              for name, default in MIXER_DEFAULTS.items() if _get(cfg, name) != default]
+    if not differ:
+        return None
+    return ("# the Mamba mixer's conv width and chunk size have no flag, and Megatron-LM's "
+            f"hybrid spec builds the mixer with its defaults; this recipe has {', '.join(differ)}"
+            ": give --spec a stack spec whose mixer params set d_conv and chunk_size (the "
+            "chunk size changes rounding only, the conv width the weights' shape)")
+
+
 def command_text(cfg: Any) -> str:
     """What `scripts/pretrain.py print=megatron_args` prints: the torchrun line that trains
     `cfg` with Megatron-LM, then the fields no flag carries."""
     import shlex
 
     c = cfg.cluster
-    words = [f"--nnodes={c.nodes}", f"--nproc-per-node={c.gpus_per_node}", "pretrain_gpt.py",
+    words = [f"--nnodes={c.nodes}", f"--nproc-per-node={c.gpus_per_node}", script_name(cfg),
              *to_megatron_args(cfg)]
+    note = mixer_note(cfg)
     return "\n".join([
         f"# Megatron-LM trains {cfg.name} with (world size {c.nodes * c.gpus_per_node}: "
         "torchrun's, not a flag):",
         "torchrun " + " ".join(shlex.quote(w) for w in words),
+        *([note] if note else []),
         "# no Megatron-LM flag for (the project's own settings): "
         + ", ".join(no_flag_fields(cfg))])

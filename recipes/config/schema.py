@@ -314,6 +314,11 @@ class CheckpointConfig:
     # asynchronously): the step pays only for the state's copy; `latest` moves steps later,
     # once every rank's files are complete. Needs checkpoint.save=true.
     async_save: bool = False
+    # The layout on disk: mcore_recipes (step_NNNNNNN, `latest`) or megatron_lm, the same files
+    # under Megatron-LM's names (iter_NNNNNNN, latest_checkpointed_iteration.txt) with the
+    # common state and RNG layout its load_checkpoint reads, so `pretrain_gpt.py --load` (or
+    # pretrain_hybrid.py) resumes it too; both load here (docs/megatron-lm.md "Moving a run").
+    format: Literal["mcore_recipes", "megatron_lm"] = "mcore_recipes"
 
 
 @dataclass(kw_only=True)

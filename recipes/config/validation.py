@@ -465,6 +465,17 @@ def check_async_save_needs_saves(cfg: RunConfig) -> str | None:
     return None
 
 
+def check_megatron_lm_format_needs_saves(cfg: RunConfig) -> str | None:
+    """`checkpoint.format` says how checkpoints are written; with saving off it would silently
+    do nothing."""
+    c = cfg.checkpoint
+    if c.format == "megatron_lm" and not c.save:
+        return ("checkpoint.format=megatron_lm writes checkpoints Megatron-LM resumes, but "
+                "checkpoint.save=false writes none; set checkpoint.save=true (with "
+                "checkpoint.save_interval=N) or leave checkpoint.format at mcore_recipes")
+    return None
+
+
 def check_distributed_timeout(cfg: RunConfig) -> str | None:
     """A collective timeout of zero minutes or less would fail the first collective (or never
     time out); torch needs a positive one."""
@@ -519,6 +530,7 @@ RULES: tuple[Rule, ...] = (
     check_resume_or_load,
     check_keep_last,
     check_async_save_needs_saves,
+    check_megatron_lm_format_needs_saves,
     check_data_source,
     check_distributed_timeout,
     *PHASE_RULES,

@@ -133,6 +133,7 @@ def floor_violations(imports: dict[str, set[str]]) -> list[str]:
 # Face configs (a model directory of another shape is refused before a conversion starts).
 TORCH_FREE_TRAINER = ("trainer/__init__.py", "trainer/checkpoint/__init__.py",
                       "trainer/checkpoint/format.py", "trainer/checkpoint/manifest.py",
+                      "trainer/checkpoint/megatron_lm.py",
                       "trainer/checkpoint/preflight.py", "trainer/models/__init__.py",
                       "trainer/models/gpt/__init__.py", "trainer/models/gpt/hf_config.py",
                       "trainer/models/hybrid/__init__.py", "trainer/models/hybrid/hf_config.py",
@@ -193,6 +194,7 @@ def test_each_floor_rule_fails_on_a_planted_violation(path, name):
                                   "recipes/models/hybrid/params.py",
                                   "trainer/models/hybrid/hf_config.py",
                                   "trainer/checkpoint/format.py", "trainer/checkpoint/manifest.py",
+                                  "trainer/checkpoint/megatron_lm.py",
                                   "trainer/checkpoint/preflight.py"])
 def test_the_torch_free_rule_fails_on_a_planted_import(path):
     imports = all_imports()
@@ -222,8 +224,8 @@ def test_the_checkpoint_checks_import_no_torch_when_run():
 
 
 # trainer/checkpoint/, its torch-free checks first: each module imports only those before it.
-CHECKPOINT_ORDER = ("format", "manifest", "preflight", "megatron_fixes", "state_dicts",
-                    "disk_errors", "publish", "async_save", "save", "load")
+CHECKPOINT_ORDER = ("format", "manifest", "megatron_lm", "preflight", "megatron_fixes",
+                    "state_dicts", "disk_errors", "publish", "async_save", "save", "load")
 
 
 def checkpoint_order_violations(imports: dict[str, set[str]]) -> list[str]:

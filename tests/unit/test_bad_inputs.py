@@ -206,7 +206,20 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["cluster.spec={tmp}/missing.yaml"], "cluster.spec={tmp}/missing.yaml does not exist; name "
      "a cluster file"),
     (["checkpoint.load={tmp}/not_ckpt"], "checkpoint.load={tmp}/not_ckpt is not a Megatron "
-     "checkpoint (no metadata.json and no latest file)"),
+     "checkpoint (no metadata.json, no latest file and no latest_checkpointed_iteration.txt)"),
+    # Megatron-LM's layout (latest_checkpointed_iteration.txt, iter_NNNNNNN)
+    (["checkpoint.load={tmp}/mlm_bad_tracker"], "its latest_checkpointed_iteration.txt file "
+     "names no step ('')"),
+    (["checkpoint.load={tmp}/mlm_missing_iter"], "latest_checkpointed_iteration.txt names "
+     "iter_0000010, but {tmp}/mlm_missing_iter/iter_0000010 does not exist"),
+    (["checkpoint.load={tmp}/mlm_legacy"], "checkpoint.load={tmp}/mlm_legacy is a Megatron-LM "
+     "checkpoint in the older torch format (mp_rank_* files)"),
+    (["checkpoint.load={tmp}/mlm_dcp"], "checkpoint.load={tmp}/mlm_dcp is a torch DCP checkpoint "
+     "without Megatron's metadata.json (Megatron-LM's torch_dcp or fsdp_dtensor format)"),
+    (["checkpoint.format=megatron"], "checkpoint.format expects one of mcore_recipes, "
+     "megatron_lm, got 'megatron'"),
+    (["checkpoint.format=megatron_lm", "checkpoint.save=false"], "checkpoint.format=megatron_lm "
+     "writes checkpoints Megatron-LM resumes, but checkpoint.save=false writes none"),
     (["checkpoint.load={tmp}/run"], "checkpoint.load={tmp}/run is a run directory, not a "
      "checkpoint; set checkpoint.load={tmp}/run/checkpoints"),
     (["checkpoint.load={tmp}/bad_latest"], "latest names step_0000300, but "
@@ -395,6 +408,16 @@ BAD_LAUNCHES: list[tuple[str, list[str], list[str]]] = [
                    "--dry-run"], ["tiny_tp2_pp2 runs on 2 nodes but data.source=python_stdlib"]),
     ("pretrain.py", ["recipe=tiny_dp2", "cluster.nodes=2", "cluster.gpus_per_node=1"],
      ["tiny_dp2 runs on 2 nodes but data.source=python_stdlib is the built-in demo corpus"]),
+    # Megatron-LM's release checkpoint holds weights only: a full resume is refused.
+    ("pretrain.py", ["recipe=tiny_dp1", "checkpoint.load={tmp}/mlm_release"],
+     ["checkpoint.load={tmp}/mlm_release resumes from Megatron-LM's release checkpoint, which "
+      "holds weights only (no step, optimizer or schedule); start from its weights with "
+      "checkpoint.load_model_only=true"]),
+    # What the parity check cannot compare, refused before its ranks start.
+    ("check_megatron_parity.py", ["recipe=tiny_dp1", "train.global_batch_size=16",
+                                  "train.rampup_batch_size=[4,4,24]"],
+     ["check_megatron_parity runs one phase at one batch size; drop phases and "
+      "train.rampup_batch_size"]),
 ]
 
 
@@ -431,6 +454,14 @@ def paths_dir(tmp_path_factory) -> Path:
     (tmp / "unfinished" / "step_0000300").mkdir()
     _write(tmp / "empty_latest" / "latest", "")
     _checkpoint(tmp / "tmp_only" / "step_0000100.tmp-100-ab12")  # a crash before the rename
+    _write(tmp / "mlm_bad_tracker" / "latest_checkpointed_iteration.txt", "ten")
+    _write(tmp / "mlm_missing_iter" / "latest_checkpointed_iteration.txt", "10")
+    _write(tmp / "mlm_legacy" / "iter_0000010" / "mp_rank_00" / "model_optim_rng.pt", "")
+    _write(tmp / "mlm_legacy" / "latest_checkpointed_iteration.txt", "10")
+    _write(tmp / "mlm_dcp" / "iter_0000010" / ".metadata", "")
+    _write(tmp / "mlm_dcp" / "iter_0000010" / "__0_0.distcp", "")
+    _checkpoint(tmp / "mlm_release" / "release")
+    _write(tmp / "mlm_release" / "latest_checkpointed_iteration.txt", "release")
     _write(tmp / "bad.yaml", "model: [\n")
     _write(tmp / "list.yaml", "- 1\n- 2\n")
     _write(tmp / "empty.yaml", "")
@@ -482,9 +513,12 @@ def test_bad_input_is_one_line_naming_the_fix(argv, expected, paths_dir) -> None
 def _plan_the_launch(script: str, argv: list[str], tmp: Path) -> None:
     """What the launching process of `script` checks before it starts anything (on CPU ranks:
     the fit is planned against this machine's memory)."""
-    from trainer.entry.commands import LAUNCH, PRETRAIN
+    from trainer.entry.commands import CHECK_MEGATRON_PARITY, LAUNCH, PRETRAIN
     from trainer.entry.contract import parse_arguments
 
+    if script == "check_megatron_parity.py":  # the command's own check, then the launcher's
+        args = parse_arguments(CHECK_MEGATRON_PARITY, [*argv, f"output_dir={tmp / 'runs'}"])
+        CHECK_MEGATRON_PARITY.run.check(args)
     if script == "launch.py":
         from trainer.launch.cluster import launch_args, plan_launch
 
@@ -493,7 +527,8 @@ def _plan_the_launch(script: str, argv: list[str], tmp: Path) -> None:
         return
     from trainer.entry.pipeline import ready_to_launch, resolve
 
-    args = parse_arguments(PRETRAIN, [*argv, f"output_dir={tmp / 'runs'}"])
+    command = CHECK_MEGATRON_PARITY if script == "check_megatron_parity.py" else PRETRAIN
+    args = parse_arguments(command, [*argv, f"output_dir={tmp / 'runs'}"])
     ready_to_launch(resolve(args), args)
 
 
@@ -503,9 +538,9 @@ def test_bad_launch_is_one_line_before_anything_starts(script, argv, expected, p
                                                        tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU ranks: the machine these lines name
     with pytest.raises(ConfigError) as caught:
-        _plan_the_launch(script, argv, tmp_path)
+        _plan_the_launch(script, _fill(argv, paths_dir), tmp_path)
     message = str(caught.value)
-    found = [message.find(text) for text in expected]
+    found = [message.find(text) for text in _fill(expected, paths_dir)]
     assert -1 not in found and found == sorted(found), message
     assert "\n" not in message and message.strip() == message
     assert not (tmp_path / "runs").exists() and not (tmp_path / "jobs").exists()

@@ -1,7 +1,8 @@
 """Megatron-LM command lines out and in: every registered recipe written as pretrain_gpt.py
-arguments and read back through Megatron-LM's own parser equals the recipe, field by field,
-except the fields listed as having no flag; unknown and inexpressible flags are refused one
-line each; flags that only say where things are are named, not dropped."""
+(a hybrid: pretrain_hybrid.py) arguments and read back through Megatron-LM's own parser equals
+the recipe, field by field, except the fields listed as having no flag; unknown and
+inexpressible flags and choices are refused one line each; flags that only say where things
+are are named, not dropped."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import pytest
 from plugins.protocol.errors import ConfigError
 from recipes.config.megatron_args import (
     FLAGS,
+    MIXER_DEFAULTS,
     SPELLED,
     command_text,
+    mixer_note,
     no_flag_fields,
     to_megatron_args,
 )
@@ -154,3 +157,73 @@ def test_wsd_writes_its_resolved_anneal_and_reads_it_back_as_unset() -> None:
     cfg.scheduler.wsd_decay_iters = 7
     back, _ = config_from_megatron_args(to_megatron_args(cfg), cfg.cluster)
     assert back.scheduler.wsd_decay_iters == 7
+
+
+def test_a_hybrid_is_a_pretrain_hybrid_line_with_its_pattern_mamba_sizes_and_routing() -> None:
+    cfg = get_recipe("hybrid_tiny_dp1")
+    text = command_text(cfg)
+    line = text.splitlines()[1]
+    assert " pretrain_hybrid.py " in line and " pretrain_gpt.py " not in line
+    args = to_megatron_args(cfg)
+    given = {flag: args[args.index(flag) + 1] for flag in (
+        "--hybrid-layer-pattern", "--mamba-state-dim", "--mamba-head-dim", "--mamba-num-heads",
+        "--mamba-num-groups", "--moe-router-score-function", "--moe-router-load-balancing-type",
+        "--moe-router-dtype", "--moe-shared-expert-intermediate-size")}
+    assert given == {"--hybrid-layer-pattern": "M*-ME-", "--mamba-state-dim": "16",
+                     "--mamba-head-dim": "16", "--mamba-num-heads": "8",
+                     "--mamba-num-groups": "2", "--moe-router-score-function": "sigmoid",
+                     "--moe-router-load-balancing-type": "seq_aux_loss",
+                     "--moe-router-dtype": "fp32", "--moe-shared-expert-intermediate-size": "64"}
+    assert "--moe-router-enable-expert-bias" in args
+    listed = [n for n in no_flag_fields(cfg) if n.startswith("model.")]
+    assert listed == ["model.mamba_conv_kernel", "model.mamba_chunk_size"]
+    assert "model.mamba_chunk_size=32 (Megatron-LM: 128)" in text  # the mixer note
+
+
+def test_a_gpt_line_carries_no_hybrid_or_routing_flag() -> None:
+    args = to_megatron_args(get_recipe("tiny_dp1"))
+    assert not [a for a in args if a.startswith(("--mamba", "--hybrid", "--moe-router-score"))]
+    assert mixer_note(get_recipe("tiny_dp1")) is None
+
+
+def test_the_mixer_defaults_are_megatron_cores() -> None:
+    import inspect
+
+    from megatron.core.ssm.mamba_mixer import MambaMixer
+
+    defaults = inspect.signature(MambaMixer.__init__).parameters
+    assert MIXER_DEFAULTS == {"model.mamba_conv_kernel": defaults["d_conv"].default,
+                              "model.mamba_chunk_size": defaults["chunk_size"].default}
+
+
+def test_the_older_pattern_flag_reads_as_the_pattern() -> None:
+    cfg, _ = config_from_megatron_args(["--hybrid-override-pattern", "M*-", "--num-layers", "3"])
+    assert cfg.model.hybrid_layer_pattern == "M*-"
+
+
+@pytest.mark.parametrize(("argv", "start"), [
+    (["--num-experts", "4", "--moe-router-score-function", "sqrtsoftplus"],
+     "--moe-router-score-function sqrtsoftplus is not one the project trains"),
+    (["--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn"],
+     "--moe-router-load-balancing-type sinkhorn is not one the project trains"),
+    (["--num-experts", "4", "--moe-router-dtype", "fp64"],
+     "--moe-router-dtype fp64 is not one the project trains"),
+])
+def test_a_megatron_choice_the_project_lacks_is_one_line(argv, start) -> None:
+    with pytest.raises(ConfigError) as error:
+        config_from_megatron_args(argv)
+    assert str(error.value).startswith(start) and "\n" not in str(error.value)
+
+
+def test_plan_reads_a_pretrain_hybrid_file(tmp_path, capsys) -> None:
+    cfg = get_recipe("hybrid_tiny_dp1")
+    script = tmp_path / "hybrid.sh"
+    script.write_text(command_text(cfg).splitlines()[1])
+
+    def read(path, cluster):
+        back, notes = config_from_megatron_args(read_argument_file(path), cluster)
+        assert back.model.hybrid_layer_pattern == "M*-ME-" and notes == []
+        return back, notes
+
+    assert run_plan([], {"megatron_args": str(script)}, read_megatron=read) == 0
+    assert "TP1 x PP1 x DP1" in capsys.readouterr().out

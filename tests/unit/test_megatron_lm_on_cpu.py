@@ -71,8 +71,11 @@ def test_compiled_helpers():
 
 
 def test_every_patch_has_its_check_here():
+    """The distributed optimizer's load needs a checkpoint and process groups: its check is
+    tests/dist/test_megatron_lm_checkpoints.py's."""
     assert set(PATCH_NAMES) == {"megatron_lm_device_arch", "megatron_lm_init_without_cuda",
-                                "megatron_lm_compiled_helpers"}
+                                "megatron_lm_compiled_helpers",
+                                "megatron_lm_distributed_optimizer_load"}
     with pytest.raises(ValueError, match="unknown Megatron-LM patches"), \
             megatron_lm_on_cpu(skip=frozenset({"nope"})):
         pass

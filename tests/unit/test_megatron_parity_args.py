@@ -6,12 +6,8 @@ from __future__ import annotations
 import torch
 
 from recipes.resolve import resolve_config
-from trainer.tools.megatron_parity import (
-    ALIGNMENTS,
-    RecordedSamples,
-    parity_arguments,
-    unsupported,
-)
+from trainer.tools.megatron_parity import ALIGNMENTS, RecordedSamples, parity_arguments
+from trainer.tools.parity_scope import unsupported
 
 
 def test_arguments_carry_every_alignment_and_the_steps():
@@ -38,6 +34,24 @@ def test_megatron_lm_indices_reach_this_ranks_own_micro_batches():
 
 
 def test_what_the_check_cannot_compare_is_one_line():
-    hybrid = unsupported(resolve_config(["recipe=hybrid_tiny_dp1"]))
-    assert hybrid and "\n" not in hybrid and "hybrid" in hybrid
+    ramp = unsupported(resolve_config(["recipe=tiny_dp1", "train.global_batch_size=16",
+                                       "train.rampup_batch_size=[4,4,24]"]))
+    assert ramp and "\n" not in ramp and "one batch size" in ramp
     assert unsupported(resolve_config(["recipe=tiny_dp1"])) is None
+    assert unsupported(resolve_config(["recipe=hybrid_tiny_dp1"])) is None  # hybrids compare
+
+
+def test_a_hybrid_is_compared_with_its_layer_pattern():
+    args = parity_arguments(resolve_config(["recipe=hybrid_tiny_dp1"]), 3)
+    assert args[args.index("--hybrid-layer-pattern") + 1] == "M*-ME-"
+
+
+def test_a_refusal_comes_before_any_rank_starts(tmp_path):
+    """The command's own check refuses in the launching process: no run directory is made."""
+    from trainer.entry.commands import CHECK_MEGATRON_PARITY
+    from trainer.entry.contract import main
+
+    code = main(CHECK_MEGATRON_PARITY, ["recipe=tiny_dp1", "train.global_batch_size=16",
+                                        "train.rampup_batch_size=[4,4,24]",
+                                        f"output_dir={tmp_path}"])
+    assert code == 2 and not any(tmp_path.iterdir())

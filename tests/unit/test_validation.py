@@ -252,6 +252,11 @@ RULE_CASES = [
      "checkpoint.async_save=true writes checkpoints in the background, but checkpoint.save=false "
      "writes none; set checkpoint.save=true (with checkpoint.save_interval=N) or "
      "checkpoint.async_save=false"),
+    ("check_megatron_lm_format_needs_saves", "tiny_dp1",
+     ["checkpoint.format=megatron_lm", "checkpoint.save=false"],
+     "checkpoint.format=megatron_lm writes checkpoints Megatron-LM resumes, but "
+     "checkpoint.save=false writes none; set checkpoint.save=true (with "
+     "checkpoint.save_interval=N) or leave checkpoint.format at mcore_recipes"),
     ("check_resume_needs_run_dir", "tiny_dp1", ["checkpoint.resume=true"],
      "checkpoint.resume=true needs an explicit run_dir (it continues the run saved there); set "
      "run_dir=<run directory>, e.g. run_dir=runs/my-run, or checkpoint.resume=false"),

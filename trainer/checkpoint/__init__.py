@@ -8,6 +8,8 @@ import no torch module of the trainer (tests/unit/test_architecture.py):
                      `run.json`) and which step a checkpoint root resumes from
     manifest.py      `run.json`'s content: file records, damage, shape and tokenizer mismatches,
                      layouts the optimizer state cannot reshard to, the changes a resume states
+    megatron_lm.py   a step Megatron-LM or Megatron Bridge wrote, read without torch or pickled
+                     code and described as `run.json` describes ours
     preflight.py     the `checkpoint.load` rule, `checkpoint.resume` resolution, the pre-flight,
                      and `validate_paths` (recipes/'s path rules with the checkpoint rule)
 

@@ -14,6 +14,18 @@ export finds a run's newest step with them.
 A save is written under its `.tmp-` name and renamed once every rank has finished; `latest` is
 replaced last. A reader therefore trusts only published steps that hold the marker: the step
 `latest` names when it is one, else the newest such step.
+
+The second layout is Megatron-LM's (`--save DIR`, `megatron/training/checkpointing.py:195-241,
+340-343`), which Megatron Bridge writes too, and which this project writes with
+`checkpoint.format=megatron_lm`:
+
+    DIR/latest_checkpointed_iteration.txt  MEGATRON_LM_TRACKER: the newest iteration (or release)
+    DIR/iter_0000100/                      ITER_PREFIX + 7 digits, the same torch_dist files
+        train_state.pt, run_config.yaml    Megatron Bridge's counters and config (BRIDGE_*)
+    DIR/release/                           RELEASE_DIR: weights published without a step
+
+Both layouts are recognised everywhere a step is looked for: `step_of` reads either name, a root
+resumes from what `latest` names, else what the tracker names, else its newest complete step.
 """
 
 from __future__ import annotations
@@ -27,11 +39,23 @@ STEP_PREFIX = "step_"  # step_NNNNNNN: a published checkpoint
 TMP_INFIX = ".tmp-"  # step_NNNNNNN.tmp-<token>: a save in progress (or one a crash left)
 MANIFEST_FILE = "run.json"  # what the run says about itself, beside Megatron's files
 MANIFEST_FORMAT = 1
+DCP_METADATA = ".metadata"  # torch DCP's index of every saved item (offsets in the .distcp files)
+# Megatron-LM's layout (checkpoint.format=megatron_lm writes it; Megatron Bridge writes it too)
+MEGATRON_LM_FORMAT = "megatron_lm"
+MEGATRON_LM_TRACKER = "latest_checkpointed_iteration.txt"
+ITER_PREFIX = "iter_"  # iter_NNNNNNN: Megatron-LM's step directory
+RELEASE_DIR = "release"  # Megatron-LM's published weights, without step or optimizer
+BRIDGE_TRAIN_STATE = "train_state.pt"  # Megatron Bridge: step, consumed samples (torch.save)
+BRIDGE_RUN_CONFIG = "run_config.yaml"  # Megatron Bridge: the run's whole config
+LEGACY_PREFIX = "mp_rank_"  # Megatron-LM's older `torch` format: one file per model-parallel rank
+PREFIXES = (STEP_PREFIX, ITER_PREFIX)
 
 
-def step_name(step: int) -> str:
-    """The published directory name of the checkpoint after `step` optimizer steps."""
-    return f"{STEP_PREFIX}{step:07d}"
+def step_name(step: int, layout: str = "") -> str:
+    """The published directory name of the checkpoint after `step` optimizer steps (Megatron-LM's
+    `iter_NNNNNNN` for `checkpoint.format=megatron_lm`)."""
+    prefix = ITER_PREFIX if layout == MEGATRON_LM_FORMAT else STEP_PREFIX
+    return f"{prefix}{step:07d}"
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -40,15 +64,19 @@ def is_checkpoint(path: Path) -> bool:
 
 
 def step_of(name: str) -> int | None:
-    """The step of a published `step_NNNNNNN` name (None for anything else, `.tmp-` included)."""
-    digits = name[len(STEP_PREFIX):]
-    return int(digits) if name.startswith(STEP_PREFIX) and digits.isdigit() else None
+    """The step of a published `step_NNNNNNN` or `iter_NNNNNNN` name (None for anything else,
+    `.tmp-` included)."""
+    for prefix in PREFIXES:
+        digits = name[len(prefix):]
+        if name.startswith(prefix) and digits.isdigit():
+            return int(digits)
+    return None
 
 
 def complete_steps(root: Path) -> list[Path]:
     """The finished, published step directories under a checkpoint root, oldest first."""
     found = [
-        (step_of(p.name), p) for p in root.glob(f"{STEP_PREFIX}*")
+        (step_of(p.name), p) for prefix in PREFIXES for p in root.glob(f"{prefix}*")
         if step_of(p.name) is not None and p.is_dir() and is_checkpoint(p)
     ]
     return [p for _, p in sorted(found)]
@@ -56,7 +84,8 @@ def complete_steps(root: Path) -> list[Path]:
 
 def unfinished_saves(root: Path) -> list[Path]:
     """`.tmp-` step directories: saves in progress, or what a crashed save left."""
-    return sorted(p for p in root.glob(f"{STEP_PREFIX}*{TMP_INFIX}*") if p.is_dir())
+    return sorted(p for prefix in PREFIXES for p in root.glob(f"{prefix}*{TMP_INFIX}*")
+                  if p.is_dir())
 
 
 def step_of_unfinished(path: Path) -> int | None:
@@ -64,20 +93,46 @@ def step_of_unfinished(path: Path) -> int | None:
     return step_of(path.name.split(TMP_INFIX)[0])
 
 
-def latest_name(root: Path) -> str | None:
-    """What the root's `latest` file says (None when it cannot be read)."""
+def _read(path: Path) -> str | None:
     try:
-        return (root / LATEST_FILE).read_text(encoding="utf-8").strip()
+        return path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return None
 
 
+def tracker_name(root: Path) -> str | None:
+    """The directory Megatron-LM's tracker names: `iter_NNNNNNN` for an iteration, `release`;
+    None without a readable tracker, '' for one that names neither."""
+    text = _read(root / MEGATRON_LM_TRACKER)
+    if text is None:
+        return None
+    if text == RELEASE_DIR:
+        return RELEASE_DIR
+    return step_name(int(text), MEGATRON_LM_FORMAT) if text.isdigit() else ""
+
+
+def latest_name(root: Path) -> str | None:
+    """What the root's `latest` file says, else what Megatron-LM's tracker names (None when
+    neither can be read)."""
+    if (root / LATEST_FILE).exists():
+        return _read(root / LATEST_FILE)
+    return tracker_name(root)
+
+
+def is_release(path: Path) -> bool:
+    """Megatron-LM's `release` directory: weights without a step or optimizer state."""
+    return path.name == RELEASE_DIR
+
+
 def newest_checkpoint(root: Path) -> Path | None:
-    """The step a checkpoint root resumes from: the one `latest` names when it is a complete
-    step directory, else the newest complete one (a crash between rename and marker, or a lost
-    marker); None when the root holds no complete step."""
-    name = latest_name(root)
-    if name and step_of(name) is not None and is_checkpoint(root / name):
-        return root / name
+    """The step a checkpoint root resumes from: the one `latest` or Megatron-LM's tracker names
+    when it is a complete step directory (or `release`; the newer when both do), else the newest
+    complete one (a crash between rename and marker, or a lost marker); None when the root holds
+    no complete step."""
+    named = [root / name for name in (_read(root / LATEST_FILE), tracker_name(root))
+             if name and (step_of(name) is not None or name == RELEASE_DIR)
+             and is_checkpoint(root / name)]
+    if named:  # both: the newer (Megatron-LM may have gone on saving into a root of ours)
+        return max(named, key=lambda path: step_of(path.name) or -1)
     steps = complete_steps(root)
     return steps[-1] if steps else None

@@ -5,14 +5,15 @@ Loading unpickles no code where torch allows it: non-tensor objects go through t
 `.metadata` index is a plain pickle (docs/checkpoints.md, "Untrusted checkpoints"). A resume
 takes this run's learning rates and Adam settings and its schedule, with the position (samples
 consumed) from the save. Megatron Core 0.19.2 needs fixes on the distributed-optimizer load
-path; they are `megatron_fixes` entries, applied here around Megatron's own calls.
+path; they are `megatron_fixes` entries, applied here around Megatron's own calls. A step
+Megatron-LM or Megatron Bridge wrote (`format.py`'s second layout) loads through the same calls:
+its tensors are the same; only its common state and RNG layout differ (`state_dicts.py`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from megatron.core import dist_checkpointing
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException
@@ -21,7 +22,7 @@ from recipes.config.schema import RunConfig
 from trainer.checkpoint import megatron_fixes, state_dicts
 from trainer.checkpoint.format import is_checkpoint, newest_checkpoint
 from trainer.checkpoint.megatron_fixes import UntrustedCheckpointError
-from trainer.state import RngState, RunState
+from trainer.state import RunState
 
 __all__ = ["UntrustedCheckpointError", "load_checkpoint", "load_model_weights",
            "resolve_checkpoint_dir"]
@@ -71,17 +72,20 @@ def _this_runs_hyperparameters(cfg: RunConfig) -> dict:
             "eps": o.adam_eps}
 
 
-def _saved_world_size(path: Path) -> int:
-    """World size of the run that wrote the checkpoint (from its common state)."""
-    common = dist_checkpointing.load_common_state_dict(str(path))
-    return int(common["run_state"]["world_size"])
+def _scheduler_state(loaded: dict) -> dict:
+    """The schedule's position: this project's `scheduler`, else Megatron-LM's (and Megatron
+    Bridge's) `opt_param_scheduler`, the same state under another key."""
+    return loaded["scheduler"] if "scheduler" in loaded else loaded["opt_param_scheduler"]
 
 
 def load_checkpoint(session, path: str | Path) -> RunState:
     """Restore weights, optimizer, scheduler and run state; returns the restored `RunState`.
+    A step Megatron-LM or Megatron Bridge wrote resumes the same way: the same tensors, its
+    schedule, its step and consumed samples (`state_dicts.loaded_run_state`).
 
-    Each rank's RNG streams come back when the world size is the one that saved them; under
-    another layout the ranks keep their freshly seeded streams (nothing to map them onto).
+    Each rank's RNG streams come back when this run's grid is the one they were saved over
+    (this project's: the same world size; Megatron-LM's: the same PP x TP); otherwise the
+    ranks keep their freshly seeded streams (nothing to map them onto), as the pre-flight said.
     """
     path = resolve_checkpoint_dir(path)
     metadata = dist_checkpointing.load_content_metadata(str(path)) or {}
@@ -92,10 +96,9 @@ def load_checkpoint(session, path: str | Path) -> RunState:
         template["optimizer"] = optimizer.sharded_state_dict(
             template, is_loading=True, metadata=metadata
         )
-    world_size = torch.distributed.get_world_size()
-    same_world = _saved_world_size(path) == world_size
-    if same_world:
-        template["rng_state"] = state_dicts.rng_sharded(RngState.capture(), world_size)
+    rng_template = state_dicts.rng_template(path)
+    if rng_template is not None:
+        template["rng_state"] = rng_template
     loaded = _load(template, path)
     for i, chunk in enumerate(unwrap_model(model)):
         chunk.load_state_dict(loaded[state_dicts.model_key(i, len(model))])
@@ -105,6 +108,6 @@ def load_checkpoint(session, path: str | Path) -> RunState:
             megatron_fixes.keep_step_out_of_param_state(optimizer):
         optimizer.load_state_dict(loaded["optimizer"])
     megatron_fixes.give_each_param_its_own_step(optimizer)
-    session.scheduler.load_state_dict(loaded["scheduler"])
-    rng = RngState.from_dict(loaded["rng_state"]) if same_world else None
-    return RunState.from_common(loaded["run_state"], rng)
+    session.scheduler.load_state_dict(_scheduler_state(loaded))
+    rng = state_dicts.loaded_rng(loaded["rng_state"]) if rng_template is not None else None
+    return state_dicts.loaded_run_state(loaded, path, rng)

@@ -15,7 +15,8 @@ after every rank has built its model:
   and stated: the schedule and the data continue from the consumed samples, this run's values
   apply from the next step, and a new layout reshards weights and optimizer state.
 
-Checkpoints without `run.json` (written by other tools) are loaded without these checks.
+A step Megatron-LM or Megatron Bridge wrote has no `run.json`; `megatron_lm.py` describes it in
+the same shape from what that tool keeps, and the same checks apply.
 """
 
 from __future__ import annotations
@@ -140,12 +141,31 @@ def _shape_value(name: str, value: Any) -> Any:
     return value
 
 
+def _effective(flat: dict[str, Any], name: str) -> Any:
+    """A shape field as the model builds it: the unset ones that follow from others filled in
+    (Megatron-LM saves them filled, `training/arguments.py` validate_args)."""
+    value = _shape_value(name, flat.get(f"model.{name}"))
+    if value is not None:
+        return value
+    get = flat.get
+    if name == "kv_channels" and get("model.hidden_size") and get("model.num_attention_heads"):
+        return get("model.hidden_size") // get("model.num_attention_heads")
+    if name == "num_query_groups":
+        return get("model.num_attention_heads")
+    if name == "moe_ffn_hidden_size" and get("model.num_moe_experts"):
+        return get("model.ffn_hidden_size")
+    if name == "mamba_num_heads" and get("model.hybrid_layer_pattern") and get(
+            "model.mamba_head_dim"):
+        return 2 * get("model.hidden_size") // get("model.mamba_head_dim")
+    return None
+
+
 def shape_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """`model.X=a` (saved) vs `model.X=b` (this run) for the first shape field that differs."""
+    """`model.X=a` (saved) vs `model.X=b` (this run) for the first shape field that differs
+    (compared as the model builds them: an unset KV width is hidden / heads)."""
     for name in SHAPE_FIELDS:
         key = f"model.{name}"
-        if key in saved and _shape_value(name, saved[key]) != _shape_value(
-                name, current.get(key)):
+        if key in saved and _effective(saved, name) != _effective(current, name):
             return f"it was saved with {key}={saved[key]}, this run has {key}={current.get(key)}"
     return None
 
@@ -164,10 +184,19 @@ def _tokenizer_text(identity: dict[str, Any]) -> str:
             f"{identity.get('files_crc32')})")
 
 
+def _stated(flat: dict[str, Any], key: str) -> Any:
+    """A stated field as the run uses it: unset decay iterations are the training iterations
+    (Megatron-LM saves them filled, `--lr-decay-iters` = `--train-iters`)."""
+    value = flat.get(key)
+    if key == "scheduler.decay_iters" and value is None:
+        return flat.get("train.train_iters")
+    return value
+
+
 def stated_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`field a -> b` for every field a resume may change and this run did."""
     return [f"{key} {saved[key]} -> {current.get(key)}" for key in STATED_FIELDS
-            if key in saved and saved[key] != current.get(key)]
+            if key in saved and _stated(saved, key) != _stated(current, key)]
 
 
 def _current(cfg) -> dict[str, Any]:
@@ -248,21 +277,30 @@ def reshard_problem(cfg, manifest: dict[str, Any]) -> str | None:
             "checkpoint.optimizer_format=fully_reshardable to move between layouts")
 
 
-def resume_notes(cfg, step_dir: Path, manifest: dict[str, Any]) -> list[str]:
-    """What a full resume continues from and what it changes, one line each (printed)."""
-    notes = [f"resuming from {step_dir} (step {manifest['step']}, "
-             f"{manifest['consumed_samples']} samples, {manifest['consumed_tokens']} loss tokens; "
-             f"saved by mcore-recipes {manifest['versions'].get('mcore-recipes')}, torch "
-             f"{manifest['versions'].get('torch')}, megatron-core "
-             f"{manifest['versions'].get('megatron-core')})"]
+def change_notes(cfg, manifest: dict[str, Any], rng: str = "per-rank RNG streams start "
+                 "afresh") -> list[str]:
+    """What a full resume changes, one line each: the stated fields, then the layout (`rng`
+    says what becomes of the RNG streams under the new one)."""
+    notes = []
     changes = stated_changes(flatten(manifest.get("config") or {}), _current(cfg))
     if changes:
         notes.append(f"changed since the save: {', '.join(changes)}; this run's values apply "
                      "from the next step, the schedule and the data continue from sample "
                      f"{manifest['consumed_samples']}")
     saved_layout, layout = manifest.get("layout") or {}, layout_record(cfg.layout)
-    if saved_layout and saved_layout != layout:
-        notes.append(f"layout {layout_text(saved_layout)} ({manifest.get('world_size')} ranks) "
-                     f"-> {layout_text(layout)} ({cfg.layout.world_size} ranks): weights and "
-                     "optimizer state are resharded; per-rank RNG streams start afresh")
+    if any(layout[key] != value for key, value in saved_layout.items()):
+        ranks = manifest.get("world_size")
+        notes.append(f"layout {layout_text(saved_layout)}"
+                     f"{f' ({ranks} ranks)' if ranks else ''} -> {layout_text(layout)} "
+                     f"({cfg.layout.world_size} ranks): weights and optimizer state are "
+                     f"resharded; {rng}")
     return notes
+
+
+def resume_notes(cfg, step_dir: Path, manifest: dict[str, Any]) -> list[str]:
+    """What a full resume continues from and what it changes, one line each (printed)."""
+    return [f"resuming from {step_dir} (step {manifest['step']}, "
+            f"{manifest['consumed_samples']} samples, {manifest['consumed_tokens']} loss tokens; "
+            f"saved by mcore-recipes {manifest['versions'].get('mcore-recipes')}, torch "
+            f"{manifest['versions'].get('torch')}, megatron-core "
+            f"{manifest['versions'].get('megatron-core')})", *change_notes(cfg, manifest)]

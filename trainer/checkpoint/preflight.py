@@ -39,10 +39,17 @@ from recipes.config.path_rules import (
 from recipes.config.schema import RunConfig
 from trainer.checkpoint.format import (
     CHECKPOINT_MARKER,
+    DCP_METADATA,
+    ITER_PREFIX,
     LATEST_FILE,
+    LEGACY_PREFIX,
+    MEGATRON_LM_TRACKER,
+    RELEASE_DIR,
     RUN_CHECKPOINTS,
+    TMP_INFIX,
     complete_steps,
     is_checkpoint,
+    is_release,
     latest_name,
     newest_checkpoint,
     step_of,
@@ -55,26 +62,54 @@ from trainer.checkpoint.manifest import (
     reshard_problem,
     resume_notes,
 )
+from trainer.checkpoint.megatron_lm import (
+    foreign_manifest,
+    foreign_notes,
+    foreign_resume_problem,
+)
 
 CHECKPOINT_EXAMPLE = "runs/<run>/checkpoints"
 
 
+def _tracker_file(root: Path) -> str:
+    """The file that names a root's newest step: ours (`latest`) or Megatron-LM's tracker."""
+    return LATEST_FILE if (root / LATEST_FILE).exists() else MEGATRON_LM_TRACKER
+
+
 def _no_complete_step_message(load: str, root: Path) -> str:
-    """A checkpoint root (a `latest` file or step directories) with no step to resume from."""
+    """A checkpoint root (a `latest` or Megatron-LM tracker file, or step directories) with no
+    step to resume from."""
     fix = "point checkpoint.load at another checkpoint or set checkpoint.load=null"
-    name = latest_name(root)
-    if (root / LATEST_FILE).exists() and not name:
+    name, tracker = latest_name(root), _tracker_file(root)
+    if (root / tracker).exists() and not name:
         what = "names no step ('')" if name == "" else "cannot be read"
-        return f"checkpoint.load={load}: its {LATEST_FILE} file {what}; {fix}"
+        return f"checkpoint.load={load}: its {tracker} file {what}; {fix}"
     if name and not (root / name).is_dir():
-        return (f"checkpoint.load={load}: {LATEST_FILE} names {name}, but {root / name} does not "
+        return (f"checkpoint.load={load}: {tracker} names {name}, but {root / name} does not "
                 f"exist and no other step is complete; {fix}")
     if name:
-        return (f"checkpoint.load={load}: {LATEST_FILE} names {name}, but {root / name} has no "
+        return (f"checkpoint.load={load}: {tracker} names {name}, but {root / name} has no "
                 f"{CHECKPOINT_MARKER} (an unfinished save?) and no other step is complete; {fix}")
     unfinished = [p.name for p in unfinished_saves(root)]
     return (f"checkpoint.load={load} holds no complete checkpoint, only unfinished saves "
             f"({', '.join(unfinished)}); {fix}")
+
+
+def _other_format_message(load: str, path: Path) -> str | None:
+    """A Megatron-LM checkpoint in a format other than torch_dist: which, and how to convert
+    (looked for in `path` and in its steps under Megatron-LM's names)."""
+    steps = [path, *sorted(p for p in path.iterdir() if p.is_dir() and TMP_INFIX not in p.name
+                           and (p.name.startswith(ITER_PREFIX) or p.name == RELEASE_DIR))]
+    if any(p.name.startswith(LEGACY_PREFIX) for step in steps for p in step.iterdir()
+           if p.is_dir()):
+        return (f"checkpoint.load={load} is a Megatron-LM checkpoint in the older torch format "
+                f"({LEGACY_PREFIX}* files); this project loads torch_dist: convert it with "
+                "Megatron-LM's --ckpt-convert-format torch_dist --ckpt-convert-save <dir>")
+    if any((step / DCP_METADATA).is_file() for step in steps):
+        return (f"checkpoint.load={load} is a torch DCP checkpoint without Megatron's "
+                f"{CHECKPOINT_MARKER} (Megatron-LM's torch_dcp or fsdp_dtensor format); this "
+                "project loads torch_dist: save it with --ckpt-format torch_dist")
+    return None
 
 
 def _not_a_checkpoint_message(load: str, path: Path) -> str:
@@ -85,9 +120,9 @@ def _not_a_checkpoint_message(load: str, path: Path) -> str:
             f"checkpoint.load={path / RUN_CHECKPOINTS}"
         )
     return (
-        f"checkpoint.load={load} is not a Megatron checkpoint (no {CHECKPOINT_MARKER} and no "
-        f"{LATEST_FILE} file); point it at a saved checkpoint, e.g. "
-        f"checkpoint.load={CHECKPOINT_EXAMPLE}, or set checkpoint.load=null"
+        f"checkpoint.load={load} is not a Megatron checkpoint (no {CHECKPOINT_MARKER}, no "
+        f"{LATEST_FILE} file and no {MEGATRON_LM_TRACKER}); point it at a saved checkpoint, "
+        f"e.g. checkpoint.load={CHECKPOINT_EXAMPLE}, or set checkpoint.load=null"
     )
 
 
@@ -95,7 +130,11 @@ def _directory_problem(load: str, path: Path) -> str | None:
     """A `checkpoint.load` directory: one checkpoint, or a root with a complete step."""
     if is_checkpoint(path) or newest_checkpoint(path) is not None:
         return None
-    if (path / LATEST_FILE).exists() or unfinished_saves(path):
+    other = _other_format_message(load, path)  # Megatron-LM's tracker is there in any format
+    if other:
+        return other
+    if ((path / LATEST_FILE).exists() or (path / MEGATRON_LM_TRACKER).exists()
+            or unfinished_saves(path)):
         return _no_complete_step_message(load, path)
     return _not_a_checkpoint_message(load, path)
 
@@ -146,7 +185,7 @@ def resumed_step(cfg: RunConfig) -> int:
     step_dir = loaded_step(load)
     if step_dir is None:
         return 0
-    manifest = read_manifest(step_dir)
+    manifest = read_manifest(step_dir) or foreign_manifest(step_dir)
     if manifest is not None and isinstance(manifest.get("step"), int):
         return manifest["step"]
     return step_of(step_dir.name) or 0
@@ -178,9 +217,16 @@ def checkpoint_preflight(cfg: RunConfig) -> list[str]:
     if cfg.dry_run or load is None or check_checkpoint_load_path(cfg) is not None:
         return []
     step_dir = loaded_step(load)
-    manifest = read_manifest(step_dir) if step_dir is not None else None
-    if manifest is None:  # written by another tool: Megatron's own checks apply at load
+    if step_dir is None:
         return []
+    if is_release(step_dir) and not cfg.checkpoint.load_model_only:
+        raise ConfigError(f"checkpoint.load={load} resumes from Megatron-LM's release "
+                          "checkpoint, which holds weights only (no step, optimizer or "
+                          "schedule); start from its weights with checkpoint.load_model_only=true")
+    manifest = read_manifest(step_dir)
+    if manifest is None:
+        foreign = foreign_manifest(step_dir)
+        return [] if foreign is None else foreign_preflight(cfg, load, step_dir, foreign)
     damage = damaged_file(step_dir, manifest, cfg.checkpoint.verify == "checksum")
     if damage:
         raise ConfigError(_damage_message(load, step_dir, damage))
@@ -192,6 +238,25 @@ def checkpoint_preflight(cfg: RunConfig) -> list[str]:
     if reason:
         raise ConfigError(f"checkpoint.load={load} cannot resume in this layout: {reason}")
     return [] if cfg.checkpoint.load_model_only else resume_notes(cfg, step_dir, manifest)
+
+
+def foreign_preflight(cfg: RunConfig, load: str, step_dir: Path,
+                      manifest: dict) -> list[str]:
+    """A step Megatron-LM or Megatron Bridge wrote, checked as one of ours is against what it
+    says about itself (`megatron_lm.foreign_manifest`): a model of another shape or padding is
+    refused; what a full resume continues from and changes is returned, one line each."""
+    writer = manifest["writer"]
+    reason = incompatibility(cfg, manifest)
+    if reason:
+        raise ConfigError(f"checkpoint.load={load} ({writer}'s) does not fit this run's model: "
+                          f"{reason}; use the saved value, or start from another checkpoint")
+    if cfg.checkpoint.load_model_only:
+        return []
+    reason = reshard_problem(cfg, manifest) or foreign_resume_problem(cfg, manifest)
+    if reason:
+        raise ConfigError(f"checkpoint.load={load} ({writer}'s) cannot resume in this run: "
+                          f"{reason}")
+    return foreign_notes(cfg, step_dir, manifest)
 
 
 

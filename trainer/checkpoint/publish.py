@@ -27,9 +27,11 @@ import torch
 from recipes.config.io import config_dict
 from trainer.checkpoint import disk_errors
 from trainer.checkpoint.format import (
+    ITER_PREFIX,
     LATEST_FILE,
     MANIFEST_FILE,
     MANIFEST_FORMAT,
+    MEGATRON_LM_TRACKER,
     TMP_INFIX,
     complete_steps,
     step_name,
@@ -50,11 +52,12 @@ def _shared_token(step: int) -> str:
 
 
 class PendingSave:
-    """One save: where it is written (`.tmp-<token>`, one token for all ranks) and published."""
+    """One save: where it is written (`.tmp-<token>`, one token for all ranks) and published
+    (`layout`: `checkpoint.format`, whose step names it takes)."""
 
-    def __init__(self, root: Path, state: RunState):
+    def __init__(self, root: Path, state: RunState, layout: str = ""):
         self.root, self.state = root, state
-        self.final = root / step_name(state.step)
+        self.final = root / step_name(state.step, layout)
         self.tmp = root / f"{self.final.name}{TMP_INFIX}{_shared_token(state.step)}"
 
 
@@ -130,15 +133,24 @@ def _rename_into_place(tmp: Path, final: Path) -> None:
         tmp.rename(final)
 
 
-def _point_latest(final: Path) -> None:
-    """Rank 0, last: `latest` names the new step (written aside, then renamed over)."""
-    root = final.parent
-    marker = root / f"{LATEST_FILE}{TMP_INFIX}{os.getpid()}"
-    with open(marker, "w", encoding="utf-8") as f:
-        f.write(final.name)
+def _replace_file(path: Path, text: str) -> None:
+    """`path` holds `text`, written aside and renamed over (never half written)."""
+    aside = path.parent / f"{path.name}{TMP_INFIX}{os.getpid()}"
+    with open(aside, "w", encoding="utf-8") as f:
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    marker.replace(root / LATEST_FILE)
+    aside.replace(path)
+
+
+def _point_latest(final: Path) -> None:
+    """Rank 0, last: `latest` names the new step (written aside, then renamed over); a step in
+    Megatron-LM's layout is also named by its tracker, as Megatron-LM writes it (the iteration,
+    `training/checkpointing.py:1005-1012`), so its `--load` finds the step."""
+    root = final.parent
+    _replace_file(root / LATEST_FILE, final.name)
+    if final.name.startswith(ITER_PREFIX):
+        _replace_file(root / MEGATRON_LM_TRACKER, str(step_of(final.name)))
     _fsync_dir(root)
 
 

@@ -47,7 +47,7 @@ def save_checkpoint(session, directory: str | Path) -> Path:
     if session.cfg.checkpoint.async_save:
         async_save.finish_saves(session, blocking=True)  # one save in flight at a time
     state: RunState = session.capture_state()
-    save = PendingSave(Path(directory), state)
+    save = PendingSave(Path(directory), state, session.cfg.checkpoint.format)
     writes = ((lambda: async_save.start_async_write(session, save))
               if session.cfg.checkpoint.async_save
               else (lambda: _write_sharded(session, state, save.tmp)))

@@ -1,11 +1,15 @@
-"""Megatron-LM's own loop (`megatron.training.pretrain`) on CPU, for the parity check.
+"""Megatron-LM's own loop (`megatron.training.pretrain`) on CPU, for the parity check and the
+checkpoint moves between Megatron-LM and this trainer.
 
 The parity check (`trainer/tools/megatron_parity.py`) trains the same steps through Megatron-LM's
 loop beside ours; on a CPU rank the CPU runtime makes Megatron Core run, and three places of
-`megatron.training` still insist on a GPU or a build tree. Each is a named patch of the one
-table (`trainer/megatron_patches.py`), applied while `megatron_lm_on_cpu()` is active;
-`skip=` leaves any out, which is how `tests/unit/test_megatron_lm_on_cpu.py` shows each is
-needed.
+`megatron.training` still insist on a GPU or a build tree. A fourth is Megatron Core's own:
+without Transformer Engine's or Apex's fused Adam (on CPU) the distributed optimizer's load path
+fails or drifts, which this trainer's load works around (`trainer/checkpoint/megatron_fixes.py`);
+Megatron-LM's `load_checkpoint` gets the same fixes. Each is a named patch of the one table
+(`trainer/megatron_patches.py`), applied while `megatron_lm_on_cpu()` is active; `skip=` leaves
+any out, which is how `tests/unit/test_megatron_lm_on_cpu.py` shows the first three are needed
+(the fourth: tests/dist/test_megatron_lm_checkpoints.py).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 from trainer.patch import Patch
 
 _SELF_TEST = "tests/unit/test_megatron_lm_on_cpu.py"
+_LOAD_SELF_TEST = "tests/dist/test_megatron_lm_checkpoints.py"
 MEGATRON_LM_PATCHES: tuple[Patch, ...] = (
     Patch("megatron_lm_device_arch", "megatron.training.arguments.get_device_arch_version, "
           "asked under TP or CP (training/arguments.py:1413-1414)",
@@ -32,6 +37,14 @@ MEGATRON_LM_PATCHES: tuple[Patch, ...] = (
           "by rank 0 (training/initialize.py:176-178)", "the wheel ships the dataset helpers "
           "compiled (helpers_cpp) but not their Makefile, so `make` fails and the rank exits; "
           "importing the compiled module is what compiling would give", _SELF_TEST),
+    Patch("megatron_lm_distributed_optimizer_load", "megatron.training.training.load_checkpoint "
+          "(training/training.py:2199) on the distributed optimizer's torch-Adam branch "
+          "(optimizer/distrib_optimizer.py:20-35): `assert len(steps) == 1` (:839) for a fresh "
+          "optimizer, the per-parameter copy's missing `step` (:1193-1225), one shared step "
+          "(:1028-1032)", "Megatron-LM cannot resume a distributed-optimizer checkpoint on CPU "
+          "otherwise; the load gets this trainer's own load-path fixes (create_state_if_missing, "
+          "load_without_grad, keep_step_out_of_param_state, give_each_param_its_own_step)",
+          _LOAD_SELF_TEST),
 )
 PATCH_NAMES = tuple(patch.name for patch in MEGATRON_LM_PATCHES)
 
@@ -42,6 +55,36 @@ def _device_arch_of_a_cpu() -> int:
 
 def _helpers_are_compiled() -> None:
     import megatron.core.datasets.helpers_cpp  # noqa: F401
+
+
+def _load_with_fixes(load):
+    """Megatron-LM's `load_checkpoint` with the distributed optimizer's load-path fixes, as this
+    trainer's load applies them (`trainer/checkpoint/load.py`): state to describe before the
+    template, no grad and the parameter's own step while the state is copied in, then one step
+    tensor per parameter."""
+    from megatron.training import get_args
+    from megatron.training.checkpointing import checkpoint_exists
+
+    from trainer.checkpoint import megatron_fixes
+
+    def load_checkpoint(model, optimizer, *args, **kwargs):
+        if optimizer is None or not checkpoint_exists(get_args().load):
+            return load(model, optimizer, *args, **kwargs)
+        megatron_fixes.create_state_if_missing(optimizer)
+        own = optimizer.load_state_dict
+
+        def load_state_dict(state):
+            with megatron_fixes.load_without_grad(), \
+                    megatron_fixes.keep_step_out_of_param_state(optimizer):
+                own(state)
+            megatron_fixes.give_each_param_its_own_step(optimizer)
+
+        optimizer.load_state_dict = load_state_dict
+        try:
+            return load(model, optimizer, *args, **kwargs)
+        finally:
+            del optimizer.load_state_dict
+    return load_checkpoint
 
 
 @contextlib.contextmanager
@@ -55,8 +98,10 @@ def megatron_lm_on_cpu(skip: frozenset[str] = frozenset()) -> Iterator[None]:
     unknown = set(skip) - set(PATCH_NAMES)
     if unknown:
         raise ValueError(f"unknown Megatron-LM patches {sorted(unknown)}; known: {PATCH_NAMES}")
+    from megatron.core.optimizer import distrib_optimizer
+
     saved = (arguments.get_device_arch_version, training.initialize_megatron,
-             dataset_utils.compile_helpers)
+             dataset_utils.compile_helpers, training.load_checkpoint)
     count = torch.cuda.device_count
     initialize = training.initialize_megatron
 
@@ -73,8 +118,11 @@ def megatron_lm_on_cpu(skip: frozenset[str] = frozenset()) -> Iterator[None]:
         training.initialize_megatron = initialize_megatron
     if "megatron_lm_compiled_helpers" not in skip:
         dataset_utils.compile_helpers = _helpers_are_compiled
+    if ("megatron_lm_distributed_optimizer_load" not in skip
+            and not distrib_optimizer.HAVE_APEX_OR_TE):
+        training.load_checkpoint = _load_with_fixes(training.load_checkpoint)
     try:
         yield
     finally:
         (arguments.get_device_arch_version, training.initialize_megatron,
-         dataset_utils.compile_helpers) = saved
+         dataset_utils.compile_helpers, training.load_checkpoint) = saved

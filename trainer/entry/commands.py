@@ -90,6 +90,16 @@ def megatron_parity_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
     return 0 if report.bit_identical else 1
 
 
+def check_parity_recipe(args: Arguments) -> None:
+    """What the parity check cannot compare is refused before any rank starts (torch-free)."""
+    from recipes.resolve import resolve_config
+    from trainer.tools.parity_scope import unsupported
+
+    problem = unsupported(resolve_config(list(args.rest)))
+    if problem:
+        raise ConfigError(problem)
+
+
 def check_resume_options(args: Arguments) -> None:
     """The resume check saves inside the run it compares with."""
     if args["save_at"] >= args["steps"]:
@@ -134,9 +144,9 @@ def pretrain(args: Arguments) -> int:
 PRETRAIN = Command(
     script="pretrain.py", run=pretrain, rest=CONFIG_REST, takes_recipe=True,
     options={"print": Option(None, "megatron_args: print the Megatron-LM pretrain_gpt.py "
-                             "command line training the same thing, and start nothing (a "
-                             "hybrid's layer pattern and Mamba fields are listed as having "
-                             "no pretrain_gpt.py flag)",
+                             "command line training the same thing (pretrain_hybrid.py for a "
+                             "hybrid, with its layer pattern, Mamba sizes and MoE routing), "
+                             "and start nothing",
                              type=Literal["megatron_args"] | None)})
 
 BENCH_STEP = Command(
@@ -152,7 +162,8 @@ VALIDATE_RESUME = Command(
                                check=positive)})
 
 CHECK_MEGATRON_PARITY = Command(
-    script="check_megatron_parity.py", run=Training(megatron_parity_rank), rest=CONFIG_REST,
+    script="check_megatron_parity.py", run=Training(megatron_parity_rank,
+                                                    check=check_parity_recipe), rest=CONFIG_REST,
     takes_recipe=True,
     options={"steps": Option(20, "steps of each run", check=positive)})
 
@@ -226,8 +237,9 @@ PLAN = Command(
                          type=int | None, check=positive),
         "verify": Option(False, "also build every distinct shard on the meta device and "
                          "compare", type=bool),
-        "megatron_args": Option(None, "a file of Megatron-LM pretrain_gpt.py arguments to plan "
-                                "instead of a recipe (read by Megatron-LM's own parser)",
+        "megatron_args": Option(None, "a file of Megatron-LM pretrain_gpt.py or "
+                                "pretrain_hybrid.py arguments to plan instead of a recipe (read "
+                                "by Megatron-LM's own parser)",
                                 type=str | None),
         "search": Option(False, "search every accepted layout of the model on the cluster and "
                          "rank those that fit by modeled step time", type=bool),

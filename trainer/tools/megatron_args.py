@@ -1,11 +1,13 @@
-"""Read a Megatron-LM `pretrain_gpt.py` argument list into a run config, through Megatron-LM's
-own argument parser (`megatron/training/arguments.py:45`, `add_megatron_arguments`, in the
-wheel) and the one flag table (`recipes/config/megatron_args.py`).
+"""Read a Megatron-LM `pretrain_gpt.py` / `pretrain_hybrid.py` argument list into a run config,
+through Megatron-LM's own argument parser (`megatron/training/arguments.py:45`,
+`add_megatron_arguments`, in the wheel) and the one flag table
+(`recipes/config/megatron_args.py`).
 
 Every flag typed is accounted for: carried into the config; named as not carried when it only
 says where things are or how a run reports (paths, loggers, fusions: `ENVIRONMENT_DESTS`); or,
 when it changes what is trained and the project has no field for it, refused with one line per
-flag. A flag Megatron-LM does not know is refused the same way. The world size is not a
+flag. A flag Megatron-LM does not know, or a choice the project has no value for (a router
+score function it does not train), is refused the same way. The world size is not a
 Megatron-LM flag: `cluster.nodes` / `cluster.gpus_per_node` overrides give it (default: one
 node of TP x PP x CP ranks, one replica).
 """
@@ -15,8 +17,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import functools
 import shlex
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from typing import Any
 from plugins.protocol.errors import ConfigError
 from recipes.config.megatron_args import (
     ENVIRONMENT_DESTS,
+    FLAGS,
     carried_dests,
     from_megatron_values,
     missing_always_on,
@@ -31,12 +34,12 @@ from recipes.config.megatron_args import (
 from recipes.config.schema import ClusterConfig, RunConfig
 
 
-@functools.cache
 def megatron_parser() -> argparse.ArgumentParser:
-    """Megatron-LM's parser, built once (its 800 arguments take seconds to add)."""
-    from megatron.training.arguments import add_megatron_arguments
+    """Megatron-LM's parser, built once (its 800 arguments take seconds to add); the one the
+    trainer writes a checkpoint's Megatron-LM `args` with."""
+    from trainer.mcore_translation import megatron_lm_parser
 
-    return add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False, add_help=False))
+    return megatron_lm_parser()
 
 
 def read_argument_file(path: str) -> list[str]:
@@ -78,14 +81,46 @@ def _unknown_lines(parser: argparse.ArgumentParser, unknown: list[str]) -> list[
     return lines
 
 
+def _choices(section: Any, name: str) -> tuple | None:
+    """The values a `Literal` field of the schema allows (None: not a Literal field)."""
+    hint = typing.get_type_hints(type(section)).get(name)
+    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
+
+
+def _unexpressible_values(cfg: RunConfig, fields: dict[str, Any]) -> list[str]:
+    """One line per Megatron-LM choice the project's field has no value for (e.g.
+    `--moe-router-score-function sqrtsoftplus`)."""
+    flags = {f.field: f.flag for f in FLAGS}
+    lines = []
+    for dotted, value in fields.items():
+        name = dotted.rsplit(".", 1)[1]
+        value = _single(value)
+        choices = _choices(_section_of(cfg, dotted), name)
+        if choices and value is not None and value not in choices:
+            flag = flags.get(dotted, dotted)
+            lines.append(f"{flag} {value} is not one the project trains ({dotted} is one of "
+                         f"{', '.join(map(str, choices))}); use one of those or remove the flag")
+    return lines
+
+
+def _section_of(cfg: RunConfig, dotted: str) -> Any:
+    """The config section a dotted field lives in ('section.name' or 'plugins.<plugin>.name')."""
+    target = cfg
+    for section in dotted.split(".")[:-1]:
+        target = getattr(target, section)
+    return target
+
+
+def _single(value: Any) -> Any:
+    """Megatron-LM parses a few flags as lists (`--moe-router-load-balancing-type`): one value."""
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+
 def _apply(cfg: RunConfig, fields: dict[str, Any]) -> None:
     for dotted, value in fields.items():
-        *sections, name = dotted.split(".")  # 'section.name' or 'plugins.<plugin>.name'
-        target = cfg
-        for section in sections:
-            target = getattr(target, section)
-        if isinstance(value, list) and len(value) == 1:
-            value = value[0]
+        target = _section_of(cfg, dotted)
+        name = dotted.rsplit(".", 1)[1]
+        value = _single(value)
         current = getattr(target, name)
         if value is None and current is not None:
             continue  # Megatron-LM's "unset": the project's default stands
@@ -125,7 +160,11 @@ def config_from_megatron_args(argv: Sequence[str], cluster: ClusterConfig | None
     notes += missing_always_on(set(given))
     values = {**vars(namespace), "__given__": frozenset(given)}
     cfg = RunConfig(name="megatron_args")
-    _apply(cfg, from_megatron_values(values))
+    fields = from_megatron_values(values)
+    problems = _unexpressible_values(cfg, fields)
+    if problems:
+        raise ConfigError("\nerror: ".join(problems))
+    _apply(cfg, fields)
     p = cfg.parallel
     cfg.cluster = cluster or ClusterConfig(nodes=1,
                                            gpus_per_node=p.tensor * p.pipeline * p.context)

@@ -3,11 +3,11 @@
 `scripts/check_megatron_parity.py` runs this on every rank. First this trainer: `steps` steps of
 the recipe, recording per step the loss, grad norm and learning rate, the micro-batches each
 rank trained on, and the weights before the first step and after the last. Then Megatron-LM:
-`megatron.training.pretrain` from the wheel, driven as its `pretrain_gpt.py` drives it
-(`parse_and_validate_args` over the recipe's Megatron-LM command line,
-`recipes/config/megatron_args.py`, then `gpt_config_from_args`,
-`pretrain_cfg_container_from_args`, `pretrain`), with three things of ours plugged into the
-places Megatron-LM leaves to the caller:
+`megatron.training.pretrain` from the wheel, driven as its `pretrain_gpt.py` (a hybrid model:
+`pretrain_hybrid.py`) drives it (`parse_and_validate_args` over the recipe's Megatron-LM
+command line, `recipes/config/megatron_args.py`, then `gpt_config_from_args` or
+`hybrid_config_from_args`, `pretrain_cfg_container_from_args`, `pretrain`), with three things
+of ours plugged into the places Megatron-LM leaves to the caller:
 - the initial weights: a `pre_wrap_hooks` entry of the model config
   (`megatron/training/models/base.py:72`) copies ours into the model before DDP and the
   optimizer see it;
@@ -15,13 +15,20 @@ places Megatron-LM leaves to the caller:
   this rank, the sample this rank trained on at that position, so each DP rank gets the same
   micro-batches in the same order;
 - `forward_step`, `loss_func` and `get_batch`: those of `pretrain_gpt.py` (core_v0.19.0), which
-  the wheel does not ship, without its SFT, packed-sequence and ModelOpt branches.
+  the wheel does not ship, without its SFT, packed-sequence and ModelOpt branches
+  (`pretrain_hybrid.py`'s are the same for plain batches).
+
+A hybrid's stack spec is this project's (`trainer/models/hybrid/spec.py`): on CPU Megatron-LM's
+own is Transformer Engine's, and Megatron-LM has no flag for the Mamba mixer's conv width and
+chunk size, which the spec passes as the mixer's params, so both runs build the same mixer.
 
 Settings where the two differ on purpose are listed in `ALIGNMENTS`: the check adds the flag
 that aligns each one and prints the list. On CPU the CPU runtime runs Megatron-LM as it runs
-this trainer, with the three patches of `megatron.training` that `megatron_lm_on_cpu` applies
+this trainer, with the patches of `megatron.training` that `megatron_lm_on_cpu` applies
 (`trainer/cpu_runtime/megatron_lm.py`: the device's architecture, `initialize_megatron` without
-CUDA seeing one device, the compiled dataset helpers).
+CUDA seeing one device, the compiled dataset helpers, and for a `--load` the distributed
+optimizer's load-path fixes). `train_megatron_lm` takes more Megatron-LM flags (`--save`,
+`--load`), which is how tests/dist/test_megatron_lm_checkpoints.py moves runs between the two.
 """
 
 from __future__ import annotations
@@ -31,15 +38,17 @@ import dataclasses
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from recipes.config.megatron_args import to_megatron_args
+from recipes.config.megatron_args import script_name, to_megatron_args
 from recipes.config.schema import RunConfig
 from trainer.cpu_runtime.megatron_lm import megatron_lm_on_cpu
+from trainer.tools.parity_scope import unsupported
 
 
 @dataclass(frozen=True)
@@ -231,23 +240,55 @@ def _copy_weights(source: list[dict[str, torch.Tensor]], record: RunRecord):
     return hook
 
 
+def _cpu_plugins(cfg: RunConfig):
+    from plugins.registry import build_plugins
+    from trainer.cpu_runtime.runtime import runtime_for
+
+    plugins = build_plugins(cfg)
+    plugins.setup_runtime(runtime_for(cfg.cluster))
+    return plugins
+
+
 def _cpu_layer_spec(cfg: RunConfig):
     """Megatron-LM's default layer spec with the CPU runtime's and the plugins' adaptations, as
     this trainer applies them (`trainer.model.adapted_spec`): SP-capable norms, the packed
     attention."""
     from megatron.training.models.gpt import default_layer_spec
 
-    from plugins.registry import build_plugins
-    from trainer.cpu_runtime.runtime import runtime_for
     from trainer.model import adapted_spec
 
-    plugins = build_plugins(cfg)
-    plugins.setup_runtime(runtime_for(cfg.cluster))
+    plugins = _cpu_plugins(cfg)
 
     def spec(model_config, vp_stage=None):
         return adapted_spec(default_layer_spec(model_config, vp_stage),
                             model_config.transformer, plugins)
     return spec
+
+
+def _hybrid_stack_spec(cfg: RunConfig, transformer):
+    """This project's hybrid stack spec, adapted as this trainer adapts it: on CPU its local
+    layers (Megatron-LM's default is Transformer Engine's), on GPUs Megatron's own spec; both
+    with the recipe's mixer conv width and chunk size, which Megatron-LM has no flag for."""
+    from trainer.model import adapted_spec, transformer_engine_in_use
+    from trainer.models.hybrid.spec import hybrid_stack_spec
+
+    spec = hybrid_stack_spec(cfg, transformer_engine=transformer_engine_in_use(cfg))
+    return adapted_spec(spec, transformer, _cpu_plugins(cfg))
+
+
+def _model_config(cfg: RunConfig, args):
+    """Megatron-LM's model config as its entry script makes it, with the spec this check
+    gives it (a GPT's adapted to CPU ranks; a hybrid's always this project's)."""
+    from megatron.training.argument_utils import gpt_config_from_args, hybrid_config_from_args
+
+    if cfg.model.is_hybrid:
+        model_cfg = hybrid_config_from_args(args)
+        model_cfg.hybrid_stack_spec = _hybrid_stack_spec(cfg, model_cfg.transformer)
+        return model_cfg
+    model_cfg = gpt_config_from_args(args)
+    if not torch.cuda.is_available():
+        model_cfg.transformer_layer_spec = _cpu_layer_spec(cfg)
+    return model_cfg
 
 
 @contextlib.contextmanager
@@ -273,30 +314,41 @@ def _recording_steps(record: RunRecord):
         training.train_step = original
 
 
-def train_megatron_lm(cfg: RunConfig, steps: int, ours: RunRecord, batches: list
+def _forget_megatron_lm() -> None:
+    """What Megatron-LM's loop leaves set in this process, cleared for a later run in it."""
+    from megatron.core import mpu
+    from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
+    from megatron.core.rerun_state_machine import destroy_rerun_state_machine
+    from megatron.training.global_vars import destroy_global_vars
+
+    mpu.destroy_model_parallel()
+    destroy_global_vars()
+    destroy_num_microbatches_calculator()
+    destroy_rerun_state_machine()
+
+
+def train_megatron_lm(cfg: RunConfig, steps: int, ours: RunRecord, batches: list,
+                      extra: Sequence[str] = (), skip: frozenset[str] = frozenset()
                       ) -> RunRecord:
-    """Megatron-LM's run of the same steps from our initial weights on our batches."""
+    """Megatron-LM's run of the same steps from our initial weights on our batches (`extra`:
+    more Megatron-LM flags, e.g. `--save DIR` or `--load DIR`; a run that loads a checkpoint
+    starts at its step and records the steps after it; `skip`: patches of
+    `megatron_lm_on_cpu` left out)."""
     from megatron.core import mpu
     from megatron.core.enums import ModelType
     from megatron.training import pretrain
-    from megatron.training.argument_utils import (
-        gpt_config_from_args,
-        pretrain_cfg_container_from_args,
-    )
+    from megatron.training.argument_utils import pretrain_cfg_container_from_args
     from megatron.training.arguments import parse_and_validate_args
-    from megatron.training.global_vars import destroy_global_vars
 
     record, models = RunRecord(), []
-    argv, sys.argv = sys.argv, ["pretrain_gpt.py", *parity_arguments(cfg, steps)]
+    argv, sys.argv = sys.argv, [script_name(cfg), *parity_arguments(cfg, steps), *extra]
     os.environ.setdefault("LOCAL_RANK", "0")
     try:
-        with megatron_lm_on_cpu():
+        with megatron_lm_on_cpu(skip):
             args = parse_and_validate_args()
     finally:
         sys.argv = argv
-    model_cfg = gpt_config_from_args(args)
-    if not torch.cuda.is_available():
-        model_cfg.transformer_layer_spec = _cpu_layer_spec(cfg)
+    model_cfg = _model_config(cfg, args)
     model_cfg.pre_wrap_hooks.append(_copy_weights(ours.initial, record))
     model_cfg.post_wrap_hooks.append(lambda model: models.extend(model) or model)
     container = pretrain_cfg_container_from_args(args, model_cfg)
@@ -308,15 +360,17 @@ def train_megatron_lm(cfg: RunConfig, steps: int, ours: RunRecord, batches: list
                                rank), None, None
 
     datasets.is_distributed = True
-    with megatron_lm_on_cpu(), _recording_steps(record):
-        try:
-            pretrain(container, datasets, ModelType.encoder_or_decoder, _forward_step)
-        except SystemExit as stop:  # --exit-interval leaves through sys.exit (training.py:4155)
-            if stop.code not in (0, None):
-                raise RuntimeError(f"Megatron-LM's loop exited with code {stop.code}") from None
-    record.final = weights(models)
-    mpu.destroy_model_parallel()
-    destroy_global_vars()
+    try:
+        with megatron_lm_on_cpu(skip), _recording_steps(record):
+            try:
+                pretrain(container, datasets, ModelType.encoder_or_decoder, _forward_step)
+            except SystemExit as stop:  # --exit-interval leaves by sys.exit (training.py:4155)
+                if stop.code not in (0, None):
+                    raise RuntimeError(f"Megatron-LM's loop exited with code {stop.code}"
+                                       ) from None
+        record.final = weights(models)
+    finally:
+        _forget_megatron_lm()
     return record
 
 
@@ -355,6 +409,7 @@ class ParityReport:
     final_tensors_differ: int
     initial_max_diff: float  # Megatron-LM's own initialisation against ours (then replaced)
     arguments: list[str]
+    mixer: str = ""  # a hybrid's mixer settings given through the spec ("" for GPT)
 
     @property
     def loss_max_diff(self) -> float:
@@ -389,21 +444,6 @@ def compare(ours: RunRecord, theirs: RunRecord, arguments: list[str]) -> ParityR
     return ParityReport(rows, final, int(differ_t.item()), initial, arguments)
 
 
-def unsupported(cfg: RunConfig) -> str | None:
-    """What the check cannot compare, as one line (None: it can): its `get_batch` is
-    pretrain_gpt.py's for plain GPT batches, and Megatron-LM's GPT builder builds GPTModel."""
-    if cfg.model.is_hybrid:
-        return (f"check_megatron_parity compares GPT recipes; {cfg.name} is a hybrid model "
-                "(pretrain_mamba.py's loop is not compared); pick a GPT or MoE recipe")
-    if cfg.data.documents != "concatenate":
-        return (f"check_megatron_parity feeds plain batches; data.documents="
-                f"{cfg.data.documents} makes packed ones; set data.documents=concatenate")
-    if cfg.phases or cfg.train.rampup_batch_size:
-        return ("check_megatron_parity runs one phase at one batch size; drop phases and "
-                "train.rampup_batch_size")
-    return None
-
-
 def run_parity_check(cfg: RunConfig, run_dir: Path, steps: int) -> ParityReport:
     from plugins.protocol.errors import ConfigError
 
@@ -414,7 +454,11 @@ def run_parity_check(cfg: RunConfig, run_dir: Path, steps: int) -> ParityReport:
         cfg, checkpoint=dataclasses.replace(cfg.checkpoint, save=False, load=None, resume=False))
     ours, batches = train_ours(cfg, run_dir, steps)
     theirs = train_megatron_lm(cfg, steps, ours, batches)
-    return compare(ours, theirs, parity_arguments(cfg, steps))
+    report = compare(ours, theirs, parity_arguments(cfg, steps))
+    if cfg.model.is_hybrid:
+        report.mixer = (f"conv width {cfg.model.mamba_conv_kernel} and chunk size "
+                        f"{cfg.model.mamba_chunk_size}")
+    return report
 
 
 def format_report(name: str, report: ParityReport) -> str:
@@ -428,6 +472,10 @@ def format_report(name: str, report: ParityReport) -> str:
     if not torch.cuda.is_available():
         lines.append("  layers: ours are Megatron Core's local layers on CPU; Megatron-LM gets "
                      "--transformer-impl local and its fusions off")
+    if report.mixer:
+        lines.append(f"  hybrid stack spec: this project's, given to Megatron-LM's "
+                     f"HybridModelConfig (the Mamba mixer's {report.mixer}, which Megatron-LM "
+                     "has no flag for)")
     lines.append(f"Megatron-LM arguments: {' '.join(report.arguments)}")
     lines.append(f"Megatron-LM's own initial weights vs ours (before ours are loaded): max "
                  f"|difference| {report.initial_max_diff:.3g}")
