@@ -307,6 +307,11 @@ class CheckpointConfig:
     # asynchronously): the step pays only for the state's copy; `latest` moves steps later,
     # once every rank's files are complete. Needs checkpoint.save=true.
     async_save: bool = False
+    # When the run is stopped (Ctrl-C, SIGTERM: scancel, a requeue, the time limit), save and
+    # publish a checkpoint of the last step finished before every rank ends; with it, SIGTERM
+    # too waits for the step boundary (Ctrl-C always does). torch's launcher gives the ranks
+    # TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (30) after the signal, Slurm KillWait.
+    save_on_stop: bool = False
 
 
 @dataclass(kw_only=True)
