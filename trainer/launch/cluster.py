@@ -7,10 +7,15 @@ node of the allocation (`$head_node_ip`, found by `scontrol show hostnames`, nev
 here) and `sbatch --requeue`; `nemo_run.LocalExecutor` runs torchrun on this machine. Each
 torchrun starts `scripts/pretrain.py` ranks, which run as the ranks torchrun gave them.
 
-What is checked here, before anything is submitted: the recipe and overrides (as pretrain.py
-resolves them), the cluster file (`recipes/plan/cluster.py`), that the recipe's ranks fill
-whole nodes of the cluster and that the cluster has that many nodes. nemo_run is imported only
-inside functions: the rest of the project works without the `launch` extra.
+What is checked here, before anything is submitted, every mistake said in one line of its own:
+the recipe and overrides (as pretrain.py resolves them), the cluster file
+(`recipes/plan/cluster.py`, with the site settings a launch takes from it: account, partition,
+time, container image and mounts), that the recipe's ranks fill whole nodes of the cluster and
+that the cluster has that many nodes, and the paths (a dry run leaves those this machine does
+not have to the job's first step, `pretrain.py check=paths`, which every job runs on the
+cluster before its ranks start). In a container the job runs the image's Python with what the
+run needs mounted (`job_paths.py`). nemo_run is imported only inside functions: the rest of
+the project works without the `launch` extra.
 
 What a Slurm job fixes at launch, because `scontrol requeue` reruns the same script with the
 same arguments: the run directory (on shared storage, `<job_dir>/runs/<recipe>-<UTC time>`)
