@@ -57,14 +57,18 @@ def _prepare(entry: dict[str, Any], cfg: RunConfig, blend_path: str) -> None:
     print_summary(prepare(settings))
 
 
-def prepare_missing_data(cfg: RunConfig) -> None:
-    """Run the `prepare:` entries of the run's blend and of every phase's blend whose
-    manifest does not exist yet."""
+def pending_preparations(cfg: RunConfig) -> list[tuple[str, dict[str, Any]]]:
+    """(blend, entry) for each `prepare:` entry of the run's blend and of every phase's blend
+    whose manifest does not exist yet."""
     if cfg.data.source != "blend":
-        return
+        return []
     blends = [cfg.data.blend, *(phase.blend for phase in cfg.phases)]
-    for blend in dict.fromkeys(b for b in blends if b is not None):
-        for entry in _entries(blend):
-            output = entry.get("output")
-            if output is None or not Path(f"{output}.json").exists():
-                _prepare(entry, cfg, blend)
+    return [(blend, entry) for blend in dict.fromkeys(b for b in blends if b is not None)
+            for entry in _entries(blend)
+            if entry.get("output") is None or not Path(f"{entry['output']}.json").exists()]
+
+
+def prepare_missing_data(cfg: RunConfig) -> None:
+    """Run the `prepare:` entries whose manifest does not exist yet (`pending_preparations`)."""
+    for blend, entry in pending_preparations(cfg):
+        _prepare(entry, cfg, blend)

@@ -61,14 +61,15 @@ def resolve_config(argv: Sequence[str], *, rules: Sequence[Rule] = ()) -> RunCon
     """Build, override and validate the configuration the command line describes.
 
     Raises `ListRecipesRequested` for `recipe=list`, and `ConfigError` (one line, with the fix)
-    for any mistake. `rules` are checked after the core and plugin rules (the trainer's own,
+    for a mistake, `ConfigErrors` for several (every bad override, else every broken rule).
+    `rules` are checked after the core and plugin rules (the trainer's own,
     `trainer.throughput.RUN_RULES`). Reads no files beyond the config itself: the paths the
     config names (output, checkpoint, blend files) and `checkpoint.resume` are the trainer's
     `validate_paths` (trainer/checkpoint/preflight.py), run after data a blend says how to
     prepare is made. Does not check the machine; see `recipes.config.machine`.
     """
     cfg = build_config(argv)
-    validate(cfg, rules)
+    validate(cfg, rules, every=True)  # every broken rule, one line each
     return cfg
 
 

@@ -6,7 +6,9 @@ Per step: `train_step` -> skipped-update count (fp16 overflow) -> non-finite che
 attaches through the session's `PluginSet`. With `checkpoint.async_save` every step ends by
 publishing the background saves that every rank has finished writing, and the run does not end
 (at its last step, or on SIGTERM: scancel, a requeue, torchrun stopping the ranks) before its
-saves are published.
+saves are published. Ctrl-C (and SIGTERM with `checkpoint.save_on_stop`) stops every rank
+together after the step in progress, saving it first when `checkpoint.save_on_stop` asks; the
+stop is recorded in metrics.jsonl, from which the launching process says it in one line.
 """
 
 from __future__ import annotations
@@ -137,51 +139,81 @@ def announce_phase(session: TrainingSession, reporter: RunReporter) -> None:
 
 
 class StopRequest:
-    """SIGTERM while saves may be in flight: noted by the handler, acted on by every rank
-    together at the next step boundary (a rank inside a collective cannot stop alone)."""
+    """A stop signal (Ctrl-C's SIGINT; SIGTERM with `checkpoint.save_on_stop` or asynchronous
+    saves) noted by the handler and acted on by every rank together at the next step boundary:
+    a rank inside a collective cannot stop alone. The same signal again stops this rank at
+    once (a rank stuck in a collective)."""
 
     def __init__(self):
-        self.signalled = False
+        self.signum: int = 0
 
     def note(self, signum, frame) -> None:
-        self.signalled = True
+        if self.signum == signum:  # asked twice: at once, as the signal would
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        self.signum = self.signum or signum
 
-    def agreed(self) -> bool:
-        """Whether any rank was signalled (a collective: every rank calls it each step)."""
-        flag = torch.tensor([int(self.signalled)])
+    def agreed(self) -> int:
+        """The signal any rank noted (0: none); a collective every rank calls each step."""
+        from trainer.device import compute_device
+
+        flag = torch.tensor([self.signum], device=compute_device())
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())
+        return int(flag.item())
+
+
+def stop_signals(cfg) -> tuple[int, ...]:
+    """The signals a run stops at a step boundary for: Ctrl-C always (a person stopping a run
+    wants its steps kept whole); SIGTERM when a checkpoint is to be saved or published on the
+    way out, else it ends the ranks at once as before (torchrun's way of stopping a node whose
+    ranks failed: a rank stuck in a collective would not reach the boundary)."""
+    term = cfg.checkpoint.save_on_stop or cfg.checkpoint.async_save
+    return (signal.SIGINT, signal.SIGTERM) if term else (signal.SIGINT,)
 
 
 @contextlib.contextmanager
-def saves_published_before_exit(session: TrainingSession):
-    """With `checkpoint.async_save`: SIGTERM becomes a `StopRequest` for the loop; on the way
-    out the pending saves are published and the signal then ends the process as it would have.
-    Yields None when saves are synchronous (nothing to publish late; SIGTERM acts at once)."""
-    if not session.cfg.checkpoint.async_save:
-        yield None
-        return
+def stops_between_steps(session: TrainingSession):
+    """The stop signals become a `StopRequest` for the loop; on the way out the pending saves
+    are published and the signal then ends the process as it would have (its launcher says
+    the one line)."""
     request = StopRequest()
-    previous = signal.signal(signal.SIGTERM, request.note)
+    signals = stop_signals(session.cfg)
+    previous = {signum: signal.signal(signum, request.note) for signum in signals}
     try:
         yield request
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    if request.signalled:
-        os.kill(os.getpid(), signal.SIGTERM)  # the saves are published: stop as signalled
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if request.signum:  # the saves are published: stop as signalled
+        signal.signal(request.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), request.signum)
 
 
 def run_training(session: TrainingSession, reporter: RunReporter) -> RunHistory:
     """The step loop from the session's step to `train.train_iters`; returns its history."""
     with manual_gc(session.cfg.train.manual_gc_interval) as collect, \
-            saves_published_before_exit(session) as stop:
+            stops_between_steps(session) as stop:
         history = _train(session, reporter, collect, stop)
         async_save.finish_saves(session, blocking=True)
         return history
 
 
+def stop_here(session: TrainingSession, history: RunHistory, reporter: RunReporter,
+              signum: int) -> None:
+    """Every rank agreed to stop after this step: save it when asked (unless just saved), and
+    record the stop in metrics.jsonl for the launcher's one line."""
+    cfg, step = session.cfg, session.state.step
+    saved = history.checkpoint if history.checkpoint and history.checkpoint.endswith(
+        f"step_{step:07d}") else None
+    if cfg.checkpoint.save_on_stop and saved is None:
+        saved = str(save_checkpoint(session, session.run_dir / "checkpoints"))
+        history.checkpoint = saved
+    reporter.record("stopped", {"step": step, "signal": signal.Signals(signum).name,
+                                "checkpoint": saved})
+
+
 def _train(session: TrainingSession, reporter: RunReporter, collect,
-           stop: StopRequest | None) -> RunHistory:
+           stop: StopRequest) -> RunHistory:
     cfg, history = session.cfg, RunHistory()
     start = session.state.step
     # A phase that changes the sequence length or CP size starts a new launch: this one ends
@@ -212,12 +244,11 @@ def _train(session: TrainingSession, reporter: RunReporter, collect,
         if cfg.checkpoint.save and _due(metrics.step, cfg.checkpoint.save_interval, total):
             path = save_checkpoint(session, session.run_dir / "checkpoints")
             history.checkpoint = str(path)
-        if stop is not None:  # asynchronous saves
+        if cfg.checkpoint.async_save:
             async_save.finish_saves(session, blocking=False)
-            if stop.agreed():
-                reporter.print(f"stopping after step {metrics.step} (SIGTERM); checkpoints "
-                               "still being written are published first")
-                return history
+        if signum := stop.agreed():
+            stop_here(session, history, reporter, signum)
+            return history
     if total < cfg.train.train_iters:
         announce_relaunch(session, reporter, total)
     return history

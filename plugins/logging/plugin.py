@@ -4,6 +4,8 @@ Every figure the hooks carry is already reduced over the world, so rank 0 alone 
 no duplicates, no collective. Each writer gets the same scalars (`scalars.py`: every numeric
 field of `StepMetrics` and its `extra`, every numeric field of `EvalResult`), which are the
 values metrics.jsonl records. A writer that fails is dropped with one line; the run goes on.
+The loss curve is drawn from the run's metrics.jsonl, so a resumed run's picture holds the
+whole run, not only the steps since its last start.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from plugins.logging.curves import Curves, plot_curves
+from plugins.logging.curves import Curves, plot_curves, read_run
 from plugins.logging.scalars import tagged
 from plugins.logging.writers import TensorBoardWriter, WandbWriter
+from plugins.protocol.errors import UserError
 from plugins.protocol.events import EvalResult, RunStart, StepMetrics
 from plugins.protocol.hooks import Plugin
 
@@ -92,6 +95,20 @@ class LoggingPlugin(Plugin):
         self.curves.heldout_loss.append((evaluation.step, evaluation.loss))
         self._write("log", tagged("heldout", evaluation), evaluation.step)
 
+    def whole_run(self) -> Curves:
+        """The run's curves from its metrics.jsonl, the steps before a resume included (this
+        start heard only its own); what this start heard when the file cannot be read or
+        lacks its last step (a command that keeps no metrics.jsonl)."""
+        try:
+            whole = read_run(self.run_dir)
+        except UserError:
+            return self.curves
+        heard = self.curves.train_loss[-1][0] if self.curves.train_loss else None
+        if heard is not None and (not whole.train_loss or whole.train_loss[-1][0] < heard):
+            return self.curves
+        whole.name = self.curves.name
+        return whole
+
     def run_end(self, summary: dict[str, Any]) -> None:
         if self.run_dir is None:
             return
@@ -99,9 +116,10 @@ class LoggingPlugin(Plugin):
                                 if isinstance(value, (int, float, str))})
         self._write("close")
         self.writers = []
-        if self.config.loss_curve and (self.curves.train_loss or self.curves.heldout_loss):
+        curves = self.whole_run()
+        if self.config.loss_curve and (curves.train_loss or curves.heldout_loss):
             try:
-                path = plot_curves([self.curves], self.run_dir / CURVE_FILE, self.run_dir.name)
+                path = plot_curves([curves], self.run_dir / CURVE_FILE, self.run_dir.name)
                 _say(f"loss curve: {path}")
             except Exception as error:  # noqa: BLE001 - a picture never fails a run
                 _say(f"loss curve: not drawn ({type(error).__name__}: {error})")

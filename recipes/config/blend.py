@@ -34,6 +34,8 @@ file or prefix, negative or all-zero weights, manifests that disagree) are one-l
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -103,6 +105,9 @@ class Blend:
     eod_id: int
     vocab_size: int
     notes: tuple[str, ...] = field(default=(), compare=False)  # warnings for the launcher
+    # The tokenizer its datasets were made with (a manifest's folder, else the blend's own
+    # `tokenizer:`), where one is named: what export ships and a checkpoint records.
+    tokenizer: str | None = None
 
     def weights(self, sources: tuple[BlendSource, ...]) -> tuple[list[str], list[float]]:
         """Megatron's (prefixes, weights) form of one split."""
@@ -277,8 +282,63 @@ def _sources(path: str, entries: Any, found: _Found,
     return tuple(sources)
 
 
+def manifest_tokenizer(name: str, manifest: dict[str, Any]) -> Path | None:
+    """The tokenizer folder (or file) a manifest names, beside it; None when it names none."""
+    named = manifest.get("tokenizer")
+    return Path(name).parent / str(named) if named else None
+
+
+@functools.lru_cache(maxsize=64)
+def _tokenizer_digest(file: str, size: int, mtime_ns: int) -> str:
+    return hashlib.sha256(Path(file).read_bytes()).hexdigest()
+
+
+def tokenizer_digest(tokenizer: Path) -> str | None:
+    """SHA-256 of a tokenizer's `tokenizer.json` (a folder's, or the file itself): what makes
+    two tokenizers the same; None when it cannot be read here."""
+    file = tokenizer / dataset_files.TOKENIZER_FILE if tokenizer.is_dir() else tokenizer
+    try:
+        stat = file.stat()
+        return _tokenizer_digest(str(file), stat.st_size, stat.st_mtime_ns)
+    except OSError:
+        return None
+
+
+def tokenizer_problem(path: str, tokenizers: list[tuple[str, Path]]) -> str | None:
+    """The blend's datasets were made with one tokenizer: (what names it, its folder) pairs
+    whose `tokenizer.json` can be read must all hold the same bytes. Else the one line naming
+    the first two that differ: ids of one mean other text in the other, and the model learns
+    both at once; export would ship one of them."""
+    first: tuple[str, Path, str] | None = None
+    for who, folder in tokenizers:
+        digest = tokenizer_digest(folder)
+        if digest is None:
+            continue
+        if first is None:
+            first = (who, folder, digest)
+        elif digest != first[2]:
+            return (f"data.blend={path}: {first[0]} was prepared with tokenizer {first[1]} and "
+                    f"{who} with tokenizer {folder}, which differ (their tokenizer.json are not "
+                    "the same); blend datasets prepared with one tokenizer: prepare the others "
+                    f"again with tokenizer={first[1]}")
+    return None
+
+
+def _named_tokenizers(loaded: dict[str, Any], found: _Found) -> list[tuple[str, Path]]:
+    """(what names it, tokenizer) for every manifest of the blend, then its own `tokenizer:`."""
+    named = [(f"manifest {name}", folder) for name, manifest in found.manifests
+             if (folder := manifest_tokenizer(name, manifest)) is not None]
+    if loaded.get("tokenizer") is not None:
+        named.append(("its tokenizer:", Path(str(loaded["tokenizer"])).expanduser()))
+    return list(dict.fromkeys(named))
+
+
 def _token_facts(path: str, loaded: dict[str, Any], found: _Found) -> tuple[int, int]:
-    """EOD id and vocabulary size: from the file, else from the manifests (which must agree)."""
+    """EOD id and vocabulary size: from the file, else from the manifests (which must agree,
+    and have been made with one tokenizer)."""
+    problem = tokenizer_problem(path, _named_tokenizers(loaded, found))
+    if problem:
+        raise ConfigError(problem)
     facts = [manifest for _, manifest in found.manifests]
     pairs = {(m.get("eod_id"), m.get("vocab_size")) for m in facts}
     if len(pairs) > 1:
@@ -355,8 +415,9 @@ def load_blend(path: str) -> Blend:
              if loaded.get("valid") is not None else None)
     eod, vocab = _token_facts(path, loaded, found)
     notes = _bare_checks(path, loaded, found, eod, vocab)
+    named = _named_tokenizers(loaded, found)
     return Blend(path=path, train=train, valid=valid, split=_split(path, loaded), eod_id=eod,
-                 vocab_size=vocab, notes=notes)
+                 vocab_size=vocab, notes=notes, tokenizer=str(named[0][1]) if named else None)
 
 
 def split_documents(documents: int, split: tuple[float, float]) -> tuple[int, int]:
@@ -392,3 +453,35 @@ def empty_split_problem(blend: Blend) -> str | None:
                     f"dataset builder would wait forever); raise the {which} share above "
                     f"{share:g}, give the blend valid: sources, or prepare more documents")
     return None
+
+
+def named_paths(path: str) -> list[str]:
+    """Every file and folder a blend file names, read without checking any of them: the blend
+    itself, its manifests and prefixes (with their folders' tokenizer folders, from manifests
+    that can be read here), its named tokenizer. What a container must mount for the blend to
+    be read where the job runs; a blend that cannot be read here names only itself."""
+    try:
+        loaded = _megatron_form(path, yaml.safe_load(Path(path).read_text(encoding="utf-8")))
+    except (OSError, yaml.YAMLError, ConfigError):
+        return [path]
+    if not isinstance(loaded, dict):
+        return [path]
+    found = [path]
+    for split in ("train", "valid"):
+        for entry in loaded.get(split) or []:
+            if not isinstance(entry, dict):
+                continue
+            found += [str(entry[key]) for key in ("manifest", "prefix") if key in entry]
+            found += _manifest_tokenizer(str(entry.get("manifest", "")))
+    if loaded.get("tokenizer") is not None:
+        found.append(str(loaded["tokenizer"]))
+    return list(dict.fromkeys(found))
+
+
+def _manifest_tokenizer(manifest: str) -> list[str]:
+    """The tokenizer folder a readable manifest names (beside it), else nothing."""
+    try:
+        named = json.loads(Path(manifest).read_text(encoding="utf-8")).get("tokenizer")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(Path(manifest).parent / str(named))] if named else []

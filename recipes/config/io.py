@@ -25,6 +25,12 @@ def config_dict(cfg: RunConfig) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
 
 
+def resolved_yaml(cfg: RunConfig) -> str:
+    """What `print=config` prints: a header naming the recipe, then every field as YAML (the
+    text `save_config` writes, which `config=FILE` reads back)."""
+    return f"# Resolved configuration of recipe '{cfg.name}'.\n" + config_to_yaml(cfg)
+
+
 def save_config(cfg: RunConfig, path: str | Path) -> Path:
     """Write `cfg` as YAML to `path` (parents created) and return the path."""
     path = Path(path)

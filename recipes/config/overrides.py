@@ -22,7 +22,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from plugins.protocol.errors import ConfigError
+from plugins.protocol.errors import ConfigError, config_error
 from plugins.registry import PluginsConfig
 from recipes.config.arguments import describe_type, split_argument
 from recipes.config.phases import PhaseConfig
@@ -423,18 +423,30 @@ def check_override_key(key: str, value: str, node: DictConfig, origin: str) -> N
         raise ConfigError(empty_value_message(key, origin, OmegaConf.select(node, key)))
 
 
+def _apply_override(node: DictConfig, text: str) -> DictConfig:
+    """`node` with one `a.b=c` override merged in (checked; a mistake is one ConfigError)."""
+    key, value = split_override(text)
+    check_override_key(key, value, node, f"override '{text}'")
+    try:
+        update = OmegaConf.from_dotlist([text])
+    except (OmegaConfBaseException, yaml.YAMLError):
+        raise ConfigError(
+            f"override '{text}': cannot parse the value '{value}' (unbalanced brackets or "
+            f"an unfinished ${{...}}); give {key} a plain value"
+        ) from None
+    return merge_checked(node, update, f"override '{text}'")
+
+
 def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
     """Apply dotlist overrides in order (a later one wins) and return a new `RunConfig`."""
     node = typing.cast(DictConfig, OmegaConf.structured(cfg))
-    for text in overrides:
-        key, value = split_override(text)
-        check_override_key(key, value, node, f"override '{text}'")
+    problems = []
+    for text in overrides:  # each bad override is said; the good ones still apply
         try:
-            update = OmegaConf.from_dotlist([text])
-        except (OmegaConfBaseException, yaml.YAMLError):
-            raise ConfigError(
-                f"override '{text}': cannot parse the value '{value}' (unbalanced brackets or "
-                f"an unfinished ${{...}}); give {key} a plain value"
-            ) from None
-        node = merge_checked(node, update, f"override '{text}'")
+            node = _apply_override(node, text)
+        except ConfigError as error:
+            problems.append(str(error))
+    error = config_error(problems)
+    if error is not None:
+        raise error
     return to_run_config(node, "overrides " + " ".join(overrides) if overrides else "recipe")

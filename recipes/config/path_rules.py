@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.blend import empty_split_problem, load_blend
+from recipes.config.blend import Blend, empty_split_problem, load_blend
 from recipes.config.phases import phase_config, phase_spans
 from recipes.config.schema import RunConfig
 
@@ -116,8 +116,43 @@ def check_run_dir(cfg: RunConfig) -> str | None:
 PathRule = Callable[[RunConfig], str | None]
 
 
+# A model vocabulary at least this many times the blend tokenizer's is warned about: most of
+# its embedding and output rows would never see a token.
+VOCAB_SLACK = 2
+
+
+def _tokenizer_words(blend: Blend) -> str:
+    return f"tokenizer {blend.tokenizer}" if blend.tokenizer else "tokenizer"
+
+
+def vocabulary_too_small(cfg: RunConfig, blend: Blend) -> str | None:
+    """The model has a row for every id the blend's tokenizer gives (refused otherwise: an id
+    past the embedding is an index error on every rank, minutes in)."""
+    if blend.vocab_size <= cfg.model.vocab_size:
+        return None
+    return (f"data.blend={cfg.data.blend} holds token ids up to {blend.vocab_size - 1}, but "
+            f"model.vocab_size={cfg.model.vocab_size}; set model.vocab_size={blend.vocab_size}"
+            f" (its {_tokenizer_words(blend)} has {blend.vocab_size} ids), or prepare the data "
+            f"with a tokenizer of at most {cfg.model.vocab_size} ids")
+
+
+def vocabulary_much_larger(cfg: RunConfig, blend: Blend) -> str | None:
+    """The warning for a model vocabulary `VOCAB_SLACK` or more times the blend tokenizer's
+    (a recipe's 128,256-token vocabulary fed a 2,048-token BPE), else None."""
+    if cfg.model.vocab_size < VOCAB_SLACK * blend.vocab_size:
+        return None
+    model, ids = cfg.model.vocab_size, blend.vocab_size
+    return (f"model.vocab_size={model} is {model / ids:.1f}x the {ids} ids of data.blend="
+            f"{cfg.data.blend}'s "
+            f"{_tokenizer_words(blend)}: {model - ids} embedding and output rows never see a "
+            "token and the output layer computes them every step; set model.vocab_size="
+            f"{ids} (Megatron pads it for TP), or prepare the data with the "
+            "model's own tokenizer")
+
+
 def check_data_blend(cfg: RunConfig) -> str | None:
-    """The blend file, its prefixes and manifests exist; its vocabulary fits the model."""
+    """The blend file, its prefixes and manifests exist and share one tokenizer; its
+    vocabulary fits the model (a much larger model vocabulary is warned about)."""
     if cfg.data.source != "blend" or cfg.data.blend is None:
         return None
     try:
@@ -125,17 +160,15 @@ def check_data_blend(cfg: RunConfig) -> str | None:
     except ConfigError as error:
         return str(error)
     if os.environ.get("RANK", "0") == "0":
-        for note in blend.notes:
+        larger = vocabulary_much_larger(cfg, blend)
+        for note in (*blend.notes, *([larger] if larger else [])):
             print(f"warning: {note}", file=sys.stderr, flush=True)
     weights = {source.weight for source in blend.train} - {0.0}
     if cfg.data.documents == "packed" and len(weights) > 1:
         return (f"data.blend={cfg.data.blend} weights its sources, but data.documents=packed "
                 "trains on every pack of every source once; give the sources equal weights, or "
                 "use data.documents=inter_document to keep the weights")
-    if blend.vocab_size > cfg.model.vocab_size:
-        return (f"data.blend={cfg.data.blend} holds token ids up to {blend.vocab_size - 1}, but "
-                f"model.vocab_size={cfg.model.vocab_size}; set model.vocab_size={blend.vocab_size}")
-    return None
+    return vocabulary_too_small(cfg, blend)
 
 
 def check_phase_blends(cfg: RunConfig) -> str | None:

@@ -319,6 +319,11 @@ class CheckpointConfig:
     # common state and RNG layout its load_checkpoint reads, so `pretrain_gpt.py --load` (or
     # pretrain_hybrid.py) resumes it too; both load here (docs/megatron-lm.md "Moving a run").
     format: Literal["mcore_recipes", "megatron_lm"] = "mcore_recipes"
+    # When the run is stopped (Ctrl-C, SIGTERM: scancel, a requeue, the time limit), save and
+    # publish a checkpoint of the last step finished before every rank ends; with it, SIGTERM
+    # too waits for the step boundary (Ctrl-C always does). torch's launcher gives the ranks
+    # TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (30) after the signal, Slurm KillWait.
+    save_on_stop: bool = False
 
 
 @dataclass(kw_only=True)

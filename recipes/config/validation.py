@@ -15,7 +15,7 @@ import typing
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from plugins.protocol.errors import ConfigError
+from plugins.protocol.errors import ConfigError, config_error
 from recipes.config.layout import Layout
 from recipes.config.phases import PHASE_RULES, check_each_phase
 from recipes.config.rampup import RAMPUP_RULES
@@ -545,9 +545,42 @@ def all_rules(cfg: RunConfig) -> tuple[Rule, ...]:
     return (*RULES, *cfg.precision.rules(), *cfg.plugins.rules())
 
 
-def validate(cfg: RunConfig, extra: Sequence[Rule] = ()) -> None:
+# Rules whose failure makes the later ones meaningless (a size of zero divides nothing): when
+# one of them fails, the problems found are theirs alone.
+GATE_RULES: tuple[Rule, ...] = (check_finite_numbers, check_positive_sizes)
+
+
+def rule_problems(cfg: RunConfig, extra: Sequence[Rule] = ()) -> list[str]:
+    """The message of every rule `cfg` breaks, in `all_rules` order then `extra` (what a user
+    fixes in one go). After a gate rule fails only the gates are asked; a later rule that
+    cannot judge a config an earlier one refused (it raises) is passed over."""
+    problems = [message for rule in GATE_RULES if (message := rule(cfg))]
+    if problems:
+        return problems
+    for rule in (*all_rules(cfg), *extra):
+        if rule in GATE_RULES:
+            continue
+        try:
+            message = rule(cfg)
+        except Exception:  # noqa: BLE001 - only after another rule's refusal (re-raised else)
+            if not problems:
+                raise
+            continue
+        if message:
+            problems.append(message)
+    return problems
+
+
+def validate(cfg: RunConfig, extra: Sequence[Rule] = (), *, every: bool = False) -> None:
     """Raise `ConfigError` with the message of the first rule `cfg` breaks (`all_rules` order,
-    then `extra`: rules of a program above this floor, e.g. the trainer's own)."""
+    then `extra`: rules of a program above this floor, e.g. the trainer's own); `every=True`:
+    with every rule's message (`rule_problems`, a `ConfigErrors` when several), as the
+    command line is checked before launch."""
+    if every:
+        error = config_error(rule_problems(cfg, extra))
+        if error is not None:
+            raise error
+        return
     for rule in (*all_rules(cfg), *extra):
         message = rule(cfg)
         if message:

@@ -5,14 +5,17 @@ bandwidth inside a node and between nodes (per GPU, one direction), and peak den
 precision; optionally what a Slurm job asks for besides (`device: cpu` for nodes without GPUs,
 whose ranks are processes; `cpus_per_task` or `exclusive`, so a node's ranks are not all
 pinned to the one CPU Slurm gives a task by default; `host_cores`, the cores a CPU node's
-ranks share, which the step model prices when there are more ranks than cores). It is read
-here, without torch, and every mistake is one line naming the key.
+ranks share, which the step model prices when there are more ranks than cores), and the site
+settings every launch on it shares (account, partition, time limit, container image and
+mounts), so they are written once rather than on every command. It is read here, without
+torch, and every mistake is one line naming the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,14 @@ class ClusterSpec:
     # CPU cores a node's ranks share (`device: cpu` files only; None: a core, or a GPU, per
     # rank), written by `plan.py calibrate=true`: more ranks than cores compete for them.
     host_cores: int | None = None
+    # Site settings of a Slurm launch (scripts/launch.py; its own options win over them): the
+    # account, partition and time limit every job of this cluster asks for, the container
+    # image its jobs run in, and mounts (SOURCE[:DESTINATION[:FLAGS]]) every container gets.
+    account: str | None = None
+    partition: str | None = None
+    time: str | None = None
+    container_image: str | None = None
+    container_mounts: tuple[str, ...] = ()
 
     @property
     def gpu_memory_bytes(self) -> float:
@@ -61,9 +72,49 @@ class ClusterSpec:
 
 _NUMBERS = ("nodes", "gpus_per_node", "gpu_memory_gb", "intra_node_gb_per_s",
             "inter_node_gb_per_s")
+SITE_TEXT = ("account", "partition", "time", "container_image")  # site settings, as text
 OPTIONAL = ("host_memory_gb", "device", "cpus_per_task", "exclusive", "gemm_peak_fraction",
-            "gemm_half_dim", "collective_latency_us", "kernel_overhead_us", "host_cores")
+            "gemm_half_dim", "collective_latency_us", "kernel_overhead_us", "host_cores",
+            *SITE_TEXT, "container_mounts")
 DEVICES = ("gpu", "cpu")
+# Slurm's time limit forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (sbatch --time).
+SLURM_TIME = re.compile(r"(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2})")
+
+
+def slurm_time_problem(key: str, value: str | None) -> str | None:
+    """A Slurm time limit in one of sbatch's forms (`04:00:00`, `2-00:00:00`, `90`)."""
+    if value is None or SLURM_TIME.fullmatch(str(value).strip()):
+        return None
+    return (f"{key}={value!r} is not a Slurm time limit; write HH:MM:SS (e.g. 04:00:00), "
+            "D-HH:MM:SS or minutes")
+
+
+def mount_problem(where: str, mount: Any) -> str | None:
+    """A container mount is `SOURCE[:DESTINATION[:FLAGS]]` with absolute paths (pyxis's
+    `--container-mounts` form); None when it is."""
+    parts = mount.split(":") if isinstance(mount, str) else []
+    if len(parts) in (1, 2, 3) and all(part.startswith("/") for part in parts[:2]):
+        return None
+    return (f"{where}: container mount {mount!r} must be SOURCE[:DESTINATION[:FLAGS]] with "
+            "absolute paths, e.g. /lustre/data:/lustre/data or /lustre/data:/data:ro")
+
+
+def _site_settings(path: str, data: dict) -> dict:
+    """The Slurm site settings of a cluster file, checked: text, a time limit, a mount list."""
+    for key in SITE_TEXT:
+        if key in data and (not isinstance(data[key], str) or not data[key].strip()):
+            raise ConfigError(f"{path}: {key}={data[key]!r} must be text, e.g. {key}: "
+                              f"{'04:00:00' if key == 'time' else 'NAME'}")
+    problem = slurm_time_problem(f"{path}: time", data.get("time"))
+    mounts = data.get("container_mounts", [])
+    if not isinstance(mounts, list):
+        problem = problem or (f"{path}: container_mounts must be a list of "
+                              "SOURCE[:DESTINATION[:FLAGS]], e.g. [/lustre:/lustre]")
+    for mount in mounts if isinstance(mounts, list) else []:
+        problem = problem or mount_problem(path, mount)
+    if problem:
+        raise ConfigError(problem)
+    return {"container_mounts": tuple(mounts)} if "container_mounts" in data else {}
 
 
 def _check_number(path: str, key: str, value: Any) -> None:
@@ -115,7 +166,8 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping of keys to values (see conf/cluster/)")
     _check_keys(str(path), data)
-    for key in (*_NUMBERS, *(k for k in OPTIONAL if k not in ("device", "exclusive"))):
+    not_numbers = ("device", "exclusive", *SITE_TEXT, "container_mounts")
+    for key in (*_NUMBERS, *(k for k in OPTIONAL if k not in not_numbers)):
         if key in data:
             _check_number(str(path), key, data[key])
     if data.get("device", "gpu") not in DEVICES:
@@ -128,7 +180,8 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     if data["attention"] not in ("flash", "explicit"):
         raise ConfigError(f"{path}: attention={data['attention']!r} must be flash or explicit")
     return ClusterSpec(**{**data, "name": str(data["name"]),
-                          "peak_tflops": _peak(str(path), data["peak_tflops"])})
+                          "peak_tflops": _peak(str(path), data["peak_tflops"]),
+                          **_site_settings(str(path), data)})
 
 
 def recipe_cluster(cfg: Any, network_of: ClusterSpec | None = None) -> ClusterSpec:

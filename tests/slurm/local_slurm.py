@@ -13,7 +13,8 @@ The job credential lives `CRED_EXPIRE` seconds, the shortest Slurm accepts (`cre
 `sched_interval`) before it runs again, 155 s with Slurm's defaults and about 7 s here. A node
 whose slurmd stops answering is set DOWN a few `SLURMD_TIMEOUT`s later (29 s after the kill with
 SlurmdTimeout=10, measured). The partition `first` holds node1 alone, so that jobs kept off
-node2 survive its loss.
+node2 survive its loss; `held` holds node1 too but is DOWN, so a job submitted to it waits
+(what the cluster holds can change meanwhile) until a test sets it UP.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ SLURMD_TIMEOUT = 5  # seconds without an answer before a node is not responding 
 # loaded machine. Processes that end at once do not wait for it.
 KILL_WAIT = 30
 FIRST_ONLY = "first"  # a partition of node1 alone
+HELD = "held"  # node1 too, but DOWN: its jobs wait until a test sets it UP
 START_TIMEOUT = HANG_S  # a daemon that dies is reported at once; this is for a hang
 
 
@@ -95,6 +97,7 @@ def slurm_conf(root: Path, host: str, ctld_port: int, node_ports: list[int]) -> 
     lines.append(f"PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE "
                  "State=UP")
     lines.append(f"PartitionName={FIRST_ONLY} Nodes={NODES[0]} MaxTime=INFINITE State=UP")
+    lines.append(f"PartitionName={HELD} Nodes={NODES[0]} MaxTime=INFINITE State=DOWN")
     return "\n".join(lines) + "\n"
 
 

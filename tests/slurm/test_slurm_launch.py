@@ -16,11 +16,15 @@ meets its faults while it runs:
 - one node, `scancel --signal=TERM` once its ranks run: one line, the job FAILED, not requeued
   although `retries=1`.
 - one node, plain `scancel` once its ranks run: one line, the job CANCELLED.
+- one node in a partition that holds it until the data its blend names, there when the
+  launcher checked it, is gone: the job's first step (`pretrain.py check=paths`) names it in
+  one line and the job ends with exit code 2, before any rank starts, not requeued.
 
-A refused submit is one line with Slurm's own words. Job states are read as the launcher reads
-them (sacct, else squeue and scontrol). Everything runs at once, so the module costs about the
-two-node job's chain: two requeue waits (the credential lifetime) and the time Slurm takes to
-set a silent node down (`SLURMD_TIMEOUT`).
+The one-node jobs take their partition from the cluster file (a site setting). A refused submit
+is one line with Slurm's own words (the command line's partition over the cluster file's). Job
+states are read as the launcher reads them (sacct, else squeue and scontrol). Everything runs
+at once, so the module costs about the two-node job's chain: two requeue waits (the credential
+lifetime) and the time Slurm takes to set a silent node down (`SLURMD_TIMEOUT`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,7 +43,7 @@ from pathlib import Path
 import pytest
 
 from tests.hang import HANG_S
-from tests.slurm.local_slurm import FIRST_ONLY, job_processes, process_states
+from tests.slurm.local_slurm import FIRST_ONLY, HELD, job_processes, process_states
 from trainer.launch.slurm_jobs import job_state
 
 pytestmark = pytest.mark.slurm
@@ -165,12 +170,37 @@ def cancel(*how: str):
     return act
 
 
-FIRST = f"partition={FIRST_ONLY}"
-SCENARIOS = {  # name: (ranks per node, launch options, the fault acted out while it runs)
-    "two": (1, ["retries=1"], requeue_then_lose_node2),
-    "killed": (2, ["retries=1", FIRST], kill_rank_1),
-    "term": (2, ["retries=1", FIRST], cancel("--signal=TERM")),
-    "cancelled": (2, [FIRST], cancel())}
+def data_gone_before_it_runs(slurm, job: str, run_dir: Path, job_dir: Path) -> dict:
+    """The job waits in the DOWN partition while the data its blend names, there at submit,
+    goes away; then it may run: its first step finds the manifest gone."""
+    until(lambda: job_state(job, run=lambda argv: slurm.run(*argv, check=False))[0] == "PENDING",
+          "the job pending in the held partition")
+    shutil.rmtree(job_dir / "data")
+    slurm.run("scontrol", "update", f"PartitionName={HELD}", "State=UP")
+    return {"state": wait_for(slurm, job)}
+
+
+def prepared_blend(folder: Path) -> str:
+    """A blend of one manifest of a real dataset in `folder`/data (the run reads 256 ids)."""
+    from tests.unit.dataset_fixtures import write_dataset
+
+    data = folder / "data"
+    data.mkdir(parents=True)
+    write_dataset(data / "web_0", [[1, 2, 0]] * 40)
+    (data / "web.json").write_text('{"eod_id": 0, "vocab_size": 256, '
+                                   '"shards": [{"prefix": "web_0"}]}')
+    blend = folder / "web.yaml"
+    blend.write_text(f"train:\n  - {{manifest: {data / 'web.json'}}}\n")
+    return str(blend)
+
+
+SCENARIOS = {  # name: (cluster file, launch options, the fault acted out while it runs)
+    "two": ("one rank per node", ["retries=1"], requeue_then_lose_node2),
+    "killed": ("first", ["retries=1"], kill_rank_1),
+    "term": ("first", ["retries=1"], cancel("--signal=TERM")),
+    "cancelled": ("first", [], cancel()),
+    "data_gone": ("two ranks per node", [f"partition={HELD}", "data.source=blend"],
+                  data_gone_before_it_runs)}
 
 
 def train_locally(slurm, run_dir: Path) -> subprocess.Popen:
@@ -186,15 +216,20 @@ def jobs(slurm, tmp_path_factory):
     """The four jobs and a refused submit started side by side, the local run beside them;
     each job's fault acted out on its own thread; all finished."""
     tmp = tmp_path_factory.mktemp("slurm_jobs")
-    one_rank_per_node = tmp / "cpu_slurm_2x1.yaml"
-    one_rank_per_node.write_text(CPU_CLUSTER.read_text().replace(
+    clusters = {"one rank per node": tmp / "cpu_slurm_2x1.yaml",
+                "first": tmp / "cpu_slurm_first.yaml", "two ranks per node": CPU_CLUSTER}
+    clusters["one rank per node"].write_text(CPU_CLUSTER.read_text().replace(
         "gpus_per_node: 2", "gpus_per_node: 1"))
-    clusters = {1: one_rank_per_node, 2: CPU_CLUSTER}
+    # the site's partition in the cluster file: jobs kept on node1 (node2's loss spares them)
+    clusters["first"].write_text(CPU_CLUSTER.read_text() + f"partition: {FIRST_ONLY}\n")
+    blend = prepared_blend(tmp / "data_gone")
     names = list(SCENARIOS)  # the two-node job first: its chain of faults is the longest
     launcher = launch_all(slurm, [
-        *(launch_args(tmp / name, clusters[SCENARIOS[name][0]], *SCENARIOS[name][1])
+        *(launch_args(tmp / name, clusters[SCENARIOS[name][0]], *SCENARIOS[name][1],
+                      *([f"data.blend={blend}"] if name == "data_gone" else []))
           for name in names),
-        launch_args(tmp / "refused", CPU_CLUSTER, "partition=nope")])
+        # the command line's partition wins over the cluster file's
+        launch_args(tmp / "refused", clusters["first"], "partition=nope")])
     found, futures, local, local_dir = {}, {}, None, tmp / "local"
     with ThreadPoolExecutor(len(SCENARIOS)) as pool:
         for name in names:  # each job's fault is acted out as soon as it is submitted
@@ -308,6 +343,27 @@ def test_a_cancelled_job_ends_in_one_line_and_is_not_retried(slurm, jobs, which,
     assert not (job["run_dir"] / "slurm_failed_attempts").exists()
     if which == "term":  # the batch shell lived on and skipped NeMo-Run's requeue
         assert "\nnot requeued: the job's steps got SIGTERM" in sbatch_log(job)
+
+
+def test_paths_gone_on_the_cluster_stop_the_job_at_its_first_step_in_one_line(slurm, jobs):
+    """The data was there when the launcher checked it, gone when the job started: the job's
+    first step names it in one line and the job ends (exit 2), before any rank starts and
+    without a requeue."""
+    job = jobs["data_gone"]
+    assert job["state"] == "FAILED"
+    log = sbatch_log(job)
+    manifest = job["job_dir"] / "data" / "web.json"
+    assert our_lines(log) == [
+        f"error: data.blend={job['job_dir'] / 'web.yaml'}: manifest {manifest} is missing or "
+        "not a prepare_data manifest; run scripts/prepare_data.py or name its <output>.json"]
+    assert "Traceback" not in log and log_of(job, 0) == ""  # no torchrun started
+    assert re.search(r"ExitCode=2:0", slurm.run("scontrol", "show", "job", job["job"]).stdout)
+    assert restarts(slurm, job["job"]) == 0
+
+
+def test_a_job_checks_its_paths_on_the_cluster_before_its_ranks_start(jobs):
+    log = sbatch_log(jobs["killed"])
+    assert re.search(r"^check=paths: every path tiny_dp2 names is in place on \S+$", log, re.M)
 
 
 def test_a_refused_submit_is_one_line_with_slurms_words(jobs):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins.protocol.errors import ConfigError
+from plugins.protocol.errors import ConfigError, error_lines
 from recipes.config.path_rules import check_output_dir
 from recipes.registry import get_recipe
 from recipes.resolve import resolve_config
@@ -505,9 +505,10 @@ def test_table_is_large_distinct_and_covers_every_section() -> None:
 def test_bad_input_is_one_line_naming_the_fix(argv, expected, paths_dir) -> None:
     with pytest.raises(ConfigError) as caught:
         validate_paths(resolve_config(_fill(argv, paths_dir)))
-    message = str(caught.value)
-    assert _fill([expected], paths_dir)[0] in message
-    assert "\n" not in message and message.strip() == message
+    # every mistake the input makes is said, each in one line (error_lines: what is printed)
+    lines = error_lines(caught.value)
+    assert any(_fill([expected], paths_dir)[0] in line for line in lines)
+    assert all("\n" not in line and line.strip() == line for line in lines)
 
 
 def _plan_the_launch(script: str, argv: list[str], tmp: Path) -> None:

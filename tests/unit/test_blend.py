@@ -104,7 +104,8 @@ def test_the_run_checks_the_blend_and_its_vocabulary_before_launch(tmp_path):
     cfg = apply_overrides(get_recipe("tiny_dp1"), ["data.source=blend", f"data.blend={path}"])
     assert check_data_blend(cfg) == (
         f"data.blend={path} holds token ids up to 299, but model.vocab_size=256; set "
-        "model.vocab_size=300")
+        "model.vocab_size=300 (its tokenizer has 300 ids), or prepare the data with a tokenizer "
+        "of at most 256 ids")
     cfg.model.vocab_size = 300
     assert check_data_blend(cfg) is None
     cfg.data.blend = str(tmp_path / "none.yaml")
@@ -191,3 +192,76 @@ def test_a_manifests_split_counts_the_documents_of_all_its_shards(tmp_path):
         "its held-out share (split 95/5 gives it 0; Megatron's dataset builder would wait "
         "forever); raise the held-out share above 5, give the blend valid: sources, or "
         "prepare more documents")
+
+
+def _tokenizer(folder: Path, words: list[str]) -> Path:
+    """A tokenizer folder (tokenizer.json) of these words, as prepare_data writes one."""
+    from tokenizers import Tokenizer, models
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = {"<|endoftext|>": 0, **{word: i + 1 for i, word in enumerate(words)}}
+    Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>")).save(
+        str(folder / "tokenizer.json"))
+    return folder
+
+
+def _named(folder: Path, tokenizer: Path) -> str:
+    """A manifest in `folder` naming `tokenizer` (relative to it, as prepare_data writes)."""
+    manifest = _manifest(folder, {"a": 5})
+    facts = json.loads(Path(manifest).read_text())
+    facts["tokenizer"] = str(Path(tokenizer).relative_to(folder, walk_up=True))
+    Path(manifest).write_text(json.dumps(facts))
+    return manifest
+
+
+def test_a_blends_manifests_share_one_tokenizer_or_are_refused_naming_both(tmp_path):
+    """Same tokenizer.json bytes in two folders: one tokenizer. Other bytes with the same
+    vocabulary size: refused in one line naming both (comparing eod_id and vocab_size alone
+    let them through)."""
+    first = _tokenizer(tmp_path / "one" / "web.tokenizer", ["a", "b"])
+    copy = _tokenizer(tmp_path / "two" / "code.tokenizer", ["a", "b"])
+    other = _tokenizer(tmp_path / "three" / "books.tokenizer", ["b", "a"])
+    web = _named(tmp_path / "one", first)
+    code = _named(tmp_path / "two", copy)
+    books = _named(tmp_path / "three", other)
+    same = load_blend(_blend(tmp_path, f"train: [{{manifest: {web}}}, {{manifest: {code}}}]\n"))
+    assert same.tokenizer == str(first)
+    path = _blend(tmp_path, f"train: [{{manifest: {web}}}, {{manifest: {books}}}]\n")
+    with pytest.raises(ConfigError) as refused:
+        load_blend(path)
+    assert str(refused.value) == (
+        f"data.blend={path}: manifest {web} was prepared with tokenizer {first} and manifest "
+        f"{books} with tokenizer {other}, which differ (their tokenizer.json are not the same); "
+        f"blend datasets prepared with one tokenizer: prepare the others again with "
+        f"tokenizer={first}")
+
+
+def test_tokenizer_problem_fires_alone_and_passes_what_it_cannot_read(tmp_path):
+    from recipes.config.blend import tokenizer_problem
+
+    a = _tokenizer(tmp_path / "a", ["x"])
+    b = _tokenizer(tmp_path / "b", ["y"])
+    assert tokenizer_problem("b.yaml", [("m1", a), ("m2", a)]) is None
+    assert tokenizer_problem("b.yaml", [("m1", a), ("m2", tmp_path / "gone")]) is None
+    assert tokenizer_problem("b.yaml", [("m1", a), ("m2", b)]).startswith(
+        f"data.blend=b.yaml: m1 was prepared with tokenizer {a} and m2 with tokenizer {b}")
+
+
+def test_a_model_vocabulary_much_larger_than_the_tokenizers_is_warned_alone(tmp_path):
+    from recipes.config.path_rules import vocabulary_much_larger, vocabulary_too_small
+
+    manifest = _manifest(tmp_path, {"a": 10}, vocab=2048)
+    path = _blend(tmp_path, f"train:\n  - {{manifest: {manifest}}}\n")
+    blend = load_blend(path)
+    cfg = apply_overrides(get_recipe("tiny_dp1"), ["data.source=blend", f"data.blend={path}",
+                                                   "model.vocab_size=128256"])
+    assert vocabulary_much_larger(cfg, blend) == (
+        f"model.vocab_size=128256 is 62.6x the 2048 ids of data.blend={path}'s tokenizer: "
+        "126208 embedding and output rows never see a token and the output layer computes "
+        "them every step; set model.vocab_size=2048 (Megatron pads it for TP), or prepare the "
+        "data with the model's own tokenizer")
+    assert vocabulary_too_small(cfg, blend) is None
+    for fits in (2048, 4095):  # the tokenizer's own size, and under twice it: no word
+        cfg.model.vocab_size = fits
+        assert vocabulary_much_larger(cfg, blend) is None and vocabulary_too_small(
+            cfg, blend) is None

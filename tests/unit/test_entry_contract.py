@@ -72,10 +72,42 @@ def test_help_works_for_every_script(script):
 def test_a_mistake_is_one_line_and_exit_2_for_every_script(script):
     result = run_script(script, "parallel.tensr=2")
     assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
+    lines = result.stderr.splitlines()
+    assert all(line.startswith("error: ") for line in lines) and result.stderr.endswith("\n")
+    # launch.py also says, in a line of its own, that cluster= is missing
+    assert len(lines) == (2 if script.name == "launch.py" else 1)
     assert "Traceback" not in result.stderr
     if script.name in RECIPE_SCRIPTS:
         assert "did you mean parallel.tensor" in result.stderr
+
+
+BROKEN = ["scheduler.warmup_iters=-1", "optimizer.lr=-1", "data.source=blend",
+          "data.blend=conf/data/typo.yaml"]
+SAID = ["error: scheduler.warmup_iters=-1 must not be negative; set scheduler.warmup_iters=0 to "
+        "turn it off",
+        "error: optimizer.lr=-1.0 must be positive; set optimizer.lr, e.g. 3e-4",
+        "error: data.blend=conf/data/typo.yaml does not exist; name a blend file, e.g. "
+        "data.blend=conf/data/python_stdlib.yaml"]
+
+
+def test_every_mistake_found_before_launch_is_said_one_line_each():
+    """A scheduler mistake does not hide a typo in the blend path: the launching process
+    says every value and path problem it finds, each in its own line, and starts nothing."""
+    result = run_script(REPO / "scripts" / "pretrain.py", "recipe=tiny_dp1", *BROKEN)
+    assert (result.returncode, result.stderr.splitlines()) == (2, SAID)
+    launch = run_script(REPO / "scripts" / "launch.py", "recipe=tiny_dp1", *BROKEN, "time=4h",
+                        "cluster=conf/cluster/cpu_slurm_2x2.yaml")
+    assert launch.returncode == 2
+    assert launch.stderr.splitlines() == [
+        *SAID[:2], "error: time='4h' is not a Slurm time limit; write HH:MM:SS (e.g. "
+        "04:00:00), D-HH:MM:SS or minutes", SAID[2]]
+    overrides = run_script(REPO / "scripts" / "pretrain.py", "parallel.tensr=2", "optimizer.lrr=1")
+    assert [line.split(":")[1] for line in overrides.stderr.splitlines()] == [
+        " override 'parallel.tensr=2'", " override 'optimizer.lrr=1'"]
+    options = run_script(REPO / "scripts" / "bench_step.py", "steps=0", "warmup=0")
+    assert options.stderr.splitlines() == [
+        "error: steps=0 must be a positive whole number, e.g. steps=2",
+        "error: warmup=0 must be a positive whole number, e.g. warmup=2"]
 
 
 def test_options_are_typed_and_split_from_the_rest():
@@ -108,7 +140,8 @@ def test_a_command_without_a_rest_refuses_other_words():
 def test_help_lists_a_commands_own_options():
     assert "steps=  measured rounds of each step (an integer, default 20)" in help_text(
         BENCH_STEP)
-    assert "print=  megatron_args: print the Megatron-LM" in help_text(PRETRAIN)
+    assert "print=  config: print the resolved config" in help_text(PRETRAIN)
+    assert "check=  paths: check every path the run names" in help_text(PRETRAIN)
 
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c.takes_recipe],
@@ -201,3 +234,41 @@ def test_the_local_launcher_gives_gpu_ranks_their_environment(monkeypatch, tmp_p
     args = parse_arguments(PRETRAIN, [f"recipe={recipe}"])
     assert pipeline.start_local_ranks(cfg, tmp_path, args, on_gpu) == 0
     assert {k: v for k, v in seen.items() if k != pipeline.PREFLIGHT_DONE_ENV} == expected
+
+
+def test_known_harmless_library_warnings_are_filtered_here_and_in_child_processes():
+    """Each message of the table is silenced, in this process and (PYTHONWARNINGS) in the
+    processes a command starts; any other warning still prints."""
+    from trainer.entry.library_noise import NOISE, python_warnings
+
+    said = [noise.message for noise in NOISE if noise.logger is None]
+    code = ("import warnings\n"
+            f"for text in {said!r} + ['Something else, worth reading']:\n"
+            "    warnings.warn(text + ' (as the library says it)')\n")
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=HANG_S, env={"PYTHONWARNINGS": python_warnings()})
+    assert [line for line in quiet.stderr.splitlines() if "UserWarning" in line] == [
+        "<string>:3: UserWarning: Something else, worth reading (as the library says it)"]
+    loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=HANG_S, env={})
+    assert loud.stderr.count("UserWarning") == len(said) + 1
+
+
+def test_print_config_is_the_resolved_config_that_config_reads_back(tmp_path):
+    """`print=config`: any recipe with its overrides, every field, as YAML; nothing starts.
+    Saved, it is a config `config=FILE` reproduces exactly."""
+    from recipes.config.io import load_config
+    from recipes.resolve import resolve_config
+
+    argv = ["recipe=8b_tp8_pp4_dp2", "model.seq_length=4096", "train.train_iters=7000"]
+    result = run_script(REPO / "scripts" / "pretrain.py", *argv, "print=config")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "# Resolved configuration of recipe 'llama3_8b_tp8_pp4_dp2'."
+    assert "  seq_length: 4096" in lines and "  vocab_size: 128256" in lines
+    saved = tmp_path / "printed.yaml"
+    saved.write_text(result.stdout)
+    assert load_config(saved) == resolve_config(argv)
+    refused = run_script(REPO / "scripts" / "pretrain.py", *argv, "train.train_iters=-1",
+                         "print=config")
+    assert refused.returncode == 2 and refused.stderr.startswith("error: train.train_iters=-1")

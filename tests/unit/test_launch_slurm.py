@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from plugins.protocol.errors import ConfigError
+from recipes.config.overrides import apply_overrides
 from recipes.registry import canonical_name, get_recipe, recipe_names
 from tests.hang import HANG_S
 from trainer.entry.commands import LAUNCH
@@ -415,3 +416,152 @@ def test_the_local_executor_runs_phase_jobs_in_one_pinned_run_directory(capsys, 
     assert len(set(re.findall(r"'run_dir=([^']+)'", out))) == 1  # ... in one run directory
     second = out[out.index("# job 2/2"):]
     assert all(f"'{arg}'" in second for arg in RESUME_LONG.split())
+
+
+# --- site settings, containers and paths the cluster alone holds ------------------------------
+
+def site_cluster(tmp_path: Path, settings: str) -> Path:
+    """The CPU Slurm cluster file with site settings added (YAML lines)."""
+    path = tmp_path / "site" / "site.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(Path(CPU_SLURM).read_text() + settings)
+    return path
+
+
+def prepared_blend(folder: Path) -> tuple[Path, Path]:
+    """A blend outside this checkout naming a real manifest in a folder of its own, as a
+    user's prepared data would be: (blend file, manifest)."""
+    from tests.unit.dataset_fixtures import write_dataset
+
+    data = folder / "lustre" / "data" / "web"
+    data.mkdir(parents=True)
+    write_dataset(data / "web_0", [[1, 2, 0]] * 40)
+    manifest = data / "web.json"
+    manifest.write_text('{"eod_id": 0, "vocab_size": 256, "shards": [{"prefix": "web_0"}]}')
+    blend = folder / "blends" / "web.yaml"
+    blend.parent.mkdir()
+    blend.write_text(f"train:\n  - {{manifest: {manifest}, weight: 1.0}}\n")
+    return blend, manifest
+
+
+def srun_lines(script: str) -> list[str]:
+    return [line for line in script.splitlines() if line.startswith("srun ")]
+
+
+def test_the_cluster_file_holds_the_site_settings_and_the_command_line_wins(capsys, tmp_path):
+    cluster = site_cluster(tmp_path, "account: acct\npartition: batch\ntime: '01:30:00'\n")
+    script = render(capsys, tmp_path, "recipe=tiny_tp2_pp2", SYNTHETIC, f"cluster={cluster}")
+    assert "#SBATCH --account=acct\n" in script and "#SBATCH --partition=batch\n" in script
+    assert "#SBATCH --time=01:30:00\n" in script
+    script = render(capsys, tmp_path, "recipe=tiny_tp2_pp2", SYNTHETIC, f"cluster={cluster}",
+                    "partition=debug", "time=00:20:00")
+    assert "#SBATCH --partition=debug\n" in script and "#SBATCH --time=00:20:00\n" in script
+    assert "#SBATCH --account=acct\n" in script  # what the command line leaves: the file's
+
+
+def test_a_job_checks_every_path_on_the_cluster_in_its_first_step(capsys, tmp_path):
+    script = render(capsys, tmp_path, "recipe=tiny_tp2_pp2", SYNTHETIC, f"cluster={CPU_SLURM}")
+    first, training = srun_lines(script)
+    assert first == (f"srun --nodes=1 --ntasks=1 --chdir {REPO} python scripts/pretrain.py "
+                     f"{pretrain_args(script).removeprefix('scripts/pretrain.py ')} check=paths "
+                     "|| exit 2")
+    assert script.index(first) < script.index(training) and "torchrun " in training
+
+
+def test_a_container_job_mounts_what_the_run_needs_and_runs_the_images_python(capsys, tmp_path):
+    """Mounts: the cluster file's and the command line's first, then, each at its own path, the
+    checkout, the job directory (its runs/ too), the blend's folder, the data's and the cluster
+    file's, with nothing the user's mounts cover twice. No host virtualenv on PATH: the image's
+    python3 runs our torchrun agent (a line of its own per node), which starts the ranks."""
+    blend, manifest = prepared_blend(tmp_path)
+    cluster = site_cluster(tmp_path, "container_image: nvcr.io/nvidia/pytorch:25.01-py3\n"
+                                     "container_mounts: [/scratch:/scratch]\n")
+    job_dir = tmp_path / "jobs"
+    out = launch_output(capsys, job_dir, "recipe=tiny_tp2_pp2", "data.source=blend",
+                        f"data.blend={blend}", f"cluster={cluster}",
+                        f"container_mounts={blend.parent}:/blends:ro")
+    script = out[out.index("sbatch --requeue"):]
+    check, training = srun_lines(script)
+    mounts = re.search(r"--container-mounts (\S+) ", training).group(1).split(",")
+    own = [f"{path}:{path}" for path in (REPO, job_dir, manifest.parent, blend.parent,
+                                          cluster.parent)]
+    assert mounts[:2] == ["/scratch:/scratch", f"{blend.parent}:/blends:ro"]  # the user's
+    assert sorted(mounts[2:7]) == sorted(own)  # then the run's, each once
+    assert mounts[7] == f"{job_dir}/experiments:{job_dir}/experiments"  # NeMo-Run's own
+    assert len(mounts) == 9 and mounts[8].endswith("/pretrain:/nemo_run")
+    assert "--container-image nvcr.io/nvidia/pytorch:25.01-py3 " in training
+    assert "export PATH=" not in script and str(BIN) not in script  # not the host's venv
+    agent = training[training.index("--kill-on-bad-exit=1 ") + len("--kill-on-bad-exit=1 "):]
+    port = re.search(r"--rdzv-endpoint \$head_node_ip:(\d+) ", agent).group(1)
+    assert agent == (f"python3 scripts/agent/torchrun --rdzv-backend c10d --rdzv-endpoint "
+                     f"$head_node_ip:{port} --rdzv-id {port} --nnodes 2 --nproc-per-node 2 "
+                     f"--node-rank $SLURM_NODEID --tee 3 {pretrain_args(agent)}")
+    assert "#SBATCH --ntasks-per-node=1\n" in script  # one agent per node
+    # the variables the job sets reach the container over the image's own
+    assert "--container-env MCORE_RECIPES_FAILED_ATTEMPTS,CUDA_DEVICE_MAX_CONNECTIONS," in training
+    # the paths are checked in the same image with the same mounts, before the ranks start
+    assert check.startswith("srun --nodes=1 --ntasks=1 --container-image nvcr.io/nvidia/"
+                            f"pytorch:25.01-py3 --container-mounts {','.join(mounts[:7])} "
+                            f"--container-workdir {REPO} ")
+    assert check.endswith(" python3 scripts/pretrain.py " + pretrain_args(agent).removeprefix(
+        "scripts/pretrain.py ") + " check=paths || exit 2")
+
+
+def test_a_container_job_runs_the_python_it_is_told_to(capsys, tmp_path):
+    venv = "/shared/venv"  # a virtualenv on shared storage, not under the job directory
+    script = render(capsys, tmp_path, "recipe=tiny_dp2", SYNTHETIC, f"cluster={CPU_SLURM}",
+                    "container_image=img:1", f"container_python={venv}/bin/python")
+    check, training = srun_lines(script)
+    assert f"{venv}:{venv}" in training and f" {venv}/bin/python scripts/agent/torchrun " in \
+        training and f" {venv}/bin/python scripts/pretrain.py " in check
+    assert "--rdzv-endpoint localhost:0 " in training and "--node-rank 0 " in training
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ("time: 4h\n", "time='4h' is not a Slurm time limit"),
+    ("account: ''\n", "account='' must be text"),
+    ("container_mounts: /a:/a\n", "container_mounts must be a list"),
+    ("container_mounts: [data:/data]\n", "container mount 'data:/data' must be SOURCE"),
+    ("partiton: batch\n", "unknown key 'partiton'; did you mean partition?"),
+])
+def test_cluster_file_site_settings_are_checked(tmp_path, settings, message):
+    from recipes.plan.cluster import load_cluster
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_cluster(site_cluster(tmp_path, settings))
+
+
+def test_a_dry_run_renders_paths_only_the_cluster_has_and_a_submit_checks_them(capsys,
+                                                                              tmp_path):
+    """A blend, its data and a checkpoint on a file system this machine does not have: the
+    dry run renders and names them in one line (the job's first step checks them); a submit
+    from here refuses them, each in one line."""
+    blend, _ = prepared_blend(tmp_path)
+    elsewhere = tmp_path / "elsewhere.yaml"
+    elsewhere.write_text("train:\n  - {manifest: /lustre-not-here/web/web.json}\n")
+    argv = ["recipe=tiny_tp2_pp2", "data.source=blend", f"data.blend={elsewhere}",
+            "checkpoint.load=/lustre-not-here/run/checkpoints", f"cluster={CPU_SLURM}"]
+    out = launch_output(capsys, tmp_path, *argv)
+    assert ("paths not on this machine, checked on the cluster by the job's first step "
+            "(scripts/pretrain.py check=paths) before any rank starts: data.blend: "
+            "/lustre-not-here/web/web.json, checkpoint.load: /lustre-not-here/run/checkpoints"
+            "\n") in out
+    assert "check=paths || exit 2" in out
+    with pytest.raises(ConfigError) as refused:
+        plan_launch(parse_launch_args([*argv, f"job_dir={tmp_path}"]))
+    assert [line.split(" ")[0] for line in refused.value.messages] == [
+        "checkpoint.load=/lustre-not-here/run/checkpoints", f"data.blend={elsewhere}:"]
+
+
+def test_a_mount_the_user_gives_at_its_own_path_covers_what_lies_under_it(tmp_path):
+    """What the run needs is mounted only where no identity mount of the user's (or another
+    of the run's) holds it already; a mount to another place covers nothing."""
+    from trainer.launch.job_paths import container_mounts
+
+    blend, manifest = prepared_blend(tmp_path)
+    cfg = apply_overrides(get_recipe("tiny_dp2"), ["data.source=blend", f"data.blend={blend}"])
+    jobs = tmp_path / "jobs"
+    mounts = container_mounts(cfg, str(jobs), str(jobs / "runs" / "r"),
+                              given=[f"{tmp_path}/lustre", f"{tmp_path}:/elsewhere"])
+    assert mounts == [f"{tmp_path}/lustre", f"{tmp_path}:/elsewhere", f"{REPO}:{REPO}",
+                      f"{blend.parent}:{blend.parent}", f"{jobs}:{jobs}"]

@@ -136,6 +136,27 @@ def test_the_loss_curve_is_drawn_at_run_end(tmp_path):
     assert (tmp_path / "loss_curve.png").read_bytes().startswith(PNG)
 
 
+def test_a_resumed_runs_curve_is_the_whole_run_from_its_metrics(tmp_path):
+    """A run resumed at step 3 hears steps 4 and 5 only; its metrics.jsonl holds 1-5 and the
+    held-out losses of both starts. The picture is drawn from the file: all of them (without
+    a metrics.jsonl, as for a command that keeps none: what it heard)."""
+    records = [{"kind": "heldout", "step": 0, "loss": 5.0},
+               *({"kind": "train", "step": s, "loss": 6.0 - s, "lr": 1e-3} for s in range(1, 6)),
+               {"kind": "heldout", "step": 5, "loss": 1.5}]
+    plugin = LoggingPlugin(LoggingConfig())
+    _start(plugin, tmp_path)
+    for step in (4, 5):
+        plugin.after_step(_metrics(step=step))
+    assert [step for step, _ in plugin.whole_run().train_loss] == [4, 5]  # no file yet
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    whole = plugin.whole_run()
+    assert whole.train_loss == [(s, 6.0 - s) for s in range(1, 6)]
+    assert whole.heldout_loss == [(0, 5.0), (5, 1.5)] and whole.name == tmp_path.name
+    plugin.run_end({})
+    expected = plot_curves([whole], tmp_path / "expected.png", tmp_path.name)
+    assert (tmp_path / "loss_curve.png").read_bytes() == expected.read_bytes()
+
+
 def test_logging_config_is_built_only_when_something_is_on_and_names_missing_packages(
         monkeypatch):
     cfg = resolve_config(["recipe=tiny_dp1"])

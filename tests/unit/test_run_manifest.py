@@ -129,10 +129,24 @@ def test_vocabulary_padding_and_tokenizer_changes_are_refused(root):
     manifest = _manifest(root / "step_0000004")
     padded = incompatibility(_cfg("model.make_vocab_size_divisible_by=512"), manifest)
     assert padded.startswith("its vocabulary is padded to 256 rows, this run pads to 512")
-    assert tokenizer_mismatch({"kind": "byte"}, {"kind": "prepared", "vocab_size": 4096,
-                                                "eod_id": 0, "files_crc32": [7]}) == (
-        "it was trained with tokenizer 'byte', this run's data uses (vocab 4096, EOD 0, files "
-        "[7])")
+    web = {"kind": "prepared", "vocab_size": 4096, "eod_id": 0, "files_crc32": [7],
+           "folders": ["/data/web.tokenizer"]}
+    assert tokenizer_mismatch({"kind": "byte"}, web) == (
+        "it was trained with the byte tokenizer of the built-in corpora, this run's data uses "
+        "tokenizer /data/web.tokenizer (vocab 4096, EOD 0); set data.source back to the saved "
+        "run's, or train from scratch without checkpoint.load")
+    code = {**web, "files_crc32": [8], "folders": ["/data/code.tokenizer"]}
+    assert tokenizer_mismatch(web, code, "conf/data/web.yaml") == (
+        "it was trained with tokenizer /data/web.tokenizer (vocab 4096, EOD 0), this run's data "
+        "uses tokenizer /data/code.tokenizer (vocab 4096, EOD 0); set data.blend back to a "
+        "blend prepared with the saved tokenizer (the saved run had data.blend="
+        "conf/data/web.yaml), or train from scratch without checkpoint.load")
+    # the same files elsewhere, and a checkpoint saved before folders were recorded: no word
+    assert tokenizer_mismatch(web, {**web, "folders": ["/moved/web.tokenizer"]}) is None
+    older = {key: value for key, value in web.items() if key != "folders"}
+    assert tokenizer_mismatch(older, web) is None
+    assert "a prepared tokenizer (vocab 4096, EOD 0, tokenizer.json CRC-32 [7])" in \
+        tokenizer_mismatch(older, code)
     assert incompatibility(_cfg("train.global_batch_size=16"), manifest) is None
 
 

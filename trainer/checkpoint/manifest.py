@@ -74,28 +74,28 @@ def layout_text(record: dict[str, int]) -> str:
 
 
 def tokenizer_identity(cfg) -> dict[str, Any]:
-    """The tokenizer a run's data was made with: the byte tokenizer, or the blend's ids and the
-    CRC-32 of each tokenizer file its manifests name."""
+    """The tokenizer a run's data was made with: the byte tokenizer, or the blend's ids, the
+    CRC-32 of each tokenizer file its manifests name (what decides a match) and their folders
+    (what a refusal names)."""
     if cfg.data.source != "blend" or cfg.data.blend is None:
         return {"kind": cfg.data.tokenizer}
-    import yaml
-
-    from recipes.config.blend import load_blend
+    from recipes.config.blend import load_blend, manifest_tokenizer, named_paths
 
     blend = load_blend(cfg.data.blend)
-    loaded = yaml.safe_load(Path(cfg.data.blend).read_text(encoding="utf-8")) or {}
-    files = set()
-    for entry in [*(loaded.get("train") or []), *(loaded.get("valid") or [])]:
-        manifest = Path(str(entry.get("manifest", ""))) if isinstance(entry, dict) else Path()
-        if manifest.suffix == ".json" and manifest.is_file():
-            named = json.loads(manifest.read_text(encoding="utf-8")).get("tokenizer")
-            found = manifest.parent / named if named else None
-            if found is not None and found.is_dir():  # a Hugging Face tokenizer folder
-                found = found / "tokenizer.json"
-            if found is not None and found.is_file():
-                files.add(file_record(found)["crc32"])
+    files, folders = set(), set()
+    for name in named_paths(cfg.data.blend)[1:]:
+        path = Path(name)
+        if path.suffix != ".json" or not path.is_file():
+            continue
+        found = manifest_tokenizer(name, json.loads(path.read_text(encoding="utf-8")))
+        if found is None or not found.exists():
+            continue
+        folders.add(str(found.resolve()))  # a Hugging Face folder (older: its one file)
+        found = found / "tokenizer.json" if found.is_dir() else found
+        if found.is_file():
+            files.add(file_record(found)["crc32"])
     return {"kind": "prepared", "vocab_size": blend.vocab_size, "eod_id": blend.eod_id,
-            "files_crc32": sorted(files)}
+            "files_crc32": sorted(files), "folders": sorted(folders)}
 
 
 def read_manifest(step_dir: Path) -> dict[str, Any] | None:
@@ -170,18 +170,33 @@ def shape_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None
     return None
 
 
-def tokenizer_mismatch(saved: dict[str, Any] | None, current: dict[str, Any]) -> str | None:
-    if saved is None or saved == current:
+IDENTITY_KEYS = ("kind", "vocab_size", "eod_id", "files_crc32")  # what makes two the same
+
+
+def tokenizer_mismatch(saved: dict[str, Any] | None, current: dict[str, Any],
+                       saved_blend: str | None = None) -> str | None:
+    """Why a checkpoint trained on one tokenizer's ids cannot go on with another's (the same
+    ids would mean other text), naming both tokenizers and the setting to change; None when
+    they are the same files (wherever they lie now) or the checkpoint records none."""
+    if saved is None or all(saved.get(k) == current.get(k) for k in IDENTITY_KEYS):
         return None
-    return (f"it was trained with tokenizer {_tokenizer_text(saved)}, this run's data uses "
-            f"{_tokenizer_text(current)}")
+    back = (f"set data.blend back to a blend prepared with the saved tokenizer (the saved run "
+            f"had data.blend={saved_blend})" if saved_blend else
+            "set data.source back to the saved run's" if saved.get("kind") != "prepared" else
+            "set data.blend to a blend prepared with the saved tokenizer")
+    return (f"it was trained with {_tokenizer_text(saved)}, this run's data uses "
+            f"{_tokenizer_text(current)}; {back}, or train from scratch without "
+            "checkpoint.load")
 
 
 def _tokenizer_text(identity: dict[str, Any]) -> str:
     if identity.get("kind") != "prepared":
-        return repr(identity.get("kind"))
-    return (f"(vocab {identity.get('vocab_size')}, EOD {identity.get('eod_id')}, files "
-            f"{identity.get('files_crc32')})")
+        return f"the {identity.get('kind')} tokenizer of the built-in corpora"
+    ids = f"vocab {identity.get('vocab_size')}, EOD {identity.get('eod_id')}"
+    folders = identity.get("folders")
+    if folders:
+        return f"tokenizer {', '.join(folders)} ({ids})"
+    return f"a prepared tokenizer ({ids}, tokenizer.json CRC-32 {identity.get('files_crc32')})"
 
 
 def _stated(flat: dict[str, Any], key: str) -> Any:
@@ -216,10 +231,16 @@ def _padding_mismatch(cfg, manifest: dict[str, Any]) -> str | None:
 
 
 def incompatibility(cfg, manifest: dict[str, Any]) -> str | None:
-    """Why this run cannot load the checkpoint's model at all (shape, padding, tokenizer)."""
+    """Why this run cannot load the checkpoint's model at all (shape, padding)."""
     saved = flatten(manifest.get("config") or {})
-    return (shape_mismatch(saved, _current(cfg)) or _padding_mismatch(cfg, manifest)
-            or tokenizer_mismatch(manifest.get("tokenizer"), tokenizer_identity(cfg)))
+    return shape_mismatch(saved, _current(cfg)) or _padding_mismatch(cfg, manifest)
+
+
+def tokenizer_refusal(cfg, manifest: dict[str, Any]) -> str | None:
+    """Why this run's data cannot go on from the checkpoint's (`tokenizer_mismatch`)."""
+    saved = flatten(manifest.get("config") or {})
+    return tokenizer_mismatch(manifest.get("tokenizer"), tokenizer_identity(cfg),
+                              saved.get("data.blend"))
 
 
 def _experts_apart(flat: dict[str, Any]) -> bool:

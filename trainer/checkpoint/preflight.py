@@ -28,7 +28,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from plugins.protocol.errors import ConfigError
+from plugins.protocol.errors import ConfigError, config_error
 from recipes.config.io import CONFIG_FILENAME
 from recipes.config.path_rules import (
     DIRECTORY_RULES,
@@ -61,6 +61,7 @@ from trainer.checkpoint.manifest import (
     read_manifest,
     reshard_problem,
     resume_notes,
+    tokenizer_refusal,
 )
 from trainer.checkpoint.megatron_lm import (
     foreign_manifest,
@@ -234,6 +235,10 @@ def checkpoint_preflight(cfg: RunConfig) -> list[str]:
     if reason:
         raise ConfigError(f"checkpoint.load={load} does not fit this run's model: {reason}; "
                           "use the saved value, or start from another checkpoint")
+    reason = tokenizer_refusal(cfg, manifest)
+    if reason:
+        raise ConfigError(f"checkpoint.load={load} was trained on another tokenizer's ids: "
+                          f"{reason}")
     reason = reshard_problem(cfg, manifest)
     if reason:
         raise ConfigError(f"checkpoint.load={load} cannot resume in this layout: {reason}")
@@ -304,15 +309,32 @@ RUN_PATH_RULES: tuple[PathRule, ...] = (
 )
 
 
+def path_problems(cfg: RunConfig, rules: tuple[PathRule, ...] = RUN_PATH_RULES) -> list[str]:
+    """The message of every path rule `cfg` breaks, in the order a user meets them. A rule that
+    cannot judge a config another rule (or a value rule) refused, and raises, is passed over
+    once a problem is known."""
+    problems: list[str] = []
+    for rule in rules:
+        try:
+            message = rule(cfg)
+        except Exception:  # noqa: BLE001 - only beside another refusal (re-raised else)
+            if not problems:
+                raise
+            continue
+        if message:
+            problems.append(message)
+    return problems
+
+
 def validate_paths(cfg: RunConfig, *, resume: bool = True) -> None:
-    """Raise `ConfigError` with the first path problem (none for a dry run, which uses no files).
-    First resolves `checkpoint.resume` in place (`apply_resume`) unless `resume=False` (a
-    launcher on a login node: the job resolves it when it starts)."""
+    """Raise `ConfigError` with every path problem, one line each (`ConfigErrors` for several;
+    none for a dry run, which uses no files). First resolves `checkpoint.resume` in place
+    (`apply_resume`) unless `resume=False` (a launcher on a login node: the job resolves it
+    when it starts)."""
     if cfg.dry_run:
         return
     if resume:
         apply_resume(cfg)
-    for rule in RUN_PATH_RULES:
-        message = rule(cfg)
-        if message:
-            raise ConfigError(message)
+    error = config_error(path_problems(cfg))
+    if error is not None:
+        raise error

@@ -130,24 +130,41 @@ def checkpoint_sizes(args: Arguments) -> list[list[str]]:
 
 
 def pretrain(args: Arguments) -> int:
-    """Train, or with `print=megatron_args` print the Megatron-LM command line that trains the
-    same thing (nothing starts)."""
+    """Train; or with `print=config` print the resolved config (YAML), with
+    `print=megatron_args` the Megatron-LM command line that trains the same thing, with
+    `check=paths` check the paths the run names where it runs (nothing starts)."""
     if args["print"] == "megatron_args":
         from recipes.config.megatron_args import command_text
         from recipes.resolve import resolve_config
 
         print(command_text(resolve_config(list(args.rest))))
         return 0
+    if args["print"] == "config":
+        from recipes.config.io import resolved_yaml
+        from recipes.resolve import resolve_config
+        from trainer.throughput import RUN_RULES
+
+        print(resolved_yaml(resolve_config(list(args.rest), rules=RUN_RULES)), end="")
+        return 0
+    if args["check"] == "paths":
+        from trainer.entry.pipeline import check_paths
+
+        return check_paths(args)
     return Training(pretrain_rank, phased=True)(args)
 
 
 PRETRAIN = Command(
     script="pretrain.py", run=pretrain, rest=CONFIG_REST, takes_recipe=True,
-    options={"print": Option(None, "megatron_args: print the Megatron-LM pretrain_gpt.py "
-                             "command line training the same thing (pretrain_hybrid.py for a "
-                             "hybrid, with its layer pattern, Mamba sizes and MoE routing), "
-                             "and start nothing",
-                             type=Literal["megatron_args"] | None)})
+    options={"print": Option(None, "config: print the resolved config (every field, as YAML, "
+                             "the form config=FILE reads) and start nothing; megatron_args: "
+                             "print the Megatron-LM pretrain_gpt.py command line training the "
+                             "same thing (pretrain_hybrid.py for a hybrid, with its layer "
+                             "pattern, Mamba sizes and MoE routing), and start nothing",
+                             type=Literal["megatron_args", "config"] | None),
+             "check": Option(None, "paths: check every path the run names (data, checkpoint, "
+                             "run directory, cluster file) on this machine, each problem in "
+                             "one line, and start nothing: a Slurm job's first step",
+                             type=Literal["paths"] | None)})
 
 BENCH_STEP = Command(
     script="bench_step.py", run=Training(bench_step_rank), rest=CONFIG_REST, takes_recipe=True,
@@ -270,11 +287,22 @@ LAUNCH_OPTIONS = {
     "retries": Option(0, "times Slurm requeues a failed job", check=non_negative),
     "rdzv_port": Option(None, "c10d rendezvous port (default: derived at launch)",
                         type=int | None, check=_port),
-    "account": Option(None, "Slurm account", type=str | None),
-    "partition": Option(None, "Slurm partition", type=str | None),
-    "time": Option(None, "Slurm time limit HH:MM:SS", type=str | None),
+    "account": Option(None, "Slurm account (null: the cluster file's account:)",
+                      type=str | None),
+    "partition": Option(None, "Slurm partition (null: the cluster file's partition:)",
+                        type=str | None),
+    "time": Option(None, "Slurm time limit HH:MM:SS (null: the cluster file's time:, else "
+                   "04:00:00)", type=str | None),
     "job_dir": Option(None, "where NeMo-Run lays out jobs (shared storage)", type=str | None),
-    "container_image": Option(None, "container image for the job", type=str | None),
+    "container_image": Option(None, "run the job in this container image (pyxis; null: the "
+                              "cluster file's container_image:, else no container)",
+                              type=str | None),
+    "container_mounts": Option(None, "more container mounts, SRC[:DST[:FLAGS]],... (added to "
+                               "the cluster file's and to what the run needs: data, run and "
+                               "job directories, this checkout)", type=str | None),
+    "container_python": Option(None, "the Python the container job runs (null: the image's "
+                               "python3; e.g. a virtualenv's bin/python on shared storage, "
+                               "which is then mounted)", type=str | None),
 }
 LAUNCH_FLAGS = ("--dry-run", "--dry_run")
 

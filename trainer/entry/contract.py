@@ -13,7 +13,8 @@ its overrides, run directories, a sub-command). `main`:
                             work here; a training command hands over to the training pipeline
                             (trainer/entry/pipeline.py), which launches ranks or is one
     errors                  a `UserError` anywhere (ConfigError before launch, a plugin's at run
-                            time) is printed once as `error: <what and how to fix>`, exit 2
+                            time) is printed once as `error: <what and how to fix>`, exit 2;
+                            several found together (ConfigErrors) are one such line each
 
 Exit codes (plugins/protocol/errors.py): 0 done, 1 a run or a check failed, 2 a user mistake,
 3 a non-finite loss or gradient. Environment a command must set before its heavy imports
@@ -31,9 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plugins.protocol.errors import EXIT_USER_ERROR, UserError
+from plugins.protocol.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError, error_lines
 from recipes.config.arguments import convert, describe_type, split_argument
 from recipes.resolve import ListRecipesRequested
+from trainer.entry.library_noise import quiet_known_noise
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 HELP_ARGS = ("--help", "-h", "help")
@@ -147,12 +149,28 @@ def _own_namespace(command: Command, key: str | None) -> list[str]:
     return [name for name in command.options if name.startswith(prefix)]
 
 
-def parse_arguments(command: Command, argv: Sequence[str]) -> Arguments:
-    """Split and type a command line (module docstring); every mistake is one ConfigError."""
+def _option_value(command: Command, key: str, text: str) -> Any:
+    """One option's typed and checked value; its mistake is one ConfigError."""
     from plugins.protocol.errors import ConfigError
 
+    option = command.options[key]
+    _, raw = split_argument(text, _example(key, option))
+    if not raw.strip():
+        raise ConfigError(f"{key}= is empty; give it a value, e.g. {_example(key, option)}")
+    value = convert(key, raw, option.type, _example(key, option))
+    problem = option.check(key, value) if option.check else None
+    if problem:
+        raise ConfigError(problem)
+    return value
+
+
+def parse_arguments(command: Command, argv: Sequence[str]) -> Arguments:
+    """Split and type a command line (module docstring); every mistake found is said, each in
+    one line (a ConfigError, or ConfigErrors for several)."""
+    from plugins.protocol.errors import ConfigError, config_error
+
     values = {key: option.default for key, option in command.options.items()}
-    flags, rest = set(), []
+    flags, rest, problems = set(), [], []
     for text in argv:
         if text in command.flags:
             flags.add(text)
@@ -162,21 +180,19 @@ def parse_arguments(command: Command, argv: Sequence[str]) -> Arguments:
         if key not in command.options and namespace:
             near = difflib.get_close_matches(key, namespace, n=1)
             hint = f"did you mean {near[0]}?" if near else f"known: {', '.join(namespace)}"
-            raise ConfigError(f"unknown option {key}; {hint}")
-        if key in command.options:
-            option = command.options[key]
-            _, raw = split_argument(text, _example(key, option))
-            if not raw.strip():
-                raise ConfigError(f"{key}= is empty; give it a value, e.g. {_example(key, option)}")
-            value = convert(key, raw, option.type, _example(key, option))
-            problem = option.check(key, value) if option.check else None
-            if problem:
-                raise ConfigError(problem)
-            values[key] = value
+            problems.append(f"unknown option {key}; {hint}")
+        elif key in command.options:
+            try:
+                values[key] = _option_value(command, key, text)
+            except ConfigError as error:
+                problems.append(str(error))
         elif command.rest is not None:
             rest.append(text)
         else:
-            raise ConfigError(_unknown(command, text))
+            problems.append(_unknown(command, text))
+    error = config_error(problems)
+    if error is not None:
+        raise error
     return Arguments(values, frozenset(flags), tuple(rest), command.path)
 
 
@@ -185,6 +201,7 @@ def main(command: Command, argv: Sequence[str] | None = None) -> int:
     exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.update(command.environment)
+    quiet_known_noise()  # library warnings known to be harmless here (library_noise.py)
     if any(arg in HELP_ARGS for arg in argv):
         print(help_text(command))
         return 0
@@ -194,8 +211,14 @@ def main(command: Command, argv: Sequence[str] | None = None) -> int:
         print(help_text(command))
         return 0
     except UserError as error:  # ConfigError, and plugins' run-time refusals
-        print_once(f"error: {error}")
+        for line in error_lines(error):  # several mistakes found together: one line each
+            print_once(f"error: {line}")
         return EXIT_USER_ERROR
+    except KeyboardInterrupt:  # Ctrl-C outside a run's steps (which stop at a boundary)
+        if "LOCAL_RANK" not in os.environ:  # a rank's launcher says it
+            print(f"stopped by Ctrl-C (SIGINT): {command.script} ended", file=sys.stderr,
+                  flush=True)
+        return EXIT_INTERRUPTED
 
 
 def print_once(line: str) -> None:

@@ -11,8 +11,11 @@ benchmarks, the resume check), in two explicit paths:
                         unless the launcher did it -> run dir -> the command's rank function
                         -> process groups torn down
 
-A process is a rank when a launcher started it (torchrun, Slurm + torchrun, or the launching
-process above): `LOCAL_RANK` and `WORLD_SIZE` are set. The launching process imports no torch
+The launching process says every mistake it finds before launch, one line each (the values
+refused and the path problems together), and, when Ctrl-C or SIGTERM stops the ranks, the one
+line that says after which step and how to continue. A process is a rank when a launcher
+started it (torchrun, Slurm + torchrun, or the launching process above): `LOCAL_RANK` and
+`WORLD_SIZE` are set. The launching process imports no torch
 until the configuration is valid, so a mistake or a wrong machine is refused in about a second.
 On a rank, a non-finite loss ends in one line and exit code 3; a collective that failed because
 another rank left ends in one line naming that rank and exit code 1 (trainer/launch/agent.py).
@@ -23,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import time
 import warnings
@@ -30,7 +34,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugins.protocol.errors import EXIT_NONFINITE, ConfigError, UserError
+from plugins.protocol.errors import (
+    EXIT_NONFINITE,
+    ConfigError,
+    UserError,
+    config_error,
+    error_lines,
+)
 from recipes.config.io import CONFIG_FILENAME, save_config
 from recipes.config.machine import check_machine, detect_machine, ranks_on_cpu
 from recipes.config.schema import RunConfig
@@ -95,6 +105,47 @@ def resolve(args: Arguments, extra: Sequence[str] = ()) -> RunConfig:
     return resolve_config([*args.rest, *extra], rules=RUN_RULES)
 
 
+def resolve_for_launch(args: Arguments, extra: Sequence[str] = ()) -> RunConfig:
+    """The launching process's config. When its values are refused, the path problems are
+    looked for too and said with them, one line each: a scheduler mistake does not hide a
+    typo in a blend path until the next try."""
+    try:
+        return resolve(args, extra)
+    except ConfigError as error:
+        raise with_path_problems(error, [*args.rest, *extra]) from None
+
+
+def with_path_problems(error: ConfigError, argv: Sequence[str]) -> ConfigError:
+    """`error` with the path problems of the config `argv` builds, unless the command line
+    itself is wrong (no config to look at), it is a dry run (no files), or a blend's
+    `prepare:` list would still make data the path rules would find missing."""
+    from data_prep.blend_prepare import pending_preparations
+    from recipes.resolve import build_config
+    from trainer.checkpoint.preflight import path_problems
+
+    try:
+        cfg = build_config(argv)
+        if cfg.dry_run or pending_preparations(cfg):
+            return error
+        found = path_problems(cfg)
+    except Exception:  # noqa: BLE001 - a config the value rules refused may defeat a path rule
+        return error
+    return config_error([*error_lines(error), *found]) or error
+
+
+def check_paths(args: Arguments) -> int:
+    """`check=paths`: every path the run names, checked where this process runs (a Slurm
+    job's first step, on the cluster, before any rank starts: a dry run elsewhere may not have
+    seen them), each problem one line; one line when all are in place. Starts nothing."""
+    import socket
+
+    cfg = resolve_for_launch(args)
+    validate_paths(cfg, resume=False)
+    print(f"check=paths: every path {cfg.name} names is in place on {socket.gethostname()}",
+          flush=True)
+    return 0
+
+
 def dry_run(cfg: RunConfig) -> int:
     from trainer.tools.dry_run import run_dry_run
 
@@ -150,7 +201,7 @@ def launch_once(args: Arguments, extra: Sequence[str] = ()) -> tuple[int, RunCon
     """One launch: resolve, check, start the ranks; the exit code, config and run directory
     (no config for a dry run). A resumed run in phases launches in the layout of the phase
     its checkpoint is in: the phase comes from the saved state."""
-    cfg = resolve(args, extra)
+    cfg = resolve_for_launch(args, extra)
     if cfg.dry_run:
         return dry_run(cfg), None, None
     cfg, run_dir, on_gpu = ready_to_launch(cfg, args, extra)
@@ -200,7 +251,52 @@ def start_local_ranks(cfg: RunConfig, run_dir: Path, args: Arguments, on_gpu: bo
     print(f"launching {world} local ranks; outputs in {run_dir}", flush=True)
     environment = {**(gpu_environment(cfg) if on_gpu else cpu_environment(cfg)),
                    PREFLIGHT_DONE_ENV: "1"}
-    return launch_local_ranks(world, args.script, rank_arguments(run_dir, args), environment)
+    code = launch_local_ranks(world, args.script, rank_arguments(run_dir, args), environment)
+    if code - 128 in STOP_SIGNALS:
+        print(stopped_line(run_dir, cfg, signal.Signals(code - 128)), file=sys.stderr,
+              flush=True)
+    return code
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNAL_WORDS = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
+
+
+def _records(run_dir: Path) -> list[dict]:
+    import json
+
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:  # a line a killed rank left half written
+            continue
+    return records
+
+
+def stopped_line(run_dir: Path, cfg: RunConfig, signum: signal.Signals) -> str:
+    """The one line a stopped run ends with: which signal, after which step (the ranks' own
+    record of their stop, else the last step logged), the checkpoint to continue from and
+    the command that continues."""
+    records = _records(run_dir)
+    stop = next((r for r in reversed(records) if r.get("kind") == "stopped"), None)
+    steps = [r["step"] for r in records if r.get("kind") == "train"]
+    step = stop["step"] if stop else (steps[-1] if steps else 0)
+    newest = newest_checkpoint(run_dir / RUN_CHECKPOINTS)
+    if stop and stop.get("checkpoint"):
+        where = f"saved {stop['checkpoint']} at the stop"
+    elif newest is not None:
+        where = (f"the newest checkpoint is {newest} (checkpoint.save_on_stop=true saves one "
+                 "at a stop)")
+    else:
+        where = ("no checkpoint was saved (checkpoint.save_interval=N, or "
+                 "checkpoint.save_on_stop=true at a stop)")
+    resume = (f"; continue with: python scripts/pretrain.py config={run_dir / CONFIG_FILENAME} "
+              f"run_dir={run_dir} checkpoint.resume=true" if newest is not None else "")
+    return (f"stopped by {SIGNAL_WORDS[signum]} after step {step} of "
+            f"{cfg.train.train_iters}; every rank ended; {where}{resume}")
 
 
 def rank_arguments(run_dir: Path, args: Arguments) -> list[str]:

@@ -8,8 +8,11 @@ Face's names (`mapping`), handed to size-limited safetensors shards, and dropped
 one layer plus the shard being filled. The model shape comes from the run's `config.yaml` (next
 to the checkpoint, or two levels up in `runs/<run>/config.yaml`); config.json keeps the fields of
 the imported model when the checkpoint is an import, or the run started from one (its
-`checkpoint.load` holds `hf/config.json`), and its tokenizer files travel along. The directory
-is published by one rename.
+`checkpoint.load` holds `hf/config.json`), and its tokenizer files travel along. A model trained
+here gets the tokenizer of its prepared data (named in one line) and, in config.json and
+generation_config.json, its data's end-of-document id as EOS (`token_ids.py`), so transformers'
+`generate` stops where the model learned to end a document. Every file gets the same mode, and
+the directory is published by one rename.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.io import load_config
 from recipes.config.schema import RunConfig
 from trainer.checkpoint.format import is_checkpoint, newest_checkpoint
-from trainer.interop import hf_config, hf_files, megatron_side, memory, region_reader
+from trainer.interop import (
+    hf_config,
+    hf_files,
+    megatron_side,
+    memory,
+    region_reader,
+    token_ids,
+)
 from trainer.interop.importer import HF_SUBDIR
 from trainer.interop.mapping import rules, shapes_of
 from trainer.models.gpt.hf_tensors import Rule, Shapes, megatron_shape, to_hf
@@ -118,15 +128,50 @@ def _assembled(rule: Rule, loaded: dict, parts: int, shapes: Shapes) -> torch.Te
     return (chunks[0] if parts == 1 else torch.cat(chunks)).reshape(shape)
 
 
-def _copy_tokenizer(cfg: RunConfig, side: Path | None, directory: Path) -> None:
+def _copy_tokenizer(cfg: RunConfig, side: Path | None, directory: Path,
+                    console) -> hf_files.RunTokenizer | None:
     """An imported model's own files (tokenizer, generation config); else the tokenizer of the
-    run's prepared data; a byte-level run (no tokenizer file) exports none."""
+    run's prepared data, said in one line (which one, and from which manifest); a byte-level
+    run (no tokenizer file) exports none. The run's tokenizer, when one was written."""
     imported = hf_files.side_files(side) if side else []
     for path in imported:
         shutil.copy2(path, directory / path.name)
     trained = None if imported else hf_files.run_tokenizer(cfg.data.blend)
     if trained is not None:
-        hf_files.write_tokenizer(*trained, directory)
+        hf_files.write_tokenizer(trained.file, trained.eod_token, directory)
+        console.print(f"tokenizer: {trained.file} (data.blend={cfg.data.blend}: manifest "
+                      f"{trained.manifest}, end of document {trained.eod_token!r} = id "
+                      f"{trained.eod_id})", soft_wrap=True)  # paths whole, never cut
+    return trained
+
+
+def run_eod_id(step: Path, cfg: RunConfig, trained: hf_files.RunTokenizer | None) -> int:
+    """The end-of-document id the run trained with: its checkpoint's record of its tokenizer,
+    else the manifest's, else the byte tokenizer's (the built-in corpora)."""
+    from data_prep.byte_tokenizer import ByteTokenizer
+    from trainer.checkpoint.manifest import read_manifest
+
+    recorded = (read_manifest(step) or {}).get("tokenizer") or {}
+    if isinstance(recorded.get("eod_id"), int):
+        return recorded["eod_id"]
+    if trained is not None and isinstance(trained.eod_id, int):
+        return trained.eod_id
+    return ByteTokenizer.eod
+
+
+def _write_configs(config: dict, step: Path, cfg: RunConfig, side: Path | None,
+                   trained: hf_files.RunTokenizer | None, tmp: Path) -> None:
+    """config.json with the special token ids, and generation_config.json (`generate` reads
+    it first): an imported model keeps its own ids and files; a model trained here gets its
+    data's end-of-document id as EOS (trainer/interop/token_ids.py)."""
+    if side is None:
+        config.update(token_ids.special_ids(run_eod_id(step, cfg, trained),
+                                            tmp if trained is not None else None))
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if not (tmp / "generation_config.json").is_file():
+        ids = {key: config.get(key) for key in token_ids.ID_KEYS}
+        (tmp / "generation_config.json").write_text(
+            json.dumps(token_ids.generation_config(ids), indent=2) + "\n")
 
 
 def _check_against_model(template: dict, plan: list[Rule], shapes: Shapes) -> None:
@@ -159,8 +204,9 @@ def export_hf(checkpoint: Path, out: Path, progress,
             writer.finish()
             side = _imported_files(step, cfg)
             config = hf_config.hf_config_for(cfg.model, DTYPE_NAMES[dtype], _base_config(side))
-            (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-            _copy_tokenizer(cfg, side, tmp)
+            trained = _copy_tokenizer(cfg, side, tmp, progress.console)
+            _write_configs(config, step, cfg, side, trained, tmp)
+            hf_files.same_mode(tmp)  # safetensors writes 0600; every file alike
             hf_files.publish(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -99,9 +100,20 @@ def side_files(model_dir: Path) -> list[Path]:
     return [Path(model_dir) / name for name in SIDE_FILES if (Path(model_dir) / name).is_file()]
 
 
-def run_tokenizer(blend_path: str | None) -> tuple[Path, str | None] | None:
+@dataclass(frozen=True)
+class RunTokenizer:
+    """The tokenizer a run's prepared data was made with, as its blend names it."""
+
+    file: Path  # its tokenizer.json (older preparations: a `<output>.tokenizer.json` file)
+    eod_token: str | None  # the end-of-document token the data ends documents with
+    eod_id: int | None
+    manifest: Path  # the manifest that names it
+
+
+def run_tokenizer(blend_path: str | None) -> RunTokenizer | None:
     """The tokenizer a run trained with: from its blend's first manifest (prepare_data writes
-    `<output>.tokenizer/` and names it there, with its end-of-document token), if any."""
+    `<output>.tokenizer/` and names it there, with its end-of-document token), if any. Every
+    manifest of a blend names the same tokenizer (recipes/config/blend.py refuses others)."""
     import yaml
 
     if not blend_path or not Path(blend_path).is_file():
@@ -116,17 +128,38 @@ def run_tokenizer(blend_path: str | None) -> tuple[Path, str | None] | None:
         if tokenizer.is_dir():  # a Hugging Face folder (older preparations: one file)
             tokenizer = tokenizer / "tokenizer.json"
         if tokenizer.is_file():
-            return tokenizer, facts.get("eod_token")
+            return RunTokenizer(tokenizer, facts.get("eod_token"), facts.get("eod_id"), manifest)
     return None
 
 
 def write_tokenizer(tokenizer: Path, eod_token: str | None, directory: Path) -> None:
-    """tokenizer.json and the tokenizer_config.json transformers needs to load it."""
+    """tokenizer.json and the tokenizer_config.json transformers needs to load it: its end of
+    document is both EOS and PAD (the ids config.json carries, trainer/interop/token_ids.py),
+    and a BOS token its own folder names stays."""
     shutil.copy2(tokenizer, directory / "tokenizer.json")
     config = {"tokenizer_class": "PreTrainedTokenizerFast"}
     if eod_token:
-        config["eos_token"] = eod_token
+        config["eos_token"] = config["pad_token"] = eod_token
+    own = tokenizer.parent / "tokenizer_config.json" if tokenizer.name == "tokenizer.json" \
+        else None
+    if own is not None and own.is_file():
+        bos = json.loads(own.read_text(encoding="utf-8")).get("bos_token")
+        if bos:
+            config["bos_token"] = bos
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def same_mode(directory: Path) -> int:
+    """Give every file in `directory` the mode a new file gets here (0666 less the umask):
+    safetensors writes its files 0600, which other users of a shared model folder could not
+    read while config.json beside them is world-readable. The mode given."""
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = 0o666 & ~umask
+    for path in directory.iterdir():
+        if path.is_file():
+            path.chmod(mode)
+    return mode
 
 
 def refuse_existing(out: Path) -> None:

@@ -7,10 +7,15 @@ node of the allocation (`$head_node_ip`, found by `scontrol show hostnames`, nev
 here) and `sbatch --requeue`; `nemo_run.LocalExecutor` runs torchrun on this machine. Each
 torchrun starts `scripts/pretrain.py` ranks, which run as the ranks torchrun gave them.
 
-What is checked here, before anything is submitted: the recipe and overrides (as pretrain.py
-resolves them), the cluster file (`recipes/plan/cluster.py`), that the recipe's ranks fill
-whole nodes of the cluster and that the cluster has that many nodes. nemo_run is imported only
-inside functions: the rest of the project works without the `launch` extra.
+What is checked here, before anything is submitted, every mistake said in one line of its own:
+the recipe and overrides (as pretrain.py resolves them), the cluster file
+(`recipes/plan/cluster.py`, with the site settings a launch takes from it: account, partition,
+time, container image and mounts), that the recipe's ranks fill whole nodes of the cluster and
+that the cluster has that many nodes, and the paths (a dry run leaves those this machine does
+not have to the job's first step, `pretrain.py check=paths`, which every job runs on the
+cluster before its ranks start). In a container the job runs the image's Python with what the
+run needs mounted (`job_paths.py`). nemo_run is imported only inside functions: the rest of
+the project works without the `launch` extra.
 
 What a Slurm job fixes at launch, because `scontrol requeue` reruns the same script with the
 same arguments: the run directory (on shared storage, `<job_dir>/runs/<recipe>-<UTC time>`)
@@ -46,13 +51,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from plugins.protocol.errors import ConfigError, UserError
+from plugins.protocol.errors import ConfigError, UserError, config_error, error_lines
 from trainer.launch.agent import FAILED_ATTEMPTS_ENV, SIGNALLED_EXIT
 from trainer.launch.environment import gpu_environment, shell_exports
 
 REPO = Path(__file__).resolve().parents[2]
 EXECUTORS = ("slurm", "local")
-TEXT_OPTIONS = ("account", "partition", "time", "job_dir", "container_image")
+TEXT_OPTIONS = ("account", "partition", "time", "job_dir", "container_image", "container_mounts",
+                "container_python")
+SITE_SETTINGS = ("account", "partition", "time", "container_image")  # also in a cluster file
+DEFAULT_TIME = "04:00:00"
+CONTAINER_PYTHON = "python3"  # the image's own, found on its PATH
 AGENT_DIR = REPO / "scripts" / "agent"  # our `torchrun` agent, first on the jobs' PATH
 PORT_LIMITS = (1024, 65535)  # rdzv_port=N: no privileged ports
 DEFAULT_PORTS = range(20000, 30000)  # the derived default rendezvous port lies here
@@ -115,43 +124,138 @@ class LaunchPlan:
     run_dir: str | None = None  # the job's run directory, pinned for Slurm by `pin_slurm_run`
 
 
-def plan_launch(args: LaunchArgs) -> LaunchPlan:
-    """Resolve and validate the recipe, then place its ranks on the cluster's nodes. Paths are
-    checked here, on the placed config: the rules that depend on the layout (the built-in demo
-    corpus beyond one node) judge the nodes this launch uses, not the recipe's own, before
-    anything is rendered or submitted. `checkpoint.resume` is left for the job to resolve when
-    it (re)starts."""
-    from recipes.plan.cluster import apply_cluster, load_cluster, recipe_cluster
-    from recipes.plan.fit import layout_warnings
-    from recipes.resolve import resolve_config
-    from trainer.checkpoint.preflight import validate_paths
+def _resolved(rest: Sequence[str], problems: list[str]) -> Any:
+    """The config the command line builds (None when the command line itself is wrong), its
+    every broken value rule added to `problems`."""
+    from recipes.config.validation import rule_problems
+    from recipes.resolve import build_config
     from trainer.throughput import RUN_RULES
 
-    cfg = resolve_config(args.rest, rules=RUN_RULES)
+    try:
+        cfg = build_config(rest)
+    except ConfigError as error:
+        problems += error_lines(error)
+        return None
+    problems += rule_problems(cfg, RUN_RULES)
+    return cfg
+
+
+def _cluster(args: LaunchArgs, problems: list[str]) -> Any:
     if args.cluster is None:
-        raise ConfigError("cluster= is missing; name a cluster file, e.g. "
-                          "cluster=conf/cluster/h100_80gb_8x8.yaml")
-    cluster = load_cluster(args.cluster)
-    cfg = apply_cluster(cfg, cluster)
+        problems.append("cluster= is missing; name a cluster file, e.g. "
+                        "cluster=conf/cluster/h100_80gb_8x8.yaml")
+        return None
+    from recipes.plan.cluster import load_cluster
+
+    try:
+        return load_cluster(args.cluster)
+    except ConfigError as error:
+        problems += error_lines(error)
+        return None
+
+
+def site_problems(args: LaunchArgs) -> list[str]:
+    """The launch's own site settings: a Slurm time limit, mounts of the pyxis form."""
+    from recipes.plan.cluster import mount_problem, slurm_time_problem
+
+    problems = [slurm_time_problem("time", args.text.get("time"))]
+    problems += [mount_problem("container_mounts", mount) for mount in mounts_given(args)]
+    if args.executor == "local" and args.text.get("container_image"):
+        problems.append("container_image= runs a Slurm job in a container (pyxis); "
+                        "executor=local runs on this machine: drop one of them")
+    return [problem for problem in problems if problem]
+
+
+def placement_problems(cfg: Any, cluster: Any, args: LaunchArgs) -> list[str]:
+    """The recipe's ranks on the cluster file's nodes: as many nodes as it has; one node for
+    the local executor."""
     nodes, gpus = cfg.cluster.nodes, cfg.cluster.gpus_per_node
+    problems = []
     if nodes > cluster.nodes:
-        raise ConfigError(
+        problems.append(
             f"{cfg.name} needs {nodes} nodes of {gpus} GPUs ({nodes * gpus} ranks) but "
             f"cluster={args.cluster} has {cluster.nodes}; pick a larger cluster file or a "
             "recipe with fewer ranks")
     if args.executor == "local" and nodes > 1:
-        raise ConfigError(
+        problems.append(
             f"executor=local runs on this machine only, but {cfg.name} needs {nodes} nodes on "
             f"cluster={args.cluster}; use executor=slurm")
-    validate_paths(cfg, resume=False)
+    return problems
+
+
+def launch_path_rules(absent: Sequence[Any]) -> tuple:
+    """The path rules a launch runs here: all of them, but those about a path a dry run could
+    not see (`job_paths.cluster_only`), which the job's first step runs on the cluster."""
+    from recipes.config.path_rules import (
+        check_blend_splits,
+        check_cluster_spec,
+        check_data_blend,
+        check_phase_blends,
+        check_run_dir,
+    )
+    from trainer.checkpoint.preflight import RUN_PATH_RULES, check_checkpoint_load_path
+
+    fields = {named.field for named in absent}
+    skipped = {check_data_blend, check_phase_blends, check_blend_splits} \
+        if fields & {"data.blend", "phases"} else set()
+    skipped |= {rule for field, rule in (("checkpoint.load", check_checkpoint_load_path),
+                                         ("cluster.spec", check_cluster_spec),
+                                         ("run_dir", check_run_dir)) if field in fields}
+    return tuple(rule for rule in RUN_PATH_RULES if rule not in skipped)
+
+
+def plan_launch(args: LaunchArgs) -> LaunchPlan:
+    """Resolve and validate the recipe, then place its ranks on the cluster's nodes. Every
+    mistake found before launch is said, one line each: the command line's values, the cluster
+    file, the placement, the launch's own settings and the paths. Paths are checked on the
+    placed config: the rules that depend on the layout (the built-in demo corpus beyond one
+    node) judge the nodes this launch uses. A dry run leaves the paths that do not exist here
+    to the job's first step on the cluster and names them in one line. `checkpoint.resume` is
+    left for the job to resolve when it (re)starts."""
+    from recipes.plan.cluster import apply_cluster, recipe_cluster
+    from recipes.plan.fit import layout_warnings
+    from trainer.checkpoint.preflight import path_problems
+    from trainer.launch.job_paths import cluster_only, cluster_only_line
+
+    problems: list[str] = []
+    cfg = _resolved(args.rest, problems)
+    cluster = _cluster(args, problems)
+    problems += site_problems(args)
+    absent: list[Any] = []
+    if cfg is not None and cluster is not None:
+        try:
+            cfg = apply_cluster(cfg, cluster)
+        except ConfigError as error:
+            problems += error_lines(error)
+            cfg = None
+    if cfg is not None and cluster is not None:
+        problems += placement_problems(cfg, cluster, args)
+        absent = cluster_only(cfg) if args.dry_run else []
+        problems += _quietly(lambda: path_problems(cfg, launch_path_rules(absent)), problems)
+    error = config_error(problems)
+    if error is not None:
+        raise error
+    if absent:
+        print(cluster_only_line(absent), flush=True)
     for line in layout_warnings(cfg, recipe_cluster(cfg, network_of=cluster)):
         print(line, flush=True)  # TP or CP groups across this cluster's nodes
+    nodes, gpus = cfg.cluster.nodes, cfg.cluster.gpus_per_node
     placed = [f"cluster.nodes={nodes}", f"cluster.gpus_per_node={gpus}"]
     placed.append(f"cluster.spec={_job_path(args.cluster)}")  # peak FLOP/s for MFU
     if cluster.device == "cpu" and not any(
             arg.startswith("cluster.device=") for arg in args.rest):
         placed.append("cluster.device=cpu")  # CPU nodes: ranks are processes
     return LaunchPlan(cfg, nodes, gpus, [*args.rest, *placed], cluster=cluster)
+
+
+def _quietly(find, known: list[str]) -> list[str]:
+    """`find()`'s problems; nothing when it cannot judge a config already refused."""
+    try:
+        return find()
+    except Exception:  # noqa: BLE001 - a refused config may defeat a path rule
+        if not known:
+            raise
+        return []
 
 
 @dataclass(frozen=True)
@@ -299,38 +403,126 @@ def retry_lines(retries: int, run_dir: str | None, job: str = "pretrain") -> lis
             'stop, not a failure to retry"; return 0; fi; command scontrol "$@"; }']
 
 
-def slurm_executor(plan: LaunchPlan, args: LaunchArgs, job: str = "pretrain") -> Any:
-    """NeMo-Run's Slurm executor: one torchrun per node, this checkout as the job's code."""
+def mounts_given(args: LaunchArgs) -> list[str]:
+    """The user's own container mounts: `container_mounts=A,B` (pyxis's form)."""
+    return [part.strip() for part in (args.text.get("container_mounts") or "").split(",")
+            if part.strip()]
+
+
+def site(args: LaunchArgs, cluster: Any, key: str) -> str | None:
+    """A Slurm site setting: the command line's, else the cluster file's (None: neither)."""
+    value = args.text.get(key)
+    return value if value is not None else getattr(cluster, key, None)
+
+
+@dataclass(frozen=True)
+class Container:
+    """How a job runs in a container: pyxis's image and mounts, the variables the job sets
+    that the container must see over the image's (`--container-env`), and its Python."""
+
+    image: str
+    mounts: tuple[str, ...]
+    env: tuple[str, ...]
+    python: str
+
+    def srun_flags(self, workdir: Path) -> list[str]:
+        """The pyxis flags of a step of the job (NeMo-Run writes the training step's)."""
+        return ["--container-image", self.image, "--container-mounts", ",".join(self.mounts),
+                "--container-workdir", str(workdir),
+                *(["--container-env", ",".join(self.env)] if self.env else [])]
+
+
+def container_of(plan: LaunchPlan, args: LaunchArgs, exported: Sequence[str]) -> Container | None:
+    """The container a Slurm job runs in (None: on the nodes' own system): the image from the
+    command line or the cluster file; mounts: the cluster file's, the command line's, and what
+    the run needs (trainer/launch/job_paths.py)."""
+    from trainer.launch.job_paths import container_mounts
+
+    image = site(args, plan.cluster, "container_image")
+    if image is None:
+        return None
+    python = args.text.get("container_python")
+    given = [*getattr(plan.cluster, "container_mounts", ()), *mounts_given(args)]
+    mounts = container_mounts(plan.cfg, job_dir(args), plan.run_dir, given, python,
+                              files=[args.cluster] if args.cluster else [])
+    return Container(image, tuple(mounts), tuple(exported), python or CONTAINER_PYTHON)
+
+
+def check_step(script_args: Sequence[str], container: Container | None) -> list[str]:
+    """The job's first step: one task on the first node checks every path the run names, on
+    the cluster and in the job's own environment (its container), before any rank starts; a
+    missing one ends the job with its one line (exit 2, no requeue: a path does not come back
+    by retrying)."""
+    where = container.srun_flags(REPO) if container else ["--chdir", str(REPO)]
+    python = container.python if container else "python"
+    command = ["srun", "--nodes=1", "--ntasks=1", *where, python, "scripts/pretrain.py",
+               *script_args, "check=paths"]
+    return ["# every path the run names, checked on the cluster before any rank starts",
+            f"{' '.join(shlex.quote(word) for word in command)} || exit 2"]
+
+
+def slurm_executor(plan: LaunchPlan, args: LaunchArgs, job: PhaseJob = PhaseJob("pretrain"),
+                   script_args: Sequence[str] = ()) -> Any:
+    """NeMo-Run's Slurm executor: one torchrun per node, this checkout as the job's code. In a
+    container the image's Python runs our torchrun agent (`agent_task`), with what the run
+    needs mounted; else this environment's, first on PATH."""
     import nemo_run as run
 
-    text, cluster = args.text, plan.cluster
+    cluster = plan.cluster
     on_cpu = cluster is not None and cluster.device == "cpu"
+    environment = gpu_environment(plan.cfg)  # GPU ranks' needs (harmless on CPU)
+    retry = retry_lines(args.retries, plan.run_dir, job.name)
+    exported = [*([FAILED_ATTEMPTS_ENV] if retry else []), *sorted(environment)]
+    container = container_of(plan, args, exported)
+    # Our torchrun agent, then torchrun and python from this environment (on the shared file
+    # system too): NeMo-Run's launch line names `torchrun`, so PATH picks it. A container
+    # runs the agent with its own Python instead (agent_task) and needs neither.
+    path = [] if container else [f'export PATH="{AGENT_DIR}:{Path(sys.executable).parent}:$PATH"']
     executor = run.SlurmExecutor(
-        account=text.get("account"), partition=text.get("partition"),
-        time=text.get("time", "04:00:00"), nodes=plan.nodes,
+        account=site(args, cluster, "account"), partition=site(args, cluster, "partition"),
+        time=site(args, cluster, "time") or DEFAULT_TIME, nodes=plan.nodes,
         ntasks_per_node=plan.gpus_per_node,
         gpus_per_node=None if on_cpu else plan.gpus_per_node,  # no GPU request on CPU nodes
         cpus_per_task=cluster.cpus_per_task if cluster else None,
         exclusive=True if cluster is not None and cluster.exclusive else None,
-        container_image=text.get("container_image"),
+        container_image=container.image if container else None,
+        container_mounts=list(container.mounts) if container else [],
+        container_env=list(container.env) if container and container.env else None,
         # Where NeMo-Run lays the experiment out (Experiment(base_dir=job_dir)): the packager
         # links the code into <job_dir>/experiments/<name>/<id>/, so the tunnel must agree.
         tunnel=run.LocalTunnel(job_dir=str(Path(job_dir(args)) / "experiments")),
         job_name_prefix="mcore-",
         # The checkout is on the cluster's shared file system: link it, do not archive it.
         packager=run.GitArchivePackager(symlink_from_remote_dir=str(REPO)),
-        # Our torchrun agent, then torchrun and python from this environment (on the shared
-        # file system too): NeMo-Run's launch line names `torchrun`, so PATH picks it.
-        setup_lines="\n".join([
-            f'export PATH="{AGENT_DIR}:{Path(sys.executable).parent}:$PATH"',
-            *retry_lines(args.retries, plan.run_dir, job),
-            *shell_exports(gpu_environment(plan.cfg))]),  # GPU ranks' needs (harmless on CPU)
+        setup_lines="\n".join([*path, *retry, *shell_exports(environment),
+                               *check_step(script_args, container)]),
     )
-    # NeMo-Run then asks one task per node; port None: NeMo-Run's default
-    port = {} if plan.rdzv_port is None else {"rdzv_port": plan.rdzv_port}
-    executor.launcher = run.Torchrun(**port)
+    if container is None:  # NeMo-Run then asks one task per node; port None: its default
+        port = {} if plan.rdzv_port is None else {"rdzv_port": plan.rdzv_port}
+        executor.launcher = run.Torchrun(**port)
+    else:
+        executor.ntasks_per_node = 1  # one agent per node starts the node's ranks
     executor.retries = args.retries
-    return executor
+    return executor, container
+
+
+# Shell variables the agent's command line leaves for the batch shell to fill in.
+JOB_VARIABLES = ("$head_node_ip", "$SLURM_NODEID")
+
+
+def agent_arguments(plan: LaunchPlan, script_args: Sequence[str]) -> list[str]:
+    """Our torchrun agent's command line for a container job: what NeMo-Run's torchrun
+    launcher writes (`--rdzv-backend c10d`, the first node's address at run time, one agent
+    per node; `localhost:0` on one node), then pretrain.py and its arguments, quoted."""
+    one_node = plan.nodes == 1
+    endpoint = "localhost:0" if one_node else f"$head_node_ip:{plan.rdzv_port}"
+    words = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+             "--rdzv-id", str(plan.rdzv_port or 1), "--nnodes", str(plan.nodes),
+             "--nproc-per-node", str(plan.gpus_per_node),
+             "--node-rank", "0" if one_node else "$SLURM_NODEID", "--tee", "3",
+             "scripts/pretrain.py", *script_args]
+    return [word if any(word.startswith(v) for v in JOB_VARIABLES) else shlex.quote(word)
+            for word in words]
 
 
 def local_path(current: str) -> str:
@@ -359,7 +551,11 @@ def build_task(plan: LaunchPlan, args: LaunchArgs,
 
     script_args = [*plan.script_args, *job.extra]
     if args.executor == "slurm":  # run from the job's code dir, a link to this checkout
-        return slurm_executor(plan, args, job.name), run.Script(
+        executor, container = slurm_executor(plan, args, job, script_args)
+        if container is not None:  # the image's Python runs our agent, which starts the ranks
+            return executor, run.Script(path="scripts/agent/torchrun", entrypoint=container.python,
+                                        args=agent_arguments(plan, script_args))
+        return executor, run.Script(
             path="scripts/pretrain.py", args=script_args, entrypoint="python")
     return local_executor(plan), run.Script(  # runs where it is started: name the script
         path=str(REPO / "scripts" / "pretrain.py"), args=script_args, entrypoint="python")

@@ -10,11 +10,14 @@ from pathlib import Path
 def launch_local_ranks(
     nprocs: int, script: Path, script_args: list[str], environment: dict[str, str]
 ) -> int:
-    """Run `script` on `nprocs` local ranks (free rendezvous port); returns the exit code.
+    """Run `script` on `nprocs` local ranks (free rendezvous port); returns the exit code
+    (128 + the signal when this process was stopped by one: torch passes it to the ranks and
+    waits for them, TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds at most).
 
     `environment` (from the plugins, e.g. threads per CPU rank) is set before torchrun reads it,
     unless the user set the variable already, and removed again when the ranks are done.
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -29,6 +32,8 @@ def launch_local_ranks(
     )
     try:
         run(args)
+    except SignalException as stop:  # Ctrl-C or SIGTERM: torch stopped the ranks (they were
+        return 128 + int(stop.sigval)  # given the signal); the caller says it in one line
     except ChildFailedError as failure:
         # Each rank already printed its own one-line error, except one a signal stopped: name
         # it (trainer/launch/agent.py's line); the exit code is passed on.

@@ -1,0 +1,57 @@
+"""The one line a stopped run ends with (`pipeline.stopped_line`), from what the run left on disk,
+and which signals a run stops at a step boundary for (`loop.stop_signals`)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from recipes.config.overrides import apply_overrides
+from recipes.registry import get_recipe
+from trainer.entry.pipeline import stopped_line
+
+CFG = apply_overrides(get_recipe("tiny_dp2"), ["train.train_iters=50"])
+
+
+def _run(run_dir: Path, records: list[dict], steps: tuple[int, ...] = ()) -> Path:
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records)
+                                           + '{"kind": "tra')  # a line cut by the kill
+    for step in steps:  # complete checkpoints: a step directory with Megatron's marker
+        folder = run_dir / "checkpoints" / f"step_{step:07d}"
+        folder.mkdir(parents=True)
+        (folder / "metadata.json").write_text("{}")
+    return run_dir
+
+
+def test_the_stop_line_names_the_signal_the_step_and_what_to_continue_from(tmp_path):
+    trained = [{"kind": "train", "step": s} for s in range(1, 8)]
+    run_dir = _run(tmp_path / "saved", [*trained, {"kind": "stopped", "step": 7,
+                                                   "signal": "SIGINT", "checkpoint": "/c/7"}],
+                   steps=(5, 7))
+    resume = (f"; continue with: python scripts/pretrain.py config={run_dir / 'config.yaml'} "
+              f"run_dir={run_dir} checkpoint.resume=true")
+    assert stopped_line(run_dir, CFG, signal.SIGINT) == (
+        "stopped by Ctrl-C (SIGINT) after step 7 of 50; every rank ended; saved /c/7 at the "
+        "stop" + resume)
+    # not asked to save: the newest checkpoint, and how to get one at the stop
+    run_dir = _run(tmp_path / "older", trained, steps=(5,))
+    assert stopped_line(run_dir, CFG, signal.SIGTERM) == (
+        f"stopped by SIGTERM after step 7 of 50; every rank ended; the newest checkpoint is "
+        f"{run_dir / 'checkpoints' / 'step_0000005'} (checkpoint.save_on_stop=true saves one "
+        f"at a stop); continue with: python scripts/pretrain.py config="
+        f"{run_dir / 'config.yaml'} run_dir={run_dir} checkpoint.resume=true")
+    run_dir = _run(tmp_path / "none", trained[:2])
+    assert stopped_line(run_dir, CFG, signal.SIGINT) == (
+        "stopped by Ctrl-C (SIGINT) after step 2 of 50; every rank ended; no checkpoint was "
+        "saved (checkpoint.save_interval=N, or checkpoint.save_on_stop=true at a stop)")
+
+
+def test_sigterm_waits_for_the_step_boundary_only_when_something_is_saved_on_the_way_out():
+    from trainer.loop import stop_signals
+
+    assert stop_signals(CFG) == (signal.SIGINT,)  # SIGTERM: the ranks end at once, as before
+    for asked in ("checkpoint.save_on_stop=true", "checkpoint.async_save=true"):
+        cfg = apply_overrides(CFG, [asked])
+        assert stop_signals(cfg) == (signal.SIGINT, signal.SIGTERM)
