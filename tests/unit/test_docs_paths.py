@@ -83,3 +83,15 @@ def test_the_check_finds_a_moved_file_and_spares_what_is_not_ours(tmp_path):
         "conf/nowhere/<name>.yaml", "trainer/checkpointing_old.py", "trainer/entry/gone.py"]
     assert "megatron/core/tests/x.py" not in paths and "tests/x.py" not in paths
     assert broken_links(REPO / "README.md", text) == ["docs/gone.md"]
+
+
+def test_the_readme_stays_a_newcomers_path():
+    """At most 200 lines, in the order a newcomer walks: what it is, install, the two set-up
+    commands, a CPU quickstart, training on a cluster, the recipes, where the code is; the
+    reference material lives in docs/."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["## Install", "## Set-up commands (fresh machine)",
+                        "## Quickstart on CPU", "## Train on your cluster", "## Recipes",
+                        "## Where the code is"]
