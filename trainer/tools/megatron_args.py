@@ -84,9 +84,9 @@ def _apply(cfg: RunConfig, fields: dict[str, Any]) -> None:
         target = cfg
         for section in sections:
             target = getattr(target, section)
-        if isinstance(value, list) and len(value) == 1:
-            value = value[0]
         current = getattr(target, name)
+        if isinstance(value, list) and len(value) == 1 and not isinstance(current, list):
+            value = value[0]  # a one-word nargs flag for a scalar field (a list field stays one)
         if value is None and current is not None:
             continue  # Megatron-LM's "unset": the project's default stands
         setattr(target, name, _as_type_of(current, value))
