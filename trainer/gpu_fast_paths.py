@@ -94,6 +94,7 @@ class CudaGraphs:
         self.model = session.model
         self.warmup = session.cfg.train.cuda_graph_warmup_steps
         self.start = session.start_step
+        self.modules = list(session.cfg.train.cuda_graph_modules)
         o = session.cfg.optimizer
         # The distributed optimizer's overlapped all-gather runs in forward pre-hooks, which
         # capture must not record (Megatron-LM's should_disable_forward_pre_hook).
@@ -119,6 +120,11 @@ class CudaGraphs:
             for chunk in self.model:
                 chunk.disable_forward_pre_hook(param_sync=False)
         self.helper.create_cudagraphs()
+        import torch
+
+        if torch.distributed.get_rank() == 0:
+            print(f"CUDA graphs: captured Transformer Engine's graphs after {self.warmup} "
+                  f"warm-up step(s) ({', '.join(self.modules) or 'whole layers'})", flush=True)
         if hooks:
             for chunk in self.model:
                 chunk.enable_forward_pre_hook()

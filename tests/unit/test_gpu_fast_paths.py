@@ -242,3 +242,80 @@ def test_the_local_layers_on_gpus_are_said_with_their_score_memory(capsys):
 
     assert "keeps its scores: 1.07 GB per layer and micro-batch at seq_length 8192" in \
         local_attention_note(get_recipe("llama3_8b_tp8_dp8"))
+
+
+def test_the_gpu_tiers_fast_path_runs_are_valid_configs_with_the_fast_paths_on():
+    """tests/gpu/test_fast_paths_gpu.py trains these on a GPU; here each is resolved and
+    validated as pretrain.py would, and the fast run has the paths it reports on."""
+    from recipes.config.fast_paths import fast_paths_on
+    from recipes.resolve import resolve_config
+    from tests.gpu.test_fast_paths_gpu import CASES, SIZE
+
+    for recipe, model, fast in CASES.values():
+        plain = resolve_config([f"recipe={recipe}", *SIZE, *model])
+        quick = resolve_config([f"recipe={recipe}", *SIZE, *model, *fast])
+        on = fast_paths_on(quick)
+        assert "permute fusion" in on and "grouped gemm" in on
+        assert any(name.startswith("CUDA graphs (transformer_engine") for name in on)
+        assert not any(name.startswith("CUDA graphs") for name in fast_paths_on(plain))
+
+
+def test_cuda_graphs_are_captured_after_the_warmup_steps_only(monkeypatch):
+    """The trainer's TE graph helper (trainer/gpu_fast_paths.py CudaGraphs) captures once, at
+    the first step after `cuda_graph_warmup_steps` from where the session started, with the DP
+    all-gather's forward hooks off while capturing (Megatron-LM's order)."""
+    from types import SimpleNamespace
+
+    from trainer import gpu_fast_paths
+
+    calls = []
+
+    class Helper:
+        captured = False
+
+        def __init__(self, **kwargs):
+            calls.append(("init", kwargs["seq_length"], kwargs["micro_batch_size"]))
+
+        def capture_finished(self):
+            return self.captured
+
+        def create_cudagraphs(self):
+            calls.append("capture")
+            self.captured = True
+
+        def cuda_graph_set_manual_hooks(self):
+            calls.append("manual hooks")
+
+        def graphs_created(self):
+            return self.captured
+
+        def delete_cuda_graphs(self):
+            calls.append("delete")
+
+    class Chunk:
+        def disable_forward_pre_hook(self, param_sync):
+            calls.append(("hooks off", param_sync))
+
+        def enable_forward_pre_hook(self):
+            calls.append("hooks on")
+
+    from megatron.core.transformer import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "TECudaGraphHelper", Helper)
+    monkeypatch.setattr("torch.distributed.get_rank", lambda: 1)
+    cfg = apply_overrides(get_recipe("tiny_dp1"), ["train.cuda_graphs=transformer_engine",
+                                                   "train.cuda_graph_warmup_steps=2",
+                                                   "optimizer.distributed=true",
+                                                   "optimizer.overlap_param_gather=true"])
+    session = SimpleNamespace(cfg=cfg, model=[Chunk()], optimizer=object(), start_step=10)
+    graphs = gpu_fast_paths.CudaGraphs(session, SimpleNamespace(
+        cuda_graph_impl="transformer_engine"))
+    for step in range(10, 15):
+        graphs.before_step(step)
+    graphs.close()
+    assert calls == [("init", 128, 2), ("hooks off", False), "capture", "hooks on",
+                     "manual hooks", "delete"]
+    none = gpu_fast_paths.CudaGraphs(session, SimpleNamespace(cuda_graph_impl="none"))
+    none.before_step(12)
+    none.close()
+    assert none.helper is None
