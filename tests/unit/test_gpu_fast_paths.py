@@ -319,3 +319,24 @@ def test_cuda_graphs_are_captured_after_the_warmup_steps_only(monkeypatch):
     none.before_step(12)
     none.close()
     assert none.helper is None
+
+
+def test_a_gpu_node_without_the_fast_paths_kernels_is_refused_before_launch():
+    """DeepEP (or its HybridEP) for the flex dispatcher, a TE recent enough for the fused MoE
+    kernels: one line each on a GPU node; CPU ranks run without them."""
+    cfg = apply_overrides(get_recipe("mixtral_tiny_ep4_dp4"), [
+        "model.moe_token_dispatcher=flex", "model.moe_flex_backend=hybridep",
+        "model.moe_router_fusion=true"])
+    node = dataclasses.replace(GPU_NODE, transformer_engine="2.8.0")
+    with pytest.raises(ConfigError) as caught:
+        check_machine(cfg, dataclasses.replace(node, flex_backends=("deepep",)))
+    assert str(caught.value).startswith(
+        "model.moe_token_dispatcher=flex with model.moe_flex_backend=hybridep needs DeepEP's "
+        "HybridEP kernels, which are not installed here")
+    with pytest.raises(ConfigError, match=r"^model.moe_router_fusion=true needs Transformer "
+                                          r"Engine >= 2.7, found 2.6.0"):
+        check_machine(cfg, dataclasses.replace(node, transformer_engine="2.6.0",
+                                               flex_backends=("deepep", "hybridep")))
+    check_machine(cfg, dataclasses.replace(node, flex_backends=("deepep", "hybridep")))
+    cpu = MachineInfo(gpus=0, launched_world_size=None)
+    check_machine(cfg, cpu)  # CPU ranks: alltoall, no fused kernels (the plan line says so)
