@@ -72,10 +72,16 @@ def initialize_userbuffers(cfg: Any, config: Any) -> None:
     when it keeps end layers out of FP8); TE's own buffer settings, bootstrapped over NCCL."""
     if not config.tp_comm_overlap:
         return
+    from megatron.core.utils import is_te_min_version
     from transformer_engine.pytorch import module as te_module
 
     m, layout = cfg.model, cfg.layout
     shape = [m.seq_length * cfg.train.micro_batch_size // layout.context, m.hidden_size]
+    if not is_te_min_version("2.7.0"):  # TE 1.9-2.6 take one FP8 switch (initialize.py:240)
+        te_module.base.initialize_ub(shape=shape, tp_size=layout.tensor,
+                                     use_fp8=config.fp8 is not None, ub_cfgs={},
+                                     bootstrap_backend="nccl")
+        return
     modes = te_module.base.UserBufferQuantizationMode
     quantization = [modes.FP8 if config.fp8 else modes.NONE]
     if config.fp8 and config.first_last_layers_bf16:

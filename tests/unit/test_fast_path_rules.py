@@ -185,3 +185,4 @@ def test_a_valid_combination_passes_every_rule():
     assert fast_paths.off_on_cpu(cfg, on_gpu=False) == fast_paths.fast_paths_on(cfg)[:-2] + [
         "activation offloading (core_attn, attn_proj)"]
     assert fast_paths.off_on_cpu(cfg, on_gpu=True) == []
+
