@@ -186,6 +186,11 @@ RULE_CASES = [
     ("check_fp8_shapes", "tiny_tp2_sp", ["plugins.fp8.format=hybrid", "model.seq_length=100"],
      "needs tokens per rank per micro-batch (seq_length / CP [/ TP with SP] x micro_batch_size) "
      "divisible by 16, got 100"),
+    ("check_fp8_delayed_recompute_modules", "tiny_dp1",
+     ["plugins.fp8.format=hybrid", "train.recompute=selective",
+      "train.recompute_modules=[core_attn,layernorm]"],
+     "train.recompute_modules has layernorm, which Megatron cannot recompute with "
+     "plugins.fp8.recipe=delayed"),
     ("check_fp8_param_gather_distributed", "tiny_dp1",
      ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise",
       "plugins.fp8.param_gather=true"],
