@@ -340,3 +340,18 @@ def test_a_gpu_node_without_the_fast_paths_kernels_is_refused_before_launch():
     check_machine(cfg, dataclasses.replace(node, flex_backends=("deepep", "hybridep")))
     cpu = MachineInfo(gpus=0, launched_world_size=None)
     check_machine(cfg, cpu)  # CPU ranks: alltoall, no fused kernels (the plan line says so)
+
+
+@pytest.mark.parametrize(("source", "found"), [
+    ("class Buffer: ...\n", ("deepep",)),
+    ("class Buffer: ...\nclass HybridEPBuffer: ...\n", ("deepep", "hybridep"))])
+def test_the_flex_backends_are_read_from_deepeps_package_without_importing_it(
+        tmp_path, monkeypatch, source, found):
+    from recipes.config.machine import flex_backends
+
+    assert flex_backends() == ()  # not installed on this machine
+    package = tmp_path / "deep_ep"
+    package.mkdir()
+    (package / "__init__.py").write_text(source + "raise ImportError('needs CUDA')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert flex_backends() == found
