@@ -77,8 +77,11 @@ def llama3_70b_model() -> ModelConfig:
 def llama3_70b_tp4_pp4_cp2_vpp5_dp2() -> RunConfig:
     """Llama-3-70B on 64 GPUs: TP4 + SP x PP4 interleaved (5 chunks of 4 layers) x CP2 x DP2."""
     cfg = large_run_base(llama3_70b_model(), lr=1.5e-4)
+    # TP communication overlap as Megatron Bridge's 70B recipe, the same layout (NVIDIA-NeMo/
+    # Megatron-Bridge@38b4a06:src/megatron/bridge/recipes/llama/llama3.py:737-741).
     cfg.parallel = ParallelConfig(
-        tensor=4, pipeline=4, virtual_pipeline=5, context=2, sequence_parallel=True
+        tensor=4, pipeline=4, virtual_pipeline=5, context=2, sequence_parallel=True,
+        tp_comm_overlap=True,
     )
     cfg.train.global_batch_size = 128  # 64 micro-batches per step: divisible by PP4
     return cfg

@@ -30,9 +30,11 @@ def _llama31_405b(nodes: int, context: int, seq_length: int, global_batch: int) 
     cfg = large_run_base(llama31_405b_model(), lr=8e-5)
     cfg.model.seq_length = seq_length
     cfg.cluster = ClusterConfig(nodes=nodes, gpus_per_node=8, gpu_memory_gib=80.0)
+    # TP communication overlap as Megatron Bridge's 405B recipe (NVIDIA-NeMo/Megatron-Bridge@
+    # 38b4a06:src/megatron/bridge/recipes/llama/llama3.py:1201-1205).
     cfg.parallel = ParallelConfig(tensor=8, pipeline=16, context=context,
                                   sequence_parallel=True, first_stage_layers=7,
-                                  last_stage_layers=7)
+                                  last_stage_layers=7, tp_comm_overlap=True)
     cfg.train.micro_batch_size = 1
     cfg.train.global_batch_size = global_batch
     cfg.scheduler.warmup_iters = 8000

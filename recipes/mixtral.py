@@ -24,6 +24,11 @@ def mixtral_8x7b_model() -> ModelConfig:
     model.moe_router_topk = 2
     model.moe_token_dispatcher = "alltoall"
     model.moe_aux_loss_coeff = 0.01
+    # GPU fast paths as Megatron Bridge's Mixtral provider (NVIDIA-NeMo/Megatron-Bridge@f34e453:
+    # src/megatron/bridge/models/mixtral/mixtral_provider.py:80-83): grouped-GEMM experts,
+    # fused permutation, no shared experts to overlap.
+    model.moe_grouped_gemm = True
+    model.moe_permute_fusion = True
     return model  # add_bias_linear stays False: the local MoE spec fails with linear biases
 
 
@@ -32,6 +37,10 @@ def mixtral_8x7b_tp1_pp4_ep8_dp16() -> RunConfig:
     cfg = large_run_base(mixtral_8x7b_model(), lr=1e-4)
     cfg.parallel = ParallelConfig(pipeline=4, expert=8)
     cfg.train.global_batch_size = 256  # 16 micro-batches per DP rank
+    # Selective recompute of the attention core, as Megatron Bridge's Mixtral recipe (NVIDIA-NeMo/
+    # Megatron-Bridge@f34e453:src/megatron/bridge/recipes/mixtral/mixtral.py:276-281, Megatron's
+    # default module list).
+    cfg.train.recompute = "selective"
     return cfg
 
 

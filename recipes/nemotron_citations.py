@@ -25,6 +25,14 @@ BRIDGE_WEIGHT_DECAY = (
     f"Megatron Bridge's recipes set 0.1 ({BRIDGE_OPTIMIZER}:108-123) but their scheduler applies "
     "0.033 every step (start/end_weight_decay, :162-173; megatron-core 0.19.2 "
     "optimizer_param_scheduler.py:184-202, 300)")
+# Megatron Bridge's communication overlap rules and its H100 performance configs (the fast
+# paths its benchmarks turn on).
+COMM_OVERLAP = f"{BRIDGE}@38b4a06:src/megatron/bridge/training/comm_overlap.py"
+N3_RECIPE_NOW = f"{BRIDGE}@38b4a06:src/megatron/bridge/recipes/nemotronh/nemotron_3_nano.py"
+H_PERF = (f"{BRIDGE}@38b4a06:scripts/performance/configs/nemotronh/"
+          "nemotronh_workload_base_configs.py")
+N3_PERF = (f"{BRIDGE}@38b4a06:scripts/performance/configs/nemotronh/"
+           "nemotron_3_workload_base_configs.py")
 MEGATRON_CORE = "megatron-core 0.19.2:megatron/core"
 NEMO_N4_TEMPLATE = "NVIDIA/NeMo@023dfbe:nemo/collections/llm/recipes/nemotron4_15b.py"
 # NVIDIA's own recipe repository: docs of the published runs and the stage-0 configs.
@@ -53,7 +61,9 @@ LABELS: tuple[tuple[str, str], ...] = (
     ("B-prov", H_PROVIDER), ("B-mamba", MAMBA_PROVIDER), ("B-H", H_RECIPE), ("B-v2", V2_RECIPE),
     ("B-n3", N3_RECIPE), ("B-n3-prov", N3_PROVIDER), ("B-n4", N4_PROVIDER),
     ("B-gpt", GPT_PROVIDER), ("B-common", BRIDGE_COMMON), ("B-opt", BRIDGE_OPTIMIZER),
-    ("B-mp", MIXED_PRECISION), ("MC", MEGATRON_CORE), ("NeMo-n4", NEMO_N4_TEMPLATE),
+    ("B-mp", MIXED_PRECISION), ("B-overlap", COMM_OVERLAP), ("B-n3-38b", N3_RECIPE_NOW),
+    ("B-perf-H", H_PERF), ("B-perf-n3", N3_PERF),
+    ("MC", MEGATRON_CORE), ("NeMo-n4", NEMO_N4_TEMPLATE),
     ("N-nano3-docs", N3_DOCS), ("N-nano3-paper", N3_PAPER), ("N-nano3-arch", N3_ARCHITECTURE),
     ("N-super3-phase1", SUPER_PHASE1), ("r-n4", N4_REPORT), ("r-340B", N340B_REPORT),
     ("r-H", H_PAGE), ("card-H-4B", H_4B_CARD), ("card-H-47B", H_47B_CARD),

@@ -25,10 +25,12 @@ from recipes.nemotron_citations import (
     BRIDGE_COMMON,
     BRIDGE_OPTIMIZER,
     BRIDGE_WEIGHT_DECAY,
+    COMM_OVERLAP,
     H8B_CONFIG,
     H_4B_CARD,
     H_47B_CARD,
     H_PAGE,
+    H_PERF,
     H_PROVIDER,
     H_RECIPE,
     MAMBA_PROVIDER,
@@ -39,8 +41,10 @@ from recipes.nemotron_citations import (
     N3_CONFIG,
     N3_DOCS,
     N3_PAPER,
+    N3_PERF,
     N3_PROVIDER,
     N3_RECIPE,
+    N3_RECIPE_NOW,
     NANO2_CARD,
     NANO2_REPORT,
     SUPER_PHASE1,
@@ -181,6 +185,12 @@ def fp8_settings(fmt: Setting, recipe: Setting, where: str) -> Settings:
     }
 
 
+def tp_overlap(where: str) -> Settings:
+    """TP communication overlap as Bridge's recipe asks for it at `where`; Bridge keeps it on with
+    TP >= 2 and sequence parallel (`COMM_OVERLAP`:442-451), which every recipe using this has."""
+    return {"parallel.tp_comm_overlap": unpublished(True, f"{where}; {COMM_OVERLAP}:442-451")}
+
+
 # Nemotron-H 47B/56B: Bridge's nemotron_h_bf16_with_fp8_current_scaling_mixed.
 NEMOTRON_H_FP8 = f"{MIXED_PRECISION}:307-325"
 
@@ -231,7 +241,8 @@ def nemotron_h_8b_tp2_sp_dp32() -> Settings:
         "model.num_attention_heads": published(32, f"{H_PROVIDER}:83"),
         "model.mamba_num_heads": published(128, f"{H_PROVIDER}:81"),
         "model.mamba_state_dim": published(128, f"{H_PROVIDER}:80"),
-    } | bridge_run(H_RECIPE, 227, 236, 226, 260) | tensor_parallel(2, f"{H_RECIPE}:204, 209")
+    } | bridge_run(H_RECIPE, 227, 236, 226, 260) | tensor_parallel(2, f"{H_RECIPE}:204, 209") \
+        | tp_overlap(f"{H_RECIPE}:273-276")
 
 
 @sourced_recipe
@@ -251,6 +262,7 @@ def nemotron_h_47b_tp8_sp_dp8() -> Settings:
         "model.mamba_num_heads": published(256, f"{H_PROVIDER}:95"),
         "model.mamba_state_dim": published(256, f"{H_PROVIDER}:94"),
     } | bridge_run(H_RECIPE, 363, 372, 362, 396) | tensor_parallel(8, f"{H_RECIPE}:340, 345") \
+        | tp_overlap(f"{H_RECIPE}:409-412") \
         | nemotron_h_fp8(unpublished("tensorwise", f"{H_RECIPE}:396; {NEMOTRON_H_FP8}",
                                      f"{H_47B_CARD}: distilled 'in FP8 precision'")) \
         | not_pretrained(362, H_RECIPE, f"{H_47B_CARD}: pruned and distilled from Nemotron-H "
@@ -273,6 +285,12 @@ def nemotron_h_56b_tp8_sp_dp8() -> Settings:
         "model.mamba_num_heads": published(256, f"{H_PROVIDER}:110"),
         "model.mamba_state_dim": published(256, f"{H_PROVIDER}:109"),
     } | bridge_run(H_RECIPE, 500, 509, 499, 533) | tensor_parallel(8, f"{H_RECIPE}:477, 482") \
+        | tp_overlap(f"{H_RECIPE}:546-549") | {
+        "train.cuda_graphs": unpublished("transformer_engine", f"{H_PERF}:29-33, 68-72",
+                                         "Bridge's H100 FP8 performance config"),
+        "train.cuda_graph_modules": unpublished(["mamba"], f"{H_PERF}:68-72",
+                                                "H100 FP8; its Blackwell configs: mamba, attn"),
+    } \
         | nemotron_h_fp8(published("tensorwise", f"{H_PAGE}: FP8 'using per-tensor scaling'; "
                                                  f"{H_RECIPE}:533; {NEMOTRON_H_FP8}")) | {
         "train.train_iters": published(steps_for_tokens(20e12, 768, SEQ),
@@ -302,6 +320,7 @@ def nemotron_nano_v2_9b_tp2_sp_dp32() -> Settings:
         "model.mamba_state_dim": published(128, f"{H_PROVIDER}:125"),
         "model.vocab_size": published(131_072, f"{V2_9B_CONFIG}: vocab_size", secondary=True),
     } | bridge_run(V2_RECIPE, 94, 103, 93, 127) | tensor_parallel(2, f"{V2_RECIPE}:71, 76") \
+        | tp_overlap(f"{V2_RECIPE}:140-143") \
         | not_pretrained(93, V2_RECIPE, f"{NANO2_REPORT}: pruned and distilled (Minitron) from "
                                         "the aligned Nano v2 12B")
 
@@ -455,7 +474,33 @@ def nemotron3_moe(model: ModelConfig, experts: int, topk: int, width: int, share
     model.num_moe_experts, model.moe_router_topk = experts, topk
     model.moe_ffn_hidden_size, model.moe_shared_expert_ffn_hidden_size = width, shared
     model.moe_router_topk_scaling_factor = scaling
+    # Grouped-GEMM experts: what Megatron's hybrid layers build on Transformer Engine (CPU ranks
+    # run without it).
+    model.moe_grouped_gemm = True
     return model
+
+
+def nemotron3_fast_paths() -> Settings:
+    """The GPU fast paths of Bridge's Nemotron 3 Nano recipe and its H100 BF16 performance
+    config: HybridEP's flex dispatcher, grouped-GEMM experts with fused permutation and fused
+    weighted squared ReLU, TP overlap, Transformer Engine's graphs of attention and Mamba, and
+    selective recompute of the MoE layers and norms."""
+    perf = "Bridge's H100 BF16 performance config"
+    return {
+        "model.moe_token_dispatcher": unpublished("flex", f"{N3_RECIPE_NOW}:105; {N3_PERF}:31-40"),
+        "model.moe_flex_backend": unpublished("hybridep", f"{N3_PERF}:37",
+                                              f"the recipe: deepep ({N3_RECIPE_NOW}:106)"),
+        "model.moe_grouped_gemm": unpublished(True, f"{N3_RECIPE_NOW}:128"),
+        "model.moe_permute_fusion": unpublished(True, f"{N3_RECIPE_NOW}:127"),
+        "model.moe_fused_squared_relu": unpublished(True, f"{N3_RECIPE_NOW}:190 "
+                                                          "(use_fused_weighted_squared_relu)"),
+        "parallel.tp_comm_overlap": unpublished(True, f"{N3_RECIPE_NOW}:163-166; "
+                                                      f"{COMM_OVERLAP}:442-451"),
+        "train.cuda_graphs": unpublished("transformer_engine", f"{N3_PERF}:74-80", perf),
+        "train.cuda_graph_modules": unpublished(["attn", "mamba"], f"{N3_PERF}:82-86", perf),
+        "train.recompute": unpublished("selective", f"{N3_PERF}:82-86", perf),
+        "train.recompute_modules": unpublished(["moe", "layernorm"], f"{N3_PERF}:84", perf),
+    }
 
 
 NANO3_BATCH, NANO3_TOKENS, NANO3_DECAY_TOKENS = 3072, 25e12, 5e12
@@ -522,7 +567,7 @@ def nemotron3_nano() -> Settings:
         "parallel.sequence_parallel": published(True, f"{N3_DOCS}:364-370; {N3_RECIPE}:97"),
         "parallel.expert": published(8, f"{N3_DOCS}:364-370; {N3_RECIPE}:100"),
         "parallel.expert_tensor": unpublished(1, f"{N3_RECIPE}:99"),
-    } | nemotron3_router()
+    } | nemotron3_router() | nemotron3_fast_paths()
 
 
 @sourced_recipe

@@ -1,11 +1,32 @@
 #!/usr/bin/env bash
 # Every check that needs a GPU, in one command (at most about 10 minutes on one H200): the
-# tests/gpu tier (among them the CPU Mamba kernels against mamba-ssm's and causal-conv1d's), then
-# the GPU check scripts. Each says in one line what it cannot run and why.
+# tests/gpu tier (among them the CPU Mamba kernels against mamba-ssm's and causal-conv1d's, and
+# the GPU fast paths: a tiny MoE and a tiny hybrid MoE with grouped GEMM, permute fusion and CUDA
+# graphs against without them, tokens/s of each), then the GPU check scripts. On a GPU machine
+# without Transformer Engine or the Mamba kernels it fails, one line naming what is missing: the
+# tier checks what they run. A machine without network installs them first from wheels brought
+# along: WHEELS=dir (default shared/wheels when it exists; pip --no-index --find-links).
 # Usage: bash scripts/run_gpu_checks.sh   (PYTHON=... to use another interpreter; STEPS=N)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
+wheels=${WHEELS:-shared/wheels}
+packages=(transformer_engine mamba_ssm causal_conv1d)
+missing() {
+  for module in "${packages[@]}"; do
+    "$python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)" \
+      || echo "$module"
+  done
+}
+if [ -n "$(missing)" ] && [ -d "$wheels" ]; then
+  "$python" -m pip install --no-index --find-links "$wheels" --no-build-isolation \
+    'transformer_engine[pytorch]' mamba-ssm causal-conv1d || true
+fi
+if nvidia-smi -L >/dev/null 2>&1 && [ -n "$(missing)" ]; then
+  echo "error: this GPU machine lacks $(missing | tr '\n' ' ')(the fast paths and the hybrid's" \
+       "kernels); install the gpu extra or bring wheels: WHEELS=dir bash scripts/run_gpu_checks.sh" >&2
+  exit 1
+fi
 status=0
 "$python" -m pytest -q -p no:cacheprovider tests/gpu || status=1
 "$python" scripts/gpu_check_precision.py "steps=${STEPS:-50}" smoke_steps=10 || status=1

@@ -25,6 +25,7 @@ from plugins.protocol.events import RunStart, StepMetrics
 from recipes.config.phases import continue_overrides, launch_stop
 from trainer.checkpoint import async_save
 from trainer.checkpoint.save import save_checkpoint
+from trainer.gpu_fast_paths import CudaGraphs
 from trainer.metrics import RunReporter
 from trainer.session import TrainingSession
 from trainer.state import RunHistory
@@ -225,7 +226,20 @@ def _train(session: TrainingSession, reporter: RunReporter, collect,
     session.plugins.run_start(RunStart(cfg, session.run_dir, start, total, profiled))
     if session.eval_steps > 0:
         _evaluate(session, history, reporter)
+    graphs = CudaGraphs(session, session.model_config)
+    try:
+        return _steps(session, reporter, collect, stop, history, total, graphs)
+    finally:
+        graphs.close()
+
+
+def _steps(session: TrainingSession, reporter: RunReporter, collect, stop: StopRequest | None,
+           history: RunHistory, total: int, graphs: CudaGraphs) -> RunHistory:
+    """The steps of `_train` up to `total` (Transformer Engine's CUDA graphs, if any, captured
+    after their warm-up steps)."""
+    cfg = session.cfg
     while session.state.step < total:
+        graphs.before_step(session.state.step)
         announce_phase(session, reporter)
         scale = loss_scale(session) if cfg.precision.dtype == "fp16" else 1.0  # no GPU sync
         metrics = train_step(session)

@@ -73,7 +73,7 @@ def _activation_fields(activation: str) -> dict:
     return {"activation_func": F.gelu, "gated_linear_unit": False}
 
 
-def _recompute_fields(cfg: RunConfig) -> dict:
+def _recompute_fields(cfg: RunConfig, transformer_engine: bool = True) -> dict:
     mode = cfg.train.recompute
     if mode == "full":
         return {
@@ -82,7 +82,8 @@ def _recompute_fields(cfg: RunConfig) -> dict:
             "recompute_num_layers": cfg.train.recompute_num_layers,
         }
     if mode == "selective":
-        return {"recompute_granularity": "selective"}
+        return {"recompute_granularity": "selective",
+                "recompute_modules": cpu_recompute_modules(cfg, transformer_engine)}
     return {}
 
 
@@ -94,11 +95,9 @@ def _moe_fields(cfg: RunConfig) -> dict:
         "num_moe_experts": m.num_moe_experts,
         "moe_router_topk": m.moe_router_topk,
         "moe_ffn_hidden_size": m.moe_ffn_hidden_size or m.ffn_hidden_size,
-        "moe_token_dispatcher_type": m.moe_token_dispatcher,
         "moe_aux_loss_coeff": m.moe_aux_loss_coeff,
         "moe_router_load_balancing_type": (
             m.moe_load_balancing if m.moe_aux_loss_coeff > 0 else "none"),
-        "moe_grouped_gemm": False,
         "moe_router_score_function": m.moe_router_score_function,
         # Aux-loss-free balancing: Megatron keeps the bias as a buffer of the router and moves
         # it by the update rate after each step, from the tokens each expert received
@@ -141,7 +140,10 @@ def _pipeline_comm_fields(cfg: RunConfig) -> dict:
 def gradient_accumulation_fusion_available() -> bool:
     """Megatron's own linears (the output layer, beside TE's) fuse the weight-gradient
     accumulation only with APEX's `fused_weight_gradient_mlp_cuda` and raise without it
-    (`tensor_parallel/layers.py:49-53`, `:1070-1079`); the `gpu` extra installs TE, not APEX."""
+    (`tensor_parallel/layers.py:49-53`, `:1070-1079`); the `gpu` extra installs TE, not APEX.
+    Transformer Engine's own linears fuse it without APEX (`fuse_wgrad_accumulation`,
+    `extensions/transformer_engine.py:1037, 1267, 2230`): the model build keeps Megatron's own
+    linears unfused then (`trainer/gpu_fast_paths.py`, the `wgrad_fusion_without_apex` patch)."""
     from megatron.core.tensor_parallel import layers
 
     return layers._grad_accum_fusion_available
@@ -170,8 +172,62 @@ def fusion_fields(cfg: RunConfig, transformer_engine: bool) -> dict:
         # Megatron's native kernel; TE's has known stability issues and Megatron-LM refuses it
         # (model_parallel_config.py:536-543).
         "cross_entropy_fusion_impl": "native",
-        "gradient_accumulation_fusion": gradient_accumulation_fusion_available(),
+        # TE's linears accumulate their weight gradients into the fp32 main grads in the GEMM;
+        # Megatron's own output layer does so only with APEX (see above).
+        "gradient_accumulation_fusion": True,
     }
+
+
+def _dispatcher(cfg: RunConfig, transformer_engine: bool) -> str:
+    """The flex dispatcher's kernels are CUDA's: the local layers exchange the same tokens with
+    the all-to-all dispatcher (the same routing, the same result)."""
+    wanted = cfg.model.moe_token_dispatcher
+    return "alltoall" if wanted == "flex" and not transformer_engine else wanted
+
+
+def fast_path_fields(cfg: RunConfig, transformer_engine: bool) -> dict:
+    """The GPU fast paths (`recipes/config/fast_paths.py`) as `TransformerConfig` fields. Each
+    needs Transformer Engine's layers and CUDA: with the local layers (CPU ranks) they stay at
+    Megatron's defaults, off, and the plan line names them (`fast_paths.off_on_cpu`)."""
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    te = transformer_engine
+    fields: dict = {}
+    if m.num_moe_experts:
+        fields.update({
+            "moe_token_dispatcher_type": _dispatcher(cfg, te),
+            "moe_flex_dispatcher_backend": m.moe_flex_backend,
+            "moe_grouped_gemm": m.moe_grouped_gemm and te,
+            "moe_permute_fusion": m.moe_permute_fusion and te,
+            "moe_router_fusion": m.moe_router_fusion and te,
+            "moe_shared_expert_overlap": m.moe_shared_expert_overlap and te,
+            "use_fused_weighted_squared_relu": m.moe_fused_squared_relu and te,
+        })
+    if not te:
+        return fields
+    if t.cuda_graphs != "none":
+        fields.update({
+            "cuda_graph_impl": t.cuda_graphs,
+            "cuda_graph_modules": list(t.cuda_graph_modules),
+            "cuda_graph_warmup_steps": t.cuda_graph_warmup_steps,
+            # Graphed layers draw their dropout masks from TE's tracker, which Megatron-LM turns
+            # on for every CUDA graph (training/arguments.py:1873-1879).
+            "use_te_rng_tracker": True,
+        })
+    if t.offload_modules:
+        fields.update({"fine_grained_activation_offloading": True,
+                       "offload_modules": list(t.offload_modules)})
+    fields.update({"tp_comm_overlap": p.tp_comm_overlap,
+                   "overlap_moe_expert_parallel_comm": p.ep_comm_overlap})
+    return fields
+
+
+def cpu_recompute_modules(cfg: RunConfig, transformer_engine: bool) -> list[str]:
+    """moe_act is recomputed only in grouped-GEMM experts (`transformer_config.py:1784`), which
+    the local layers do not build: they recompute the rest."""
+    modules = list(cfg.train.recompute_modules)
+    if transformer_engine:
+        return modules
+    return [module for module in modules if module != "moe_act"] or ["core_attn"]
 
 
 FUSIONS = ("bias_activation_fusion", "bias_dropout_fusion", "apply_rope_fusion",
@@ -235,11 +291,12 @@ def build_transformer_config(
         init_model_with_meta_device=meta_device,
         deallocate_pipeline_outputs=True,
         **_activation_fields(m.activation),
-        **_recompute_fields(cfg),
+        **_recompute_fields(cfg, transformer_engine),
         **_moe_fields(cfg),
         **_hybrid_fields(cfg),
         **_pipeline_comm_fields(cfg),
         **fusion_fields(cfg, transformer_engine),
+        **fast_path_fields(cfg, transformer_engine),
     )
 
 

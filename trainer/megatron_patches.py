@@ -12,7 +12,9 @@ out by name for its self-test:
 - Megatron-LM on CPU (`trainer/cpu_runtime/megatron_lm.py`, `megatron_lm_on_cpu(skip=...)`):
   what the parity check and the checkpoint moves need to run Megatron-LM's own loop on CPU;
 - the checkpoint paths (`trainer/checkpoint/megatron_fixes.py`, `skipping(...)`): defects and
-  slow defaults of Megatron's save and load.
+  slow defaults of Megatron's save and load;
+- the GPU fast paths (`trainer/gpu_fast_paths.py`, `wgrad_fusion_without_apex(skip=True)`):
+  Transformer Engine's weight-gradient fusion without APEX.
 
 `tests/unit/test_megatron_patches.py` holds the table to its homes and to its self-tests; the
 stories behind each are in docs/cpu-runtime.md and docs/checkpoints.md.
@@ -23,6 +25,7 @@ from __future__ import annotations
 from trainer.checkpoint.megatron_fixes import FIXES
 from trainer.cpu_runtime.megatron_lm import MEGATRON_LM_PATCHES
 from trainer.cpu_runtime.runtime import CPU_RUNTIME_PATCHES
+from trainer.gpu_fast_paths import GPU_PATCHES
 from trainer.patch import Patch
 
 
@@ -30,7 +33,7 @@ def registry() -> dict[str, Patch]:
     """Every patch by name, from each of its homes (a name is one patch in the whole table)."""
     found: dict[str, Patch] = {}
     for patch in (*CPU_RUNTIME_PATCHES, *MEGATRON_LM_PATCHES,
-                  *(fix.patch for fix in FIXES.values())):
+                  *(fix.patch for fix in FIXES.values()), *GPU_PATCHES):
         if patch.name in found:
             raise ValueError(f"two patches are named {patch.name}")
         found[patch.name] = patch

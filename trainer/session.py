@@ -31,6 +31,7 @@ from plugins.registry import build_plugins
 from recipes.config.phases import launch_mismatch, phase_config, phase_spans, schedule_samples
 from recipes.config.rampup import megatron_schedule, ramp_schedule
 from recipes.config.schema import RunConfig
+from trainer import gpu_fast_paths
 from trainer.checkpoint.load import load_checkpoint, load_model_weights, resolve_checkpoint_dir
 from trainer.cpu_runtime.runtime import runtime_for
 from trainer.data import GlobalBatches, PhasedBatches, build_sources
@@ -69,6 +70,7 @@ class TrainingSession:
     resumed_from: Path | None = None
     mid_step: bool = False  # set by train_step while a step is under way (no saves then)
     async_saves: Any = None  # checkpoint.async_save: trainer.checkpoint.async_save.AsyncSaves
+    model_config: Any = None  # Megatron's TransformerConfig the chunks were built from
 
     def capture_state(self) -> RunState:
         """The run state as a checkpoint saves it: counters, data position, plugins, RNG."""
@@ -119,13 +121,15 @@ def start_session(cfg: RunConfig, run_dir: Path) -> TrainingSession:
     return build_session(cfg, run_dir, plugins, runtime)
 
 
-def set_seeds(seed: int) -> None:
+def set_seeds(seed: int, te_rng_tracker: bool = False) -> None:
+    """`te_rng_tracker`: Transformer Engine's RNG tracker, which CUDA-graphed layers draw from
+    (`TransformerConfig.use_te_rng_tracker`, set with every CUDA graph)."""
     # Megatron-LM's convention: each pipeline stage draws its own stream (dropout differs).
     seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    model_parallel_cuda_manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed, te_rng_tracker=te_rng_tracker)
 
 
 def build_scheduler(cfg: RunConfig, optimizer) -> OptimizerParamScheduler:
@@ -233,14 +237,17 @@ def _data(cfg: RunConfig, run_dir: Path) -> tuple[PhasedBatches, GlobalBatches, 
 def build_session(
     cfg: RunConfig, run_dir: Path, plugins: PluginSet, runtime: RuntimeContext
 ) -> TrainingSession:
-    set_seeds(cfg.train.seed)
     te = transformer_engine_in_use(cfg)
     config = build_transformer_config(cfg, cpu_initialization=runtime.cpu_initialization,
                                       transformer_engine=te)
+    set_seeds(cfg.train.seed, te_rng_tracker=config.use_te_rng_tracker)
     config = plugins.transformer_config(config)
     if te and torch.distributed.get_rank() == 0:
         print(fusions_line(config), flush=True)
-    chunks = build_model_chunks(cfg, config, plugins)
+    gpu_fast_paths.initialize_userbuffers(cfg, config)
+    chunks: list = []
+    with gpu_fast_paths.wgrad_fusion_without_apex(config, chunks):
+        chunks += build_model_chunks(cfg, config, plugins)
     load = cfg.checkpoint.load
     if load is not None and cfg.checkpoint.load_model_only:
         load_model_weights(load, chunks)
@@ -253,6 +260,7 @@ def build_session(
         cfg=cfg, run_dir=run_dir, plugins=plugins, model=model, optimizer=optimizer,
         scheduler=scheduler, train_batches=train, heldout_batches=heldout,
         eval_steps=eval_steps, state=RunState(world_size=torch.distributed.get_world_size()),
+        model_config=config,
     )
     if load is not None and not cfg.checkpoint.load_model_only:
         session.resumed_from = resolve_checkpoint_dir(load)

@@ -64,10 +64,14 @@ def forward_kwargs(batch: MicroBatch) -> dict:
 
 
 def make_forward_step(plugins: PluginSet) -> Callable:
-    def forward_step(data_iterator, model):
+    def forward_step(data_iterator, model, return_schedule_plan: bool = False):
         batch = plugins.microbatch(to_compute_device(next(data_iterator)))
-        per_token_loss = model(**plugins.forward_kwargs(batch, forward_kwargs(batch)))
-        return per_token_loss, partial(masked_token_loss, batch["loss_mask"])
+        kwargs = plugins.forward_kwargs(batch, forward_kwargs(batch))
+        # EP communication overlap: Megatron's 1F1B schedule of two micro-batches asks for the
+        # model's schedule plan instead of its output (`pipeline_parallel/combined_1f1b.py:384`,
+        # `models/gpt/gpt_model.py:798`), as Megatron-LM's forward step gives it.
+        run = model.build_schedule_plan if return_schedule_plan else model
+        return run(**kwargs), partial(masked_token_loss, batch["loss_mask"])
 
     return forward_step
 

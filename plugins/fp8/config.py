@@ -75,7 +75,7 @@ class Fp8Config(PluginConfig):
             check_fp8_settings_unused, check_fp8_delayed_settings,
             check_fp8_scaling_values, check_fp8_bf16_layers_recipe, check_fp8_bf16_layers_range,
             check_fp8_bf16_layers_leave_fp8, check_fp8_shapes,
-            check_fp8_param_gather_distributed,
+            check_fp8_param_gather_distributed, check_fp8_delayed_recompute_modules,
         )
 
     def machine_problem(self, machine: Any, on_cpu: bool) -> str | None:
@@ -310,6 +310,20 @@ def check_fp8_param_gather_distributed(cfg: Any) -> str | None:
     return ("plugins.fp8.param_gather=true keeps the weights in FP8 and refreshes them from the "
             "distributed optimizer's fp32 shards, but optimizer.distributed=false; set "
             "optimizer.distributed=true or plugins.fp8.param_gather=false")
+
+
+def check_fp8_delayed_recompute_modules(cfg: Any) -> str | None:
+    """Delayed scaling cannot recompute the MoE activation or the norms, whose outputs it
+    would quantize again with a moved amax history (transformer_config.py:1822-1827)."""
+    fp8, t = cfg.plugins.fp8, cfg.train
+    if fp8.format is None or fp8.recipe != "delayed" or t.recompute != "selective":
+        return None
+    found = [m for m in ("moe_act", "layernorm") if m in t.recompute_modules]
+    if not found:
+        return None
+    return (f"train.recompute_modules has {found[0]}, which Megatron cannot recompute with "
+            "plugins.fp8.recipe=delayed; use plugins.fp8.recipe=tensorwise or remove "
+            f"{found[0]}")
 
 
 def _gemm_dims(cfg: Any) -> dict[str, int | None]:

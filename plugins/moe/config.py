@@ -8,8 +8,8 @@ It is on exactly when the model has experts (`model.num_moe_experts`), with no s
 figures are the only sign of a collapsing router (a few experts taking the tokens), which
 otherwise trains on silently, and Megatron-LM reports the load-balancing loss of every run with
 experts too (`training/training.py:2759`, `if args.num_experts is not None`). Their cost is a
-few small all-reduces per step (a layers x experts count, Megatron's reduction of its tracked
-losses), beside the expert token exchange of every micro-batch. `per_expert` stays a choice:
+few small all-reduces per logged step (a layers x experts count, Megatron's reduction of its
+tracked losses), nothing on the steps between. `per_expert` stays a choice:
 it adds one figure per expert.
 """
 
@@ -23,8 +23,8 @@ from plugins.protocol.hooks import Plugin, PluginConfig
 
 @dataclass(kw_only=True)
 class MoeConfig(PluginConfig):
-    """Router figures of an MoE model after every step: load-balancing loss, tokens per expert
-    and their imbalance (max / mean). On for every model with experts; a dense model has no
+    """Router figures of an MoE model at the log interval: load-balancing loss, tokens per
+    expert and their imbalance (max / mean). On for every model with experts; a dense model has no
     routers, and the plugin is not built."""
 
     per_expert: bool = True  # also each expert's token count (one figure per expert)

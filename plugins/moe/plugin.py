@@ -1,4 +1,10 @@
-"""Reports the router's figures after every optimizer step, global over all ranks.
+"""Reports the router's figures at the log interval, global over all ranks.
+
+Gathered only on the steps the log line shows (every `logging.log_interval` steps and the last):
+between them nothing leaves the GPU, so the plugin adds no collective and no host
+synchronisation to the steps in between; each figure covers the steps since the last log line
+(the load-balancing loss their mean, tokens per expert their mean per step, the imbalance that
+of their sum).
 
 Load-balancing loss: Megatron Core's router records each layer's loss, per micro-batch, in its
 MoE metrics tracker (`transformer/moe/router.py:596-603`, `transformer/moe/moe_logging.py:94`):
@@ -107,8 +113,9 @@ class RoutedTokenCounter:
             self.counts[router.layer_number - 1] += routing_map.sum(dim=0)
 
     def global_counts(self, config: Any, device: Any) -> torch.Tensor:
-        """[layers, experts] tokens of the whole global batch (a collective over the world; rows
-        of layers without a router are zero); this rank's counts start again from zero.
+        """[layers, experts] tokens of the global batches since the last call (a collective over
+        the world; rows of layers without a router are zero); this rank's counts start again
+        from zero.
         `device` serves ranks without routers."""
         local = self.counts
         if local is None:
@@ -138,6 +145,9 @@ class MoePlugin(Plugin):
         self.config = config
         self.model_config: Any = None  # Megatron's TransformerConfig, when the model has experts
         self.microbatches = 1  # per DP rank and step; set at run start
+        self.log_interval = 1  # figures are gathered on logged steps only (and the last)
+        self.last_step = 0
+        self.steps = 0  # steps counted since the figures were last gathered
         self.counter = RoutedTokenCounter()
         self.runtime = RuntimeContext()  # the run's, once `setup_runtime` has seen it
         self.last_per_layer: list[list[float]] = []  # the last step's [MoE layer][expert] tokens
@@ -160,9 +170,13 @@ class MoePlugin(Plugin):
 
     def run_start(self, start: RunStart) -> None:
         self.microbatches = start.config.layout.microbatches
+        self.log_interval = max(1, start.config.logging.log_interval)
+        self.last_step = start.total_steps
+        self.steps = 0
 
     def _load_balancing_losses(self, moe_layers: list[int]) -> dict[str, float]:
-        """Megatron's reduced load-balancing losses (a collective), empty when it has none;
+        """Megatron's reduced load-balancing losses (a collective), empty when it has none,
+        averaged over the steps its tracker summed since the last call;
         `moe_layers` marks the layers with a router (1) among all (Megatron's binary
         `moe_layer_freq`), so the mean is over MoE layers in a hybrid model too."""
         names = tracked_loss_names(self.model_config)
@@ -170,19 +184,28 @@ class MoePlugin(Plugin):
             return {}
         config, reduced = self.model_config, {}
         get_moe_metrics_tracker().report(
-            loss_scale=1 / self.microbatches, iteration=0, track_names=names,
+            loss_scale=1 / (self.microbatches * max(1, self.steps)), iteration=0,
+            track_names=names,
             num_layers=config.num_layers, moe_layer_freq=moe_layers,
             mtp_num_layers=config.mtp_num_layers, force_initialize=True,
             total_loss_dict=reduced,
         )
         return {"moe_" + name: float(reduced[name]) for name in names}
 
+    def _due(self, step: int) -> bool:
+        """The steps the log line shows (`trainer/metrics.py` RunReporter.step)."""
+        return step % self.log_interval == 0 or step == self.last_step
+
     def after_step(self, metrics: StepMetrics) -> None:
         if self.model_config is None:
             return
-        counts = self.counter.global_counts(self.model_config, self._device())
+        self.steps += 1
+        if not self._due(metrics.step):
+            return  # the counts and Megatron's tracker keep adding up on the device
+        counts = self.counter.global_counts(self.model_config, self._device()) / self.steps
         routed = counts.sum(dim=1) > 0  # every MoE layer routes each training token
         per_layer = counts[routed]
         self.last_per_layer = per_layer.tolist()
         metrics.extra.update(self._load_balancing_losses([int(r) for r in routed.tolist()]))
         metrics.extra.update(router_figures(per_layer, self.config.per_expert))
+        self.steps = 0

@@ -37,6 +37,8 @@ class MachineInfo:
     transformer_engine: str | None = None  # installed TE version ('unknown'); None = absent
     # Of mamba-ssm and causal-conv1d (a GPU rank's Mamba kernels), those not installed.
     missing_mamba_kernels: tuple[str, ...] = ()
+    # The flex MoE dispatcher's libraries installed here: deepep, hybridep (DeepEP's).
+    flex_backends: tuple[str, ...] = ()
 
 
 MAMBA_KERNEL_PACKAGES = {"mamba_ssm": "mamba-ssm", "causal_conv1d": "causal-conv1d"}
@@ -150,6 +152,21 @@ def transformer_engine_version() -> str | None:
     return "unknown" if importlib.util.find_spec("transformer_engine") else None
 
 
+def flex_backends() -> tuple[str, ...]:
+    """The flex dispatcher's backends importable here, as Megatron imports them
+    (`transformer/moe/fused_a2a.py:10-16, 270-275`: `deep_ep.Buffer`, `deep_ep.HybridEPBuffer`),
+    read from DeepEP's package source without importing it (no CUDA initialised)."""
+    spec = importlib.util.find_spec("deep_ep")
+    if spec is None:
+        return ()
+    found = ["deepep"]
+    init = Path(spec.origin) if spec.origin else None
+    if init is not None and init.is_file() and "HybridEPBuffer" in init.read_text(
+            encoding="utf-8", errors="replace"):
+        found.append("hybridep")
+    return tuple(found)
+
+
 def host_memory_bytes(cgroup_limit: Path = Path("/sys/fs/cgroup/memory.max")) -> int:
     """This machine's memory as a process here may use it: physical RAM, or the cgroup's
     limit when a container sets a lower one (what CPU ranks are planned against)."""
@@ -173,6 +190,7 @@ def detect_machine(environ: Mapping[str, str] | None = None) -> MachineInfo:
         compute_capability=gpu_compute_capability() if gpus else None,
         transformer_engine=transformer_engine_version() if gpus else None,
         missing_mamba_kernels=missing_mamba_kernels() if gpus else (),
+        flex_backends=flex_backends() if gpus else (),
     )
 
 
@@ -202,6 +220,7 @@ def check_machine(
     check_plugin_needs(cfg, machine)  # first: a plugin's need (FP8 on TE) says more
     check_transformer_engine(cfg, machine, local_attention_cost)
     check_mamba_kernels(cfg, machine)
+    check_fast_path_kernels(cfg, machine)
     check_mamba_packed_context_parallel(cfg, machine)
     check_zero_centered_gamma_norm(cfg, machine)
 
@@ -249,6 +268,40 @@ def check_mamba_kernels(cfg: RunConfig, machine: MachineInfo) -> None:
         f"model.hybrid_layer_pattern has Mamba layers, which on GPUs need "
         f"{' and '.join(machine.missing_mamba_kernels)}, not installed here; install the gpu "
         "extra (pip install -e '.[gpu]', docs/hybrid-models.md)")
+
+
+# Lowest Transformer Engine for a fused MoE kernel (Megatron: fused permutation needs TE 2.1,
+# transformer_config.py:2651-2667; fused routing TE 2.7, :915-918).
+FUSED_MOE_MIN_TE = {"moe_permute_fusion": "2.1", "moe_router_fusion": "2.7"}
+
+
+def check_fast_path_kernels(cfg: RunConfig, machine: MachineInfo) -> None:
+    """GPU ranks on Transformer Engine's layers need the kernels their fast paths call: the flex
+    dispatcher's DeepEP or HybridEP, and a TE recent enough for the fused MoE kernels. CPU ranks
+    run without them (the plan line names what is off)."""
+    from packaging.version import InvalidVersion, Version
+
+    m = cfg.model
+    if ranks_on_cpu(cfg.cluster, machine.gpus) or not m.num_moe_experts or (
+            not uses_transformer_engine(m.transformer_impl, on_gpu=True)):
+        return
+    if m.moe_token_dispatcher == "flex" and m.moe_flex_backend not in machine.flex_backends:
+        raise ConfigError(
+            f"model.moe_token_dispatcher=flex with model.moe_flex_backend={m.moe_flex_backend} "
+            f"needs DeepEP's {'HybridEP ' if m.moe_flex_backend == 'hybridep' else ''}kernels, "
+            "which are not installed here; install DeepEP (docs/fast-paths.md) or set "
+            "model.moe_token_dispatcher=alltoall")
+    found = machine.transformer_engine
+    for name, needed in FUSED_MOE_MIN_TE.items():
+        if not getattr(m, name) or found is None:
+            continue
+        try:
+            old = Version(found) < Version(needed)
+        except InvalidVersion:
+            old = False
+        if old:
+            raise ConfigError(f"model.{name}=true needs Transformer Engine >= {needed}, found "
+                              f"{found}; upgrade Transformer Engine or set model.{name}=false")
 
 
 def check_transformer_engine(

@@ -127,6 +127,16 @@ FLAGS: tuple[Flag, ...] = (
     Flag("checkpoint.save_interval", "--save-interval"),
     Flag("checkpoint.load", "--load"),
     Flag("logging.log_interval", "--log-interval"),
+    # The GPU fast paths (recipes/config/fast_paths.py).
+    Flag("model.moe_grouped_gemm", "--moe-grouped-gemm", kind=ON),
+    Flag("model.moe_permute_fusion", "--moe-permute-fusion", kind=ON),
+    Flag("model.moe_router_fusion", "--moe-router-fusion", kind=ON),
+    Flag("model.moe_shared_expert_overlap", "--moe-shared-expert-overlap", kind=ON),
+    Flag("model.moe_fused_squared_relu", "--use-fused-weighted-squared-relu",
+         "use_fused_weighted_squared_relu", ON),
+    Flag("parallel.tp_comm_overlap", "--tp-comm-overlap", kind=ON),
+    Flag("parallel.ep_comm_overlap", "--overlap-moe-expert-parallel-comm",
+         "overlap_moe_expert_parallel_comm", ON),
 )
 
 _STYLES = {"cosine": "cosine", "wsd": "WSD", "linear": "linear", "constant": "constant"}
@@ -208,7 +218,8 @@ def _recompute_args(cfg: Any) -> list[str]:
     if t.recompute == "none":
         return []
     if t.recompute == "selective":
-        return ["--recompute-granularity", "selective"]
+        return ["--recompute-granularity", "selective", "--recompute-modules",
+                *t.recompute_modules]
     return ["--recompute-granularity", "full", "--recompute-method", "uniform",
             "--recompute-num-layers", str(t.recompute_num_layers)]
 
@@ -217,7 +228,9 @@ def _recompute_from(a: Mapping[str, Any]) -> dict[str, Any]:
     granularity = a["recompute_granularity"] or ("selective" if a["recompute_activations"]
                                                  else None)
     return {"train.recompute": granularity or "none",
-            "train.recompute_num_layers": a["recompute_num_layers"] or 1}
+            "train.recompute_num_layers": a["recompute_num_layers"] or 1,
+            # Megatron's own default list (transformer_config.py:1763-1764).
+            "train.recompute_modules": list(a["recompute_modules"] or ["core_attn"])}
 
 
 def _gc_args(cfg: Any) -> list[str]:
@@ -354,6 +367,55 @@ def _router_dtype_from(a: Mapping[str, Any]) -> dict[str, Any]:
     return {"model.moe_router_fp32": a["moe_router_dtype"] == "fp32"}
 
 
+def _flex_args(cfg: Any) -> list[str]:
+    return ["--moe-flex-dispatcher-backend", cfg.model.moe_flex_backend]
+
+
+def _flex_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    backend = a["moe_flex_dispatcher_backend"]
+    if backend not in ("deepep", "hybridep"):
+        from plugins.protocol.errors import ConfigError
+
+        raise ConfigError(f"--moe-flex-dispatcher-backend {backend} drops tokens over a rank "
+                          "capacity, which the project does not train; use deepep or hybridep")
+    return {"model.moe_flex_backend": backend}
+
+
+def _offload_args(cfg: Any) -> list[str]:
+    modules = cfg.train.offload_modules
+    return ["--fine-grained-activation-offloading", "--offload-modules", *modules] if modules \
+        else []
+
+
+def _offload_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    on = a["fine_grained_activation_offloading"]
+    return {"train.offload_modules": list(a["offload_modules"] or []) if on else []}
+
+
+def _graphs_args(cfg: Any) -> list[str]:
+    """CUDA graphs, with TE's RNG tracker the graphed layers draw from (Megatron-LM turns it
+    on itself, `training/arguments.py:1873-1879`; written so the line says it)."""
+    t = cfg.train
+    if t.cuda_graphs == "none":
+        return []
+    modules = ["--cuda-graph-modules", *t.cuda_graph_modules] if t.cuda_graph_modules else []
+    return ["--cuda-graph-impl", t.cuda_graphs, *modules, "--cuda-graph-warmup-steps",
+            str(t.cuda_graph_warmup_steps), "--te-rng-tracker"]
+
+
+def _graphs_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    impl = a["cuda_graph_impl"]
+    if impl == "full_iteration":
+        from plugins.protocol.errors import ConfigError
+
+        raise ConfigError("--cuda-graph-impl full_iteration graphs the whole step, which this "
+                          "trainer does not capture; use transformer_engine or local")
+    # Megatron-LM's parser turns each module name into its CudaGraphModule.
+    modules = [getattr(m, "name", m) for m in a["cuda_graph_modules"] or []]
+    return {"train.cuda_graphs": impl, "train.cuda_graph_modules": modules,
+            "train.cuda_graph_warmup_steps": a["cuda_graph_warmup_steps"]}
+
+
 SPELLED: tuple[Spelled, ...] = (
     Spelled(("model.activation",), ("swiglu", "squared_relu"), _activation_args,
             _activation_from),
@@ -365,9 +427,9 @@ SPELLED: tuple[Spelled, ...] = (
             ("untie_embeddings_and_output_weights",), _tied_args, _tied_from),
     Spelled(("model.transformer_impl",), ("transformer_impl",), _impl_args, _impl_from),
     Spelled(("precision.dtype",), ("bf16", "fp16"), _precision_args, _precision_from),
-    Spelled(("train.recompute", "train.recompute_num_layers"),
+    Spelled(("train.recompute", "train.recompute_num_layers", "train.recompute_modules"),
             ("recompute_granularity", "recompute_method", "recompute_num_layers",
-             "recompute_activations"), _recompute_args, _recompute_from),
+             "recompute_activations", "recompute_modules"), _recompute_args, _recompute_from),
     Spelled(("train.manual_gc_interval",), ("manual_gc", "manual_gc_interval"), _gc_args,
             _gc_from),
     Spelled(("scheduler.style",), ("lr_decay_style",), _style_args, _style_from),
@@ -383,6 +445,13 @@ SPELLED: tuple[Spelled, ...] = (
             _pattern_args, _pattern_from),
     Spelled(("model.moe_router_fp32",), ("moe_router_dtype",), _router_dtype_args,
             _router_dtype_from),
+    Spelled(("model.moe_flex_backend",), ("moe_flex_dispatcher_backend",), _flex_args,
+            _flex_from),
+    Spelled(("train.offload_modules",), ("fine_grained_activation_offloading",
+                                         "offload_modules"), _offload_args, _offload_from),
+    Spelled(("train.cuda_graphs", "train.cuda_graph_modules", "train.cuda_graph_warmup_steps"),
+            ("cuda_graph_impl", "cuda_graph_modules", "cuda_graph_warmup_steps",
+             "te_rng_tracker"), _graphs_args, _graphs_from),
 )
 
 # Megatron-LM flags that say where things are or how a run reports, not what it trains: read

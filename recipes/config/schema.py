@@ -56,7 +56,8 @@ class ModelConfig:
     num_moe_experts: int | None = None  # experts per MoE layer
     moe_router_topk: int = 2  # experts each token is routed to
     moe_ffn_hidden_size: int | None = None  # expert MLP width; None = ffn_hidden_size
-    moe_token_dispatcher: Literal["alltoall", "allgather"] = "alltoall"  # token exchange
+    # Token exchange: all-to-all, all-gather, or flex (DeepEP / HybridEP kernels, GPU only).
+    moe_token_dispatcher: Literal["alltoall", "allgather", "flex"] = "alltoall"
     moe_aux_loss_coeff: float = 0.0  # load-balancing loss weight
     # The load-balancing loss (when its coefficient is > 0): over the whole micro-batch
     # (aux_loss) or per sequence (seq_aux_loss, DeepSeek-V3 and Nemotron 3).
@@ -69,6 +70,17 @@ class ModelConfig:
     moe_router_topk_scaling_factor: float | None = None  # scale of the top-k weights; None = 1
     moe_router_fp32: bool = False  # routing and the weighted sum of expert outputs in fp32
     moe_shared_expert_ffn_hidden_size: int | None = None  # shared experts' width; None = none
+    # GPU fast paths of the MoE layer (Transformer Engine's layers; CPU ranks run without them
+    # and the plan line says so; docs/fast-paths.md). The flex dispatcher's library: DeepEP's
+    # all-to-all kernels, or its HybridEP ones (NVLink domains beyond a node). Megatron's third,
+    # ncclep, drops tokens over a rank capacity: not offered.
+    moe_flex_backend: Literal["deepep", "hybridep"] = "deepep"
+    moe_grouped_gemm: bool = False  # every local expert's GEMM in one grouped kernel (TE)
+    moe_permute_fusion: bool = False  # token permute/unpermute in fused TE kernels
+    moe_router_fusion: bool = False  # top-k routing and the aux loss in one TE kernel
+    moe_shared_expert_overlap: bool = False  # shared experts run beside the token exchange
+    # Squared ReLU weighted by the routing probability in one kernel (grouped GEMM experts).
+    moe_fused_squared_relu: bool = False
     # Hybrid Mamba-Transformer (Megatron Core's HybridModel); None = a GPT model. One symbol
     # per layer: M Mamba2 mixer, * self-attention, - MLP, E MoE; | cuts pipeline stages.
     hybrid_layer_pattern: str | None = None
@@ -107,6 +119,12 @@ class ParallelConfig:
     # Pipeline point-to-point options; interleaving needs overlap on and batching off.
     overlap_p2p_comm: bool = True  # overlap pipeline sends/receives with compute
     batch_p2p_comm: bool = False  # batch pipeline sends/receives (wrong with interleaving)
+    # Overlap TP's all-gathers and reduce-scatters with the GEMMs beside them (Transformer
+    # Engine's userbuffers; needs sequence parallel); GPU only.
+    tp_comm_overlap: bool = False
+    # Overlap the expert token exchange of one micro-batch with another's compute (Megatron's
+    # overlap_moe_expert_parallel_comm, a 1F1B schedule of two micro-batches); GPU only.
+    ep_comm_overlap: bool = False
 
 
 @dataclass(kw_only=True)
@@ -145,6 +163,20 @@ class TrainConfig:
     seed: int = 1234  # seed for init, dropout and data order
     recompute: Literal["none", "full", "selective"] = "none"  # activation recomputation
     recompute_num_layers: int = 1  # layers per recompute block (full recompute)
+    # Selective recompute's modules (Megatron's recompute_modules): core_attn, layernorm, mlp,
+    # moe, moe_act (docs/fast-paths.md); read only with recompute=selective.
+    recompute_modules: list[str] = field(default_factory=lambda: ["core_attn"])
+    # Activation offloading: the inputs of these modules go to host memory until the backward
+    # (Megatron's fine-grained activation offloading; TE layers, GPU only): attn_norm,
+    # qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act. Empty: off.
+    offload_modules: list[str] = field(default_factory=list)
+    # CUDA graphs: none, transformer_engine (TE's per-layer graphs, captured after
+    # cuda_graph_warmup_steps steps) or local (Megatron's own); GPU only.
+    cuda_graphs: Literal["none", "transformer_engine", "local"] = "none"
+    # What of each layer is graphed: attn, mlp, moe, moe_router, moe_preprocess, mamba; empty =
+    # the whole layer.
+    cuda_graph_modules: list[str] = field(default_factory=list)
+    cuda_graph_warmup_steps: int = 3  # eager steps before the graphs are captured
     exit_on_nonfinite: bool = True  # stop with one line when loss or grad norm is NaN/inf
     # Collective timeout (Megatron-LM's --distributed-timeout-minutes): how long a rank waits
     # in a collective for a rank that died or hangs before it stops.

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from plugins.protocol.errors import ConfigError, config_error
+from recipes.config import fast_paths
 from recipes.config.layout import Layout
 from recipes.config.phases import PHASE_RULES, check_each_phase
 from recipes.config.rampup import RAMPUP_RULES
@@ -519,6 +520,7 @@ RULES: tuple[Rule, ...] = (
     check_interleaved_microbatches,
     check_interleaved_p2p,
     *moe_rules.RULES,
+    *fast_paths.RULES,
     check_param_gather,
     check_fsdp_needs_distributed_optimizer,
     check_evaluation,

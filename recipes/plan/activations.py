@@ -14,6 +14,13 @@ in_proj inputs, the in_proj output (z, x, B, C, dt; the fused path rebuilds the 
 the scan output and the gated norm's output (out_proj's input), FP32 dt and its decay cumsum
 per head, and the FP32 state at every chunk boundary. Differences from Megatron-LM's own
 estimator are deliberate and listed in docs/planner.md.
+
+Selective recompute by module (`train.recompute_modules`) and activation offloading
+(`train.offload_modules`) take named tensors off those terms (`dropped_per_token`): core_attn
+the scores, layernorm the norms' outputs (QKV and MLP inputs), mlp a dense MLP's inner
+activations, moe an MoE layer's routed copies and router logits, moe_act the expert activation's
+output; offloading moves the inputs of its modules to host memory until the backward. CUDA
+graphs add their static buffers (`cuda_graph_static_bytes`).
 """
 
 from __future__ import annotations
@@ -125,17 +132,115 @@ def attention_score_bytes(cfg: Any) -> float:
     return tokens * layer_bytes_per_token(cfg, "explicit").scores
 
 
+def _recomputed(cfg: Any, recompute: str | None = None) -> set[str]:
+    t = cfg.train
+    return set(t.recompute_modules) if (recompute or t.recompute) == "selective" else set()
+
+
+def _attention_dropped(m: Any, d: int, tp: int, recomputed: set[str],
+                       offloaded: set[str]) -> LayerTerms:
+    heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
+    width = m.kv_channels or m.hidden_size // heads
+    query, key_value = heads * width, 2 * groups * width
+    h = m.hidden_size
+    replicated = d * h * ("attn_norm" in offloaded)  # the norm's input
+    replicated += d * h * bool({"layernorm"} & recomputed or {"qkv_linear"} & offloaded)
+    split = d * (query + key_value) / tp * ("core_attn" in offloaded)  # Q, K, V
+    split += d * query / tp * ("attn_proj" in offloaded)  # the projection's input
+    return LayerTerms(split=split, replicated=replicated, scores=0.0)
+
+
+def _mlp_dropped(m: Any, d: int, layout: Any, recomputed: set[str],
+                 offloaded: set[str]) -> LayerTerms:
+    h, gate = m.hidden_size, 2 if m.activation == "swiglu" else 1
+    replicated = d * h * ("mlp_norm" in offloaded) + d * h * ("layernorm" in recomputed)
+    if not m.num_moe_experts:
+        inner = d * m.ffn_hidden_size * (gate + 1) / layout.tensor
+        return LayerTerms(split=inner * ("mlp" in recomputed), replicated=replicated,
+                          scores=0.0)
+    ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
+    topk, etp = m.moe_router_topk, layout.expert_tensor_size
+    if "moe" in recomputed:  # the whole MoE layer: only its input is kept
+        routed = topk * (d * h + d * ffn * (gate + 1) / etp + d * h)
+        return LayerTerms(split=routed / layout.tensor,
+                          replicated=replicated + 4 * m.num_moe_experts, scores=0.0)
+    routed = topk * d * ffn / etp * ("moe_act" in recomputed)  # the activation's output
+    routed += topk * d * ffn * gate / etp * ("moe_act" in offloaded)  # its input
+    routed += topk * d * h * ("expert_fc1" in offloaded)  # the experts' input
+    return LayerTerms(split=routed / layout.tensor, replicated=replicated, scores=0.0)
+
+
+def dropped_per_token(cfg: Any, symbol: str | None = None,
+                      recompute: str | None = None) -> LayerTerms:
+    """Bytes per token one layer (of kind `symbol`; a GPT layer: attention and its MLP or MoE)
+    no longer keeps on the GPU: selective recompute's modules and activation offloading's, the
+    scores apart (`layer_bytes` drops them for core_attn)."""
+    m, layout = cfg.model, cfg.layout
+    d = _ACT_BYTES[cfg.precision.dtype]
+    recomputed, offloaded = _recomputed(cfg, recompute), set(cfg.train.offload_modules)
+    if not recomputed and not offloaded:
+        return LayerTerms(0.0, 0.0, 0.0)
+    symbols = kinds.gpt_layer_kinds(m) if symbol is None else (symbol,)
+    split = replicated = 0.0
+    for kind in symbols:
+        if kind == kinds.ATTENTION:
+            part = _attention_dropped(m, d, layout.tensor, recomputed, offloaded)
+        elif kind == kinds.MLP:
+            part = _mlp_dropped(dataclasses.replace(m, num_moe_experts=None), d, layout,
+                                recomputed, offloaded)
+        elif kind == kinds.MOE:
+            part = _mlp_dropped(m, d, layout, recomputed, offloaded)
+        else:
+            continue  # a Mamba layer: neither recomputed by module nor offloaded
+        split, replicated = split + part.split, replicated + part.replicated
+    return LayerTerms(split=split, replicated=replicated, scores=0.0)
+
+
 def layer_bytes(cfg: Any, attention: Attention, recompute: str | None = None,
                 symbol: str | None = None) -> float:
     """Bytes one layer (of a hybrid model: of kind `symbol`) keeps for one micro-batch on one
-    rank (no recompute, or selective)."""
+    rank (no recompute, or selective by module), less what activation offloading moves to
+    host memory."""
     layout, t = cfg.layout, cfg.train
     terms = (layer_bytes_per_token(cfg, attention) if symbol is None
              else symbol_bytes_per_token(cfg, symbol, attention))
+    dropped = dropped_per_token(cfg, symbol, recompute)
     tokens = t.micro_batch_size * cfg.model.seq_length // layout.context
-    replicated = terms.replicated / (layout.tensor if layout.sequence_parallel else 1)
-    scores = 0.0 if (recompute or t.recompute) == "selective" else terms.scores
-    return tokens * (terms.split + replicated + scores)
+    replicated = (terms.replicated - dropped.replicated) / (
+        layout.tensor if layout.sequence_parallel else 1)
+    scores = 0.0 if "core_attn" in _recomputed(cfg, recompute) else terms.scores
+    return tokens * (terms.split - dropped.split + replicated + scores)
+
+
+# What each graphed module of a layer captures, by the layer kinds it covers
+# (transformer_config.py:1047-1062); no module named: the whole layer.
+GRAPHED_KINDS = {"attn": kinds.ATTENTION, "mamba": kinds.MAMBA, "mlp": kinds.MLP,
+                 "moe_router": kinds.MOE, "moe_preprocess": kinds.MOE, "moe": kinds.MOE}
+
+
+def cuda_graph_static_bytes(cfg: Any, stage_counts: dict[str, int] | None,
+                            layers: int) -> float:
+    """Static memory of Transformer Engine's CUDA graphs on one rank of a stage holding `layers`
+    layers (of a hybrid model: `stage_counts` by kind): each graph keeps its own input and
+    output hidden states and their gradients (4 x tokens x hidden), one graph per graphed
+    module, layer and captured micro-batch: one without pipelining, every micro-batch of the
+    step with it (Megatron allocates sample arguments per layer and micro-batch,
+    transformer/cuda_graphs.py:2291, 2506-2512). The graph pool's fragmentation is not
+    modeled."""
+    t, layout, m = cfg.train, cfg.layout, cfg.model
+    if t.cuda_graphs == "none":
+        return 0.0
+    captured = 1 if layout.pipeline == 1 else layout.microbatches
+    d = _ACT_BYTES[cfg.precision.dtype]
+    hidden = _tokens(cfg) * m.hidden_size * d / (
+        layout.tensor if layout.sequence_parallel else 1)
+    modules = {GRAPHED_KINDS[name] for name in t.cuda_graph_modules if name in GRAPHED_KINDS}
+    if stage_counts is None:  # a GPT layer: attention and its MLP or MoE
+        layer_kinds = kinds.gpt_layer_kinds(m)
+        graphs = layers * (1 if not modules else len(modules & set(layer_kinds)))
+    else:
+        graphs = sum(n for kind, n in stage_counts.items() if not modules or kind in modules)
+    return graphs * captured * 4 * hidden
 
 
 def _tokens(cfg: Any) -> float:
@@ -197,10 +302,12 @@ class StageActivations:
     embedding: float
     output: float
     recompute_working: float  # full recompute: one block rebuilt during backward
+    cuda_graphs: float = 0.0  # CUDA graphs' static buffers
 
     @property
     def total(self) -> float:
-        return self.layers_total + self.embedding + self.output + self.recompute_working
+        return (self.layers_total + self.embedding + self.output + self.recompute_working
+                + self.cuda_graphs)
 
 
 def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
@@ -210,6 +317,7 @@ def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
     block = t.recompute_num_layers
     result = []
     per_stage = _stage_layer_bytes(cfg, attention, [sum(chunks) for chunks in stages])
+    counts = stage_kinds(cfg) if cfg.model.is_hybrid else [None] * len(stages)
     for stage, (chunks, (full, largest)) in enumerate(zip(stages, per_stage, strict=True)):
         layers = sum(chunks)
         flight = layer_microbatches_in_flight(stage, layout.pipeline, layout.virtual_stages,
@@ -221,6 +329,8 @@ def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
             per_layer, working = full, 0.0
         embedding = embedding_bytes(cfg) * flight if stage == 0 else 0.0
         output = output_bytes(cfg) if stage == len(stages) - 1 else 0.0
+        graphs = cuda_graph_static_bytes(cfg, counts[stage], layers)
         result.append(StageActivations(stage, layers, flight, per_layer,
-                                       per_layer * layers * flight, embedding, output, working))
+                                       per_layer * layers * flight, embedding, output, working,
+                                       graphs))
     return result

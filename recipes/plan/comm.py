@@ -105,9 +105,12 @@ def _mamba_cp(cfg: Any, d: int, tokens: float, layers: int) -> float:
 
 
 def _ep(cfg: Any, d: int, tokens: float, layers: int) -> float:
-    layout, m = cfg.layout, cfg.model
+    """Dispatch and combine, forward and backward; selective recompute of the MoE layer
+    (`train.recompute_modules` moe) dispatches and combines its forward again."""
+    layout, m, t = cfg.layout, cfg.model, cfg.train
     routed = tokens * m.moe_router_topk * m.hidden_size * d / layout.tensor
-    return 4 * _ring(layout.expert) * routed * layers * layout.microbatches
+    again = 2 if t.recompute == "selective" and "moe" in t.recompute_modules else 0
+    return (4 + again) * _ring(layout.expert) * routed * layers * layout.microbatches
 
 
 def _traffic(crossing: dict[str, bool], cluster: Any, kind: str, operation: str,

@@ -238,7 +238,7 @@ def confirm_layouts(cfg: Any, result: Any, k: int, pick: str | None) -> list[tup
 def own_layout_line(cfg: Any, cluster: Any, result: Any) -> str:
     """Where the recipe's (or the Megatron-LM script's) own layout ranks in the search."""
     from recipes.config.validation import validate
-    from recipes.plan.search import RECOMPUTE, candidate_of, place
+    from recipes.plan.search import _recompute_overrides, candidate_of, place, recompute_choices
     from recipes.plan.search_report import lost_by
 
     candidate = candidate_of(cfg)
@@ -248,14 +248,17 @@ def own_layout_line(cfg: Any, cluster: Any, result: Any) -> str:
         return f"its own layout ({candidate.describe()}): refused here ({error})"
     rank, evaluated = place(cfg, cluster, result, candidate)
     written, changed = candidate.describe(), ""
-    for more in RECOMPUTE[RECOMPUTE.index(candidate.recompute) + 1:]:
+    choices = recompute_choices(cfg)
+    after = choices.index(candidate.recompute) + 1 if candidate.recompute in choices else (
+        choices.index("full") if "full" in choices else len(choices))
+    for more in choices[after:]:
         if rank is not None:
             break
         peak = evaluated.peak
         candidate = dataclasses.replace(candidate, recompute=more)
         rank, evaluated = place(cfg, cluster, result, candidate)
         changed = (f"; peak {peak / 1e9:.1f} GB of {cluster.gpu_memory_gb:g} GB as written, "
-                   f"fits with train.recompute={more}")
+                   f"fits with {' '.join(_recompute_overrides(more))}")
     if rank is None:
         return (f"its own layout ({written}): does not fit even with full recompute, peak "
                 f"{evaluated.peak / 1e9:.1f} GB of {cluster.gpu_memory_gb:g} GB")

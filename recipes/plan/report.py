@@ -121,7 +121,10 @@ def text_report(plan: Plan) -> str:
             f"{cfg.layout.nodes:,} x {cfg.layout.gpus_per_node} ({c.name}), "
             f"{plan.parameters:,} parameters, {cfg.precision.dtype}, sharding {plan.sharding}, "
             f"{plan.attention} attention, recompute {cfg.train.recompute}"]
-    parts = [head, plan.warnings, plan.notes, _fit_lines(plan), _stage_rows(plan),
+    from recipes.plan.fast_paths import fast_path_line
+
+    fast = [fast_path_line(cfg, plan.attention, plan.worst.stage, on_gpu=c.device != "cpu")]
+    parts = [head, plan.warnings, plan.notes, fast, _fit_lines(plan), _stage_rows(plan),
              _placement_lines(plan), _traffic_lines(plan.worst), _schedule_lines(plan),
              [summary_line(plan)]]
     return "\n".join(line for part in parts for line in part)

@@ -40,7 +40,8 @@ from typing import Any
 from plugins.protocol.errors import ConfigError
 from recipes.config.layout import Layout
 from recipes.config.schema import RunConfig
-from recipes.models.hybrid.pattern import has_pipes, segments
+from recipes.models import kinds
+from recipes.models.hybrid.pattern import has_pipes, layer_symbols, segments
 from recipes.plan.activations import stage_activations
 from recipes.plan.build import (
     PlanOptions,
@@ -65,6 +66,49 @@ from recipes.plan.steptime import (
 )
 
 RECOMPUTE = ("none", "selective", "full")
+
+
+def recompute_choices(cfg: Any) -> tuple[str, ...]:
+    """The recompute the search tries, by memory saved: none; selective as Megatron's default
+    (the attention core), then with the norms, then with a dense MLP's or the MoE layer's
+    activation or the whole MoE layer (`selective:<modules>`, `train.recompute_modules`); full.
+    Left out: what the run's CUDA graphs or EP overlap refuse (recipes/config/fast_paths.py)."""
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+    symbols = set(kinds.gpt_layer_kinds(m)) if not m.is_hybrid else set(
+        layer_symbols(m.hybrid_layer_pattern))
+    base = "selective:core_attn,layernorm"
+    choices = ["none", "selective", base]
+    if kinds.MLP in symbols:
+        choices.append(base + ",mlp")
+    if kinds.MOE in symbols:
+        if m.moe_grouped_gemm:
+            choices.append(base + ",moe_act")
+        if not p.ep_comm_overlap and "moe_router" not in t.cuda_graph_modules:
+            choices.append(base + ",moe")
+    if t.cuda_graphs == "none" and not p.ep_comm_overlap:
+        choices.append("full")
+    return tuple(choices)
+
+
+def recompute_choice(train: Any) -> str:
+    """A run's recompute as a `recompute_choices` entry (selective with Megatron's default list
+    is plain `selective`)."""
+    if train.recompute != "selective" or train.recompute_modules == ["core_attn"]:
+        return train.recompute
+    return f"selective:{','.join(train.recompute_modules)}"
+
+
+def _recompute_overrides(choice: str) -> list[str]:
+    fields = recompute_fields(choice)
+    return [f"train.recompute={fields['recompute']}",
+            f"train.recompute_modules=[{','.join(fields['recompute_modules'])}]"]
+
+
+def recompute_fields(choice: str) -> dict[str, Any]:
+    """`train.recompute` and `train.recompute_modules` of one `recompute_choices` entry."""
+    mode, _, modules = choice.partition(":")
+    return {"recompute": mode,
+            "recompute_modules": modules.split(",") if modules else ["core_attn"]}
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 FSDP = ("none", "optim_grads", "optim_grads_params")  # beside the distributed optimizer
 LARGEST_CLUSTER_GPUS = 2**20  # how far the smallest-cluster answer looks
@@ -115,7 +159,8 @@ class Candidate:
                 f"parallel.context={self.context}", f"parallel.expert={self.expert}",
                 f"parallel.expert_tensor={text(self.expert_tensor)}",
                 f"parallel.sequence_parallel={text(self.sequence_parallel)}",
-                f"train.micro_batch_size={self.micro_batch}", f"train.recompute={self.recompute}",
+                f"train.micro_batch_size={self.micro_batch}",
+                *_recompute_overrides(self.recompute),
                 f"optimizer.distributed={text(self.distributed)}",
                 f"optimizer.fsdp={self.fsdp}",
                 "optimizer.overlap_grad_reduce=true",
@@ -148,7 +193,8 @@ def apply_candidate(cfg: Any, c: Candidate) -> Any:
         first_stage_layers=c.first, last_stage_layers=c.last, context=c.context, expert=c.expert,
         expert_tensor=c.expert_tensor, sequence_parallel=c.sequence_parallel,
         batch_p2p_comm=False if c.virtual else cfg.parallel.batch_p2p_comm)
-    train = dataclasses.replace(cfg.train, micro_batch_size=c.micro_batch, recompute=c.recompute)
+    train = dataclasses.replace(cfg.train, micro_batch_size=c.micro_batch,
+                                **recompute_fields(c.recompute))
     optimizer = dataclasses.replace(cfg.optimizer, distributed=c.distributed, fsdp=c.fsdp,
                                     overlap_grad_reduce=True,
                                     overlap_param_gather=c.distributed)
@@ -445,7 +491,7 @@ def candidate_of(cfg: Any) -> Candidate:
     p, t = cfg.parallel, cfg.train
     return Candidate(p.tensor, p.pipeline, p.virtual_pipeline, p.first_stage_layers,
                      p.last_stage_layers, p.context, p.expert, p.expert_tensor,
-                     t.micro_batch_size, p.sequence_parallel, t.recompute,
+                     t.micro_batch_size, p.sequence_parallel, recompute_choice(t),
                      cfg.optimizer.distributed, cfg.optimizer.fsdp)
 
 
@@ -538,7 +584,7 @@ def _micro_batches(planner: _Planner, cfg: Any, dp: int, grid: tuple, sp: bool,
         if vpp and (per_replica // mbs) % pp:
             continue
         fitted = False
-        for recompute in RECOMPUTE:
+        for recompute in recompute_choices(cfg):
             sharding = _first_fitting_sharding(planner, (
                 tp, pp, vpp, first, last, cp, ep, etp, mbs, sp, recompute, distributed))
             planned += sharding[1]

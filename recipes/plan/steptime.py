@@ -13,8 +13,13 @@ bandwidths), with what overlaps taken out: TP and EP collectives sit between the
 need them (exposed); the CP ring overlaps the attention core it feeds (exposed beyond it);
 pipeline sends overlap compute except along the fill and drain; the DP gradient reduce
 overlaps the last micro-batch's backward (`optimizer.overlap_grad_reduce`) and the
-distributed optimizer's all-gather the first one's forward (`overlap_param_gather`). The
-bubble is (PP - 1) / VPP of the slowest stage's per-micro-batch time. Each collective also
+distributed optimizer's all-gather the first one's forward (`overlap_param_gather`). TP
+communication overlap (`parallel.tp_comm_overlap`, Transformer Engine's userbuffers) hides TP's
+collectives behind the layer's GEMMs they are split with (exposed only beyond them), and EP
+overlap (`parallel.ep_comm_overlap`) the token exchange behind the other micro-batch's layer.
+Selective recompute repeats the forward of its modules (the attention core, a dense MLP's or an
+MoE layer's GEMMs; norms and activations cost no GEMM). The bubble is (PP - 1) / VPP of the
+slowest stage's per-micro-batch time. Each collective also
 costs the cluster file's per-message latency (`collective_latency_us`, measured by
 `plan.py calibrate=true`; none when the file has none), counted per step by `collective_counts`
 and added, exposed, to its group's figure (the DP reduce's to what overlaps); and each kernel a
@@ -133,6 +138,22 @@ def _seconds(g: Gemm, peak: float, fraction: float, half: float) -> float:
     return g.flops / (peak * gemm_efficiency(g, fraction, half)) if g.flops else 0.0
 
 
+def selective_extra_seconds(cfg: Any, peak: float, fraction: float, half: float,
+                            core_forward: float) -> float:
+    """One layer's forward seconds that selective recompute repeats: the attention core
+    (core_attn), a dense MLP's GEMMs (mlp) or an MoE layer's (moe), averaged over the layers as
+    `layer_gemms` averages them."""
+    modules = set(cfg.train.recompute_modules)
+    extra = core_forward if "core_attn" in modules else 0.0
+    if not modules & {"mlp", "moe"}:
+        return extra
+    gemms = layer_gemms(cfg)[0][2:]  # the MLP's, then the MoE layer's (as layer_gemms adds them)
+    s = FlopsShape.from_config(cfg)
+    labels = ["mlp"] * bool(s.dense_mlp_layers) + ["moe"] * bool(s.moe_layers)
+    return extra + sum(_seconds(g, peak, fraction, half)
+                       for g, label in zip(gemms, labels, strict=True) if label in modules)
+
+
 def layer_forward_seconds(cfg: Any, peak: float, fraction: float, half: float,
                           ) -> tuple[float, float]:
     """(one layer's products, its attention core) for one micro-batch's forward, in seconds,
@@ -172,6 +193,19 @@ def _dp_exposed(cfg: Any, seconds: float, backward: float, forward: float,
     if fsdp == "optim_grads_params":  # the other 2 x micro - 1 gathers, behind the compute
         exposed += max(0.0, (2 * micro - 1) * gather - (forward + backward) * micro)
     return exposed
+
+
+def _overlapped(cfg: Any, comm: dict[str, float], gemms: float,
+                compute: float) -> dict[str, float]:
+    """TP traffic less what its overlap hides behind the layers' GEMMs (`gemms`: forward and
+    backward of every micro-batch); EP traffic less what its overlap hides behind the other
+    micro-batch's layers (`compute`)."""
+    p, found = cfg.parallel, dict(comm)
+    if p.tp_comm_overlap and "tp" in found:
+        found["tp"] = max(0.0, found["tp"] - gemms)
+    if p.ep_comm_overlap and "ep" in found:
+        found["ep"] = max(0.0, found["ep"] - compute)
+    return found
 
 
 def collective_counts(cfg: Any, layers: int) -> dict[str, float]:
@@ -232,7 +266,10 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
     tokens = layout.micro_batch * cfg.model.seq_length / layout.context
     logits = Gemm(tokens * logits_flops(shape) / layout.tensor, tokens, shape.hidden_size,
                   layout.padded_vocab / layout.tensor)
-    extra = {"none": 0.0, "selective": core_forward, "full": layer_forward + core_forward}
+    extra = {"none": 0.0, "full": layer_forward + core_forward,
+             "selective": selective_extra_seconds(cfg, peak, peak_fraction, half_dim,
+                                                  core_forward)
+             if t.recompute == "selective" else 0.0}
     micro = layout.microbatches
     worst: tuple[float, ...] = ()
     stage_compute: dict[int, float] = {}
@@ -243,7 +280,8 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
             forward += _seconds(logits, peak, peak_fraction, half_dim)
         per_micro = (3 * forward + layers * extra[t.recompute]
                      + layers * layer_kernels(t.recompute) * kernel_s)
-        comm = _traffic_seconds(stage)
+        comm = _overlapped(cfg, _traffic_seconds(stage), micro * layers * 3 * layer_forward,
+                           micro * layers * 3 * (layer_forward + core_forward))
         waits = {group: count * latency_s
                  for group, count in collective_counts(cfg, layers).items()}
         comm["tp"] = comm.get("tp", 0.0) + waits["tp"]

@@ -7,6 +7,7 @@ back with the losses. Sessions are built by `layout_runs._session`, exactly as a
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from tests.dist.layout_runs import _finish, _session
@@ -40,7 +41,9 @@ def train_steps_with_figures(payload: dict) -> dict:
         weights = str(save_model_weights(payload["weights_dir"], session.cfg, session.model))
     if payload.get("expert_bias"):
         _set_expert_bias(session, payload["expert_bias"])
-    cfg = session.cfg
+    # Figures on every step (the plugin gathers them at the log interval).
+    cfg = dataclasses.replace(session.cfg, logging=dataclasses.replace(session.cfg.logging,
+                                                                       log_interval=1))
     session.plugins.run_start(RunStart(cfg, session.run_dir, 0, cfg.train.train_iters))
     trace: dict[str, list] = {"losses": [], "grad_norms": [], "extra": [], "per_layer": []}
     for _ in range(payload["steps"]):

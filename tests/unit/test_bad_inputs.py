@@ -26,6 +26,7 @@ from recipes.registry import get_recipe
 from recipes.resolve import resolve_config
 from tests.hang import HANG_S
 from tests.unit.dataset_fixtures import write_dataset
+from tests.unit.test_fast_path_rules import CASES as FAST_PATH_CASES
 from trainer.checkpoint.preflight import validate_paths
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,6 +34,10 @@ SECTIONS = (
     "model, parallel, cluster, train, optimizer, scheduler, precision, data, checkpoint, logging, "
     "plugins.fp8, plugins.context_parallel, plugins.moe"
 )
+
+# The fast-path rules' cases as command lines (each breaks exactly its rule).
+FAST_PATH_BAD_INPUTS = [([f"recipe={recipe}", *overrides], line)
+                        for _, recipe, overrides, line in FAST_PATH_CASES]
 
 # (argv, text the one-line message must contain); the default recipe is tiny_tp2_pp2.
 BAD_INPUTS: list[tuple[list[str], str]] = [
@@ -385,6 +390,14 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["model..hidden_size=3"], "the key 'model..hidden_size' has an empty part between dots"),
     (["model.hidden_size=[1,"], "cannot parse the value '[1,'"),
     (["optimizer.lr=${foo}"], "cannot resolve 'optimizer.lr'"),
+    # GPU fast paths: types, then every combination Megatron or Transformer Engine would assert
+    # on at run time (one case per rule, tests/unit/test_fast_path_rules.py)
+    (["model.moe_flex_backend=ncclep"], "model.moe_flex_backend expects one of deepep, "
+     "hybridep, got 'ncclep'"),
+    (["train.cuda_graphs=full_iteration"], "train.cuda_graphs expects one of none, "
+     "transformer_engine, local, got 'full_iteration'"),
+    (["train.recompute_modules=moe"], "train.recompute_modules expects a list of strings"),
+    *FAST_PATH_BAD_INPUTS,
 ]
 
 

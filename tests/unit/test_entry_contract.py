@@ -106,16 +106,17 @@ def test_every_mistake_found_before_launch_is_said_one_line_each():
         " override 'parallel.tensr=2'", " override 'optimizer.lrr=1'"]
     options = run_script(REPO / "scripts" / "bench_step.py", "steps=0", "warmup=0")
     assert options.stderr.splitlines() == [
-        "error: steps=0 must be a positive whole number, e.g. steps=2",
-        "error: warmup=0 must be a positive whole number, e.g. warmup=2"]
+        "error: steps=0 is too few interleaved pairs for a median and spread; use steps=5 or "
+        "more", "error: warmup=0 must be a positive whole number, e.g. warmup=2"]
 
 
 def test_options_are_typed_and_split_from_the_rest():
     args = parse_arguments(BENCH_STEP, ["steps=7", "recipe=tiny_dp1", "optimizer.lr=1e-3"])
     assert args.options == {"steps": 7, "warmup": 3}
     assert args.rest == ("recipe=tiny_dp1", "optimizer.lr=1e-3")
-    with pytest.raises(ConfigError, match="steps=0 must be a positive whole number"):
-        parse_arguments(BENCH_STEP, ["steps=0"])
+    with pytest.raises(ConfigError, match="steps=4 is too few interleaved pairs for a median "
+                       "and spread; use steps=5 or more"):
+        parse_arguments(BENCH_STEP, ["steps=4"])
     with pytest.raises(ConfigError, match="steps expects an integer, got 'many'"):
         parse_arguments(BENCH_STEP, ["steps=many"])
     # pretrain has no own options: steps= is an override like any other (and then unknown).
@@ -138,8 +139,8 @@ def test_a_command_without_a_rest_refuses_other_words():
 
 
 def test_help_lists_a_commands_own_options():
-    assert "steps=  measured rounds of each step (an integer, default 20)" in help_text(
-        BENCH_STEP)
+    assert ("steps=  measured rounds of each step (interleaved pairs, at least 5) (an integer, "
+            "default 20)") in help_text(BENCH_STEP)
     assert "print=  config: print the resolved config" in help_text(PRETRAIN)
     assert "check=  paths: check every path the run names" in help_text(PRETRAIN)
 

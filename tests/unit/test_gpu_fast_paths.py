@@ -11,6 +11,7 @@ import pytest
 from megatron.core.models.common.embeddings import rope_utils
 from megatron.core.tensor_parallel import layers
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.moe import moe_utils
 
 from plugins.protocol.errors import ConfigError
 from recipes.config.machine import MachineInfo, check_machine
@@ -25,6 +26,9 @@ def te_kernels(monkeypatch):
     """What TransformerConfig checks for on a GPU node with TE (and APEX's wgrad kernel)."""
     monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", lambda *args: None)
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
+    for name in ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+                 "fused_sort_chunks_by_index_with_probs", "fused_unpermute"):
+        monkeypatch.setattr(moe_utils, name, lambda *args: None)
 
 
 @pytest.mark.parametrize("name", list(RECIPES))
@@ -51,12 +55,96 @@ def test_squared_relu_recipes_are_the_ones_without_the_activation_fusion(te_kern
     assert not config.bias_activation_fusion and config.apply_rope_fusion
 
 
-def test_without_apex_the_wgrad_accumulation_fusion_stays_off(monkeypatch):
+def test_without_apex_transformer_engines_wgrad_fusion_stays_on(monkeypatch):
+    """TE's linears fuse the weight-gradient accumulation without APEX; only Megatron's own
+    output layer would need it (kept unfused by the wgrad_fusion_without_apex patch, below)."""
     monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", lambda *args: None)
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
     config = build_transformer_config(get_recipe("llama3_8b_tp8_dp8"), cpu_initialization=False,
                                       transformer_engine=True)
-    assert not config.gradient_accumulation_fusion and config.bias_activation_fusion
+    assert config.gradient_accumulation_fusion and config.bias_activation_fusion
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A one-rank gloo world with Megatron's process groups, torn down after the test."""
+    import torch
+    from megatron.core import parallel_state
+
+    from trainer.mcore_translation import initialize_parallel_state
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}",
+                                         rank=0, world_size=1)
+    try:
+        yield lambda cfg: initialize_parallel_state(cfg.layout)
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_wgrad_fusion_without_apex_builds_megatrons_own_linears_unfused(one_rank, skip,
+                                                                        monkeypatch):
+    """The wgrad_fusion_without_apex patch (trainer/gpu_fast_paths.py): a config asking for the
+    fusion without APEX builds, and Megatron's own linears keep the unfused accumulation (their
+    forward reads the flag, tensor_parallel/layers.py:1172); without the patch Megatron refuses
+    to build them (layers.py:1070-1079)."""
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+
+    from plugins.protocol.hooks import PluginSet
+    from trainer.gpu_fast_paths import WGRAD_PATCH, wgrad_fusion_without_apex
+    from trainer.model import build_model_chunks
+
+    assert WGRAD_PATCH == "wgrad_fusion_without_apex"
+    monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
+    cfg = get_recipe("tiny_dp1")
+    one_rank(cfg)
+    config = build_transformer_config(cfg, cpu_initialization=True)
+    config.gradient_accumulation_fusion = True
+    chunks: list = []
+    if skip:
+        with pytest.raises(RuntimeError, match="fused_weight_gradient_mlp_cuda"):
+            with wgrad_fusion_without_apex(config, chunks, skip=True):
+                chunks += build_model_chunks(cfg, config, PluginSet())
+        return
+    with wgrad_fusion_without_apex(config, chunks):
+        chunks += build_model_chunks(cfg, config, PluginSet())
+    linears = [m for m in chunks[0].modules() if isinstance(m, ColumnParallelLinear)]
+    assert linears and not any(linear.gradient_accumulation_fusion for linear in linears)
+    assert not layers._grad_accum_fusion_available  # APEX's flag is Megatron's again
+
+
+def test_the_fast_paths_reach_megatron_on_transformer_engine_and_stay_off_on_cpu(te_kernels):
+    """Bridge's Nemotron 3 Nano fast paths: every one in TransformerConfig with TE's layers;
+    with the local layers (CPU ranks) none, the flex dispatcher replaced by alltoall (the same
+    routing) and selective recompute kept."""
+    cfg = get_recipe("nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16")
+    te = build_transformer_config(cfg, cpu_initialization=False, transformer_engine=True)
+    assert (te.moe_token_dispatcher_type, te.moe_flex_dispatcher_backend) == ("flex", "hybridep")
+    assert te.moe_grouped_gemm and te.moe_permute_fusion and te.use_fused_weighted_squared_relu
+    assert te.tp_comm_overlap and te.use_te_rng_tracker
+    assert te.cuda_graph_impl == "transformer_engine" and te.cuda_graph_warmup_steps == 3
+    assert te.recompute_modules == ["moe", "layernorm"]
+    local = build_transformer_config(cfg, cpu_initialization=True)
+    assert local.moe_token_dispatcher_type == "alltoall"
+    assert not (local.moe_grouped_gemm or local.moe_permute_fusion or local.tp_comm_overlap
+                or local.use_fused_weighted_squared_relu or local.use_te_rng_tracker)
+    assert local.cuda_graph_impl == "none" and local.recompute_modules == ["moe", "layernorm"]
+
+
+def test_offloading_and_ep_overlap_reach_megatron(te_kernels):
+    cfg = apply_overrides(get_recipe("mixtral_tiny_ep2_dp2"), [
+        "precision.dtype=bf16", "parallel.ep_comm_overlap=true", "model.moe_grouped_gemm=true",
+        "train.recompute=selective", "train.recompute_modules=[moe_act,layernorm]",
+        "train.offload_modules=[core_attn,attn_proj,expert_fc1]"])
+    te = build_transformer_config(cfg, cpu_initialization=False, transformer_engine=True)
+    assert te.overlap_moe_expert_parallel_comm and te.fine_grained_activation_offloading
+    assert te.offload_modules == ["core_attn", "attn_proj", "expert_fc1"]
+    assert te.recompute_modules == ["moe_act", "layernorm"]
+    local = build_transformer_config(cfg, cpu_initialization=True)
+    # moe_act is recomputed only in grouped-GEMM experts, which CPU ranks do not build.
+    assert local.recompute_modules == ["layernorm"]
+    assert not (local.overlap_moe_expert_parallel_comm or local.fine_grained_activation_offloading)
 
 
 @pytest.mark.parametrize("name", ["tiny_dp1", "llama3_8b_tp8_dp8", "mixtral_tiny_ep1"])
@@ -154,3 +242,116 @@ def test_the_local_layers_on_gpus_are_said_with_their_score_memory(capsys):
 
     assert "keeps its scores: 1.07 GB per layer and micro-batch at seq_length 8192" in \
         local_attention_note(get_recipe("llama3_8b_tp8_dp8"))
+
+
+def test_the_gpu_tiers_fast_path_runs_are_valid_configs_with_the_fast_paths_on():
+    """tests/gpu/test_fast_paths_gpu.py trains these on a GPU; here each is resolved and
+    validated as pretrain.py would, and the fast run has the paths it reports on."""
+    from recipes.config.fast_paths import fast_paths_on
+    from recipes.resolve import resolve_config
+    from tests.gpu.test_fast_paths_gpu import CASES, SIZE
+
+    for recipe, model, fast in CASES.values():
+        plain = resolve_config([f"recipe={recipe}", *SIZE, *model])
+        quick = resolve_config([f"recipe={recipe}", *SIZE, *model, *fast])
+        on = fast_paths_on(quick)
+        assert "permute fusion" in on and "grouped gemm" in on
+        assert any(name.startswith("CUDA graphs (transformer_engine") for name in on)
+        assert not any(name.startswith("CUDA graphs") for name in fast_paths_on(plain))
+
+
+def test_cuda_graphs_are_captured_after_the_warmup_steps_only(monkeypatch):
+    """The trainer's TE graph helper (trainer/gpu_fast_paths.py CudaGraphs) captures once, at
+    the first step after `cuda_graph_warmup_steps` from where the session started, with the DP
+    all-gather's forward hooks off while capturing (Megatron-LM's order)."""
+    from types import SimpleNamespace
+
+    from trainer import gpu_fast_paths
+
+    calls = []
+
+    class Helper:
+        captured = False
+
+        def __init__(self, **kwargs):
+            calls.append(("init", kwargs["seq_length"], kwargs["micro_batch_size"]))
+
+        def capture_finished(self):
+            return self.captured
+
+        def create_cudagraphs(self):
+            calls.append("capture")
+            self.captured = True
+
+        def cuda_graph_set_manual_hooks(self):
+            calls.append("manual hooks")
+
+        def graphs_created(self):
+            return self.captured
+
+        def delete_cuda_graphs(self):
+            calls.append("delete")
+
+    class Chunk:
+        def disable_forward_pre_hook(self, param_sync):
+            calls.append(("hooks off", param_sync))
+
+        def enable_forward_pre_hook(self):
+            calls.append("hooks on")
+
+    from megatron.core.transformer import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "TECudaGraphHelper", Helper)
+    monkeypatch.setattr("torch.distributed.get_rank", lambda: 1)
+    cfg = apply_overrides(get_recipe("tiny_dp1"), ["train.cuda_graphs=transformer_engine",
+                                                   "train.cuda_graph_warmup_steps=2",
+                                                   "optimizer.distributed=true",
+                                                   "optimizer.overlap_param_gather=true"])
+    session = SimpleNamespace(cfg=cfg, model=[Chunk()], optimizer=object(), start_step=10)
+    graphs = gpu_fast_paths.CudaGraphs(session, SimpleNamespace(
+        cuda_graph_impl="transformer_engine"))
+    for step in range(10, 15):
+        graphs.before_step(step)
+    graphs.close()
+    assert calls == [("init", 128, 2), ("hooks off", False), "capture", "hooks on",
+                     "manual hooks", "delete"]
+    none = gpu_fast_paths.CudaGraphs(session, SimpleNamespace(cuda_graph_impl="none"))
+    none.before_step(12)
+    none.close()
+    assert none.helper is None
+
+
+def test_a_gpu_node_without_the_fast_paths_kernels_is_refused_before_launch():
+    """DeepEP (or its HybridEP) for the flex dispatcher, a TE recent enough for the fused MoE
+    kernels: one line each on a GPU node; CPU ranks run without them."""
+    cfg = apply_overrides(get_recipe("mixtral_tiny_ep4_dp4"), [
+        "model.moe_token_dispatcher=flex", "model.moe_flex_backend=hybridep",
+        "model.moe_router_fusion=true"])
+    node = dataclasses.replace(GPU_NODE, transformer_engine="2.8.0")
+    with pytest.raises(ConfigError) as caught:
+        check_machine(cfg, dataclasses.replace(node, flex_backends=("deepep",)))
+    assert str(caught.value).startswith(
+        "model.moe_token_dispatcher=flex with model.moe_flex_backend=hybridep needs DeepEP's "
+        "HybridEP kernels, which are not installed here")
+    with pytest.raises(ConfigError, match=r"^model.moe_router_fusion=true needs Transformer "
+                                          r"Engine >= 2.7, found 2.6.0"):
+        check_machine(cfg, dataclasses.replace(node, transformer_engine="2.6.0",
+                                               flex_backends=("deepep", "hybridep")))
+    check_machine(cfg, dataclasses.replace(node, flex_backends=("deepep", "hybridep")))
+    cpu = MachineInfo(gpus=0, launched_world_size=None)
+    check_machine(cfg, cpu)  # CPU ranks: alltoall, no fused kernels (the plan line says so)
+
+
+@pytest.mark.parametrize(("source", "found"), [
+    ("class Buffer: ...\n", ("deepep",)),
+    ("class Buffer: ...\nclass HybridEPBuffer: ...\n", ("deepep", "hybridep"))])
+def test_the_flex_backends_are_read_from_deepeps_package_without_importing_it(
+        tmp_path, monkeypatch, source, found):
+    from recipes.config.machine import flex_backends
+
+    assert flex_backends() == ()  # not installed on this machine
+    package = tmp_path / "deep_ep"
+    package.mkdir()
+    (package / "__init__.py").write_text(source + "raise ImportError('needs CUDA')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert flex_backends() == found

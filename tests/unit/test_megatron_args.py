@@ -227,3 +227,54 @@ def test_plan_reads_a_pretrain_hybrid_file(tmp_path, capsys) -> None:
 
     assert run_plan([], {"megatron_args": str(script)}, read_megatron=read) == 0
     assert "TP1 x PP1 x DP1" in capsys.readouterr().out
+
+
+FAST_PATH_CASES = {
+    "moe": ("mixtral_tiny_ep2_dp2", [
+        "precision.dtype=bf16", "model.moe_token_dispatcher=flex",
+        "model.moe_flex_backend=hybridep", "model.moe_grouped_gemm=true",
+        "model.moe_permute_fusion=true",
+        "model.moe_router_fusion=true", "parallel.ep_comm_overlap=true",
+        "train.recompute=selective", "train.recompute_modules=[moe_act,layernorm]",
+        "train.offload_modules=[core_attn,attn_proj,expert_fc1]"],
+        ["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend hybridep",
+         "--moe-grouped-gemm", "--moe-permute-fusion", "--moe-router-fusion",
+         "--overlap-moe-expert-parallel-comm",
+         "--recompute-granularity selective --recompute-modules moe_act layernorm",
+         "--fine-grained-activation-offloading --offload-modules core_attn attn_proj "
+         "expert_fc1"]),
+    "graphs": ("mixtral_tiny_tp2_sp_ep2_dp2", [
+        "parallel.tp_comm_overlap=true", "train.cuda_graphs=transformer_engine",
+        "train.cuda_graph_modules=[attn]", "train.cuda_graph_warmup_steps=2",
+        "model.moe_shared_expert_ffn_hidden_size=64", "model.moe_shared_expert_overlap=true"],
+        ["--tp-comm-overlap", "--cuda-graph-impl transformer_engine --cuda-graph-modules attn "
+         "--cuda-graph-warmup-steps 2 --te-rng-tracker", "--moe-shared-expert-overlap"]),
+    "srelu": ("hybrid_tiny_dp1", ["model.moe_fused_squared_relu=true",
+                                  "train.cuda_graphs=transformer_engine"],
+              ["--use-fused-weighted-squared-relu", "--moe-grouped-gemm",
+               "--cuda-graph-impl transformer_engine --cuda-graph-warmup-steps 3"]),
+}
+
+
+@pytest.mark.parametrize("case", FAST_PATH_CASES)
+def test_fast_paths_to_megatron_args_and_back(case) -> None:
+    """Each GPU fast path is a Megatron-LM flag out and the same field back in."""
+    from recipes.config.overrides import apply_overrides
+
+    recipe, overrides, flags = FAST_PATH_CASES[case]
+    cfg = apply_overrides(get_recipe(recipe), overrides)
+    line = " ".join(to_megatron_args(cfg))
+    for flag in flags:
+        assert flag in line
+    back, notes = config_from_megatron_args(to_megatron_args(cfg), cfg.cluster)
+    assert _differences(cfg, back) == [] and notes == []
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--moe-flex-dispatcher-backend", "ncclep"], "--moe-flex-dispatcher-backend ncclep drops"),
+    (["--cuda-graph-impl", "full_iteration"], "--cuda-graph-impl full_iteration graphs the "),
+])
+def test_fast_paths_the_project_does_not_train_are_refused_in_one_line(flags, message) -> None:
+    base = to_megatron_args(get_recipe("tiny_dp1"))
+    with pytest.raises(ConfigError, match=message):
+        config_from_megatron_args([*base, *flags])

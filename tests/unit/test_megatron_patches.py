@@ -13,6 +13,7 @@ import pytest
 from trainer.checkpoint.megatron_fixes import FIX_NAMES
 from trainer.cpu_runtime import megatron_lm
 from trainer.cpu_runtime.runtime import PATCH_NAMES
+from trainer.gpu_fast_paths import PATCH_NAMES as GPU_PATCH_NAMES
 from trainer.megatron_patches import registry
 from trainer.patch import Patch
 
@@ -21,7 +22,7 @@ TABLE = registry()
 
 
 def test_the_table_holds_every_patch_each_home_applies_once():
-    homes = [*PATCH_NAMES, *megatron_lm.PATCH_NAMES, *FIX_NAMES]
+    homes = [*PATCH_NAMES, *megatron_lm.PATCH_NAMES, *FIX_NAMES, *GPU_PATCH_NAMES]
     assert len(homes) == len(set(homes))
     assert set(TABLE) == set(homes)
 

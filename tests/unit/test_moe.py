@@ -154,3 +154,59 @@ def test_tiny_moe_layouts_train_the_same_model_on_the_same_batch():
     m = reference.model
     assert (m.num_layers, m.hidden_size, m.num_moe_experts, m.moe_router_topk) == (4, 64, 4, 2)
     assert (m.seq_length, m.vocab_size, m.activation) == (128, 256, "swiglu")
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A one-rank gloo world with Megatron's process groups, torn down after the test."""
+    from megatron.core import parallel_state
+
+    from trainer.mcore_translation import initialize_parallel_state
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}",
+                                         rank=0, world_size=1)
+    try:
+        initialize_parallel_state(get_recipe("mixtral_tiny_ep1").layout)
+        yield tmp_path
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+def test_router_figures_are_gathered_at_the_log_interval_only(one_rank, monkeypatch):
+    """No collective and no figure on the steps between log lines; on a logged step the tokens
+    per expert are the mean per step since the last one, the imbalance that of their sum; the
+    last step is always gathered."""
+    from plugins.moe import plugin as moe_plugin
+    from plugins.protocol.events import RunStart
+
+    reductions = []
+    real = torch.distributed.all_reduce
+    monkeypatch.setattr(moe_plugin.torch.distributed, "all_reduce",
+                        lambda tensor, *a, **k: (reductions.append(1), real(tensor, *a, **k))[1])
+    from plugins.protocol.events import RuntimeContext
+
+    plugin = MoePlugin(MoeConfig())
+    plugin.setup_runtime(RuntimeContext(backend="gloo", device="cpu"))
+    plugin.model_config = SimpleNamespace(
+        num_layers=1, num_moe_experts=2, sequence_parallel=False, mtp_num_layers=None,
+        moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=0.0)
+    cfg = get_recipe("mixtral_tiny_ep1")
+    cfg.logging.log_interval = 2
+    plugin.run_start(RunStart(cfg, one_rank, 0, 5))
+    routed = [[3.0, 1.0], [1.0, 5.0], [2.0, 2.0], [4.0, 0.0], [0.0, 4.0]]
+    figures = {}
+    for step, tokens in enumerate(routed, start=1):
+        counts = plugin.counter.counts
+        plugin.counter.counts = (torch.zeros(1, 2, dtype=torch.float64) if counts is None
+                                 else counts) + torch.tensor([tokens], dtype=torch.float64)
+        metrics = StepMetrics(step=step, loss=1.0, lr=1e-3, grad_norm=1.0, loss_tokens=8,
+                              step_time_s=0.1)
+        plugin.after_step(metrics)
+        figures[step] = metrics.extra
+    assert [step for step, extra in figures.items() if extra] == [2, 4, 5]
+    assert len(reductions) == 3  # one count reduction per logged step, none between
+    assert (figures[2]["moe_tokens_e0"], figures[2]["moe_tokens_e1"]) == (2.0, 3.0)
+    assert figures[2]["moe_imbalance"] == pytest.approx(6 / 5)  # max 6 of 4 + 6 tokens
+    assert (figures[4]["moe_tokens_e0"], figures[4]["moe_tokens_e1"]) == (3.0, 1.0)
+    assert (figures[5]["moe_tokens_e0"], figures[5]["moe_tokens_e1"]) == (0.0, 4.0)

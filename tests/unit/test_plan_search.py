@@ -20,7 +20,6 @@ from recipes.plan.build import PlanOptions, stage_plans
 from recipes.plan.cluster import apply_cluster, load_cluster
 from recipes.plan.command import run_plan
 from recipes.plan.search import (
-    RECOMPUTE,
     Candidate,
     _blocks,
     _Searcher,
@@ -28,6 +27,7 @@ from recipes.plan.search import (
     candidate_of,
     pipeline_splits,
     place,
+    recompute_choices,
     search,
 )
 from recipes.plan.steptime import step_time
@@ -56,13 +56,15 @@ def test_every_listed_layout_fits_and_validates(tiny_search) -> None:
 
 
 def _every_variant(cfg, world):
-    """Brute force: every block, VPP, micro-batch, SP, optimizer and recompute, no pruning."""
+    """Brute force: every block, VPP, micro-batch, SP, optimizer (and its sharding) and
+    recompute (by module too), no pruning."""
     for tp, pp, first, last, vpps, cp, ep, etp in _blocks(cfg, world):
         for vpp, mbs, sp, dist, rc in itertools.product(
-                vpps, (1, 2, 4, 8), (False, True), (False, True), RECOMPUTE):
+                vpps, (1, 2, 4, 8), (False, True), (False, True), recompute_choices(cfg)):
             if sp and tp == 1:
                 continue
-            yield Candidate(tp, pp, vpp, first, last, cp, ep, etp, mbs, sp, rc, dist)
+            for fsdp in ("none", "optim_grads", "optim_grads_params") if dist else ("none",):
+                yield Candidate(tp, pp, vpp, first, last, cp, ep, etp, mbs, sp, rc, dist, fsdp)
 
 
 @pytest.mark.parametrize("name", ["tiny_tp2_pp2", "mixtral_tiny_ep4_dp4"])
@@ -88,6 +90,8 @@ def test_pruning_loses_no_faster_valid_layout(name) -> None:
 
 def test_step_model_charges_recompute_tp_and_the_bubble() -> None:
     cfg = apply_cluster(get_recipe("llama3_70b_tp4_pp4_cp2_vpp5_dp2"), load_cluster(H100))
+    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel,
+                                                                tp_comm_overlap=False))
     cluster = load_cluster(H100)
 
     def time_of(**changes):
@@ -100,6 +104,25 @@ def test_step_model_charges_recompute_tp_and_the_bubble() -> None:
         > base.compute
     assert time_of(virtual=None).bubble > base.bubble
     assert time_of(tensor=8, context=1).tp > base.tp
+
+
+def test_step_model_prices_tp_overlap_and_recompute_modules() -> None:
+    """TP overlap hides TP's collectives behind the GEMMs (the recipe's, as Bridge's 70B);
+    selective recompute of the MLP repeats its GEMMs beyond the attention core's."""
+    cluster = load_cluster(H100)
+    cfg = apply_cluster(get_recipe("llama3_70b_tp4_pp4_cp2_vpp5_dp2"), cluster)
+
+    def time_of(cfg, **train):
+        run = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train))
+        return step_time(run, stage_plans(run, cluster, PlanOptions()), 989)
+
+    without = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel,
+                                                                    tp_comm_overlap=False))
+    assert time_of(cfg).tp < time_of(without).tp
+    core = time_of(cfg, recompute="selective")
+    mlp = time_of(cfg, recompute="selective", recompute_modules=["core_attn", "mlp"])
+    norms = time_of(cfg, recompute="selective", recompute_modules=["core_attn", "layernorm"])
+    assert mlp.compute > core.compute == norms.compute > time_of(cfg).compute
 
 
 def test_uneven_pipeline_splits_include_the_llama_405b_one() -> None:

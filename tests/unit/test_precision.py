@@ -165,6 +165,10 @@ RULE_CASES = [
      "plugins.fp8.param_gather=true keeps the weights in FP8 and refreshes them from the "
      "distributed optimizer's fp32 shards, but optimizer.distributed=false; set "
      "optimizer.distributed=true or plugins.fp8.param_gather=false"),
+    ("check_fp8_delayed_recompute_modules", [*FP8, "train.recompute=selective",
+                                             "train.recompute_modules=[core_attn,layernorm]"],
+     "train.recompute_modules has layernorm, which Megatron cannot recompute with "
+     "plugins.fp8.recipe=delayed"),
     ("check_fp8_settings_unused", ["plugins.fp8.param_gather=true"],
      "plugins.fp8.param_gather=True has no effect while plugins.fp8.format=null"),
     ("check_fp8_shapes", [*FP8, "model.ffn_hidden_size=200"],

@@ -8,6 +8,7 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.overrides import apply_overrides
 from recipes.config.validation import RULES, all_rules, failing_rules, validate
 from recipes.registry import get_recipe
+from tests.unit.test_fast_path_rules import CASES as FAST_PATH_RULE_CASES
 from tests.unit.test_phases import PHASE_RULE_CASES
 from tests.unit.test_rampup import RAMPUP_RULE_CASES
 
@@ -17,7 +18,7 @@ DENSE_HYBRID = ["model.hybrid_layer_pattern=M*-M--", "model.num_moe_experts=null
                 "model.moe_router_expert_bias=false", "model.moe_router_score_function=softmax",
                 "model.moe_router_topk_scaling_factor=null",
                 "model.moe_shared_expert_ffn_hidden_size=null",
-                "model.moe_load_balancing=aux_loss"]
+                "model.moe_load_balancing=aux_loss", "model.moe_grouped_gemm=false"]
 
 # (rule, base recipe, overrides that break only that rule, text the message must contain)
 RULE_CASES = [
@@ -185,6 +186,11 @@ RULE_CASES = [
     ("check_fp8_shapes", "tiny_tp2_sp", ["plugins.fp8.format=hybrid", "model.seq_length=100"],
      "needs tokens per rank per micro-batch (seq_length / CP [/ TP with SP] x micro_batch_size) "
      "divisible by 16, got 100"),
+    ("check_fp8_delayed_recompute_modules", "tiny_dp1",
+     ["plugins.fp8.format=hybrid", "train.recompute=selective",
+      "train.recompute_modules=[core_attn,layernorm]"],
+     "train.recompute_modules has layernorm, which Megatron cannot recompute with "
+     "plugins.fp8.recipe=delayed"),
     ("check_fp8_param_gather_distributed", "tiny_dp1",
      ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise",
       "plugins.fp8.param_gather=true"],
@@ -341,8 +347,9 @@ def test_non_finite_numbers_are_reported_before_the_rules_they_confuse(override,
 
 def test_every_rule_has_a_case() -> None:
     covered = {case[0] for case in RULE_CASES} | {"check_positive_sizes"}
-    # The phase and ramp-up rules' cases live beside their tests.
-    covered |= {case[0] for case in (*PHASE_RULE_CASES, *RAMPUP_RULE_CASES)}
+    # The phase, ramp-up and fast-path rules' cases live beside their tests.
+    covered |= {case[0] for case in (*PHASE_RULE_CASES, *RAMPUP_RULE_CASES,
+                                     *FAST_PATH_RULE_CASES)}
     assert covered == {rule.__name__ for rule in all_rules(get_recipe("tiny_dp1"))}
     assert set(RULES) < set(all_rules(get_recipe("tiny_dp1")))  # plugin rules come on top
 

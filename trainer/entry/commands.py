@@ -59,7 +59,10 @@ def bench_step_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
         print(
             f"bench {cfg.name}: ours {figures['ours_s'] * 1e3:.1f} ms/step, bare Megatron Core "
             f"{figures['bare_s'] * 1e3:.1f} ms/step, ratio {figures['ratio']:.3f} "
-            f"(median of {figures['steps']} after {figures['warmup']} warm-up)"
+            f"(median of {figures['steps']} after {figures['warmup']} warm-up); per "
+            f"interleaved pair {figures['pair_ratio_median']:.3f} median, "
+            f"{figures['pair_ratio_min']:.3f}-{figures['pair_ratio_max']:.3f} spread over "
+            f"{figures['pairs']} pairs"
         )
         print(json.dumps(figures))
     return 0
@@ -166,9 +169,20 @@ PRETRAIN = Command(
                              "one line, and start nothing: a Slurm job's first step",
                              type=Literal["paths"] | None)})
 
+def at_least_pairs(key: str, value: int) -> str | None:
+    """`check` for bench_step's rounds: a ratio's median and spread need five pairs."""
+    from trainer.tools.bench_step import MIN_PAIRS
+
+    if value < MIN_PAIRS:
+        return (f"{key}={value} is too few interleaved pairs for a median and spread; use "
+                f"{key}={MIN_PAIRS} or more")
+    return None
+
+
 BENCH_STEP = Command(
     script="bench_step.py", run=Training(bench_step_rank), rest=CONFIG_REST, takes_recipe=True,
-    options={"steps": Option(20, "measured rounds of each step", check=positive),
+    options={"steps": Option(20, "measured rounds of each step (interleaved pairs, at least 5)",
+                             check=at_least_pairs),
              "warmup": Option(3, "rounds discarded first", check=positive)})
 
 VALIDATE_RESUME = Command(

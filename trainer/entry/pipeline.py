@@ -326,6 +326,11 @@ def preflight(cfg: RunConfig, machine) -> None:
         print(line, flush=True)
     if local_on_gpu:
         print(local_attention_note(cfg), flush=True)
+    from recipes.plan.fast_paths import fast_path_line
+
+    fast = fast_path_line(cfg, plan.attention, plan.worst.stage, on_gpu=not on_cpu)
+    if not fast.endswith("none beyond the fusions"):
+        print(fast, flush=True)
     for line in checkpoint_preflight(cfg):
         print(f"resume: {line}", flush=True)
 

@@ -10,6 +10,9 @@ script), never over a value the user set.
   and fragments the caching allocator (Megatron Bridge's performance recipes set it).
 - `NCCL_NVLS_ENABLE=0`: NVLink SHARP reserves GPU memory for its buffers on every rank; Megatron
   Bridge's recipes turn it off for pretraining.
+- `NVTE_CPU_OFFLOAD_V1=1` with activation offloading (`train.offload_modules`): Megatron-LM
+  refuses to start without it on Transformer Engine 2.10 and later, whose newer offloading
+  would move weights too (`megatron/training/arguments.py:1854-1859`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ def gpu_environment(cfg: Any) -> dict[str, str]:
     environment = {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "NCCL_NVLS_ENABLE": "0"}
     if cfg.layout.tensor > 1 or cfg.layout.context > 1:
         environment["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    if cfg.train.offload_modules:
+        environment["NVTE_CPU_OFFLOAD_V1"] = "1"
     return environment
 
 

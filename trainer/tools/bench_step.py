@@ -6,7 +6,8 @@ hand-written Megatron Core loop does with micro-batches already in memory: zero 
 `forward_backward_func`, `optimizer.step`, scheduler step, and the loss all-reduce over DP x CP
 that Megatron-LM's own `train_step` runs every step for its log. Ours adds data slicing, the
 loss reduction over the whole world (with the phase times riding on it), metrics and hooks.
-Reported: median step times and their ratio.
+Reported: median step times, and the ratio of each interleaved pair (our step over the bare
+step that follows it): their median and spread (lowest and highest), at least five pairs.
 """
 
 from __future__ import annotations
@@ -69,8 +70,19 @@ def bare_step(session, microbatches: list) -> float:
     return time.perf_counter() - start
 
 
+MIN_PAIRS = 5  # interleaved pairs a ratio is reported over
+
+
+def pair_ratios(ours: list[float], bare: list[float]) -> dict:
+    """Each pair's ratio (ours over the bare step run right after it): median and spread."""
+    ratios = [a / b for a, b in zip(ours, bare, strict=True)]
+    return {"pair_ratio_median": statistics.median(ratios), "pair_ratio_min": min(ratios),
+            "pair_ratio_max": max(ratios), "pairs": len(ratios)}
+
+
 def compare_step_times(session, steps: int, warmup: int) -> dict:
-    """Alternate ours/bare for `warmup + steps` rounds; medians over the last `steps`."""
+    """Alternate ours/bare for `warmup + steps` rounds; medians and pair ratios over the last
+    `steps` (each rank's slowest-rank figures: the MAX over ranks of every round)."""
     in_memory = [to_compute_device(mb) for mb in session.train_batches.microbatches(0)]
     ours, bare = [], []
     for _ in range(warmup + steps):
@@ -78,15 +90,17 @@ def compare_step_times(session, steps: int, warmup: int) -> dict:
         ours.append(train_step(session).step_time_s)
         torch.distributed.barrier()
         bare.append(bare_step(session, in_memory))
-    ours_median = statistics.median(ours[warmup:])
-    bare_median = statistics.median(bare[warmup:])
-    # Ranks finish at slightly different times; the slowest rank sets the step time.
-    figures = torch.tensor([ours_median, bare_median], dtype=torch.float64, device=compute_device())
-    torch.distributed.all_reduce(figures, op=torch.distributed.ReduceOp.MAX)
+    # Ranks finish at slightly different times; the slowest rank sets each step's time.
+    rounds = torch.tensor([ours[warmup:], bare[warmup:]], dtype=torch.float64,
+                          device=compute_device())
+    torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MAX)
+    ours_s, bare_s = rounds[0].tolist(), rounds[1].tolist()
+    ours_median, bare_median = statistics.median(ours_s), statistics.median(bare_s)
     return {
-        "ours_s": figures[0].item(),
-        "bare_s": figures[1].item(),
-        "ratio": figures[0].item() / figures[1].item(),
+        "ours_s": ours_median,
+        "bare_s": bare_median,
+        "ratio": ours_median / bare_median,
+        **pair_ratios(ours_s, bare_s),
         "steps": steps,
         "warmup": warmup,
     }

@@ -120,8 +120,9 @@ def _apply(cfg: RunConfig, fields: dict[str, Any]) -> None:
     for dotted, value in fields.items():
         target = _section_of(cfg, dotted)
         name = dotted.rsplit(".", 1)[1]
-        value = _single(value)
         current = getattr(target, name)
+        if isinstance(value, list) and len(value) == 1 and not isinstance(current, list):
+            value = value[0]  # a one-word nargs flag for a scalar field (a list field stays one)
         if value is None and current is not None:
             continue  # Megatron-LM's "unset": the project's default stands
         setattr(target, name, _as_type_of(current, value))
