@@ -66,7 +66,7 @@ def rows_attend_per_document(payload: dict) -> dict:
     from trainer.data import as_tensors
     from trainer.session import start_session
 
-    cfg = resolve_config(payload["argv"], check_paths=False)
+    cfg = resolve_config(payload["argv"])
     long_phase = phase_spans(cfg)[-1]
     phase = phase_config(cfg, long_phase)
     phase.checkpoint.save = False
