@@ -1,6 +1,6 @@
 """Megatron FSDP as a recipe field: through the one translation, in the planner's memory and
 the step model's DP communication, enumerated by the search where the distributed optimizer
-alone does not fit, written and read as Megatron-LM flags, and refused for training here."""
+alone does not fit, written and read as Megatron-LM flags (offload's too)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from recipes.plan.cluster import load_cluster
 from recipes.plan.search import apply_candidate, candidate_of, search
 from recipes.plan.steptime import step_time
 from recipes.resolve import resolve_config
-from trainer.throughput import check_fsdp_not_trained_here
 
 H100 = "conf/cluster/h100_80gb_8x8.yaml"
 
@@ -64,23 +63,32 @@ def test_search_enumerates_fsdp_where_the_distributed_optimizer_does_not_fit():
     assert candidate_of(apply_candidate(cfg, best)) == best
 
 
-def test_megatron_lm_flags_round_trip_and_refuse_zero1_as_fsdp():
+def test_megatron_lm_flags_round_trip_every_level_and_offload():
     cfg = _cfg("optimizer.distributed=true", "optimizer.fsdp=optim_grads")
     args = to_megatron_args(cfg)
     assert "--use-megatron-fsdp" in args and "fsdp_dtensor" in args
     from recipes.config.megatron_args import SPELLED
 
     fsdp = next(s for s in SPELLED if s.fields == ("optimizer.fsdp",))
-    assert fsdp.from_args({"use_megatron_fsdp": True,
-                           "data_parallel_sharding_strategy": "optim_grads"}) == {
-        "optimizer.fsdp": "optim_grads"}
-    with pytest.raises(ConfigError, match="--data-parallel-sharding-strategy optim "):
-        fsdp.from_args({"use_megatron_fsdp": True, "data_parallel_sharding_strategy": "optim"})
+    for level in ("optim", "optim_grads", "optim_grads_params"):
+        assert fsdp.from_args({"use_megatron_fsdp": True, "ckpt_format": "fsdp_dtensor",
+                               "data_parallel_sharding_strategy": level}) == {
+            "optimizer.fsdp": level}
+    with pytest.raises(ConfigError, match="--data-parallel-sharding-strategy no_shard "):
+        fsdp.from_args({"use_megatron_fsdp": True, "ckpt_format": "fsdp_dtensor",
+                        "data_parallel_sharding_strategy": "no_shard"})
+    with pytest.raises(ConfigError, match="--ckpt-format torch_dist with --use-megatron-fsdp"):
+        fsdp.from_args({"use_megatron_fsdp": True, "ckpt_format": "torch_dist",
+                        "data_parallel_sharding_strategy": "optim"})
+    offload = next(s for s in SPELLED if "optimizer.cpu_offload" in s.fields)
+    on = _cfg("optimizer.distributed=true", "precision.dtype=bf16", "optimizer.cpu_offload=true",
+              "optimizer.offload_fraction=0.5")
+    assert offload.to_args(on) == ["--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+                                   "--optimizer-offload-fraction", "0.5"]
+    assert offload.from_args({"optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5,
+                              "use_precision_aware_optimizer": True}) == {
+        "optimizer.cpu_offload": True, "optimizer.offload_fraction": 0.5}
+    with pytest.raises(ConfigError, match="--use-precision-aware-optimizer without"):
+        offload.from_args({"optimizer_cpu_offload": False, "optimizer_offload_fraction": 1.0,
+                           "use_precision_aware_optimizer": True})
     assert from_megatron_values  # the table's reader is the one plan.py megatron_args= uses
-
-
-def test_training_it_here_is_refused_in_one_line():
-    message = check_fsdp_not_trained_here(_cfg("optimizer.distributed=true",
-                                                "optimizer.fsdp=optim_grads_params"))
-    assert message and "\n" not in message and "fsdp_dtensor" in message and "gloo" in message
-    assert check_fsdp_not_trained_here(_cfg()) is None
