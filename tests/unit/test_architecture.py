@@ -222,8 +222,8 @@ def test_the_checkpoint_checks_import_no_torch_when_run():
 
 
 # trainer/checkpoint/, its torch-free checks first: each module imports only those before it.
-CHECKPOINT_ORDER = ("format", "manifest", "preflight", "megatron_fixes", "state_dicts",
-                    "disk_errors", "publish", "async_save", "save", "load")
+CHECKPOINT_ORDER = ("format", "manifest", "preflight", "megatron_fixes", "fsdp_dtensor",
+                    "state_dicts", "disk_errors", "publish", "async_save", "save", "load")
 
 
 def checkpoint_order_violations(imports: dict[str, set[str]]) -> list[str]:

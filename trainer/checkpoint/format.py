@@ -27,6 +27,10 @@ STEP_PREFIX = "step_"  # step_NNNNNNN: a published checkpoint
 TMP_INFIX = ".tmp-"  # step_NNNNNNN.tmp-<token>: a save in progress (or one a crash left)
 MANIFEST_FILE = "run.json"  # what the run says about itself, beside Megatron's files
 MANIFEST_FORMAT = 1
+# The backends a checkpoint's marker names (`metadata.json`'s `sharded_backend`): Megatron's
+# sharded state dicts, or Megatron FSDP's DTensors through torch DCP.
+TORCH_DIST = "torch_dist"
+FSDP_DTENSOR = "fsdp_dtensor"
 
 
 def step_name(step: int) -> str:
@@ -37,6 +41,25 @@ def step_name(step: int) -> str:
 def is_checkpoint(path: Path) -> bool:
     """A finished Megatron checkpoint: its save got as far as writing `metadata.json`."""
     return (path / CHECKPOINT_MARKER).is_file()
+
+
+def format_of(cfg) -> str:
+    """The format a run saves in: Megatron FSDP's DTensors need `fsdp_dtensor` (Megatron-LM
+    saves Megatron FSDP only so, `megatron/training/arguments.py:1146-1147`), else
+    `torch_dist`."""
+    return FSDP_DTENSOR if cfg.optimizer.fsdp != "none" else TORCH_DIST
+
+
+def checkpoint_backend(path: Path) -> str | None:
+    """The format a finished checkpoint was written in (`torch_dist` or `fsdp_dtensor`), from
+    its marker; None when it cannot be read."""
+    import json
+
+    try:
+        backend = json.loads((path / CHECKPOINT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return backend.get("sharded_backend") if isinstance(backend, dict) else None
 
 
 def step_of(name: str) -> int | None:

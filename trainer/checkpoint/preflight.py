@@ -50,6 +50,7 @@ from trainer.checkpoint.format import (
 )
 from trainer.checkpoint.manifest import (
     damaged_file,
+    format_problem,
     incompatibility,
     read_manifest,
     reshard_problem,
@@ -188,6 +189,9 @@ def checkpoint_preflight(cfg: RunConfig) -> list[str]:
     if reason:
         raise ConfigError(f"checkpoint.load={load} does not fit this run's model: {reason}; "
                           "use the saved value, or start from another checkpoint")
+    reason = format_problem(cfg, manifest)
+    if reason:
+        raise ConfigError(f"checkpoint.load={load} cannot be loaded by this run: {reason}")
     reason = reshard_problem(cfg, manifest)
     if reason:
         raise ConfigError(f"checkpoint.load={load} cannot resume in this layout: {reason}")
