@@ -12,6 +12,7 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.megatron_args import from_megatron_values, to_megatron_args
 from recipes.plan.build import PlanOptions, stage_plans
 from recipes.plan.cluster import load_cluster
+from recipes.plan.params import stage_params
 from recipes.plan.search import apply_candidate, candidate_of, search
 from recipes.plan.steptime import step_time
 from recipes.resolve import resolve_config
@@ -92,3 +93,38 @@ def test_megatron_lm_flags_round_trip_every_level_and_offload():
         offload.from_args({"optimizer_cpu_offload": False, "optimizer_offload_fraction": 1.0,
                            "use_precision_aware_optimizer": True})
     assert from_megatron_values  # the table's reader is the one plan.py megatron_args= uses
+
+
+def test_eight_b_on_eight_gpus_by_level_through_the_planner():
+    """The memory chapter's table, from the Llama 3 8B recipe on one node of 8 H100s (BF16
+    weights and gradients, FP32 master and moments: 16 bytes a parameter): ZeRO-1 44 GB,
+    ZeRO-2 30 GB, ZeRO-3 16 GB of model state per GPU."""
+    cfg = _cfg("cluster.nodes=1", "parallel.tensor=1", "parallel.sequence_parallel=false",
+               "precision.grad_reduce_in_fp32=false", "train.global_batch_size=16")
+    params = stage_params(cfg)[0].total
+    cluster = load_cluster(H100)
+    per_gpu = {}
+    for level in ("dist_opt", "optim", "optim_grads", "optim_grads_params"):
+        stages = stage_plans(cfg, cluster, PlanOptions(sharding=level, listed_groups=0))
+        per_gpu[level] = stages[0].state.total
+    assert per_gpu["dist_opt"] == per_gpu["optim"] == params * (2 + 2 + 12 / 8)
+    assert per_gpu["optim_grads"] == params * (2 + (2 + 12) / 8)
+    assert per_gpu["optim_grads_params"] == params * 16 / 8
+    assert {k: round(v / 1e9) for k, v in per_gpu.items()} == {
+        "dist_opt": 44, "optim": 44, "optim_grads": 30, "optim_grads_params": 16}
+
+
+def test_search_offers_offload_where_nothing_on_the_gpu_fits():
+    """8B on one 80 GB GPU: no GPU-resident sharding fits (ZeRO-3 at DP1 shards nothing); with
+    the optimizer state in CPU memory it does. On two GPUs ZeRO-3 fits and offload is not
+    what the search lists first."""
+    one = _cfg("cluster.nodes=1", "cluster.gpus_per_node=1", "parallel.tensor=1",
+               "parallel.sequence_parallel=false", "train.global_batch_size=16")
+    result = search(one, load_cluster(H100), top=5)
+    assert result.listed and all(e.candidate.offload for e in result.listed)
+    applied = apply_candidate(one, result.listed[0].candidate)
+    assert applied.optimizer.cpu_offload and applied.optimizer.distributed
+    two = _cfg("cluster.nodes=1", "cluster.gpus_per_node=2", "parallel.tensor=1",
+               "parallel.sequence_parallel=false", "train.global_batch_size=16")
+    best = search(two, load_cluster(H100), top=5).listed[0].candidate
+    assert best.fsdp == "optim_grads_params" and not best.offload
