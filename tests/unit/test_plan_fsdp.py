@@ -122,6 +122,10 @@ def test_search_offers_offload_where_nothing_on_the_gpu_fits():
                "parallel.sequence_parallel=false", "train.global_batch_size=16")
     result = search(one, load_cluster(H100), top=5)
     assert result.listed and all(e.candidate.offload for e in result.listed)
+    from recipes.plan.search_report import text_search
+
+    assert "its modeled step leaves out the CPU's Adam step" in text_search(
+        one, load_cluster(H100), result)
     applied = apply_candidate(one, result.listed[0].candidate)
     assert applied.optimizer.cpu_offload and applied.optimizer.distributed
     two = _cfg("cluster.nodes=1", "cluster.gpus_per_node=2", "parallel.tensor=1",
