@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every check that needs a GPU, in one command (at most about 10 minutes on one H200): the
-# tests/gpu tier (among them the CPU Mamba kernels against mamba-ssm's and causal-conv1d's), then
-# the GPU check scripts. Each says in one line what it cannot run and why.
+# tests/gpu tier (among them the CPU Mamba kernels against mamba-ssm's and causal-conv1d's, and a
+# Megatron FSDP step and an optimizer-offload step against the planner's peak memory,
+# tests/gpu/test_gpu_sharding.py), then the GPU check scripts. Each says in one line what it
+# cannot run and why.
 # Usage: bash scripts/run_gpu_checks.sh   (PYTHON=... to use another interpreter; STEPS=N)
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -152,6 +152,19 @@ def wrap_with_fsdp(chunks: list, config: TransformerConfig,
             for index, chunk in enumerate(chunks)]
 
 
+def bare_chunks(model: list) -> list:
+    """The model chunks inside every wrapper: DDP, the precision wrapper and, under Megatron
+    FSDP, both its adapter and the `MegatronFSDP` module inside it, which Megatron's own
+    `unwrap_model` stops at (utils.py:2817-2827)."""
+    from megatron.core.distributed.fsdp.mcore_fsdp_adapter import (
+        FullyShardedDataParallel,
+        MegatronFSDP,
+    )
+
+    return unwrap_model(model, (DistributedDataParallel, FullyShardedDataParallel, MegatronFSDP,
+                                Float16Module))
+
+
 def distinct_parameter_counts(chunks: list[torch.nn.Module], tp_rank: int) -> tuple[int, int]:
     """(dense, expert) parameters this rank adds to the whole model, each weight counted once.
 
@@ -159,7 +172,7 @@ def distinct_parameter_counts(chunks: list[torch.nn.Module], tp_rank: int) -> tu
     and the tied output layer on the last pipeline stage (a copy of the input embedding).
     """
     dense = expert = 0
-    for chunk in unwrap_model(chunks):
+    for chunk in bare_chunks(chunks):
         tied_copy = chunk.share_embeddings_and_output_weights and not chunk.pre_process
         for name, param in chunk.named_parameters():
             if tied_copy and name.startswith("output_layer."):

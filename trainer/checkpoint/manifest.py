@@ -47,7 +47,7 @@ STATED_FIELDS = (
     "scheduler.style", "scheduler.warmup_iters", "scheduler.decay_iters", "precision.dtype",
     "model.seq_length", "model.rotary_base", "model.rotary_percent", "model.rope_scaling_factor",
     "data.source",
-    "data.blend", "data.documents",
+    "data.blend", "data.documents", "optimizer.fsdp",
 )
 LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "dp")
 
