@@ -164,8 +164,9 @@ def test_model_state_equals_allocated_bytes(args):
                     "moments": plan.moments}
 
 
-# Megatron FSDP pads each parameter group to a multiple of DP x its row size; on the tiny model
-# that is under this share of the planned bytes (0.4 % measured: ZeRO-3's 12-tensor layer groups).
+# Megatron FSDP pads each parameter group to a multiple of DP x its row size
+# (param_and_grad_buffer.py:253-287); on the tiny model that stays under this share of the
+# planned model state (ZeRO-3's per-layer groups pad the most).
 ALIGNMENT_SHARE = 0.01
 SHARDED_CASES = [
     ["recipe=tiny_dp2_distopt", "optimizer.fsdp=optim"],
