@@ -75,7 +75,7 @@ class Fp8Config(PluginConfig):
             check_fp8_settings_unused, check_fp8_delayed_settings,
             check_fp8_scaling_values, check_fp8_bf16_layers_recipe, check_fp8_bf16_layers_range,
             check_fp8_bf16_layers_leave_fp8, check_fp8_shapes,
-            check_fp8_param_gather_distributed,
+            check_fp8_param_gather_distributed, check_fp8_param_gather_offload,
         )
 
     def machine_problem(self, machine: Any, on_cpu: bool) -> str | None:
@@ -310,6 +310,19 @@ def check_fp8_param_gather_distributed(cfg: Any) -> str | None:
     return ("plugins.fp8.param_gather=true keeps the weights in FP8 and refreshes them from the "
             "distributed optimizer's fp32 shards, but optimizer.distributed=false; set "
             "optimizer.distributed=true or plugins.fp8.param_gather=false")
+
+
+def check_fp8_param_gather_offload(cfg: Any) -> str | None:
+    """With FP8 parameters, optimizer offload takes delayed scaling only (Megatron-LM asserts
+    it, `megatron/training/arguments.py:1808-1811`)."""
+    fp8 = cfg.plugins.fp8
+    if (fp8.format is None or not fp8.param_gather or fp8.recipe == "delayed"
+            or not cfg.optimizer.cpu_offload):
+        return None
+    return (f"plugins.fp8.param_gather=true with plugins.fp8.recipe={fp8.recipe} and "
+            "optimizer.cpu_offload=true: Megatron offloads FP8 parameters with delayed scaling "
+            "only; set plugins.fp8.recipe=delayed, plugins.fp8.param_gather=false or "
+            "optimizer.cpu_offload=false")
 
 
 def _gemm_dims(cfg: Any) -> dict[str, int | None]:

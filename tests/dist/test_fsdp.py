@@ -177,3 +177,21 @@ def test_empty_shard_optimizer_state_keeps_every_ranks_tensors_the_same(launch_r
     assert ranks[0]["unfixed"] != ranks[1]["unfixed"]
     assert ranks[0]["fixed"] == ranks[1]["fixed"]
     assert set(ranks[0]["unfixed"]) | set(ranks[1]["unfixed"]) == set(ranks[0]["fixed"])
+
+
+def test_fsdp_weights_load_into_a_fresh_optimizer(launch_ranks, tmp_path, fsdp_saved):
+    """`checkpoint.load_model_only` of an fsdp_dtensor save, at another level and DP: both
+    start from the saved weights (their first losses, on the first batch, agree, and are the
+    loss of the saved model, not the fresh model's on that batch)."""
+    step = fsdp_saved["checkpoints"] / f"step_{SAVE_AFTER:07d}"
+    first = []
+    for ranks, overrides in ((2, ["optimizer.fsdp=optim_grads"]),
+                             (4, ["cluster.gpus_per_node=4"])):
+        result = launch_ranks(ranks, f"{LAYOUT}:train_steps", {
+            "recipe": "tiny_dp2_fsdp", "steps": 1, "run_dir": str(tmp_path / str(ranks)),
+            "overrides": [f"checkpoint.load={step}", "checkpoint.load_model_only=true",
+                          *overrides]})[0]
+        first.append(result["losses"][0])
+    fresh = fsdp_saved["records"][0][0]["loss"]
+    assert first[0] == pytest.approx(first[1], abs=LOSS_TOLERANCE)
+    assert abs(first[0] - fresh) > 1e-3  # float noise between layouts is ~1e-7

@@ -190,6 +190,11 @@ RULE_CASES = [
       "plugins.fp8.param_gather=true"],
      "plugins.fp8.param_gather=true keeps the weights in FP8 and refreshes them from the "
      "distributed optimizer's fp32 shards, but optimizer.distributed=false"),
+    ("check_fp8_param_gather_offload", "tiny_dp2_bf16_offload",
+     ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise",
+      "plugins.fp8.param_gather=true"],
+     "plugins.fp8.param_gather=true with plugins.fp8.recipe=tensorwise and "
+     "optimizer.cpu_offload=true: Megatron offloads FP8 parameters with delayed scaling only"),
     ("check_fp8_settings_unused", "tiny_dp1", ["plugins.fp8.recipe=tensorwise"],
      "plugins.fp8.recipe=tensorwise has no effect while plugins.fp8.format=null"),
     ("check_fp8_delayed_settings", "tiny_dp1",

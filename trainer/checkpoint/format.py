@@ -5,9 +5,12 @@ export finds a run's newest step with them.
 
     <run_dir>/checkpoints/                 RUN_CHECKPOINTS, a checkpoint root
         step_0000100/                      a published step: STEP_PREFIX + 7 digits
-            metadata.json                  CHECKPOINT_MARKER: Megatron's torch_dist save finished
+            metadata.json                  CHECKPOINT_MARKER: Megatron's save finished (its
+                                           `sharded_backend`: torch_dist, or Megatron FSDP's
+                                           fsdp_dtensor, whose marker the trainer writes last)
             run.json                       MANIFEST_FILE: counters, layout, config, file records
-            __0_0.distcp, .metadata, ...   Megatron's own files
+            __0_0.distcp, .metadata, ...   Megatron's own files (fsdp_dtensor: torch DCP's, and
+                                           run_state.pt, __<rank>_rng.pt: `fsdp_dtensor.py`)
         step_0000200.tmp-200-1a2b3c4d/     a save in progress (or one a crash left): TMP_INFIX
         latest                             LATEST_FILE: the newest published step's name
 

@@ -87,10 +87,9 @@ def _prepared(cfg, model: list, state: dict) -> dict:
 
 
 def write(session, state: RunState, path: Path) -> None:
-    """Every rank: DCP's shards of this rank's DTensors, its RNG streams; rank 0 the run state
-    and scheduler, then the marker, once every rank has written."""
-    from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
-
+    """Every rank: DCP's shards of this rank's DTensors and its RNG streams; rank 0 the run
+    state and scheduler. No collective after DCP's own: the save's phases share every rank's
+    outcome (`disk_errors.run_phases`), and the marker is the phase after this one."""
     rank = torch.distributed.get_rank()
     with megatron_fixes.gc_frozen():
         prepared = _prepared(session.cfg, session.model, _state_dict(session, loading=False))
@@ -100,8 +99,14 @@ def write(session, state: RunState, path: Path) -> None:
     if rank == 0:
         torch.save({"scheduler": session.scheduler.state_dict(), "run_state": state.common()},
                    path / RUN_STATE_FILE)
-    torch.distributed.barrier()
-    if rank == 0:
+
+
+def write_marker(path: Path) -> None:
+    """Rank 0, once every rank's files are written: Megatron's `metadata.json` naming the
+    backend, the last file of the checkpoint (`format.is_checkpoint`)."""
+    from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
+
+    if torch.distributed.get_rank() == 0:
         save_config(CheckpointingConfig(sharded_backend=FSDP_DTENSOR), str(path))
 
 

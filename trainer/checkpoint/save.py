@@ -64,8 +64,11 @@ def save_checkpoint(session, directory: str | Path) -> Path:
               if session.cfg.checkpoint.async_save
               else (lambda: _write_sharded(session, state, save.tmp)))
     rank0 = torch.distributed.get_rank() == 0
+    # fsdp_dtensor's marker is written once every rank's files are (a phase of its own)
+    marker = ((lambda: fsdp_dtensor.write_marker(save.tmp)),) if format_of(
+        session.cfg) == FSDP_DTENSOR else ()
     disk_errors.run_phases(save, (lambda: save.tmp.mkdir(parents=True) if rank0 else None,
-                                  writes))
+                                  writes, *marker))
     if not session.cfg.checkpoint.async_save:
         publish.publish(session, save)
     return save.final
