@@ -165,6 +165,10 @@ RULE_CASES = [
      "plugins.fp8.param_gather=true keeps the weights in FP8 and refreshes them from the "
      "distributed optimizer's fp32 shards, but optimizer.distributed=false; set "
      "optimizer.distributed=true or plugins.fp8.param_gather=false"),
+    ("check_fp8_param_gather_offload", ["recipe=tiny_dp2_bf16_offload", *FP8,
+                                        "plugins.fp8.recipe=tensorwise",
+                                        "plugins.fp8.param_gather=true"],
+     "Megatron offloads FP8 parameters with delayed scaling only"),
     ("check_fp8_settings_unused", ["plugins.fp8.param_gather=true"],
      "plugins.fp8.param_gather=True has no effect while plugins.fp8.format=null"),
     ("check_fp8_shapes", [*FP8, "model.ffn_hidden_size=200"],
