@@ -195,3 +195,16 @@ def test_fsdp_weights_load_into_a_fresh_optimizer(launch_ranks, tmp_path, fsdp_s
     fresh = fsdp_saved["records"][0][0]["loss"]
     assert first[0] == pytest.approx(first[1], abs=LOSS_TOLERANCE)
     assert abs(first[0] - fresh) > 1e-3  # float noise between layouts is ~1e-7
+
+
+def test_fsdp_resume_takes_this_runs_learning_rate(launch_ranks, tmp_path, fsdp_saved):
+    """A resume with another `optimizer.lr` applies it (`adopt_hyperparameters` writes it into
+    fsdp_dtensor's per-parameter groups; without that the saved lr silently stays): inside the
+    warm-up the lr scales with the peak, a third of the saved run's."""
+    after = launch_ranks(2, f"{RESUME}:resumed", {
+        "recipe": "tiny_dp2_fsdp", "steps": STEPS, "run_dir": str(tmp_path),
+        "overrides": ["optimizer.lr=1e-3", "optimizer.min_lr=1e-4",
+                      f"checkpoint.load={fsdp_saved['checkpoints']}"]})[0]
+    before = fsdp_saved["records"][0][SAVE_AFTER:]
+    for got, want in zip(after["records"], before, strict=True):
+        assert got["lr"] == pytest.approx(want["lr"] / 3, rel=1e-9)

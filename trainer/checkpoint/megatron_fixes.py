@@ -541,10 +541,16 @@ def adopt_hyperparameters(loaded, values: dict) -> None:
 
 
 def _into_param_groups(loaded, values: dict) -> None:
+    """Into every saved param group: the distributed optimizer's `param_groups`, and Megatron
+    FSDP's fsdp_dtensor groups, saved per parameter as `param_to_group_meta`
+    (optimizer/distrib_optimizer.py:1648-1652)."""
     if isinstance(loaded, dict):
         for key, value in loaded.items():
             if key == "param_groups" and isinstance(value, list):
                 for group in value:
+                    group.update({k: v for k, v in values.items() if k in group})
+            elif key == "param_to_group_meta" and isinstance(value, dict):
+                for group in value.values():
                     group.update({k: v for k, v in values.items() if k in group})
             else:
                 _into_param_groups(value, values)
