@@ -174,7 +174,6 @@ SHARDED_CASES = [
     ["recipe=tiny_dp2_fsdp"],
     ["recipe=tiny_dp2_fsdp", "precision.dtype=bf16"],
     ["recipe=tiny_dp2_fsdp", "precision.dtype=bf16", "precision.grad_reduce_in_fp32=false"],
-    ["recipe=tiny_dp2_distopt", "optimizer.fsdp=optim_grads", "precision.dtype=bf16"],
     ["recipe=tiny_dp2_bf16_offload"],
     ["recipe=tiny_dp2_bf16_offload", "optimizer.offload_fraction=0.5"],
 ]
