@@ -53,6 +53,40 @@ def llama3_8b_tp8_pp4_dp2() -> RunConfig:
     return cfg
 
 
+# Megatron Bridge's Llama 3 8B performance configuration on 8 H100s with FP8 current scaling
+# (`llama3_8b_h100_8gpus_fp8_config`, fp8_recipe "cs"), and the Megatron FSDP settings it
+# applies (`set_megatron_fsdp_overrides`).
+BRIDGE_8B_H100 = ("NVIDIA-NeMo/Megatron-Bridge@0813a3f1f791c336f49aad1862ade65410c20788:"
+                  "scripts/performance/configs/llama3/llama3_8b_llm_pretrain.py")
+BRIDGE_FSDP = ("NVIDIA-NeMo/Megatron-Bridge@0813a3f1f791c336f49aad1862ade65410c20788:"
+               "scripts/performance/utils/helpers.py:64-86")
+
+
+def llama3_8b_fsdp_dp8() -> RunConfig:
+    """Llama-3-8B on one node of 8 H100s as Megatron Bridge's performance configuration trains
+    it: TP1 x DP8 under Megatron FSDP (optim_grads_params, ZeRO-3), FP8 current scaling with
+    FP8 parameters, micro-batch 1, global batch 128.
+
+    From BRIDGE_8B_H100 (`llama3_8b_h100_8gpus_fp8_config`, fp8_recipe "cs": TP1 PP1 CP1,
+    micro 1, global 128, sequence 8192, gradients reduced in BF16; FP8 hybrid, tensorwise,
+    fp8_param_gather, no BF16 end layers) and BRIDGE_FSDP (use_megatron_fsdp,
+    data_parallel_sharding_strategy optim_grads_params, no average in the collective,
+    gradient-accumulation fusion on: Megatron FSDP fuses it with TE >= 2.10,
+    `trainer/mcore_translation.py`). Bridge's nccl_ub, FP8 transpose cache and meta-device init
+    have no field here."""
+    cfg = llama3_8b_base()
+    cfg.cluster.nodes = 1
+    cfg.parallel = ParallelConfig()
+    cfg.train.micro_batch_size = 1
+    cfg.train.global_batch_size = 128
+    cfg.precision.grad_reduce_in_fp32 = False
+    cfg.optimizer.fsdp = "optim_grads_params"
+    cfg.plugins.fp8.format = "hybrid"
+    cfg.plugins.fp8.recipe = "tensorwise"
+    cfg.plugins.fp8.param_gather = True
+    return cfg
+
+
 def llama3_8b_128k_tp8_cp8() -> RunConfig:
     """Llama-3-8B at 128k tokens: TP8 + SP x CP8, one replica over 64 GPUs."""
     cfg = llama3_8b_base()
@@ -90,6 +124,7 @@ def llama3_70b_tp4_pp4_cp2_vpp5_dp2() -> RunConfig:
 RECIPES = (
     llama3_8b_tp8_dp8,
     llama3_8b_tp8_pp4_dp2,
+    llama3_8b_fsdp_dp8,
     llama3_8b_128k_tp8_cp8,
     llama3_70b_tp4_pp4_cp2_vpp5_dp2,
 )

@@ -63,6 +63,23 @@ def tiny_dp2_distopt() -> RunConfig:
     return cfg
 
 
+def tiny_dp2_fsdp() -> RunConfig:
+    """Tiny GPT, 2 data-parallel ranks under Megatron FSDP: weights, gradients and optimizer
+    state sharded (optim_grads_params, ZeRO-3); fsdp_dtensor checkpoints."""
+    cfg = tiny_dp2_distopt()
+    cfg.optimizer.fsdp = "optim_grads_params"
+    return cfg
+
+
+def tiny_dp2_bf16_offload() -> RunConfig:
+    """Tiny GPT, 2 data-parallel ranks, bf16, the distributed optimizer's state (FP32 master,
+    Adam moments) stepped in CPU memory by Megatron's hybrid-device optimizer."""
+    cfg = tiny_dp2_distopt()
+    cfg.precision = PrecisionConfig(dtype="bf16")
+    cfg.optimizer.cpu_offload = True
+    return cfg
+
+
 def tiny_tp2() -> RunConfig:
     """Tiny GPT, tensor parallel over 2 ranks."""
     cfg = tiny_base(ranks=2)
@@ -180,6 +197,8 @@ RECIPES = (
     stdlib_then_docs_dp1,
     tiny_dp2,
     tiny_dp2_distopt,
+    tiny_dp2_fsdp,
+    tiny_dp2_bf16_offload,
     tiny_tp2,
     tiny_tp2_sp,
     tiny_pp2,

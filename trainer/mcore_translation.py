@@ -173,9 +173,16 @@ def fusion_fields(cfg: RunConfig, transformer_engine: bool) -> dict:
         # (model_parallel_config.py:536-543).
         "cross_entropy_fusion_impl": "native",
         # TE's linears accumulate their weight gradients into the fp32 main grads in the GEMM;
-        # Megatron's own output layer does so only with APEX (see above).
-        "gradient_accumulation_fusion": True,
+        # Megatron's own output layer does so only with APEX (see above). Megatron FSDP fuses
+        # it only with TE >= 2.10 (mcore_fsdp_adapter.py:147-151 asserts).
+        "gradient_accumulation_fusion": cfg.optimizer.fsdp == "none" or _te_at_least("2.10"),
     }
+
+
+def _te_at_least(version: str) -> bool:
+    from megatron.core.utils import is_te_min_version
+
+    return is_te_min_version(version)
 
 
 def _dispatcher(cfg: RunConfig, transformer_engine: bool) -> str:
@@ -309,6 +316,20 @@ def position_fields(cfg: RunConfig) -> dict:
             "rotary_percent": m.rotary_percent}
 
 
+def _fsdp_precision_fields(cfg: RunConfig) -> dict:
+    """Megatron FSDP's own buffer precisions, set to what the rest of the project means by
+    `precision.*`: an FP32 main copy of the weights only when they are not FP32 already (its
+    default keeps one always, distributed_data_parallel_config.py:185; None uses the weights
+    themselves), and FP32 gradient buffers when `precision.grad_reduce_in_fp32` (it ignores
+    that flag and accumulates in the weights' dtype, param_and_grad_buffer.py:2306-2315)."""
+    if cfg.optimizer.fsdp == "none":
+        return {}
+    fp32_weights = cfg.precision.dtype == "fp32"
+    fp32_grads = cfg.precision.grad_reduce_in_fp32 and not fp32_weights
+    return {"megatron_fsdp_main_params_dtype": None if fp32_weights else torch.float32,
+            "megatron_fsdp_main_grads_dtype": torch.float32 if fp32_grads else None}
+
+
 def build_ddp_config(cfg: RunConfig) -> DistributedDataParallelConfig:
     """Data parallelism's config; plugins add their fields (`ddp_fields`: FP8 parameter
     all-gather)."""
@@ -318,10 +339,13 @@ def build_ddp_config(cfg: RunConfig) -> DistributedDataParallelConfig:
         overlap_grad_reduce=o.overlap_grad_reduce,
         overlap_param_gather=o.overlap_param_gather,
         use_distributed_optimizer=o.distributed,
-        # Megatron FSDP: planned and searched; the trainer's run rules refuse training it.
+        # Megatron FSDP (`trainer/model.py` wraps each chunk in its adapter). With the per-token
+        # loss it reduces gradients with a plain SUM (fsdp/src/megatron_fsdp/megatron_fsdp.py:
+        # 370-373), never with the PREMUL_SUM gloo lacks (param_and_grad_buffer.py:4748).
         use_megatron_fsdp=o.fsdp != "none",
         data_parallel_sharding_strategy="no_shard" if o.fsdp == "none" else o.fsdp,
         bucket_size=o.bucket_size,
+        **_fsdp_precision_fields(cfg),
         # Per-token loss needs summed (not averaged) DP gradients; Megatron divides by tokens.
         average_in_collective=False,
         **cfg.plugins.ddp_fields(cfg),
@@ -344,6 +368,20 @@ def _loss_scale_fields(cfg: RunConfig) -> dict:
     }
 
 
+def _offload_fields(cfg: RunConfig) -> dict:
+    """Optimizer CPU offload as Megatron-LM sets it (`--optimizer-cpu-offload` with
+    `--use-precision-aware-optimizer`, megatron/training/arguments.py:1803-1807): the
+    hybrid-device optimizer steps `offload_fraction` of the state on the CPU. Pinned host
+    buffers need a CUDA driver; without one (CPU ranks) they are plain memory."""
+    o = cfg.optimizer
+    if not o.cpu_offload:
+        return {}
+    pinned = torch.cuda.is_available()
+    return {"optimizer_cpu_offload": True, "optimizer_offload_fraction": o.offload_fraction,
+            "use_precision_aware_optimizer": True, "pin_cpu_grads": pinned,
+            "pin_cpu_params": pinned}
+
+
 def build_optimizer_config(cfg: RunConfig) -> MegatronOptimizerConfig:
     o, dtype = cfg.optimizer, cfg.precision.dtype
     return MegatronOptimizerConfig(
@@ -360,6 +398,7 @@ def build_optimizer_config(cfg: RunConfig) -> MegatronOptimizerConfig:
         fp16=dtype == "fp16",
         params_dtype=torch_dtype(cfg),
         use_distributed_optimizer=o.distributed,
+        **_offload_fields(cfg),
         **cfg.plugins.optimizer_fields(cfg),
     )
 

@@ -94,7 +94,11 @@ def wrap_for_precision(chunks: list[GPTModel], config: TransformerConfig) -> lis
 def wrap_with_ddp(
     chunks: list[GPTModel], config: TransformerConfig, ddp_config: DistributedDataParallelConfig
 ) -> list[DistributedDataParallel]:
-    """Megatron DDP per chunk; the distributed optimizer's buffer layout is computed up front."""
+    """Megatron DDP per chunk; the distributed optimizer's buffer layout is computed up front.
+    Under Megatron FSDP (`ddp_config.use_megatron_fsdp`) each chunk is wrapped in Megatron's
+    FSDP adapter instead (`wrap_with_fsdp`)."""
+    if ddp_config.use_megatron_fsdp:
+        return wrap_with_fsdp(chunks, config, ddp_config)
     dp_size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
     expert_dp_size = parallel_state.get_expert_data_parallel_world_size()
     # Resolve the bucket size as Megatron DDP does, so the precomputed layout matches its buckets.
@@ -129,6 +133,38 @@ def wrap_with_ddp(
     return wrapped
 
 
+def wrap_with_fsdp(chunks: list, config: TransformerConfig,
+                   ddp_config: DistributedDataParallelConfig) -> list:
+    """Megatron FSDP per chunk, as Megatron-LM's `get_model` wraps it (training.py:1837-1900):
+    the bucket size resolved as for DDP, only the first chunk of the first stage bucketed. On
+    CPU ranks the adapter is told its device (it asks CUDA for one otherwise,
+    `distributed/fsdp/mcore_fsdp_adapter.py:152`)."""
+    from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
+
+    dp_size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+    if ddp_config.bucket_size is None:
+        ddp_config.bucket_size = max(40_000_000, 1_000_000 * dp_size)
+    if not ddp_config.overlap_grad_reduce:
+        ddp_config.bucket_size = None
+    device = torch.device("cpu") if cpu_runtime_active() else None
+    return [FullyShardedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
+                                     disable_bucketing=index > 0, device=device)
+            for index, chunk in enumerate(chunks)]
+
+
+def bare_chunks(model: list) -> list:
+    """The model chunks inside every wrapper: DDP, the precision wrapper and, under Megatron
+    FSDP, both its adapter and the `MegatronFSDP` module inside it, which Megatron's own
+    `unwrap_model` stops at (utils.py:2817-2827)."""
+    from megatron.core.distributed.fsdp.mcore_fsdp_adapter import (
+        FullyShardedDataParallel,
+        MegatronFSDP,
+    )
+
+    return unwrap_model(model, (DistributedDataParallel, FullyShardedDataParallel, MegatronFSDP,
+                                Float16Module))
+
+
 def distinct_parameter_counts(chunks: list[torch.nn.Module], tp_rank: int) -> tuple[int, int]:
     """(dense, expert) parameters this rank adds to the whole model, each weight counted once.
 
@@ -136,7 +172,7 @@ def distinct_parameter_counts(chunks: list[torch.nn.Module], tp_rank: int) -> tu
     and the tied output layer on the last pipeline stage (a copy of the input embedding).
     """
     dense = expert = 0
-    for chunk in unwrap_model(chunks):
+    for chunk in bare_chunks(chunks):
         tied_copy = chunk.share_embeddings_and_output_weights and not chunk.pre_process
         for name, param in chunk.named_parameters():
             if tied_copy and name.startswith("output_layer."):

@@ -32,7 +32,13 @@ from recipes.config.phases import launch_mismatch, phase_config, phase_spans, sc
 from recipes.config.rampup import megatron_schedule, ramp_schedule
 from recipes.config.schema import RunConfig
 from trainer import gpu_fast_paths
-from trainer.checkpoint.load import load_checkpoint, load_model_weights, resolve_checkpoint_dir
+from trainer.checkpoint.load import (
+    load_checkpoint,
+    load_fsdp_weights,
+    load_model_weights,
+    resolve_checkpoint_dir,
+    saved_as_fsdp_dtensor,
+)
 from trainer.cpu_runtime.runtime import runtime_for
 from trainer.data import GlobalBatches, PhasedBatches, build_sources
 from trainer.mcore_translation import (
@@ -249,9 +255,14 @@ def build_session(
     with gpu_fast_paths.wgrad_fusion_without_apex(config, chunks):
         chunks += build_model_chunks(cfg, config, plugins)
     load = cfg.checkpoint.load
-    if load is not None and cfg.checkpoint.load_model_only:
+    weights_only = load is not None and cfg.checkpoint.load_model_only
+    # Megatron FSDP's fsdp_dtensor weights load into its wrapped chunks, any other before DDP.
+    fsdp_weights = weights_only and saved_as_fsdp_dtensor(load)
+    if weights_only and not fsdp_weights:
         load_model_weights(load, chunks)
     model = wrap_with_ddp(wrap_for_precision(chunks, config), config, build_ddp_config(cfg))
+    if fsdp_weights:
+        load_fsdp_weights(cfg, load, model)
     optimizer = get_megatron_optimizer(build_optimizer_config(cfg), model)
     scheduler = build_scheduler(cfg, optimizer)
     _wire_schedule_hooks(cfg, config, model, optimizer)

@@ -72,25 +72,9 @@ def check_profile_windows(cfg: Any) -> str | None:
     return None
 
 
-def check_fsdp_not_trained_here(cfg: Any) -> str | None:
-    """Megatron FSDP is planned and searched, not trained by this trainer: it wraps its chunks
-    in Megatron DDP and writes torch_dist checkpoints, and Megatron FSDP saves only
-    `fsdp_dtensor` (`megatron/training/arguments.py:1145-1146`). On CPU ranks it could not run
-    as Megatron configures it either: gloo has no PREMUL_SUM, which Megatron FSDP's default
-    gradient division uses (`fsdp/src/megatron_fsdp/param_and_grad_buffer.py:4748`)."""
-    fsdp = cfg.optimizer.fsdp
-    if fsdp == "none":
-        return None
-    return (f"optimizer.fsdp={fsdp}: this trainer does not train Megatron FSDP (it saves "
-            "torch_dist checkpoints, Megatron FSDP only fsdp_dtensor; on CPU ranks gloo also "
-            "lacks the PREMUL_SUM its gradient division uses); plan or search it with "
-            "scripts/plan.py, train it with Megatron-LM (scripts/pretrain.py "
-            "print=megatron_args), or set optimizer.fsdp=none")
-
-
 # Rules of how the trainer runs, beside the core rules and each plugin's own (checked by the
 # entry pipeline and the launcher before anything starts).
-RUN_RULES = (check_profile_windows, check_fsdp_not_trained_here)
+RUN_RULES = (check_profile_windows,)
 
 
 def is_measured(index: int, steps_in_process: int, *, exposed_comm: bool) -> bool:

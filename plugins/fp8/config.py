@@ -76,6 +76,7 @@ class Fp8Config(PluginConfig):
             check_fp8_scaling_values, check_fp8_bf16_layers_recipe, check_fp8_bf16_layers_range,
             check_fp8_bf16_layers_leave_fp8, check_fp8_shapes,
             check_fp8_param_gather_distributed, check_fp8_delayed_recompute_modules,
+            check_fp8_param_gather_offload,
         )
 
     def machine_problem(self, machine: Any, on_cpu: bool) -> str | None:
@@ -324,6 +325,19 @@ def check_fp8_delayed_recompute_modules(cfg: Any) -> str | None:
     return (f"train.recompute_modules has {found[0]}, which Megatron cannot recompute with "
             "plugins.fp8.recipe=delayed; use plugins.fp8.recipe=tensorwise or remove "
             f"{found[0]}")
+
+
+def check_fp8_param_gather_offload(cfg: Any) -> str | None:
+    """With FP8 parameters, optimizer offload takes delayed scaling only (Megatron-LM asserts
+    it, `megatron/training/arguments.py:1808-1811`)."""
+    fp8 = cfg.plugins.fp8
+    if (fp8.format is None or not fp8.param_gather or fp8.recipe == "delayed"
+            or not cfg.optimizer.cpu_offload):
+        return None
+    return (f"plugins.fp8.param_gather=true with plugins.fp8.recipe={fp8.recipe} and "
+            "optimizer.cpu_offload=true: Megatron offloads FP8 parameters with delayed scaling "
+            "only; set plugins.fp8.recipe=delayed, plugins.fp8.param_gather=false or "
+            "optimizer.cpu_offload=false")
 
 
 def _gemm_dims(cfg: Any) -> dict[str, int | None]:

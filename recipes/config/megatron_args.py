@@ -319,16 +319,46 @@ def _fsdp_args(cfg: Any) -> list[str]:
 
 
 def _fsdp_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    """Megatron-LM saves Megatron FSDP as fsdp_dtensor and only it so (arguments.py:1146-1147,
+    :1620-1621), as the trainer does; any other --ckpt-format is the project's own choice."""
+    from plugins.protocol.errors import ConfigError
+
+    if (a["ckpt_format"] == "fsdp_dtensor") != bool(a["use_megatron_fsdp"]):
+        raise ConfigError(f"--ckpt-format {a['ckpt_format']} with"
+                          f"{'' if a['use_megatron_fsdp'] else 'out'} --use-megatron-fsdp: "
+                          "Megatron-LM saves Megatron FSDP as fsdp_dtensor and only it so; "
+                          "give both or neither")
     if not a["use_megatron_fsdp"]:
         return {"optimizer.fsdp": "none"}
     strategy = a["data_parallel_sharding_strategy"]
-    if strategy not in ("optim_grads", "optim_grads_params"):
+    if strategy not in ("optim", "optim_grads", "optim_grads_params"):
+        raise ConfigError(f"--data-parallel-sharding-strategy {strategy} is not one the project "
+                          "trains (optim, optim_grads, optim_grads_params); for plain data "
+                          "parallelism drop --use-megatron-fsdp")
+    return {"optimizer.fsdp": strategy}
+
+
+def _optimizer_offload_args(cfg: Any) -> list[str]:
+    o = cfg.optimizer
+    return [] if not o.cpu_offload else [
+        "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+        "--optimizer-offload-fraction", _text(o.offload_fraction)]
+
+
+def _optimizer_offload_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    """Megatron-LM offloads through its precision-aware optimizer (arguments.py:1803-1807); on
+    its own that flag is Transformer Engine's FusedAdam with low-precision state, which the
+    project does not train."""
+    if a["use_precision_aware_optimizer"] and not a["optimizer_cpu_offload"]:
         from plugins.protocol.errors import ConfigError
 
-        raise ConfigError(f"--data-parallel-sharding-strategy {strategy} is not one the project "
-                          "plans (optim_grads, optim_grads_params); for ZeRO-1 use "
-                          "--use-distributed-optimizer without --use-megatron-fsdp")
-    return {"optimizer.fsdp": strategy}
+        raise ConfigError("--use-precision-aware-optimizer without --optimizer-cpu-offload is "
+                          "Transformer Engine's FusedAdam with low-precision state, which the "
+                          "project does not train; drop it")
+    if not a["optimizer_cpu_offload"]:
+        return {"optimizer.cpu_offload": False}
+    return {"optimizer.cpu_offload": True,
+            "optimizer.offload_fraction": a["optimizer_offload_fraction"]}
 
 
 def _format_args(cfg: Any) -> list[str]:
@@ -381,13 +411,13 @@ def _flex_from(a: Mapping[str, Any]) -> dict[str, Any]:
     return {"model.moe_flex_backend": backend}
 
 
-def _offload_args(cfg: Any) -> list[str]:
+def _activation_offload_args(cfg: Any) -> list[str]:
     modules = cfg.train.offload_modules
     return ["--fine-grained-activation-offloading", "--offload-modules", *modules] if modules \
         else []
 
 
-def _offload_from(a: Mapping[str, Any]) -> dict[str, Any]:
+def _activation_offload_from(a: Mapping[str, Any]) -> dict[str, Any]:
     on = a["fine_grained_activation_offloading"]
     return {"train.offload_modules": list(a["offload_modules"] or []) if on else []}
 
@@ -439,8 +469,11 @@ SPELLED: tuple[Spelled, ...] = (
                                "max_position_embeddings"), _data_args, _data_from),
     Spelled(("checkpoint.optimizer_format",), ("dist_ckpt_optim_fully_reshardable",),
             _format_args, _format_from),
-    Spelled(("optimizer.fsdp",), ("use_megatron_fsdp", "data_parallel_sharding_strategy"),
-            _fsdp_args, _fsdp_from),
+    Spelled(("optimizer.fsdp",), ("use_megatron_fsdp", "data_parallel_sharding_strategy",
+                                  "ckpt_format"), _fsdp_args, _fsdp_from),
+    Spelled(("optimizer.cpu_offload", "optimizer.offload_fraction"),
+            ("optimizer_cpu_offload", "optimizer_offload_fraction",
+             "use_precision_aware_optimizer"), _optimizer_offload_args, _optimizer_offload_from),
     Spelled(("model.hybrid_layer_pattern",), ("hybrid_layer_pattern", "hybrid_override_pattern"),
             _pattern_args, _pattern_from),
     Spelled(("model.moe_router_fp32",), ("moe_router_dtype",), _router_dtype_args,
@@ -448,7 +481,8 @@ SPELLED: tuple[Spelled, ...] = (
     Spelled(("model.moe_flex_backend",), ("moe_flex_dispatcher_backend",), _flex_args,
             _flex_from),
     Spelled(("train.offload_modules",), ("fine_grained_activation_offloading",
-                                         "offload_modules"), _offload_args, _offload_from),
+                                         "offload_modules"), _activation_offload_args,
+            _activation_offload_from),
     Spelled(("train.cuda_graphs", "train.cuda_graph_modules", "train.cuda_graph_warmup_steps"),
             ("cuda_graph_impl", "cuda_graph_modules", "cuda_graph_warmup_steps",
              "te_rng_tracker"), _graphs_args, _graphs_from),
@@ -461,7 +495,7 @@ ENVIRONMENT_DESTS = frozenset({
     "wandb_exp_name", "wandb_save_dir", "log_throughput", "log_timers_to_tensorboard",
     "log_validation_ppl_to_tensorboard", "log_memory_to_tensorboard", "timing_log_level",
     "tensorboard_log_interval", "log_params_norm", "log_num_zeros_in_grad", "vocab_file",
-    "merge_file", "data_cache_path", "num_workers", "ckpt_format", "async_save",
+    "merge_file", "data_cache_path", "num_workers", "async_save",
     "use_mcore_models", "deprecated_use_mcore_models", "no_load_optim", "no_load_rng",
     "exit_duration_in_mins", "exit_interval", "use_flash_attn", "attention_backend",
     "no_masked_softmax_fusion", "masked_softmax_fusion", "bias_gelu_fusion",

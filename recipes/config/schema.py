@@ -207,10 +207,19 @@ class OptimizerConfig:
     overlap_param_gather: bool = False  # overlap DP param all-gather (distributed optimizer)
     bucket_size: int | None = None  # DDP bucket size in elements; None = Megatron's default
     # Megatron FSDP (`use_megatron_fsdp`, `data_parallel_sharding_strategy` in
-    # megatron.core.distributed): also shard gradients (ZeRO-2) or gradients and weights
-    # (ZeRO-3) over DP; needs the distributed optimizer. Planned and searched; this trainer
-    # trains it not (its checkpoints are torch_dist, Megatron FSDP's fsdp_dtensor).
-    fsdp: Literal["none", "optim_grads", "optim_grads_params"] = "none"
+    # megatron.core.distributed): shard the optimizer state (optim, ZeRO-1), also gradients
+    # (optim_grads, ZeRO-2) or also weights (optim_grads_params, ZeRO-3) over DP; needs the
+    # distributed optimizer; checkpoints are fsdp_dtensor (docs/memory.md).
+    fsdp: Literal["none", "optim", "optim_grads", "optim_grads_params"] = "none"
+    # The FP32 master weights and Adam moments in CPU memory, stepped there by Megatron's
+    # hybrid-device optimizer (`optimizer_cpu_offload`); needs the distributed optimizer and
+    # bf16/fp16 weights. `offload_fraction`: the share of the state offloaded (the rest stays
+    # on the GPU).
+    cpu_offload: bool = False
+    offload_fraction: float = 1.0
+    # torch's FSDP2 through Megatron Core (`use_torch_fsdp2`): refused here with the reason
+    # (recipes/config/sharding_rules.py); Megatron FSDP's optim_grads_params shards the same.
+    torch_fsdp2: bool = False
 
 
 @dataclass(kw_only=True)

@@ -21,6 +21,7 @@ from recipes.config.layout import Layout
 from recipes.config.phases import PHASE_RULES, check_each_phase
 from recipes.config.rampup import RAMPUP_RULES
 from recipes.config.schema import RunConfig
+from recipes.config.sharding_rules import SHARDING_RULES
 from recipes.models.gpt import rules as gpt_rules
 from recipes.models.hybrid import pattern as hybrid
 from recipes.models.hybrid import rules as hybrid_rules
@@ -523,6 +524,7 @@ RULES: tuple[Rule, ...] = (
     *fast_paths.RULES,
     check_param_gather,
     check_fsdp_needs_distributed_optimizer,
+    *SHARDING_RULES,
     check_evaluation,
     check_scheduler,
     check_learning_rate,

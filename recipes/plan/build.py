@@ -17,6 +17,7 @@ from recipes.plan.comm import Traffic, crossing_kinds, stage_traffic
 from recipes.plan.gemm_weights import stage_low_precision_weights
 from recipes.plan.memory import (
     ModelState,
+    offload_share,
     rank_model_state,
     save_host_bytes,
     sharding_of,
@@ -129,7 +130,8 @@ def stage_states(cfg: Any, options: PlanOptions,
     is written, from the stage's parameters (`stage_params`)."""
     sharding = sharding_of(cfg, options.sharding)
     per = state_bytes_of(cfg, options.fp8_weights)
-    return [(rank_model_state(cfg, count, per, sharding, options.offload, low),
+    offload = offload_share(cfg, options.offload)
+    return [(rank_model_state(cfg, count, per, sharding, offload, low),
              save_host_bytes(cfg, count, per, sharding))
             for count, low in zip(params, stage_low_precision_weights(cfg), strict=True)]
 

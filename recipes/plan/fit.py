@@ -63,8 +63,16 @@ def _candidates(cfg: Any) -> list[tuple[str, Callable[[], Any], str | None]]:
     if not cfg.optimizer.distributed:
         found.append(("optimizer.distributed=true",
                       lambda: _set(cfg, optimizer__distributed=True), None))
-    found.append(("sharding=optim_grads_params (Megatron FSDP, ZeRO-3)", lambda: cfg,
-                  "optim_grads_params"))
+    if cfg.optimizer.fsdp != "optim_grads_params":
+        found.append(("optimizer.distributed=true optimizer.fsdp=optim_grads_params (Megatron "
+                      "FSDP, ZeRO-3)", lambda: _set(cfg, optimizer__distributed=True,
+                                                    optimizer__fsdp="optim_grads_params"),
+                      None))
+    if not cfg.optimizer.cpu_offload and cfg.precision.dtype != "fp32":
+        found.append(("optimizer.distributed=true optimizer.cpu_offload=true (optimizer state in "
+                      "CPU memory)", lambda: _set(cfg, optimizer__distributed=True,
+                                                  optimizer__fsdp="none",
+                                                  optimizer__cpu_offload=True), None))
     if t.micro_batch_size > 1:
         smaller = t.micro_batch_size // 2
         found.append((f"train.micro_batch_size={smaller}",

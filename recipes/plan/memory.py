@@ -4,7 +4,8 @@ What each parameter costs depends on the precision (what the weights and gradien
 stored in, whether an FP32 master copy exists) and on what data parallel shards: nothing
 (plain DDP), the optimizer state (Megatron's distributed optimizer, ZeRO-1; Megatron FSDP's
 `optim`), also gradients (`optim_grads`, ZeRO-2), also weights (`optim_grads_params`, ZeRO-3);
-optimizer CPU offload moves master weights and moments off the GPU. Dense weights shard over
+optimizer CPU offload moves a share of master weights and moments off the GPU (with an FP32
+copy of their gradients). Dense weights shard over
 DP x CP (Megatron reduces dense gradients over that group), expert weights over expert-DP.
 The byte table: BF16 weights and gradients, FP32 master, two FP32 moments (16 bytes a parameter);
 FP8 parameters hold their layers' GEMM weights in one byte instead (`gemm_weights.py`).
@@ -82,7 +83,8 @@ class ModelState:
     grads: float
     master: float
     moments: float
-    offloaded: float = 0.0  # optimizer state moved to CPU memory (not on the GPU)
+    # optimizer state moved to CPU memory (not on the GPU), with its FP32 gradient copies
+    offloaded: float = 0.0
 
     @property
     def total(self) -> float:
@@ -97,18 +99,35 @@ def _sharded(params: float, shards: int, bytes_per: int, split: bool) -> float:
     return params * bytes_per / (shards if split else 1)
 
 
+# Optimizer CPU offload (Megatron's hybrid-device optimizer): the offloaded share of the FP32
+# master weights and Adam moments lives in CPU memory, with an FP32 copy of each of its
+# gradients that the CPU Adam steps from (optimizer/cpu_offloading/hybrid_optimizer.py:105-114).
+OFFLOADED_GRAD_BYTES = 4
+
+
+def offload_share(cfg: Any, planner_offload: bool = False) -> float:
+    """The share of the optimizer state in CPU memory: the run's `optimizer.offload_fraction`
+    when it offloads, all of it when the planner's `offload=true` asks, else none."""
+    if getattr(cfg.optimizer, "cpu_offload", False):
+        return cfg.optimizer.offload_fraction
+    return 1.0 if planner_offload else 0.0
+
+
 def model_state(params: float, shards: int, per: StateBytes, sharding: str,
-                offload: bool = False) -> ModelState:
-    """Model state of `params` parameters whose data-parallel group has `shards` ranks."""
+                offload: float = 0.0) -> ModelState:
+    """Model state of `params` parameters whose data-parallel group has `shards` ranks; the
+    share `offload` of the optimizer state (master weights, moments) in CPU memory."""
     optim, grads, weights = _SHARDED[sharding]
     master = _sharded(params, shards, per.master, optim)
     moments = _sharded(params, shards, per.moments, optim)
+    host_grads = _sharded(params, shards, OFFLOADED_GRAD_BYTES, optim)
+    kept = 1.0 - offload
     return ModelState(
         weights=_sharded(params, shards, per.weight, weights),
         grads=_sharded(params, shards, per.grad, grads),
-        master=0.0 if offload else master,
-        moments=0.0 if offload else moments,
-        offloaded=master + moments if offload else 0.0,
+        master=master * kept,
+        moments=moments * kept,
+        offloaded=(master + moments + host_grads) * offload,
     )
 
 
@@ -139,7 +158,7 @@ def save_host_bytes(cfg: Any, count: ParamCount, per: StateBytes, sharding: str)
 
 
 def rank_model_state(cfg: Any, count: ParamCount, per: StateBytes, sharding: str,
-                     offload: bool = False, low: ParamCount | None = None) -> ModelState:
+                     offload: float = 0.0, low: ParamCount | None = None) -> ModelState:
     """One rank's model state: dense weights shard over DP x CP, experts over expert-DP; `low`:
     the GEMM weights a plugin stores in fewer bytes (FP8 parameters, `gemm_weights.py`)."""
     layout = cfg.layout

@@ -6,8 +6,11 @@ varies TP (inside a node, dividing the heads and KV groups), PP with its VPP cho
 first/last-stage layer counts Megatron accepts, CP, EP and expert TP (MoE models), the derived
 DP, the micro-batch, sequence parallel, recompute (none, selective, full) and the distributed
 optimizer (overlapped, as the large recipes run it), alone or under Megatron FSDP's gradient
-(ZeRO-2) or gradient-and-weight (ZeRO-3) sharding where it alone does not fit. Memory is the
-planner's (`build.stage_memory`), nothing recomputed here.
+(ZeRO-2) or gradient-and-weight (ZeRO-3) sharding where it alone does not fit (PP 1: Megatron
+FSDP's mesh holds no pipeline), and with its state offloaded to CPU memory where none of those
+fits (bf16/fp16 weights); an offloaded layout ranks after every layout that fits without it,
+since the step model does not price the CPU's optimizer step. Memory is the planner's
+(`build.stage_memory`), nothing recomputed here.
 
 It prunes without losing a winner: a block (TP, PP split, CP, EP) whose cheapest variant
 (SP, ZeRO-3 sharding, micro-batch 1, full recompute) does not fit is skipped whole;
@@ -124,7 +127,7 @@ NEAR_MISS = 1.25  # a layout that lost on memory is shown if its peak is within 
 PARAMS_DEPEND_ON = ("tensor", "pipeline", "virtual", "first", "last", "expert", "expert_tensor")
 ACTIVATIONS_DEPEND_ON = ("tensor", "pipeline", "virtual", "first", "last", "expert_tensor",
                          "context", "micro_batch", "sequence_parallel", "recompute")
-STATES_DEPEND_ON = PARAMS_DEPEND_ON + ("context", "distributed", "fsdp")
+STATES_DEPEND_ON = PARAMS_DEPEND_ON + ("context", "distributed", "fsdp", "offload")
 TRAFFIC_DEPENDS_ON = PARAMS_DEPEND_ON + ("context", "micro_batch", "sequence_parallel",
                                          "recompute")
 FORWARD_DEPENDS_ON = ("tensor", "context", "micro_batch", "expert", "expert_tensor")
@@ -147,6 +150,7 @@ class Candidate:
     recompute: str
     distributed: bool
     fsdp: str = "none"  # Megatron FSDP's sharding (with the distributed optimizer)
+    offload: bool = False  # the distributed optimizer's state in CPU memory
 
     def overrides(self) -> list[str]:
         """What to type after the recipe to train this layout."""
@@ -163,6 +167,7 @@ class Candidate:
                 *_recompute_overrides(self.recompute),
                 f"optimizer.distributed={text(self.distributed)}",
                 f"optimizer.fsdp={self.fsdp}",
+                f"optimizer.cpu_offload={text(self.offload)}",
                 "optimizer.overlap_grad_reduce=true",
                 f"optimizer.overlap_param_gather={text(self.distributed)}"]
 
@@ -182,6 +187,7 @@ class Candidate:
             parts.append(f"EP{self.expert}{et}")
         parts += [f"mbs{self.micro_batch}", f"rc-{self.recompute}",
                   f"fsdp-{self.fsdp}" if self.fsdp != "none" else
+                  "distopt+offload" if self.offload else
                   "distopt" if self.distributed else "ddp"]
         return " ".join(parts)
 
@@ -196,12 +202,31 @@ def apply_candidate(cfg: Any, c: Candidate) -> Any:
     train = dataclasses.replace(cfg.train, micro_batch_size=c.micro_batch,
                                 **recompute_fields(c.recompute))
     optimizer = dataclasses.replace(cfg.optimizer, distributed=c.distributed, fsdp=c.fsdp,
-                                    overlap_grad_reduce=True,
+                                    cpu_offload=c.offload, overlap_grad_reduce=True,
                                     overlap_param_gather=c.distributed)
     return dataclasses.replace(cfg, parallel=parallel, train=train, optimizer=optimizer)
 
 
 # --- the axes ---------------------------------------------------------------------------------
+
+def shardings(cfg: Any, pipeline: int) -> list[tuple[str, bool]]:
+    """(Megatron FSDP level, offload) of a layout, least sharded first: the distributed
+    optimizer, Megatron FSDP's ZeRO-2 and ZeRO-3 (PP 1 only: its device mesh holds no
+    pipeline, `recipes/config/sharding_rules.py`), then the distributed optimizer's state in
+    CPU memory (bf16/fp16 weights only, as Megatron's hybrid-device optimizer takes them)."""
+    found = [(fsdp, False) for fsdp in (FSDP if pipeline == 1 else FSDP[:1])]
+    if cfg.precision.dtype != "fp32":
+        found.append(("none", True))
+    return found
+
+
+def _smallest(cfg: Any, pipeline: int) -> list[tuple[str, bool]]:
+    """The variants with the least model state per rank: the most sharded GPU-resident one and
+    offload (which is smaller depends on DP)."""
+    variants = shardings(cfg, pipeline)
+    gpu = [v for v in variants if not v[1]]
+    return [gpu[-1], *[v for v in variants if v[1]]]
+
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -406,7 +431,12 @@ class _Searcher:
         return Evaluated(c, sized.peak, self.fits(sized), time)
 
     def fits(self, sized: Sized) -> bool:
-        return sized.peak <= self.cluster.gpu_memory_bytes
+        """On the GPU, and an offloaded state in the node's CPU memory (when the cluster file
+        gives it): each of the node's ranks holds its stage's share there."""
+        host = self.cluster.host_memory_gb
+        offloaded = max(s.state.offloaded for s in sized.stages)
+        in_host = host is None or offloaded * self.cfg.cluster.gpus_per_node <= host * 1e9
+        return sized.peak <= self.cluster.gpu_memory_bytes and in_host
 
     def evaluate(self, c: Candidate, timed: bool = True) -> Evaluated:
         """`c` planned: its worst rank's memory and (`timed`) its step time."""
@@ -451,10 +481,10 @@ def search(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None,
     moe = bool(cfg.model.num_moe_experts)
     for tp, pp, first, last, vpps, cp, ep, etp in _blocks(cfg, layout.world_size):
         dp = layout.world_size // (tp * pp * cp)
-        cheapest = Candidate(tp, pp, None, first, last, cp, ep, etp, 1, tp > 1, "full", True,
-                             FSDP[-1])
+        cheapest = [Candidate(tp, pp, None, first, last, cp, ep, etp, 1, tp > 1, "full", True,
+                              fsdp, offload) for fsdp, offload in _smallest(cfg, pp)]
         result.enumerated += 1
-        if not searcher.evaluate(cheapest, timed=False).fits:
+        if not any(searcher.evaluate(c, timed=False).fits for c in cheapest):
             result.pruned_blocks += 1
             continue
         # Sequence parallel off and plain DDP are counted, not planned: each has the same
@@ -470,7 +500,8 @@ def search(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None,
         # nothing lost on memory by a little: the report shows the fastest of all of them
         result.too_big = [searcher.evaluate(c) for c in planner.far]
         result.timed, result.skipped = result.timed + len(planner.far), 0
-    result.fitting.sort(key=lambda e: (e.seconds, e.peak))
+    # an offloaded layout after every one that fits without it (its CPU step is not modeled)
+    result.fitting.sort(key=lambda e: (e.candidate.offload, e.seconds, e.peak))
     result.too_big.sort(key=lambda e: (e.seconds, e.peak))
     for evaluated in result.fitting:
         if len(result.listed) >= top:
@@ -492,7 +523,7 @@ def candidate_of(cfg: Any) -> Candidate:
     return Candidate(p.tensor, p.pipeline, p.virtual_pipeline, p.first_stage_layers,
                      p.last_stage_layers, p.context, p.expert, p.expert_tensor,
                      t.micro_batch_size, p.sequence_parallel, recompute_choice(t),
-                     cfg.optimizer.distributed, cfg.optimizer.fsdp)
+                     cfg.optimizer.distributed, cfg.optimizer.fsdp, cfg.optimizer.cpu_offload)
 
 
 def spread(cfg: Any, result: SearchResult, k: int) -> list[tuple[int, Evaluated]]:
@@ -561,13 +592,15 @@ class _Planner:
         turn."""
         if self.near is None:
             return False
-        variants = [Candidate(*fields, fsdp) for fsdp in FSDP]
-        sized = self.searcher.size(variants[-1])
-        if sized.peak <= self.near:
-            self.sized[variants[-1]] = sized
+        cfg, pipeline = self.searcher.cfg, fields[1]
+        variants = [Candidate(*fields, *v) for v in shardings(cfg, pipeline)]
+        smallest = [Candidate(*fields, *v) for v in _smallest(cfg, pipeline)]
+        sized = {c: self.searcher.size(c) for c in smallest}
+        if any(one.peak <= self.near for one in sized.values()):
+            self.sized.update(sized)
             return False
         self.result.enumerated += len(variants)
-        self.result.skipped += len(variants) - 1
+        self.result.skipped += len(variants) - len(smallest)
         self.far += variants
         return True
 
@@ -597,15 +630,16 @@ def _micro_batches(planner: _Planner, cfg: Any, dp: int, grid: tuple, sp: bool,
 
 
 def _first_fitting_sharding(planner: _Planner, fields: tuple) -> tuple[str | None, int]:
-    """The least sharding (the distributed optimizer, then Megatron FSDP's ZeRO-2 and ZeRO-3)
-    that fits this layout, kept; more sharding only adds communication. (None when none fits,
-    and how many were planned.)"""
+    """The least sharding (`shardings`: the distributed optimizer, Megatron FSDP's ZeRO-2 and
+    ZeRO-3, offload) that fits this layout, kept; more sharding only adds communication. (None
+    when none fits, and how many were planned.)"""
+    variants = shardings(planner.searcher.cfg, fields[1])
     if planner.far_beyond(fields):
-        return None, len(FSDP)
-    for planned, fsdp in enumerate(FSDP, start=1):
-        if planner.plan(Candidate(*fields, fsdp)):
-            return fsdp, planned
-    return None, len(FSDP)
+        return None, len(variants)
+    for planned, (fsdp, offload) in enumerate(variants, start=1):
+        if planner.plan(Candidate(*fields, fsdp, offload)):
+            return ("offload" if offload else fsdp), planned
+    return None, len(variants)
 
 
 def smallest_fitting_world(cfg: Any, cluster: ClusterSpec) -> tuple[int, Candidate] | None:
@@ -622,8 +656,9 @@ def smallest_fitting_world(cfg: Any, cluster: ClusterSpec) -> tuple[int, Candida
             train=dataclasses.replace(cfg.train, global_batch_size=batch))
         searcher = _Searcher(bigger, cluster, PlanOptions(listed_groups=0))
         for tp, pp, first, last, _vpps, cp, ep, etp in _blocks(bigger, world):
-            cheapest = Candidate(tp, pp, None, first, last, cp, ep, etp, 1, tp > 1, "full", True,
-                                 FSDP[-1])
-            if searcher.evaluate(cheapest, timed=False).fits:
-                return nodes, cheapest
+            for fsdp, offload in _smallest(bigger, pp):
+                cheapest = Candidate(tp, pp, None, first, last, cp, ep, etp, 1, tp > 1, "full",
+                                     True, fsdp, offload)
+                if searcher.evaluate(cheapest, timed=False).fits:
+                    return nodes, cheapest
     return None

@@ -46,6 +46,16 @@ def cores_note(cluster: Any, r: SearchResult) -> list[str]:
             "per-rank sum"]
 
 
+def offload_note(r: SearchResult) -> list[str]:
+    """A line for listed layouts that offload the optimizer state: ranked after every one that
+    fits without it, their modeled step leaves out the CPU's Adam step and the host copies."""
+    if not any(e.candidate.offload for e in r.listed):
+        return []
+    return ["  distopt+offload: fits only with the optimizer state in CPU memory; ranked after "
+            "every layout that fits without it, its modeled step leaves out the CPU's Adam "
+            "step and the gradient and weight copies to and from the host"]
+
+
 def _row(rank: int, e: Evaluated, best: Evaluated, terms_shown: tuple[str, ...]) -> str:
     t = e.time.items()
     terms = " ".join(f"{t[k]:>7.3f}" for k in terms_shown)
@@ -68,7 +78,7 @@ def _head(cfg: Any, cluster: Any, r: SearchResult) -> list[str]:
 
 
 def text_search(cfg: Any, cluster: Any, r: SearchResult) -> str:
-    lines = _head(cfg, cluster, r) + cores_note(cluster, r)
+    lines = _head(cfg, cluster, r) + cores_note(cluster, r) + offload_note(r)
     terms_shown = shown_terms(cluster)
     header = " ".join(f"{k:>7}" for k in terms_shown)
     lines.append(f"rank   step s peak GB  {'layout':<44} {header}  lost to #1 by")

@@ -225,6 +225,7 @@ def test_the_checkpoint_checks_import_no_torch_when_run():
 
 # trainer/checkpoint/, its torch-free checks first: each module imports only those before it.
 CHECKPOINT_ORDER = ("format", "manifest", "megatron_lm", "preflight", "megatron_fixes",
+                    "fsdp_dtensor",
                     "state_dicts", "disk_errors", "publish", "async_save", "save", "load")
 
 

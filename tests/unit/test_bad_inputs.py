@@ -152,6 +152,26 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["optimizer.bucket_size=0"], "optimizer.bucket_size=0 must be at least 1"),
     (["optimizer.overlap_param_gather=true"], "optimizer.overlap_param_gather=true needs the "
      "distributed optimizer"),
+    (["optimizer.fsdp=zero3"], "optimizer.fsdp expects one of none, optim, optim_grads, "
+     "optim_grads_params, got 'zero3'"),
+    (["recipe=tiny_dp2_distopt", "optimizer.fsdp=optim_grads_params", "parallel.pipeline=2",
+      "cluster.gpus_per_node=4"], "Megatron FSDP's device mesh spans DP x CP x EP x TP only"),
+    (["recipe=tiny_dp2_fsdp", "checkpoint.async_save=true"], "checkpoint.async_save=true with "
+     "optimizer.fsdp=optim_grads_params: Megatron FSDP's fsdp_dtensor checkpoints are written "
+     "synchronously here"),
+    (["recipe=tiny_dp2_fsdp", "checkpoint.optimizer_format=fully_reshardable"],
+     "checkpoint.optimizer_format=fully_reshardable is the distributed optimizer's format"),
+    (["recipe=tiny_dp2_distopt", "optimizer.torch_fsdp2=true"], "optimizer.torch_fsdp2=true is "
+     "not trained here"),
+    (["recipe=tiny_dp2", "precision.dtype=bf16", "optimizer.cpu_offload=true"],
+     "optimizer.cpu_offload=true runs Megatron's hybrid-device optimizer inside the distributed "
+     "optimizer"),
+    (["recipe=tiny_dp2_bf16_offload", "precision.dtype=fp32"], "cannot take the distributed "
+     "optimizer's fp32 shards"),
+    (["recipe=tiny_dp2_bf16_offload", "optimizer.fsdp=optim_grads"], "fails on Megatron FSDP's "
+     "DTensor gradients"),
+    (["recipe=tiny_dp2_bf16_offload", "optimizer.offload_fraction=2"],
+     "optimizer.offload_fraction=2.0 is the share of the optimizer state moved to CPU memory"),
     # scheduler
     (["scheduler.style=step"], "scheduler.style expects one of cosine, wsd, linear, constant"),
     (["scheduler.warmup_iters=300"], "scheduler.warmup_iters=300 must be shorter than the decay "
@@ -431,6 +451,18 @@ BAD_LAUNCHES: list[tuple[str, list[str], list[str]]] = [
                                   "train.rampup_batch_size=[4,4,24]"],
      ["check_megatron_parity runs one phase at one batch size; drop phases and "
       "train.rampup_batch_size"]),
+    # A checkpoint in the format the other kind of run writes (Megatron FSDP's fsdp_dtensor).
+    ("pretrain.py", ["recipe=tiny_dp2_distopt", "checkpoint.load={tmp}/fsdp_ckpt"],
+     ["checkpoint.load={tmp}/fsdp_ckpt cannot be loaded by this run: it was saved fsdp_dtensor "
+      "by Megatron FSDP (optimizer.fsdp=optim_grads_params), which only a Megatron FSDP run "
+      "reads; resume with optimizer.fsdp=optim_grads_params"]),
+    ("pretrain.py", ["recipe=tiny_dp2_distopt", "checkpoint.load={tmp}/fsdp_ckpt",
+                     "checkpoint.load_model_only=true"], ["which only a Megatron FSDP run reads"]),
+    ("pretrain.py", ["recipe=tiny_dp2_fsdp", "checkpoint.load={tmp}/distopt_ckpt"],
+     ["checkpoint.load={tmp}/distopt_ckpt cannot be loaded by this run: it was saved torch_dist "
+      "(optimizer.fsdp=none) and Megatron FSDP (optimizer.fsdp=optim_grads_params) resumes only "
+      "fsdp_dtensor; resume with optimizer.fsdp=none, or start from its weights with "
+      "checkpoint.load_model_only=true"]),
 ]
 
 
@@ -439,9 +471,22 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-def _checkpoint(path: Path) -> None:
-    """A finished Megatron checkpoint directory, as far as the path rules look."""
-    _write(path / "metadata.json", '{"sharded_backend": "torch_dist"}')
+def _checkpoint(path: Path, backend: str = "torch_dist", fsdp: str | None = None) -> None:
+    """A finished Megatron checkpoint directory, as far as the path rules look; with `fsdp`, the
+    `run.json` of a distributed-optimizer run at that Megatron FSDP level (the pre-flight's)."""
+    _write(path / "metadata.json", f'{{"sharded_backend": "{backend}"}}')
+    if fsdp is None:
+        return
+    import json
+
+    from trainer.checkpoint.manifest import file_record
+
+    manifest = {"format": 1, "step": 2, "consumed_samples": 16, "consumed_tokens": 2000,
+                "world_size": 2, "layout": {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1,
+                                            "dp": 2},
+                "versions": {}, "files": {"metadata.json": file_record(path / "metadata.json")},
+                "config": {"optimizer": {"distributed": True, "fsdp": fsdp}}}
+    _write(path / "run.json", json.dumps(manifest))
 
 
 @pytest.fixture(scope="module")
@@ -475,6 +520,8 @@ def paths_dir(tmp_path_factory) -> Path:
     _write(tmp / "mlm_dcp" / "iter_0000010" / "__0_0.distcp", "")
     _checkpoint(tmp / "mlm_release" / "release")
     _write(tmp / "mlm_release" / "latest_checkpointed_iteration.txt", "release")
+    _checkpoint(tmp / "fsdp_ckpt", "fsdp_dtensor", "optim_grads_params")
+    _checkpoint(tmp / "distopt_ckpt", "torch_dist", "none")
     _write(tmp / "bad.yaml", "model: [\n")
     _write(tmp / "list.yaml", "- 1\n- 2\n")
     _write(tmp / "empty.yaml", "")

@@ -32,6 +32,8 @@ NANO3 = f"{B}@38b4a06:src/megatron/bridge/recipes/nemotronh/nemotron_3_nano.py"
 H_PERF = f"{B}@38b4a06:scripts/performance/configs/nemotronh/nemotronh_workload_base_configs.py"
 N3_PERF = (f"{B}@38b4a06:scripts/performance/configs/nemotronh/"
            "nemotron_3_workload_base_configs.py")
+LLAMA_8B_PERF = f"{B}@0813a3f:scripts/performance/configs/llama3/llama3_8b_llm_pretrain.py"
+FSDP_PERF = f"{B}@0813a3f:scripts/performance/utils/helpers.py (set_megatron_fsdp_overrides)"
 
 # What every Bridge pretraining recipe of these families has (its GPT/Mamba provider's fusions,
 # the common DDP config and the distributed optimizer).
@@ -87,6 +89,14 @@ TABLE: dict[str, dict] = {
     "llama3_8b_tp8_dp8": LLAMA_8B,
     "llama3_8b_tp8_pp4_dp2": LLAMA_8B,
     "llama3_8b_128k_tp8_cp8": LLAMA_8B,
+    "llama3_8b_fsdp_dp8": {
+        **LLAMA_8B,
+        "ddp.use_megatron_fsdp": (True, FSDP_PERF),
+        "ddp.data_parallel_sharding_strategy": ("optim_grads_params", FSDP_PERF),
+        "ddp.average_in_collective": (False, FSDP_PERF),
+        "gradient_accumulation_fusion": (True, f"{FSDP_PERF}; TE >= 2.10 under Megatron FSDP"),
+        "ddp.fp8_param_gather": (True, f"{LLAMA_8B_PERF} (fp8_param_gather)"),
+    },
     "llama3_70b_tp4_pp4_cp2_vpp5_dp2": LLAMA_70B,
     "llama31_405b_tp8_pp16_dp64": LLAMA_405B,
     "llama31_405b_tp8_pp16_dp128": LLAMA_405B,
@@ -120,7 +130,11 @@ DIFFERS: dict[tuple[str, str], tuple[object, str]] = {
 
 @pytest.fixture
 def te_kernels(monkeypatch):
-    """What TransformerConfig checks for on a GPU node with Transformer Engine."""
+    """What TransformerConfig checks for on a GPU node with Transformer Engine (a recent one:
+    Megatron FSDP's gradient-accumulation fusion needs TE >= 2.10)."""
+    from trainer import mcore_translation
+
+    monkeypatch.setattr(mcore_translation, "_te_at_least", lambda version: True)
     monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", lambda *args: None)
     for name in ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
                  "fused_sort_chunks_by_index_with_probs", "fused_unpermute"):

@@ -188,6 +188,23 @@ def check_mamba_kernels() -> None:
     assert mamba_mixer._check_mamba_sequence_packing_support(False) == (True, None)
 
 
+def check_offload_split() -> None:
+    # Megatron's hybrid-device optimizer as get_megatron_optimizer builds it for
+    # optimizer.cpu_offload (optimizer/__init__.py:525-537): half the state offloaded.
+    from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
+
+    params = [torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16)) for _ in range(2)]
+    optimizer = HybridDeviceOptimizer(
+        params, offload_fraction=0.5, cpu_optimizer_cls=torch.optim.AdamW,
+        gpu_optimizer_cls=torch.optim.AdamW, param_update_in_fp32=True, pin_cpu_grads=False,
+        pin_cpu_params=False, overlap_cpu_optimizer_d2h_h2d=False, lr=0.1)
+    for param in params:
+        param.grad = torch.ones_like(param)
+    optimizer.step()
+    assert len(optimizer.gpu_params_map_cpu_copy) == 1 and len(optimizer.cpu_optimizers) == 1
+    assert all(param.float().lt(1).all() for param in params)  # both updated, one on each side
+
+
 UNIT_CHECKS: dict[str, Callable[[], None]] = {
     "device_redirect": check_device_redirect,
     "cuda_type_names": check_cuda_type_names,
@@ -196,6 +213,7 @@ UNIT_CHECKS: dict[str, Callable[[], None]] = {
     "eager": check_eager,
     "backward_in_mode": check_backward_in_mode,
     "mamba_kernels": check_mamba_kernels,
+    "offload_split": check_offload_split,
 }
 # Shown necessary by tests/dist/test_cpu_runtime_dist.py and test_context_parallel.py instead
 # (they need a process group).
@@ -248,7 +266,7 @@ def _run_checks(device: str, skip: list[str], names: list[str]) -> dict[str, obj
 @pytest.fixture(scope="module")
 def outcomes() -> dict[str, dict[str, object]]:
     """'all' -> every check with every patch; patch name -> its check with that patch skipped.
-    Eight interpreters in all, at most one per core at once (tests/hang.py)."""
+    Nine interpreters in all, at most one per core at once (tests/hang.py)."""
     # "auto" must switch the runtime on exactly when there is no CUDA device.
     device = "cpu" if torch.cuda.is_available() else "auto"
     runs = {"all": (device, [], list(UNIT_CHECKS)),

@@ -40,10 +40,14 @@ def test_transformer_engine_layers_get_every_fusion_that_applies(name, te_kernel
         m.activation == "gelu" and m.add_bias_linear))  # no kernel for squared ReLU
     assert config.apply_rope_fusion == (m.position_embedding == "rope")
     assert config.bias_dropout_fusion and config.masked_softmax_fusion
-    assert config.persist_layer_norm and config.gradient_accumulation_fusion
+    # Megatron FSDP fuses the weight-gradient accumulation only with TE >= 2.10
+    # (mcore_fsdp_adapter.py:147-151); no TE here
+    fused_wgrad = cfg.optimizer.fsdp == "none"
+    assert config.persist_layer_norm and config.gradient_accumulation_fusion == fused_wgrad
     assert config.cross_entropy_loss_fusion and config.cross_entropy_fusion_impl == "native"
     off = {"bias_activation_fusion": not config.bias_activation_fusion,
-           "apply_rope_fusion": m.position_embedding != "rope"}  # hybrids: no positions
+           "apply_rope_fusion": m.position_embedding != "rope",  # hybrids: no positions
+           "gradient_accumulation_fusion": not fused_wgrad}
     on = [f for f in FUSIONS if not off.get(f, False)]
     assert fusions_line(config).startswith(f"layers: Transformer Engine's; fusions on: "
                                            f"{', '.join(on)}; off: ")

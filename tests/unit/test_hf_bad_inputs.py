@@ -151,6 +151,17 @@ def test_existing_output_is_refused_before_anything_runs(tmp_path) -> None:
         _parse(["export", "checkpoint=a", f"out={tmp_path}"])
 
 
+def test_export_of_a_megatron_fsdp_checkpoint_is_refused(tmp_path) -> None:
+    from trainer.interop.exporter import resolve_step
+
+    step = tmp_path / "checkpoints" / "step_0000002"
+    step.mkdir(parents=True)
+    (step / "metadata.json").write_text('{"sharded_backend": "fsdp_dtensor"}')
+    with pytest.raises(ConfigError, match="is Megatron FSDP's fsdp_dtensor, and export reads "
+                                          "torch_dist checkpoints"):
+        resolve_step(step.parent)
+
+
 @pytest.fixture(scope="module")
 def nemotron_h() -> dict:
     """The tiny NemotronH's config.json as transformers writes it (recipe hf_tiny_nemotron_h)."""

@@ -1,6 +1,6 @@
 """Megatron FSDP as a recipe field: through the one translation, in the planner's memory and
 the step model's DP communication, enumerated by the search where the distributed optimizer
-alone does not fit, written and read as Megatron-LM flags, and refused for training here."""
+alone does not fit, written and read as Megatron-LM flags (offload's too)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.megatron_args import from_megatron_values, to_megatron_args
 from recipes.plan.build import PlanOptions, stage_plans
 from recipes.plan.cluster import load_cluster
+from recipes.plan.params import stage_params
 from recipes.plan.search import apply_candidate, candidate_of, search
 from recipes.plan.steptime import step_time
 from recipes.resolve import resolve_config
-from trainer.throughput import check_fsdp_not_trained_here
 
 H100 = "conf/cluster/h100_80gb_8x8.yaml"
 
@@ -64,23 +64,71 @@ def test_search_enumerates_fsdp_where_the_distributed_optimizer_does_not_fit():
     assert candidate_of(apply_candidate(cfg, best)) == best
 
 
-def test_megatron_lm_flags_round_trip_and_refuse_zero1_as_fsdp():
+def test_megatron_lm_flags_round_trip_every_level_and_offload():
     cfg = _cfg("optimizer.distributed=true", "optimizer.fsdp=optim_grads")
     args = to_megatron_args(cfg)
     assert "--use-megatron-fsdp" in args and "fsdp_dtensor" in args
     from recipes.config.megatron_args import SPELLED
 
     fsdp = next(s for s in SPELLED if s.fields == ("optimizer.fsdp",))
-    assert fsdp.from_args({"use_megatron_fsdp": True,
-                           "data_parallel_sharding_strategy": "optim_grads"}) == {
-        "optimizer.fsdp": "optim_grads"}
-    with pytest.raises(ConfigError, match="--data-parallel-sharding-strategy optim "):
-        fsdp.from_args({"use_megatron_fsdp": True, "data_parallel_sharding_strategy": "optim"})
+    for level in ("optim", "optim_grads", "optim_grads_params"):
+        assert fsdp.from_args({"use_megatron_fsdp": True, "ckpt_format": "fsdp_dtensor",
+                               "data_parallel_sharding_strategy": level}) == {
+            "optimizer.fsdp": level}
+    with pytest.raises(ConfigError, match="--data-parallel-sharding-strategy no_shard "):
+        fsdp.from_args({"use_megatron_fsdp": True, "ckpt_format": "fsdp_dtensor",
+                        "data_parallel_sharding_strategy": "no_shard"})
+    with pytest.raises(ConfigError, match="--ckpt-format torch_dist with --use-megatron-fsdp"):
+        fsdp.from_args({"use_megatron_fsdp": True, "ckpt_format": "torch_dist",
+                        "data_parallel_sharding_strategy": "optim"})
+    offload = next(s for s in SPELLED if "optimizer.cpu_offload" in s.fields)
+    on = _cfg("optimizer.distributed=true", "precision.dtype=bf16", "optimizer.cpu_offload=true",
+              "optimizer.offload_fraction=0.5")
+    assert offload.to_args(on) == ["--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+                                   "--optimizer-offload-fraction", "0.5"]
+    assert offload.from_args({"optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5,
+                              "use_precision_aware_optimizer": True}) == {
+        "optimizer.cpu_offload": True, "optimizer.offload_fraction": 0.5}
+    with pytest.raises(ConfigError, match="--use-precision-aware-optimizer without"):
+        offload.from_args({"optimizer_cpu_offload": False, "optimizer_offload_fraction": 1.0,
+                           "use_precision_aware_optimizer": True})
     assert from_megatron_values  # the table's reader is the one plan.py megatron_args= uses
 
 
-def test_training_it_here_is_refused_in_one_line():
-    message = check_fsdp_not_trained_here(_cfg("optimizer.distributed=true",
-                                                "optimizer.fsdp=optim_grads_params"))
-    assert message and "\n" not in message and "fsdp_dtensor" in message and "gloo" in message
-    assert check_fsdp_not_trained_here(_cfg()) is None
+def test_eight_b_on_eight_gpus_by_level_through_the_planner():
+    """The memory chapter's table, from the Llama 3 8B recipe on one node of 8 H100s (BF16
+    weights and gradients, FP32 master and moments: 16 bytes a parameter): ZeRO-1 44 GB,
+    ZeRO-2 30 GB, ZeRO-3 16 GB of model state per GPU."""
+    cfg = _cfg("cluster.nodes=1", "parallel.tensor=1", "parallel.sequence_parallel=false",
+               "precision.grad_reduce_in_fp32=false", "train.global_batch_size=16")
+    params = stage_params(cfg)[0].total
+    cluster = load_cluster(H100)
+    per_gpu = {}
+    for level in ("dist_opt", "optim", "optim_grads", "optim_grads_params"):
+        stages = stage_plans(cfg, cluster, PlanOptions(sharding=level, listed_groups=0))
+        per_gpu[level] = stages[0].state.total
+    assert per_gpu["dist_opt"] == per_gpu["optim"] == params * (2 + 2 + 12 / 8)
+    assert per_gpu["optim_grads"] == params * (2 + (2 + 12) / 8)
+    assert per_gpu["optim_grads_params"] == params * 16 / 8
+    assert {k: round(v / 1e9) for k, v in per_gpu.items()} == {
+        "dist_opt": 44, "optim": 44, "optim_grads": 30, "optim_grads_params": 16}
+
+
+def test_search_offers_offload_where_nothing_on_the_gpu_fits():
+    """8B on one 80 GB GPU: no GPU-resident sharding fits (ZeRO-3 at DP1 shards nothing); with
+    the optimizer state in CPU memory it does. On two GPUs ZeRO-3 fits and offload is not
+    what the search lists first."""
+    one = _cfg("cluster.nodes=1", "cluster.gpus_per_node=1", "parallel.tensor=1",
+               "parallel.sequence_parallel=false", "train.global_batch_size=16")
+    result = search(one, load_cluster(H100), top=5)
+    assert result.listed and all(e.candidate.offload for e in result.listed)
+    from recipes.plan.search_report import text_search
+
+    assert "its modeled step leaves out the CPU's Adam step" in text_search(
+        one, load_cluster(H100), result)
+    applied = apply_candidate(one, result.listed[0].candidate)
+    assert applied.optimizer.cpu_offload and applied.optimizer.distributed
+    two = _cfg("cluster.nodes=1", "cluster.gpus_per_node=2", "parallel.tensor=1",
+               "parallel.sequence_parallel=false", "train.global_batch_size=16")
+    best = search(two, load_cluster(H100), top=5).listed[0].candidate
+    assert best.fsdp == "optim_grads_params" and not best.offload

@@ -45,8 +45,12 @@ def test_zero3_on_sixty_four_gpus_is_2_gb():
 
 
 def test_offload_moves_optimizer_state_off_the_gpu():
-    state = model_state(EIGHT_B, 1, BF16, "none", offload=True)
-    assert state.total == 32 * GB and state.offloaded == 96 * GB
+    state = model_state(EIGHT_B, 1, BF16, "none", offload=1.0)
+    # 96 GB of FP32 master weights and moments, and the FP32 copy of the gradients Megatron's
+    # hybrid-device optimizer steps them from (32 GB), in CPU memory
+    assert state.total == 32 * GB and state.offloaded == 128 * GB
+    half = model_state(EIGHT_B, 8, BF16, "dist_opt", offload=0.5)
+    assert half.master + half.moments == 6 * GB and half.offloaded == 8 * GB
 
 
 def test_megatron_bf16_bytes_per_parameter():

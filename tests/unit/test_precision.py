@@ -169,6 +169,10 @@ RULE_CASES = [
                                              "train.recompute_modules=[core_attn,layernorm]"],
      "train.recompute_modules has layernorm, which Megatron cannot recompute with "
      "plugins.fp8.recipe=delayed"),
+    ("check_fp8_param_gather_offload", ["recipe=tiny_dp2_bf16_offload", *FP8,
+                                        "plugins.fp8.recipe=tensorwise",
+                                        "plugins.fp8.param_gather=true"],
+     "Megatron offloads FP8 parameters with delayed scaling only"),
     ("check_fp8_settings_unused", ["plugins.fp8.param_gather=true"],
      "plugins.fp8.param_gather=True has no effect while plugins.fp8.format=null"),
     ("check_fp8_shapes", [*FP8, "model.ffn_hidden_size=200"],

@@ -196,6 +196,11 @@ RULE_CASES = [
       "plugins.fp8.param_gather=true"],
      "plugins.fp8.param_gather=true keeps the weights in FP8 and refreshes them from the "
      "distributed optimizer's fp32 shards, but optimizer.distributed=false"),
+    ("check_fp8_param_gather_offload", "tiny_dp2_bf16_offload",
+     ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise",
+      "plugins.fp8.param_gather=true"],
+     "plugins.fp8.param_gather=true with plugins.fp8.recipe=tensorwise and "
+     "optimizer.cpu_offload=true: Megatron offloads FP8 parameters with delayed scaling only"),
     ("check_fp8_settings_unused", "tiny_dp1", ["plugins.fp8.recipe=tensorwise"],
      "plugins.fp8.recipe=tensorwise has no effect while plugins.fp8.format=null"),
     ("check_fp8_delayed_settings", "tiny_dp1",
@@ -230,6 +235,34 @@ RULE_CASES = [
      "needs optimizer.overlap_grad_reduce=true"),
     ("check_fsdp_needs_distributed_optimizer", "tiny_dp2", ["optimizer.fsdp=optim_grads"],
      "optimizer.fsdp=optim_grads (Megatron FSDP) runs on the distributed optimizer"),
+    ("check_torch_fsdp2", "tiny_dp2_distopt", ["optimizer.torch_fsdp2=true"],
+     "optimizer.torch_fsdp2=true is not trained here: Megatron Core's FSDP2 wrapper builds its "
+     "device mesh on CUDA only"),
+    ("check_fsdp_pipeline", "tiny_pp2_dp2_overlap", ["optimizer.fsdp=optim_grads"],
+     "optimizer.fsdp=optim_grads with parallel.pipeline=2: Megatron FSDP's device mesh spans "
+     "DP x CP x EP x TP only"),
+    ("check_fsdp_checkpoint_format", "tiny_dp2_fsdp",
+     ["checkpoint.optimizer_format=fully_reshardable"],
+     "checkpoint.optimizer_format=fully_reshardable is the distributed optimizer's format; "
+     "optimizer.fsdp=optim_grads_params saves Megatron FSDP's fsdp_dtensor"),
+    ("check_fsdp_async_save", "tiny_dp2_fsdp", ["checkpoint.async_save=true"],
+     "checkpoint.async_save=true with optimizer.fsdp=optim_grads_params: Megatron FSDP's "
+     "fsdp_dtensor checkpoints are written synchronously here"),
+    ("check_offload_needs_distributed_optimizer", "tiny_dp2",
+     ["precision.dtype=bf16", "optimizer.cpu_offload=true"],
+     "optimizer.cpu_offload=true runs Megatron's hybrid-device optimizer inside the distributed "
+     "optimizer"),
+    ("check_offload_fraction", "tiny_dp2_bf16_offload", ["optimizer.offload_fraction=1.5"],
+     "optimizer.offload_fraction=1.5 is the share of the optimizer state moved to CPU memory; "
+     "set it in [0, 1]"),
+    ("check_offload_fraction", "tiny_dp2_distopt", ["optimizer.offload_fraction=0.5"],
+     "optimizer.offload_fraction=0.5 has no effect without optimizer.cpu_offload=true"),
+    ("check_offload_precision", "tiny_dp2_bf16_offload", ["precision.dtype=fp32"],
+     "optimizer.cpu_offload=true with precision.dtype=fp32: Megatron's hybrid-device optimizer "
+     "cannot take the distributed optimizer's fp32 shards"),
+    ("check_offload_with_fsdp", "tiny_dp2_bf16_offload", ["optimizer.fsdp=optim_grads"],
+     "optimizer.cpu_offload=true with optimizer.fsdp=optim_grads: Megatron's hybrid-device "
+     "optimizer copies gradients into plain tensors"),
     ("check_evaluation", "tiny_dp1", ["train.eval_interval=50", "train.eval_iters=0"],
      "train.eval_interval=50 with train.eval_iters=0 evaluates nothing"),
     ("check_scheduler", "tiny_dp1", ["train.train_iters=100", "scheduler.warmup_iters=100"],

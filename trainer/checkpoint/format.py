@@ -5,9 +5,12 @@ export finds a run's newest step with them.
 
     <run_dir>/checkpoints/                 RUN_CHECKPOINTS, a checkpoint root
         step_0000100/                      a published step: STEP_PREFIX + 7 digits
-            metadata.json                  CHECKPOINT_MARKER: Megatron's torch_dist save finished
+            metadata.json                  CHECKPOINT_MARKER: Megatron's save finished (its
+                                           `sharded_backend`: torch_dist, or Megatron FSDP's
+                                           fsdp_dtensor, whose marker the trainer writes last)
             run.json                       MANIFEST_FILE: counters, layout, config, file records
-            __0_0.distcp, .metadata, ...   Megatron's own files
+            __0_0.distcp, .metadata, ...   Megatron's own files (fsdp_dtensor: torch DCP's, and
+                                           run_state.pt, __<rank>_rng.pt: `fsdp_dtensor.py`)
         step_0000200.tmp-200-1a2b3c4d/     a save in progress (or one a crash left): TMP_INFIX
         latest                             LATEST_FILE: the newest published step's name
 
@@ -49,6 +52,10 @@ BRIDGE_TRAIN_STATE = "train_state.pt"  # Megatron Bridge: step, consumed samples
 BRIDGE_RUN_CONFIG = "run_config.yaml"  # Megatron Bridge: the run's whole config
 LEGACY_PREFIX = "mp_rank_"  # Megatron-LM's older `torch` format: one file per model-parallel rank
 PREFIXES = (STEP_PREFIX, ITER_PREFIX)
+# The backends a checkpoint's marker names (`metadata.json`'s `sharded_backend`): Megatron's
+# sharded state dicts, or Megatron FSDP's DTensors through torch DCP.
+TORCH_DIST = "torch_dist"
+FSDP_DTENSOR = "fsdp_dtensor"
 
 
 def step_name(step: int, layout: str = "") -> str:
@@ -61,6 +68,25 @@ def step_name(step: int, layout: str = "") -> str:
 def is_checkpoint(path: Path) -> bool:
     """A finished Megatron checkpoint: its save got as far as writing `metadata.json`."""
     return (path / CHECKPOINT_MARKER).is_file()
+
+
+def format_of(cfg) -> str:
+    """The format a run saves in: Megatron FSDP's DTensors need `fsdp_dtensor` (Megatron-LM
+    saves Megatron FSDP only so, `megatron/training/arguments.py:1146-1147`), else
+    `torch_dist`."""
+    return FSDP_DTENSOR if cfg.optimizer.fsdp != "none" else TORCH_DIST
+
+
+def checkpoint_backend(path: Path) -> str | None:
+    """The format a finished checkpoint was written in (`torch_dist` or `fsdp_dtensor`), from
+    its marker; None when it cannot be read."""
+    import json
+
+    try:
+        backend = json.loads((path / CHECKPOINT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return backend.get("sharded_backend") if isinstance(backend, dict) else None
 
 
 def step_of(name: str) -> int | None:

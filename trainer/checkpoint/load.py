@@ -19,13 +19,18 @@ from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint.api import CheckpointException
 
 from recipes.config.schema import RunConfig
-from trainer.checkpoint import megatron_fixes, state_dicts
-from trainer.checkpoint.format import is_checkpoint, newest_checkpoint
+from trainer.checkpoint import fsdp_dtensor, megatron_fixes, state_dicts
+from trainer.checkpoint.format import (
+    FSDP_DTENSOR,
+    checkpoint_backend,
+    is_checkpoint,
+    newest_checkpoint,
+)
 from trainer.checkpoint.megatron_fixes import UntrustedCheckpointError
 from trainer.state import RunState
 
-__all__ = ["UntrustedCheckpointError", "load_checkpoint", "load_model_weights",
-           "resolve_checkpoint_dir"]
+__all__ = ["UntrustedCheckpointError", "load_checkpoint", "load_fsdp_weights",
+           "load_model_weights", "resolve_checkpoint_dir", "saved_as_fsdp_dtensor"]
 
 
 def resolve_checkpoint_dir(path: str | Path) -> Path:
@@ -56,8 +61,21 @@ def _load(template: dict, path: Path) -> dict:
         raise
 
 
+def saved_as_fsdp_dtensor(path: str | Path) -> bool:
+    """Whether the checkpoint `path` names (or resumes from) is Megatron FSDP's `fsdp_dtensor`:
+    its weights load into Megatron FSDP's chunks once wrapped (`load_fsdp_weights`), the
+    others' into the bare chunks before wrapping (`load_model_weights`)."""
+    return checkpoint_backend(resolve_checkpoint_dir(path)) == FSDP_DTENSOR
+
+
+def load_fsdp_weights(cfg: RunConfig, path: str | Path, model: list) -> None:
+    """Only the weights of an `fsdp_dtensor` checkpoint into this rank's Megatron FSDP chunks."""
+    fsdp_dtensor.load_weights(cfg, resolve_checkpoint_dir(path), model)
+
+
 def load_model_weights(path: str | Path, model: list) -> None:
-    """Load only the weights (any layout) into this rank's model chunks."""
+    """Load only the weights (any layout) of a `torch_dist` checkpoint into this rank's model
+    chunks (unwrapped)."""
     path = resolve_checkpoint_dir(path)
     metadata = dist_checkpointing.load_content_metadata(str(path)) or {}
     template = state_dicts.model_sharded_state_dict(model, metadata)
@@ -88,6 +106,8 @@ def load_checkpoint(session, path: str | Path) -> RunState:
     ranks keep their freshly seeded streams (nothing to map them onto), as the pre-flight said.
     """
     path = resolve_checkpoint_dir(path)
+    if checkpoint_backend(path) == FSDP_DTENSOR:
+        return fsdp_dtensor.load(session, path, _this_runs_hyperparameters(session.cfg))
     metadata = dist_checkpointing.load_content_metadata(str(path)) or {}
     model, optimizer = session.model, session.optimizer
     megatron_fixes.create_state_if_missing(optimizer)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes.models.hybrid.pattern import layer_symbols
-from trainer.checkpoint.format import MANIFEST_FILE
+from trainer.checkpoint.format import FSDP_DTENSOR, MANIFEST_FILE, TORCH_DIST, format_of
 
 CHUNK_BYTES = 8 << 20
 
@@ -48,7 +48,7 @@ STATED_FIELDS = (
     "scheduler.style", "scheduler.warmup_iters", "scheduler.decay_iters", "precision.dtype",
     "model.seq_length", "model.rotary_base", "model.rotary_percent", "model.rope_scaling_factor",
     "data.source",
-    "data.blend", "data.documents",
+    "data.blend", "data.documents", "optimizer.fsdp",
 )
 LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "dp")
 
@@ -286,6 +286,8 @@ def reshard_problem(cfg, manifest: dict[str, Any]) -> str | None:
         return None
     if saved.get("checkpoint.optimizer_format") != "dp_reshardable":
         return None
+    if saved.get("optimizer.fsdp", "none") != "none":
+        return None  # fsdp_dtensor: torch DCP reshards its DTensors (`format_problem`)
     before, now = manifest.get("layout") or {}, layout_record(cfg.layout)
     changed = [key.upper() for key in LAYOUT_KEYS if key != "dp" and key in before
                and before[key] != now[key]]
@@ -296,6 +298,35 @@ def reshard_problem(cfg, manifest: dict[str, Any]) -> str | None:
             f"({layout_text(now)}); resume at the saved layout, or start from its weights with "
             "checkpoint.load_model_only=true (a fresh optimizer), or save with "
             "checkpoint.optimizer_format=fully_reshardable to move between layouts")
+
+
+def _saved_format(manifest: dict[str, Any]) -> tuple[str, str]:
+    """(format, Megatron FSDP level) a checkpoint was saved with, from its config."""
+    fsdp = flatten(manifest.get("config") or {}).get("optimizer.fsdp", "none")
+    return (TORCH_DIST if fsdp == "none" else FSDP_DTENSOR), fsdp
+
+
+def format_problem(cfg, manifest: dict[str, Any]) -> str | None:
+    """Why this run cannot load a checkpoint saved in the other format, or None.
+
+    Megatron FSDP (`optimizer.fsdp`) saves and resumes `fsdp_dtensor` (torch DCP of its
+    DTensors, which reshard to any DP, TP, CP or sharding level it trains); the other runs
+    `torch_dist`. A `torch_dist` checkpoint's weights load into a Megatron FSDP run
+    (`checkpoint.load_model_only`: before the wrap, as any layout's); its optimizer state does
+    not (the distributed optimizer's flat buffers are no DTensors). An `fsdp_dtensor`
+    checkpoint has no reader outside Megatron FSDP."""
+    saved, level = _saved_format(manifest)
+    now = format_of(cfg)
+    if saved == now or (saved == TORCH_DIST and cfg.checkpoint.load_model_only):
+        return None
+    if saved == TORCH_DIST:
+        return (f"it was saved {TORCH_DIST} (optimizer.fsdp=none) and Megatron FSDP "
+                f"(optimizer.fsdp={cfg.optimizer.fsdp}) resumes only {FSDP_DTENSOR}; resume "
+                "with optimizer.fsdp=none, or start from its weights with "
+                "checkpoint.load_model_only=true (a fresh optimizer)")
+    return (f"it was saved {FSDP_DTENSOR} by Megatron FSDP (optimizer.fsdp={level}), which only "
+            f"a Megatron FSDP run reads; resume with optimizer.fsdp={level} (any DP, TP or "
+            "sharding level)")
 
 
 def change_notes(cfg, manifest: dict[str, Any], rng: str = "per-rank RNG streams start "

@@ -353,6 +353,12 @@ def _refused_global(error: Exception) -> str:
     return type(error).__name__
 
 
+# Classes the optimizer state names, as class references only: Megatron's hybrid-device
+# optimizer (`optimizer.cpu_offload`) keeps its CPU and GPU optimizer classes in its param groups
+# (optimizer/cpu_offloading/hybrid_optimizer.py:56-67), so they are saved with them.
+OPTIMIZER_CLASSES = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)
+
+
 def _load_bytes_weights_only(planner, read_item, value) -> None:
     """`DefaultLoadPlanner.load_bytes` (torch/distributed/checkpoint/default_planner.py:381-392)
     with `weights_only=True`: a checkpoint's non-tensor objects (the RNG streams, Megatron's
@@ -361,7 +367,8 @@ def _load_bytes_weights_only(planner, read_item, value) -> None:
     from torch.distributed.checkpoint._traverse import set_element
 
     try:
-        loaded = torch.load(value, weights_only=True)
+        with torch.serialization.safe_globals(list(OPTIMIZER_CLASSES)):
+            loaded = torch.load(value, weights_only=True)
     except pickle.UnpicklingError as error:
         raise UntrustedCheckpointError(
             f"the checkpoint object {read_item.dest_index.fqn} holds pickled code or classes "
@@ -373,6 +380,10 @@ def _load_bytes_weights_only(planner, read_item, value) -> None:
                     planner.mappings[read_item.dest_index.fqn], loaded)
     else:
         planner.state_dict[read_item.dest_index.fqn] = loaded
+
+
+# The same reader for a plain torch DCP load (Megatron FSDP's fsdp_dtensor checkpoints).
+load_bytes_weights_only = _load_bytes_weights_only
 
 
 @_fix("weights_only_objects", context=True,
@@ -482,6 +493,34 @@ def give_each_param_its_own_step(optimizer) -> None:
                 state["step"] = state["step"].detach().clone()
 
 
+def _empty_shards_without_state(torch_optimizer) -> list:
+    return [param for group in torch_optimizer.param_groups for param in group["params"]
+            if not torch_optimizer.state.get(param) and param.to_local().numel() == 0]
+
+
+@_fix("empty_shard_optimizer_state", self_test="tests/dist/test_fsdp.py",
+      works_around="Megatron FSDP's update_main_grads, which gives a parameter whose shard on "
+                   "this rank is empty no gradient (distributed/fsdp/src/megatron_fsdp/"
+                   "param_and_grad_buffer.py:3393-3394), so Adam keeps no state for it there, "
+                   "and DistributedOptimizer._init_optimizer_states_with_dummy_values, which "
+                   "skips it too (optimizer/distrib_optimizer.py:1430-1434)",
+      why="the fsdp_dtensor state dicts then differ between ranks, and the uneven-DTensor "
+          "metadata gathered per tensor in sorted key order (megatron_fsdp/uneven_dtensor.py:"
+          "51, :249-252) pairs different tensors' collectives: the save hangs")
+def empty_shard_optimizer_state(optimizer) -> None:
+    """Give every Megatron FSDP parameter whose shard on this rank is empty the (empty) Adam
+    state the others have, with the step they share, so every rank describes the same tensors."""
+    for inner in _inner_optimizers(optimizer):
+        if not getattr(getattr(inner, "ddp_config", None), "use_megatron_fsdp", False):
+            continue
+        torch_optimizer = inner.optimizer
+        steps = [state["step"] for state in torch_optimizer.state.values() if "step" in state]
+        for param in _empty_shards_without_state(torch_optimizer):
+            step = steps[0].detach().clone() if steps else torch.tensor(0.0)
+            torch_optimizer.state[param] = {"step": step, "exp_avg": torch.zeros_like(param),
+                                            "exp_avg_sq": torch.zeros_like(param)}
+
+
 @_fix("adopt_hyperparameters", self_test=LOAD_PATH_SELF_TEST,
       works_around="DistributedOptimizer.load_state_dict matching saved param groups to its own "
                    "by max_lr/min_lr (optimizer/distrib_optimizer.py:941-970), and torch's "
@@ -502,10 +541,16 @@ def adopt_hyperparameters(loaded, values: dict) -> None:
 
 
 def _into_param_groups(loaded, values: dict) -> None:
+    """Into every saved param group: the distributed optimizer's `param_groups`, and Megatron
+    FSDP's fsdp_dtensor groups, saved per parameter as `param_to_group_meta`
+    (optimizer/distrib_optimizer.py:1648-1652)."""
     if isinstance(loaded, dict):
         for key, value in loaded.items():
             if key == "param_groups" and isinstance(value, list):
                 for group in value:
+                    group.update({k: v for k, v in values.items() if k in group})
+            elif key == "param_to_group_meta" and isinstance(value, dict):
+                for group in value.values():
                     group.update({k: v for k, v in values.items() if k in group})
             else:
                 _into_param_groups(value, values)

@@ -57,6 +57,7 @@ from trainer.checkpoint.format import (
 )
 from trainer.checkpoint.manifest import (
     damaged_file,
+    format_problem,
     incompatibility,
     read_manifest,
     reshard_problem,
@@ -239,6 +240,9 @@ def checkpoint_preflight(cfg: RunConfig) -> list[str]:
     if reason:
         raise ConfigError(f"checkpoint.load={load} was trained on another tokenizer's ids: "
                           f"{reason}")
+    reason = format_problem(cfg, manifest)
+    if reason:
+        raise ConfigError(f"checkpoint.load={load} cannot be loaded by this run: {reason}")
     reason = reshard_problem(cfg, manifest)
     if reason:
         raise ConfigError(f"checkpoint.load={load} cannot resume in this layout: {reason}")

@@ -15,13 +15,25 @@ from pathlib import Path
 import torch
 from megatron.core import dist_checkpointing
 
-from trainer.checkpoint import async_save, disk_errors, megatron_fixes, publish, state_dicts
+from trainer.checkpoint import (
+    async_save,
+    disk_errors,
+    fsdp_dtensor,
+    megatron_fixes,
+    publish,
+    state_dicts,
+)
+from trainer.checkpoint.format import FSDP_DTENSOR, format_of
 from trainer.checkpoint.publish import PendingSave
 from trainer.state import RunState
 
 
 def _write_sharded(session, state: RunState, path: Path) -> None:
-    """Megatron's synchronous save of everything the checkpoint holds into `path`."""
+    """Megatron's synchronous save of everything the checkpoint holds into `path` (Megatron
+    FSDP's DTensors as `fsdp_dtensor`, `fsdp_dtensor.py`)."""
+    if format_of(session.cfg) == FSDP_DTENSOR:
+        fsdp_dtensor.write(session, state, path)
+        return
     metadata = state_dicts.content_metadata(session.cfg)
     with megatron_fixes.parameters_gathered(session.model):
         sharded = state_dicts.sharded_checkpoint(session, state, metadata)
@@ -52,8 +64,11 @@ def save_checkpoint(session, directory: str | Path) -> Path:
               if session.cfg.checkpoint.async_save
               else (lambda: _write_sharded(session, state, save.tmp)))
     rank0 = torch.distributed.get_rank() == 0
+    # fsdp_dtensor's marker is written once every rank's files are (a phase of its own)
+    marker = ((lambda: fsdp_dtensor.write_marker(save.tmp)),) if format_of(
+        session.cfg) == FSDP_DTENSOR else ()
     disk_errors.run_phases(save, (lambda: save.tmp.mkdir(parents=True) if rank0 else None,
-                                  writes))
+                                  writes, *marker))
     if not session.cfg.checkpoint.async_save:
         publish.publish(session, save)
     return save.final

@@ -53,6 +53,13 @@ def install_mamba_kernels() -> None:
     install()
 
 
+def install_offload_split() -> None:
+    """The hybrid-device optimizer's offload split by the compute device (`offload.py`)."""
+    from trainer.cpu_runtime.offload import install_offload_split as install
+
+    install()
+
+
 # Patches that are one installer each, in the order they are applied.
 _INSTALLERS: dict[str, Callable[[], None]] = {
     "cuda_stand_ins": install_cuda_stand_ins,
@@ -62,6 +69,7 @@ _INSTALLERS: dict[str, Callable[[], None]] = {
     "all_to_all_list_splits": install_list_split_sizes,
     "thd_cp_partition": install_thd_partition,
     "mamba_kernels": install_mamba_kernels,
+    "offload_split": install_offload_split,
 }
 
 PATCH_NAMES: tuple[str, ...] = (*_MODE_PATCHES, *_INSTALLERS)
@@ -101,6 +109,10 @@ CPU_RUNTIME_PATCHES: tuple[Patch, ...] = (
     Patch("mamba_kernels", "mamba-ssm's and causal-conv1d's kernels bound at import, "
           "ssm/mamba_mixer.py:202-205", "without them no Mamba layer builds: ImportError: "
           "MambaSSM is not installed", _UNIT),
+    Patch("offload_split", "HybridDeviceOptimizer._get_sub_optimizer_param_groups, "
+          "optimizer/cpu_offloading/hybrid_optimizer.py:251-300 (splits by param.is_cuda)",
+          "without it a CPU rank offloads nothing and the first step fails: KeyError in "
+          "_set_sub_optimizer_grads (hybrid_optimizer.py:101)", _UNIT),
 )
 
 # The patches applied in this process, or None before a successful activation.

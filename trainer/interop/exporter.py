@@ -29,7 +29,12 @@ import torch
 from plugins.protocol.errors import ConfigError
 from recipes.config.io import load_config
 from recipes.config.schema import RunConfig
-from trainer.checkpoint.format import is_checkpoint, newest_checkpoint
+from trainer.checkpoint.format import (
+    FSDP_DTENSOR,
+    checkpoint_backend,
+    is_checkpoint,
+    newest_checkpoint,
+)
 from trainer.interop import (
     hf_config,
     hf_files,
@@ -60,13 +65,15 @@ def resolve_step(path: Path) -> Path:
     if not path.is_dir():
         raise ConfigError(f"checkpoint={path} does not exist; give a run's checkpoints "
                           "directory (runs/<run>/checkpoints) or one step directory")
-    if is_checkpoint(path):
-        return path
-    newest = newest_checkpoint(path)
-    if newest is None:
+    step = path if is_checkpoint(path) else newest_checkpoint(path)
+    if step is None:
         raise ConfigError(f"checkpoint={path} holds no complete Megatron checkpoint; give a run's "
                           "checkpoints directory (runs/<run>/checkpoints) or one step directory")
-    return newest
+    if checkpoint_backend(step) == FSDP_DTENSOR:
+        raise ConfigError(f"checkpoint={step} is Megatron FSDP's {FSDP_DTENSOR}, and export reads "
+                          "torch_dist checkpoints (Megatron's sharded tensors) only; export a "
+                          "checkpoint of a run with optimizer.fsdp=none")
+    return step
 
 
 def run_config(step: Path) -> RunConfig:

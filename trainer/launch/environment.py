@@ -4,7 +4,9 @@ script), never over a value the user set.
 - `CUDA_DEVICE_MAX_CONNECTIONS=1` with TP > 1 or CP > 1: Megatron-LM refuses to start without it
   before Blackwell (`megatron/training/arguments.py:1413-1439`): with one hardware queue the
   tensor- and context-parallel communication kernels are issued in the order Megatron overlaps
-  them with compute; with several, a later GEMM can overtake a collective and stall it.
+  them with compute; with several, a later GEMM can overtake a collective and stall it. Not
+  under Megatron FSDP, which Megatron-LM refuses to run with it (`arguments.py:1143-1144`: its
+  parameter all-gathers must overlap the compute on other queues).
 - `TORCH_NCCL_AVOID_RECORD_STREAMS=1`: NCCL frees the buffers of asynchronous collectives when
   they complete instead of recording them on the compute stream, which holds memory longer
   and fragments the caching allocator (Megatron Bridge's performance recipes set it).
@@ -23,7 +25,7 @@ from typing import Any
 def gpu_environment(cfg: Any) -> dict[str, str]:
     """What the ranks of `cfg` need in their environment on GPU nodes."""
     environment = {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "NCCL_NVLS_ENABLE": "0"}
-    if cfg.layout.tensor > 1 or cfg.layout.context > 1:
+    if (cfg.layout.tensor > 1 or cfg.layout.context > 1) and cfg.optimizer.fsdp == "none":
         environment["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     if cfg.train.offload_modules:
         environment["NVTE_CPU_OFFLOAD_V1"] = "1"

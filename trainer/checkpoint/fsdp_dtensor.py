@@ -1,0 +1,171 @@
+"""Megatron FSDP's checkpoint format, `fsdp_dtensor`: torch DCP of the DTensors each rank holds.
+
+Megatron FSDP (`optimizer.fsdp`) keeps its weights and optimizer state as DTensors sharded over
+DP, and Megatron's `torch_dist` sharded state dicts cannot describe them (Megatron-LM saves
+Megatron FSDP only as `fsdp_dtensor`, `megatron/training/arguments.py:1146-1147`). The save and
+the load follow Megatron-LM's (`megatron/training/checkpointing.py`: `generate_state_dict` for
+`fsdp_dtensor`, :1332-1364; `preprocess_fsdp_dtensor_state_dict`, :1380-1397; the load,
+:1761-1810): each chunk's `state_dict_for_save_checkpoint()` and the optimizer's
+`sharded_state_dict(metadata={'distrib_optim_sharding_type': 'fsdp_dtensor'})`, prepared by
+Megatron Core's own helpers (FP8 extra state dropped, SwiGLU's fused fc1 and experts split into
+global keys, uneven DTensor shards described), written by torch DCP; loaded into the same
+template, then through `load_state_dict`. DCP reshards DTensors over DP, so a checkpoint resumes
+at another DP size; other layout changes are refused before launch (`manifest.py`).
+
+Beside DCP's files the run's own part is written as plain torch files, loaded weights-only:
+`run_state.pt` (scheduler and run state, rank 0) and `__<rank>_rng.pt` (each rank's streams,
+named as DCP names a rank's shards, so `run.json` checksums each rank's own files), and Megatron's
+`metadata.json` marker naming the backend, written last: a step directory without it is not a
+checkpoint (`format.py`), and the pre-flight reads the format from it without torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from trainer.checkpoint import megatron_fixes
+from trainer.checkpoint.format import FSDP_DTENSOR
+from trainer.state import RngState, RunState
+
+RUN_STATE_FILE = "run_state.pt"
+METADATA = {"distrib_optim_sharding_type": FSDP_DTENSOR, "singleton_local_shards": False,
+            "chained_optim_avoid_prefix": True}
+
+
+def _rng_file(rank: int) -> str:
+    return f"__{rank}_rng.pt"
+
+
+def _model_key(index: int, chunks: int) -> str:
+    return "model" if chunks == 1 else f"model{index}"
+
+
+def _state_dict(session, *, loading: bool) -> dict:
+    """The model chunks' and the optimizer's DTensor state dicts (what DCP writes and reads)."""
+    model = session.model
+    state = {_model_key(i, len(model)): chunk.state_dict_for_save_checkpoint()
+             for i, chunk in enumerate(model)}
+    if loading:
+        megatron_fixes.create_state_if_missing(session.optimizer)
+    megatron_fixes.empty_shard_optimizer_state(session.optimizer)
+    state["optimizer"] = session.optimizer.sharded_state_dict(
+        state, is_loading=loading, metadata=dict(METADATA))
+    return state
+
+
+def _prepared(cfg, model: list, state: dict) -> dict:
+    """Megatron-LM's `preprocess_fsdp_dtensor_state_dict` (checkpointing.py:1380-1397) from
+    Megatron Core's helpers, for each chunk: the prepared dict shares its tensors with `state`,
+    so DCP's in-place load fills both."""
+    from megatron.core.distributed.fsdp.src.megatron_fsdp.uneven_dtensor import (
+        preprocess_state_dict_for_uneven_dtensor,
+    )
+    from megatron.core.transformer.fsdp_dtensor_checkpoint import (
+        handle_experts_in_state_dict,
+        handle_fp8_extra_state_case,
+        handle_swiglu_in_state_dict,
+    )
+
+    prepared = dict(state)
+    optimizer = prepared.get("optimizer")
+    for i, chunk in enumerate(model):
+        key = _model_key(i, len(model))
+        model_state = dict(prepared[key])
+        handle_fp8_extra_state_case(model_state)
+        if cfg.model.activation == "swiglu":
+            model_state, optimizer = handle_swiglu_in_state_dict(chunk, model_state, optimizer)
+        if cfg.model.num_moe_experts:
+            model_state = handle_experts_in_state_dict(model_state, cfg.model.num_moe_experts)
+        prepared[key] = model_state
+    if optimizer is not None:
+        prepared["optimizer"] = optimizer
+    preprocess_state_dict_for_uneven_dtensor(prepared)
+    return prepared
+
+
+def write(session, state: RunState, path: Path) -> None:
+    """Every rank: DCP's shards of this rank's DTensors and its RNG streams; rank 0 the run
+    state and scheduler. No collective after DCP's own: the save's phases share every rank's
+    outcome (`disk_errors.run_phases`), and the marker is the phase after this one."""
+    rank = torch.distributed.get_rank()
+    with megatron_fixes.gc_frozen():
+        prepared = _prepared(session.cfg, session.model, _state_dict(session, loading=False))
+    dcp.save(prepared, storage_writer=dcp.FileSystemWriter(str(path)))
+    rng = None if state.rng is None else state.rng.as_dict()
+    torch.save(rng, path / _rng_file(rank))
+    if rank == 0:
+        torch.save({"scheduler": session.scheduler.state_dict(), "run_state": state.common()},
+                   path / RUN_STATE_FILE)
+
+
+def write_marker(path: Path) -> None:
+    """Rank 0, once every rank's files are written: Megatron's `metadata.json` naming the
+    backend, the last file of the checkpoint (`format.is_checkpoint`)."""
+    from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
+
+    if torch.distributed.get_rank() == 0:
+        save_config(CheckpointingConfig(sharded_backend=FSDP_DTENSOR), str(path))
+
+
+class _WeightsOnlyLoadPlanner(dcp.DefaultLoadPlanner):
+    """DCP's planner with the non-tensor objects (the optimizer's param groups) unpickled by
+    torch's restricted unpickler, as `megatron_fixes.weights_only_objects` does for torch_dist."""
+
+    def load_bytes(self, read_item, value) -> None:
+        megatron_fixes.load_bytes_weights_only(self, read_item, value)
+
+
+def _read(template: dict, path: Path, *, partial: bool = False) -> None:
+    """DCP's load into `template` in place; `partial`: the checkpoint may hold more (the
+    optimizer state beside the weights a model-only load reads)."""
+    dcp.load(template, storage_reader=dcp.FileSystemReader(str(path)),
+             planner=_WeightsOnlyLoadPlanner(allow_partial_load=partial))
+
+
+def _install_loaded_weights(model: list) -> None:
+    """DCP loaded the weights in place into Megatron FSDP's DTensors, the high-precision main
+    weights where there are any; the weights forward uses are made from them, as Megatron FSDP
+    does after an optimizer step or a `load_state_dict` (megatron_fsdp.py:1136-1140, :1460)."""
+    for chunk in model:
+        chunk.module.install_optimized_model_weights()
+
+
+def saved_world_size(path: Path) -> int:
+    return int(_run_file(path)["run_state"]["world_size"])
+
+
+def _run_file(path: Path) -> dict:
+    return torch.load(path / RUN_STATE_FILE, weights_only=True)
+
+
+def load(session, path: Path, hyperparameters: dict) -> RunState:
+    """Restore weights, optimizer, scheduler and run state from an `fsdp_dtensor` checkpoint;
+    each rank's RNG streams when the world size is the one that saved them."""
+    state = _state_dict(session, loading=True)
+    raw_optimizer = dict(state["optimizer"])
+    with megatron_fixes.gc_frozen():
+        _read(_prepared(session.cfg, session.model, state), path)
+    _install_loaded_weights(session.model)
+    megatron_fixes.adopt_hyperparameters(raw_optimizer, hyperparameters)
+    session.optimizer.load_state_dict(raw_optimizer)
+    megatron_fixes.give_each_param_its_own_step(session.optimizer)
+    saved = _run_file(path)
+    session.scheduler.load_state_dict(saved["scheduler"])
+    world_size, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    rng = None
+    if int(saved["run_state"]["world_size"]) == world_size:
+        values = torch.load(path / _rng_file(rank), weights_only=True)
+        rng = None if values is None else RngState.from_dict(values)
+    return RunState.from_common(saved["run_state"], rng)
+
+
+def load_weights(cfg, path: Path, model: list) -> None:
+    """Only the weights of an `fsdp_dtensor` checkpoint, into this run's Megatron FSDP chunks
+    (`checkpoint.load_model_only`: a fresh optimizer)."""
+    state = {_model_key(i, len(model)): chunk.state_dict_for_save_checkpoint()
+             for i, chunk in enumerate(model)}
+    _read(_prepared(cfg, model, state), path, partial=True)
+    _install_loaded_weights(model)
