@@ -99,14 +99,30 @@ def run_flags(steps: int) -> list[str]:
 
 
 def parity_arguments(cfg: RunConfig, steps: int) -> list[str]:
-    """Megatron-LM's command line for the check: the recipe's (print=megatron_args), the
-    alignments, the CPU layers on CPU, and the run's own flags (later flags win)."""
-    args = to_megatron_args(cfg)
+    """Megatron-LM's command line for the check: the recipe's (print=megatron_args; on CPU as
+    its local layers train it), the alignments, the CPU layers on CPU, and the run's own flags
+    (later flags win)."""
+    on_cpu = not torch.cuda.is_available()
+    args = to_megatron_args(local_layers(cfg) if on_cpu else cfg)
     for alignment in ALIGNMENTS:
         args += list(alignment.flags)
-    if not torch.cuda.is_available():
+    if on_cpu:
         args += cpu_flags()
     return args + run_flags(steps)
+
+
+def local_layers(cfg: RunConfig) -> RunConfig:
+    """The recipe as Megatron Core's local layers train it: Transformer Engine's MoE kernels
+    and the flex dispatcher off, as the one translation leaves them without TE
+    (`trainer/mcore_translation.py`, `fast_path_fields`); Megatron-LM's flags for them have no
+    negative (`--moe-grouped-gemm` asks the GPU's compute capability, `arguments.py:1338-1340`)."""
+    m = cfg.model
+    model = dataclasses.replace(
+        m, moe_grouped_gemm=False, moe_permute_fusion=False, moe_router_fusion=False,
+        moe_shared_expert_overlap=False, moe_fused_squared_relu=False,
+        moe_token_dispatcher="alltoall" if m.moe_token_dispatcher == "flex" else
+        m.moe_token_dispatcher)
+    return dataclasses.replace(cfg, model=model)
 
 
 # --- one run's record ---------------------------------------------------------------------
