@@ -68,7 +68,8 @@ class StagePlan:
                  f"activations ({a.layers} layers x {a.in_flight:g} micro-batches)":
                      a.layers_total,
                  "embedding inputs": a.embedding, "logits and loss": a.output,
-                 "full-recompute working set": a.recompute_working}
+                 "full-recompute working set": a.recompute_working,
+                 "MTP depths": a.mtp}
         return sorted(((k, v) for k, v in items.items() if v > 0), key=lambda kv: -kv[1])
 
 
