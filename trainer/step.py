@@ -18,6 +18,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from plugins.protocol.events import EvalResult, StepMetrics
 from plugins.protocol.hooks import PluginSet
 from recipes.config.phases import phase_config
+from recipes.models.hybrid.pattern import mtp_depths
 from recipes.plan.flops import (
     FlopsShape,
     model_flops_utilisation,
@@ -25,7 +26,7 @@ from recipes.plan.flops import (
     training_flops,
 )
 from trainer.data import MicroBatch
-from trainer.device import to_compute_device
+from trainer.device import compute_device, to_compute_device
 from trainer.metrics import max_over_world, reduce_loss_over_world, reduce_step_over_world
 from trainer.step_clock import (
     StepClock,
@@ -109,6 +110,31 @@ def _forward_backward(session, microbatches: list[MicroBatch]) -> list[dict]:
     )
 
 
+def mtp_losses(cfg, microbatches: int) -> dict[str, float]:
+    """Each MTP depth's loss of the step, as Megatron-LM logs it (`mtp_1 loss`, ...): the
+    per-token loss of each micro-batch, which Megatron's MTP records on the last stage
+    (`MTPLossLoggingHelper.save_metrics_to_tracker`, `transformer/multi_token_prediction.py:
+    866-880`), averaged over the micro-batches and the DP x CP ranks; every TP rank holds the
+    same value. Unscaled (the LM loss adds it times `model.mtp_loss_scaling_factor`); equal to
+    the depth's per-token loss over the global batch when micro-batches hold equal loss
+    tokens. One all-reduce over the world, then the tracker is cleared for the next step."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    depths = mtp_depths(cfg.model.hybrid_layer_pattern) if cfg.model.is_hybrid else 0
+    if not depths:
+        return {}
+    tracker = MTPLossLoggingHelper.tracker
+    values = torch.zeros(depths, dtype=torch.float64)
+    if "loss_values" in tracker:
+        values += tracker["loss_values"].detach().to("cpu", torch.float64)
+    values = values.to(compute_device())
+    torch.distributed.all_reduce(values)
+    layout = cfg.layout
+    holders = microbatches * layout.tensor * layout.data_parallel * layout.context
+    MTPLossLoggingHelper.clean_metrics_in_tracker()
+    return {f"mtp_{i + 1}_loss": float(v) / holders for i, v in enumerate(values.tolist())}
+
+
 def train_step(session) -> StepMetrics:
     """Forward/backward over the next global batch's micro-batches, then one optimizer update;
     the session's run state advances by one step.
@@ -142,6 +168,7 @@ def train_step(session) -> StepMetrics:
         session.scheduler.step(increment=batch)
     clock.mark()
     totals = reduce_step_over_world(reports, clock.seconds(), trained_sequences(microbatches))
+    mtp = mtp_losses(cfg, len(microbatches))
     loss, tokens, phases = totals.loss, totals.loss_tokens, totals.phase_seconds
     session.state.advance(batch, tokens)
     session.mid_step = False
@@ -176,6 +203,7 @@ def train_step(session) -> StepMetrics:
         global_batch=batch,
         phase_name=phase.name,
         source_tokens=dict(session.train_batches.source_tokens),
+        extra=mtp,
     )
 
 

@@ -53,6 +53,13 @@ def install_mamba_kernels() -> None:
     install()
 
 
+def install_latent_projections() -> None:
+    """A latent MoE's duplicated projections in torch (`latent_projection.py`)."""
+    from trainer.cpu_runtime.latent_projection import install_latent_projections as install
+
+    install()
+
+
 # Patches that are one installer each, in the order they are applied.
 _INSTALLERS: dict[str, Callable[[], None]] = {
     "cuda_stand_ins": install_cuda_stand_ins,
@@ -62,6 +69,7 @@ _INSTALLERS: dict[str, Callable[[], None]] = {
     "all_to_all_list_splits": install_list_split_sizes,
     "thd_cp_partition": install_thd_partition,
     "mamba_kernels": install_mamba_kernels,
+    "moe_latent_projections": install_latent_projections,
 }
 
 PATCH_NAMES: tuple[str, ...] = (*_MODE_PATCHES, *_INSTALLERS)
@@ -101,6 +109,10 @@ CPU_RUNTIME_PATCHES: tuple[Patch, ...] = (
     Patch("mamba_kernels", "mamba-ssm's and causal-conv1d's kernels bound at import, "
           "ssm/mamba_mixer.py:202-205", "without them no Mamba layer builds: ImportError: "
           "MambaSSM is not installed", _UNIT),
+    Patch("moe_latent_projections", "the latent MoE's projections, TELinear in duplicated mode, "
+          "transformer/moe/moe_layer.py:264-289 (None without TE, :61-64)", "without it no "
+          "latent MoE builds: AssertionError: TransformerEngine is required for MoE latent "
+          "projections", _UNIT),
 )
 
 # The patches applied in this process, or None before a successful activation.
