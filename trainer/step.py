@@ -55,12 +55,16 @@ def masked_token_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
 
 def forward_kwargs(batch: MicroBatch) -> dict:
     """GPTModel.forward's arguments for a plain batch; plugins may add to them (e.g.
-    `packed_seq_params` for packed sequences) through the `forward_kwargs` hook."""
+    `packed_seq_params` for packed sequences) through the `forward_kwargs` hook. The loss mask
+    is for the MTP loss, which Megatron computes inside the model and, without it, over every
+    position, padding and document ends included (`transformer/multi_token_prediction.py:
+    821-822`); the LM loss applies it outside (`masked_token_loss`)."""
     return {
         "input_ids": batch["tokens"],
         "position_ids": batch["position_ids"],
         "attention_mask": batch.get("attention_mask"),
         "labels": batch["labels"],
+        "loss_mask": batch["loss_mask"],
     }
 
 

@@ -170,3 +170,50 @@ def packed_vs_alone(payload: dict) -> dict:
         result["ends_only_grad_max_diff"] = _max_difference(ends_grads, alone_grads)
     _finish()
     return result
+
+
+def _mtp_losses() -> list[float]:
+    """Each MTP depth's per-token loss of the last forward (Megatron's tracker), then cleared."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    tracker = MTPLossLoggingHelper.tracker
+    values = tracker["loss_values"].tolist() if "loss_values" in tracker else []
+    MTPLossLoggingHelper.clean_metrics_in_tracker()
+    return values
+
+
+def mtp_packed_vs_rows(payload: dict) -> dict:
+    """One packed row of the documents against the same documents each in a row of its own,
+    the three rows in one micro-batch (Megatron scales each micro-batch's MTP loss by its own
+    token counts, `transformer/multi_token_prediction.py:885-893`: one micro-batch each keeps
+    the two the same objective); the LM loss, every gradient (the MTP depths' included) and
+    each depth's MTP loss. Control: the packed row without its boundaries."""
+    import torch
+
+    from plugins.protocol.packed_batch import packed_row
+    from trainer.data import as_tensors
+
+    session = _session(payload)
+    docs = documents()
+    rows = [_alone_row(doc) for doc in docs]
+    alone = {key: torch.cat([row[key] for row in rows]) for key in rows[0]}
+    packed = as_tensors(packed_row(docs, SEQ, PAD_ID))
+    plain, packing = session.plugins, _packed(session)
+    _mtp_losses()
+    alone_loss, alone_grads = _forward_backward(session, [alone], plain)
+    alone_mtp = _mtp_losses()
+    packed_loss, packed_grads = _forward_backward(session, [packed], packing)
+    packed_mtp = _mtp_losses()
+    causal_loss, causal_grads = _forward_backward(session, [packed], plain)
+    causal_mtp = _mtp_losses()
+    mtp_names = [name for name in alone_grads if ".mtp." in name]
+    result = {
+        "alone": alone_loss, "packed": packed_loss, "causal_only": causal_loss,
+        "alone_mtp": alone_mtp, "packed_mtp": packed_mtp, "causal_only_mtp": causal_mtp,
+        "mtp_parameters": len(mtp_names),
+        "mtp_grad_max": max(float(alone_grads[name].abs().max()) for name in mtp_names),
+        "grad_max_diff": _max_difference(packed_grads, alone_grads),
+        "causal_only_grad_max_diff": _max_difference(causal_grads, alone_grads),
+    }
+    _finish()
+    return result
