@@ -36,7 +36,7 @@ from trainer.step_clock import (
     start_profiler,
     stop_profiler,
 )
-from trainer.throughput import is_measured, trained_sequences
+from trainer.throughput import counts_loss_tokens, is_measured, trained_sequences
 
 
 def masked_token_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
@@ -72,7 +72,7 @@ def make_forward_step(plugins: PluginSet) -> Callable:
     def forward_step(data_iterator, model):
         batch = plugins.microbatch(to_compute_device(next(data_iterator)))
         per_token_loss = model(**plugins.forward_kwargs(batch, forward_kwargs(batch)))
-        return per_token_loss, partial(masked_token_loss, batch["loss_mask"])
+        return per_token_loss, partial(loss_with_mtp, batch["loss_mask"])
 
     return forward_step
 
@@ -114,29 +114,54 @@ def _forward_backward(session, microbatches: list[MicroBatch]) -> list[dict]:
     )
 
 
-def mtp_losses(cfg, microbatches: int) -> dict[str, float]:
-    """Each MTP depth's loss of the step, as Megatron-LM logs it (`mtp_1 loss`, ...): the
-    per-token loss of each micro-batch, which Megatron's MTP records on the last stage
-    (`MTPLossLoggingHelper.save_metrics_to_tracker`, `transformer/multi_token_prediction.py:
-    866-880`), averaged over the micro-batches and the DP x CP ranks; every TP rank holds the
-    same value. Unscaled (the LM loss adds it times `model.mtp_loss_scaling_factor`); equal to
-    the depth's per-token loss over the global batch when micro-batches hold equal loss
-    tokens. One all-reduce over the world, then the tracker is cleared for the next step."""
+def mtp_loss_report() -> torch.Tensor | None:
+    """This micro-batch's MTP loss on this rank, [sum, tokens] per depth, or None without MTP.
+
+    Megatron's MTP computes each depth's per-token loss inside the model forward and records
+    it, with its token count, in `MTPLossLoggingHelper.tracker` on the last stage
+    (`transformer/multi_token_prediction.py:866-880`, training forwards only); the loss
+    function runs right after that forward, so it reads this micro-batch's values and clears
+    them. Sum and count (not the mean Megatron-LM logs) make the step's figure a per-token mean
+    over the global batch, the same in every layout, as the LM loss is."""
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
+    tracker = MTPLossLoggingHelper.tracker
+    if "loss_values" not in tracker:
+        return None
+    means, counts = tracker["loss_values"].detach(), tracker["total_values"].detach()
+    report = torch.stack([means * counts, counts], dim=1).reshape(-1).to(torch.float64)
+    MTPLossLoggingHelper.clean_metrics_in_tracker()
+    return report
+
+
+def loss_with_mtp(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
+    """`masked_token_loss`, its report joined by the micro-batch's MTP losses when the model
+    has MTP depths (the training forward recorded them)."""
+    loss_sum, num_tokens, report = masked_token_loss(loss_mask, per_token_loss)
+    mtp = mtp_loss_report()
+    if mtp is not None:
+        report["mtp loss"] = mtp
+    return loss_sum, num_tokens, report
+
+
+def mtp_losses(cfg, loss_reports: list[dict]) -> dict[str, float]:
+    """Each MTP depth's per-token loss over the step's global batch (`mtp_1_loss`, ...),
+    unscaled (the LM loss adds their mean times `model.mtp_loss_scaling_factor`), on every rank:
+    the last stage's TP-rank-0 ranks hold the sums (each CP chunk and DP replica its own), one
+    all-reduce over the world adds them up."""
     depths = mtp_depths(cfg.model.hybrid_layer_pattern) if cfg.model.is_hybrid else 0
     if not depths:
         return {}
-    tracker = MTPLossLoggingHelper.tracker
-    values = torch.zeros(depths, dtype=torch.float64)
-    if "loss_values" in tracker:
-        values += tracker["loss_values"].detach().to("cpu", torch.float64)
-    values = values.to(compute_device())
-    torch.distributed.all_reduce(values)
-    layout = cfg.layout
-    holders = microbatches * layout.tensor * layout.data_parallel * layout.context
-    MTPLossLoggingHelper.clean_metrics_in_tracker()
-    return {f"mtp_{i + 1}_loss": float(v) / holders for i, v in enumerate(values.tolist())}
+    totals = torch.zeros(2 * depths, dtype=torch.float64, device=compute_device())
+    last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    if counts_loss_tokens(parallel_state.get_tensor_model_parallel_rank(), last_stage):
+        for report in loss_reports:
+            if "mtp loss" in report:
+                totals += report["mtp loss"].to(totals.device)
+    torch.distributed.all_reduce(totals)
+    values = totals.tolist()
+    return {f"mtp_{d + 1}_loss": values[2 * d] / max(values[2 * d + 1], 1.0)
+            for d in range(depths)}
 
 
 def train_step(session) -> StepMetrics:
@@ -172,7 +197,7 @@ def train_step(session) -> StepMetrics:
         session.scheduler.step(increment=batch)
     clock.mark()
     totals = reduce_step_over_world(reports, clock.seconds(), trained_sequences(microbatches))
-    mtp = mtp_losses(cfg, len(microbatches))
+    mtp = mtp_losses(cfg, reports)
     loss, tokens, phases = totals.loss, totals.loss_tokens, totals.phase_seconds
     session.state.advance(batch, tokens)
     session.mid_step = False

@@ -77,6 +77,7 @@ def _forward_backward(session, microbatches: list[dict], plugins) -> tuple[list 
         chunk.zero_grad_buffer()
     reports = run_schedule(session.model, microbatches, plugins, seq_length=SEQ,
                            micro_batch_size=1, forward_only=False)
+    LAST_REPORTS[:] = reports
     loss = None
     if reports:
         total = sum(report["lm loss"] for report in reports)
@@ -89,6 +90,9 @@ def _forward_backward(session, microbatches: list[dict], plugins) -> tuple[list 
         for name, param in chunk.module.named_parameters()
     }
     return loss, grads
+
+
+LAST_REPORTS: list[dict] = []  # the last `_forward_backward`'s loss reports (this rank's)
 
 
 def _max_difference(grads: dict, reference: dict) -> float:
@@ -173,13 +177,10 @@ def packed_vs_alone(payload: dict) -> dict:
 
 
 def _mtp_losses() -> list[float]:
-    """Each MTP depth's per-token loss of the last forward (Megatron's tracker), then cleared."""
-    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
-
-    tracker = MTPLossLoggingHelper.tracker
-    values = tracker["loss_values"].tolist() if "loss_values" in tracker else []
-    MTPLossLoggingHelper.clean_metrics_in_tracker()
-    return values
+    """Each MTP depth's per-token loss of the last `_forward_backward` (one rank: its reports'
+    sums over their token counts, `trainer.step.loss_with_mtp`)."""
+    total = sum(report["mtp loss"] for report in LAST_REPORTS).tolist()
+    return [total[2 * d] / total[2 * d + 1] for d in range(len(total) // 2)]
 
 
 def mtp_packed_vs_rows(payload: dict) -> dict:
@@ -199,7 +200,6 @@ def mtp_packed_vs_rows(payload: dict) -> dict:
     alone = {key: torch.cat([row[key] for row in rows]) for key in rows[0]}
     packed = as_tensors(packed_row(docs, SEQ, PAD_ID))
     plain, packing = session.plugins, _packed(session)
-    _mtp_losses()
     alone_loss, alone_grads = _forward_backward(session, [alone], plain)
     alone_mtp = _mtp_losses()
     packed_loss, packed_grads = _forward_backward(session, [packed], packing)
