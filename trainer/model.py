@@ -146,7 +146,9 @@ def distinct_parameter_counts(chunks: list[torch.nn.Module], tp_rank: int) -> tu
                 continue
             if mtp_copy and name.startswith("embedding."):
                 continue
-            if not getattr(param, "allreduce", True):
+            # Routed experts by name too: without EP (and expert-TP = TP) Megatron reduces
+            # their gradients with the dense ones (`allreduce` true), but they are experts.
+            if not getattr(param, "allreduce", True) or ".experts." in name:
                 expert += param.numel()
             elif tp_rank == 0 or getattr(param, "tensor_model_parallel", False):
                 dense += param.numel()
