@@ -54,7 +54,8 @@ def probe(name: str) -> dict:
     return {
         "shards": [
             {"pp": s.coords.pp, "tp": s.coords.tp, "ep": s.coords.ep, "layers": s.layers,
-             "ranks": s.ranks, "parameters": s.parameters, "held": s.held_parameters}
+             "ranks": s.ranks, "parameters": s.parameters, "held": s.held_parameters,
+             "mtp_layers": s.mtp_layers}
             for s in shards
         ],
         "total": model_parameters(shards, cfg.layout.expert_tensor_size),
