@@ -157,7 +157,7 @@ def super_run(expert: int) -> Settings:
 
 
 @sourced_recipe
-def nemotron3_super_120b_a12b_tp4_sp_ep64() -> Settings:
+def nemotron3_super_120b_a12b_tp4_sp_ep64_dp16() -> Settings:
     """Nemotron 3 Super 120B-A12B pretraining as published on 64 GPUs: TP4 + SP x DP16, the
     512 latent experts over EP64; 25T tokens of 8k sequences, batch 3072, WSD 4.5e-4 -> 4.5e-6
     decaying (minus-sqrt) over the final 5T, two MTP depths sharing one layer (loss x 0.3), one
@@ -171,7 +171,7 @@ def nemotron3_super_120b_a12b_tp4_sp_ep64() -> Settings:
 
 
 @sourced_recipe
-def nemotron3_super_120b_a12b_phases_tp4_sp_ep64() -> Settings:
+def nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16() -> Settings:
     """Nemotron 3 Super 120B-A12B pretraining in its published phases on 64 GPUs: 20T diverse
     tokens, 5T high-quality tokens (WSD's minus-sqrt decay), then the long-context stages at a
     constant 4.5e-6: 34B tokens of 1M-token rows, then 17B tokens more (published as 1M and 4K
@@ -268,7 +268,7 @@ def super_tiny_pp2_vpp2() -> RunConfig:
     return cfg
 
 
-def super_tiny_ep2() -> RunConfig:
+def super_tiny_ep2_dp2() -> RunConfig:
     """Tiny Super, each MoE layer's 4 latent experts split over 2 ranks (EP2 x DP2)."""
     cfg = super_tiny_base(ranks=2)
     cfg.parallel = ParallelConfig(expert=2)
@@ -292,13 +292,13 @@ def super_tiny_tp2_sp_pp2_ep2() -> RunConfig:
 
 
 RECIPES = (
-    nemotron3_super_120b_a12b_tp4_sp_ep64,
-    nemotron3_super_120b_a12b_phases_tp4_sp_ep64,
+    nemotron3_super_120b_a12b_tp4_sp_ep64_dp16,
+    nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16,
     super_tiny_dp1,
     super_tiny_tp2_sp,
     super_tiny_pp2,
     super_tiny_pp2_vpp2,
-    super_tiny_ep2,
+    super_tiny_ep2_dp2,
     super_tiny_dp2_distopt,
     super_tiny_tp2_sp_pp2_ep2,
 )

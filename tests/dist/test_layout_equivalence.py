@@ -155,7 +155,7 @@ SUPER_LAYOUTS = [
     ("super_tiny_tp2_sp", 2, []),
     ("super_tiny_pp2", 2, []),  # MEM* | EME, MTP on the last stage with its embedding copy
     ("super_tiny_pp2_vpp2", 2, []),  # ME | M* | EM | E, MTP on the last virtual stage
-    ("super_tiny_ep2", 2, []),
+    ("super_tiny_ep2_dp2", 2, []),
     ("super_tiny_dp2_distopt", 2, []),
     ("super_tiny_tp2_sp_pp2_ep2", 4, []),  # three at once
     # MTP's shift of tokens across CP ranks' load-balanced chunks (`roll_tensor`). Megatron

@@ -56,7 +56,7 @@ def test_nemotron3_nano_builds_its_published_parameters_on_the_meta_device(probe
 def test_nemotron3_super_builds_its_counted_parameters_on_the_meta_device(probes):
     """Every one of the 64 shards built for real: the planner's total and active counts (with
     the stored MTP depth; tests/unit/test_hybrid_models.py has the published 120.6B / 12.7B)."""
-    built = probes["nemotron3_super_120b_a12b_tp4_sp_ep64"]
+    built = probes["nemotron3_super_120b_a12b_tp4_sp_ep64_dp16"]
     assert built["total"] == 123_611_012_096
     assert built["active"] == 13_015_079_936
     assert "active per token 13,015,079,936" in built["report"]

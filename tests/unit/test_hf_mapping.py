@@ -167,7 +167,7 @@ NEMOTRON3_SUPER = {
 def test_published_nemotron3_super_config_matches_our_recipe_and_parameter_count() -> None:
     """The release stores one MTP depth (mtp.layers.0-1: attention, latent MoE) that the
     recipe runs twice; its tensors are the dry run's total, MTP depth included."""
-    recipe = "nemotron3_super_120b_a12b_tp4_sp_ep64"
+    recipe = "nemotron3_super_120b_a12b_tp4_sp_ep64_dp16"
     cfg = get_recipe(recipe)
     hf_config.compare_with_recipe(NEMOTRON3_SUPER, cfg.model, recipe)
     shapes = shapes_of(cfg.model, cfg.layout.padded_vocab)

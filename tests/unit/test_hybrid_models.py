@@ -20,7 +20,7 @@ from recipes.plan.params import active_parameters, model_parameters, symbol_para
 from recipes.registry import get_recipe
 
 NANO = "nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16"
-SUPER = "nemotron3_super_120b_a12b_tp4_sp_ep64"
+SUPER = "nemotron3_super_120b_a12b_tp4_sp_ep64_dp16"
 
 
 def test_nemotron3_nano_totals_its_published_parameters() -> None:
@@ -63,7 +63,7 @@ def test_nemotron3_super_keeps_its_published_pretraining_run() -> None:
     assert (m.moe_latent_size, m.num_moe_experts, m.moe_router_topk) == (1024, 512, 22)
     assert (m.mtp_loss_scaling_factor, m.mtp_use_repeated_layer) == (0.3, True)
     assert m.hybrid_layer_pattern.endswith("E/*E/*E") and m.num_layers == 88
-    phases = get_recipe("nemotron3_super_120b_a12b_phases_tp4_sp_ep64").phases
+    phases = get_recipe("nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16").phases
     assert [(ph.name, ph.end_step, ph.seq_length) for ph in phases] == [
         ("diverse", 794_723, 8192), ("quality", 993_404, 8192),
         ("long_context_1m", 995_431, 1_048_576), ("long_context_mixed", 996_445, 1_048_576)]

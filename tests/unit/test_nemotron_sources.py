@@ -111,7 +111,7 @@ def test_the_gpu_check_trains_supers_nvfp4_preset() -> None:
     assert (checked.pop("plugins.fp8.last_layers_bf16"),
             preset.pop("plugins.fp8.last_layers_bf16")) == ("1", "14")
     assert checked == preset
-    table = settings_of(RECIPES["nemotron3_super_120b_a12b_tp4_sp_ep64"])
+    table = settings_of(RECIPES["nemotron3_super_120b_a12b_tp4_sp_ep64_dp16"])
     assert " ".join(SUPER_NVFP4) in table["plugins.fp8.format"].source.note
 
 

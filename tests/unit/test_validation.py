@@ -215,6 +215,9 @@ RULE_CASES = [
       "plugins.fp8.param_gather=true"],
      "plugins.fp8.param_gather=true keeps the weights in FP8 and refreshes them from the "
      "distributed optimizer's fp32 shards, but optimizer.distributed=false"),
+    ("check_fp4_format_and_recipe", "tiny_dp1", ["precision.dtype=bf16",
+                                                  "plugins.fp8.format=e2m1"],
+     "plugins.fp8.format=e2m1 (NVFP4) is scaled by plugins.fp8.recipe=nvfp4"),
     ("check_fp8_settings_unused", "tiny_dp1", ["plugins.fp8.recipe=tensorwise"],
      "plugins.fp8.recipe=tensorwise has no effect while plugins.fp8.format=null"),
     ("check_fp8_delayed_settings", "tiny_dp1",
