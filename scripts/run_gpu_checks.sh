@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every check that needs a GPU, in one command (at most about 10 minutes on one H200): the
-# tests/gpu tier (among them the CPU Mamba kernels against mamba-ssm's and causal-conv1d's), then
-# the GPU check scripts. Each says in one line what it cannot run and why.
+# tests/gpu tier (among them the CPU Mamba kernels against mamba-ssm's and causal-conv1d's, and
+# the tiny Nemotron 3 Super-shaped hybrid in BF16), then the GPU check scripts (the precision
+# presets; NVFP4, on the tiny Super too, trains on Blackwell only and is refused elsewhere in one
+# line). Each says in one line what it cannot run and why.
 # Usage: bash scripts/run_gpu_checks.sh   (PYTHON=... to use another interpreter; STEPS=N)
 set -uo pipefail
 cd "$(dirname "$0")/.."
