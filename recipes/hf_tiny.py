@@ -6,7 +6,9 @@ scaling too), a vocabulary of 300 (at least the byte tokenizer's 256) that Megat
 at TP1 and TP2 alike (padding unit 160 x TP; added on import, removed on export), untied (Llama)
 and tied (Mixtral) embeddings, and Mixtral's router with 4 experts (top-2). The NemotronH one is
 a hybrid with one layer of each kind (Mamba2, attention, squared-ReLU MLP, MoE routed the
-Nemotron 3 way). Layouts are overrides (`parallel.*`, `cluster.gpus_per_node`).
+Nemotron 3 way); the Nemotron 3 Super-shaped one adds a latent MoE and an MTP depth of an
+attention and a latent-MoE layer, stored once and run twice, as Super does. Layouts are
+overrides (`parallel.*`, `cluster.gpus_per_node`).
 """
 
 from __future__ import annotations
@@ -78,4 +80,16 @@ def hf_tiny_nemotron_h() -> RunConfig:
     return cfg
 
 
-RECIPES = (hf_tiny_llama, hf_tiny_mixtral, hf_tiny_nemotron_h)
+def hf_tiny_nemotron_super() -> RunConfig:
+    """Tiny Nemotron 3 Super-shaped hybrid on one rank: the NemotronH one's layers with its
+    experts in a latent width of 16, then two MTP depths of attention + latent MoE sharing one
+    set of weights (M*-E/*E/*E)."""
+    model = hf_tiny_nemotron_h_model()
+    model.hybrid_layer_pattern += "/*E/*E"
+    model.moe_latent_size = 16
+    model.mtp_use_repeated_layer = True
+    model.mtp_loss_scaling_factor = 0.3
+    return _on(model, ranks=1)
+
+
+RECIPES = (hf_tiny_llama, hf_tiny_mixtral, hf_tiny_nemotron_h, hf_tiny_nemotron_super)

@@ -40,7 +40,20 @@ NEMOTRON = "NVIDIA-NeMo/Nemotron@e27b371"
 N3_DOCS = f"{NEMOTRON}:docs/nemotron/nano3/pretrain.md"
 N3_PAPER = f"{NEMOTRON}:skills/nemotron-nano3/paper/pretraining.md"  # NVIDIA's report summary
 N3_ARCHITECTURE = f"{NEMOTRON}:skills/nemotron-nano3/paper/architecture.md"
-SUPER_PHASE1 = f"{NEMOTRON}:src/nemotron/recipes/super3/stage0_pretrain/config/phase1.yaml"
+SUPER_STAGE0 = f"{NEMOTRON}:src/nemotron/recipes/super3/stage0_pretrain/config"
+SUPER_PHASE1 = f"{SUPER_STAGE0}/phase1.yaml"
+SUPER_PHASE2 = f"{SUPER_STAGE0}/phase2.yaml"
+SUPER_LC1 = f"{SUPER_STAGE0}/long_context_1m.yaml"
+SUPER_LC2 = f"{SUPER_STAGE0}/long_context_mixed.yaml"
+S3_DOCS = f"{NEMOTRON}:docs/nemotron/super3/pretrain.md"
+S3_PAPER = f"{NEMOTRON}:skills/nemotron-super3/paper/pretraining.md"  # NVIDIA's report summary
+S3_TINY = f"{NEMOTRON}:src/nemotron/recipes/super3/tiny_model.py"
+# Megatron Bridge's Nemotron 3 Super recipe (its model from the HF config through the NemotronH
+# bridge, whose MoE defaults every HF-loaded Nemotron-H gets) and its NVFP4 precision recipe.
+S3_RECIPE = f"{BRIDGE}@53d40d1:src/megatron/bridge/recipes/nemotronh/nemotron_3_super.py"
+S3_BRIDGE = f"{BRIDGE}@53d40d1:src/megatron/bridge/models/nemotronh/nemotron_h_bridge.py"
+S3_PROVIDER = f"{BRIDGE}@53d40d1:src/megatron/bridge/models/nemotronh/nemotron_h_provider.py"
+S3_PRECISION = f"{BRIDGE}@53d40d1:src/megatron/bridge/training/mixed_precision.py"
 # Reports and model cards.
 N4_REPORT = "Nemotron-4 15B technical report (arXiv 2402.16819; read through a summary)"
 N340B_REPORT = "Nemotron-4 340B technical report, continued training (read through a summary)"
@@ -55,6 +68,8 @@ N3_CARD = "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 model card, 'Training'"
 H8B_CONFIG = "nvidia/Nemotron-H-8B-Base-8K config.json (a third-party transcription)"
 V2_9B_CONFIG = "nvidia/NVIDIA-Nemotron-Nano-9B-v2 config.json (a third-party transcription)"
 N3_CONFIG = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B config.json (a third-party transcription)"
+S3_CONFIG = ("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4 config.json (a third-party "
+             "transcription)")
 
 # Short names docs/nemotron.md uses for these sources (a legend at its head).
 LABELS: tuple[tuple[str, str], ...] = (
@@ -65,7 +80,11 @@ LABELS: tuple[tuple[str, str], ...] = (
     ("B-perf-H", H_PERF), ("B-perf-n3", N3_PERF),
     ("MC", MEGATRON_CORE), ("NeMo-n4", NEMO_N4_TEMPLATE),
     ("N-nano3-docs", N3_DOCS), ("N-nano3-paper", N3_PAPER), ("N-nano3-arch", N3_ARCHITECTURE),
-    ("N-super3-phase1", SUPER_PHASE1), ("r-n4", N4_REPORT), ("r-340B", N340B_REPORT),
+    ("N-super3-phase1", SUPER_PHASE1), ("N-super3-phase2", SUPER_PHASE2),
+    ("N-super3-lc1", SUPER_LC1), ("N-super3-lc2", SUPER_LC2), ("N-super3-docs", S3_DOCS),
+    ("N-super3-paper", S3_PAPER), ("N-super3-tiny", S3_TINY), ("B-s3", S3_RECIPE),
+    ("B-s3-bridge", S3_BRIDGE), ("B-s3-mp", S3_PRECISION), ("hf-s3", S3_CONFIG),
+    ("r-n4", N4_REPORT), ("r-340B", N340B_REPORT),
     ("r-H", H_PAGE), ("card-H-4B", H_4B_CARD), ("card-H-47B", H_47B_CARD),
     ("card-v2-12B", NANO2_CARD), ("r-v2", NANO2_REPORT), ("card-n3", N3_CARD),
     ("hf-H-8B", H8B_CONFIG), ("hf-v2-9B", V2_9B_CONFIG), ("hf-n3", N3_CONFIG),

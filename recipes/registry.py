@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Callable
 
 from plugins.protocol.errors import ConfigError
-from recipes import hf_tiny, llama3, llama31, mixtral, nemotron, nemotron_h, tiny
+from recipes import hf_tiny, llama3, llama31, mixtral, nemotron, nemotron_h, nemotron_super, tiny
 from recipes.config.schema import RunConfig
 
 
@@ -20,6 +20,7 @@ def _by_name(*families: tuple[Callable[[], RunConfig], ...]) -> dict[str, Callab
 RECIPES: dict[str, Callable[[], RunConfig]] = _by_name(
     tiny.RECIPES, llama3.RECIPES, llama31.RECIPES, nemotron.RECIPES, mixtral.RECIPES,
     nemotron_h.RECIPES, hf_tiny.RECIPES,
+    nemotron_super.RECIPES,
 )
 
 # Short names for reference configurations A and B (docs/reference-configurations.md).

@@ -2,11 +2,13 @@
 # Every check that needs a GPU, in one command (at most about 10 minutes on one H200): the
 # tests/gpu tier (among them the CPU Mamba kernels against mamba-ssm's and causal-conv1d's, the
 # GPU fast paths: a tiny MoE and a tiny hybrid MoE with grouped GEMM, permute fusion and CUDA
-# graphs against without them, tokens/s of each, and a Megatron FSDP step and an optimizer-offload
-# step against the planner's peak memory), then the GPU check scripts. On a GPU machine without
-# Transformer Engine or the Mamba kernels it fails, one line naming what is missing: the tier
-# checks what they run. A machine without network installs them first from wheels brought
-# along: WHEELS=dir (default shared/wheels when it exists; pip --no-index --find-links).
+# graphs against without them, tokens/s of each, a Megatron FSDP step and an optimizer-offload
+# step against the planner's peak memory, and the tiny Nemotron 3 Super-shaped hybrid in BF16),
+# then the GPU check scripts (the precision presets; NVFP4, on the tiny Super too, trains on
+# Blackwell only and is refused elsewhere in one line). On a GPU machine without Transformer
+# Engine or the Mamba kernels it fails, one line naming what is missing: the tier checks what
+# they run. A machine without network installs them first from wheels brought along: WHEELS=dir
+# (default shared/wheels when it exists; pip --no-index --find-links).
 # Usage: bash scripts/run_gpu_checks.sh   (PYTHON=... to use another interpreter; STEPS=N)
 set -uo pipefail
 cd "$(dirname "$0")/.."

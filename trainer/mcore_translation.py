@@ -27,6 +27,7 @@ from megatron.core.transformer import TransformerConfig
 
 from recipes.config.layout import Layout
 from recipes.config.schema import RunConfig
+from recipes.models.hybrid.pattern import mtp_depths
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -107,6 +108,9 @@ def _moe_fields(cfg: RunConfig) -> dict:
         "moe_router_topk_scaling_factor": m.moe_router_topk_scaling_factor,
         "moe_router_dtype": "fp32" if m.moe_router_fp32 else None,
         "moe_shared_expert_intermediate_size": m.moe_shared_expert_ffn_hidden_size,
+        # Latent MoE: the routed experts' width, and the layer's two projections to and from
+        # it (`transformer/moe/moe_layer.py:264-289, 478-483, 584-586`).
+        "moe_latent_size": m.moe_latent_size,
     }
 
 
@@ -123,7 +127,21 @@ def _hybrid_fields(cfg: RunConfig) -> dict:
         "mamba_head_dim": m.mamba_head_dim,
         "mamba_num_groups": m.mamba_num_groups,
         "mamba_num_heads": m.mamba_num_heads,
+        **_mtp_fields(cfg),
     }
+
+
+def _mtp_fields(cfg: RunConfig) -> dict:
+    """Multi-token prediction: `HybridModel` reads the depths' layers from the pattern after
+    '/', but builds the block and computes its loss only with `mtp_num_layers` set
+    (`models/hybrid/hybrid_model.py:217-229, 554`, `transformer/multi_token_prediction.py:
+    760-895`); the loss is the depths' mean times the scaling factor."""
+    depths = mtp_depths(cfg.model.hybrid_layer_pattern)
+    if not depths:
+        return {}
+    return {"mtp_num_layers": depths,
+            "mtp_loss_scaling_factor": cfg.model.mtp_loss_scaling_factor,
+            "mtp_use_repeated_layer": cfg.model.mtp_use_repeated_layer}
 
 
 def _pipeline_comm_fields(cfg: RunConfig) -> dict:

@@ -169,15 +169,22 @@ def distinct_parameter_counts(chunks: list[torch.nn.Module], tp_rank: int) -> tu
     """(dense, expert) parameters this rank adds to the whole model, each weight counted once.
 
     Skipped as copies: weights replicated over TP (norms, row-parallel biases) on TP ranks > 0,
-    and the tied output layer on the last pipeline stage (a copy of the input embedding).
+    the tied output layer on the last pipeline stage (a copy of the input embedding), and the
+    input embedding a hybrid model's MTP block holds on a last stage that is not the first
+    (kept equal to the first stage's, `language_module.py:247-300`).
     """
     dense = expert = 0
     for chunk in bare_chunks(chunks):
         tied_copy = chunk.share_embeddings_and_output_weights and not chunk.pre_process
+        mtp_copy = getattr(chunk, "mtp_process", False) and not chunk.pre_process
         for name, param in chunk.named_parameters():
             if tied_copy and name.startswith("output_layer."):
                 continue
-            if not getattr(param, "allreduce", True):
+            if mtp_copy and name.startswith("embedding."):
+                continue
+            # Routed experts by name too: without EP (and expert-TP = TP) Megatron reduces
+            # their gradients with the dense ones (`allreduce` true), but they are experts.
+            if not getattr(param, "allreduce", True) or ".experts." in name:
                 expert += param.numel()
             elif tp_rank == 0 or getattr(param, "tensor_model_parallel", False):
                 dense += param.numel()

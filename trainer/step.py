@@ -18,6 +18,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from plugins.protocol.events import EvalResult, StepMetrics
 from plugins.protocol.hooks import PluginSet
 from recipes.config.phases import phase_config
+from recipes.models.hybrid.pattern import mtp_depths
 from recipes.plan.flops import (
     FlopsShape,
     model_flops_utilisation,
@@ -25,7 +26,7 @@ from recipes.plan.flops import (
     training_flops,
 )
 from trainer.data import MicroBatch
-from trainer.device import to_compute_device
+from trainer.device import compute_device, to_compute_device
 from trainer.metrics import max_over_world, reduce_loss_over_world, reduce_step_over_world
 from trainer.step_clock import (
     StepClock,
@@ -35,7 +36,7 @@ from trainer.step_clock import (
     start_profiler,
     stop_profiler,
 )
-from trainer.throughput import is_measured, trained_sequences
+from trainer.throughput import counts_loss_tokens, is_measured, trained_sequences
 
 
 def masked_token_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
@@ -54,12 +55,16 @@ def masked_token_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
 
 def forward_kwargs(batch: MicroBatch) -> dict:
     """GPTModel.forward's arguments for a plain batch; plugins may add to them (e.g.
-    `packed_seq_params` for packed sequences) through the `forward_kwargs` hook."""
+    `packed_seq_params` for packed sequences) through the `forward_kwargs` hook. The loss mask
+    is for the MTP loss, which Megatron computes inside the model and, without it, over every
+    position, padding and document ends included (`transformer/multi_token_prediction.py:
+    821-822`); the LM loss applies it outside (`masked_token_loss`)."""
     return {
         "input_ids": batch["tokens"],
         "position_ids": batch["position_ids"],
         "attention_mask": batch.get("attention_mask"),
         "labels": batch["labels"],
+        "loss_mask": batch["loss_mask"],
     }
 
 
@@ -71,7 +76,7 @@ def make_forward_step(plugins: PluginSet) -> Callable:
         # model's schedule plan instead of its output (`pipeline_parallel/combined_1f1b.py:384`,
         # `models/gpt/gpt_model.py:798`), as Megatron-LM's forward step gives it.
         run = model.build_schedule_plan if return_schedule_plan else model
-        return run(**kwargs), partial(masked_token_loss, batch["loss_mask"])
+        return run(**kwargs), partial(loss_with_mtp, batch["loss_mask"])
 
     return forward_step
 
@@ -113,6 +118,56 @@ def _forward_backward(session, microbatches: list[MicroBatch]) -> list[dict]:
     )
 
 
+def mtp_loss_report() -> torch.Tensor | None:
+    """This micro-batch's MTP loss on this rank, [sum, tokens] per depth, or None without MTP.
+
+    Megatron's MTP computes each depth's per-token loss inside the model forward and records
+    it, with its token count, in `MTPLossLoggingHelper.tracker` on the last stage
+    (`transformer/multi_token_prediction.py:866-880`, training forwards only); the loss
+    function runs right after that forward, so it reads this micro-batch's values and clears
+    them. Sum and count (not the mean Megatron-LM logs) make the step's figure a per-token mean
+    over the global batch, the same in every layout, as the LM loss is."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    tracker = MTPLossLoggingHelper.tracker
+    if "loss_values" not in tracker:
+        return None
+    means, counts = tracker["loss_values"].detach(), tracker["total_values"].detach()
+    report = torch.stack([means * counts, counts], dim=1).reshape(-1).to(torch.float64)
+    MTPLossLoggingHelper.clean_metrics_in_tracker()
+    return report
+
+
+def loss_with_mtp(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
+    """`masked_token_loss`, its report joined by the micro-batch's MTP losses when the model
+    has MTP depths (the training forward recorded them)."""
+    loss_sum, num_tokens, report = masked_token_loss(loss_mask, per_token_loss)
+    mtp = mtp_loss_report()
+    if mtp is not None:
+        report["mtp loss"] = mtp
+    return loss_sum, num_tokens, report
+
+
+def mtp_losses(cfg, loss_reports: list[dict]) -> dict[str, float]:
+    """Each MTP depth's per-token loss over the step's global batch (`mtp_1_loss`, ...),
+    unscaled (the LM loss adds their mean times `model.mtp_loss_scaling_factor`), on every rank:
+    the last stage's TP-rank-0 ranks hold the sums (each CP chunk and DP replica its own), one
+    all-reduce over the world adds them up."""
+    depths = mtp_depths(cfg.model.hybrid_layer_pattern) if cfg.model.is_hybrid else 0
+    if not depths:
+        return {}
+    totals = torch.zeros(2 * depths, dtype=torch.float64, device=compute_device())
+    last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    if counts_loss_tokens(parallel_state.get_tensor_model_parallel_rank(), last_stage):
+        for report in loss_reports:
+            if "mtp loss" in report:
+                totals += report["mtp loss"].to(totals.device)
+    torch.distributed.all_reduce(totals)
+    values = totals.tolist()
+    return {f"mtp_{d + 1}_loss": values[2 * d] / max(values[2 * d + 1], 1.0)
+            for d in range(depths)}
+
+
 def train_step(session) -> StepMetrics:
     """Forward/backward over the next global batch's micro-batches, then one optimizer update;
     the session's run state advances by one step.
@@ -146,6 +201,7 @@ def train_step(session) -> StepMetrics:
         session.scheduler.step(increment=batch)
     clock.mark()
     totals = reduce_step_over_world(reports, clock.seconds(), trained_sequences(microbatches))
+    mtp = mtp_losses(cfg, reports)
     loss, tokens, phases = totals.loss, totals.loss_tokens, totals.phase_seconds
     session.state.advance(batch, tokens)
     session.mid_step = False
@@ -180,6 +236,7 @@ def train_step(session) -> StepMetrics:
         global_batch=batch,
         phase_name=phase.name,
         source_tokens=dict(session.train_batches.source_tokens),
+        extra=mtp,
     )
 
 

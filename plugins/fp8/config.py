@@ -16,6 +16,19 @@ this plugin does not refuse them; the layers kept out of FP8 then run in that dt
     tensorwise  per-tensor current scaling (TE Float8CurrentScaling)
     blockwise   1x128 / 128x128 block scales (TE Float8BlockScaling)
     mxfp8       32-element micro-block scales in E8M0 (TE MXFP8BlockScaling; Blackwell)
+    nvfp4       4-bit E2M1 values, an E4M3 scale per 16 and one per tensor (TE NVFP4BlockScaling;
+                Blackwell, TE >= 2.7), with `format=e2m1`: Megatron's `fp4` fields, not its
+                `fp8` ones (`fp4_utils.py:217-290`), as NVIDIA pretrained Nemotron 3 Super
+
+NVFP4 is a preset of this plugin, not a plugin of its own: the same switch (`format`), the same
+BF16 end layers, the same FP8-style needs (CUDA, TE, compute capability) and the same parameter
+gather; it differs in the Megatron fields it sets, its GEMM alignment (32 values, 16 bytes) and
+its weight bytes (half a byte; its block scales beside them are not counted, as TE's transposed
+copies are not). Megatron keeps a hybrid model's MTP block's own projection out of FP4 (the
+TODO at `transformer/multi_token_prediction.py:1184`), but its inner layers are numbered from 0
+by their own stack and run NVFP4 unless they fall among the first BF16 layers
+(`models/hybrid/hybrid_block.py:332-366`): Megatron Core 0.19.2 has no switch that keeps
+them in BF16 as NVIDIA did (Bridge's `keep_mtp_spec_in_bf16`).
 
 `param_gather` keeps the GEMM weights in FP8 alone (TE's fp8_model_init; no BF16 copy) and
 all-gathers them over data parallel in FP8, as NVIDIA pretrained Nemotron-H and Nano v2.
@@ -35,14 +48,19 @@ from plugins.protocol.hooks import GemmWeights, Plugin, PluginConfig, Rule
 
 FP8_MULTIPLE = 16  # TE FP8 GEMMs need every matrix dimension divisible by 16
 MXFP8_MULTIPLE = 32  # MXFP8 scales blocks of 32 elements (megatron/core/fp8_utils.py:318-323)
+NVFP4_MULTIPLE = 32  # FP4 GEMMs need 16-byte (32-value) alignment (megatron/core/fp4_utils.py:183)
+FP4_FORMAT, FP4_RECIPE = "e2m1", "nvfp4"  # the one FP4 format and recipe (fp4_utils.py:217-244)
+NVFP4_WEIGHT_BYTES = 0.5  # two E2M1 values a byte in the DDP buffer (param_and_grad_buffer.py:1085)
 # Lowest compute capability per recipe (TE's check_fp8_support / check_fp8_block_scaling_support
 # / check_mxfp8_support in transformer_engine/pytorch/fp8.py or quantization.py).
 MIN_COMPUTE_CAPABILITY = {
     "delayed": (8, 9), "tensorwise": (8, 9), "blockwise": (9, 0), "mxfp8": (10, 0),
+    "nvfp4": (10, 0),  # NVFP4 GEMMs: Blackwell (B200, GB200) only
 }
 # Lowest TE per recipe before Megatron refuses it at the first forward (fp8_utils.py:732-765).
 MIN_TE_VERSION = {
     "delayed": "1.0", "tensorwise": "2.2.0.dev0", "blockwise": "2.3.0.dev0", "mxfp8": "2.1.0",
+    "nvfp4": "2.7.0.dev0",  # fp4_utils.py:32, 219-244
 }
 DELAYED_ONLY = ("amax_history_len", "amax_compute_algo", "margin")
 # Lowest TE for FP8 parameters of a current-scaling or block recipe: below 2.2 Megatron's
@@ -53,10 +71,12 @@ PARAM_GATHER_MIN_TE = "2.2"
 
 @dataclass(kw_only=True)
 class Fp8Config(PluginConfig):
-    """FP8 training through Transformer Engine (GPU only); off while `format` is null."""
+    """FP8 (and NVFP4) training through Transformer Engine (GPU only); off while `format` is
+    null."""
 
-    format: Literal["hybrid", "e4m3"] | None = None  # e4m3 fwd / e5m2 bwd, or e4m3 both; None = off
-    recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] = "delayed"  # scaling recipe
+    # e4m3 fwd / e5m2 bwd, or e4m3 both; e2m1: NVFP4 (with recipe=nvfp4); None = off
+    format: Literal["hybrid", "e4m3", "e2m1"] | None = None
+    recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"] = "delayed"  # scaling
     # Delayed scaling only; defaults are TE DelayedScaling's own (Megatron's are 1, most_recent).
     amax_history_len: int = 1024  # steps of amax history per tensor
     amax_compute_algo: Literal["max", "most_recent"] = "max"  # amax taken from that history
@@ -72,7 +92,7 @@ class Fp8Config(PluginConfig):
 
     def rules(self) -> tuple[Rule, ...]:
         return (
-            check_fp8_settings_unused, check_fp8_delayed_settings,
+            check_fp8_settings_unused, check_fp4_format_and_recipe, check_fp8_delayed_settings,
             check_fp8_scaling_values, check_fp8_bf16_layers_recipe, check_fp8_bf16_layers_range,
             check_fp8_bf16_layers_leave_fp8, check_fp8_shapes,
             check_fp8_param_gather_distributed, check_fp8_delayed_recompute_modules,
@@ -89,14 +109,17 @@ class Fp8Config(PluginConfig):
 
     def gpu_checks(self) -> dict[str, list[str]]:
         """Current scaling (compared with BF16 by the GPU check) and a smoke run of every other
-        recipe: delayed, current with BF16 end layers, blockwise, MXFP8; then, on a tiny
+        recipe: delayed, current with BF16 end layers, blockwise, MXFP8, NVFP4; then, on a tiny
         hybrid (`_hybrid`), FP8 as NVIDIA pretrained Nemotron-H 47B/56B (tensorwise, 2 + 2
         BF16 end layers, FP8 parameters) and Nano v2 12B (blockwise E4M3, 2 + 2 BF16 end
-        layers, FP8 parameters): the `recipes/nemotron_h.py` presets, which a unit test holds
-        equal to these."""
+        layers, FP8 parameters), and on a tiny Super-shaped hybrid (`_super`: latent MoE, MTP)
+        NVFP4 as Nemotron 3 Super (the last layers in BF16): the `recipes/nemotron_h.py` and
+        `recipes/nemotron_super.py` presets, which a unit test holds equal to these. NVFP4
+        needs Blackwell: elsewhere the run is refused before launch in one line."""
         current = ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise"]
         ends = ["plugins.fp8.first_layers_bf16=2", "plugins.fp8.last_layers_bf16=2",
                 "plugins.fp8.param_gather=true", "optimizer.distributed=true"]
+        nvfp4 = [f"plugins.fp8.format={FP4_FORMAT}", f"plugins.fp8.recipe={FP4_RECIPE}"]
         return {
             "fp8_current": current,
             "fp8_delayed": ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=delayed",
@@ -105,40 +128,61 @@ class Fp8Config(PluginConfig):
                                       "plugins.fp8.last_layers_bf16=1"],
             "fp8_blockwise": ["plugins.fp8.format=e4m3", "plugins.fp8.recipe=blockwise"],
             "mxfp8": ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=mxfp8"],
+            "nvfp4": nvfp4,
             "nemotron_h_fp8_hybrid": [*current, *ends],
             "nano_v2_fp8_blockwise_hybrid": ["plugins.fp8.format=e4m3",
                                              "plugins.fp8.recipe=blockwise", *ends],
+            "nemotron_super_nvfp4_super": [*nvfp4, "plugins.fp8.last_layers_bf16=1"],
         }
 
+    @property
+    def fp4(self) -> bool:
+        """NVFP4 (`format=e2m1`): Megatron's fp4 fields instead of its fp8 ones."""
+        return self.format == FP4_FORMAT
+
+    def _end_layer_args(self) -> list[str]:
+        if not (self.first_layers_bf16 or self.last_layers_bf16):
+            return []
+        return ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16",
+                str(self.first_layers_bf16), "--num-layers-at-end-in-bf16",
+                str(self.last_layers_bf16)]
+
     def megatron_lm_args(self) -> list[str]:
-        """Megatron-LM's FP8 flags (none while off); --fp8-param-gather turns on both the FP8
-        parameters and their FP8 all-gather (`megatron/training/argument_utils.py:312`)."""
+        """Megatron-LM's FP8 (or FP4) flags (none while off); --fp8-param-gather turns on both
+        the FP8 parameters and their FP8 all-gather (`megatron/training/argument_utils.py:312`),
+        --fp4-param-gather the same in NVFP4 (:313)."""
         if self.format is None:
             return []
+        if self.fp4:
+            return (["--fp4-format", self.format, "--fp4-recipe", self.recipe,
+                     *self._end_layer_args()]
+                    + (["--fp4-param-gather"] if self.param_gather else []))
         args = ["--fp8-format", self.format, "--fp8-recipe", self.recipe]
         if self.recipe == "delayed":
             args += ["--fp8-amax-history-len", str(self.amax_history_len),
                      "--fp8-amax-compute-algo", self.amax_compute_algo, "--fp8-margin",
                      str(self.margin)]
-        if self.first_layers_bf16 or self.last_layers_bf16:
-            args += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16",
-                     str(self.first_layers_bf16), "--num-layers-at-end-in-bf16",
-                     str(self.last_layers_bf16)]
+        args += self._end_layer_args()
         return args + (["--fp8-param-gather"] if self.param_gather else [])
 
     def megatron_lm_dests(self) -> tuple[str, ...]:
         return ("fp8", "fp8_recipe", "fp8_amax_history_len", "fp8_amax_compute_algo",
                 "fp8_margin", "first_last_layers_bf16", "num_layers_at_start_in_bf16",
-                "num_layers_at_end_in_bf16", "fp8_param_gather")
+                "num_layers_at_end_in_bf16", "fp8_param_gather", "fp4", "fp4_recipe",
+                "fp4_param_gather")
 
     def from_megatron_lm(self, values: Any) -> dict[str, Any]:
-        """Off without --fp8-format; the delayed-only settings for delayed scaling only (the
-        other recipes never read them, and this plugin refuses them changed)."""
-        if values["fp8"] is None:
+        """Off without --fp8-format or --fp4-format; the delayed-only settings for delayed
+        scaling only (the other recipes never read them, and this plugin refuses them changed)."""
+        if values["fp8"] is None and values["fp4"] is None:
             return {}
-        found = {"format": values["fp8"], "recipe": values["fp8_recipe"],
-                 "param_gather": values["fp8_param_gather"]}
-        if values["fp8_recipe"] == "delayed":
+        if values["fp4"] is not None:
+            found = {"format": values["fp4"], "recipe": values["fp4_recipe"],
+                     "param_gather": values["fp4_param_gather"]}
+        else:
+            found = {"format": values["fp8"], "recipe": values["fp8_recipe"],
+                     "param_gather": values["fp8_param_gather"]}
+        if found["recipe"] == "delayed":
             found.update(amax_history_len=values["fp8_amax_history_len"],
                          amax_compute_algo=values["fp8_amax_compute_algo"],
                          margin=values["fp8_margin"])
@@ -149,44 +193,60 @@ class Fp8Config(PluginConfig):
 
     def gemm_weights(self) -> GemmWeights | None:
         """FP8 parameters hold each GEMM weight of a layer outside the BF16 ends in one byte,
-        with no BF16 copy beside it (`fp8_param`; the DDP buffer holds them as uint8,
-        `distributed/param_and_grad_buffer.py:888, 916`), and gather those bytes over DP."""
+        NVFP4 ones in half a byte, with no BF16 copy beside it (`fp8_param` / `fp4_param`; the
+        DDP buffer holds them as uint8, `distributed/param_and_grad_buffer.py:888, 916, 1085`),
+        and gather those bytes over DP."""
         if self.format is None or not self.param_gather:
             return None
-        return GemmWeights(1, self.first_layers_bf16, self.last_layers_bf16)
+        return GemmWeights(NVFP4_WEIGHT_BYTES if self.fp4 else 1, self.first_layers_bf16,
+                           self.last_layers_bf16)
 
     def gemm_precision(self) -> str | None:
-        return None if self.format is None else "fp8"
+        if self.format is None:
+            return None
+        return "fp4" if self.fp4 else "fp8"
 
     def transformer_fields(self) -> dict[str, Any]:
         """The Megatron `TransformerConfig` fields this config sets (empty when off)."""
         if self.format is None:
             return {}
         bf16_ends = self.first_layers_bf16 > 0 or self.last_layers_bf16 > 0
+        ends = {
+            "first_last_layers_bf16": bf16_ends,
+            # Megatron reads the counts only when first_last_layers_bf16 is on (fp8_utils.py:675,
+            # fp4_utils.py:249-254).
+            "num_layers_at_start_in_bf16": self.first_layers_bf16 if bf16_ends else 1,
+            "num_layers_at_end_in_bf16": self.last_layers_bf16 if bf16_ends else 1,
+        }
+        if self.fp4:
+            # Each layer runs under TE's NVFP4 autocast, and with fp4_param is built under its
+            # fp8_model_init, outside the BF16 ends (fp4_utils.get_fp4_context, :247-290).
+            return {"fp4": self.format, "fp4_recipe": self.recipe, **ends,
+                    "fp4_param": self.param_gather}
         return {
             "fp8": self.format,
             "fp8_recipe": self.recipe,
             "fp8_amax_history_len": self.amax_history_len,
             "fp8_amax_compute_algo": self.amax_compute_algo,
             "fp8_margin": self.margin,
-            "first_last_layers_bf16": bf16_ends,
-            # Megatron reads the counts only when first_last_layers_bf16 is on (fp8_utils.py:675).
-            "num_layers_at_start_in_bf16": self.first_layers_bf16 if bf16_ends else 1,
-            "num_layers_at_end_in_bf16": self.last_layers_bf16 if bf16_ends else 1,
+            **ends,
             # Each layer outside the BF16 ends is built under TE's fp8_model_init
             # (fp8_utils.get_fp8_context(is_init=True), fp8_utils.py:774-823).
             "fp8_param": self.param_gather,
         }
 
     def ddp_fields(self) -> dict[str, Any]:
-        """FP8 parameters are all-gathered in FP8 and refreshed from the distributed
-        optimizer's fp32 shards (`optimizer/distrib_optimizer.py:2815-2840`)."""
-        return {"fp8_param_gather": True} if self.param_gather else {}
+        """FP8 (NVFP4) parameters are all-gathered in FP8 (NVFP4) and refreshed from the
+        distributed optimizer's fp32 shards (`optimizer/distrib_optimizer.py:2815-2840`)."""
+        if not self.param_gather:
+            return {}
+        return {"fp4_param_gather": True} if self.fp4 else {"fp8_param_gather": True}
 
     def optimizer_fields(self) -> dict[str, Any]:
         """The distributed optimizer shards FP8 parameters by recipe: block and current-scaling
-        tensors are not viewed flat (`optimizer/distrib_optimizer.py:403-409`)."""
-        return {"fp8_recipe": self.recipe} if self.param_gather else {}
+        tensors are not viewed flat (`optimizer/distrib_optimizer.py:403-409`); NVFP4 ones are
+        Megatron's own (`fp4_utils.quantize_nvfp4_param_shard`, :135-174)."""
+        return {"fp8_recipe": self.recipe} if self.param_gather and not self.fp4 else {}
 
     def active(self, cfg: Any) -> bool:
         return self.format is not None
@@ -222,6 +282,20 @@ def check_fp8_settings_unused(cfg: Any) -> str | None:
                 f"plugins.fp8.{f.name} at its default"
             )
     return None
+
+
+def check_fp4_format_and_recipe(cfg: Any) -> str | None:
+    """NVFP4 is one format with one recipe: E2M1 values scaled by `nvfp4` (Megatron's fp4 and
+    fp4_recipe, `transformer_config.py:652-660`); no FP8 recipe scales E2M1, and `nvfp4` scales
+    nothing else."""
+    fp8 = cfg.plugins.fp8
+    if fp8.format is None or (fp8.format == FP4_FORMAT) == (fp8.recipe == FP4_RECIPE):
+        return None
+    if fp8.format == FP4_FORMAT:
+        return (f"plugins.fp8.format={FP4_FORMAT} (NVFP4) is scaled by plugins.fp8.recipe="
+                f"{FP4_RECIPE}, not {fp8.recipe}; set plugins.fp8.recipe={FP4_RECIPE}")
+    return (f"plugins.fp8.recipe={FP4_RECIPE} scales 4-bit E2M1 values, but plugins.fp8.format="
+            f"{fp8.format}; set plugins.fp8.format={FP4_FORMAT} for NVFP4, or an FP8 recipe")
 
 
 def check_fp8_delayed_settings(cfg: Any) -> str | None:
@@ -348,6 +422,7 @@ def _gemm_dims(cfg: Any) -> dict[str, int | None]:
         "model.hidden_size": m.hidden_size,
         "model.ffn_hidden_size": m.ffn_hidden_size,
         "model.moe_ffn_hidden_size": m.moe_ffn_hidden_size,
+        "model.moe_latent_size": m.moe_latent_size,
         "model.ffn_hidden_size / parallel.tensor (the MLP width on one TP rank)": (
             m.ffn_hidden_size // p.tensor
         ),
@@ -358,13 +433,13 @@ def _gemm_dims(cfg: Any) -> dict[str, int | None]:
 
 
 def check_fp8_shapes(cfg: Any) -> str | None:
-    """FP8 GEMMs need hidden, MLP and per-rank token dimensions that are multiples of 16 (32
-    for MXFP8, whose scales cover blocks of 32)."""
+    """FP8 GEMMs need hidden, MLP, latent and per-rank token dimensions that are multiples of
+    16 (32 for MXFP8, whose scales cover blocks of 32, and for NVFP4, aligned to 16 bytes)."""
     fp8 = cfg.plugins.fp8
     if fp8.format is None:
         return None
-    multiple = MXFP8_MULTIPLE if fp8.recipe == "mxfp8" else FP8_MULTIPLE
-    what = "plugins.fp8.recipe=mxfp8" if fp8.recipe == "mxfp8" else _on(cfg)
+    multiple = {"mxfp8": MXFP8_MULTIPLE, FP4_RECIPE: NVFP4_MULTIPLE}.get(fp8.recipe, FP8_MULTIPLE)
+    what = f"plugins.fp8.recipe={fp8.recipe}" if multiple > FP8_MULTIPLE else _on(cfg)
     for name, value in _gemm_dims(cfg).items():
         if value is not None and value % multiple:
             return (
@@ -382,8 +457,9 @@ def fp8_needs_cuda(fp8: Fp8Config, machine: Any, on_cpu: bool) -> str | None:
         return None
     found = f"found {machine.gpus} GPU{'' if machine.gpus == 1 else 's'}"
     where = "the CPU runtime" if on_cpu else "no GPU"
+    gemms = "NVFP4 GEMMs, on Blackwell" if fp8.fp4 else "FP8 GEMMs"
     return (
-        f"plugins.fp8.format={fp8.format} needs CUDA GPUs (Transformer Engine's FP8 GEMMs), but "
+        f"plugins.fp8.format={fp8.format} needs CUDA GPUs (Transformer Engine's {gemms}), but "
         f"this run would train on {where} ({found}); run on a GPU node or set "
         "plugins.fp8.format=null"
     )
@@ -418,13 +494,18 @@ def fp8_compute_capability(fp8: Fp8Config, machine: Any, on_cpu: bool) -> str | 
     needed = MIN_COMPUTE_CAPABILITY[fp8.recipe]
     if found is None or tuple(found) >= needed:
         return None
-    hint = (
-        "plugins.fp8.recipe=tensorwise" if needed > (8, 9) and tuple(found) >= (8, 9)
-        else "plugins.fp8.format=null (bf16 alone)"
-    )
+    where = " (NVFP4 GEMMs run on Blackwell: B200, GB200)" if fp8.fp4 else ""
+    if fp8.fp4 and tuple(found) >= (8, 9):  # an FP8 recipe is another format too
+        hint = ("plugins.fp8.format=hybrid plugins.fp8.recipe=tensorwise (FP8) or "
+                "plugins.fp8.format=null (bf16 alone)")
+    elif needed > (8, 9) and tuple(found) >= (8, 9):
+        hint = "plugins.fp8.recipe=tensorwise"
+    else:
+        hint = "plugins.fp8.format=null (bf16 alone)"
     return (
         f"plugins.fp8.recipe={fp8.recipe} needs GPU compute capability "
-        f"{needed[0]}.{needed[1]} or higher, this GPU has {found[0]}.{found[1]}; use {hint}"
+        f"{needed[0]}.{needed[1]} or higher, this GPU has {found[0]}.{found[1]}{where}; use "
+        f"{hint}"
     )
 
 

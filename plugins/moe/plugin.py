@@ -86,31 +86,45 @@ def tracked_loss_names(config: Any) -> list[str]:
     return [LOSS_NAMES[t] for t, c in zip(types, coeffs, strict=True) if t in LOSS_NAMES and c]
 
 
+def table_rows(config: Any) -> int:
+    """Rows of the per-layer tables: every decoder layer, then one per MTP layer position, as
+    Megatron's MoE tracker sizes them (`transformer/moe/router.py:587-603`)."""
+    return config.num_layers + (config.mtp_num_layers or 0)
+
+
+def row_of(router: Any, config: Any) -> int:
+    """A router's row: its layer; an MTP depth's router after the decoder's layers, by its
+    place in the depth (Megatron's MTP layers number themselves from 1,
+    `transformer/multi_token_prediction.py:1018-1031`; depths sharing weights share rows)."""
+    offset = config.num_layers if getattr(router, "is_mtp_layer", False) else 0
+    return offset + router.layer_number - 1
+
+
 class RoutedTokenCounter:
     """Tokens each expert received this step, per layer, from this rank's routers."""
 
     def __init__(self) -> None:
         self.counts: torch.Tensor | None = None  # [layers, experts], float64
 
-    def router_builder(self, build_router: Callable[..., Any], num_layers: int) -> Callable:
+    def router_builder(self, build_router: Callable[..., Any], config: Any) -> Callable:
         """A router builder: Megatron's router as `build_router` makes it, hook registered."""
 
         def build(*args: Any, **kwargs: Any) -> Any:
             router = build_router(*args, **kwargs)
-            router.register_forward_hook(functools.partial(self._count, num_layers))
+            router.register_forward_hook(functools.partial(self._count, config))
             return router
 
         return build
 
-    def _count(self, num_layers: int, router: Any, inputs: Any, outputs: Any) -> None:
+    def _count(self, config: Any, router: Any, inputs: Any, outputs: Any) -> None:
         if not (router.training and torch.is_grad_enabled()):
             return
         routing_map = outputs[1]  # bool [tokens, experts]
         if self.counts is None:
-            shape = (num_layers, routing_map.shape[-1])
+            shape = (table_rows(config), routing_map.shape[-1])
             self.counts = torch.zeros(shape, dtype=torch.float64, device=routing_map.device)
         with torch.no_grad():
-            self.counts[router.layer_number - 1] += routing_map.sum(dim=0)
+            self.counts[row_of(router, config)] += routing_map.sum(dim=0)
 
     def global_counts(self, config: Any, device: Any) -> torch.Tensor:
         """[layers, experts] tokens of the global batches since the last call (a collective over
@@ -119,7 +133,7 @@ class RoutedTokenCounter:
         `device` serves ranks without routers."""
         local = self.counts
         if local is None:
-            local = torch.zeros(config.num_layers, config.num_moe_experts, dtype=torch.float64,
+            local = torch.zeros(table_rows(config), config.num_moe_experts, dtype=torch.float64,
                                 device=device)
         duplicates = not config.sequence_parallel and (
             parallel_state.get_tensor_model_parallel_rank() > 0)
@@ -164,9 +178,7 @@ class MoePlugin(Plugin):
         if not config.num_moe_experts:
             return spec
         self.model_config = config
-        return wrap_routers(
-            spec, lambda router: self.counter.router_builder(router, config.num_layers)
-        )
+        return wrap_routers(spec, lambda router: self.counter.router_builder(router, config))
 
     def run_start(self, start: RunStart) -> None:
         self.microbatches = start.config.layout.microbatches
@@ -206,6 +218,8 @@ class MoePlugin(Plugin):
         routed = counts.sum(dim=1) > 0  # every MoE layer routes each training token
         per_layer = counts[routed]
         self.last_per_layer = per_layer.tolist()
-        metrics.extra.update(self._load_balancing_losses([int(r) for r in routed.tolist()]))
+        # Megatron adds the MTP layers to the mean itself (`mtp_num_layers`): decoder rows only.
+        decoder = routed.tolist()[:self.model_config.num_layers]
+        metrics.extra.update(self._load_balancing_losses([int(r) for r in decoder]))
         metrics.extra.update(router_figures(per_layer, self.config.per_expert))
         self.steps = 0

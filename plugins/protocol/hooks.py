@@ -48,7 +48,7 @@ class GemmWeights:
     layers at each end of the model that keep the run's dtype (counted as Megatron counts layers:
     a hybrid model's every pattern symbol, a GPT model's every transformer layer)."""
 
-    bytes_per_weight: int
+    bytes_per_weight: float  # 1 for FP8, 0.5 for NVFP4
     first_layers_kept: int = 0
     last_layers_kept: int = 0
 

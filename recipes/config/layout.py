@@ -190,6 +190,17 @@ class Layout:
                                      self.last_stage_layers)
 
     @property
+    def mtp_depths(self) -> int:
+        """A hybrid model's multi-token-prediction depths (its pattern's parts after '/')."""
+        return hybrid.mtp_depths(self.hybrid_layer_pattern)
+
+    def mtp_chunk(self) -> tuple[int, int] | None:
+        """(pipeline stage, virtual stage) of the model chunk holding the MTP depths: the last
+        stage's last virtual stage, where Megatron builds them (`models/hybrid/hybrid_model.py:
+        217-229`); None without MTP."""
+        return (self.pipeline - 1, self.virtual_stages - 1) if self.mtp_depths else None
+
+    @property
     def layers_per_chunk(self) -> int:
         """Transformer layers in one model chunk (a stage, or a virtual stage)."""
         return self.num_layers // self.model_chunks

@@ -223,6 +223,20 @@ def check_machine(
     check_fast_path_kernels(cfg, machine)
     check_mamba_packed_context_parallel(cfg, machine)
     check_zero_centered_gamma_norm(cfg, machine)
+    check_latent_moe_transformer_engine(cfg, machine)
+
+
+def check_latent_moe_transformer_engine(cfg: RunConfig, machine: MachineInfo) -> None:
+    """A latent MoE's projections are Transformer Engine linears, whatever the layer spec, and
+    Megatron asserts TE for them (`transformer/moe/moe_layer.py:264-289`); CPU ranks get the
+    CPU runtime's torch ones, GPU ranks need TE installed."""
+    if cfg.model.moe_latent_size is None or ranks_on_cpu(cfg.cluster, machine.gpus) or (
+            machine.transformer_engine is not None):
+        return
+    raise ConfigError(
+        f"model.moe_latent_size={cfg.model.moe_latent_size} builds its latent projections with "
+        "Transformer Engine on GPU ranks, which is not installed here; install the gpu extra "
+        "(pip install -e '.[gpu]'), or set model.moe_latent_size=null (a different model)")
 
 
 def check_zero_centered_gamma_norm(cfg: RunConfig, machine: MachineInfo) -> None:

@@ -81,7 +81,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("model.moe_router_topk_scaling_factor", "--moe-router-topk-scaling-factor", when=_moe),
     Flag("model.moe_shared_expert_ffn_hidden_size", "--moe-shared-expert-intermediate-size",
          when=_moe),
-    # The hybrid Mamba-Transformer's Mamba2 sizes (pretrain_hybrid.py): hybrids only.
+    Flag("model.moe_latent_size", "--moe-latent-size", when=_moe),
+    # The hybrid Mamba-Transformer's Mamba2 sizes (pretrain_hybrid.py): hybrids only. Its MTP
+    # depths are the pattern's parts after '/' (Megatron-LM infers --mtp-num-layers from them).
+    Flag("model.mtp_loss_scaling_factor", "--mtp-loss-scaling-factor", when=_hybrid),
+    Flag("model.mtp_use_repeated_layer", "--mtp-use-repeated-layer", kind=ON, when=_hybrid),
     Flag("model.mamba_state_dim", "--mamba-state-dim", when=_hybrid),
     Flag("model.mamba_head_dim", "--mamba-head-dim", when=_hybrid),
     Flag("model.mamba_num_heads", "--mamba-num-heads", when=_hybrid),

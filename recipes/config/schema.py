@@ -81,8 +81,13 @@ class ModelConfig:
     moe_shared_expert_overlap: bool = False  # shared experts run beside the token exchange
     # Squared ReLU weighted by the routing probability in one kernel (grouped GEMM experts).
     moe_fused_squared_relu: bool = False
+    # Latent MoE (Nemotron 3 Super): the routed experts work in this width; each MoE layer
+    # projects its tokens from hidden_size down to it before dispatch and back up after the
+    # combine (the router and shared experts stay at hidden_size). None = no latent projection.
+    moe_latent_size: int | None = None
     # Hybrid Mamba-Transformer (Megatron Core's HybridModel); None = a GPT model. One symbol
-    # per layer: M Mamba2 mixer, * self-attention, - MLP, E MoE; | cuts pipeline stages.
+    # per layer: M Mamba2 mixer, * self-attention, - MLP, E MoE; | cuts pipeline stages; each
+    # part after / is one multi-token-prediction depth.
     hybrid_layer_pattern: str | None = None
     mamba_state_dim: int = 128  # SSM state size per group (d_state)
     mamba_head_dim: int = 64  # channels of one Mamba head
@@ -90,6 +95,10 @@ class ModelConfig:
     mamba_num_groups: int = 8  # groups of heads sharing one B and C projection
     mamba_conv_kernel: int = 4  # width of the causal depthwise convolution (d_conv)
     mamba_chunk_size: int = 128  # chunk length of the SSD scan
+    # Multi-token prediction: the depths are the pattern's parts after '/' (M*ME/*E/*E: two);
+    # the MTP loss is their mean times this factor, added to the LM loss (Megatron's default 0.1)
+    mtp_loss_scaling_factor: float = 0.1
+    mtp_use_repeated_layer: bool = False  # one MTP layer's weights run at every depth
 
     @property
     def is_hybrid(self) -> bool:

@@ -88,6 +88,7 @@ def check_positive_sizes(cfg: RunConfig) -> str | None:
         "model.moe_router_topk": m.moe_router_topk,
         "model.moe_ffn_hidden_size": m.moe_ffn_hidden_size,
         "model.moe_shared_expert_ffn_hidden_size": m.moe_shared_expert_ffn_hidden_size,
+        "model.moe_latent_size": m.moe_latent_size,
         "model.mamba_state_dim": m.mamba_state_dim,
         "model.mamba_head_dim": m.mamba_head_dim,
         "model.mamba_num_heads": m.mamba_num_heads,

@@ -12,8 +12,11 @@ one block's activations at a time. A hybrid model's layers are counted by kind: 
 MLP and MoE layers keep their half of a GPT layer's terms; a Mamba2 layer keeps its norm and
 in_proj inputs, the in_proj output (z, x, B, C, dt; the fused path rebuilds the conv from it),
 the scan output and the gated norm's output (out_proj's input), FP32 dt and its decay cumsum
-per head, and the FP32 state at every chunk boundary. Differences from Megatron-LM's own
-estimator are deliberate and listed in docs/planner.md.
+per head, and the FP32 state at every chunk boundary. A latent MoE's routed copies are
+latent-wide, and it keeps the input of each latent projection. A hybrid model's MTP depths
+(last stage) keep their layers' terms by kind, the inputs of their two norms and of their
+projection, and one more final norm, output-layer input and FP32 logits each. Differences from
+Megatron-LM's own estimator are deliberate and listed in docs/planner.md.
 
 Selective recompute by module (`train.recompute_modules`) and activation offloading
 (`train.offload_modules`) take named tensors off those terms (`dropped_per_token`): core_attn
@@ -86,10 +89,13 @@ def _mlp_terms(m: Any, d: int, layout: Any) -> LayerTerms:
                           scores=0.0)
     ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
     topk, etp = m.moe_router_topk, layout.expert_tensor_size
+    x = m.moe_latent_size or h  # the width routed experts read and write
     # Each routed copy: expert input, activation input and output; then the unpermuted output.
-    routed = topk * (d * h + d * ffn * (gate + 1) / etp + d * h)
+    routed = topk * (d * x + d * ffn * (gate + 1) / etp + d * x)
     router = 4 * m.num_moe_experts  # FP32 router logits
-    return LayerTerms(split=routed / layout.tensor, replicated=replicated + router, scores=0.0)
+    latent = d * (h + x) if m.moe_latent_size else 0  # the two latent projections' inputs
+    return LayerTerms(split=routed / layout.tensor, replicated=replicated + router + latent,
+                      scores=0.0)
 
 
 def _mamba_terms(m: Any, d: int, tp: int) -> LayerTerms:
@@ -290,6 +296,25 @@ def _stage_layer_bytes(cfg: Any, attention: Attention,
     return found
 
 
+def mtp_bytes(cfg: Any, attention: Attention) -> tuple[float, float]:
+    """A hybrid model's MTP block for one micro-batch on one rank of the last stage: (its
+    layers and projections, its logits and loss). Each depth keeps its layers' terms, the
+    inputs of the embedding and hidden-state norms and of the 2·hidden-wide projection, and
+    then a final norm, output-layer input and FP32 logits like the main head's
+    (`transformer/multi_token_prediction.py:1128-1153, 857-861`)."""
+    m = cfg.model
+    depths = hybrid.mtp_depths(m.hybrid_layer_pattern) if m.is_hybrid else 0
+    if not depths:
+        return 0.0, 0.0
+    layout = cfg.layout
+    d = _ACT_BYTES[cfg.precision.dtype]
+    split = layout.tensor if layout.sequence_parallel else 1
+    layers = sum(layer_bytes(cfg, attention, symbol=symbol)
+                 for symbol in hybrid.mtp_pattern(m.hybrid_layer_pattern))
+    projection = _tokens(cfg) * 4 * d * m.hidden_size / split
+    return depths * (layers + projection), depths * output_bytes(cfg)
+
+
 @dataclass(frozen=True)
 class StageActivations:
     """Activation bytes on one rank of one pipeline stage at its peak."""
@@ -303,11 +328,12 @@ class StageActivations:
     output: float
     recompute_working: float  # full recompute: one block rebuilt during backward
     cuda_graphs: float = 0.0  # CUDA graphs' static buffers
+    mtp: float = 0.0  # the last stage's MTP depths: their layers in flight, logits and loss
 
     @property
     def total(self) -> float:
         return (self.layers_total + self.embedding + self.output + self.recompute_working
-                + self.cuda_graphs)
+                + self.cuda_graphs + self.mtp)
 
 
 def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
@@ -328,9 +354,11 @@ def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
         else:
             per_layer, working = full, 0.0
         embedding = embedding_bytes(cfg) * flight if stage == 0 else 0.0
-        output = output_bytes(cfg) if stage == len(stages) - 1 else 0.0
+        last = stage == len(stages) - 1
+        output = output_bytes(cfg) if last else 0.0
         graphs = cuda_graph_static_bytes(cfg, counts[stage], layers)
+        mtp_layers, mtp_logits = mtp_bytes(cfg, attention) if last else (0.0, 0.0)
         result.append(StageActivations(stage, layers, flight, per_layer,
                                        per_layer * layers * flight, embedding, output, working,
-                                       graphs))
+                                       graphs, mtp_layers * flight + mtp_logits))
     return result

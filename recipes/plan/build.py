@@ -70,7 +70,8 @@ class StagePlan:
                      a.layers_total,
                  "embedding inputs": a.embedding, "logits and loss": a.output,
                  "full-recompute working set": a.recompute_working,
-                 "CUDA graphs' static buffers": a.cuda_graphs}
+                 "CUDA graphs' static buffers": a.cuda_graphs,
+                 "MTP depths": a.mtp}
         return sorted(((k, v) for k, v in items.items() if v > 0), key=lambda kv: -kv[1])
 
 

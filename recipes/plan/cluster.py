@@ -25,6 +25,8 @@ import yaml
 from plugins.protocol.errors import ConfigError
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+# Peaks a cluster file gives only where its GPUs have them: FP4 GEMMs exist on Blackwell only.
+OPTIONAL_PRECISIONS = ("fp4",)
 CLUSTER_DIR = Path(__file__).resolve().parents[2] / "conf" / "cluster"
 
 
@@ -139,14 +141,22 @@ def _check_keys(path: str, data: dict) -> None:
 
 def gemm_peak_tflops(cfg: Any, cluster: ClusterSpec) -> float:
     """Peak dense TFLOP/s per GPU of the GEMMs as this run computes them: the precision a
-    plugin sets (FP8), else the run's dtype."""
-    return cluster.peak_tflops[cfg.plugins.gemm_precision() or cfg.precision.dtype]
+    plugin sets (FP8, FP4), else the run's dtype; a cluster whose GPUs have no such peak (FP4
+    before Blackwell) is refused in one line."""
+    precision = cfg.plugins.gemm_precision() or cfg.precision.dtype
+    if precision not in cluster.peak_tflops:
+        raise ConfigError(f"cluster {cluster.name} gives no peak_tflops.{precision}: its GPUs run "
+                          f"no {precision.upper()} GEMMs; plan on a cluster file of GPUs that do "
+                          f"(add peak_tflops.{precision}) or change the run's precision")
+    return cluster.peak_tflops[precision]
 
 
 def _peak(path: str, value: Any) -> dict[str, float]:
-    if not isinstance(value, dict) or set(value) != set(PRECISIONS):
+    if not isinstance(value, dict) or not set(PRECISIONS) <= set(value) <= {
+            *PRECISIONS, *OPTIONAL_PRECISIONS}:
         raise ConfigError(f"{path}: peak_tflops must give TFLOP/s for each of "
-                          f"{', '.join(PRECISIONS)}")
+                          f"{', '.join(PRECISIONS)} (and {', '.join(OPTIONAL_PRECISIONS)} where "
+                          "the GPUs have it)")
     for key, number in value.items():
         _check_number(path, f"peak_tflops.{key}", number)
     return {key: float(number) for key, number in value.items()}

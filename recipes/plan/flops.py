@@ -9,11 +9,16 @@ MLP are counted by kind:
   output projection, and the scores QK^T and softmax(QK^T)V over the positions each token
   attends to, half the sequence under the causal mask;
 - dense MLP: two matrices, three with a gated unit (SwiGLU's gate and up);
-- MoE: the routed experts a token runs (top-k of them, not all) plus the shared experts;
+- MoE: the routed experts a token runs (top-k of them, not all) plus the shared experts; with a
+  latent space the routed experts run at the latent width, and its two projections count;
 - Mamba2 (hybrid models): the in and out projections, and the SSD scan's products: inside a
   chunk of Q tokens, C·Bᵀ per group and its mix of x (half of each chunk's square, causal),
   and between chunks each token's x·Bᵀ into the state and C·state out of it;
-- then the logits over the padded vocabulary.
+- then the logits over the padded vocabulary;
+- multi-token prediction (hybrid models, the pattern's depths after `/`): every depth runs its
+  layers (counted by kind, as the decoder's), its projection of the embedding and the hidden
+  state (2·hidden -> hidden) and the logits once more; a depth sharing its weights with the
+  others still runs, so it counts.
 
 Not counted (as in Megatron-LM's `num_floating_point_operations`, which gives the same number
 where both apply: tests/unit/test_flops.py): the router, norms, element-wise work, embedding
@@ -34,7 +39,7 @@ from recipes.models.gpt.flops import (
     mlp_flops,
 )
 from recipes.models.hybrid import pattern as hybrid
-from recipes.models.hybrid.flops import mamba_flops
+from recipes.models.hybrid.flops import mamba_flops, mtp_projection_flops
 from recipes.models.moe.flops import moe_flops
 
 # Forward + backward: the backward computes the data and the weight gradient of every product.
@@ -64,6 +69,8 @@ class FlopsShape:
     mamba_groups: int = 0
     mamba_state: int = 0  # SSM state per group
     mamba_chunk: int = 0  # SSD scan chunk length
+    moe_latent_size: int = 0  # the width routed experts run at (0: the model's)
+    mtp_depths: int = 0  # MTP depths (their layers are in the counts above)
 
     @classmethod
     def from_config(cls, cfg: Any) -> FlopsShape:
@@ -72,7 +79,8 @@ class FlopsShape:
         m = cfg.model
         moe = m.num_moe_experts is not None
         if m.is_hybrid:
-            counts = {symbol: hybrid.count(m, symbol) for symbol in kinds.LAYER_SYMBOLS}
+            counts = {symbol: hybrid.count(m, symbol) + hybrid.mtp_count(m, symbol)
+                      for symbol in kinds.LAYER_SYMBOLS}
         else:
             counts = {kinds.MAMBA: 0, kinds.ATTENTION: m.num_layers,
                      kinds.MLP: 0 if moe else m.num_layers, kinds.MOE: m.num_layers if moe else 0}
@@ -97,17 +105,21 @@ class FlopsShape:
             gated=m.activation == "swiglu",
             moe_router_topk=m.moe_router_topk if moe else 0,
             moe_ffn_hidden_size=(m.moe_ffn_hidden_size or m.ffn_hidden_size) if moe else 0,
+            moe_latent_size=(m.moe_latent_size or 0) if moe else 0,
+            mtp_depths=hybrid.mtp_depths(m.hybrid_layer_pattern),
         )
 
 
 def forward_flops_per_token(s: FlopsShape) -> float:
     """Forward FLOPs of one token that do not depend on the sequence: every layer's mixer
-    projections and MLP, then the logits."""
+    projections and MLP (the MTP depths' too), each MTP depth's projection, then the logits
+    (once more per MTP depth)."""
     return (s.attention_layers * attention_projection_flops(s)
             + s.mamba_layers * mamba_flops(s)
             + s.dense_mlp_layers * mlp_flops(s, s.ffn_hidden_size)
             + s.moe_layers * moe_flops(s)
-            + logits_flops(s))
+            + s.mtp_depths * mtp_projection_flops(s)
+            + (1 + s.mtp_depths) * logits_flops(s))
 
 
 def training_flops(s: FlopsShape, tokens: int, seqlen_squared_sum: int) -> float:

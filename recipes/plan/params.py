@@ -20,12 +20,11 @@ from recipes.models.gpt.params import (
     attention_params,
     dense_mlp_params,
     embedding_params,
-    mlp_width,
     output_params,
 )
 from recipes.models.hybrid import pattern as hybrid
-from recipes.models.hybrid.params import mamba_params
-from recipes.models.moe.params import moe_mlp_params
+from recipes.models.hybrid.params import mamba_params, mtp_layer_params
+from recipes.models.moe.params import moe_mlp_params, routed_expert_params
 
 
 def stage_layer_counts(cfg: Any) -> list[list[int]]:
@@ -73,6 +72,25 @@ def _stage_layers(cfg: Any) -> list[ParamCount]:
     return [layer.scale(sum(chunks)) for chunks in stage_layer_counts(cfg)]
 
 
+def mtp_params(cfg: Any) -> ParamCount:
+    """The MTP block on one rank of the last stage: every depth that holds weights of its own
+    (one when the depths share a layer), its inner layers by kind, and the copy of the input
+    embedding the block reads when the last stage is not the first (`models/hybrid/
+    hybrid_model.py:231-239`; kept equal to the first stage's, so a copy)."""
+    m, layout = cfg.model, cfg.layout
+    built = hybrid.mtp_built(m) if m.is_hybrid else 0
+    if not built:
+        return ParamCount()
+    depth = mtp_layer_params(m, layout.tensor)
+    depth = sum((symbol_params(cfg, symbol)
+                 for symbol in hybrid.mtp_pattern(m.hybrid_layer_pattern)), depth)
+    count = depth.scale(built)
+    if layout.pipeline > 1:
+        words = embedding_params(cfg).tp_split
+        count = count + ParamCount(tp_split=words, tied_copy=words)
+    return count
+
+
 def stage_params(cfg: Any) -> list[ParamCount]:
     """Parameters held by any one rank of each pipeline stage (all chunks together)."""
     stages = _stage_layers(cfg)
@@ -81,7 +99,7 @@ def stage_params(cfg: Any) -> list[ParamCount]:
         if stage == 0:
             count = count + embedding_params(cfg)
         if stage == len(stages) - 1:
-            count = count + output_params(cfg)
+            count = count + output_params(cfg) + mtp_params(cfg)
         counts.append(count)
     return counts
 
@@ -97,14 +115,21 @@ def model_parameters(cfg: Any) -> int:
     return total
 
 
+def moe_layers_built(m: Any) -> int:
+    """MoE layers that hold weights: the decoder's and those of the MTP depths built."""
+    if not m.is_hybrid:
+        return m.num_layers
+    mtp = hybrid.mtp_pattern(m.hybrid_layer_pattern).count(kinds.MOE) * hybrid.mtp_built(m)
+    return hybrid.count(m, kinds.MOE) + mtp
+
+
 def active_parameters(cfg: Any) -> int:
-    """Parameters one token runs through: the whole model but, in every MoE layer, only its
-    top-k routed experts (shared experts, routers, embedding and output all count)."""
+    """Parameters one token runs through: the whole model (MTP depths included) but, in every
+    MoE layer, only its top-k routed experts (shared experts, routers, latent projections,
+    embedding and output all count)."""
     m = cfg.model
     total = model_parameters(cfg)
     if m.num_moe_experts is None:
         return total
-    width = m.moe_ffn_hidden_size or m.ffn_hidden_size
-    per_expert = mlp_width(m, width) * m.hidden_size + m.hidden_size * width
-    moe_layers = hybrid.count(m, kinds.MOE) if m.is_hybrid else m.num_layers
-    return total - moe_layers * (m.num_moe_experts - m.moe_router_topk) * per_expert
+    unused = m.num_moe_experts - m.moe_router_topk
+    return total - moe_layers_built(m) * unused * routed_expert_params(m)

@@ -14,7 +14,8 @@ from pathlib import Path
 from tests.dist.layout_runs import _finish, _session
 
 VOCAB = 300  # the tiny Llama and Mixtral recipes' vocabulary (padded to 320 by Megatron)
-VOCABS = {"llama": VOCAB, "mixtral": VOCAB, "nemotron_h": 256}  # NemotronH: also padded to 320
+VOCABS = {"llama": VOCAB, "mixtral": VOCAB, "nemotron_h": 256,  # NemotronH: also padded to 320
+          "nemotron_super": 256}
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
@@ -37,12 +38,25 @@ def nemotron_h_config():
     )
 
 
+def nemotron_super_config():
+    """The transformers config of recipe hf_tiny_nemotron_super's model: the NemotronH one with
+    its experts in a latent width of 16, and one stored MTP depth of attention + MoE (Nemotron 3
+    Super's `num_nextn_predict_layers` 1, `mtp_hybrid_override_pattern` *E)."""
+    config = nemotron_h_config()
+    config.moe_latent_size = 16
+    config.num_nextn_predict_layers = 1
+    config.mtp_layers_block_type = ["full_attention", "moe"]
+    return config
+
+
 def hf_config(kind: str):
     """The transformers config of recipe hf_tiny_<kind>'s model (recipes/hf_tiny.py)."""
     from transformers import LlamaConfig, MixtralConfig
 
     if kind == "nemotron_h":
         return nemotron_h_config()
+    if kind == "nemotron_super":
+        return nemotron_super_config()
     common = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128,
               "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
               "max_position_embeddings": 32}
@@ -78,11 +92,46 @@ def make_hf_model(kind: str, directory: Path, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config(kind), dtype=torch.float32)
-    if kind == "nemotron_h":
+    if kind.startswith("nemotron"):
         _away_from_defaults(model)
         model.config.time_step_min = 0.0
     model.save_pretrained(directory)
+    if kind == "nemotron_super":
+        _add_mtp_depth(directory, seed)
     return directory
+
+
+def _add_mtp_depth(directory: Path, seed: int) -> None:
+    """A release's MTP depth beside transformers' weights (transformers builds none): its two
+    layers as transformers itself saves an attention and an MoE block (another NemotronH of
+    that pattern, `backbone.layers.{0,1}` renamed `mtp.layers.{0,1}`), the embedding and
+    hidden-state norms and their projection with the first, the final norm with the last
+    (Megatron Bridge's names, trainer/models/hybrid/hf_tensors.py)."""
+    import tempfile
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    config = nemotron_super_config()
+    config.layers_block_type = ["full_attention", "moe"]
+    config.num_nextn_predict_layers = 0
+    torch.manual_seed(seed + 1)
+    depth = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _away_from_defaults(depth)
+    with tempfile.TemporaryDirectory() as scratch:
+        depth.save_pretrained(scratch)
+        blocks = load_file(Path(scratch) / "model.safetensors")
+    (shard,) = directory.glob("*.safetensors")
+    tensors = load_file(shard)
+    for name, tensor in blocks.items():
+        if name.startswith("backbone.layers."):
+            tensors["mtp.layers." + name.removeprefix("backbone.layers.")] = tensor
+    hidden = config.hidden_size
+    for name, shape in (("0.enorm", (hidden,)), ("0.hnorm", (hidden,)),
+                        ("0.eh_proj", (hidden, 2 * hidden)), ("1.final_layernorm", (hidden,))):
+        tensors[f"mtp.layers.{name}.weight"] = torch.empty(shape).uniform_(-0.3, 0.3)
+    save_file(tensors, shard, metadata={"format": "pt"})
 
 
 def _quiet_progress():

@@ -86,7 +86,7 @@ def train_steps(payload: dict) -> dict:
     weights = None
     if payload.get("weights_dir"):
         weights = str(save_model_weights(payload["weights_dir"], session.cfg, session.model))
-    losses, grad_norms, loss_tokens, mask_tokens = [], [], [], []
+    losses, grad_norms, loss_tokens, mask_tokens, mtp_losses = [], [], [], [], []
     tflops, step_times, lengths = [], [], []
     for _ in range(payload["steps"]):
         batches = session.train_batches
@@ -96,13 +96,14 @@ def train_steps(payload: dict) -> dict:
         lengths.append(trained_lengths(upcoming, session.cfg.data.documents))
         metrics = train_step(session)
         losses.append(metrics.loss)
+        mtp_losses.append({k: v for k, v in metrics.extra.items() if k.startswith("mtp_")})
         grad_norms.append(metrics.grad_norm)
         loss_tokens.append(metrics.loss_tokens)
         tflops.append(metrics.model_tflops_per_gpu)
         step_times.append(metrics.step_time_s)
     result = {"losses": losses, "grad_norms": grad_norms, "loss_tokens": loss_tokens,
               "mask_tokens": mask_tokens, "weights": weights, "tflops": tflops,
-              "step_times": step_times, "lengths": lengths,
+              "step_times": step_times, "lengths": lengths, "mtp_losses": mtp_losses,
               "dp_rank": parallel_state.get_data_parallel_rank(),
               "world": torch.distributed.get_world_size()}
     _finish()

@@ -77,6 +77,7 @@ def _forward_backward(session, microbatches: list[dict], plugins) -> tuple[list 
         chunk.zero_grad_buffer()
     reports = run_schedule(session.model, microbatches, plugins, seq_length=SEQ,
                            micro_batch_size=1, forward_only=False)
+    LAST_REPORTS[:] = reports
     loss = None
     if reports:
         total = sum(report["lm loss"] for report in reports)
@@ -89,6 +90,9 @@ def _forward_backward(session, microbatches: list[dict], plugins) -> tuple[list 
         for name, param in chunk.module.named_parameters()
     }
     return loss, grads
+
+
+LAST_REPORTS: list[dict] = []  # the last `_forward_backward`'s loss reports (this rank's)
 
 
 def _max_difference(grads: dict, reference: dict) -> float:
@@ -168,5 +172,48 @@ def packed_vs_alone(payload: dict) -> dict:
         ends_loss, ends_grads = _forward_backward(session, [packed], _ends_only(packing))
         result["ends_only"] = ends_loss
         result["ends_only_grad_max_diff"] = _max_difference(ends_grads, alone_grads)
+    _finish()
+    return result
+
+
+def _mtp_losses() -> list[float]:
+    """Each MTP depth's per-token loss of the last `_forward_backward` (one rank: its reports'
+    sums over their token counts, `trainer.step.loss_with_mtp`)."""
+    total = sum(report["mtp loss"] for report in LAST_REPORTS).tolist()
+    return [total[2 * d] / total[2 * d + 1] for d in range(len(total) // 2)]
+
+
+def mtp_packed_vs_rows(payload: dict) -> dict:
+    """One packed row of the documents against the same documents each in a row of its own,
+    the three rows in one micro-batch (Megatron scales each micro-batch's MTP loss by its own
+    token counts, `transformer/multi_token_prediction.py:885-893`: one micro-batch each keeps
+    the two the same objective); the LM loss, every gradient (the MTP depths' included) and
+    each depth's MTP loss. Control: the packed row without its boundaries."""
+    import torch
+
+    from plugins.protocol.packed_batch import packed_row
+    from trainer.data import as_tensors
+
+    session = _session(payload)
+    docs = documents()
+    rows = [_alone_row(doc) for doc in docs]
+    alone = {key: torch.cat([row[key] for row in rows]) for key in rows[0]}
+    packed = as_tensors(packed_row(docs, SEQ, PAD_ID))
+    plain, packing = session.plugins, _packed(session)
+    alone_loss, alone_grads = _forward_backward(session, [alone], plain)
+    alone_mtp = _mtp_losses()
+    packed_loss, packed_grads = _forward_backward(session, [packed], packing)
+    packed_mtp = _mtp_losses()
+    causal_loss, causal_grads = _forward_backward(session, [packed], plain)
+    causal_mtp = _mtp_losses()
+    mtp_names = [name for name in alone_grads if ".mtp." in name]
+    result = {
+        "alone": alone_loss, "packed": packed_loss, "causal_only": causal_loss,
+        "alone_mtp": alone_mtp, "packed_mtp": packed_mtp, "causal_only_mtp": causal_mtp,
+        "mtp_parameters": len(mtp_names),
+        "mtp_grad_max": max(float(alone_grads[name].abs().max()) for name in mtp_names),
+        "grad_max_diff": _max_difference(packed_grads, alone_grads),
+        "causal_only_grad_max_diff": _max_difference(causal_grads, alone_grads),
+    }
     _finish()
     return result

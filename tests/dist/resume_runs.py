@@ -45,7 +45,8 @@ def _step(session) -> dict:
             "tokens": session.state.consumed_tokens,
             "samples": session.state.consumed_samples, "data": digest,
             "phase": metrics.phase, "sources": metrics.source_tokens,
-            "batch": metrics.global_batch, "expert_bias": _expert_bias(session)}
+            "batch": metrics.global_batch, "expert_bias": _expert_bias(session),
+            "mtp": {k: v for k, v in metrics.extra.items() if k.startswith("mtp_")}}
 
 
 def _train(session, steps: int, save_at=(), root: Path | None = None,

@@ -8,8 +8,13 @@ implementation of the Mamba mixer and the Nemotron 3 router nobody here wrote.
 - export -> `from_pretrained` gives the same logits, and every tensor is byte-identical to the
   original (names, dtype, bytes);
 - the imported checkpoint loaded at TP2 x PP2, PP2 x VPP2 (Llama), EP2 (Mixtral), TP2 + SP and
-  EP2 (NemotronH) gives transformers' loss, and what those layouts save exports byte-identical
-  again; the NemotronH layouts then train a few steps.
+  EP2 (NemotronH, Nemotron 3 Super-shaped) gives transformers' loss, and what those layouts save
+  exports byte-identical again; the NemotronH layouts then train a few steps.
+
+The Nemotron 3 Super-shaped model (latent MoE, one stored MTP depth Megatron runs twice) carries
+a release's `mtp.*` tensors beside transformers' own: transformers computes no MTP head (it skips
+them on load), so the logits compared are the main head's; the MTP depth's tensors go through
+the import, every layout and the export byte-identical.
 """
 
 from __future__ import annotations
@@ -26,9 +31,9 @@ from tests.dist.hf_runs import VOCABS, make_hf_model
 PADDED = 320
 # fp32, a different summation order than transformers' (NemotronH: also its own chunked scan;
 # below the 2.5e-5 by which transformers' dt clamp at time_step_min=0.001 moves its logits).
-TOLERANCE = {"llama": 2e-5, "mixtral": 2e-5, "nemotron_h": 1e-5}
+TOLERANCE = {"llama": 2e-5, "mixtral": 2e-5, "nemotron_h": 1e-5, "nemotron_super": 1e-5}
 RECIPE = {"llama": "hf_tiny_llama", "mixtral": "hf_tiny_mixtral",
-          "nemotron_h": "hf_tiny_nemotron_h"}
+          "nemotron_h": "hf_tiny_nemotron_h", "nemotron_super": "hf_tiny_nemotron_super"}
 
 
 def _rows(kind: str, count: int = 4, length: int = 33) -> torch.Tensor:
@@ -115,9 +120,13 @@ LAYOUTS = {
     "nemotron_h_tp2_sp": ("nemotron_h", 2, ["parallel.tensor=2",
                                             "parallel.sequence_parallel=true"]),
     "nemotron_h_ep2": ("nemotron_h", 2, ["parallel.expert=2"]),
+    # Nemotron 3 Super's shape: latent experts, the MTP depth on both TP ranks / over EP.
+    "nemotron_super_tp2_sp": ("nemotron_super", 2, ["parallel.tensor=2",
+                                                    "parallel.sequence_parallel=true"]),
+    "nemotron_super_ep2": ("nemotron_super", 2, ["parallel.expert=2"]),
 }
-TRAIN_STEPS = {"nemotron_h": 3}
-SHARD_BYTES = {"nemotron_h": 50_000}  # small shards, so that every model is written in several
+TRAIN_STEPS = {"nemotron_h": 3, "nemotron_super": 5}
+SHARD_BYTES = {"nemotron_h": 50_000, "nemotron_super": 50_000}  # several shards per model
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -134,9 +143,12 @@ def test_any_layout_loads_the_import_and_exports_byte_identical(
     reference = _padded_loss(_hf_logits(case["hf"], rows[:, :-1]), rows[:, 1:])
     for result in results:
         assert result["loss"] == pytest.approx(reference, rel=1e-5)
-        trained = result["train_losses"]  # it trains on from the import: the loss falls
+        # It trains on from the import: the loss falls to its lowest at the last step (each
+        # step's batch is another, so a step may rise on a harder batch).
+        trained = result["train_losses"]
         assert len(trained) == TRAIN_STEPS.get(kind, 0)
-        assert all(map(math.isfinite, trained)) and trained == sorted(trained, reverse=True)
+        assert all(map(math.isfinite, trained))
+        assert not trained or trained[-1] < min(trained[:-1])
     exported = tmp_path / "exported"
     # Small shards: the export writes several and an index, as for a published model.
     launch_ranks(1, "tests.dist.hf_runs:export_checkpoint",

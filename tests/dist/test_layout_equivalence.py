@@ -5,7 +5,9 @@ initial weights, so a shared seed is not enough) and see the same global batches
 the per-token mean over the whole global batch, reduced across ranks by the trainer. The
 hybrid Mamba-Transformer model is checked the same way in its own layouts (TP2 + SP, PP2 with
 and without '|', PP2 x VPP2, DP2 with the distributed optimizer, EP2, CP2, CP2 x TP2 + SP,
-TP2 + SP x DP2 x EP2).
+TP2 + SP x DP2 x EP2), and the tiny Super-shaped one (latent MoE, two shared MTP depths) in
+TP2 + SP, PP2, PP2 x VPP2, EP2, DP2 with the distributed optimizer, TP2 + SP x PP2 x EP2 and
+CP2, its MTP losses (each depth's per-token loss, logged apart) included.
 """
 
 from __future__ import annotations
@@ -142,6 +144,65 @@ def test_hybrid_layout_matches_single_rank(launch_ranks, hybrid_reference, tmp_p
     worst = max(abs(a - b) for a, b in zip(result["losses"], expected["losses"], strict=True))
     print(f"{recipe} {overrides}: max |loss - reference| over {HYBRID_STEPS} steps = {worst:.2e}")
     assert result["losses"] == pytest.approx(expected["losses"], abs=LOSS_TOLERANCE, rel=0)
+    assert result["grad_norms"] == pytest.approx(expected["grad_norms"], rel=1e-3)
+
+
+# The tiny Super-shaped hybrid (recipes/nemotron_super.py: MEM*EME/*E/*E): latent MoE, and two
+# MTP depths sharing one attention + latent-MoE layer on the last stage; each layout's LM loss,
+# grad norm and each MTP depth's loss (logged apart) equal one rank's from one reference.
+SUPER_REFERENCE = "super_tiny_dp1"
+SUPER_LAYOUTS = [
+    ("super_tiny_tp2_sp", 2, []),
+    ("super_tiny_pp2", 2, []),  # MEM* | EME, MTP on the last stage with its embedding copy
+    ("super_tiny_pp2_vpp2", 2, []),  # ME | M* | EM | E, MTP on the last virtual stage
+    ("super_tiny_ep2_dp2", 2, []),
+    ("super_tiny_dp2_distopt", 2, []),
+    ("super_tiny_tp2_sp_pp2_ep2", 4, []),  # three at once
+    # MTP's shift of tokens across CP ranks' load-balanced chunks (`roll_tensor`). Megatron
+    # weighs each CP rank's MTP loss by that rank's own token counts (the local sums of
+    # `transformer/multi_token_prediction.py:175-236` in :883-893), not one rank's: measured
+    # 5e-6 from one rank over 3 steps (2e-7 without MTP), inside the tolerance.
+    ("super_tiny_dp1", 2, ["parallel.context=2", "cluster.gpus_per_node=2"]),
+]
+
+
+@pytest.fixture(scope="module")
+def super_reference(launch_ranks, tmp_path_factory):
+    """The tiny Super's single-rank trace, and the initial weights it saved for every layout."""
+    root = tmp_path_factory.mktemp("super-reference")
+    result = launch_ranks(1, f"{ENTRY}:train_steps", {
+        "recipe": SUPER_REFERENCE, "steps": HYBRID_STEPS, "run_dir": str(root / "ref"),
+        "weights_dir": str(root / "w"), "overrides": HYBRID_SIZE,
+    })[0]
+    return result["weights"], result
+
+
+def test_super_reference_logs_each_mtp_depth_apart(super_reference):
+    result = super_reference[1]
+    assert all(set(step) == {"mtp_1_loss", "mtp_2_loss"} for step in result["mtp_losses"])
+    # Not the LM loss: each depth predicts a token further ahead.
+    assert all(step["mtp_1_loss"] != loss
+               for step, loss in zip(result["mtp_losses"], result["losses"], strict=True))
+    assert result["losses"][-1] < result["losses"][0] - 0.05
+
+
+@pytest.mark.parametrize(
+    ("recipe", "ranks", "overrides"), SUPER_LAYOUTS,
+    ids=[f"{r}{'+' + '+'.join(o) if o else ''}" for r, _, o in SUPER_LAYOUTS],
+)
+def test_super_layout_matches_single_rank(launch_ranks, super_reference, tmp_path, recipe, ranks,
+                                          overrides):
+    weights, expected = super_reference
+    result = _train(launch_ranks, recipe, ranks, [*HYBRID_SIZE, *overrides], weights, tmp_path,
+                    HYBRID_STEPS)
+    worst = max(abs(a - b) for a, b in zip(result["losses"], expected["losses"], strict=True))
+    mtp = max(abs(step[k] - ref[k]) for step, ref in zip(
+        result["mtp_losses"], expected["mtp_losses"], strict=True) for k in ref)
+    print(f"{recipe} {overrides}: max |loss - reference| = {worst:.2e}, max |MTP loss - "
+          "reference| = "
+          f"{mtp:.2e} over {HYBRID_STEPS} steps")
+    assert result["losses"] == pytest.approx(expected["losses"], abs=LOSS_TOLERANCE, rel=0)
+    assert mtp <= LOSS_TOLERANCE
     assert result["grad_norms"] == pytest.approx(expected["grad_norms"], rel=1e-3)
 
 

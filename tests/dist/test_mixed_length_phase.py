@@ -71,8 +71,7 @@ def test_a_packed_phase_of_mixed_lengths_trains_after_the_first(launch_ranks, tm
 
 def test_each_document_of_a_mixed_row_attends_to_itself(launch_ranks, tmp_path):
     blend = write_mixed_blend(tmp_path / "data")
-    [result] = launch_ranks(1, ROWS, {"argv": _argv(blend), "run_dir": str(tmp_path / "rows")},
-                            timeout=300)
+    [result] = launch_ranks(1, ROWS, {"argv": _argv(blend), "run_dir": str(tmp_path / "rows")})
     assert result["phase"] == {"seq_length": LONG_SEQ, "documents": "packed",
                                "micro_batch_size": 1}
     assert "packing" in result["plugins"]

@@ -5,7 +5,8 @@ padding tokens equal those of the three documents each run alone (three micro-ba
 step, same loss tokens, so `finalize_model_grads` divides both by 25), at TP1, TP2 with sequence
 parallelism and PP3 (a middle stage must get the boundaries too), all from one saved reference
 checkpoint (the TP1 run saves it), and at CP2 with each document padded to a multiple of
-2 x CP. The hybrid Mamba-Transformer model (M*-E) likewise, at TP1. Controls show
+2 x CP. The hybrid Mamba-Transformer model (M*-E) likewise, at TP1, and the tiny Super with
+two MTP depths (the row against its documents as rows of one micro-batch). Controls show
 the comparison can fail: the packed row under causal-only attention (no document mask; for the
 hybrid also no `seq_idx` for Mamba), and at PP3 with the boundaries withheld from the middle
 stage.
@@ -147,3 +148,42 @@ def test_packed_loss_is_the_same_in_every_layout(runs):
     worst = max(_rel(loss, losses["tp1"]) for loss in losses.values())
     print(f"packed loss per layout: {losses} (max rel diff {worst:.1e})")
     assert worst <= 1e-5
+
+
+# The tiny Super (latent MoE, two MTP depths sharing a layer): Megatron's MTP shifts a packed
+# row's tokens per document (`_roll_tensor_packed_seq`, `transformer/multi_token_prediction.py:
+# 238-282`), so each depth predicts within its document. Megatron weighs a micro-batch's MTP
+# loss by that micro-batch's token counts, so the documents are compared as rows of one
+# micro-batch (not three). Per-row load balancing off, as for the hybrid above.
+SUPER = ["model.hybrid_layer_pattern=M*E/*E/*E", "model.num_layers=3",
+         "model.moe_aux_loss_coeff=0"]
+
+
+@pytest.fixture(scope="module")
+def mtp_run(launch_ranks, tmp_path_factory):
+    root = tmp_path_factory.mktemp("packed-mtp")
+    return launch_ranks(1, f"{ENTRY}:mtp_packed_vs_rows", {
+        "recipe": "super_tiny_dp1", "run_dir": str(root), "overrides": SUPER})[0]
+
+
+def test_packed_row_with_mtp_equals_its_documents(mtp_run):
+    (alone, alone_tokens), (packed, tokens) = mtp_run["alone"], mtp_run["packed"]
+    mtp = max(_rel(p, a) for p, a in zip(mtp_run["packed_mtp"], mtp_run["alone_mtp"],
+                                         strict=True))
+    print(f"MTP packed: loss rel {_rel(packed, alone):.1e}, MTP losses {mtp_run['packed_mtp']} "
+          f"vs {mtp_run['alone_mtp']} (rel {mtp:.1e}), max |grad diff| "
+          f"{mtp_run['grad_max_diff']:.1e}")
+    assert tokens == alone_tokens == LOSS_TOKENS
+    assert len(mtp_run["alone_mtp"]) == 2 and mtp <= LOSS_REL_TOLERANCE
+    assert _rel(packed, alone) <= LOSS_REL_TOLERANCE
+    assert mtp_run["mtp_parameters"] > 0 and mtp_run["mtp_grad_max"] > 1e-3
+    assert mtp_run["grad_max_diff"] <= GRAD_ABS_TOLERANCE
+
+
+def test_packed_row_with_mtp_without_boundaries_is_detected(mtp_run):
+    causal = max(_rel(c, a) for c, a in zip(mtp_run["causal_only_mtp"], mtp_run["alone_mtp"],
+                                            strict=True))
+    print(f"MTP causal-only control: MTP loss rel diff {causal:.1e}, max |grad diff| "
+          f"{mtp_run['causal_only_grad_max_diff']:.1e}")
+    assert causal > 10 * LOSS_REL_TOLERANCE
+    assert mtp_run["causal_only_grad_max_diff"] > 100 * GRAD_ABS_TOLERANCE

@@ -5,7 +5,9 @@ for bit, and the same token ids in the same order on every rank (a digest of eac
 Covers the distributed optimizer's load-path fixes (trainer/checkpoint/megatron_fixes.py;
 without any one of them the resumed losses drift by ~1e-2 or the load fails), interleaved
 pipelines, dropout (each rank's CPU generator and Megatron's tracker streams must resume), the
-hybrid Mamba-Transformer model at EP2 with Nemotron 3's router expert bias, and ten random stop
+hybrid Mamba-Transformer model at EP2 with Nemotron 3's router expert bias, the tiny Super
+(latent MoE and two shared MTP depths, their routers' bias and losses) at TP2 + SP x PP2 x EP2,
+and ten random stop
 points of the single-rank tiny model. A checkpoint saved at TP2 x PP2 resumes at other
 layouts (weights and optimizer state resharded) within float tolerance, with the same samples;
 so does the hybrid Mamba-Transformer model saved at TP2 + SP and resumed at PP2 x VPP2.
@@ -45,6 +47,9 @@ CASES = [
     # The hybrid (Mamba2, attention, MLP, MoE routed as in Nemotron 3, expert bias included) with
     # its experts over EP2: the Mamba states, the scan's parameters and the router bias resume.
     ("hybrid_tiny_ep2_dp2", 2, HYBRID_SIZE),
+    # The tiny Super (latent MoE, two MTP depths sharing a layer on the last of 2 stages, TP2 +
+    # SP, EP2): the MTP depths' routers, their expert bias and each depth's loss resume too.
+    ("super_tiny_tp2_sp_pp2_ep2", 4, HYBRID_SIZE),
 ]
 
 
@@ -66,8 +71,11 @@ def test_resumed_run_equals_uninterrupted_run(launch_ranks, tmp_path, recipe, ra
         assert after["start"] == SAVE_AFTER
         assert after["records"] == before["records"][SAVE_AFTER:], f"rank {rank}"
         biases = [record["expert_bias"] for record in before["records"]]
-        if "model.moe_router_expert_bias=true" in overrides or recipe.startswith("hybrid"):
+        if "model.moe_router_expert_bias=true" in overrides or recipe.startswith(
+                ("hybrid", "super")):
             assert len(set(biases)) == len(biases), "the expert bias moves every step"
+        if recipe.startswith("super"):
+            assert all(set(r["mtp"]) == {"mtp_1_loss", "mtp_2_loss"} for r in after["records"])
 
 
 def test_ten_random_stop_points_resume_exactly(launch_ranks, tmp_path):

@@ -63,6 +63,28 @@ def test_tiny_hybrid_trains_50_steps_on_one_gpu(tmp_path):
     assert len(losses) == 50 and losses[-1] < losses[0] - 1.0
 
 
+def test_tiny_super_trains_in_bf16_on_one_gpu(tmp_path):
+    """The tiny Nemotron 3 Super-shaped hybrid (latent MoE, two MTP depths sharing a layer) in
+    BF16 on CUDA, each MTP depth's loss logged; its latent projections are Transformer Engine's
+    linears whatever the layers, so without mamba-ssm and causal-conv1d, or without TE, it is
+    refused before launch in one line naming what is missing."""
+    result = _train(tmp_path, "model.transformer_impl=local", "precision.dtype=bf16",
+                    recipe="super_tiny_dp1", steps=50)
+    missing = [name for name in ("mamba_ssm", "causal_conv1d")
+               if importlib.util.find_spec(name) is None]
+    if missing or importlib.util.find_spec("transformer_engine") is None:
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert result.stderr.startswith("error: model.hybrid_layer_pattern has Mamba layers"
+                                        if missing else "error: model.moe_latent_size=32 builds")
+        assert len(result.stderr.strip().splitlines()) == 1
+        return
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert len(train) == 50 and train[-1]["loss"] < train[0]["loss"] - 1.0
+    assert all({"mtp_1_loss", "mtp_2_loss"} <= set(r["extra"]) for r in train)
+
+
 def test_cpu_runtime_auto_stays_off_with_cuda():
     from recipes.config.schema import ClusterConfig
     from trainer.cpu_runtime.runtime import cpu_runtime_active, runtime_for

@@ -15,7 +15,7 @@ import sys
 from rich.console import Console
 
 from recipes.config.schema import ClusterConfig, ParallelConfig
-from recipes.models.hybrid.pattern import layer_symbols
+from recipes.models.hybrid.pattern import PIPE
 from recipes.registry import get_recipe
 from trainer.tools.dry_run import (
     active_parameters,
@@ -35,9 +35,10 @@ def unsharded_reference(cfg):
             cfg.model,
             make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by
             * cfg.parallel.tensor,
-            # One rank holds one segment: the whole pattern without its stage cuts.
+            # One rank holds one segment: the whole pattern without its stage cuts (its MTP
+            # depths after '/' kept).
             hybrid_layer_pattern=cfg.model.hybrid_layer_pattern
-            and layer_symbols(cfg.model.hybrid_layer_pattern),
+            and cfg.model.hybrid_layer_pattern.replace(PIPE, ""),
         ),
     )
     single.train.global_batch_size = single.train.micro_batch_size
@@ -53,7 +54,8 @@ def probe(name: str) -> dict:
     return {
         "shards": [
             {"pp": s.coords.pp, "tp": s.coords.tp, "ep": s.coords.ep, "layers": s.layers,
-             "ranks": s.ranks, "parameters": s.parameters, "held": s.held_parameters}
+             "ranks": s.ranks, "parameters": s.parameters, "held": s.held_parameters,
+             "mtp_layers": s.mtp_layers}
             for s in shards
         ],
         "total": model_parameters(shards, cfg.layout.expert_tensor_size),

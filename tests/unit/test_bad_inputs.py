@@ -60,8 +60,29 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     # hybrid models
     (["recipe=hybrid_tiny_dp1", "model.hybrid_layer_pattern=M*-xE-"],
      "has the unknown symbol 'x'"),
-    (["recipe=hybrid_tiny_dp1", "model.hybrid_layer_pattern=M*/M"],
-     "uses '/' (multi-token prediction), which no layer spec here builds"),
+    (["recipe=hybrid_tiny_dp1", "model.hybrid_layer_pattern=M*-ME-/"],
+     "has an empty MTP depth ('/' with no layers after it)"),
+    # Nemotron 3 Super's features: MTP depths after '/', their settings, a latent MoE
+    (["recipe=super_tiny_dp1", "model.hybrid_layer_pattern=MEM*EME/*E/E*"],
+     "has MTP depths of different layers (*E, E*)"),
+    (["recipe=super_tiny_pp2", "model.hybrid_layer_pattern=MEM*|EME/*|E/*|E"],
+     "cuts an MTP depth with '|'; MTP layers all live on the last pipeline stage"),
+    (["recipe=super_tiny_dp1", "model.mtp_loss_scaling_factor=-0.3"],
+     "model.mtp_loss_scaling_factor=-0.3 must be positive"),
+    (["recipe=hybrid_tiny_dp1", "model.mtp_use_repeated_layer=true"],
+     "model.mtp_use_repeated_layer=True needs MTP depths"),
+    (["recipe=super_tiny_dp1", "model.mtp_loss_scaling_factor=nan"],
+     "model.mtp_loss_scaling_factor=nan must be a finite number"),
+    (["recipe=super_tiny_dp1", "parallel.context=2", "cluster.gpus_per_node=2",
+      "data.source=blend", "data.blend=x.yaml", "data.documents=packed",
+      "train.micro_batch_size=1"],
+     "MTP depths with data.documents=packed (packed rows) and parallel.context=2"),
+    (["recipe=super_tiny_dp1", "model.moe_latent_size=0"],
+     "model.moe_latent_size=0 must be at least 1"),
+    (["recipe=super_tiny_dp1", "model.moe_latent_size=128"],
+     "model.moe_latent_size=128 is not below model.hidden_size=64"),
+    (["recipe=tiny_dp1", "model.moe_latent_size=32"],
+     "model.moe_latent_size=32 needs an MoE model"),
     (["recipe=hybrid_tiny_dp1", "model.num_layers=8"],
      "model.hybrid_layer_pattern has 6 layers but model.num_layers=8"),
     (["recipe=hybrid_tiny_pp2_pipes", "parallel.pipeline=1", "cluster.gpus_per_node=1"],
@@ -300,14 +321,22 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
       "model.num_attention_heads=2", "model.hidden_size=64"],
      "comm_type=a2a splits heads over 4 CP ranks, but model.num_attention_heads=2"),
     # plugins.fp8
-    (["plugins.fp8.format=e5m2"], "plugins.fp8.format expects one of hybrid, e4m3 or null"),
+    (["plugins.fp8.format=e5m2"], "plugins.fp8.format expects one of hybrid, e4m3, e2m1 or "
+     "null"),
+    # NVFP4, the plugin's FP4 preset
+    (["plugins.fp8.format=e2m1"], "plugins.fp8.format=e2m1 (NVFP4) is scaled by "
+     "plugins.fp8.recipe=nvfp4, not delayed"),
+    (["plugins.fp8.format=e4m3", "plugins.fp8.recipe=nvfp4"],
+     "plugins.fp8.recipe=nvfp4 scales 4-bit E2M1 values, but plugins.fp8.format=e4m3"),
+    (["plugins.fp8.format=e2m1", "plugins.fp8.recipe=nvfp4", "model.ffn_hidden_size=272"],
+     "plugins.fp8.recipe=nvfp4 needs model.ffn_hidden_size divisible by 32, got 272"),
     (["plugins.fp8.format=hybrid", "model.ffn_hidden_size=200"], "plugins.fp8.format=hybrid "
      "needs model.ffn_hidden_size divisible by 16, got 200"),
     (["fp8.format=hybrid"], "there is no section 'fp8' (nearest: plugins.fp8); did you mean "
      "plugins.fp8.format"),
     (["plugins.fp8=hybrid"], "'plugins.fp8' is a section, not a value"),
     (["plugins.fp8.recipe=fp8"], "plugins.fp8.recipe expects one of delayed, tensorwise, "
-     "blockwise, mxfp8, got 'fp8'"),
+     "blockwise, mxfp8, nvfp4, got 'fp8'"),
     (["plugins.fp8.amax_compute_algo=mean"], "plugins.fp8.amax_compute_algo expects one of max, "
      "most_recent"),
     (["plugins.fp8.recipe=mxfp8"], "plugins.fp8.recipe=mxfp8 has no effect while "
@@ -433,6 +462,11 @@ BAD_LAUNCHES: list[tuple[str, list[str], list[str]]] = [
     ("pretrain.py", ["recipe=tiny_dp1", "model.layernorm_zero_centered_gamma=true"],
      ["model.layernorm_zero_centered_gamma=true needs Transformer Engine's norms on GPU ranks, "
       "but this run's ranks are on CPU"]),
+    # NVFP4 needs Blackwell GPUs; these ranks run on CPU.
+    ("pretrain.py", ["recipe=super_tiny_dp1", "precision.dtype=bf16", "plugins.fp8.format=e2m1",
+                     "plugins.fp8.recipe=nvfp4", "model.hidden_size=64"],
+     ["plugins.fp8.format=e2m1 needs CUDA GPUs (Transformer Engine's NVFP4 GEMMs, on "
+      "Blackwell), but this run would train on the CPU runtime"]),
     # The built-in demo corpus on the 2 nodes the cluster file gives a 1-node recipe's 4 ranks.
     ("launch.py", ["recipe=tiny_tp2_pp2", "cluster=conf/cluster/cpu_slurm_2x2.yaml"],
      ["tiny_tp2_pp2 runs on 2 nodes but data.source=python_stdlib is the built-in demo corpus; "

@@ -32,6 +32,8 @@ NANO3 = f"{B}@38b4a06:src/megatron/bridge/recipes/nemotronh/nemotron_3_nano.py"
 H_PERF = f"{B}@38b4a06:scripts/performance/configs/nemotronh/nemotronh_workload_base_configs.py"
 N3_PERF = (f"{B}@38b4a06:scripts/performance/configs/nemotronh/"
            "nemotron_3_workload_base_configs.py")
+SUPER = f"{B}@53d40d1:src/megatron/bridge/recipes/nemotronh/nemotron_3_super.py"
+SUPER_PROVIDER = f"{B}@53d40d1:src/megatron/bridge/models/nemotronh/nemotron_h_provider.py"
 LLAMA_8B_PERF = f"{B}@0813a3f:scripts/performance/configs/llama3/llama3_8b_llm_pretrain.py"
 FSDP_PERF = f"{B}@0813a3f:scripts/performance/utils/helpers.py (set_megatron_fsdp_overrides)"
 
@@ -84,6 +86,20 @@ NANO3_FAST = {
     "recompute_granularity": ("selective", f"{N3_PERF}:84"),
     "recompute_modules": (["moe", "layernorm"], f"{N3_PERF}:84"),
 }
+SUPER_FAST = {
+    "moe_token_dispatcher_type": ("alltoall", f"{SUPER}:65"),
+    "moe_grouped_gemm": (True, f"{SUPER_PROVIDER}:53"),
+    "moe_permute_fusion": (True, f"{SUPER_PROVIDER}:55"),
+    "moe_router_fusion": (False, "not set: Megatron's default"),
+    "moe_shared_expert_overlap": (False, f"{SUPER}:66"),
+    "use_fused_weighted_squared_relu": (True, f"{SUPER}:131"),
+    "ddp.overlap_param_gather": (True, f"{SUPER}:123"),
+    "cuda_graph_impl": ("transformer_engine", f"{SUPER}:83"),
+    "cuda_graph_modules": (["attn", "mamba", "moe_router", "moe_preprocess"], f"{SUPER}:84"),
+    "recompute_granularity": (None, "not set: _pretrain_common's none"),
+}
+SUPER_RECIPES = ("nemotron3_super_120b_a12b_tp4_sp_ep64_dp16",
+                 "nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16")
 
 TABLE: dict[str, dict] = {
     "llama3_8b_tp8_dp8": LLAMA_8B,
@@ -118,6 +134,7 @@ TABLE: dict[str, dict] = {
         "tp_comm_overlap": (False, f"{NANO_V2}:275 (comm_overlap=None: FP8)")},
     "nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16": NANO3_FAST,
     "nemotron3_nano_30b_a3b_phases_tp4_sp_ep8_dp16": NANO3_FAST,
+    **{name: SUPER_FAST for name in SUPER_RECIPES},
 }
 
 # Where a recipe here knowingly differs from its Bridge counterpart, and why.
@@ -125,6 +142,12 @@ DIFFERS: dict[tuple[str, str], tuple[object, str]] = {
     ("llama3_8b_128k_tp8_cp8", "recompute_granularity"): (
         "full", "this recipe's 128k layout holds 16k tokens per CP rank and recomputes fully "
                 f"(Bridge's 128k recipe: none, {LLAMA}:516, at TP4 x PP2 x CP8)"),
+    **{(name, field): value for name in SUPER_RECIPES for field, value in {
+        "recompute_granularity": ("full", "Bridge trains on B200 at EP8; here 80-GB GPUs hold "
+                                          "the 88 layers' activations only when recomputed"),
+        "cuda_graph_impl": ("none", "Megatron graphs a fully recomputed layer only in a "
+                                    "full-iteration graph"),
+        "cuda_graph_modules": ([], "no graphs (above)")}.items()},
 }
 
 
@@ -151,7 +174,7 @@ def _field(configs: dict, name: str):
 
 def test_the_table_covers_every_gpu_recipe_with_a_bridge_counterpart():
     families = ("llama3_", "llama31_", "mixtral_8x7b", "nemotron_h_", "nemotron_nano_v2",
-                "nemotron3_nano")
+                "nemotron3_nano", "nemotron3_super")
     assert set(TABLE) == {name for name in RECIPES if name.startswith(families)}
 
 

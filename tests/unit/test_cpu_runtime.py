@@ -205,6 +205,22 @@ def check_offload_split() -> None:
     assert all(param.float().lt(1).all() for param in params)  # both updated, one on each side
 
 
+def check_moe_latent_projections() -> None:
+    # What MoELayer builds its latent projections with (transformer/moe/moe_layer.py:264-289).
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.moe import moe_layer
+
+    assert moe_layer.HAVE_TE
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2,
+                               sequence_parallel=False)
+    projection = moe_layer.TELinear(
+        8, 4, parallel_mode="duplicated", config=config, init_method=torch.nn.init.ones_,
+        bias=False, skip_bias_add=False, skip_weight_param_allocation=False, is_expert=False)
+    out, bias = projection(torch.ones(3, 1, 8))
+    assert out.shape == (3, 1, 4) and bias is None and torch.all(out == 8)
+    assert projection.weight.tensor_model_parallel is False and projection.weight.allreduce
+
+
 UNIT_CHECKS: dict[str, Callable[[], None]] = {
     "device_redirect": check_device_redirect,
     "cuda_type_names": check_cuda_type_names,
@@ -214,6 +230,7 @@ UNIT_CHECKS: dict[str, Callable[[], None]] = {
     "backward_in_mode": check_backward_in_mode,
     "mamba_kernels": check_mamba_kernels,
     "offload_split": check_offload_split,
+    "moe_latent_projections": check_moe_latent_projections,
 }
 # Shown necessary by tests/dist/test_cpu_runtime_dist.py and test_context_parallel.py instead
 # (they need a process group).

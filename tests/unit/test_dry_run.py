@@ -53,6 +53,30 @@ def test_nemotron3_nano_builds_its_published_parameters_on_the_meta_device(probe
     assert "active per token 3,580,073,408" in built["report"]
 
 
+def test_nemotron3_super_builds_its_counted_parameters_on_the_meta_device(probes):
+    """Every one of the 64 shards built for real: the planner's total and active counts (with
+    the stored MTP depth; tests/unit/test_hybrid_models.py has the published 120.6B / 12.7B)."""
+    built = probes["nemotron3_super_120b_a12b_tp4_sp_ep64_dp16"]
+    assert built["total"] == 123_611_012_096
+    assert built["active"] == 13_015_079_936
+    assert "active per token 13,015,079,936" in built["report"]
+
+
+@pytest.mark.parametrize("name", ["super_tiny_pp2", "super_tiny_pp2_vpp2",
+                                  "super_tiny_tp2_sp_pp2_ep2"])
+def test_mtp_depths_live_on_the_last_stage_where_the_layout_says(probes, name):
+    """The MTP block (one layer, run at two depths) is built on the last stage's last virtual
+    stage, as the layout object says; no other shard holds it."""
+    from recipes.registry import get_recipe
+
+    layout = get_recipe(name).layout
+    stage, _ = layout.mtp_chunk()
+    assert stage == layout.pipeline - 1 and layout.mtp_depths == 2
+    shards = probes[name]["shards"]
+    assert {s["pp"]: s["mtp_layers"] for s in shards} == {0: 0, 1: 1}
+    assert "+ MTP 1 x *E run 2 times" in probes[name]["report"]
+
+
 def test_hybrid_stages_hold_their_pattern_segments(probes):
     shards = probes["hybrid_tiny_pp2_vpp2"]["shards"]  # M* | -M | E | -
     assert {s["pp"]: s["layers"] for s in shards} == {0: [[1, 2], [5]], 1: [[3, 4], [6]]}

@@ -131,6 +131,40 @@ def test_moe_counts_routed_and_shared_experts_not_all_experts():
     assert forward_flops_per_token(shared) == forward_flops_per_token(dense_thrice)
 
 
+def test_latent_experts_equal_megatron_training_formula():
+    """A latent MoE's routed experts run at the latent width behind two projections, as
+    Megatron-LM counts them (`training.py:798-812`); the tiny Mixtral at latent 32 of 64."""
+    from recipes.config.overrides import apply_overrides
+
+    cfg = apply_overrides(get_recipe("mixtral_tiny_ep1"), ["model.moe_latent_size=32"])
+    args = _megatron_args(cfg)
+    args.moe_latent_size = 32
+    theirs = num_floating_point_operations(args, cfg.train.global_batch_size)
+    assert step_flops(cfg) == pytest.approx(theirs, rel=1e-12)
+    assert step_flops(cfg) < step_flops(get_recipe("mixtral_tiny_ep1"))
+
+
+def test_every_mtp_depth_counts_its_layers_projection_and_logits():
+    """The tiny Super (MEM*EME/*E/*E): two depths of attention + latent MoE, each with its
+    2·hidden -> hidden projection and the logits once more; a shared layer still runs twice
+    (Megatron-LM's hybrid formula counts the depths' layers and logits but not the projection,
+    `training.py:480-505, 853-858`)."""
+    from recipes.config.overrides import apply_overrides
+    from recipes.models.gpt.flops import attention_projection_flops, logits_flops
+    from recipes.models.moe.flops import moe_flops
+
+    cfg = get_recipe("super_tiny_dp1")
+    main = apply_overrides(cfg, ["model.hybrid_layer_pattern=MEM*EME",
+                                 "model.mtp_use_repeated_layer=false",
+                                 "model.mtp_loss_scaling_factor=0.1"])
+    s = FlopsShape.from_config(cfg)
+    depth = (attention_projection_flops(s) + moe_flops(s) + 2 * (2 * 64) * 64 + logits_flops(s))
+    scores = attention_score_flops(s, 1) / s.attention_layers  # one attention layer, one pair
+    per_token = 3 * (2 * depth + 2 * scores * cfg.model.seq_length / 2)
+    assert model_flops_per_token(cfg) - model_flops_per_token(main) == pytest.approx(per_token)
+    assert (s.attention_layers, s.moe_layers, s.mtp_depths) == (1 + 2, 3 + 2, 2)
+
+
 def test_recomputation_is_not_useful_work():
     cfg = get_recipe("tiny_dp1")
     recomputing = copy.deepcopy(cfg)

@@ -6,10 +6,13 @@ recipes, and NemotronH's config.json written back."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from safetensors import safe_open
 
+from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
 from tests.dist.hf_runs import make_hf_model
 from trainer.interop import hf_config, memory
@@ -145,6 +148,43 @@ def test_published_nemotron3_nano_config_matches_our_recipe_and_parameter_count(
                 if not rule.megatron.endswith("expert_bias"))  # a buffer, not a parameter
     assert count == 31_577_937_344  # the dry run's total, docs/hybrid-models.md
     assert sum(rule.megatron.endswith("expert_bias") for rule, _ in tensors) == 23
+
+
+# Nemotron 3 Super 120B-A12B's config.json (a third-party transcription of the release's): the
+# fields the mapping reads, its latent MoE and its one stored MTP depth.
+NEMOTRON3_SUPER = {
+    **NEMOTRON3_NANO,
+    "hybrid_override_pattern": ("MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*"
+                                "EMEMEMEMEM*EMEMEMEM*EMEMEMEME"),
+    "num_hidden_layers": 88, "hidden_size": 4096, "intermediate_size": 2688,
+    "mamba_num_heads": 128, "n_routed_experts": 512, "num_experts_per_tok": 22,
+    "moe_intermediate_size": 2688, "moe_shared_expert_intermediate_size": 5376,
+    "moe_latent_size": 1024, "routed_scaling_factor": 5.0, "num_nextn_predict_layers": 1,
+    "mtp_hybrid_override_pattern": "*E",
+}
+
+
+def test_published_nemotron3_super_config_matches_our_recipe_and_parameter_count() -> None:
+    """The release stores one MTP depth (mtp.layers.0-1: attention, latent MoE) that the
+    recipe runs twice; its tensors are the dry run's total, MTP depth included."""
+    recipe = "nemotron3_super_120b_a12b_tp4_sp_ep64_dp16"
+    cfg = get_recipe(recipe)
+    hf_config.compare_with_recipe(NEMOTRON3_SUPER, cfg.model, recipe)
+    shapes = shapes_of(cfg.model, cfg.layout.padded_vocab)
+    tensors = [(rule, shape) for rule in rules(shapes) for shape in hf_shapes(rule, shapes)]
+    count = sum(torch.Size(shape).numel() for rule, shape in tensors
+                if not rule.megatron.endswith("expert_bias"))
+    assert count == 123_611_012_096  # tests/unit/test_dry_run.py
+    names = [name for rule, _ in tensors for name in rule.hf]
+    assert {"mtp.layers.0.eh_proj.weight", "mtp.layers.0.mixer.q_proj.weight",
+            "mtp.layers.1.mixer.fc1_latent_proj.weight", "mtp.layers.1.final_layernorm.weight",
+            "backbone.layers.1.mixer.experts.511.up_proj.weight"} <= set(names)
+    assert sum(rule.megatron.endswith("expert_bias") for rule, _ in tensors) == 41
+    twice = {**NEMOTRON3_SUPER, "num_nextn_predict_layers": 2}
+    with pytest.raises(ConfigError, match=re.escape(
+            "num_nextn_predict_layers=2 of layers '*E' but the recipe's pattern stores 1 MTP "
+            "depth(s) of '*E' (2 run)")):
+        hf_config.compare_with_recipe(twice, cfg.model, recipe)
 
 
 def test_nemotron_h_config_written_back_is_read_as_the_same_model() -> None:

@@ -20,12 +20,53 @@ from recipes.plan.params import active_parameters, model_parameters, symbol_para
 from recipes.registry import get_recipe
 
 NANO = "nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16"
+SUPER = "nemotron3_super_120b_a12b_tp4_sp_ep64_dp16"
 
 
 def test_nemotron3_nano_totals_its_published_parameters() -> None:
     cfg = get_recipe(NANO)
     assert model_parameters(cfg) == 31_577_937_344  # published 31.6B
     assert active_parameters(cfg) == 3_580_073_408  # published ~3.6B (top-6 of 128 experts)
+
+
+def test_nemotron3_super_totals_its_published_parameters() -> None:
+    """NVIDIA's docs: 120.6B parameters, 12.7B active (docs/nemotron/super3/pretrain.md:15).
+    Ours with the stored MTP depth (attention + a latent MoE layer: 2.94B); without it the
+    decoder's own, which the published figures are."""
+    from recipes.config.overrides import apply_overrides
+
+    cfg = get_recipe(SUPER)
+    assert model_parameters(cfg) == 123_611_012_096
+    assert active_parameters(cfg) == 13_015_079_936  # top-22 of 512 latent experts
+    main = cfg.model.hybrid_layer_pattern.split("/")[0]
+    decoder = apply_overrides(cfg, [f"model.hybrid_layer_pattern={main}",
+                                    "model.mtp_use_repeated_layer=false",
+                                    "model.mtp_loss_scaling_factor=0.1"])
+    assert model_parameters(decoder) == 120_668_687_360  # published 120.6B
+    assert active_parameters(decoder) == 12_770_216_960  # published 12.7B
+    assert abs(model_parameters(decoder) / 120.6e9 - 1) < 0.001
+    assert abs(active_parameters(decoder) / 12.7e9 - 1) < 0.01
+
+
+def test_nemotron3_super_keeps_its_published_pretraining_run() -> None:
+    """NVIDIA's docs and stage-0 configs: 25T tokens (993,404 steps) at 3072 x 8192, WSD
+    4.5e-4 -> 4.5e-6 with 7,949 warm-up steps (200B tokens) and a minus-sqrt decay over the
+    final 198,682 (5T), weight decay 0.1, MTP loss x 0.3 over two depths sharing a layer,
+    latent 1024; the layout TP4 + SP as published, EP64 where NVIDIA's main run had EP8."""
+    cfg = get_recipe(SUPER)
+    m, p, t, s = cfg.model, cfg.parallel, cfg.train, cfg.scheduler
+    assert (p.tensor, p.sequence_parallel, p.expert, p.expert_tensor) == (4, True, 64, 1)
+    assert (m.seq_length, t.global_batch_size, t.train_iters) == (8192, 3072, 993_404)
+    assert (cfg.optimizer.lr, cfg.optimizer.min_lr, s.warmup_iters) == (4.5e-4, 4.5e-6, 7949)
+    assert (s.style, s.wsd_decay_style, s.decay_iters, s.wsd_decay_iters) == (
+        "wsd", "minus_sqrt", 992_411, 198_682)
+    assert (m.moe_latent_size, m.num_moe_experts, m.moe_router_topk) == (1024, 512, 22)
+    assert (m.mtp_loss_scaling_factor, m.mtp_use_repeated_layer) == (0.3, True)
+    assert m.hybrid_layer_pattern.endswith("E/*E/*E") and m.num_layers == 88
+    phases = get_recipe("nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16").phases
+    assert [(ph.name, ph.end_step, ph.seq_length) for ph in phases] == [
+        ("diverse", 794_723, 8192), ("quality", 993_404, 8192),
+        ("long_context_1m", 995_431, 1_048_576), ("long_context_mixed", 996_445, 1_048_576)]
 
 
 def test_nemotron3_nano_keeps_its_published_pretraining_run() -> None:

@@ -61,6 +61,10 @@ FP8_CASES = {
                    "plugins.fp8.first_layers_bf16=1", "plugins.fp8.last_layers_bf16=1",
                    "plugins.fp8.param_gather=true", "optimizer.distributed=true"],
     "blockwise": ["plugins.fp8.format=e4m3", "plugins.fp8.recipe=blockwise"],
+    # NVFP4: --fp4-format / --fp4-recipe / --fp4-param-gather, not the fp8 flags.
+    "nvfp4": ["plugins.fp8.format=e2m1", "plugins.fp8.recipe=nvfp4",
+              "plugins.fp8.last_layers_bf16=1", "plugins.fp8.param_gather=true",
+              "optimizer.distributed=true"],
 }
 
 
@@ -70,7 +74,10 @@ def test_fp8_to_megatron_args_and_back(case) -> None:
 
     cfg = apply_overrides(get_recipe("tiny_dp1"), ["precision.dtype=bf16", *FP8_CASES[case]])
     args = to_megatron_args(cfg)
-    assert ("--fp8-param-gather" in args) == cfg.plugins.fp8.param_gather
+    fp4 = cfg.plugins.fp8.fp4
+    assert ("--fp8-param-gather" in args) == (cfg.plugins.fp8.param_gather and not fp4)
+    assert ("--fp4-param-gather" in args) == (cfg.plugins.fp8.param_gather and fp4)
+    assert ("--fp8-format" in args) != fp4
     back, notes = config_from_megatron_args(args, cfg.cluster)
     assert _differences(cfg, back) == [] and notes == []
 

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hang import HANG_S
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -283,7 +285,7 @@ def _start(skip: list[str], names: list[str]) -> subprocess.Popen:
 
 
 def _outcome(process: subprocess.Popen) -> dict[str, str]:
-    stdout, stderr = process.communicate(timeout=600)
+    stdout, stderr = process.communicate(timeout=HANG_S)
     if process.returncode != 0 or not stdout.strip():
         raise RuntimeError(f"check process failed ({process.returncode}):\n{stderr[-3000:]}")
     return json.loads(stdout.strip().splitlines()[-1])

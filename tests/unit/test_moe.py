@@ -82,7 +82,8 @@ class FakeRouter(torch.nn.Module):
 def test_tokens_count_on_training_forwards_with_grad_only():
     routing_map = torch.tensor([[True, True, False], [False, True, True]])
     counter = RoutedTokenCounter()
-    router = counter.router_builder(FakeRouter, num_layers=2)(routing_map)
+    config = SimpleNamespace(num_layers=2, mtp_num_layers=None)
+    router = counter.router_builder(FakeRouter, config)(routing_map)
     hidden = torch.zeros(2, 4)
     router(hidden)
     expected = torch.tensor([[0.0, 0.0, 0.0], [1.0, 2.0, 1.0]], dtype=torch.float64)
@@ -92,6 +93,20 @@ def test_tokens_count_on_training_forwards_with_grad_only():
     router.eval()
     router(hidden)
     assert torch.equal(counter.counts, expected)
+
+
+def test_an_mtp_depths_router_counts_after_the_decoders_layers():
+    """Megatron's MTP layers number themselves from 1 inside a depth: their routers get rows
+    after the decoder's, not the decoder's own (router.py's tracker does the same)."""
+    routing_map = torch.tensor([[True, False, True]])
+    counter = RoutedTokenCounter()
+    config = SimpleNamespace(num_layers=2, mtp_num_layers=2)
+    decoder = counter.router_builder(FakeRouter, config)(routing_map)
+    mtp = counter.router_builder(FakeRouter, config)(routing_map)
+    mtp.is_mtp_layer = True
+    decoder(torch.zeros(1, 4))
+    mtp(torch.zeros(1, 4))
+    assert counter.counts.tolist() == [[0, 0, 0], [1, 0, 1], [0, 0, 0], [1, 0, 1]]
 
 
 def test_figures_are_the_worst_layers_imbalance_and_tokens_per_expert_per_layer():

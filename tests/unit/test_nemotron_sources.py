@@ -37,7 +37,7 @@ CODE = re.compile(r"[\w.-]+/[\w.-]+@[0-9a-f]{7,40}:[\w./-]+\.(py|yaml|md)(:[\d, 
 
 
 def test_the_catalogue_has_the_nemotron_recipes() -> None:
-    assert len(NEMOTRON) == 11
+    assert len(NEMOTRON) == 13
     assert all(settings_of(RECIPES[name]) is not None for name in NEMOTRON)
 
 
@@ -98,6 +98,21 @@ def test_the_gpu_checks_train_the_recipes_fp8_presets() -> None:
         assert overrides.pop("optimizer.distributed") == "true"
         assert {k: v.lower() for k, v in overrides.items()} == {
             k: str(v).lower() for k, v in preset.items()}
+
+
+def test_the_gpu_check_trains_supers_nvfp4_preset() -> None:
+    """Nemotron 3 Super's NVFP4 preset (its recipe names it; 80-GB H100s cannot run it) is the
+    GPU check's `_super` NVFP4 run, the BF16 end layers scaled to the check's 7-layer model."""
+    from plugins.fp8.config import Fp8Config
+    from recipes.nemotron_super import SUPER_NVFP4
+
+    checked = dict(o.split("=", 1) for o in Fp8Config().gpu_checks()["nemotron_super_nvfp4_super"])
+    preset = dict(o.split("=", 1) for o in SUPER_NVFP4)
+    assert (checked.pop("plugins.fp8.last_layers_bf16"),
+            preset.pop("plugins.fp8.last_layers_bf16")) == ("1", "14")
+    assert checked == preset
+    table = settings_of(RECIPES["nemotron3_super_120b_a12b_tp4_sp_ep64_dp16"])
+    assert " ".join(SUPER_NVFP4) in table["plugins.fp8.format"].source.note
 
 
 def test_the_docs_page_is_generated_from_the_recipes() -> None:

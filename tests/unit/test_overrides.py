@@ -100,7 +100,7 @@ def test_unknown_key_names_the_closest_valid_keys(override: str, message: str) -
          "model.activation expects one of gelu, swiglu, squared_relu, got 'relu' (currently "
          "model.activation=gelu)"),
         ("plugins.fp8.format=e5m2",
-         "plugins.fp8.format expects one of hybrid, e4m3 or null, got 'e5m2'"),
+         "plugins.fp8.format expects one of hybrid, e4m3, e2m1 or null, got 'e5m2'"),
         ("model.num_query_groups=many",
          "model.num_query_groups expects an integer or null, got 'many' (currently "
          "model.num_query_groups=null)"),

@@ -1,5 +1,5 @@
-"""The planner prices FP8 parameters, and only them: Nemotron-4's rotary share and LayerNorm1p
-change no byte.
+"""The planner prices FP8 and NVFP4 parameters, and only them: Nemotron-4's rotary share and
+LayerNorm1p change no byte.
 
 With `plugins.fp8.param_gather` the GEMM weights of every layer outside the BF16 ends are held
 in one byte (no BF16 copy) and all-gathered over DP in one byte. Checked: which layers Megatron
@@ -117,6 +117,41 @@ def test_fp8_parameters_save_a_byte_per_weight_and_on_the_gather() -> None:
         t.group: t.bytes_sent for t in after.traffic}["dp-cp"]
     dp = bf16.layout.data_parallel
     assert gather == pytest.approx(low.dense * (dp - 1) / dp)
+
+
+NVFP4_PARAMS = ["precision.dtype=bf16", "plugins.fp8.format=e2m1", "plugins.fp8.recipe=nvfp4",
+                "plugins.fp8.param_gather=true", "optimizer.distributed=true"]
+
+
+def test_nvfp4_parameters_save_a_byte_and_a_half_per_weight_and_on_the_gather() -> None:
+    """Half a byte a weight in the DDP buffer and the all-gather; planned on a cluster whose
+    GPUs have an FP4 peak (the step time's, not the memory's)."""
+    from plugins.protocol.errors import ConfigError
+
+    blackwell = dataclasses.replace(CLUSTER, peak_tflops={**CLUSTER.peak_tflops, "fp4": 1.0})
+    bf16 = apply_overrides(get_recipe("super_tiny_dp2_distopt"), ["precision.dtype=bf16"])
+    nvfp4 = apply_overrides(bf16, [*NVFP4_PARAMS, "plugins.fp8.last_layers_bf16=1"])
+    (low,) = stage_low_precision_weights(nvfp4)
+    every = stage_low_precision_weights(apply_overrides(bf16, NVFP4_PARAMS))[0]
+    assert 0 < low.total < every.total  # the last layer (E) keeps its weights in BF16
+    before, after = make_plan(bf16, blackwell).worst, make_plan(nvfp4, blackwell).worst
+    assert before.state.weights - after.state.weights == pytest.approx(1.5 * low.total)
+    gather = {t.group: t.bytes_sent for t in before.traffic}["dp-cp"] - {
+        t.group: t.bytes_sent for t in after.traffic}["dp-cp"]
+    assert gather == pytest.approx(1.5 * low.dense / 2)  # DP2: half of it travels
+    with pytest.raises(ConfigError, match="gives no peak_tflops.fp4: its GPUs run no FP4 GEMMs"):
+        make_plan(nvfp4, CLUSTER)  # H200: no FP4
+
+
+def test_a_latent_moe_layer_counts_its_projections_among_its_gemm_weights() -> None:
+    from recipes.models.moe.params import moe_gemm_weights, moe_mlp_params
+
+    cfg = get_recipe("super_tiny_dp1")  # hidden 64, latent 32, 4 experts of 64, shared 64
+    m, layout = cfg.model, cfg.layout
+    gemm, params = moe_gemm_weights(m, layout), moe_mlp_params(m, layout)
+    assert gemm.replicated == 2 * 64 * 32  # fc1_latent_proj and fc2_latent_proj
+    assert gemm.expert == 4 * (64 * 32 + 32 * 64)  # each expert reads and writes 32 wide
+    assert params.replicated == gemm.replicated + 4 * 64 + 64  # + router and norm
 
 
 @pytest.mark.parametrize("override", ["model.rotary_percent=0.5",

@@ -35,6 +35,7 @@ from tests.hang import HANG_S
 
 REPO = Path(__file__).resolve().parents[2]
 BF16, FP8 = ["precision.dtype=bf16"], ["precision.dtype=bf16", "plugins.fp8.format=hybrid"]
+NVFP4 = ["precision.dtype=bf16", "plugins.fp8.format=e2m1", "plugins.fp8.recipe=nvfp4"]
 HOPPER = MachineInfo(gpus=8, launched_world_size=None, compute_capability=(9, 0),
                      transformer_engine="2.8.0")
 
@@ -72,6 +73,16 @@ PRESETS = {
                          {"fp8": "hybrid", "fp8_recipe": "tensorwise", "fp8_param": True},
                          {"bf16": True, "fp8_recipe": "tensorwise",
                           "use_distributed_optimizer": True}),
+    # NVFP4 as Nemotron 3 Super's preset: Megatron's fp4 fields, no fp8 ones (fp4_utils.py).
+    "nvfp4": ([*NVFP4, "plugins.fp8.last_layers_bf16=1"],
+              {"fp4": "e2m1", "fp4_recipe": "nvfp4", "fp8": None, "fp4_param": False,
+               "first_last_layers_bf16": True, "num_layers_at_start_in_bf16": 0,
+               "num_layers_at_end_in_bf16": 1},
+              {"bf16": True, "fp8_recipe": None}),
+    "nvfp4_param_gather": ([*NVFP4, "plugins.fp8.param_gather=true", "optimizer.distributed=true"],
+                           {"fp4": "e2m1", "fp4_param": True, "fp8": None,
+                            "first_last_layers_bf16": False},
+                           {"bf16": True, "fp8_recipe": None, "use_distributed_optimizer": True}),
     "mxfp8": ([*FP8, "plugins.fp8.recipe=mxfp8", "plugins.fp8.last_layers_bf16=1"],
               {"fp8": "hybrid", "fp8_recipe": "mxfp8", "first_last_layers_bf16": True,
                "num_layers_at_start_in_bf16": 0, "num_layers_at_end_in_bf16": 1},
@@ -106,11 +117,12 @@ def test_preset_maps_onto_exactly_these_megatron_fields(preset) -> None:
     assert {key: getattr(config, key) for key in transformer} == transformer
     built = build_optimizer_config(cfg)
     assert {key: getattr(built, key) for key in optimizer} == optimizer
-    gather = cfg.plugins.fp8.param_gather
+    gather, fp4 = cfg.plugins.fp8.param_gather, cfg.plugins.fp8.fp4
     # The optimizer reads the recipe only to shard FP8 parameters (distrib_optimizer.py:403-409).
-    assert (built.fp8_recipe is not None) == gather
+    assert (built.fp8_recipe is not None) == (gather and not fp4)
     ddp = build_ddp_config(cfg)
-    assert ddp.grad_reduce_in_fp32 and ddp.fp8_param_gather == gather
+    assert ddp.grad_reduce_in_fp32 and ddp.fp8_param_gather == (gather and not fp4)
+    assert ddp.fp4_param_gather == (gather and fp4)
 
 
 def test_fp8_off_builds_no_plugin_and_sets_nothing() -> None:
@@ -183,6 +195,15 @@ RULE_CASES = [
     ("check_fp8_shapes", [*FP8, "plugins.fp8.recipe=mxfp8", "model.hidden_size=48",
                           "model.num_attention_heads=3"],
      "plugins.fp8.recipe=mxfp8 needs model.hidden_size divisible by 32, got 48"),
+    ("check_fp8_shapes", [*NVFP4, "model.ffn_hidden_size=272"],
+     "plugins.fp8.recipe=nvfp4 needs model.ffn_hidden_size divisible by 32, got 272"),
+    ("check_fp8_shapes", ["recipe=super_tiny_dp1", *NVFP4, "model.moe_latent_size=48"],
+     "plugins.fp8.recipe=nvfp4 needs model.moe_latent_size divisible by 32, got 48"),
+    ("check_fp4_format_and_recipe", [*BF16, "plugins.fp8.format=e2m1"],
+     "plugins.fp8.format=e2m1 (NVFP4) is scaled by plugins.fp8.recipe=nvfp4, not delayed; set "
+     "plugins.fp8.recipe=nvfp4"),
+    ("check_fp4_format_and_recipe", [*FP8, "plugins.fp8.recipe=nvfp4"],
+     "plugins.fp8.recipe=nvfp4 scales 4-bit E2M1 values, but plugins.fp8.format=hybrid"),
 ]
 
 
@@ -265,6 +286,19 @@ MACHINE_CASES = [
     ("fp8_compute_capability", [*FP8, "plugins.fp8.recipe=mxfp8"], HOPPER,
      "plugins.fp8.recipe=mxfp8 needs GPU compute capability 10.0 or higher, this GPU has 9.0; "
      "use plugins.fp8.recipe=tensorwise"),
+    # NVFP4 on Hopper and on CPU ranks: refused before launch, one line each.
+    ("fp8_compute_capability", NVFP4, HOPPER,
+     "plugins.fp8.recipe=nvfp4 needs GPU compute capability 10.0 or higher, this GPU has 9.0 "
+     "(NVFP4 GEMMs run on Blackwell: B200, GB200); use plugins.fp8.format=hybrid "
+     "plugins.fp8.recipe=tensorwise (FP8) or plugins.fp8.format=null (bf16 alone)"),
+    ("fp8_needs_cuda", NVFP4, MachineInfo(gpus=0, launched_world_size=None,
+                                           transformer_engine="2.8.0"),
+     "plugins.fp8.format=e2m1 needs CUDA GPUs (Transformer Engine's NVFP4 GEMMs, on Blackwell), "
+     "but this run would train on the CPU runtime (found 0 GPUs)"),
+    ("fp8_transformer_engine_version", NVFP4,
+     MachineInfo(gpus=8, launched_world_size=None, compute_capability=(10, 0),
+                 transformer_engine="2.6.0"),
+     "plugins.fp8.recipe=nvfp4 needs Transformer Engine >= 2.7.0.dev0"),
     ("fp8_compute_capability", [*FP8, "plugins.fp8.recipe=blockwise"],
      MachineInfo(gpus=8, launched_world_size=None, compute_capability=(8, 9),
                  transformer_engine="2.8.0"),
@@ -288,10 +322,13 @@ def test_machine_need_fires_alone_before_launch(check, overrides, machine, messa
 
 @pytest.mark.parametrize(("recipe", "capability"), [
     ("delayed", (8, 9)), ("tensorwise", (9, 0)), ("blockwise", (9, 0)), ("mxfp8", (10, 0)),
+    ("nvfp4", (10, 0)),  # Blackwell
     ("tensorwise", None),  # nvidia-smi could not tell: Transformer Engine decides at run time
 ])
 def test_machines_that_can_run_a_preset_pass(recipe, capability) -> None:
-    cfg = apply_overrides(get_recipe("tiny_dp1"), [*FP8, f"plugins.fp8.recipe={recipe}"])
+    fmt = "e2m1" if recipe == "nvfp4" else "hybrid"
+    cfg = apply_overrides(get_recipe("tiny_dp1"), [*BF16, f"plugins.fp8.format={fmt}",
+                                                   f"plugins.fp8.recipe={recipe}"])
     check_machine(cfg, MachineInfo(gpus=8, launched_world_size=None,
                                    compute_capability=capability, transformer_engine="2.8.0"))
 

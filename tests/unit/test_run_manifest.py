@@ -119,6 +119,21 @@ def test_each_shape_field_alone_refuses_the_load(override):
     assert mismatch.endswith(f"this run has {shown}")
 
 
+@pytest.mark.parametrize(("override", "refused"), [
+    ("model.hybrid_layer_pattern=MEM*EME/*E", True),  # one MTP depth instead of two
+    ("model.mtp_use_repeated_layer=false", True),  # two stored depths instead of one
+    ("model.moe_latent_size=16", True),
+    ("model.hybrid_layer_pattern=MEM*|EME/*E/*E", False),  # a stage cut is layout, not shape
+])
+def test_mtp_depths_and_the_latent_width_are_shape(override, refused):
+    from recipes.config.overrides import apply_overrides
+    from recipes.registry import get_recipe
+
+    saved = flatten(_config(get_recipe("super_tiny_dp1")))
+    current = flatten(_config(apply_overrides(get_recipe("super_tiny_dp1"), [override])))
+    assert (shape_mismatch(saved, current) is not None) == refused
+
+
 def _config(cfg) -> dict:
     from recipes.config.io import config_dict
 

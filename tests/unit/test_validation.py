@@ -14,6 +14,8 @@ from tests.unit.test_rampup import RAMPUP_RULE_CASES
 
 MOE_NO_BIAS = ["model.add_bias_linear=false", "model.moe_router_topk=1"]
 HYBRID = "hybrid_tiny_dp1"  # M*-ME-: Mamba heads 8 x 16 in 2 groups, 4 experts
+SUPER = "super_tiny_dp1"  # MEM*EME/*E/*E: latent MoE (32 of 64), two shared MTP depths
+NO_MTP = ["model.mtp_use_repeated_layer=false", "model.mtp_loss_scaling_factor=0.1"]
 DENSE_HYBRID = ["model.hybrid_layer_pattern=M*-M--", "model.num_moe_experts=null",
                 "model.moe_router_expert_bias=false", "model.moe_router_score_function=softmax",
                 "model.moe_router_topk_scaling_factor=null",
@@ -125,6 +127,29 @@ RULE_CASES = [
      "model.hybrid_layer_pattern=M*-XE- has the unknown symbol 'X'; use M (Mamba2)"),
     ("check_hybrid_symbols", HYBRID, ["model.hybrid_layer_pattern=M*-GE-"],
      "model.hybrid_layer_pattern uses 'G' (gated delta net), which no layer spec here builds"),
+    ("check_mtp_depths", SUPER, ["model.hybrid_layer_pattern=MEM*EME/*E/"],
+     "model.hybrid_layer_pattern=MEM*EME/*E/ has an empty MTP depth ('/' with no layers after "
+     "it)"),
+    ("check_mtp_depths", SUPER, ["model.hybrid_layer_pattern=MEM*EME/", *NO_MTP],
+     "has an empty MTP depth"),
+    ("check_mtp_depths", SUPER, ["model.hybrid_layer_pattern=MEM*EME/*|E/*|E"],
+     "cuts an MTP depth with '|'; MTP layers all live on the last pipeline stage"),
+    ("check_mtp_depths", SUPER, ["model.hybrid_layer_pattern=MEM*EME/*E/*-"],
+     "has MTP depths of different layers (*E, *-)"),
+    ("check_mtp_settings_need_depths", SUPER, ["model.hybrid_layer_pattern=MEM*EME",
+                                               "model.mtp_loss_scaling_factor=0.1"],
+     "model.mtp_use_repeated_layer=True needs MTP depths, but model.hybrid_layer_pattern has "
+     "no '/'"),
+    ("check_mtp_loss_scale", SUPER, ["model.mtp_loss_scaling_factor=0"],
+     "model.mtp_loss_scaling_factor=0 must be positive"),
+    ("check_mtp_packed_context_parallel", SUPER,
+     ["train.micro_batch_size=1", "parallel.context=2", "cluster.gpus_per_node=2",
+      "data.source=blend", "data.blend=x.yaml", "data.documents=packed"],
+     "MTP depths with data.documents=packed (packed rows) and parallel.context=2"),
+    ("check_moe_latent_size", SUPER, ["model.moe_latent_size=64"],
+     "model.moe_latent_size=64 is not below model.hidden_size=64"),
+    ("check_moe_settings_need_experts", "tiny_dp1", ["model.moe_latent_size=16"],
+     "model.moe_latent_size=16 needs an MoE model"),
     ("check_hybrid_length", HYBRID, ["model.hybrid_layer_pattern=M*-ME"],
      "model.hybrid_layer_pattern has 5 layers but model.num_layers=6; set model.num_layers=5"),
     ("check_hybrid_segments", "hybrid_tiny_pp2_pipes", ["model.hybrid_layer_pattern=M*|-M|E-"],
@@ -201,6 +226,9 @@ RULE_CASES = [
       "plugins.fp8.param_gather=true"],
      "plugins.fp8.param_gather=true with plugins.fp8.recipe=tensorwise and "
      "optimizer.cpu_offload=true: Megatron offloads FP8 parameters with delayed scaling only"),
+    ("check_fp4_format_and_recipe", "tiny_dp1", ["precision.dtype=bf16",
+                                                  "plugins.fp8.format=e2m1"],
+     "plugins.fp8.format=e2m1 (NVFP4) is scaled by plugins.fp8.recipe=nvfp4"),
     ("check_fp8_settings_unused", "tiny_dp1", ["plugins.fp8.recipe=tensorwise"],
      "plugins.fp8.recipe=tensorwise has no effect while plugins.fp8.format=null"),
     ("check_fp8_delayed_settings", "tiny_dp1",

@@ -26,7 +26,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from recipes.models.hybrid.pattern import layer_symbols
+from recipes.models.hybrid.pattern import PIPE
 from trainer.checkpoint.format import FSDP_DTENSOR, MANIFEST_FILE, TORCH_DIST, format_of
 
 CHUNK_BYTES = 8 << 20
@@ -40,6 +40,7 @@ SHAPE_FIELDS = (
     "moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size", "hybrid_layer_pattern",
     "mamba_state_dim", "mamba_head_dim", "mamba_num_heads", "mamba_num_groups", "mamba_conv_kernel",
     "layernorm_zero_centered_gamma",
+    "moe_latent_size", "mtp_use_repeated_layer",  # the latent width; MTP depths stored
 )
 # Fields a resume may change; each change is stated before launch (sections, then fields).
 STATED_FIELDS = (
@@ -135,9 +136,9 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _shape_value(name: str, value: Any) -> Any:
     """A hybrid pattern's `|` marks are stage boundaries (layout), not shape: `M*-ME-` saved
-    resumes as `M*|-M|E|-` at PP2 x VPP2."""
+    resumes as `M*|-M|E|-` at PP2 x VPP2; its MTP depths after `/` are shape."""
     if name == "hybrid_layer_pattern" and isinstance(value, str):
-        return layer_symbols(value)
+        return value.replace(PIPE, "")
     return value
 
 

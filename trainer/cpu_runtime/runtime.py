@@ -60,6 +60,13 @@ def install_offload_split() -> None:
     install()
 
 
+def install_latent_projections() -> None:
+    """A latent MoE's duplicated projections in torch (`latent_projection.py`)."""
+    from trainer.cpu_runtime.latent_projection import install_latent_projections as install
+
+    install()
+
+
 # Patches that are one installer each, in the order they are applied.
 _INSTALLERS: dict[str, Callable[[], None]] = {
     "cuda_stand_ins": install_cuda_stand_ins,
@@ -70,6 +77,7 @@ _INSTALLERS: dict[str, Callable[[], None]] = {
     "thd_cp_partition": install_thd_partition,
     "mamba_kernels": install_mamba_kernels,
     "offload_split": install_offload_split,
+    "moe_latent_projections": install_latent_projections,
 }
 
 PATCH_NAMES: tuple[str, ...] = (*_MODE_PATCHES, *_INSTALLERS)
@@ -113,6 +121,10 @@ CPU_RUNTIME_PATCHES: tuple[Patch, ...] = (
           "optimizer/cpu_offloading/hybrid_optimizer.py:251-300 (splits by param.is_cuda)",
           "without it a CPU rank offloads nothing and the first step fails: KeyError in "
           "_set_sub_optimizer_grads (hybrid_optimizer.py:101)", _UNIT),
+    Patch("moe_latent_projections", "the latent MoE's projections, TELinear in duplicated mode, "
+          "transformer/moe/moe_layer.py:264-289 (None without TE, :61-64)", "without it no "
+          "latent MoE builds: AssertionError: TransformerEngine is required for MoE latent "
+          "projections", _UNIT),
 )
 
 # The patches applied in this process, or None before a successful activation.

@@ -35,6 +35,7 @@ class ShardReport:
     layers: list[list[int]]  # global layer numbers (1-based) per virtual stage
     held_parameters: int  # every parameter element the rank allocates, copies included
     ranks: list[int] = dataclasses.field(default_factory=list)
+    mtp_layers: int = 0  # MTP depths (weights of their own) this shard's last chunk holds
 
     @property
     def parameters(self) -> int:
@@ -76,7 +77,7 @@ def _check_coordinates(coords: RankCoordinates) -> None:
                            f"{(coords.tp, coords.pp, coords.ep)}, Megatron at {megatron}")
 
 
-def _build_on_meta(cfg: RunConfig, plugins: PluginSet) -> tuple[int, int, list[list[int]], int]:
+def _build_on_meta(cfg: RunConfig, plugins: PluginSet) -> tuple:
     from trainer.mcore_translation import build_transformer_config
     from trainer.model import (
         build_model_chunks,
@@ -98,7 +99,8 @@ def _build_on_meta(cfg: RunConfig, plugins: PluginSet) -> tuple[int, int, list[l
     layers = [[layer.layer_number for layer in chunk.decoder.layers] for chunk in chunks]
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     held = sum(param.numel() for chunk in chunks for param in chunk.parameters())
-    return (*distinct_parameter_counts(chunks, tp_rank), layers, held)
+    mtp = sum(len(chunk.mtp.layers) for chunk in chunks if getattr(chunk, "mtp_process", False))
+    return (*distinct_parameter_counts(chunks, tp_rank), layers, held, [], mtp)
 
 
 def _build_shard(cfg: RunConfig, plugins: PluginSet, coords: RankCoordinates) -> ShardReport:
@@ -196,8 +198,18 @@ def active_parameters(shards: list[ShardReport], cfg: RunConfig) -> int:
     return total - experts * (m.num_moe_experts - m.moe_router_topk) // m.num_moe_experts
 
 
-def _layer_text(layers: list[list[int]]) -> str:
-    return " | ".join(f"{chunk[0]}-{chunk[-1]}" if chunk else "-" for chunk in layers)
+def _layer_text(layers: list[list[int]], cfg: RunConfig | None = None, mtp: int = 0) -> str:
+    """Each virtual stage's layers; then the MTP depths the last one holds (`+ MTP 2 x *E`,
+    or `1 x *E run 2 times` when the depths share one layer)."""
+    text = " | ".join(f"{chunk[0]}-{chunk[-1]}" if chunk else "-" for chunk in layers)
+    if not mtp or cfg is None:
+        return text
+    from recipes.models.hybrid.pattern import mtp_depths, mtp_pattern
+
+    pattern = cfg.model.hybrid_layer_pattern
+    runs = mtp_depths(pattern)
+    shared = f" run {runs} times" if runs != mtp else ""
+    return f"{text} + MTP {mtp} x {mtp_pattern(pattern)}{shared}"
 
 
 def _range_text(values: list[int]) -> str:
@@ -220,7 +232,8 @@ def print_report(cfg: RunConfig, shards: list[ShardReport], seconds: float, cons
         ranks = [rank for shard in members for rank in shard.ranks]
         table.add_row(
             str(stage), str(ep), _range_text([m.coords.tp for m in members]).replace(",", ""),
-            _layer_text(members[0].layers), _range_text([m.parameters for m in members]),
+            _layer_text(members[0].layers, cfg, members[0].mtp_layers),
+            _range_text([m.parameters for m in members]),
             cfg.layout.placement(ranks),
         )
     console.print(table)

@@ -1,7 +1,9 @@
 """What only a GPU can check, each through `scripts/pretrain.py` as a user would run it
 (`scripts/gpu_check_precision.py` is the usage): BF16 against FP8 current scaling, concatenated
 and packed THD rows through Transformer Engine, a smoke run of every other preset (the ones a
-plugin names `_hybrid`, NVIDIA's Nemotron FP8 presets, on a Nemotron-H-shaped hybrid); per run the
+plugin names `_hybrid`, NVIDIA's Nemotron FP8 presets, on a Nemotron-H-shaped hybrid; `_super`
+on a Nemotron 3 Super-shaped one, whose BF16 run is the check's own: latent MoE and MTP on TE's
+layers; NVFP4 trains on Blackwell only and is refused elsewhere in one line); per run the
 model TFLOP/s and MFU against the cluster file's peak, the peak allocated memory against the
 plan's (goal within 10%), and the GPU fusions the run's layers have on. Without Transformer
 Engine it still runs what the local layers can (BF16: speed, MFU, memory against the plan) and
@@ -47,6 +49,15 @@ MODEL = [
 HYBRID = ["model.hybrid_layer_pattern=M-M*M-M-", "model.position_embedding=none",
           "model.activation=squared_relu", "model.normalization=RMSNorm",
           "model.add_bias_linear=false", "model.share_embeddings_and_output_weights=false"]
+# A Nemotron 3 Super-shaped hybrid (`_super` runs): NVIDIA's tiny Super pattern with two MTP
+# depths sharing one attention + MoE layer, 8 experts routed the Nemotron 3 way in a latent
+# width of 256 (recipes/nemotron_super.py at the check's sizes).
+SUPER = [*HYBRID, "model.num_layers=7", "model.hybrid_layer_pattern=MEM*EME/*E/*E",
+         "model.num_moe_experts=8", "model.moe_router_topk=2", "model.moe_ffn_hidden_size=1024",
+         "model.moe_shared_expert_ffn_hidden_size=2048", "model.moe_latent_size=256",
+         "model.moe_router_score_function=sigmoid", "model.moe_router_expert_bias=true",
+         "model.moe_grouped_gemm=true", "model.mtp_use_repeated_layer=true",
+         "model.mtp_loss_scaling_factor=0.3"]
 LOCAL = ["model.transformer_impl=local"]
 CONCATENATED = ["train.micro_batch_size=4"]
 PACKED = ["data.documents=packed", "train.micro_batch_size=1"]
@@ -54,7 +65,8 @@ TP2_SP = ["parallel.tensor=2", "parallel.sequence_parallel=true", "cluster.gpus_
 # The plugins' own GPU check runs (the FP8 recipes); current scaling is also compared with BF16.
 PLUGIN_CHECKS = PluginsConfig().gpu_checks()
 FP8_CURRENT = PLUGIN_CHECKS.pop("fp8_current")
-SMOKE = {**PLUGIN_CHECKS, "fp16": ["precision.dtype=fp16", "precision.initial_loss_scale=4096"]}
+SMOKE = {**PLUGIN_CHECKS, "fp16": ["precision.dtype=fp16", "precision.initial_loss_scale=4096"],
+         "bf16_super": []}
 NEEDS_TWO_GPUS = (
     "FP8 on TP2 + sequence parallel (amax reduction over the TP group, FP8 GEMMs on sequence-"
     "sharded activations)",
@@ -221,13 +233,18 @@ def run_arguments(overrides: list[str]) -> list[str]:
     return ["recipe=tiny_dp1", *MODEL, *overrides]
 
 
+def shape_of(name: str) -> list[str]:
+    """The model a smoke run trains, by its name's ending: a hybrid's, a Super-shaped one's, or
+    the check's GPT (none)."""
+    return HYBRID if name.endswith("_hybrid") else SUPER if name.endswith("_super") else []
+
+
 def planned_runs() -> dict[str, list[str]]:
     """Every run this script may start, by name (for tests: each must be a valid config)."""
     return {
         "bf16": CONCATENATED, "fp8_current": [*CONCATENATED, *FP8_CURRENT],
         "bf16_thd": PACKED, "fp8_current_thd": [*PACKED, *FP8_CURRENT],
-        **{name: [*CONCATENATED, *(HYBRID if name.endswith("_hybrid") else []), *overrides]
-           for name, overrides in SMOKE.items()},
+        **{name: [*CONCATENATED, *shape_of(name), *overrides] for name, overrides in SMOKE.items()},
         "fp8_current_tp2_sp": [*CONCATENATED, *FP8_CURRENT, *TP2_SP],
         "bf16_local": [*CONCATENATED, *LOCAL],
     }

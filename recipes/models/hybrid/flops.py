@@ -1,5 +1,6 @@
-"""The hybrid family's own FLOPs term: a Mamba2 layer's forward per token (its attention, MLP and
-MoE layers are the GPT and MoE families')."""
+"""The hybrid family's own FLOPs terms: a Mamba2 layer's forward per token, and an MTP depth's
+projection of the embedding and the hidden state (its attention, MLP and MoE layers are the GPT
+and MoE families')."""
 
 from __future__ import annotations
 
@@ -18,3 +19,9 @@ def mamba_flops(s: Any) -> float:
     # Between chunks: x·Bᵀ into the state and C·state out, 2 · d_inner · state each.
     states = 4 * s.mamba_inner * s.mamba_state
     return projections + intra_chunk + states
+
+
+def mtp_projection_flops(s: Any) -> float:
+    """Forward FLOPs per token of one MTP depth's projection: [embedding; hidden] (2·hidden)
+    -> hidden (`transformer/multi_token_prediction.py:1147`); its norms are not counted."""
+    return 2 * (2 * s.hidden_size) * s.hidden_size

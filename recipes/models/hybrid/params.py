@@ -1,5 +1,6 @@
-"""The hybrid family's own parameter term on one rank: a Mamba2 layer (its attention, MLP and MoE
-layers are the GPT and MoE families')."""
+"""The hybrid family's own parameter terms on one rank: a Mamba2 layer and what an MTP depth
+holds around its inner layers (its attention, MLP and MoE layers are the GPT and MoE
+families')."""
 
 from __future__ import annotations
 
@@ -28,3 +29,17 @@ def mamba_gemm_weights(m: Any, tp: int) -> ParamCount:
     h, heads = m.hidden_size, mamba_heads(m)
     inner, bc = heads * m.mamba_head_dim, 2 * m.mamba_num_groups * m.mamba_state_dim
     return ParamCount(tp_split=(h * (2 * inner + bc + heads) + inner * h) // tp)
+
+
+def mtp_layer_params(m: Any, tp: int) -> ParamCount:
+    """What one MTP depth holds around its inner layers (`transformer/multi_token_prediction.py:
+    985-1050`): the norms of the embedding and of the hidden state, the projection of both
+    (2 x hidden -> hidden, column-parallel, no bias) and the final norm. Its inner layers are
+    the pattern's kinds, counted as the main decoder's."""
+    h = m.hidden_size
+    return ParamCount(tp_split=2 * h * h // tp, replicated=3 * norm_params(m))
+
+
+def mtp_gemm_weights(m: Any, tp: int) -> ParamCount:
+    """One MTP depth's projection weight on one rank (its norms are not GEMM weights)."""
+    return ParamCount(tp_split=2 * m.hidden_size * m.hidden_size // tp)

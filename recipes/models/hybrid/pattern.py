@@ -1,10 +1,15 @@
 """The hybrid layer pattern (Megatron Core's `hybrid_layer_pattern`): its symbols and stage split.
 
 A hybrid model is a string with one symbol per layer: `M` a Mamba2 mixer, `*` self-attention,
-`-` an MLP, `E` a mixture-of-experts MLP; `|` cuts it into pipeline segments. Megatron Core
-reads it in `models/hybrid/hybrid_layer_allocation.py`: with `|`, segment vp·PP + pp goes to
-pipeline rank pp, virtual stage vp (`select_pipeline_segment`, l.331-493); without `|`, the
-layers are split evenly over PP (or by the first/last stage counts) and VPP is refused.
+`-` an MLP, `E` a mixture-of-experts MLP; `|` cuts it into pipeline segments; after `/`, each
+part is one multi-token-prediction (MTP) depth, e.g. `M*ME/*E/*E` (two depths, each an
+attention and an MoE layer). Megatron Core reads it in `models/hybrid/hybrid_layer_allocation.py`:
+the main pattern is everything before the first `/` (`parse_hybrid_pattern`, l.189-265; every
+depth must be the same layers, without `|`); with `|`, segment vp·PP + pp goes to pipeline rank
+pp, virtual stage vp (`select_pipeline_segment`, l.331-493); without `|`, the layers are split
+evenly over PP (or by the first/last stage counts) and VPP is refused. The MTP block is built
+on the last pipeline stage's last virtual stage only (`models/hybrid/hybrid_model.py:217-229`,
+`transformer/multi_token_prediction.py:1672`), with a copy of the input embedding there.
 No torch: the layout object, the planner and the dry run read the same stage split; what
 Megatron would assert on is refused first by `rules.py`.
 """
@@ -16,24 +21,48 @@ from typing import Any
 from recipes.models.kinds import ATTENTION, LAYER_SYMBOLS, MAMBA, MLP, MOE, SYMBOL_NAMES  # noqa: F401
 
 PIPE = "|"
-# Megatron's other symbols (G gated delta net, D DeepSeek sparse attention, + MLA, / MTP
-# depths) have no spec, recipe or check here yet.
-MEGATRON_ONLY = {"G": "gated delta net", "D": "sparse attention", "+": "MLA",
-                  "/": "multi-token prediction"}
+MTP = "/"  # Megatron's MTP separator (`Symbols.MTP_SEPARATOR`)
+# Megatron's other symbols (G gated delta net, D DeepSeek sparse attention, + MLA) have no
+# spec, recipe or check here yet.
+MEGATRON_ONLY = {"G": "gated delta net", "D": "sparse attention", "+": "MLA"}
+
+
+def main_pattern(pattern: str) -> str:
+    """The main decoder's pattern: everything before the first `/` (stage cuts kept)."""
+    return pattern.split(MTP)[0]
+
+
+def mtp_parts(pattern: str | None) -> list[str]:
+    """The pattern of every MTP depth, as written (empty: no MTP)."""
+    if pattern is None or MTP not in pattern:
+        return []
+    parts = pattern.split(MTP)[1:]
+    return [] if all(part == "" for part in parts) else parts
+
+
+def mtp_depths(pattern: str | None) -> int:
+    """MTP depths the pattern gives (Megatron's `mtp_num_layers`; 0 without MTP)."""
+    return len(mtp_parts(pattern))
+
+
+def mtp_pattern(pattern: str | None) -> str:
+    """The layers of one MTP depth (every depth is the same; '' without MTP)."""
+    parts = mtp_parts(pattern)
+    return parts[0] if parts else ""
 
 
 def segments(pattern: str) -> list[str]:
-    """The pattern's pipeline segments (one when it has no `|`)."""
-    return pattern.split(PIPE)
+    """The main pattern's pipeline segments (one when it has no `|`)."""
+    return main_pattern(pattern).split(PIPE)
 
 
 def layer_symbols(pattern: str) -> str:
-    """The layers alone, without stage boundaries."""
-    return pattern.replace(PIPE, "")
+    """The main decoder's layers alone, without stage boundaries or MTP depths."""
+    return main_pattern(pattern).replace(PIPE, "")
 
 
 def has_pipes(pattern: str | None) -> bool:
-    return pattern is not None and PIPE in pattern
+    return pattern is not None and PIPE in main_pattern(pattern)
 
 
 def chunk_patterns(pattern: str, pipeline: int, virtual: int | None,
@@ -76,5 +105,17 @@ def mamba_heads(m: Any) -> int:
 
 
 def count(m: Any, symbol: str) -> int:
-    """Layers of one kind in a hybrid model's pattern."""
+    """Layers of one kind in a hybrid model's main decoder (MTP layers: `mtp_count`)."""
     return layer_symbols(m.hybrid_layer_pattern).count(symbol)
+
+
+def mtp_count(m: Any, symbol: str) -> int:
+    """Layers of one kind the MTP block runs per token: each depth's, over every depth (with
+    `model.mtp_use_repeated_layer` one set of weights runs at every depth)."""
+    return mtp_pattern(m.hybrid_layer_pattern).count(symbol) * mtp_depths(m.hybrid_layer_pattern)
+
+
+def mtp_built(m: Any) -> int:
+    """MTP depths that hold weights of their own: one when the depths share a layer."""
+    depths = mtp_depths(m.hybrid_layer_pattern)
+    return min(depths, 1) if m.mtp_use_repeated_layer else depths

@@ -4,7 +4,14 @@ One pure rule each, in the form of `recipes/config/validation.py` (None when it 
 the one line naming the field, its value and the fix): the pattern's symbols and length, its
 `|` segments against PP x VPP (Megatron asserts only a multiple of PP and never builds the
 segments past PP x VPP), virtual stages without `|`, uneven stages beside `|`, experts and `E`
-layers together, positions, and the Mamba heads and groups against TP and CP.
+layers together, positions, the Mamba heads and groups against TP and CP, and the MTP depths
+after `/` (identical, non-empty, no `|`; their settings only with depths; not with packed rows
+under CP, whose padded documents Megatron's MTP roll does not see).
+
+MTP depths need no pipeline rule: Megatron builds them on the last stage's last virtual stage
+whatever the cut (`models/hybrid/hybrid_model.py:217-229`), with a copy of the embedding there
+kept equal to the first stage's (`models/common/language_module/language_module.py:247-300`);
+the layout, the planner and the dry run count them there.
 """
 
 from __future__ import annotations
@@ -17,28 +24,92 @@ from recipes.models.hybrid.pattern import (
     MAMBA,
     MEGATRON_ONLY,
     MOE,
+    MTP,
     PIPE,
     has_pipes,
     layer_symbols,
     mamba_heads,
+    mtp_depths,
+    mtp_parts,
     segments,
 )
 
+SYMBOLS_HELP = ("use M (Mamba2), * (attention), - (MLP), E (MoE), | (stage boundary) and / "
+                "(an MTP depth)")
+
 
 def check_hybrid_symbols(cfg: Any) -> str | None:
-    """Only the four layer symbols and `|`; Megatron's others are named, not guessed at."""
+    """Only the four layer symbols, `|` and `/`; Megatron's others are named, not guessed at."""
     pattern = cfg.model.hybrid_layer_pattern
     if pattern is None:
         return None
     for char in pattern:
         if char in MEGATRON_ONLY:
             return (f"model.hybrid_layer_pattern uses '{char}' ({MEGATRON_ONLY[char]}), which "
-                    "no layer spec here builds; use M (Mamba2), * (attention), - (MLP), E (MoE) "
-                    "and | (stage boundary)")
-        if char not in LAYER_SYMBOLS and char != PIPE:
+                    f"no layer spec here builds; {SYMBOLS_HELP}")
+        if char not in LAYER_SYMBOLS and char not in (PIPE, MTP):
             return (f"model.hybrid_layer_pattern={pattern} has the unknown symbol '{char}'; "
-                    "use M (Mamba2), * (attention), - (MLP), E (MoE) and | (stage boundary)")
+                    f"{SYMBOLS_HELP}")
     return None
+
+
+def check_mtp_depths(cfg: Any) -> str | None:
+    """Every part after `/` is one MTP depth: the same layers each time, none empty, no stage
+    cut (Megatron raises on different depths and on `|` in them, `models/hybrid/
+    hybrid_layer_allocation.py:246-262`; a trailing `/` alone silently builds no MTP)."""
+    pattern = cfg.model.hybrid_layer_pattern
+    if pattern is None or MTP not in pattern:
+        return None
+    parts = pattern.split(MTP)[1:]
+    if not mtp_parts(pattern) or any(not part for part in parts):
+        return (f"model.hybrid_layer_pattern={pattern} has an empty MTP depth ('/' with no "
+                "layers after it); write each depth's layers after its '/', e.g. M*ME/*E/*E, "
+                "or drop the '/'")
+    if any(PIPE in part for part in parts):
+        return (f"model.hybrid_layer_pattern={pattern} cuts an MTP depth with '|'; MTP layers "
+                "all live on the last pipeline stage: put '|' before the first '/' only")
+    if len(set(parts)) > 1:
+        return (f"model.hybrid_layer_pattern={pattern} has MTP depths of different layers "
+                f"({', '.join(parts)}); Megatron builds every depth alike: repeat one depth's "
+                "layers after each '/'")
+    return None
+
+
+def check_mtp_settings_need_depths(cfg: Any) -> str | None:
+    """MTP settings on a model without MTP depths would be silently ignored."""
+    m = cfg.model
+    if mtp_depths(m.hybrid_layer_pattern):
+        return None
+    for key, value, default in (("mtp_loss_scaling_factor", m.mtp_loss_scaling_factor, 0.1),
+                                ("mtp_use_repeated_layer", m.mtp_use_repeated_layer, False)):
+        if value != default:
+            return (f"model.{key}={value} needs MTP depths, but model.hybrid_layer_pattern has "
+                    "no '/'; add depths (e.g. ...ME/*E/*E) or leave model."
+                    f"{key} at its default")
+    return None
+
+
+def check_mtp_loss_scale(cfg: Any) -> str | None:
+    """The MTP loss is added to the LM loss times this factor: it must be positive (0 would
+    build and run MTP layers that never learn)."""
+    m = cfg.model
+    if not mtp_depths(m.hybrid_layer_pattern) or m.mtp_loss_scaling_factor > 0:
+        return None
+    return (f"model.mtp_loss_scaling_factor={m.mtp_loss_scaling_factor:g} must be positive; "
+            "set it, e.g. 0.3 (Nemotron 3 Super), or remove the MTP depths after '/'")
+
+
+def check_mtp_packed_context_parallel(cfg: Any) -> str | None:
+    """Under CP a packed row pads every document to a multiple of 2 x CP; Megatron's MTP shifts
+    tokens by `cu_seqlens_q`, the unpadded lengths (`transformer/multi_token_prediction.py:
+    249-282`), so it would mix documents and padding."""
+    m, p = cfg.model, cfg.parallel
+    if not mtp_depths(m.hybrid_layer_pattern) or p.context == 1 or not cfg.data.packed_rows:
+        return None
+    return (f"MTP depths with data.documents={cfg.data.documents} (packed rows) and "
+            f"parallel.context={p.context}: Megatron's MTP shifts packed tokens by the unpadded "
+            "document lengths, which CP's padding breaks; set parallel.context=1, "
+            "data.documents=concatenate, or remove the MTP depths")
 
 
 def check_hybrid_length(cfg: Any) -> str | None:
@@ -168,6 +239,10 @@ def check_hybrid_positions(cfg: Any) -> str | None:
 
 RULES = (
     check_hybrid_symbols,
+    check_mtp_depths,
+    check_mtp_settings_need_depths,
+    check_mtp_loss_scale,
+    check_mtp_packed_context_parallel,
     check_hybrid_length,
     check_hybrid_segments,
     check_hybrid_virtual_needs_pipes,

@@ -3,7 +3,13 @@
 One pure rule each, in the form of `recipes/config/validation.py`: EP needs experts and divides
 them, the experts' own grid divides the world, top-k within the experts, no linear biases (an
 in-place-on-view error in Megatron's expert MLP), expert bias with sigmoid scores, SP with TP
-(Megatron's MoE layer raises otherwise), and no router setting on a dense model.
+(Megatron's MoE layer raises otherwise), no router setting on a dense model, and a latent width
+below the model's.
+
+A latent MoE (`model.moe_latent_size`) needs no tensor-parallel rule: its two projections are
+whole on every TP rank (Transformer Engine's "duplicated" linears, `transformer/moe/
+moe_layer.py:264-289`, their gradients summed over TP under sequence parallelism) and the
+experts split their FFN width, not the latent one (`transformer/moe/experts.py:215-245`).
 """
 
 from __future__ import annotations
@@ -90,11 +96,24 @@ def check_moe_settings_need_experts(cfg: Any) -> str | None:
         ("moe_router_topk_scaling_factor", m.moe_router_topk_scaling_factor, None),
         ("moe_shared_expert_ffn_hidden_size", m.moe_shared_expert_ffn_hidden_size, None),
         ("moe_load_balancing", m.moe_load_balancing, "aux_loss"),
+        ("moe_latent_size", m.moe_latent_size, None),
     ):
         if value != default:
             return (f"model.{key}={value} needs an MoE model; set model.num_moe_experts or "
                     f"leave model.{key} at its default")
     return None
+
+
+def check_moe_latent_size(cfg: Any) -> str | None:
+    """A latent space as wide as the model saves nothing and adds two projections per MoE layer
+    (Megatron builds any width, `transformer/moe/moe_layer.py:264-289`)."""
+    m = cfg.model
+    latent = m.moe_latent_size
+    if latent is None or m.num_moe_experts is None or latent < m.hidden_size:
+        return None
+    return (f"model.moe_latent_size={latent} is not below model.hidden_size={m.hidden_size}: "
+            "the experts would work as wide as the model, behind two extra projections; set "
+            "it below hidden_size (Nemotron 3 Super: 1024 of 4096) or null")
 
 
 def check_moe_tensor_parallel(cfg: Any) -> str | None:
@@ -115,5 +134,6 @@ RULES = (
     check_expert_bias,
     check_router_scaling,
     check_moe_settings_need_experts,
+    check_moe_latent_size,
     check_moe_tensor_parallel,
 )

@@ -15,6 +15,13 @@ compared. No torch here: configs are checked before any heavy import.
   `moe_router_score_function=sigmoid`, `moe_router_expert_bias` and its top-k scaling factor,
   but divides by the sum exactly when top-k > 1 (`transformer/moe/moe_utils.py:854-868`), and
   group-limited routing has no field here: other settings are refused.
+- Latent MoE and MTP. `moe_latent_size` is ours. `num_nextn_predict_layers` counts the MTP
+  depths a release stores (`mtp_layers_block_type`, or the older string
+  `mtp_hybrid_override_pattern`, is one depth's layers); Megatron may run one stored depth
+  several times (`model.mtp_use_repeated_layer`: Nemotron 3 Super stores 1 and trains 2,
+  Megatron-Bridge@53d40d1:src/megatron/bridge/recipes/nemotronh/nemotron_3_super.py:92-98), so
+  the recipe's depths that hold weights are compared, and its layers after each '/'.
+  transformers computes no MTP head (it skips `mtp.*` on load).
 - dt. transformers 5.24's PyTorch path clamps softplus(dt) from below at `time_step_min`
   (`modeling_nemotron_h.py`: `time_step_limit = (config.time_step_min, inf)`); Megatron's mixer
   does not clamp (`ssm/mamba_mixer.py:755-773` passes no dt limit), as in the Megatron runs
@@ -29,7 +36,14 @@ import math
 
 from plugins.protocol.errors import ConfigError
 from recipes.config.schema import ModelConfig
-from recipes.models.hybrid.pattern import layer_symbols, mamba_heads
+from recipes.models.hybrid.pattern import (
+    MTP,
+    layer_symbols,
+    mamba_heads,
+    mtp_built,
+    mtp_depths,
+    mtp_pattern,
+)
 from recipes.models.kinds import ATTENTION, MAMBA, MLP, MOE
 from trainer.models.gpt.hf_config import NORM_EPSILON, read_values, refuse_differences
 
@@ -57,6 +71,7 @@ FIELDS = {
           "moe_ffn_hidden_size": "moe_intermediate_size",
           "moe_shared_expert_ffn_hidden_size": "moe_shared_expert_intermediate_size",
           "moe_router_topk_scaling_factor": "routed_scaling_factor",
+          "moe_latent_size": "moe_latent_size",
           # What transformers' router always does, as our fields say it.
           "moe_router_score_function": "the router's score",
           "moe_router_expert_bias": "gate.e_score_correction_bias"},
@@ -77,17 +92,35 @@ def _get(hf: dict, name: str, default: object = KeyError):
     return default
 
 
+def _symbols(blocks: list, key: str) -> str:
+    unknown = sorted({str(b) for b in blocks if b not in BLOCK_SYMBOLS})
+    if unknown:
+        raise ConfigError(f"config.json {key} block type {', '.join(unknown)} is not mapped; "
+                          f"NemotronH layers map from {', '.join(sorted(set(BLOCK_SYMBOLS)))}")
+    return "".join(BLOCK_SYMBOLS[b] for b in blocks)
+
+
+def hf_mtp(hf: dict) -> tuple[int, str]:
+    """(MTP depths the release stores, one depth's layer symbols); (0, '') without MTP.
+    transformers' default depth is attention then MoE (`NemotronHConfig.__post_init__`)."""
+    stored = int(_get(hf, "num_nextn_predict_layers", 0) or 0)
+    if not stored:
+        return 0, ""
+    blocks = hf.get("mtp_layers_block_type")
+    if blocks is None:
+        legacy = hf.get("mtp_hybrid_override_pattern")
+        blocks = ([BLOCK_NAMES.get(symbol, symbol) for symbol in str(legacy)] if legacy
+                  else ["full_attention", "moe"])
+    return stored, _symbols(list(blocks), "mtp_layers_block_type")
+
+
 def hf_pattern(hf: dict) -> str:
     """The layer symbols of the config's block types."""
     blocks = hf.get("layers_block_type") or hf.get("layer_types")
     if blocks is None:
         pattern = str(_get(hf, "hybrid_override_pattern"))
         blocks = [BLOCK_NAMES.get(symbol, symbol) for symbol in pattern]
-    unknown = sorted({str(b) for b in blocks if b not in BLOCK_SYMBOLS})
-    if unknown:
-        raise ConfigError(f"config.json block type {', '.join(unknown)} is not mapped; NemotronH "
-                          f"layers map from {', '.join(sorted(set(BLOCK_SYMBOLS)))}")
-    return "".join(BLOCK_SYMBOLS[b] for b in blocks)
+    return _symbols(list(blocks), "layers_block_type")
 
 
 def _limit_is_open(limit: object) -> bool:
@@ -116,9 +149,6 @@ def _refusals(hf: dict, pattern: str) -> list[tuple[bool, str]]:
         (not _get(hf, "residual_in_fp32", False),
          "residual_in_fp32=true is not mapped; the hybrid models here keep the residual in the "
          "run's dtype"),
-        (int(_get(hf, "num_nextn_predict_layers", 0) or 0) == 0,
-         f"num_nextn_predict_layers={_get(hf, 'num_nextn_predict_layers', 0)} "
-         "(multi-token prediction) is not mapped; import a model without MTP layers"),
         (MAMBA not in pattern or _get(hf, "mamba_hidden_act", "silu") == "silu",
          f"mamba_hidden_act={_get(hf, 'mamba_hidden_act', '')} is not mapped; Megatron's Mamba "
          "mixer uses silu"),
@@ -131,9 +161,6 @@ def _refusals(hf: dict, pattern: str) -> list[tuple[bool, str]]:
         (ATTENTION not in pattern or _get(hf, "sliding_window", None) is None,
          f"sliding_window={_get(hf, 'sliding_window', None)} is not mapped; the attention "
          "layers here attend to the whole sequence"),
-        (MOE not in pattern or _get(hf, "moe_latent_size", None) is None,
-         f"moe_latent_size={_get(hf, 'moe_latent_size', None)} (latent MoE) is not mapped; "
-         "import a model without latent expert projections"),
         (MOE not in pattern or groups == (1, 1),
          f"n_group={groups[0]} topk_group={groups[1]} (group-limited routing) is not mapped; "
          "the MoE layers here route over all experts (n_group=1 topk_group=1)"),
@@ -176,6 +203,8 @@ def _values(hf: dict) -> dict[str, object]:
             moe_ffn_hidden_size=int(_get(hf, "moe_intermediate_size")),
             moe_shared_expert_ffn_hidden_size=int(_get(hf, "moe_shared_expert_intermediate_size")),
             moe_router_topk_scaling_factor=float(_get(hf, "routed_scaling_factor", 1.0)),
+            moe_latent_size=(None if _get(hf, "moe_latent_size", None) is None
+                             else int(_get(hf, "moe_latent_size"))),
             moe_router_score_function="sigmoid", moe_router_expert_bias=True)
     return found
 
@@ -203,6 +232,7 @@ def our_values(model: ModelConfig) -> dict[str, object]:
         "moe_ffn_hidden_size": model.moe_ffn_hidden_size or model.ffn_hidden_size,
         "moe_shared_expert_ffn_hidden_size": model.moe_shared_expert_ffn_hidden_size,
         "moe_router_topk_scaling_factor": float(model.moe_router_topk_scaling_factor or 1.0),
+        "moe_latent_size": model.moe_latent_size,
         "moe_router_score_function": model.moe_router_score_function,
         "moe_router_expert_bias": model.moe_router_expert_bias,
     }
@@ -220,10 +250,39 @@ def check_shaped(model: ModelConfig, where: str) -> None:
                           f"models with {fix} map to {ARCHITECTURE}")
 
 
+def mtp_difference(hf: dict, model: ModelConfig, recipe: str) -> str | None:
+    """The line naming how the release's MTP depths differ from the recipe's, or None."""
+    stored, layers = read_values(hf_mtp, hf)
+    built, ours = mtp_built(model), mtp_pattern(model.hybrid_layer_pattern)
+    if (stored, layers) == (built, ours):
+        return None
+    main = layer_symbols(model.hybrid_layer_pattern or "")
+    fix = main + "".join(MTP + layers for _ in range(stored))
+    return (f"the Hugging Face model does not match recipe {recipe}: num_nextn_predict_layers="
+            f"{stored} of layers '{layers}' but the recipe's pattern stores {built} MTP "
+            f"depth(s) of '{ours}' ({mtp_depths(model.hybrid_layer_pattern)} run); override "
+            f"model.hybrid_layer_pattern={fix} (with model.mtp_use_repeated_layer=true one "
+            "stored depth may run several times)")
+
+
 def compare_with_recipe(hf: dict, model: ModelConfig, recipe: str) -> None:
     """Refuse, in one line naming each differing field, a recipe that is not the HF model."""
     check_shaped(model, f"recipe {recipe}")
     refuse_differences(hf_values(hf), our_values(model), FIELD_NAMES, recipe)
+    if problem := mtp_difference(hf, model, recipe):
+        raise ConfigError(problem)
+
+
+def _mtp_fields(model: ModelConfig, config: dict) -> dict:
+    """The MTP depths the export stores, in every form the imported config used."""
+    built = mtp_built(model)
+    fields: dict[str, object] = {"num_nextn_predict_layers": built}
+    if built:
+        layers = mtp_pattern(model.hybrid_layer_pattern)
+        fields["mtp_layers_block_type"] = [BLOCK_NAMES[symbol] for symbol in layers]
+        if "mtp_hybrid_override_pattern" in config:
+            fields["mtp_hybrid_override_pattern"] = layers
+    return fields
 
 
 def hf_config_for(model: ModelConfig, dtype: str, base: dict | None = None) -> dict:
@@ -238,9 +297,10 @@ def hf_config_for(model: ModelConfig, dtype: str, base: dict | None = None) -> d
         "mlp_hidden_act": "relu2", "mamba_hidden_act": "silu", "use_conv_bias": True,
         "use_bias": False, "mlp_bias": False, "attention_bias": False,
         "layer_norm_epsilon": NORM_EPSILON, "residual_in_fp32": False,
-        "num_nextn_predict_layers": 0, "n_group": 1, "topk_group": 1,
-        "norm_topk_prob": model.moe_router_topk > 1, "moe_latent_size": None,
+        "n_group": 1, "topk_group": 1, "norm_topk_prob": model.moe_router_topk > 1,
+        "moe_latent_size": model.moe_latent_size,
     })
+    config.update(_mtp_fields(model, config))
     skip = ("hybrid_layer_pattern", "moe_router_score_function", "moe_router_expert_bias")
     for field, value in our_values(model).items():
         if value is not None and field not in skip:

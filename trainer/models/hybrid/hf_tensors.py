@@ -5,8 +5,16 @@ One rule set per layer kind of the pattern. Every tensor but QKV and the vocabul
 copy: the Mamba mixer's `in_proj` rows are [z; x; B; C; dt] and `conv1d` rows [x; B; C] on both
 sides (Megatron's sharded state dict splits them per part for TP,
 `ssm/mamba_mixer.py:1418-1485`), the MLPs are ungated (squared ReLU: `linear_fc1` is
-`up_proj`), and the router's expert bias is transformers' `e_score_correction_bias`. Hybrid
-rules carry their Megatron shape; the rule type and conversions are the GPT family's.
+`up_proj`), and the router's expert bias is transformers' `e_score_correction_bias`. A latent
+MoE's experts read and write the latent width, its projections are `fc1_latent_proj` and
+`fc2_latent_proj` on both sides. MTP depths: a NemotronH release stores each depth's layers
+flat, `mtp.layers.{depth x L + i}` for the depth's L layers, the embedding and hidden-state
+norms and the projection with the first and the final norm with the last, while Megatron nests
+them (`mtp.layers.{depth}.mtp_model_layer.layers.{i}`); as Megatron Bridge maps them
+(Megatron-Bridge@03c781b:src/megatron/bridge/models/nemotronh/nemotron_h_bridge.py,
+`_MTPFlatteningMapping`). transformers itself skips `mtp.*` on load (`modeling_nemotron_h.py`,
+`_keys_to_ignore_on_load_unexpected`). Hybrid rules carry their Megatron shape; the rule type
+and conversions are the GPT family's.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from recipes.config.schema import ModelConfig
-from recipes.models.hybrid.pattern import layer_symbols, mamba_heads
+from recipes.models.hybrid.pattern import layer_symbols, mamba_heads, mtp_built, mtp_pattern
 from trainer.models.gpt.hf_tensors import Rule, Shapes
 
 
@@ -31,6 +39,9 @@ class HybridShapes:
     mamba_groups: int
     mamba_state: int
     conv_kernel: int
+    latent: int | None = None  # the width routed experts read and write; None = hidden
+    mtp_pattern: str = ""  # the layers of one MTP depth
+    mtp_built: int = 0  # MTP depths holding weights of their own
 
     @property
     def d_inner(self) -> int:
@@ -48,6 +59,8 @@ class HybridShapes:
             shared_ffn=model.moe_shared_expert_ffn_hidden_size, mamba_heads=mamba_heads(model),
             mamba_head_dim=model.mamba_head_dim, mamba_groups=model.mamba_num_groups,
             mamba_state=model.mamba_state_dim, conv_kernel=model.mamba_conv_kernel,
+            latent=model.moe_latent_size, mtp_pattern=mtp_pattern(model.hybrid_layer_pattern),
+            mtp_built=mtp_built(model),
         )
 
 
@@ -96,11 +109,17 @@ def _moe_rules(hf: str, mc: str, s: Shapes, h: HybridShapes) -> list[Rule]:
         "mlp.router.weight": ("mixer.gate.weight", (s.experts, s.hidden)),
         "mlp.router.expert_bias": ("mixer.gate.e_score_correction_bias", (s.experts,)),
     }
+    width = h.latent or s.hidden  # what a routed expert reads and writes
+    if h.latent:
+        names["mlp.fc1_latent_proj.weight"] = ("mixer.fc1_latent_proj.weight",
+                                               (h.latent, s.hidden))
+        names["mlp.fc2_latent_proj.weight"] = ("mixer.fc2_latent_proj.weight",
+                                               (s.hidden, h.latent))
     for j in range(s.experts):
         names[f"mlp.experts.local_experts.{j}.linear_fc1.weight"] = (
-            f"mixer.experts.{j}.up_proj.weight", (h.moe_ffn, s.hidden))
+            f"mixer.experts.{j}.up_proj.weight", (h.moe_ffn, width))
         names[f"mlp.experts.local_experts.{j}.linear_fc2.weight"] = (
-            f"mixer.experts.{j}.down_proj.weight", (s.hidden, h.moe_ffn))
+            f"mixer.experts.{j}.down_proj.weight", (width, h.moe_ffn))
     if h.shared_ffn is not None:
         names["mlp.shared_experts.linear_fc1.weight"] = (
             "mixer.shared_experts.up_proj.weight", (h.shared_ffn, s.hidden))
@@ -112,13 +131,34 @@ def _moe_rules(hf: str, mc: str, s: Shapes, h: HybridShapes) -> list[Rule]:
 HYBRID_LAYER_RULES = {"M": _mamba_rules, "*": _attention_rules, "-": _mlp_rules, "E": _moe_rules}
 
 
+def _mtp_rules(s: Shapes, h: HybridShapes) -> list[Rule]:
+    """Every MTP depth that holds weights: flat on the Hugging Face side, nested in Megatron's
+    (module doc)."""
+    found, depth_layers = [], len(h.mtp_pattern)
+    for depth in range(h.mtp_built):
+        mc, first = f"mtp.layers.{depth}.", depth * depth_layers
+        last = first + depth_layers - 1
+        found += _copies(f"mtp.layers.{first}.", mc, {
+            "enorm.weight": ("enorm.weight", (s.hidden,)),
+            "hnorm.weight": ("hnorm.weight", (s.hidden,)),
+            "eh_proj.weight": ("eh_proj.weight", (s.hidden, 2 * s.hidden)),
+        })
+        for i, symbol in enumerate(h.mtp_pattern):
+            found += HYBRID_LAYER_RULES[symbol](f"mtp.layers.{first + i}.",
+                                                f"{mc}mtp_model_layer.layers.{i}.", s, h)
+        found += _copies(f"mtp.layers.{last}.", mc, {
+            "final_layernorm.weight": ("final_layernorm.weight", (s.hidden,))})
+    return found
+
+
 def rules(s: Shapes) -> list[Rule]:
-    """NemotronH as transformers saves it (`backbone.*`, one tensor per expert) <-> HybridModel
-    (each layer one block: its norm and its mixer)."""
+    """NemotronH as transformers saves it (`backbone.*`, one tensor per expert; a release's
+    `mtp.*` depths) <-> HybridModel (each layer one block: its norm and its mixer)."""
     found = [Rule("embedding.word_embeddings.weight", ("backbone.embeddings.weight",), "vocab")]
     for i, symbol in enumerate(s.hybrid.pattern):
         found += HYBRID_LAYER_RULES[symbol](f"backbone.layers.{i}.", f"decoder.layers.{i}.",
                                             s, s.hybrid)
+    found += _mtp_rules(s, s.hybrid)
     found.append(Rule("decoder.final_norm.weight", ("backbone.norm_f.weight",), "copy",
                       (s.hidden,)))
     if not s.tied:

@@ -8,8 +8,12 @@ of Megatron's local GPT spec (`models/gpt/gpt_layer_specs.py:359-464`: local nor
 parallel linears, `DotProductAttention`, the local MoE), the Mamba mixer with plain
 column/row-parallel projections and its norm in front, and `LocalHybridStack`, which builds the
 final norm from the spec instead (so the CPU runtime's spec adaptations, e.g. its
-sequence-parallel norm, reach it too). The mixer's scan and gated norm are Mamba kernels: on
-CPU the CPU runtime installs torch ones; on GPU they are mamba-ssm's and causal-conv1d's.
+sequence-parallel norm, reach it too), and the multi-token-prediction block the pattern's
+depths after '/' are built from: Megatron's hybrid MTP spec (`hybrid_layer_specs.py:71-85`)
+with local norms and a column-parallel projection, its inner layers built from this same stack
+spec (`transformer/multi_token_prediction.py:1016-1031`). The mixer's scan and gated norm are
+Mamba kernels: on CPU the CPU runtime installs torch ones; on GPU they are mamba-ssm's and
+causal-conv1d's.
 """
 
 from __future__ import annotations
@@ -29,6 +33,12 @@ from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
 from megatron.core.ssm.mlp_layer import MLPLayer
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.multi_token_prediction import (
+    MultiTokenPredictionBlock,
+    MultiTokenPredictionBlockSubmodules,
+    MultiTokenPredictionLayer,
+    MultiTokenPredictionLayerSubmodules,
+)
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_layer import (
     MoETransformerLayer,
@@ -64,6 +74,19 @@ class LocalHybridStack(HybridStack):
 def _mixer_params(cfg: RunConfig) -> dict:
     """The mixer's own arguments that `TransformerConfig` does not carry."""
     return {"d_conv": cfg.model.mamba_conv_kernel, "chunk_size": cfg.model.mamba_chunk_size}
+
+
+def local_mtp_block_spec(norm: type) -> ModuleSpec:
+    """Megatron's hybrid MTP block with local modules: the embedding and hidden-state norms,
+    their projection and the final norm; the inner layers come from the stack spec."""
+    layer = ModuleSpec(
+        module=MultiTokenPredictionLayer,
+        submodules=MultiTokenPredictionLayerSubmodules(
+            enorm=norm, hnorm=norm, eh_proj=ColumnParallelLinear, mtp_model_layer=None,
+            layer_norm=norm),
+    )
+    return ModuleSpec(module=MultiTokenPredictionBlock,
+                      submodules=MultiTokenPredictionBlockSubmodules(layer_specs=[layer]))
 
 
 def local_hybrid_stack_spec(cfg: RunConfig) -> ModuleSpec:
@@ -104,6 +127,7 @@ def local_hybrid_stack_spec(cfg: RunConfig) -> ModuleSpec:
                 submodules=TransformerLayerSubmodules(
                     pre_mlp_layernorm=norm, mlp=moe_mlp, mlp_bda=get_bias_dropout_add),
             ),
+            mtp_block_spec=local_mtp_block_spec(norm),
             final_norm=norm,
         ),
     )
