@@ -1,0 +1,53 @@
+"""The planner's activations of Nemotron 3 Super's two features: MTP depths are held on the last
+pipeline stage only, one depth's layers, projection and logits per depth; a latent MoE routes
+latent-wide copies and keeps the inputs of its two latent projections."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from recipes.plan.activations import layer_bytes, output_bytes, stage_activations
+from recipes.registry import get_recipe
+
+
+def _with_depths(name: str, depths: int):
+    cfg = copy.deepcopy(get_recipe(name))
+    main = cfg.model.hybrid_layer_pattern.split("/")[0]
+    cfg.model.hybrid_layer_pattern = main + "/*E" * depths
+    return cfg
+
+
+@pytest.mark.parametrize("name", ["super_tiny_dp1", "super_tiny_pp2", "super_tiny_pp2_vpp2"])
+def test_mtp_depths_are_held_on_the_last_stage_only_one_depth_at_a_time(name):
+    none, one, two = (stage_activations(_with_depths(name, d), "flash") for d in (0, 1, 2))
+    assert [s.mtp for s in none] == [0.0] * len(none)
+    assert [s.mtp for s in one[:-1]] == [s.mtp for s in two[:-1]] == [0.0] * (len(one) - 1)
+    assert two[-1].mtp == pytest.approx(2 * one[-1].mtp) and one[-1].mtp > 0
+    for a, b in zip(none, two, strict=True):  # nothing else moves
+        assert b.total - b.mtp == pytest.approx(a.total)
+
+
+def test_each_mtp_depth_keeps_its_layers_projection_and_a_heads_logits():
+    cfg = _with_depths("super_tiny_dp1", 1)
+    [stage] = stage_activations(cfg, "flash")
+    layers = layer_bytes(cfg, "flash", symbol="*") + layer_bytes(cfg, "flash", symbol="E")
+    d, tokens = 2 if cfg.precision.dtype == "bf16" else 4, (
+        cfg.train.micro_batch_size * cfg.model.seq_length)
+    projection = tokens * 4 * d * cfg.model.hidden_size  # the 2h-wide input, its two norms
+    assert stage.mtp == pytest.approx((layers + projection) * stage.in_flight + output_bytes(cfg))
+
+
+def test_a_latent_moe_routes_latent_wide_copies_and_keeps_the_projections_inputs():
+    latent = get_recipe("super_tiny_dp1")
+    full = copy.deepcopy(latent)
+    full.model.moe_latent_size = None
+    m, d = latent.model, 2 if latent.precision.dtype == "bf16" else 4
+    h, x, k = m.hidden_size, m.moe_latent_size, m.moe_router_topk
+    tokens = latent.train.micro_batch_size * m.seq_length
+    # Each routed copy reads and writes x wide instead of h; the two projections keep h + x.
+    expected = tokens * (k * 2 * d * (x - h) + d * (h + x))
+    saved = layer_bytes(latent, "flash", symbol="E") - layer_bytes(full, "flash", symbol="E")
+    assert saved == pytest.approx(expected)
+    assert layer_bytes(latent, "flash", symbol="E") < layer_bytes(full, "flash", symbol="E")
