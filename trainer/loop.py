@@ -142,11 +142,15 @@ def announce_phase(session: TrainingSession, reporter: RunReporter) -> None:
 class StopRequest:
     """A stop signal (Ctrl-C's SIGINT; SIGTERM with `checkpoint.save_on_stop` or asynchronous
     saves) noted by the handler and acted on by every rank together at the next step boundary:
-    a rank inside a collective cannot stop alone. The same signal again stops this rank at
-    once (a rank stuck in a collective)."""
+    a rank inside a collective cannot stop alone. Whether any rank noted one rides on the
+    step's own world reduction (`train_step`), so stopping costs no collective or host read of
+    its own. The same signal again stops this rank at once (a rank stuck in a collective)."""
+
+    ORDER = (signal.SIGTERM, signal.SIGINT)  # when ranks noted different signals, the first
 
     def __init__(self):
         self.signum: int = 0
+        self.agreed: int = 0  # the signal every rank agreed to stop for (0: none)
 
     def note(self, signum, frame) -> None:
         if self.signum == signum:  # asked twice: at once, as the signal would
@@ -154,13 +158,13 @@ class StopRequest:
             os.kill(os.getpid(), signum)
         self.signum = self.signum or signum
 
-    def agreed(self) -> int:
-        """The signal any rank noted (0: none); a collective every rank calls each step."""
-        from trainer.device import compute_device
+    def flags(self) -> tuple[float, ...]:
+        """This rank's part of the step's reduction: 1 for the signal it noted."""
+        return tuple(float(self.signum == signum) for signum in self.ORDER)
 
-        flag = torch.tensor([self.signum], device=compute_device())
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return int(flag.item())
+    def agree(self, summed: tuple[float, ...]) -> None:
+        """Every rank's flags, summed: the signal some rank noted, the same on every rank."""
+        self.agreed = next((int(s) for s, n in zip(self.ORDER, summed, strict=True) if n), 0)
 
 
 def stop_signals(cfg) -> tuple[int, ...]:
@@ -233,7 +237,7 @@ def _train(session: TrainingSession, reporter: RunReporter, collect,
         graphs.close()
 
 
-def _steps(session: TrainingSession, reporter: RunReporter, collect, stop: StopRequest | None,
+def _steps(session: TrainingSession, reporter: RunReporter, collect, stop: StopRequest,
            history: RunHistory, total: int, graphs: CudaGraphs) -> RunHistory:
     """The steps of `_train` up to `total` (Transformer Engine's CUDA graphs, if any, captured
     after their warm-up steps)."""
@@ -242,7 +246,7 @@ def _steps(session: TrainingSession, reporter: RunReporter, collect, stop: StopR
         graphs.before_step(session.state.step)
         announce_phase(session, reporter)
         scale = loss_scale(session) if cfg.precision.dtype == "fp16" else 1.0  # no GPU sync
-        metrics = train_step(session)
+        metrics = train_step(session, stop)
         if metrics.skipped:
             record_skipped_update(session, reporter, metrics, scale)
         if cfg.train.exit_on_nonfinite:
@@ -260,8 +264,8 @@ def _steps(session: TrainingSession, reporter: RunReporter, collect, stop: StopR
             history.checkpoint = str(path)
         if cfg.checkpoint.async_save:
             async_save.finish_saves(session, blocking=False)
-        if signum := stop.agreed():
-            stop_here(session, history, reporter, signum)
+        if stop.agreed:
+            stop_here(session, history, reporter, stop.agreed)
             return history
     if total < cfg.train.train_iters:
         announce_relaunch(session, reporter, total)

@@ -39,26 +39,30 @@ class StepTotals(NamedTuple):
     phase_seconds: list[float]  # each phase's mean seconds over ranks
     trained_tokens: int  # tokens of the sequences trained (`trainer.throughput.trained_sequences`)
     squared_lengths: int  # the sum of those sequences' squared lengths
+    flags: tuple[float, ...] = ()  # each rank's `flags`, summed (the stop signals noted)
 
 
 def reduce_step_over_world(
-    loss_reports: list[dict], phase_seconds: list[float], sequences: tuple[int, int] = (0, 0)
+    loss_reports: list[dict], phase_seconds: list[float], sequences: tuple[int, int] = (0, 0),
+    flags: tuple[float, ...] = (),
 ) -> StepTotals:
-    """The step's loss, loss tokens, phase times and trained sequences, on every rank.
+    """The step's loss, loss tokens, phase times, trained sequences and `flags` (summed), on
+    every rank.
 
     Only last-stage ranks hold losses; the TP-rank-0 of each DP x CP replica contributes, so a
     token is counted once however many TP/PP ranks computed it (`counts_loss_tokens`). This
     rank's `sequences` ((tokens, squared lengths) of the rows it took) count once per DP
-    replica (`counts_trained_rows`). The phase times and the sequences ride on the same
-    all-reduce: they cost no extra collective.
+    replica (`counts_trained_rows`). The phase times, the sequences and the flags ride on the
+    same all-reduce: they cost no extra collective.
     """
-    total = torch.zeros(4 + len(phase_seconds), dtype=torch.float64, device=compute_device())
+    total = torch.zeros(4 + len(phase_seconds) + len(flags), dtype=torch.float64,
+                        device=compute_device())
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
     if counts_loss_tokens(tp_rank, last_stage):
         for report in loss_reports:
             total[:2] += report["lm loss"].detach().to(torch.float64)
-    host = list(phase_seconds)
+    host = list(phase_seconds) + list(flags)
     if counts_trained_rows(tp_rank, parallel_state.get_context_parallel_rank(), last_stage):
         host += [float(n) for n in sequences]  # exact in float64 below 2**53
     else:
@@ -70,8 +74,9 @@ def reduce_step_over_world(
     tokens = int(values[1])
     ranks = torch.distributed.get_world_size()
     phases = [value / ranks for value in values[2:2 + len(phase_seconds)]]
+    summed = tuple(values[2 + len(phase_seconds):2 + len(phase_seconds) + len(flags)])
     return StepTotals(values[0] / max(tokens, 1), tokens, phases, int(values[-2]),
-                      int(values[-1]))
+                      int(values[-1]), summed)
 
 
 def max_over_world(values: list[float]) -> list[float]:

@@ -168,9 +168,10 @@ def mtp_losses(cfg, loss_reports: list[dict]) -> dict[str, float]:
             for d in range(depths)}
 
 
-def train_step(session) -> StepMetrics:
+def train_step(session, stop=None) -> StepMetrics:
     """Forward/backward over the next global batch's micro-batches, then one optimizer update;
-    the session's run state advances by one step.
+    the session's run state advances by one step. A `stop` request (`trainer.loop.StopRequest`)
+    learns on the step's own world reduction whether any rank noted a stop signal.
 
     On CPU ranks every rank starts the step's clock together (a barrier: rank 0's logging
     between steps is not step time) and stops it after the loss all-reduce, which no rank
@@ -200,7 +201,10 @@ def train_step(session) -> StepMetrics:
     if updated:
         session.scheduler.step(increment=batch)
     clock.mark()
-    totals = reduce_step_over_world(reports, clock.seconds(), trained_sequences(microbatches))
+    totals = reduce_step_over_world(reports, clock.seconds(), trained_sequences(microbatches),
+                                    stop.flags() if stop is not None else ())
+    if stop is not None:
+        stop.agree(totals.flags)
     mtp = mtp_losses(cfg, reports)
     loss, tokens, phases = totals.loss, totals.loss_tokens, totals.phase_seconds
     session.state.advance(batch, tokens)

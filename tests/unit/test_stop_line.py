@@ -55,3 +55,23 @@ def test_sigterm_waits_for_the_step_boundary_only_when_something_is_saved_on_the
     for asked in ("checkpoint.save_on_stop=true", "checkpoint.async_save=true"):
         cfg = apply_overrides(CFG, [asked])
         assert stop_signals(cfg) == (signal.SIGINT, signal.SIGTERM)
+
+
+def test_every_rank_agrees_on_the_signal_any_rank_noted_through_the_summed_flags():
+    """The stop rides on the step's world reduction: each rank gives its flags, every rank gets
+    their sum and stops for the same signal (SIGTERM before SIGINT when ranks differ)."""
+    from trainer.loop import StopRequest
+
+    ranks = [StopRequest() for _ in range(3)]
+    assert [r.flags() for r in ranks] == [(0.0, 0.0)] * 3
+    ranks[1].note(signal.SIGINT, None)
+
+    def step() -> list[int]:
+        summed = tuple(map(sum, zip(*(r.flags() for r in ranks), strict=True)))
+        for r in ranks:
+            r.agree(summed)
+        return [r.agreed for r in ranks]
+
+    assert step() == [signal.SIGINT] * 3
+    ranks[2].note(signal.SIGTERM, None)
+    assert step() == [signal.SIGTERM] * 3
