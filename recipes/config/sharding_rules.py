@@ -51,6 +51,18 @@ def check_fsdp_async_save(cfg: RunConfig) -> str | None:
     return None
 
 
+def check_fsdp_megatron_lm_format(cfg: RunConfig) -> str | None:
+    """`checkpoint.format=megatron_lm` adds Megatron-LM's layout to the torch_dist save
+    (`trainer/checkpoint/state_dicts.py`); Megatron FSDP's fsdp_dtensor save has no such
+    writer, so a run would not get the checkpoint it asked for."""
+    o, c = cfg.optimizer, cfg.checkpoint
+    if o.fsdp != "none" and c.format == "megatron_lm":
+        return (f"checkpoint.format=megatron_lm with optimizer.fsdp={o.fsdp}: Megatron-LM's "
+                "layout is written for torch_dist checkpoints, not Megatron FSDP's fsdp_dtensor; "
+                "set checkpoint.format=mcore_recipes, or optimizer.fsdp=none")
+    return None
+
+
 def check_offload_needs_distributed_optimizer(cfg: RunConfig) -> str | None:
     """The hybrid-device optimizer runs through the precision-aware distributed optimizer
     (Megatron-LM asserts `--use-precision-aware-optimizer`, `megatron/training/arguments.py:
@@ -125,6 +137,7 @@ SHARDING_RULES = (
     check_fsdp_pipeline,
     check_fsdp_checkpoint_format,
     check_fsdp_async_save,
+    check_fsdp_megatron_lm_format,
     check_offload_needs_distributed_optimizer,
     check_offload_fraction,
     check_offload_precision,

@@ -276,6 +276,9 @@ RULE_CASES = [
     ("check_fsdp_async_save", "tiny_dp2_fsdp", ["checkpoint.async_save=true"],
      "checkpoint.async_save=true with optimizer.fsdp=optim_grads_params: Megatron FSDP's "
      "fsdp_dtensor checkpoints are written synchronously here"),
+    ("check_fsdp_megatron_lm_format", "tiny_dp2_fsdp", ["checkpoint.format=megatron_lm"],
+     "checkpoint.format=megatron_lm with optimizer.fsdp=optim_grads_params: Megatron-LM's "
+     "layout is written for torch_dist checkpoints"),
     ("check_offload_needs_distributed_optimizer", "tiny_dp2",
      ["precision.dtype=bf16", "optimizer.cpu_offload=true"],
      "optimizer.cpu_offload=true runs Megatron's hybrid-device optimizer inside the distributed "
