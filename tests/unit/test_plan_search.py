@@ -125,6 +125,22 @@ def test_step_model_prices_tp_overlap_and_recompute_modules() -> None:
     assert mlp.compute > core.compute == norms.compute > time_of(cfg).compute
 
 
+def test_step_model_hides_ep_traffic_behind_the_other_micro_batch_with_ep_overlap() -> None:
+    """EP overlap hides the token exchange behind the other micro-batch's layers: less exposed
+    EP time, and nothing else in the step changes."""
+    cluster = load_cluster(H100)
+    cfg = apply_cluster(get_recipe("mixtral_8x7b_tp1_pp4_ep8_dp16"), cluster)
+
+    def time_of(overlap: bool):
+        run = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel,
+                                                                    ep_comm_overlap=overlap))
+        return step_time(run, stage_plans(run, cluster, PlanOptions()), 989)
+
+    on, off = time_of(True), time_of(False)
+    assert 0 <= on.ep < off.ep
+    assert (on.compute, on.tp, on.dp) == (off.compute, off.tp, off.dp)
+
+
 def test_uneven_pipeline_splits_include_the_llama_405b_one() -> None:
     splits = {(pp, first) for pp, first, _last, _v in pipeline_splits(126, 128)}
     assert (16, 7) in splits and (2, None) in splits and (16, None) not in splits
