@@ -1,6 +1,8 @@
 """Each patch that runs Megatron-LM's loop on CPU (`trainer/cpu_runtime/megatron_lm.py`) is
 needed: with it the call Megatron-LM makes goes through, left out (`skip=`) the same call fails
-as it does on a CPU rank without it. The whole loop runs in tests/dist/test_megatron_parity.py.
+as it does on a CPU rank without it (the hybrid MoE metrics: its all-reduce over PP gets another
+size on a stage without MoE layers). The whole loop runs in tests/dist/test_megatron_parity.py
+and, a hybrid over TP2 x PP2, in tests/dist/test_megatron_lm_checkpoints.py.
 """
 
 from __future__ import annotations
@@ -44,6 +46,45 @@ def compiled_helpers() -> None:
     dataset_utils.compile_helpers()
 
 
+def moe_metric_sizes(monkeypatch) -> dict[str, int]:
+    """Megatron-LM's `training_log` after a step of the tiny hybrid over 2 pipeline stages, on
+    the first stage (M*-, no MoE layer, so its router recorded nothing): the size of each MoE
+    metric it all-reduces over PP, returned through `Reached` where that all-reduce would run
+    (moe_logging.py:277); and the size the second stage's router records them at."""
+    import sys
+
+    import megatron.training.training as training
+    from megatron.core.transformer.moe import moe_logging
+    from megatron.training.arguments import parse_and_validate_args
+
+    from recipes.config.megatron_args import script_name
+    from recipes.resolve import resolve_config
+    from trainer.tools.megatron_parity import _forget_megatron_lm, parity_arguments
+
+    cfg = resolve_config(["recipe=hybrid_tiny_pp2"])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(sys, "argv", [script_name(cfg), *parity_arguments(cfg, 2)])
+
+    def sync(tracker, names, pg_collection=None):
+        raise Reached({name: tracker.metrics[name].values.numel() for name in names})
+
+    monkeypatch.setattr(training, "reduce_max_stat_across_model_parallel_group",
+                        lambda stat, group=None: stat)  # the lr over the model-parallel group
+    monkeypatch.setattr(moe_logging.MoEMetricsTracker, "_sync_metrics", sync)
+    moe_logging.destroy_moe_metrics_tracker()
+    try:
+        args = parse_and_validate_args()
+        router = args.num_layers + (args.mtp_num_layers or 0)  # moe/router.py:587-590
+        training.training_log({}, {}, 1e-3, 1, 1.0, False, False, 1.0, None, None, None)
+    except Reached as reached:
+        return {**reached.args[0], "router": router}
+    finally:
+        _forget_megatron_lm()
+        moe_logging.destroy_moe_metrics_tracker()
+    return {}
+
+
 def test_device_arch():
     with megatron_lm_on_cpu():
         assert device_arch() == 10
@@ -70,12 +111,24 @@ def test_compiled_helpers():
         compiled_helpers()
 
 
+def test_hybrid_moe_metrics_size(monkeypatch):
+    """6 layers, one of them MoE: the stage without it must all-reduce 6 slots, as the stage
+    with it does; Megatron-LM's own `force_initialize` gives it 1."""
+    with megatron_lm_on_cpu():
+        sizes = moe_metric_sizes(monkeypatch)
+    assert sizes == {"load_balancing_loss": 6, "seq_load_balancing_loss": 6, "router": 6}
+    with megatron_lm_on_cpu(skip=frozenset({"megatron_lm_hybrid_moe_metrics_size"})):
+        sizes = moe_metric_sizes(monkeypatch)
+    assert sizes == {"load_balancing_loss": 1, "seq_load_balancing_loss": 1, "router": 6}
+
+
 def test_every_patch_has_its_check_here():
     """The distributed optimizer's load needs a checkpoint and process groups: its check is
     tests/dist/test_megatron_lm_checkpoints.py's."""
     assert set(PATCH_NAMES) == {"megatron_lm_device_arch", "megatron_lm_init_without_cuda",
                                 "megatron_lm_compiled_helpers",
-                                "megatron_lm_distributed_optimizer_load"}
+                                "megatron_lm_distributed_optimizer_load",
+                                "megatron_lm_hybrid_moe_metrics_size"}
     with pytest.raises(ValueError, match="unknown Megatron-LM patches"), \
             megatron_lm_on_cpu(skip=frozenset({"nope"})):
         pass

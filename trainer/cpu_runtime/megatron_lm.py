@@ -6,10 +6,14 @@ loop beside ours; on a CPU rank the CPU runtime makes Megatron Core run, and thr
 `megatron.training` still insist on a GPU or a build tree. A fourth is Megatron Core's own:
 without Transformer Engine's or Apex's fused Adam (on CPU) the distributed optimizer's load path
 fails or drifts, which this trainer's load works around (`trainer/checkpoint/megatron_fixes.py`);
-Megatron-LM's `load_checkpoint` gets the same fixes. Each is a named patch of the one table
+Megatron-LM's `load_checkpoint` gets the same fixes. A fifth is a defect of Megatron-LM's
+`training_log` on any device: for a hybrid model over pipeline stages of which one has no MoE
+layer, the MoE metrics it all-reduces over PP are of other sizes on that stage than on the
+others, so the run aborts (gloo) or hangs (NCCL) at its first log; they are created first at
+the size the router records them. Each is a named patch of the one table
 (`trainer/megatron_patches.py`), applied while `megatron_lm_on_cpu()` is active; `skip=` leaves
-any out, which is how `tests/unit/test_megatron_lm_on_cpu.py` shows the first three are needed
-(the fourth: tests/dist/test_megatron_lm_checkpoints.py).
+any out, which is how `tests/unit/test_megatron_lm_on_cpu.py` shows the first three and the
+fifth are needed (the fourth: tests/dist/test_megatron_lm_checkpoints.py).
 """
 
 from __future__ import annotations
@@ -45,6 +49,14 @@ MEGATRON_LM_PATCHES: tuple[Patch, ...] = (
           "otherwise; the load gets this trainer's own load-path fixes (create_state_if_missing, "
           "load_without_grad, keep_step_out_of_param_state, give_each_param_its_own_step)",
           _LOAD_SELF_TEST),
+    Patch("megatron_lm_hybrid_moe_metrics_size", "megatron.training.training.training_log "
+          "(training/training.py:2771-2790): for a hybrid model it force-initializes a stage's "
+          "missing MoE metrics with the pattern's MoE-layer count (moe_logging.py:184), where "
+          "the router records them sized num_layers + MTP layers (moe/router.py:587-599)",
+          "a pipeline stage without MoE layers then all-reduces tensors of another size over "
+          "PP than the stages with them (moe_logging.py:277): gloo aborts, NCCL hangs; the "
+          "metrics are created first at the router's size, and the average stays Megatron's",
+          _SELF_TEST),
 )
 PATCH_NAMES = tuple(patch.name for patch in MEGATRON_LM_PATCHES)
 
@@ -87,6 +99,31 @@ def _load_with_fixes(load):
     return load_checkpoint
 
 
+# What the router records (moe/router.py:441, :496, :543, :596-603, :697-703): the aux losses of
+# the three load-balancing types and the z-loss.
+_ROUTER_METRICS = ("load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss",
+                   "z_loss")
+
+
+def _metrics_sized_as_the_router_records(log):
+    """Megatron-LM's `training_log` with a hybrid model's MoE metrics created, where missing,
+    at the size the router gives them, so the sizes its `force_initialize` picks never
+    apply."""
+    from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+    from megatron.training import get_args
+    from megatron.training.utils import is_hybrid_model
+
+    def training_log(*args, **kwargs):
+        megatron_args = get_args()
+        if megatron_args.num_experts is not None and is_hybrid_model(megatron_args):
+            size = megatron_args.num_layers + (megatron_args.mtp_num_layers or 0)
+            tracker = get_moe_metrics_tracker()
+            for name in _ROUTER_METRICS:
+                tracker.ensure_initialized(name, size)
+        return log(*args, **kwargs)
+    return training_log
+
+
 @contextlib.contextmanager
 def megatron_lm_on_cpu(skip: frozenset[str] = frozenset()) -> Iterator[None]:
     """Megatron-LM's training entry runnable on this CPU rank while active (each patch that
@@ -101,7 +138,7 @@ def megatron_lm_on_cpu(skip: frozenset[str] = frozenset()) -> Iterator[None]:
     from megatron.core.optimizer import distrib_optimizer
 
     saved = (arguments.get_device_arch_version, training.initialize_megatron,
-             dataset_utils.compile_helpers, training.load_checkpoint)
+             dataset_utils.compile_helpers, training.load_checkpoint, training.training_log)
     count = torch.cuda.device_count
     initialize = training.initialize_megatron
 
@@ -121,8 +158,10 @@ def megatron_lm_on_cpu(skip: frozenset[str] = frozenset()) -> Iterator[None]:
     if ("megatron_lm_distributed_optimizer_load" not in skip
             and not distrib_optimizer.HAVE_APEX_OR_TE):
         training.load_checkpoint = _load_with_fixes(training.load_checkpoint)
+    if "megatron_lm_hybrid_moe_metrics_size" not in skip:
+        training.training_log = _metrics_sized_as_the_router_records(training.training_log)
     try:
         yield
     finally:
         (arguments.get_device_arch_version, training.initialize_megatron,
-         dataset_utils.compile_helpers, training.load_checkpoint) = saved
+         dataset_utils.compile_helpers, training.load_checkpoint, training.training_log) = saved
