@@ -5,9 +5,10 @@ from the wheel, driven as the parity check drives it).
 - Megatron-LM -> here: `checkpoint.load=<Megatron-LM's iter_N>` resumes weights, optimizer
   state, schedule, step, consumed samples and RNG streams, and the steps after it equal
   Megatron-LM's own uninterrupted run (lr and grad norm bit for bit at fp32, losses within one
-  fp32 rounding, final weights bit-identical), for GPT and hybrid models, one rank, TP2 x PP2
-  and DP2 with the distributed optimizer in both of its formats, with attention dropout (whose
-  streams must resume) on one rank; a step shaped as Megatron Bridge saves it too.
+  fp32 rounding, final weights bit-identical): GPT on one rank with attention dropout (whose
+  streams must resume), TP2 x PP2 and DP2 with the distributed optimizer in both of its
+  formats; the hybrid on one rank and over TP2 (sequence parallel) x PP2 with the distributed
+  optimizer, its first stage without MoE layers; a step shaped as Megatron Bridge saves it too.
 - Here -> Megatron-LM: `checkpoint.format=megatron_lm` writes a checkpoint Megatron-LM's
   `--load` resumes to the same steps as this trainer's uninterrupted run.
 - Before any rank starts: the pre-flight reads Megatron-LM's saved arguments, states what a
@@ -40,6 +41,9 @@ CASES = {
     "gpt_dp2_distopt_fully_reshardable": (
         "tiny_dp2_distopt", 2, ["checkpoint.optimizer_format=fully_reshardable"], False),
     "hybrid_dp1": ("hybrid_tiny_dp1", 1, HYBRID_SIZE, False),
+    "hybrid_tp2_pp2_distopt": ("hybrid_tiny_pp2", 4, [
+        *HYBRID_SIZE, "cluster.gpus_per_node=4", "parallel.tensor=2",
+        "parallel.sequence_parallel=true", "optimizer.distributed=true"], False),
 }
 
 
