@@ -2,7 +2,8 @@
 kernels on the same CUDA tensors, forward and backward, fp32 and bf16, with packed documents,
 initial and final states, and the fused training call as Megatron makes it
 (`megatron/core/ssm/mamba_mixer.py:755-775`). If the libraries are missing, each test is
-skipped with one line saying which and how to install them (the `gpu` extra)."""
+failed with one line saying which and how to install them (the `gpu` extra): on a GPU machine
+the tier must not pass without them (without CUDA, tests/gpu/conftest.py skips it)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,16 @@ from trainer.models.hybrid.cpu_kernels.ssd_scan import mamba_chunk_scan_combined
 
 LIBRARIES = ("mamba_ssm", "causal_conv1d")
 MISSING = [name for name in LIBRARIES if importlib.util.find_spec(name) is None]
-pytestmark = pytest.mark.skipif(
-    bool(MISSING),
-    reason=f"{' and '.join(MISSING)} not installed: the Mamba kernel comparison needs mamba-ssm "
-    "and causal-conv1d (see docs/cpu-runtime.md, the mamba_kernels patch)",
-)
+
+
+@pytest.fixture(autouse=True)
+def _kernels_installed():
+    if MISSING:
+        pytest.fail(f"{' and '.join(MISSING)} not installed on this GPU machine: the Mamba kernel "
+                    "comparison needs mamba-ssm and causal-conv1d (pip install -e '.[gpu]'; "
+                    "docs/cpu-runtime.md, the mamba_kernels patch)", pytrace=False)
+
+
 # Relative to the largest reference value: Triton's fp32 matmuls may run in TF32.
 TOLERANCE = {torch.float32: 1e-2, torch.bfloat16: 5e-2}
 DTYPES = [torch.float32, torch.bfloat16]
