@@ -4,7 +4,8 @@
 DTensors each rank puts in its fsdp_dtensor state dict after a step, with the fix or without
 it (every rank must list the same ones: the uneven-DTensor metadata is gathered tensor by
 tensor in sorted key order, so different lists pair different tensors' collectives and the
-save hangs).
+save hangs). `swiglu_optimizer_state` is the self-test of `megatron_fixes.swiglu_optimizer_keys`:
+a SwiGLU model's fsdp_dtensor state dict after a step, prepared with the fix or without it.
 """
 
 from __future__ import annotations
@@ -39,3 +40,25 @@ def state_dict_tensors(payload: dict) -> dict:
         listed[name] = sorted(_dtensor_keys(state))
         _finish()
     return listed
+
+
+def swiglu_optimizer_state(payload: dict) -> dict:
+    """After one step of a SwiGLU model: the fc1 optimizer keys of the prepared fsdp_dtensor
+    state dict (its two halves), and what preparing it without `swiglu_optimizer_keys` raises."""
+    from trainer.checkpoint import fsdp_dtensor, megatron_fixes
+    from trainer.step import train_step
+
+    session = _session(payload)
+    train_step(session)
+    found = {}
+    for name, skipped in (("unfixed", {"swiglu_optimizer_keys"}), ("fixed", set())):
+        with megatron_fixes.skipping(skipped):
+            try:
+                state = fsdp_dtensor._prepared(session.cfg, session.model,
+                                               fsdp_dtensor._state_dict(session, loading=False))
+                found[name] = sorted(key for key in state["optimizer"]["state"]
+                                     if "linear_fc1" in key)
+            except AttributeError as error:
+                found[name] = f"AttributeError: {error}"
+    _finish()
+    return found

@@ -179,6 +179,18 @@ def test_empty_shard_optimizer_state_keeps_every_ranks_tensors_the_same(launch_r
     assert set(ranks[0]["unfixed"]) | set(ranks[1]["unfixed"]) == set(ranks[0]["fixed"])
 
 
+def test_swiglu_optimizer_keys_lets_a_swiglu_model_save(launch_ranks, tmp_path):
+    """Megatron's SwiGLU split of the optimizer state looks its parameters up one `module.`
+    short: without `swiglu_optimizer_keys` a SwiGLU model under Megatron FSDP cannot save once
+    Adam has state; with it, each fc1's state is split into its gate and up halves."""
+    ranks = launch_ranks(2, "tests.dist.fsdp_runs:swiglu_optimizer_state", {
+        "recipe": "tiny_dp2_fsdp", "run_dir": str(tmp_path),
+        "overrides": ["model.activation=swiglu"]})
+    for rank in ranks:
+        assert rank["unfixed"].startswith("AttributeError: MegatronFSDP has no attribute")
+        assert rank["fixed"] and {key[-2:] for key in rank["fixed"]} == {"_w", "_v"}
+
+
 def test_fsdp_weights_load_into_a_fresh_optimizer(launch_ranks, tmp_path, fsdp_saved):
     """`checkpoint.load_model_only` of an fsdp_dtensor save, at another level and DP: both
     start from the saved weights (their first losses, on the first batch, agree, and are the

@@ -257,7 +257,7 @@ UNIT_CHECKS: dict[str, Callable[[], None]] = {
 DIST_CHECKED = {
     "params_gathered_before_save", "create_state_if_missing", "keep_step_out_of_param_state",
     "load_without_grad", "give_each_param_its_own_step", "adopt_hyperparameters",
-    "disk_asked_after_a_failed_write", "empty_shard_optimizer_state",
+    "disk_asked_after_a_failed_write", "empty_shard_optimizer_state", "swiglu_optimizer_keys",
 }
 
 

@@ -76,7 +76,8 @@ def _prepared(cfg, model: list, state: dict) -> dict:
         model_state = dict(prepared[key])
         handle_fp8_extra_state_case(model_state)
         if cfg.model.activation == "swiglu":
-            model_state, optimizer = handle_swiglu_in_state_dict(chunk, model_state, optimizer)
+            model_state, optimizer = handle_swiglu_in_state_dict(
+                megatron_fixes.swiglu_optimizer_keys(chunk), model_state, optimizer)
         if cfg.model.num_moe_experts:
             model_state = handle_experts_in_state_dict(model_state, cfg.model.num_moe_experts)
         prepared[key] = model_state

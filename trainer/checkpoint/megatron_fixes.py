@@ -521,6 +521,36 @@ def empty_shard_optimizer_state(optimizer) -> None:
                                             "exp_avg_sq": torch.zeros_like(param)}
 
 
+class _ParameterLookup:
+    """A Megatron FSDP chunk as `handle_swiglu_in_state_dict` asks it for parameters: by the
+    name given, else by that name under the chunk's `module.` (the optimizer's keys)."""
+
+    def __init__(self, chunk) -> None:
+        self.module = chunk  # `get_attr_wrapped_model` finds the config through it
+
+    def named_modules(self, *args, **kwargs):
+        return self.module.named_modules(*args, **kwargs)
+
+    def get_parameter(self, name: str):
+        try:
+            return self.module.get_parameter(name)
+        except AttributeError:
+            return self.module.get_parameter(f"module.{name}")
+
+
+@_fix("swiglu_optimizer_keys", self_test="tests/dist/test_fsdp.py", when_skipped=_unchanged,
+      works_around="handle_swiglu_in_state_dict, which looks the optimizer state's parameters "
+                   "up by their key less one `module.` (transformer/fsdp_dtensor_checkpoint.py:"
+                   "375-377) on the chunk whose own parameters carry two (`module.module.`: the "
+                   "adapter around MegatronFSDP around the model)",
+      why="a SwiGLU model under Megatron FSDP fails to save or resume fsdp_dtensor once its "
+          "optimizer has state (AttributeError: MegatronFSDP has no attribute `decoder`)")
+def swiglu_optimizer_keys(chunk):
+    """The chunk to hand `handle_swiglu_in_state_dict`: one that finds the optimizer state's
+    parameters as well as the model state's."""
+    return _ParameterLookup(chunk)
+
+
 @_fix("adopt_hyperparameters", self_test=LOAD_PATH_SELF_TEST,
       works_around="DistributedOptimizer.load_state_dict matching saved param groups to its own "
                    "by max_lr/min_lr (optimizer/distrib_optimizer.py:941-970), and torch's "
