@@ -163,6 +163,17 @@ def export_checkpoint(payload: dict) -> dict:
             "peak_rss": _peak_rss()}
 
 
+def export_error(payload: dict) -> str:
+    """scripts/convert.py export of a checkpoint it must refuse: the one-line error."""
+    from plugins.protocol.errors import ConfigError
+
+    try:
+        export_checkpoint(payload)
+    except ConfigError as error:
+        return str(error)
+    raise AssertionError("the export was not refused")
+
+
 def _loaded_session(payload: dict):
     return _session({**payload, "overrides": [
         f"checkpoint.load={payload['checkpoint']}", "checkpoint.load_model_only=true",
@@ -225,6 +236,29 @@ def layout_loss_and_save(payload: dict) -> dict:
     trained = [train_step(session).loss for _ in range(payload.get("train_steps", 0))]
     _finish()
     return {"loss": loss, "tokens": tokens, "train_losses": trained}
+
+
+def train_and_save(payload: dict) -> dict:
+    """Load the checkpoint into this layout, train `steps` optimizer steps and save a full
+    checkpoint into `<run_dir>/checkpoints` as the run loop does (Megatron FSDP: fsdp_dtensor),
+    with the run's config.yaml in `run_dir`; the lr each step applied (read before the step:
+    the step's metrics give the scheduler's next one)."""
+    import torch
+
+    from recipes.config.io import save_config
+    from trainer.checkpoint.save import save_checkpoint
+    from trainer.step import train_step
+
+    session = _loaded_session(payload)
+    lrs = []
+    for _ in range(payload["steps"]):
+        lrs.append(session.optimizer.param_groups[0]["lr"])
+        train_step(session)
+    step = save_checkpoint(session, Path(payload["run_dir"]) / "checkpoints")
+    if torch.distributed.get_rank() == 0:
+        save_config(session.cfg, Path(payload["run_dir"]) / "config.yaml")
+    _finish()
+    return {"lrs": lrs, "step": str(step)}
 
 
 def published_shapes(payload: dict) -> dict:

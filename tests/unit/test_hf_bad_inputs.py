@@ -151,15 +151,26 @@ def test_existing_output_is_refused_before_anything_runs(tmp_path) -> None:
         _parse(["export", "checkpoint=a", f"out={tmp_path}"])
 
 
-def test_export_of_a_megatron_fsdp_checkpoint_is_refused(tmp_path) -> None:
-    from trainer.interop.exporter import resolve_step
+def test_export_of_a_megatron_fsdp_checkpoint_without_its_index_is_one_line(tmp_path) -> None:
+    """An fsdp_dtensor step is exported (tests/dist/test_hf_interop.py); one whose DCP index is
+    lost is named in one line, before any output exists."""
+    from rich.progress import Progress
 
-    step = tmp_path / "checkpoints" / "step_0000002"
+    from recipes.config.io import save_config
+    from trainer.interop.exporter import export_hf
+
+    step = tmp_path / "run" / "checkpoints" / "step_0000002"
     step.mkdir(parents=True)
     (step / "metadata.json").write_text('{"sharded_backend": "fsdp_dtensor"}')
-    with pytest.raises(ConfigError, match="is Megatron FSDP's fsdp_dtensor, and export reads "
-                                          "torch_dist checkpoints"):
-        resolve_step(step.parent)
+    save_config(get_recipe("hf_tiny_llama"), tmp_path / "run" / "config.yaml")
+    out = tmp_path / "out"
+    with Progress(disable=True) as progress, pytest.raises(
+            ConfigError, match=r"step_0000002 \(fsdp_dtensor\) cannot be read: "
+                               "FileNotFoundError: no .metadata; its files are damaged or "
+                               "incomplete") as error:
+        export_hf(step.parent, out, progress)
+    assert "\n" not in str(error.value)
+    assert not out.exists() and not list(tmp_path.glob("out.tmp-*"))
 
 
 @pytest.fixture(scope="module")

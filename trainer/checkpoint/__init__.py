@@ -17,7 +17,8 @@ With torch, on the ranks; each module imports only those listed before it (the s
 
     megatron_fixes.py  every workaround of Megatron Core's behaviour on the save and load paths,
                      each a named entry (`FIX_NAMES`) with its self-test
-    fsdp_dtensor.py  Megatron FSDP's format: torch DCP of its DTensors, the run's own files
+    fsdp_dtensor.py  Megatron FSDP's format: torch DCP of its DTensors, the run's own files, and
+                     its weights read back in one process (the export)
     state_dicts.py   what a checkpoint holds as Megatron's sharded state dicts; the save strategy
     disk_errors.py   a save the file system refuses, agreed across ranks: one line, no half save
     publish.py       atomic publication: `run.json`, rename into place, `latest`, rotation

@@ -12,6 +12,15 @@ global keys, uneven DTensor shards described), written by torch DCP; loaded into
 template, then through `load_state_dict`. DCP reshards DTensors over DP, so a checkpoint resumes
 at another DP size; other layout changes are refused before launch (`manifest.py`).
 
+The export to Hugging Face reads its weights back in one process without a process group
+(`stored_weights`, `weight_parts`, `read_weights`): DCP's reader gives any stored tensor whole,
+from the chunks every rank wrote, whatever DP, TP or level wrote them. What the files hold, as
+written here: the one chunk's weights (Megatron FSDP runs PP 1) under `model.module.` (the
+wrapper's own prefix) with global layer and expert numbers, each at its global shape (Megatron
+FSDP's flat, padded buffers are not what is stored: the uneven DTensor chunks are described as
+rows of the tensor), SwiGLU's fc1 as Megatron FSDP splits it, `<name>_w` (gate) and `<name>_v`
+(up), and the optimizer state under `optimizer.`, which the export does not read.
+
 Beside DCP's files the run's own part is written as plain torch files, loaded weights-only:
 `run_state.pt` (scheduler and run state, rank 0) and `__<rank>_rng.pt` (each rank's streams,
 named as DCP names a rank's shards, so `run.json` checksums each rank's own files), and Megatron's
@@ -21,13 +30,15 @@ checkpoint (`format.py`), and the pre-flight reads the format from it without to
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
 
+from plugins.protocol.errors import ConfigError
 from trainer.checkpoint import megatron_fixes
-from trainer.checkpoint.format import FSDP_DTENSOR
+from trainer.checkpoint.format import DCP_METADATA, FSDP_DTENSOR
 from trainer.state import RngState, RunState
 
 RUN_STATE_FILE = "run_state.pt"
@@ -170,3 +181,70 @@ def load_weights(cfg, path: Path, model: list) -> None:
              for i, chunk in enumerate(model)}
     _read(_prepared(cfg, model, state), path, partial=True)
     _install_loaded_weights(model)
+
+
+# The export's reading (module doc): the weights under the one chunk's Megatron FSDP wrapper.
+WEIGHTS_PREFIX = f"{_model_key(0, 1)}.module."
+SWIGLU_HALVES = ("_w", "_v")  # handle_swiglu_in_state_dict's [gate; up] of a fused fc1
+
+
+def _damaged(path: Path, error: BaseException) -> ConfigError:
+    if isinstance(error, dcp.api.CheckpointException):  # DCP's wrapper: the reader's own error
+        error = next(iter(error.failures.values()))[0]
+    reason = f"{type(error).__name__}: {' '.join(str(error).split())}"[:300].rstrip()
+    return ConfigError(f"checkpoint {path} ({FSDP_DTENSOR}) cannot be read: {reason}; its "
+                       "files are damaged or incomplete: export another step")
+
+
+def stored_weights(path: Path) -> dict:
+    """State-dict name -> what DCP stores for it (global size, dtype), for the model's tensors
+    only; one line when DCP's index is missing or unreadable."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    except (OSError, EOFError, ValueError, RuntimeError, pickle.UnpicklingError,
+            dcp.api.CheckpointException) as error:
+        raise _damaged(path, error if (path / DCP_METADATA).is_file() else
+                       FileNotFoundError(f"no {DCP_METADATA}")) from None
+    return {key.removeprefix(WEIGHTS_PREFIX): stored
+            for key, stored in metadata.state_dict_metadata.items()
+            if key.startswith(WEIGHTS_PREFIX) and isinstance(stored, TensorStorageMetadata)}
+
+
+def weight_parts(path: Path, name: str, stored: dict) -> list[str]:
+    """The stored names holding state-dict name `name`, in row order: the name itself, or a
+    SwiGLU fc1's halves [gate; up] as Megatron FSDP splits it; one line when neither is there."""
+    if name in stored:
+        return [name]
+    halves = [f"{name}{half}" for half in SWIGLU_HALVES]
+    if all(half in stored for half in halves):
+        return halves
+    raise ConfigError(f"checkpoint {path} ({FSDP_DTENSOR}) has no tensor {name}; it was not "
+                      "written by a model of its config.yaml's shape")
+
+
+def read_weights(path: Path, names: list[str], stored: dict) -> dict[str, torch.Tensor]:
+    """Each stored name's whole global tensor, in the stored dtype: DCP reads, in this process
+    alone, only the chunks of these tensors; one line when a file is missing or short."""
+    targets = {name: torch.empty(tuple(stored[name].size), dtype=stored[name].properties.dtype)
+               for name in names}
+    try:
+        dcp.load({WEIGHTS_PREFIX + name: tensor for name, tensor in targets.items()},
+                 storage_reader=dcp.FileSystemReader(str(path)),
+                 planner=_WeightsOnlyLoadPlanner(allow_partial_load=True), no_dist=True)
+    except (OSError, EOFError, ValueError, RuntimeError, dcp.api.CheckpointException) as error:
+        raise _damaged(path, error) from None
+    return targets
+
+
+def tensor_parallel_parts(tensor: torch.Tensor, rows: list[int], tensor_parallel: int) -> list:
+    """A fused tensor whose parts TP splits each on its own (the Mamba mixer's in_proj [z; x; B;
+    C; dt], conv1d [x; B; C]), stored whole: DCP's global tensor is the TP ranks' local tensors
+    end to end, each [its rows of part 0; of part 1; ...]. The parts, each whole (`rows` its
+    TP1 row counts, in order)."""
+    if tensor_parallel == 1 or len(rows) == 1:
+        return list(torch.split(tensor, rows))
+    local = [count // tensor_parallel for count in rows]
+    blocks = [torch.split(block, local) for block in torch.chunk(tensor, tensor_parallel)]
+    return [torch.cat([block[k] for block in blocks]) for k in range(len(rows))]

@@ -2,22 +2,25 @@
 
 Why it needs no training session: the checkpoint's keys are global, so one process builds the
 run's model on the meta device at TP1 (`megatron_side`) to learn where each weight is stored,
-and reads the full tensors of one transformer layer at a time (`region_reader`), in the dtype
-they were stored in, whatever TP/PP/VPP/EP layout wrote them. Each layer is re-laid to Hugging
-Face's names (`mapping`), handed to size-limited safetensors shards, and dropped: the peak is
-one layer plus the shard being filled. The model shape comes from the run's `config.yaml` (next
-to the checkpoint, or two levels up in `runs/<run>/config.yaml`); config.json keeps the fields of
-the imported model when the checkpoint is an import, or the run started from one (its
-`checkpoint.load` holds `hf/config.json`), and its tokenizer files travel along. A model trained
-here gets the tokenizer of its prepared data (named in one line) and, in config.json and
-generation_config.json, its data's end-of-document id as EOS (`token_ids.py`), so transformers'
-`generate` stops where the model learned to end a document. Every file gets the same mode, and
-the directory is published by one rename.
+and reads the full tensors of one transformer layer at a time, in the dtype they were stored in,
+whatever TP/PP/VPP/EP layout wrote them: from a `torch_dist` checkpoint through `region_reader`
+(the layer's region of the stacked tensors), from Megatron FSDP's `fsdp_dtensor` through
+`checkpoint/fsdp_dtensor.py` (the layer's tensors, whole, under their state-dict names). Each
+layer is re-laid to Hugging Face's names (`mapping`), handed to size-limited safetensors shards,
+and dropped: the peak is one layer plus the shard being filled. The model shape comes from the
+run's `config.yaml` (next to the checkpoint, or two levels up in `runs/<run>/config.yaml`);
+config.json keeps the fields of the imported model when the checkpoint is an import, or the run
+started from one (its `checkpoint.load` holds `hf/config.json`), and its tokenizer files travel
+along. A model trained here gets the tokenizer of its prepared data (named in one line) and, in
+config.json and generation_config.json, its data's end-of-document id as EOS (`token_ids.py`),
+so transformers' `generate` stops where the model learned to end a document. Every file gets the
+same mode, and the directory is published by one rename.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -29,12 +32,14 @@ import torch
 from plugins.protocol.errors import ConfigError
 from recipes.config.io import load_config
 from recipes.config.schema import RunConfig
+from trainer.checkpoint import fsdp_dtensor
 from trainer.checkpoint.format import (
     FSDP_DTENSOR,
     checkpoint_backend,
     is_checkpoint,
     newest_checkpoint,
 )
+from trainer.checkpoint.manifest import read_manifest
 from trainer.interop import (
     hf_config,
     hf_files,
@@ -69,10 +74,6 @@ def resolve_step(path: Path) -> Path:
     if step is None:
         raise ConfigError(f"checkpoint={path} holds no complete Megatron checkpoint; give a run's "
                           "checkpoints directory (runs/<run>/checkpoints) or one step directory")
-    if checkpoint_backend(step) == FSDP_DTENSOR:
-        raise ConfigError(f"checkpoint={step} is Megatron FSDP's {FSDP_DTENSOR}, and export reads "
-                          "torch_dist checkpoints (Megatron's sharded tensors) only; export a "
-                          "checkpoint of a run with optimizer.fsdp=none")
     return step
 
 
@@ -109,30 +110,85 @@ def _base_config(side: Path | None) -> dict | None:
     return json.loads((side / "config.json").read_text(encoding="utf-8")) if side else None
 
 
-def _write_layers(template, plan, shapes, step: Path, writer, progress) -> tuple:
+class _TorchDistLayers:
+    """A `torch_dist` checkpoint's weights: each name's regions of the stored (stacked) tensors,
+    in row order (`megatron_side.regions`), read by `region_reader`."""
+
+    def __init__(self, step: Path) -> None:
+        self.step = step
+        self.stored = region_reader.stored_tensors(step)
+
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.stored.values())).properties.dtype
+
+    def read(self, names: list[str], where: dict) -> dict[str, list[torch.Tensor]]:
+        wanted = {f"{name}#{k}": region for name in names for k, region in enumerate(where[name])}
+        loaded = region_reader.read_regions(self.step, wanted, self.stored)
+        return {name: [loaded[f"{name}#{k}"] for k in range(len(where[name]))] for name in names}
+
+
+class _FsdpDtensorLayers:
+    """Megatron FSDP's `fsdp_dtensor` checkpoint: each name's tensor whole, or a SwiGLU fc1 as
+    its two halves (`fsdp_dtensor.weight_parts`); a fused tensor whose parts TP splits each on
+    its own (the Mamba mixer's) is cut back into them by the TP that saved it."""
+
+    def __init__(self, step: Path, tensor_parallel: int) -> None:
+        self.step, self.tensor_parallel = step, tensor_parallel
+        self.stored = fsdp_dtensor.stored_weights(step)
+
+    def dtype(self) -> torch.dtype:
+        if not self.stored:
+            raise ConfigError(f"checkpoint {self.step} ({FSDP_DTENSOR}) holds no model weights")
+        return next(iter(self.stored.values())).properties.dtype
+
+    def read(self, names: list[str], where: dict) -> dict[str, list[torch.Tensor]]:
+        parts = {name: fsdp_dtensor.weight_parts(self.step, name, self.stored) for name in names}
+        loaded = fsdp_dtensor.read_weights(self.step, [p for ps in parts.values() for p in ps],
+                                           self.stored)
+        found = {}
+        for name, stored in parts.items():
+            regions = where[name]
+            if len(stored) == len(regions):
+                found[name] = [loaded[part] for part in stored]
+                continue
+            whole = loaded[stored[0]]
+            row = whole[0].numel()  # one row's elements: a region's rows are its size / this
+            rows = [math.prod(region.sizes) // row for region in regions]
+            found[name] = fsdp_dtensor.tensor_parallel_parts(whole, rows, self.tensor_parallel)
+        return found
+
+
+def _layers(step: Path, cfg: RunConfig):
+    """The reader of this checkpoint's weights, by the format its marker names (the TP that
+    saved it from its `run.json`, else its config)."""
+    if checkpoint_backend(step) != FSDP_DTENSOR:
+        return _TorchDistLayers(step)
+    layout = (read_manifest(step) or {}).get("layout") or {}
+    return _FsdpDtensorLayers(step, int(layout.get("tp", cfg.parallel.tensor)))
+
+
+def _write_layers(template, plan, shapes, layers, writer, progress) -> tuple:
     """Every layer into the writer; (dtype, bytes of the largest layer)."""
     where = megatron_side.regions(template)
-    stored = region_reader.stored_tensors(step)
     task = progress.add_task("export", total=len(plan))
     dtype, largest = None, 0
     for group in _by_layer(plan):
-        wanted = {f"{rule.megatron}#{k}": region for rule in group
-                  for k, region in enumerate(where[rule.megatron])}
-        loaded = region_reader.read_regions(step, wanted, stored)
-        largest = max(largest, sum(t.numel() * t.element_size() for t in loaded.values()))
+        loaded = layers.read([rule.megatron for rule in group], where)
+        largest = max(largest, sum(t.numel() * t.element_size()
+                                   for chunks in loaded.values() for t in chunks))
         for rule in group:
-            tensor = _assembled(rule, loaded, len(where[rule.megatron]), shapes)
+            tensor = _assembled(rule, loaded.pop(rule.megatron), shapes)
             dtype = dtype or tensor.dtype
             writer.add(zip(rule.hf, to_hf(rule, tensor, shapes), strict=True))
             progress.advance(task)
     return dtype, largest
 
 
-def _assembled(rule: Rule, loaded: dict, parts: int, shapes: Shapes) -> torch.Tensor:
-    """The rule's TP1 tensor from its regions, read in row order (`megatron_side.regions`)."""
+def _assembled(rule: Rule, chunks: list[torch.Tensor], shapes: Shapes) -> torch.Tensor:
+    """The rule's TP1 tensor from its parts, read in row order (`megatron_side.regions`)."""
     shape = megatron_shape(rule, shapes)
-    chunks = [loaded.pop(f"{rule.megatron}#{k}").reshape(-1, *shape[1:]) for k in range(parts)]
-    return (chunks[0] if parts == 1 else torch.cat(chunks)).reshape(shape)
+    rows = [chunk.reshape(-1, *shape[1:]) for chunk in chunks]
+    return (rows[0] if len(rows) == 1 else torch.cat(rows)).reshape(shape)
 
 
 def _copy_tokenizer(cfg: RunConfig, side: Path | None, directory: Path,
@@ -156,7 +212,6 @@ def run_eod_id(step: Path, cfg: RunConfig, trained: hf_files.RunTokenizer | None
     """The end-of-document id the run trained with: its checkpoint's record of its tokenizer,
     else the manifest's, else the byte tokenizer's (the built-in corpora)."""
     from data_prep.byte_tokenizer import ByteTokenizer
-    from trainer.checkpoint.manifest import read_manifest
 
     recorded = (read_manifest(step) or {}).get("tokenizer") or {}
     if isinstance(recorded.get("eod_id"), int):
@@ -197,17 +252,16 @@ def export_hf(checkpoint: Path, out: Path, progress,
     hf_config.check_exportable(cfg.model, f"the model of checkpoint {step}")
     shapes = shapes_of(cfg.model, cfg.layout.padded_vocab)
     plan = rules(shapes)
-    stored = next(iter(region_reader.stored_tensors(step).values()))
-    bytes_per = stored.properties.dtype.itemsize
+    layers = _layers(step, cfg)
     progress.console.print(memory.estimate_line(
-        "export", memory.export_peak(shapes, bytes_per, max_shard_bytes)))
+        "export", memory.export_peak(shapes, layers.dtype().itemsize, max_shard_bytes)))
     with megatron_side.one_process(cfg) as one:
         template = megatron_side.meta_template(one)
         _check_against_model(template, plan, shapes)
         tmp = hf_files.temporary_dir(out)
         try:
             writer = hf_files.ShardWriter(tmp, max_shard_bytes)
-            dtype, largest = _write_layers(template, plan, shapes, step, writer, progress)
+            dtype, largest = _write_layers(template, plan, shapes, layers, writer, progress)
             writer.finish()
             side = _imported_files(step, cfg)
             config = hf_config.hf_config_for(cfg.model, DTYPE_NAMES[dtype], _base_config(side))
