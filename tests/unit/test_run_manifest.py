@@ -257,3 +257,28 @@ def test_experts_moving_between_the_dense_and_their_own_optimizer_are_refused(tm
     assert checkpoint_preflight(_cfg(*fully, load, recipe="hybrid_tiny_pp2_vpp2"))
     assert checkpoint_preflight(_cfg(*fully, load, "checkpoint.load_model_only=true",
                                      recipe="hybrid_tiny_ep2_dp2")) == []
+
+
+def test_a_megatron_fsdp_checkpoint_of_mamba_layers_loads_at_its_own_tp_only():
+    """fsdp_dtensor keeps each Mamba in_proj and conv1d as the TP ranks' parts end to end: at
+    another TP they cannot be cut right, weights alone included; the same TP, or a GPT, loads."""
+    from recipes.config.io import config_dict
+    from trainer.checkpoint.manifest import reshard_problem
+
+    def manifest(recipe: str, *overrides: str) -> dict:
+        return {"config": config_dict(apply_overrides(get_recipe(recipe), list(overrides)))}
+
+    saved = manifest("hybrid_tiny_tp2_sp", "optimizer.fsdp=optim_grads_params",
+                     "optimizer.distributed=true")
+    for load in ([], ["checkpoint.load_model_only=true"]):
+        at_tp1 = apply_overrides(get_recipe("hybrid_tiny_dp1"), load)
+        assert reshard_problem(at_tp1, saved).startswith(
+            "its Mamba layers were saved by Megatron FSDP at TP2, each in_proj and conv1d as "
+            "every TP rank's parts end to end, which cannot be cut for TP1; resume with "
+            "parallel.tensor=2")
+    fsdp = ["optimizer.fsdp=optim_grads_params", "optimizer.distributed=true"]
+    same_tp = apply_overrides(get_recipe("hybrid_tiny_tp2_sp"), fsdp)
+    assert reshard_problem(same_tp, saved) is None
+    gpt = manifest("tiny_tp2_pp2", "optimizer.fsdp=optim_grads_params", "parallel.pipeline=1",
+                   "cluster.gpus_per_node=2", "optimizer.distributed=true")
+    assert reshard_problem(apply_overrides(get_recipe("tiny_dp1"), []), gpt) is None

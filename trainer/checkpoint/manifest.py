@@ -273,12 +273,33 @@ def expert_optimizer_problem(cfg, manifest: dict[str, Any]) -> str | None:
             "from its weights with checkpoint.load_model_only=true (a fresh optimizer)")
 
 
+def fsdp_mamba_tp_problem(cfg, manifest: dict[str, Any]) -> str | None:
+    """Why this run cannot load a Megatron FSDP checkpoint of a model with Mamba layers at
+    another TP, or None. `fsdp_dtensor` stores a Mamba mixer's `in_proj` and `conv1d` whole,
+    as each TP rank's [z; x; B; C; dt] parts end to end (no per-part sharding as torch_dist's
+    `MambaMixer.sharded_state_dict` gives): DCP would cut them as one tensor, mixing parts."""
+    saved = flatten(manifest.get("config") or {})
+    pattern = saved.get("model.hybrid_layer_pattern") or ""
+    if saved.get("optimizer.fsdp", "none") == "none" or "M" not in pattern:
+        return None
+    before, now = saved.get("parallel.tensor") or 1, cfg.parallel.tensor
+    if before == now:
+        return None
+    return (f"its Mamba layers were saved by Megatron FSDP at TP{before}, each in_proj and "
+            f"conv1d as every TP rank's parts end to end, which cannot be cut for TP{now}; "
+            f"resume with parallel.tensor={before}, or export it (scripts/convert.py export) "
+            "and import it at the new TP")
+
+
 def reshard_problem(cfg, manifest: dict[str, Any]) -> str | None:
     """Why a full resume cannot reshard this checkpoint's optimizer state, or None.
 
     `dp_reshardable` stores each data-parallel rank's own slice of the distributed optimizer's
     flat buffers, whose layout follows the TP/PP/VPP/CP/EP split (Megatron: "allows checkpoint
     resharding only in DP dimension", `optimizer/distrib_optimizer.py:1472-1476`)."""
+    mamba = fsdp_mamba_tp_problem(cfg, manifest)
+    if mamba:
+        return mamba
     experts = expert_optimizer_problem(cfg, manifest)
     if experts:
         return experts
