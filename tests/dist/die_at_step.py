@@ -26,7 +26,7 @@ def patch_step(rank: int, die_rank: int, hang_rank: int | None, at_step: int) ->
 
     step = trainer.loop.train_step
 
-    def die_or_hang(session):
+    def die_or_hang(session, *args):
         if session.state.step + 1 == at_step:  # state.step: the steps already done
             if rank == hang_rank:
                 time.sleep(120)  # its agent must stop it first; woken, it kills itself below
@@ -35,7 +35,7 @@ def patch_step(rank: int, die_rank: int, hang_rank: int | None, at_step: int) ->
             if os.environ.get("DIE_HOW") == "raise":
                 raise ValueError(f"rank {rank} fails by its own exception at step {at_step}")
             os.kill(os.getpid(), signal.SIGKILL)
-        return step(session)
+        return step(session, *args)
 
     if rank in (die_rank, hang_rank):
         trainer.loop.train_step = die_or_hang
