@@ -124,3 +124,15 @@ def test_hybrid_layers_by_kind() -> None:
     for symbol, saved in expected.items():
         assert layer_bytes(bf16, "flash", symbol=symbol) - layer_bytes(
             fp8, "flash", symbol=symbol) == pytest.approx(tokens * saved), symbol
+
+
+def test_moe_act_recompute_drops_the_quantized_fc2_input() -> None:
+    # Megatron has fc2 save the BF16 output the recompute discards (moe/experts.py:272-275):
+    # nothing of it is held, so the FP8 layer drops exactly its one-byte fc2 inputs.
+    base = get_recipe("hybrid_tiny_dp1")
+    m = base.model
+    tokens = base.train.micro_batch_size * m.seq_length
+    recompute = ["train.recompute=selective", "train.recompute_modules=[moe_act]"]
+    kept = layer_bytes(apply_overrides(base, [*TENSORWISE, *recompute]), "flash", symbol="E")
+    full = layer_bytes(apply_overrides(base, TENSORWISE), "flash", symbol="E")
+    assert full - kept == pytest.approx(tokens * m.moe_router_topk * 1 * m.moe_ffn_hidden_size)
