@@ -18,7 +18,7 @@ from plugins.logging.config import LoggingConfig
 from plugins.moe.config import MoeConfig
 from plugins.packing.config import PackingConfig
 from plugins.profiler.config import ProfilerConfig
-from plugins.protocol.hooks import GemmWeights, PluginConfig, PluginSet, Rule
+from plugins.protocol.hooks import GemmInputs, GemmWeights, PluginConfig, PluginSet, Rule
 
 
 @dataclass(kw_only=True)
@@ -59,6 +59,12 @@ class PluginsConfig:
         """How an active plugin stores the GEMM weights (the first that says), or None."""
         found = [w for _, config in self.configs() if config.active(cfg)
                  and (w := config.gemm_weights()) is not None]
+        return found[0] if found else None
+
+    def gemm_inputs(self, cfg) -> GemmInputs | None:
+        """How an active plugin keeps its GEMMs' saved inputs (the first that says), or None."""
+        found = [i for _, config in self.configs() if config.active(cfg)
+                 and (i := config.gemm_inputs()) is not None]
         return found[0] if found else None
 
     def ddp_fields(self, cfg) -> dict:

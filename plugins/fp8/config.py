@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from plugins.protocol.hooks import GemmWeights, Plugin, PluginConfig, Rule
+from plugins.protocol.hooks import GemmInputs, GemmWeights, Plugin, PluginConfig, Rule
 
 FP8_MULTIPLE = 16  # TE FP8 GEMMs need every matrix dimension divisible by 16
 MXFP8_MULTIPLE = 32  # MXFP8 scales blocks of 32 elements (megatron/core/fp8_utils.py:318-323)
@@ -61,6 +61,20 @@ MIN_COMPUTE_CAPABILITY = {
 MIN_TE_VERSION = {
     "delayed": "1.0", "tensorwise": "2.2.0.dev0", "blockwise": "2.3.0.dev0", "mxfp8": "2.1.0",
     "nvfp4": "2.7.0.dev0",  # fp4_utils.py:32, 219-244
+}
+# Bytes per element of the quantized copy a TE linear saves of its input for the backward (the
+# column-wise data, or the row-wise one where it must all-gather it: the same bytes), scales
+# included; Transformer Engine v2.18 (27486e0), transformer_engine/pytorch/: per-tensor FP8 one
+# uint8 per value and one fp32 scale per tensor (csrc/quantizer.cpp:663); blockwise 1x128 tiles
+# for activations (x_block_scaling_dim=1, common/recipe/__init__.py:431; block_len 128,
+# tensor/float8_blockwise_tensor.py:55, 165-173) with an fp32 scale each (csrc/quantizer.cpp:1055);
+# MXFP8 an E8M0 byte per 32 values (constants.py:175; csrc/quantizer.cpp:1579-1584); NVFP4 two
+# E2M1 values a byte (csrc/quantizer.cpp:84) and an E4M3 byte per 16 (constants.py:177;
+# csrc/quantizer.cpp:1984, 2000), plus one fp32 amax per tensor (:1988, 2003, not counted). The
+# scale tensors' padding to multiples of 4 and 128 rows is not counted either.
+SAVED_INPUT_BYTES = {
+    "delayed": 1.0, "tensorwise": 1.0, "blockwise": 1 + 4 / 128, "mxfp8": 1 + 1 / 32,
+    "nvfp4": 0.5 + 1 / 16,
 }
 DELAYED_ONLY = ("amax_history_len", "amax_compute_algo", "margin")
 # Lowest TE for FP8 parameters of a current-scaling or block recipe: below 2.2 Megatron's
@@ -200,6 +214,15 @@ class Fp8Config(PluginConfig):
             return None
         return GemmWeights(NVFP4_WEIGHT_BYTES if self.fp4 else 1, self.first_layers_bf16,
                            self.last_layers_bf16)
+
+    def gemm_inputs(self) -> GemmInputs | None:
+        """Every TE linear of a layer outside the BF16 ends saves its input quantized by the
+        recipe instead of in the run's dtype (`SAVED_INPUT_BYTES`; the planner's
+        `recipes/plan/activations.py` says which tensors)."""
+        if self.format is None:
+            return None
+        return GemmInputs(SAVED_INPUT_BYTES[self.recipe], self.first_layers_bf16,
+                          self.last_layers_bf16)
 
     def gemm_precision(self) -> str | None:
         if self.format is None:

@@ -54,6 +54,17 @@ class GemmWeights:
 
 
 @dataclass(frozen=True)
+class GemmInputs:
+    """How the GEMMs a plugin quantizes keep their inputs for the backward: bytes per element of
+    the quantized copy a linear saves in place of its input (its block scales included), and the
+    layers at each end of the model that keep the run's dtype (counted as in `GemmWeights`)."""
+
+    bytes_per_element: float  # 1 for per-tensor FP8, 1 + 1/32 for MXFP8, 0.5 + 1/16 for NVFP4
+    first_layers_kept: int = 0
+    last_layers_kept: int = 0
+
+
+@dataclass(frozen=True)
 class ProfileWindow:
     """Steps first..last (1-based) a plugin runs torch.profiler over, and the key that moves
     them (named in the refusal when they overlap the trainer's own profiled steps)."""
@@ -164,6 +175,12 @@ class PluginConfig:
         """How this plugin, so configured, stores the model's GEMM weights when not in the run's
         dtype (FP8 parameters: one byte each, the BF16 end layers excepted); None: it leaves
         them be. The planner prices weights and their data-parallel all-gather by it."""
+        return None
+
+    def gemm_inputs(self) -> GemmInputs | None:
+        """How this plugin, so configured, keeps the inputs its quantized GEMMs save for the
+        backward (FP8 or FP4: a quantized copy instead of the run's dtype, the BF16 end layers
+        excepted); None: it leaves them be. The planner prices activations by it."""
         return None
 
     def gemm_precision(self) -> str | None:

@@ -24,6 +24,31 @@ the scores, layernorm the norms' outputs (QKV and MLP inputs), mlp a dense MLP's
 activations, moe an MoE layer's routed copies and router logits, moe_act the expert activation's
 output; offloading moves the inputs of its modules to host memory until the backward. CUDA
 graphs add their static buffers (`cuda_graph_static_bytes`).
+
+FP8 and FP4 (a plugin's `GemmInputs`, `saved_input_bytes`): under Transformer Engine's autocast a
+linear that quantizes its input for the GEMM saves that quantized tensor for the backward, with
+its row-wise data discarded, instead of the BF16 input (TE v2.18, 27486e0,
+transformer_engine/pytorch/module/linear.py:556-577; a column-parallel linear under sequence
+parallel whose quantizer gathers only row-wise data keeps that instead, the same bytes,
+:564-569). LayerNormLinear does the same with the norm's output and keeps the norm's input in
+the activation dtype (layernorm_linear.py:450-472); GroupedLinear with each expert's input
+(grouped_linear.py:713-725). So in every layer outside the BF16 ends (the global numbering of
+`gemm_weights.stage_layer_numbers`, `in_low_precision`) these are priced at the recipe's bytes
+per element (1; blockwise and MXFP8 1 + 1/32; NVFP4 0.5 + 1/16, scales included,
+`plugins/fp8/config.py` SAVED_INPUT_BYTES): the QKV input (the fused norm's output), a dense
+MLP's fc1 input (ditto) and fc2 input (the activation's output), each routed copy's expert fc1
+and fc2 inputs, a latent MoE's two projection inputs, Mamba's in_proj input (the fused norm's
+output) and out_proj input (the gated norm's output). The attention projection's input is core
+attention's output, which TE's attention keeps in BF16 for its own backward
+(attention/dot_product_attention/backends.py:1547-1550, 1572-1581): its quantized copy is
+priced beside it. Unchanged: the norms' inputs, an MoE layer's input (its router keeps it in
+BF16), Q/K/V, scores and LSE, the activation's input, dropout masks, router logits, the
+embedding, the output layer and logits, Mamba's FP32 terms, full recompute's checkpoints, and
+the MTP depths (priced as BF16: Megatron runs them under other quantization contexts,
+transformer/multi_token_prediction.py:1056-1061, 1179-1196). Recompute and offloading drop each
+tensor at the size the layer holds it: Megatron has the linear save its BF16 input where a
+recomputed norm or activation would discard it (`set_save_original_input`,
+transformer/transformer_layer.py:452-513, moe/experts.py:272-283), so nothing of it is held.
 """
 
 from __future__ import annotations
@@ -34,6 +59,7 @@ from typing import Any, Literal
 
 from recipes.models import kinds
 from recipes.models.hybrid import pattern as hybrid
+from recipes.plan.gemm_weights import in_low_precision, stage_layer_numbers
 from recipes.plan.params import stage_kinds, stage_layer_counts
 from recipes.plan.schedule import layer_microbatches_in_flight
 
@@ -63,13 +89,17 @@ class LayerTerms:
     scores: float  # attention scores (explicit) or log-sum-exp (flash), divided by TP
 
 
-def _attention_terms(m: Any, d: int, attention: Attention, keys: int, tp: int) -> LayerTerms:
+def _attention_terms(m: Any, d: int, attention: Attention, keys: int, tp: int,
+                     q: float | None = None) -> LayerTerms:
     heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
     width = m.kv_channels or m.hidden_size // heads
     query, key_value = heads * width, 2 * groups * width
     masks = m.hidden_size if m.hidden_dropout > 0 else 0
-    replicated = 2 * d * m.hidden_size + masks  # norm input, QKV input, dropout mask
+    qkv_input = d if q is None else q  # the fused norm's output, saved quantized by FP8
+    replicated = d * m.hidden_size + qkv_input * m.hidden_size + masks  # norm, QKV inputs, mask
     split = d * (query + key_value) / tp + d * query / tp  # Q, K, V and projection input
+    if q is not None:  # core attention keeps its output; the projection saves a quantized copy
+        split += q * query / tp
     if attention == "explicit":
         per_key = d + ((1 + d) if m.attention_dropout > 0 else 0)
         scores = score_bytes(1, heads / tp, keys, element_bytes=per_key) / keys
@@ -78,55 +108,69 @@ def _attention_terms(m: Any, d: int, attention: Attention, keys: int, tp: int) -
     return LayerTerms(split=split, replicated=replicated, scores=scores)
 
 
-def _mlp_terms(m: Any, d: int, layout: Any) -> LayerTerms:
+def _mlp_terms(m: Any, d: int, layout: Any, q: float | None = None) -> LayerTerms:
     h = m.hidden_size
     gate = 2 if m.activation == "swiglu" else 1
     masks = h if m.hidden_dropout > 0 else 0
-    replicated = 2 * d * h + masks  # norm input, MLP input, dropout mask
+    i = d if q is None else q  # a TE linear's saved input: quantized in the FP8 region
     if not m.num_moe_experts:
         ffn = m.ffn_hidden_size
-        return LayerTerms(split=d * ffn * (gate + 1) / layout.tensor, replicated=replicated,
-                          scores=0.0)
+        replicated = d * h + i * h + masks  # norm input, fc1 input (the fused norm's output)
+        return LayerTerms(split=(d * ffn * gate + i * ffn) / layout.tensor,  # act. in, fc2 in
+                          replicated=replicated, scores=0.0)
+    replicated = 2 * d * h + masks  # norm input, MLP input (the router keeps it), dropout mask
     ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
     topk, etp = m.moe_router_topk, layout.expert_tensor_size
     x = m.moe_latent_size or h  # the width routed experts read and write
     # Each routed copy: expert input, activation input and output; then the unpermuted output.
-    routed = topk * (d * x + d * ffn * (gate + 1) / etp + d * x)
+    routed = topk * (i * x + (d * ffn * gate + i * ffn) / etp + d * x)
     router = 4 * m.num_moe_experts  # FP32 router logits
-    latent = d * (h + x) if m.moe_latent_size else 0  # the two latent projections' inputs
+    latent = i * (h + x) if m.moe_latent_size else 0  # the two latent projections' inputs
     return LayerTerms(split=routed / layout.tensor, replicated=replicated + router + latent,
                       scores=0.0)
 
 
-def _mamba_terms(m: Any, d: int, tp: int) -> LayerTerms:
+def _mamba_terms(m: Any, d: int, tp: int, q: float | None = None) -> LayerTerms:
     h, heads = m.hidden_size, hybrid.mamba_heads(m)
     inner, bc = heads * m.mamba_head_dim, 2 * m.mamba_num_groups * m.mamba_state_dim
     masks = h if m.hidden_dropout > 0 else 0
-    replicated = 2 * d * h + masks  # norm input, in_proj input, dropout mask
-    kept = d * (2 * inner + bc + heads) + 2 * d * inner  # in_proj out, scan out, norm out
+    i = d if q is None else q  # in_proj's and out_proj's saved inputs
+    replicated = d * h + i * h + masks  # norm input, in_proj input, dropout mask
+    kept = d * (2 * inner + bc + heads) + d * inner + i * inner  # in_proj out, scan, norm out
     fp32 = 2 * 4 * heads + 4 * inner * m.mamba_state_dim / m.mamba_chunk_size  # dt, dA, states
     return LayerTerms(split=(kept + fp32) / tp, replicated=replicated, scores=0.0)
 
 
-def symbol_bytes_per_token(cfg: Any, symbol: str, attention: Attention) -> LayerTerms:
-    """Bytes per token one hybrid layer of kind `symbol` keeps on one rank."""
+def saved_input_bytes(cfg: Any, low: bool = True) -> float | None:
+    """Bytes per element of what a TE linear saves of its input for the backward in a layer
+    inside (`low`) a plugin's FP8/FP4 region: the quantized copy (`GemmInputs`), or None where
+    the input stays in the run's dtype (no such plugin, or a BF16 end layer)."""
+    inputs = cfg.plugins.gemm_inputs(cfg) if low else None
+    return None if inputs is None else inputs.bytes_per_element
+
+
+def symbol_bytes_per_token(cfg: Any, symbol: str, attention: Attention,
+                           low: bool = True) -> LayerTerms:
+    """Bytes per token one hybrid layer of kind `symbol` keeps on one rank (`low`: priced as a
+    layer of the FP8/FP4 region when a plugin quantizes; False: a BF16 end layer)."""
     m, layout = cfg.model, cfg.layout
-    d = _ACT_BYTES[cfg.precision.dtype]
+    d, q = _ACT_BYTES[cfg.precision.dtype], saved_input_bytes(cfg, low)
     if symbol == kinds.MAMBA:
-        return _mamba_terms(m, d, layout.tensor)
+        return _mamba_terms(m, d, layout.tensor, q)
     if symbol == kinds.ATTENTION:
-        return _attention_terms(m, d, attention, m.seq_length // layout.context, layout.tensor)
+        return _attention_terms(m, d, attention, m.seq_length // layout.context, layout.tensor,
+                                q)
     if symbol == kinds.MLP:
         dense = dataclasses.replace(m, num_moe_experts=None)
-        return _mlp_terms(dense, d, layout)
-    return _mlp_terms(m, d, layout)
+        return _mlp_terms(dense, d, layout, q)
+    return _mlp_terms(m, d, layout, q)
 
 
-def layer_bytes_per_token(cfg: Any, attention: Attention) -> LayerTerms:
+def layer_bytes_per_token(cfg: Any, attention: Attention, low: bool = True) -> LayerTerms:
     m, layout = cfg.model, cfg.layout
-    d = _ACT_BYTES[cfg.precision.dtype]
-    att = _attention_terms(m, d, attention, m.seq_length // layout.context, layout.tensor)
-    mlp = _mlp_terms(m, d, layout)
+    d, q = _ACT_BYTES[cfg.precision.dtype], saved_input_bytes(cfg, low)
+    att = _attention_terms(m, d, attention, m.seq_length // layout.context, layout.tensor, q)
+    mlp = _mlp_terms(m, d, layout, q)
     return LayerTerms(att.split + mlp.split, att.replicated + mlp.replicated, att.scores)
 
 
@@ -135,7 +179,7 @@ def attention_score_bytes(cfg: Any) -> float:
     on one rank: b x heads/TP x s x s x bytes per score (softmax output, and the dropout mask
     and output when attention dropout is on), the planner's own score term."""
     tokens = cfg.train.micro_batch_size * cfg.model.seq_length // cfg.layout.context
-    return tokens * layer_bytes_per_token(cfg, "explicit").scores
+    return tokens * layer_bytes_per_token(cfg, "explicit", low=False).scores
 
 
 def _recomputed(cfg: Any, recompute: str | None = None) -> set[str]:
@@ -144,45 +188,50 @@ def _recomputed(cfg: Any, recompute: str | None = None) -> set[str]:
 
 
 def _attention_dropped(m: Any, d: int, tp: int, recomputed: set[str],
-                       offloaded: set[str]) -> LayerTerms:
+                       offloaded: set[str], q: float | None = None) -> LayerTerms:
     heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
     width = m.kv_channels or m.hidden_size // heads
     query, key_value = heads * width, 2 * groups * width
-    h = m.hidden_size
+    h, i = m.hidden_size, d if q is None else q
     replicated = d * h * ("attn_norm" in offloaded)  # the norm's input
-    replicated += d * h * bool({"layernorm"} & recomputed or {"qkv_linear"} & offloaded)
+    replicated += i * h * bool({"layernorm"} & recomputed or {"qkv_linear"} & offloaded)
     split = d * (query + key_value) / tp * ("core_attn" in offloaded)  # Q, K, V
-    split += d * query / tp * ("attn_proj" in offloaded)  # the projection's input
+    if q is not None:  # quantized, the projection's input is two tensors: core attention's
+        split += d * query / tp * ("core_attn" in offloaded)  # output, and
+    split += i * query / tp * ("attn_proj" in offloaded)  # the projection's saved input
     return LayerTerms(split=split, replicated=replicated, scores=0.0)
 
 
 def _mlp_dropped(m: Any, d: int, layout: Any, recomputed: set[str],
-                 offloaded: set[str]) -> LayerTerms:
+                 offloaded: set[str], q: float | None = None) -> LayerTerms:
     h, gate = m.hidden_size, 2 if m.activation == "swiglu" else 1
-    replicated = d * h * ("mlp_norm" in offloaded) + d * h * ("layernorm" in recomputed)
+    i = d if q is None else q  # a TE linear's saved input
+    norm_out = d if m.num_moe_experts else i  # a dense MLP's fc1 input; the MoE router's input
+    replicated = d * h * ("mlp_norm" in offloaded) + norm_out * h * ("layernorm" in recomputed)
     if not m.num_moe_experts:
-        inner = d * m.ffn_hidden_size * (gate + 1) / layout.tensor
+        inner = (d * m.ffn_hidden_size * gate + i * m.ffn_hidden_size) / layout.tensor
         return LayerTerms(split=inner * ("mlp" in recomputed), replicated=replicated,
                           scores=0.0)
     ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
     topk, etp = m.moe_router_topk, layout.expert_tensor_size
     if "moe" in recomputed:  # the whole MoE layer: only its input is kept
-        routed = topk * (d * h + d * ffn * (gate + 1) / etp + d * h)
+        routed = topk * (i * h + (d * ffn * gate + i * ffn) / etp + d * h)
         return LayerTerms(split=routed / layout.tensor,
                           replicated=replicated + 4 * m.num_moe_experts, scores=0.0)
-    routed = topk * d * ffn / etp * ("moe_act" in recomputed)  # the activation's output
+    routed = topk * i * ffn / etp * ("moe_act" in recomputed)  # the activation's output
     routed += topk * d * ffn * gate / etp * ("moe_act" in offloaded)  # its input
-    routed += topk * d * h * ("expert_fc1" in offloaded)  # the experts' input
+    routed += topk * i * h * ("expert_fc1" in offloaded)  # the experts' input
     return LayerTerms(split=routed / layout.tensor, replicated=replicated, scores=0.0)
 
 
 def dropped_per_token(cfg: Any, symbol: str | None = None,
-                      recompute: str | None = None) -> LayerTerms:
+                      recompute: str | None = None, low: bool = True) -> LayerTerms:
     """Bytes per token one layer (of kind `symbol`; a GPT layer: attention and its MLP or MoE)
     no longer keeps on the GPU: selective recompute's modules and activation offloading's, the
-    scores apart (`layer_bytes` drops them for core_attn)."""
+    scores apart (`layer_bytes` drops them for core_attn), each at the size the layer holds it
+    (`low`: quantized where a linear saves its input quantized)."""
     m, layout = cfg.model, cfg.layout
-    d = _ACT_BYTES[cfg.precision.dtype]
+    d, q = _ACT_BYTES[cfg.precision.dtype], saved_input_bytes(cfg, low)
     recomputed, offloaded = _recomputed(cfg, recompute), set(cfg.train.offload_modules)
     if not recomputed and not offloaded:
         return LayerTerms(0.0, 0.0, 0.0)
@@ -190,12 +239,12 @@ def dropped_per_token(cfg: Any, symbol: str | None = None,
     split = replicated = 0.0
     for kind in symbols:
         if kind == kinds.ATTENTION:
-            part = _attention_dropped(m, d, layout.tensor, recomputed, offloaded)
+            part = _attention_dropped(m, d, layout.tensor, recomputed, offloaded, q)
         elif kind == kinds.MLP:
             part = _mlp_dropped(dataclasses.replace(m, num_moe_experts=None), d, layout,
-                                recomputed, offloaded)
+                                recomputed, offloaded, q)
         elif kind == kinds.MOE:
-            part = _mlp_dropped(m, d, layout, recomputed, offloaded)
+            part = _mlp_dropped(m, d, layout, recomputed, offloaded, q)
         else:
             continue  # a Mamba layer: neither recomputed by module nor offloaded
         split, replicated = split + part.split, replicated + part.replicated
@@ -203,14 +252,14 @@ def dropped_per_token(cfg: Any, symbol: str | None = None,
 
 
 def layer_bytes(cfg: Any, attention: Attention, recompute: str | None = None,
-                symbol: str | None = None) -> float:
+                symbol: str | None = None, low: bool = True) -> float:
     """Bytes one layer (of a hybrid model: of kind `symbol`) keeps for one micro-batch on one
     rank (no recompute, or selective by module), less what activation offloading moves to
-    host memory."""
+    host memory; `low`: a layer of the plugin's FP8/FP4 region (False: a BF16 end layer)."""
     layout, t = cfg.layout, cfg.train
-    terms = (layer_bytes_per_token(cfg, attention) if symbol is None
-             else symbol_bytes_per_token(cfg, symbol, attention))
-    dropped = dropped_per_token(cfg, symbol, recompute)
+    terms = (layer_bytes_per_token(cfg, attention, low) if symbol is None
+             else symbol_bytes_per_token(cfg, symbol, attention, low))
+    dropped = dropped_per_token(cfg, symbol, recompute, low)
     tokens = t.micro_batch_size * cfg.model.seq_length // layout.context
     replicated = (terms.replicated - dropped.replicated) / (
         layout.tensor if layout.sequence_parallel else 1)
@@ -283,7 +332,18 @@ def output_bytes(cfg: Any) -> float:
 def _stage_layer_bytes(cfg: Any, attention: Attention,
                        layers: list[int]) -> list[tuple[float, float]]:
     """Per stage (holding `layers` layers), (mean, largest) bytes of one of its layers for one
-    micro-batch: every GPT layer alike, a hybrid model's by kind."""
+    micro-batch: every GPT layer alike, a hybrid model's by kind; with a plugin that quantizes
+    the linears' saved inputs, by kind and by whether the layer is in its FP8/FP4 region."""
+    kept = cfg.plugins.gemm_inputs(cfg)
+    if kept is not None:
+        found = []
+        for stage, count in zip(stage_layer_numbers(cfg), layers, strict=True):
+            keys = [(symbol, in_low_precision(cfg, number, kept)) for number, symbol in stage]
+            sizes = {key: layer_bytes(cfg, attention, symbol=key[0], low=key[1])
+                     for key in set(keys)}
+            found.append((sum(sizes[key] for key in keys) / max(count, 1),
+                          max(sizes.values(), default=0.0)))
+        return found
     if not cfg.model.is_hybrid:
         full = layer_bytes(cfg, attention)
         return [(full, full)] * len(layers)
@@ -309,7 +369,7 @@ def mtp_bytes(cfg: Any, attention: Attention) -> tuple[float, float]:
     layout = cfg.layout
     d = _ACT_BYTES[cfg.precision.dtype]
     split = layout.tensor if layout.sequence_parallel else 1
-    layers = sum(layer_bytes(cfg, attention, symbol=symbol)
+    layers = sum(layer_bytes(cfg, attention, symbol=symbol, low=False)
                  for symbol in hybrid.mtp_pattern(m.hybrid_layer_pattern))
     projection = _tokens(cfg) * 4 * d * m.hidden_size / split
     return depths * (layers + projection), depths * output_bytes(cfg)

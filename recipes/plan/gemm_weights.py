@@ -54,17 +54,22 @@ def stage_layer_numbers(cfg: Any) -> list[list[tuple[int, str | None]]]:
     return numbers
 
 
+def in_low_precision(cfg: Any, number: int, kept: Any) -> bool:
+    """Whether global layer `number` (0-based) lies outside the ends `kept` keeps in the run's
+    dtype (`first_layers_kept`, `last_layers_kept`: a plugin's `GemmWeights` or `GemmInputs`),
+    as Megatron's `is_first_last_bf16_layer` decides (`fp8_utils.py:673-689`)."""
+    return kept.first_layers_kept <= number < cfg.model.num_layers - kept.last_layers_kept
+
+
 def stage_low_precision_weights(cfg: Any) -> list[ParamCount]:
     """Per pipeline stage, the GEMM weights one rank holds in the plugin's format (all zero
     when no plugin stores them so)."""
     stored = cfg.plugins.gemm_weights(cfg)
     if stored is None:
         return [ParamCount() for _ in range(cfg.layout.pipeline)]
-    stages = stage_layer_numbers(cfg)
-    last_kept = cfg.model.num_layers - stored.last_layers_kept
     return [sum((_layer_gemm_weights(cfg, symbol) for number, symbol in stage
-                 if stored.first_layers_kept <= number < last_kept), ParamCount())
-            for stage in stages]
+                 if in_low_precision(cfg, number, stored)), ParamCount())
+            for stage in stage_layer_numbers(cfg)]
 
 
 def weight_bytes_saved(cfg: Any, low: ParamCount, dtype_bytes: int,
