@@ -214,13 +214,15 @@ def _mlp_dropped(m: Any, d: int, layout: Any, recomputed: set[str],
                           scores=0.0)
     ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
     topk, etp = m.moe_router_topk, layout.expert_tensor_size
+    x = m.moe_latent_size or h  # the width routed copies have (`_mlp_terms`)
     if "moe" in recomputed:  # the whole MoE layer: only its input is kept
-        routed = topk * (i * h + (d * ffn * gate + i * ffn) / etp + d * h)
+        routed = topk * (i * x + (d * ffn * gate + i * ffn) / etp + d * x)
+        latent = i * (h + x) if m.moe_latent_size else 0  # the latent projections' inputs
         return LayerTerms(split=routed / layout.tensor,
-                          replicated=replicated + 4 * m.num_moe_experts, scores=0.0)
+                          replicated=replicated + 4 * m.num_moe_experts + latent, scores=0.0)
     routed = topk * i * ffn / etp * ("moe_act" in recomputed)  # the activation's output
     routed += topk * d * ffn * gate / etp * ("moe_act" in offloaded)  # its input
-    routed += topk * i * h * ("expert_fc1" in offloaded)  # the experts' input
+    routed += topk * i * x * ("expert_fc1" in offloaded)  # the experts' input
     return LayerTerms(split=routed / layout.tensor, replicated=replicated, scores=0.0)
 
 

@@ -62,6 +62,23 @@ def test_moe_recompute_keeps_only_the_layers_input():
     assert act == pytest.approx(tokens * 2 * 2 * 14336)
 
 
+def test_a_latent_moe_recomputed_whole_keeps_only_its_input():
+    """A latent MoE layer (the tiny Super's `E`) under `moe` recompute keeps what a recomputed
+    layer keeps: its norm's input and the MoE input; its latent-wide routed copies, router
+    logits and the latent projections' inputs all go. Offloading `expert_fc1` moves the
+    latent-wide expert inputs."""
+    cfg = _with("super_tiny_dp1", "train.recompute=selective", "train.recompute_modules=[moe]")
+    m, d = cfg.model, 2 if cfg.precision.dtype == "bf16" else 4
+    tokens = cfg.train.micro_batch_size * m.seq_length
+    masks = m.hidden_size if m.hidden_dropout > 0 else 0
+    assert layer_bytes(cfg, "flash", symbol="E") == pytest.approx(
+        tokens * (2 * d * m.hidden_size + masks))
+    offloaded = _with("super_tiny_dp1", "train.offload_modules=[expert_fc1]")
+    plain = get_recipe("super_tiny_dp1")
+    moved = layer_bytes(plain, "flash", symbol="E") - layer_bytes(offloaded, "flash", symbol="E")
+    assert moved == pytest.approx(tokens * m.moe_router_topk * d * m.moe_latent_size)
+
+
 def test_cuda_graphs_add_static_buffers_per_graphed_layer_and_captured_micro_batch():
     """Nemotron-H 56B graphs its Mamba layers: 4 x tokens x hidden bf16 (SP over TP8) each,
     one micro-batch captured without pipelining; with PP every micro-batch of the step."""
