@@ -131,15 +131,37 @@ def shard_signature(small_cfg: RunConfig) -> str:
     return json.dumps({key: values[key] for key in keep}, sort_keys=True)
 
 
+def _place_rank(cfg: RunConfig, coords: RankCoordinates) -> None:
+    """Check where Megatron's parallel state puts a rank, without building its model."""
+    _start_fake_rank(cfg, coords.rank)
+    try:
+        _check_coordinates(coords)
+    finally:
+        _stop_fake_rank()
+
+
 def _distinct_shards(small_cfg: RunConfig, plugins: PluginSet) -> dict:
-    """Each distinct shard of the small world, built once per process and signature."""
+    """Each distinct shard of the small world, built once per process and signature.
+
+    The shards of one (PP, TP) position on other EP ranks hold other experts of the same
+    shapes (Megatron splits the experts evenly over EP: `moe/moe_layer.py:185` asserts
+    `num_moe_experts % ep_size == 0`), so one is built and the others
+    take its counts after their placement is checked: Nemotron 3 Super's 64 EP shards took a
+    minute and a half to build one by one."""
     signature = shard_signature(small_cfg)
     if signature not in _BUILT:
         built: dict[tuple[int, int, int], ShardReport] = {}
+        twins: dict[tuple[int, int], ShardReport] = {}
         for rank in range(small_cfg.layout.world_size):
             coords = small_cfg.layout.coordinates(rank)
-            if coords.shard_key() not in built:
-                built[coords.shard_key()] = _build_shard(small_cfg, plugins, coords)
+            if coords.shard_key() in built:
+                continue
+            twin = twins.get((coords.pp, coords.tp))
+            if twin is None:
+                twin = twins[coords.pp, coords.tp] = _build_shard(small_cfg, plugins, coords)
+            else:
+                _place_rank(small_cfg, coords)
+            built[coords.shard_key()] = dataclasses.replace(twin, coords=coords, ranks=[])
         _BUILT[signature] = built
     return _BUILT[signature]
 
