@@ -277,8 +277,8 @@ def build_transformer_config(
 
     A model built on the meta device (the dry run, the HF interop's templates) runs nothing:
     it is built for its weights, which context parallelism does not split, so with CP 1 (the
-    local attention refuses CP; only TE's runs it), and on the local layers without LayerNorm1p
-    (the same weights)."""
+    local attention refuses CP; only TE's runs it), on the local layers without LayerNorm1p
+    (the same weights), and with no initial values drawn."""
     m, dtype = cfg.model, torch_dtype(cfg)
     sizes = parallel_sizes(cfg.layout)
     if meta_device:
@@ -314,6 +314,9 @@ def build_transformer_config(
         # Layout-invariant initialisation: each full weight is drawn on CPU, then split by TP.
         use_cpu_initialization=cpu_initialization,
         init_model_with_meta_device=meta_device,
+        # Meta tensors hold no values: drawing them runs the init functions' reference
+        # decompositions for nothing (80% of a 120B hybrid's weights-only build).
+        perform_initialization=not meta_device,
         deallocate_pipeline_outputs=True,
         **_activation_fields(m.activation),
         **_recompute_fields(cfg, transformer_engine),
