@@ -9,9 +9,11 @@ ranks are copies. Placement (node:GPU of every rank) follows Megatron's rank ord
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -42,27 +44,31 @@ class ShardReport:
         return self.dense_parameters + self.expert_parameters
 
 
-def _start_fake_rank(cfg: RunConfig, rank: int) -> None:
+@contextlib.contextmanager
+def _fake_rank(cfg: RunConfig, coords: RankCoordinates) -> Iterator[None]:
+    """Rank `coords.rank` on torch's `fake` backend with Megatron's parallel state set up, checked
+    to put the rank where the layout does; both torn down on the way out."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from trainer.mcore_translation import initialize_parallel_state
 
     torch.distributed.init_process_group(
-        "fake", store=FakeStore(), rank=rank, world_size=cfg.layout.world_size
+        "fake", store=FakeStore(), rank=coords.rank, world_size=cfg.layout.world_size
     )
-    # Gloo groups cannot be created on the fake store (internal assert), and are not needed.
-    initialize_parallel_state(cfg.layout, create_gloo_groups=False)
-    if cfg.model.is_hybrid:
-        # The Mamba mixer draws its conv and dt weights inside the model-parallel RNG
-        # tracker's fork even on the meta device (`ssm/mamba_mixer.py:318, 366`).
-        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    try:
+        # Gloo groups cannot be created on the fake store (internal assert), and are not needed.
+        initialize_parallel_state(cfg.layout, create_gloo_groups=False)
+        if cfg.model.is_hybrid:
+            # The Mamba mixer draws its conv and dt weights inside the model-parallel RNG
+            # tracker's fork even on the meta device (`ssm/mamba_mixer.py:318, 366`).
+            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        model_parallel_cuda_manual_seed(cfg.train.seed)
-
-
-def _stop_fake_rank() -> None:
-    parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
+            model_parallel_cuda_manual_seed(cfg.train.seed)
+        _check_coordinates(coords)
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
 
 
 def _check_coordinates(coords: RankCoordinates) -> None:
@@ -105,12 +111,8 @@ def _build_on_meta(cfg: RunConfig, plugins: PluginSet) -> tuple:
 
 def _build_shard(cfg: RunConfig, plugins: PluginSet, coords: RankCoordinates) -> ShardReport:
     """The real model chunks of one rank, built on the meta device under a fake process group."""
-    _start_fake_rank(cfg, coords.rank)
-    try:
-        _check_coordinates(coords)
+    with _fake_rank(cfg, coords):
         return ShardReport(coords, *_build_on_meta(cfg, plugins))
-    finally:
-        _stop_fake_rank()
 
 
 # Shards already built in this process, by `shard_signature` (recipes that differ only in
@@ -133,11 +135,8 @@ def shard_signature(small_cfg: RunConfig) -> str:
 
 def _place_rank(cfg: RunConfig, coords: RankCoordinates) -> None:
     """Check where Megatron's parallel state puts a rank, without building its model."""
-    _start_fake_rank(cfg, coords.rank)
-    try:
-        _check_coordinates(coords)
-    finally:
-        _stop_fake_rank()
+    with _fake_rank(cfg, coords):
+        pass
 
 
 def _distinct_shards(small_cfg: RunConfig, plugins: PluginSet) -> dict:
