@@ -1,29 +1,21 @@
-"""The CPU runtime plugin without a process group.
+"""The CPU runtime (the trainer's backend without CUDA), without a process group.
 
-Activation is process-wide, so each patch's check runs in fresh processes: once with every patch
-(must pass) and once with that patch skipped (must fail), once per module, at most one process
-per core at once (all eight together overran their limits on a loaded machine). The norm/spec
-helpers and config validation need no activation and run in-process.
+Activation is process-wide, so each patch's check runs in a process of its own: once with every
+patch (must pass) and once with that patch skipped (must fail), each forked from one interpreter
+that imported torch and Megatron Core once, at most one per core at once (tests/forked.py). The
+norm/spec helpers and config validation need no activation and run in-process.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.hang import HANG_S, cores
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
+from tests.forked import run_forked
 
 # ---- checks that run inside an activated process ----------------------------------------
 
@@ -266,31 +258,15 @@ def run_checks_in_this_process(device: str, skip: list[str], names: list[str]) -
 # ---- running the checks in fresh processes ----------------------------------------------
 
 
-def _run_checks(device: str, skip: list[str], names: list[str]) -> dict[str, object]:
-    """`run_checks_in_this_process` in a fresh interpreter; its JSON line of outcomes."""
-    code = (
-        "from tests.unit.test_cpu_runtime import run_checks_in_this_process as run; "
-        f"run({device!r}, {skip!r}, {names!r})"
-    )
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=HANG_S)
-    if done.returncode != 0 or not done.stdout.strip():
-        raise RuntimeError(f"check process failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def outcomes() -> dict[str, dict[str, object]]:
     """'all' -> every check with every patch; patch name -> its check with that patch skipped.
-    Nine interpreters in all, at most one per core at once (tests/hang.py)."""
+    Each in a process of its own, forked from one that imported torch once (tests/forked.py)."""
     # "auto" must switch the runtime on exactly when there is no CUDA device.
     device = "cpu" if torch.cuda.is_available() else "auto"
-    runs = {"all": (device, [], list(UNIT_CHECKS)),
-            **{name: ("cpu", [name], [name]) for name in UNIT_CHECKS}}
-    with ThreadPoolExecutor(max_workers=cores()) as pool:
-        started = {key: pool.submit(_run_checks, *run) for key, run in runs.items()}
-        return {key: future.result() for key, future in started.items()}
+    runs = {"all": [device, [], list(UNIT_CHECKS)],
+            **{name: ["cpu", [name], [name]] for name in UNIT_CHECKS}}
+    return run_forked("tests.unit.test_cpu_runtime:run_checks_in_this_process", runs)
 
 
 def test_activation_reports_active_idempotent_and_sets_threads(outcomes):

@@ -5,7 +5,7 @@ Each check drives Megatron's own code the way a save or load does (the writer pr
 buckets, its multithreaded write failing, the load planner unpickling an object, the save's
 preprocessing of the common state, the collection at the end of the optimizer state) and
 asserts what the fix changes. The checks change process-wide state (Megatron's results queue,
-a process group, child processes), so each runs in a fresh interpreter: one with every fix,
+a process group, child processes), so each runs in a process of its own: one with every fix,
 and one per fix with that fix left out. The fixes on the distributed optimizer's load path, and
 the gather before a save, need a process group with a real model:
 tests/dist/test_load_path_fixes.py; the disk probe needs a file system that fills up:
@@ -18,22 +18,16 @@ import io
 import json
 import logging
 import multiprocessing
-import os
 import pickle
 import queue
 import re
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.hang import HANG_S
-
-REPO = Path(__file__).resolve().parents[2]
-
+from tests.forked import run_forked
 
 # ---- the checks (run in a fresh interpreter each) ------------------------------------------
 
@@ -276,28 +270,12 @@ def run_checks_in_this_process(skip: list[str], names: list[str]) -> None:
     print(json.dumps(outcome))
 
 
-def _start(skip: list[str], names: list[str]) -> subprocess.Popen:
-    code = ("from tests.unit.test_megatron_fixes import run_checks_in_this_process as run; "
-            f"run({skip!r}, {names!r})")
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _outcome(process: subprocess.Popen) -> dict[str, str]:
-    stdout, stderr = process.communicate(timeout=HANG_S)
-    if process.returncode != 0 or not stdout.strip():
-        raise RuntimeError(f"check process failed ({process.returncode}):\n{stderr[-3000:]}")
-    return json.loads(stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def outcomes() -> dict[str, dict[str, str]]:
-    """'all' -> every check with every fix; fix name -> its check with that fix left out."""
-    processes = {"all": _start([], list(UNIT_CHECKS))}
-    for name in UNIT_CHECKS:
-        processes[name] = _start([name], [name])
-    return {key: _outcome(process) for key, process in processes.items()}
+    """'all' -> every check with every fix; fix name -> its check with that fix left out. Each
+    in a process of its own, forked from one that imported torch once (tests/forked.py)."""
+    runs = {"all": [[], list(UNIT_CHECKS)], **{name: [[name], [name]] for name in UNIT_CHECKS}}
+    return run_forked("tests.unit.test_megatron_fixes:run_checks_in_this_process", runs)
 
 
 @pytest.mark.parametrize("fix", list(UNIT_CHECKS))
