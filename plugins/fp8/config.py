@@ -205,6 +205,11 @@ class Fp8Config(PluginConfig):
         found["last_layers_bf16"] = values["num_layers_at_end_in_bf16"] if ends else 0
         return found
 
+    def _kept_ends(self) -> dict:
+        """The BF16 end layers (`first_last_layers_bf16`), as `KeptEnds` names them."""
+        return {"first_layers_kept": self.first_layers_bf16,
+                "last_layers_kept": self.last_layers_bf16}
+
     def gemm_weights(self) -> GemmWeights | None:
         """FP8 parameters hold each GEMM weight of a layer outside the BF16 ends in one byte,
         NVFP4 ones in half a byte, with no BF16 copy beside it (`fp8_param` / `fp4_param`; the
@@ -212,8 +217,8 @@ class Fp8Config(PluginConfig):
         and gather those bytes over DP."""
         if self.format is None or not self.param_gather:
             return None
-        return GemmWeights(NVFP4_WEIGHT_BYTES if self.fp4 else 1, self.first_layers_bf16,
-                           self.last_layers_bf16)
+        return GemmWeights(bytes_per_weight=NVFP4_WEIGHT_BYTES if self.fp4 else 1,
+                           **self._kept_ends())
 
     def gemm_inputs(self) -> GemmInputs | None:
         """Every TE linear of a layer outside the BF16 ends saves its input quantized by the
@@ -221,8 +226,7 @@ class Fp8Config(PluginConfig):
         `recipes/plan/activations.py` says which tensors)."""
         if self.format is None:
             return None
-        return GemmInputs(SAVED_INPUT_BYTES[self.recipe], self.first_layers_bf16,
-                          self.last_layers_bf16)
+        return GemmInputs(bytes_per_element=SAVED_INPUT_BYTES[self.recipe], **self._kept_ends())
 
     def gemm_precision(self) -> str | None:
         if self.format is None:

@@ -42,26 +42,31 @@ from plugins.protocol.events import EvalResult, RunStart, RuntimeContext, StepMe
 Rule = Callable[[Any], str | None]
 
 
+@dataclass(frozen=True, kw_only=True)
+class KeptEnds:
+    """The layers at each end of the model that a plugin's low-precision region leaves in the
+    run's dtype (counted as Megatron counts layers: a hybrid model's every pattern symbol, a GPT
+    model's every transformer layer)."""
+
+    first_layers_kept: int = 0
+    last_layers_kept: int = 0
+
+
 @dataclass(frozen=True)
-class GemmWeights:
-    """GEMM weights stored in another format than the run's dtype: bytes per element, and the
-    layers at each end of the model that keep the run's dtype (counted as Megatron counts layers:
-    a hybrid model's every pattern symbol, a GPT model's every transformer layer)."""
+class GemmWeights(KeptEnds):
+    """GEMM weights stored in another format than the run's dtype: bytes per element, outside
+    the kept end layers."""
 
     bytes_per_weight: float  # 1 for FP8, 0.5 for NVFP4
-    first_layers_kept: int = 0
-    last_layers_kept: int = 0
 
 
 @dataclass(frozen=True)
-class GemmInputs:
+class GemmInputs(KeptEnds):
     """How the GEMMs a plugin quantizes keep their inputs for the backward: bytes per element of
-    the quantized copy a linear saves in place of its input (its block scales included), and the
-    layers at each end of the model that keep the run's dtype (counted as in `GemmWeights`)."""
+    the quantized copy a linear saves in place of its input (its block scales included),
+    outside the kept end layers."""
 
     bytes_per_element: float  # 1 for per-tensor FP8, 1 + 1/32 for MXFP8, 0.5 + 1/16 for NVFP4
-    first_layers_kept: int = 0
-    last_layers_kept: int = 0
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,8 @@ def stage_layer_numbers(cfg: Any) -> list[list[tuple[int, str | None]]]:
 
 def in_low_precision(cfg: Any, number: int, kept: Any) -> bool:
     """Whether global layer `number` (0-based) lies outside the ends `kept` keeps in the run's
-    dtype (`first_layers_kept`, `last_layers_kept`: a plugin's `GemmWeights` or `GemmInputs`),
-    as Megatron's `is_first_last_bf16_layer` decides (`fp8_utils.py:673-689`)."""
+    dtype (a plugin's `KeptEnds`: its `GemmWeights` or `GemmInputs`), as Megatron's
+    `is_first_last_bf16_layer` decides (`fp8_utils.py:673-689`)."""
     return kept.first_layers_kept <= number < cfg.model.num_layers - kept.last_layers_kept
 
 
