@@ -14,7 +14,7 @@ one 128-token sample per rank per step); both (the default) runs tiny, then 100m
 repeat saves through the trainer's save_checkpoint, writes the same bytes with dd on rank 0,
 and loads them back; the first save of a process is reported apart. Then normal steps are
 timed against three steps that start a save with checkpoint.async_save=true (the trainer's own
-path, trainer/tools/bench_checkpoint.py); the stall with async off is the synchronous save.
+path, trainer/tools/benchmarks/checkpoint.py); the stall with async off is the synchronous save.
 Goals: save <= 2 x dd + 0.5 s, load <= 2 x dd, step stall with async on <= 0.2 s.
 Prints a table, the phases of saves, a load and async starts, and one JSON line (also
 written to <run dir>/bench_checkpoint.json). The ~100M run needs about 6 GB of memory per

@@ -12,14 +12,14 @@ usage: python scripts/bench_data.py [corpus=stdlib|synthetic] [max_mb=N] [vocab=
 
 memory=true measures instead the peak resident memory per worker (2 workers, 2 shards, a fresh
 process per size) at 1x and 10x the corpus, and prints both and their ratio (goal: within 20%;
-trainer/tools/bench_data_memory.py).
+trainer/tools/benchmarks/data_memory.py).
 
 Then, on every core and by wall clock (each tool's start-up taken off): tokens/s of
 prepare_data with 2 workers against 1 (num_shards=4; goal >= 1.7; with the driver's share
 of the CPU time, the serial part that bounds the ratio on idle cores), and with megatron_lm= (the
 one file from the Megatron-LM repository) that tool on the same corpus, tokenizer folder and
 `workers`, against prepare_data with as many workers (goal >= 1.0), plus a byte comparison of
-both tools' .bin/.idx with one worker each (trainer/tools/bench_data_scale.py).
+both tools' .bin/.idx with one worker each (trainer/tools/benchmarks/data_scale.py).
 
 The corpus (one document per source file, or synthetic word salad) is written as JSONL; a
 byte-level BPE of `vocab` tokens is trained on it first (untimed) unless tokenizer= names one.

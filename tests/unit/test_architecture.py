@@ -173,12 +173,12 @@ def test_config_resolution_is_torch_free():
     ("recipes/llama3.py", "recipes.plan.flops"),  # the catalogue reaches the planner
     ("recipes/plan/flops.py", "trainer.throughput"),  # recipes reach the trainer
     ("data_prep/packing.py", "trainer.data"),
-    ("trainer/step.py", "trainer.tools.bench_step"),  # the loop reaches a tool
+    ("trainer/step.py", "trainer.tools.benchmarks.step"),  # the loop reaches a tool
     ("trainer/loop.py", "trainer.entry.pipeline"),
     ("trainer/session.py", "plugins.fp8.plugin"),  # the loop names a plugin
-    ("trainer/launch/cluster.py", "trainer.tools.scaling_sweep"),
+    ("trainer/launch/cluster.py", "trainer.tools.scaling.sweep"),
     ("trainer/interop/cli.py", "trainer.entry.contract"),
-    ("trainer/tools/bench_step.py", "trainer.entry.commands"),
+    ("trainer/tools/benchmarks/step.py", "trainer.entry.commands"),
     ("trainer/tools/dry_run.py", "plugins.fp8.plugin"),  # a tool beyond the curves
     ("scripts/pretrain.py", "trainer.loop"),  # a script skips the entry contract
 ])

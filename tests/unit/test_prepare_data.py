@@ -426,7 +426,7 @@ def test_the_manifest_gives_megatron_lms_blend_arguments(first) -> None:
 
 
 def test_the_comparison_with_megatron_lm_needs_work_above_start_up():
-    from trainer.tools.bench_data_scale import work_share_problem
+    from trainer.tools.benchmarks.data_scale import work_share_problem
 
     assert work_share_problem({"prepare_data": 0.45, "Megatron-LM": 0.7}) is None
     problem = work_share_problem({"prepare_data": 0.05, "Megatron-LM": 0.5})

@@ -16,7 +16,7 @@ from recipes.registry import get_recipe
 from tests.hang import HANG_S
 from trainer.entry.commands import SCALING
 from trainer.entry.contract import parse_arguments
-from trainer.tools.scaling_report import (
+from trainer.tools.scaling.report import (
     Point,
     ScalingOptions,
     build_report,
@@ -278,7 +278,7 @@ def test_sizes_become_cluster_jobs_through_the_launcher(tmp_path):
 
 
 def test_a_report_of_unfinished_jobs_is_refused_in_one_line(tmp_path):
-    from trainer.tools.scaling_sweep import save_sweep, write_report
+    from trainer.tools.scaling.sweep import save_sweep, write_report
 
     with pytest.raises(ConfigError, match="holds no sweep.json; name the directory"):
         write_report(tmp_path)

@@ -30,7 +30,7 @@ from recipes.plan.search_report import near_misses
 from recipes.plan.steptime import layer_forward_seconds
 from recipes.registry import get_recipe
 from tests.unit.test_plan_search import CPU, H100
-from trainer.tools.bench_search import first_difference, run_bench_search
+from trainer.tools.benchmarks.search import first_difference, run_bench_search
 
 # (recipe, cluster file, GPU memory in GB or None for the file's): memory small enough that
 # some layouts fit, some lose by a little and some by far (what the pruning acts on).

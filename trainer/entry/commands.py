@@ -51,7 +51,7 @@ def bench_step_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
     import torch
 
     from trainer.session import start_session
-    from trainer.tools.bench_step import compare_step_times
+    from trainer.tools.benchmarks.step import compare_step_times
 
     session = start_session(cfg, run_dir)
     figures = compare_step_times(session, args["steps"], args["warmup"])
@@ -111,7 +111,7 @@ def check_resume_options(args: Arguments) -> None:
 
 
 def bench_checkpoint_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
-    from trainer.tools.bench_checkpoint import bench_checkpoint_rank as rank
+    from trainer.tools.benchmarks.checkpoint import bench_checkpoint_rank as rank
 
     return rank(cfg, run_dir, args)
 
@@ -171,7 +171,7 @@ PRETRAIN = Command(
 
 def at_least_pairs(key: str, value: int) -> str | None:
     """`check` for bench_step's rounds: a ratio's median and spread need five pairs."""
-    from trainer.tools.bench_step import MIN_PAIRS
+    from trainer.tools.benchmarks.step import MIN_PAIRS
 
     if value < MIN_PAIRS:
         return (f"{key}={value} is too few interleaved pairs for a median and spread; use "
@@ -333,27 +333,27 @@ LAUNCH = Command(script="launch.py", run=run_launch, rest=CONFIG_REST, takes_rec
 
 
 def _world_sizes(key, value):
-    from trainer.tools.scaling_report import check_world_sizes
+    from trainer.tools.scaling.report import check_world_sizes
 
     return check_world_sizes(key, value)
 
 
 def _scaling_steps(key, value):
-    from trainer.tools.scaling_report import check_steps
+    from trainer.tools.scaling.report import check_steps
 
     return check_steps(key, value)
 
 
 def _token_budget(key, value):
-    from trainer.tools.scaling_report import check_token_budget
+    from trainer.tools.scaling.report import check_token_budget
 
     return check_token_budget(key, value)
 
 
 def run_scaling(args: Arguments) -> int:
     from trainer.launch.cluster import launch_args
-    from trainer.tools.scaling_report import scaling_options
-    from trainer.tools.scaling_sweep import run_scaling as sweep
+    from trainer.tools.scaling.report import scaling_options
+    from trainer.tools.scaling.sweep import run_scaling as sweep
 
     launch = None
     if args["cluster"] is not None or set(args.flags) & set(LAUNCH_FLAGS):
@@ -476,7 +476,7 @@ PREPARE_DATA = Command(script="prepare_data.py", run=run_prepare_data,
 # --- benchmarks and the GPU check ----------------------------------------------------------------
 
 def run_bench_data(args: Arguments) -> int:
-    from trainer.tools.bench_data import run_bench_data as bench
+    from trainer.tools.benchmarks.data import run_bench_data as bench
 
     return bench(args.options)
 
@@ -509,7 +509,7 @@ def at_least_three(key: str, value: int) -> str | None:
 
 
 def run_bench_documents(args: Arguments) -> int:
-    from trainer.tools.bench_documents import run_bench_documents as bench
+    from trainer.tools.benchmarks.documents import run_bench_documents as bench
 
     if args["blend"] is None:
         raise ConfigError("give blend=<file>, e.g. blend=conf/data/python_stdlib.yaml")
@@ -525,7 +525,7 @@ BENCH_DOCUMENTS = Command(
 
 
 def run_bench_packing(args: Arguments) -> int:
-    from trainer.tools.bench_packing import run_bench_packing as bench
+    from trainer.tools.benchmarks.packing import run_bench_packing as bench
 
     return bench(args["documents"], args["seed"])
 
@@ -539,7 +539,7 @@ BENCH_PACKING = Command(
 
 
 def run_bench_search(args: Arguments) -> int:
-    from trainer.tools.bench_search import run_bench_search as bench
+    from trainer.tools.benchmarks.search import run_bench_search as bench
 
     return bench(list(args.rest), args["cluster"], args["top"], args["repeats"])
 

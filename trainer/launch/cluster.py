@@ -598,7 +598,7 @@ def rendered_script(experiment: Any) -> str:
 def run_launch(args: LaunchArgs) -> int:
     """Check, place and submit (or render, or run here) one launch, as one job or as a run in
     phases' dependent jobs; the scaling harness submits each of its sizes through this too
-    (trainer/tools/scaling_sweep.py)."""
+    (trainer/tools/scaling/sweep.py)."""
     plan = plan_launch(args)
     _require_nemo_run()
     import nemo_run as run

@@ -2,9 +2,9 @@
 `confirm_pick=spread`, K spread over its whole ranking) run for a few steps each through the
 scaling harness's measurement, re-ranked by measured step time.
 
-Each layout is one ordinary pretrain run on local ranks (`scaling_sweep._run_point`, the
+Each layout is one ordinary pretrain run on local ranks (`scaling.sweep._run_point`, the
 harness's runner) with the harness's short-run overrides, and its step time is the harness's
-reading of `metrics.jsonl` (`scaling_report.read_point`'s median of the measured steps, which
+reading of `metrics.jsonl` (`scaling.report.read_point`'s median of the measured steps, which
 one slow step on a shared machine does not move, where the mean would).
 The report sets predicted against measured and gives Spearman's rank correlation between them.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 from recipes.config.io import save_config
 from recipes.plan.search import apply_candidate
-from trainer.tools.scaling_report import Point, read_point
-from trainer.tools.scaling_sweep import _run_point
+from trainer.tools.scaling.report import Point, read_point
+from trainer.tools.scaling.sweep import _run_point
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 """Scaling harness: one recipe at several world sizes, and whether more GPUs paid off.
 
 Each size is an ordinary `scripts/pretrain.py` run, here or as a cluster job (running them:
-`trainer/tools/scaling_sweep.py`); the harness reads each run's `metrics.jsonl` and writes
+`trainer/tools/scaling/sweep.py`); the harness reads each run's `metrics.jsonl` and writes
 a report: a table, JSON and PNG plots. Weak scaling keeps the per-replica batch and grows the
 global batch with DP; strong scaling keeps the global batch and lets accumulation shrink. Two
 sizes are compared only when their training conditions match (equal GPU counts are not equal

@@ -93,7 +93,7 @@ def measure(corpus: str, tokenizer: str, output: str) -> None:
 
 
 def _child(corpus: Path, tokenizer: Path, output: Path) -> dict:
-    code = ("import sys; from trainer.tools.bench_data_memory import measure; "
+    code = ("import sys; from trainer.tools.benchmarks.data_memory import measure; "
             "measure(*sys.argv[1:])")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-c", code, str(corpus), str(tokenizer), str(output)],

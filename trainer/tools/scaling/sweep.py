@@ -7,7 +7,7 @@ NeMo-Run path (Slurm by default, `executor=local` for NeMo-Run's local executor)
 directory inside the sweep directory (shared storage), and `scaling.report=DIR` writes the
 report once the jobs have finished. Either way the sweep directory holds `sweep.json` (the
 options and sizes), `base_config.yaml` and one run directory per size, so the report is read
-from files alone. The figures and the report itself: `trainer/tools/scaling_report.py`.
+from files alone. The figures and the report itself: `trainer/tools/scaling/report.py`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from plugins.protocol.errors import ConfigError
-from trainer.tools.scaling_report import (
+from trainer.tools.scaling.report import (
     Point,
     ScalingOptions,
     build_report,

@@ -82,7 +82,7 @@ def run_bench_data(options: dict) -> int:
             print(f"trained a byte-level BPE of {trained.get_vocab_size():,} tokens in "
                   f"{time.perf_counter() - started:.1f} s (not timed below)")
         if options.get("memory"):
-            from trainer.tools.bench_data_memory import memory
+            from trainer.tools.benchmarks.data_memory import memory
 
             os.sched_setaffinity(0, range(os.cpu_count() or 1))
             return memory(documents, tokenizer_file, folder / "memory", options["format"])
@@ -106,7 +106,7 @@ def wall_clock(options: dict, corpus: Path, tokenizer_file: Path, folder: Path,
                tokens: int) -> None:
     """The workers' scaling and Megatron-LM's tool, on every core (trainer/tools/
     bench_data_scale.py)."""
-    from trainer.tools import bench_data_scale as scale
+    from trainer.tools.benchmarks import data_scale as scale
 
     os.sched_setaffinity(0, range(os.cpu_count() or 1))
     hf_folder = scale.tokenizer_folder(tokenizer_file, folder)
