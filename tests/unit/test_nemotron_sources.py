@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from recipes.nemotron_page import nemotron_page
 from recipes.registry import RECIPES
 from recipes.sources import (
     KINDS,
     build,
-    nemotron_page,
     ours,
     published,
     settings_of,
