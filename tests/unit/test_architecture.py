@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import os
 import re
 import subprocess
@@ -84,21 +85,29 @@ def is_our_module(name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
+# One parse per source text in the session: every rule and every planted violation walks the
+# same trees (the walks only read them).
+parsed = functools.cache(ast.parse)
+
+
+@functools.cache
+def _file_imports(path: Path) -> frozenset[str]:
+    names: set[str] = set()
+    for node in ast.walk(parsed(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names
+                         if is_our_module(f"{node.module}.{alias.name}"))
+    return frozenset(names)
+
+
 def imported_modules(folder: str) -> dict[str, set[str]]:
     """Every module each .py file under `folder` imports (top-level and inside functions);
     `from a.b import c` counts `a.b`, and `a.b.c` too when that is a module of ours."""
-    found: dict[str, set[str]] = {}
-    for path in sorted((REPO / folder).rglob("*.py")):
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names.add(node.module)
-                names.update(f"{node.module}.{alias.name}" for alias in node.names
-                             if is_our_module(f"{node.module}.{alias.name}"))
-        found[str(path.relative_to(REPO))] = names
-    return found
+    return {str(path.relative_to(REPO)): set(_file_imports(path))
+            for path in sorted((REPO / folder).rglob("*.py"))}
 
 
 def all_imports() -> dict[str, set[str]]:
@@ -272,7 +281,7 @@ def keyword_setters(files: dict[str, str]) -> dict[str, list[str]]:
     argument, or spells it as a dict key (reading one back from a built config is fine)."""
     found: dict[str, set[str]] = {}
     for path, text in files.items():
-        for node in ast.walk(ast.parse(text)):
+        for node in ast.walk(parsed(text)):
             names = []
             if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -348,7 +357,7 @@ def named_plugins(files: dict[str, str], names: set[str]) -> list[str]:
         if path.startswith("plugins/") or (
                 path.startswith("recipes/") and not path.startswith(RECIPE_MACHINERY)):
             continue
-        tree = ast.parse(text)
+        tree = parsed(text)
         docs = _docstrings(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
