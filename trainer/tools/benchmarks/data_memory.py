@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FORMATS = ("jsonl", "gz", "zst", "parquet")
 GOAL = 0.20  # the 10x figure within 20% of the 1x one
 SAMPLE_S = 0.01

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SHARDS = 4  # shards of the scaling runs (at least the workers, so each worker has work)
 
 

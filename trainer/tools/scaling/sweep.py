@@ -31,7 +31,7 @@ from trainer.tools.scaling.report import (
     write_plots,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SWEEP_FILE = "sweep.json"
 
 
