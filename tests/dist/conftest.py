@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.dist.relaunch import RELAUNCHED, heap_damage
 from tests.hang import HANG_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -118,16 +119,22 @@ def launch_ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchRan
     base_dir = tmp_path_factory.mktemp("ranks")
     server = ForkServer(base_dir / "fork_server.log")
 
-    def launch(
-        nprocs: int, entry: str, payload: dict | None = None, timeout: float = HANG_S
-    ) -> list[Any]:
+    def start(nprocs: int, entry: str, payload: dict | None, timeout: float):
         run_dir = Path(tempfile.mkdtemp(prefix="launch-", dir=base_dir))
         payload_path = run_dir / "payload.json"
         payload_path.write_text(json.dumps(payload or {}))
-        reply = server.launch({
+        return server.launch({
             "nprocs": nprocs, "entry": entry, "payload": str(payload_path),
             "run_dir": str(run_dir), "timeout": timeout,
-        })
+        }), run_dir
+
+    def launch(
+        nprocs: int, entry: str, payload: dict | None = None, timeout: float = HANG_S
+    ) -> list[Any]:
+        reply, run_dir = start(nprocs, entry, payload, timeout)
+        if (damage := heap_damage(reply, run_dir, nprocs)) is not None:
+            RELAUNCHED.append(f"{entry} ({damage}; its ranks' files: {run_dir})")
+            reply, run_dir = start(nprocs, entry, payload, timeout)
         _check_launch(reply, run_dir, timeout, nprocs)
         missing = [rank for rank in range(nprocs) if not (run_dir / f"rank{rank}.json").exists()]
         if missing:
@@ -138,3 +145,12 @@ def launch_ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchRan
 
     yield launch
     server.close()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The launches started again after glibc aborted a rank on a damaged heap."""
+    if RELAUNCHED:
+        terminalreporter.write_sep("=", f"{len(RELAUNCHED)} launch(es) started again after "
+                                        "glibc aborted a rank on a damaged heap")
+        for line in RELAUNCHED:
+            terminalreporter.write_line(line)

@@ -14,6 +14,7 @@ payload key "threads" sets torch's intra-op threads before anything runs (defaul
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import importlib
 import json
 import os
@@ -36,6 +37,9 @@ def start_rank(rank: int, result_dir: Path) -> None:
     """Sends this rank's stderr to its file and records its pid (torchrun and the fork server
     start each rank in a session of its own; the launcher kills a hung rank by this pid)."""
     _send_stderr_to_file(result_dir, rank)
+    # A rank that dies of a signal (glibc aborting on a damaged heap, a segfault) leaves every
+    # thread's Python stack in its stderr file.
+    faulthandler.enable(all_threads=True)
     (result_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
 
 

@@ -1,0 +1,28 @@
+"""The `launch_ranks` fixture starts a launch once more when glibc aborted a rank on a damaged
+heap, lists it in the session's summary, and fails a launch whose second start dies too."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.dist.relaunch import RELAUNCHED
+
+pytestmark = pytest.mark.dist
+
+
+def test_a_rank_aborted_on_a_damaged_heap_is_started_again_and_listed(launch_ranks, tmp_path):
+    before = len(RELAUNCHED)
+    results = launch_ranks(2, "tests.dist.launch_checks:abort_once_on_damaged_heap",
+                           {"marker": str(tmp_path / "aborted")})
+    assert results == [{"rank": 0}, {"rank": 1}]
+    assert len(RELAUNCHED) == before + 1
+    assert "rank 1: malloc(): unaligned tcache chunk detected" in RELAUNCHED[-1]
+    RELAUNCHED.pop()  # staged here: the session's summary lists only real crashes
+
+
+def test_a_second_abort_fails_the_launch(launch_ranks):
+    before = len(RELAUNCHED)
+    with pytest.raises(RuntimeError, match="free\\(\\): invalid pointer"):  # RankLaunchError
+        launch_ranks(2, "tests.dist.launch_checks:abort_on_damaged_heap")
+    assert len(RELAUNCHED) == before + 1
+    RELAUNCHED.pop()
