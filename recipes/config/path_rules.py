@@ -53,6 +53,11 @@ def try_create_directory(path: Path) -> OSError | None:
             # cannot be made fails every time.
             if attempt == 4:
                 return err
+        except FileExistsError as err:
+            # Or between `mkdir`'s "exists" and its own look that it is a directory
+            # (`Path.mkdir(exist_ok=True)` then raises "File exists"). A file there is real.
+            if attempt == 4 or path.is_file():
+                return err
         except OSError as err:
             return err
         else:

@@ -1,7 +1,8 @@
 """The output-directory check creates what it tests and removes it again: ranks run it at the
 same time, so one rank may remove a directory another has just found. The check tries again
-rather than calling a creatable directory unwritable, and looks at a path once (one `stat`), so
-a directory removed between two looks is never taken for a file."""
+rather than calling a creatable directory unwritable (whether the directory went between its
+mkdir and its probe or inside mkdir), and looks at a path once (one `stat`), so a directory
+removed between two looks is never taken for a file."""
 
 from __future__ import annotations
 
@@ -24,6 +25,31 @@ def test_a_directory_removed_by_another_rank_mid_check_is_still_creatable(tmp_pa
     monkeypatch.setattr(path_rules.tempfile, "mkstemp", other_rank_removes_it_first)
     assert path_rules.try_create_directory(target) is None
     assert len(calls) == 2 and not target.exists()  # tried again, and left nothing behind
+
+
+def test_a_directory_removed_by_another_rank_inside_mkdir_is_still_creatable(tmp_path,
+                                                                            monkeypatch):
+    # `Path.mkdir(exist_ok=True)` found the other rank's directory, which that rank removed
+    # before mkdir's own look that it is one: mkdir raises "File exists".
+    target = tmp_path / "runs"
+    real_mkdir = path_rules.Path.mkdir
+    calls = []
+
+    def removed_between_exists_and_is_dir(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise FileExistsError(17, "File exists", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(path_rules.Path, "mkdir", removed_between_exists_and_is_dir)
+    assert path_rules.try_create_directory(target) is None
+    assert len(calls) == 2 and not target.exists()
+
+
+def test_a_file_where_the_directory_should_be_still_fails(tmp_path):
+    target = tmp_path / "runs"
+    target.write_text("")
+    assert isinstance(path_rules.try_create_directory(target), FileExistsError)
 
 
 def test_a_directory_that_cannot_be_made_still_fails(tmp_path):
