@@ -1,14 +1,18 @@
 """The step loop: train, check, report, evaluate, checkpoint; plugins hear each event.
 
-Per step: `train_step` -> skipped-update count (fp16 overflow) -> non-finite check -> history
--> `after_step` hook (plugins may add figures) -> report -> held-out evaluation when due
+Per step: `run_step` -> skipped-update count (fp16 overflow) -> `after_update` hook; then, when
+figures are due (a log line, an evaluation, a checkpoint, a stop, the last step, a non-finite
+gradient norm), every step since the last is summed over the world in one reduction
+(`trainer/step_figures.py`) and each, in order, goes through the non-finite check, the history,
+the `after_step` hook (plugins may add figures) and the report -> held-out evaluation when due
 (`after_eval` hook) -> checkpoint when due. Nothing here knows a specific plugin; every plugin
 attaches through the session's `PluginSet`. With `checkpoint.async_save` every step ends by
 publishing the background saves that every rank has finished writing, and the run does not end
 (at its last step, or on SIGTERM: scancel, a requeue, torchrun stopping the ranks) before its
 saves are published. Ctrl-C (and SIGTERM with `checkpoint.save_on_stop`) stops every rank
-together after the step in progress, saving it first when `checkpoint.save_on_stop` asks; the
-stop is recorded in metrics.jsonl, from which the launching process says it in one line.
+together at a step boundary (the next, or the one after for a signal noted during a step),
+saving it first when `checkpoint.save_on_stop` asks; the stop is recorded in metrics.jsonl,
+from which the launching process says it in one line.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ from recipes.config.phases import continue_overrides, launch_stop
 from trainer.checkpoint import async_save
 from trainer.checkpoint.save import save_checkpoint
 from trainer.gpu_fast_paths import CudaGraphs
-from trainer.metrics import RunReporter
+from trainer.metrics import LaterWorldSum, RunReporter
 from trainer.session import TrainingSession
 from trainer.state import RunHistory
-from trainer.step import evaluate, train_step
+from trainer.step import evaluate, run_step
+from trainer.step_figures import StepRecord, settle_steps
 from trainer.throughput import trainer_profiled_steps
 
 
@@ -78,7 +83,7 @@ def loss_scale(session: TrainingSession) -> float:
 
 
 def record_skipped_update(
-    session: TrainingSession, reporter: RunReporter, metrics: StepMetrics, scale_before: float
+    session: TrainingSession, reporter: RunReporter, step: int, scale_before: float
 ) -> None:
     """Count a step whose update the optimizer skipped and say so; stop when dynamic loss
     scaling is stuck (gradients overflow even at `precision.min_loss_scale`), where Megatron
@@ -86,7 +91,7 @@ def record_skipped_update(
     session.state.skip()
     p = session.cfg.precision
     reporter.print(
-        f"step {metrics.step}: gradients overflowed at loss scale {scale_before:g}; update "
+        f"step {step}: gradients overflowed at loss scale {scale_before:g}; update "
         f"skipped, loss scale now {loss_scale(session):g} "
         f"({session.state.skipped_steps} skipped so far)"
     )
@@ -94,7 +99,7 @@ def record_skipped_update(
         scale_before <= p.min_loss_scale
     ):
         raise NonFiniteError(
-            f"gradients overflow at step {metrics.step} even at "
+            f"gradients overflow at step {step} even at "
             f"precision.min_loss_scale={p.min_loss_scale:g}; lower optimizer.lr, raise "
             "scheduler.warmup_iters or use precision.dtype=bf16 instead of fp16"
         )
@@ -141,16 +146,20 @@ def announce_phase(session: TrainingSession, reporter: RunReporter) -> None:
 
 class StopRequest:
     """A stop signal (Ctrl-C's SIGINT; SIGTERM with `checkpoint.save_on_stop` or asynchronous
-    saves) noted by the handler and acted on by every rank together at the next step boundary:
-    a rank inside a collective cannot stop alone. Whether any rank noted one rides on the
-    step's own world reduction (`train_step`), so stopping costs no collective or host read of
-    its own. The same signal again stops this rank at once (a rank stuck in a collective)."""
+    saves) noted by the handler and acted on by every rank together at a step boundary: a rank
+    inside a collective cannot stop alone. Each rank starts a sum of its flags over the world
+    when a step begins and reads it when the step ends (`LaterWorldSum`: by then every rank
+    began the step and gave its part, so nobody waits for it), so every rank stops after the
+    same step: the one in progress for a signal noted between steps, the next for one noted
+    during a step. The same signal again stops this rank at once (a rank stuck in a
+    collective)."""
 
     ORDER = (signal.SIGTERM, signal.SIGINT)  # when ranks noted different signals, the first
 
     def __init__(self):
         self.signum: int = 0
         self.agreed: int = 0  # the signal every rank agreed to stop for (0: none)
+        self.started: LaterWorldSum | None = None
 
     def note(self, signum, frame) -> None:
         if self.signum == signum:  # asked twice: at once, as the signal would
@@ -159,12 +168,21 @@ class StopRequest:
         self.signum = self.signum or signum
 
     def flags(self) -> tuple[float, ...]:
-        """This rank's part of the step's reduction: 1 for the signal it noted."""
+        """This rank's part of the sum: 1 for the signal it noted."""
         return tuple(float(self.signum == signum) for signum in self.ORDER)
 
     def agree(self, summed: tuple[float, ...]) -> None:
         """Every rank's flags, summed: the signal some rank noted, the same on every rank."""
         self.agreed = next((int(s) for s, n in zip(self.ORDER, summed, strict=True) if n), 0)
+
+    def begin_step(self) -> None:
+        """Start the sum of the flags this rank noted so far."""
+        self.started = LaterWorldSum(self.flags())
+
+    def end_step(self) -> None:
+        """Agree on the sum this step began with."""
+        self.agree(self.started.result())
+        self.started = None
 
 
 def stop_signals(cfg) -> tuple[int, ...]:
@@ -240,28 +258,34 @@ def _train(session: TrainingSession, reporter: RunReporter, collect,
 def _steps(session: TrainingSession, reporter: RunReporter, collect, stop: StopRequest,
            history: RunHistory, total: int, graphs: CudaGraphs) -> RunHistory:
     """The steps of `_train` up to `total` (Transformer Engine's CUDA graphs, if any, captured
-    after their warm-up steps)."""
+    after their warm-up steps); their figures summed when `_figures_due`."""
     cfg = session.cfg
+    pending: list[StepRecord] = []
     while session.state.step < total:
         graphs.before_step(session.state.step)
         announce_phase(session, reporter)
         scale = loss_scale(session) if cfg.precision.dtype == "fp16" else 1.0  # no GPU sync
-        metrics = train_step(session, stop)
-        if metrics.skipped:
-            record_skipped_update(session, reporter, metrics, scale)
-        if cfg.train.exit_on_nonfinite:
-            check_finite(session, metrics)
-        history.record_step(metrics.loss, metrics.step_time_s, metrics.loss_tokens,
-                            metrics.model_flops)
-        collect(metrics.step)
-        session.plugins.after_step(metrics)  # plugins may add figures to metrics.extra
-        reporter.step(metrics, total)
-        if session.eval_steps > 0 and _due(metrics.step, cfg.train.eval_interval, total):
+        stop.begin_step()
+        record = run_step(session)
+        stop.end_step()
+        if record.skipped:
+            record_skipped_update(session, reporter, record.step, scale)
+        collect(record.step)
+        session.plugins.after_update(record.step)
+        reporter.reached(record.step)
+        pending.append(record)
+        step = record.step
+        evaluate_now = session.eval_steps > 0 and _due(step, cfg.train.eval_interval, total)
+        save_now = cfg.checkpoint.save and _due(step, cfg.checkpoint.save_interval, total)
+        if evaluate_now or save_now or stop.agreed or _figures_due(cfg, record, total):
+            for metrics in settle_steps(session, pending):
+                _report_step(session, reporter, history, metrics, total)
+            pending.clear()
+        if evaluate_now:
             _evaluate(session, history, reporter)
         # After the whole optimizer step: the only place a run saves (docs/checkpoints.md).
-        if cfg.checkpoint.save and _due(metrics.step, cfg.checkpoint.save_interval, total):
-            path = save_checkpoint(session, session.run_dir / "checkpoints")
-            history.checkpoint = str(path)
+        if save_now:
+            history.checkpoint = str(save_checkpoint(session, session.run_dir / "checkpoints"))
         if cfg.checkpoint.async_save:
             async_save.finish_saves(session, blocking=False)
         if stop.agreed:
@@ -270,6 +294,26 @@ def _steps(session: TrainingSession, reporter: RunReporter, collect, stop: StopR
     if total < cfg.train.train_iters:
         announce_relaunch(session, reporter, total)
     return history
+
+
+def _figures_due(cfg, record: StepRecord, total: int) -> bool:
+    """Whether the loop sums the figures of the steps so far now: the log line's steps (and
+    the last); at once after a non-finite gradient norm (the same on every rank), so
+    `check_finite` stops the run at that step."""
+    nonfinite = cfg.train.exit_on_nonfinite and not record.skipped and not math.isfinite(
+        record.grad_norm)
+    return nonfinite or _due(record.step, max(1, cfg.logging.log_interval), total)
+
+
+def _report_step(session: TrainingSession, reporter: RunReporter, history: RunHistory,
+                 metrics: StepMetrics, total: int) -> None:
+    """One settled step: checked, kept in the history, heard by the plugins, reported."""
+    if session.cfg.train.exit_on_nonfinite:
+        check_finite(session, metrics)
+    history.record_step(metrics.loss, metrics.step_time_s, metrics.loss_tokens,
+                        metrics.model_flops)
+    session.plugins.after_step(metrics)  # plugins may add figures to metrics.extra
+    reporter.step(metrics, total)
 
 
 def announce_relaunch(session: TrainingSession, reporter: RunReporter, step: int) -> None:

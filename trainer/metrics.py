@@ -1,4 +1,4 @@
-"""Step metrics: loss reduction across ranks, log lines, progress bar, metrics.jsonl, summary.
+"""Step metrics: sums across ranks, log lines, progress bar, metrics.jsonl, summary.
 
 Effective tokens/s counts each loss token of the global batch once: tokens on different DP
 ranks (and CP chunks) add up; TP/PP ranks that work on the same tokens do not add again
@@ -8,12 +8,12 @@ the run names a peak, and where the step's time went.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 from megatron.core import parallel_state
@@ -25,58 +25,87 @@ from trainer.device import compute_device
 from trainer.throughput import counts_loss_tokens, counts_trained_rows
 
 
-def reduce_loss_over_world(loss_reports: list[dict]) -> tuple[float, int]:
-    """(mean loss per token, loss tokens) of the global batch, known on every rank."""
-    totals = reduce_step_over_world(loss_reports, [])
-    return totals.loss, totals.loss_tokens
-
-
-class StepTotals(NamedTuple):
-    """A step's figures summed over the world, known on every rank."""
-
-    loss: float  # mean loss per loss token of the global batch
-    loss_tokens: int
-    phase_seconds: list[float]  # each phase's mean seconds over ranks
-    trained_tokens: int  # tokens of the sequences trained (`trainer.throughput.trained_sequences`)
-    squared_lengths: int  # the sum of those sequences' squared lengths
-    flags: tuple[float, ...] = ()  # each rank's `flags`, summed (the stop signals noted)
-
-
-def reduce_step_over_world(
-    loss_reports: list[dict], phase_seconds: list[float], sequences: tuple[int, int] = (0, 0),
-    flags: tuple[float, ...] = (),
-) -> StepTotals:
-    """The step's loss, loss tokens, phase times, trained sequences and `flags` (summed), on
-    every rank.
+def local_loss_sums(loss_reports: list[dict], mtp_depths: int = 0) -> torch.Tensor:
+    """This rank's part of a step's loss sums, kept on the device: [LM loss sum, loss tokens],
+    then [sum, tokens] of each MTP depth, float64 (zeros on ranks that do not count them).
 
     Only last-stage ranks hold losses; the TP-rank-0 of each DP x CP replica contributes, so a
-    token is counted once however many TP/PP ranks computed it (`counts_loss_tokens`). This
-    rank's `sequences` ((tokens, squared lengths) of the rows it took) count once per DP
-    replica (`counts_trained_rows`). The phase times, the sequences and the flags ride on the
-    same all-reduce: they cost no extra collective.
+    token is counted once however many TP/PP ranks computed it (`counts_loss_tokens`). Device
+    operations only: nothing here waits for the device.
     """
-    total = torch.zeros(4 + len(phase_seconds) + len(flags), dtype=torch.float64,
-                        device=compute_device())
+    sums = torch.zeros(2 + 2 * mtp_depths, dtype=torch.float64, device=compute_device())
+    last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    if counts_loss_tokens(parallel_state.get_tensor_model_parallel_rank(), last_stage):
+        for report in loss_reports:
+            sums[:2] += report["lm loss"].detach().to(sums.device, torch.float64)
+            if mtp_depths and "mtp loss" in report:
+                sums[2:] += report["mtp loss"].to(sums.device, torch.float64)
+    return sums
+
+
+def counted_sequences(sequences: tuple[int, int]) -> tuple[int, int]:
+    """This rank's `sequences` ((tokens, squared lengths) of the rows it took) where its DP
+    replica reports them (`counts_trained_rows`: once per replica), else (0, 0)."""
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
-    if counts_loss_tokens(tp_rank, last_stage):
-        for report in loss_reports:
-            total[:2] += report["lm loss"].detach().to(torch.float64)
-    host = list(phase_seconds) + list(flags)
     if counts_trained_rows(tp_rank, parallel_state.get_context_parallel_rank(), last_stage):
-        host += [float(n) for n in sequences]  # exact in float64 below 2**53
-    else:
-        host += [0.0, 0.0]
-    # Host figures travel in one copy (no device read-back); the losses stay on the device.
-    total[2:] = torch.tensor(host, dtype=torch.float64)
+        return sequences
+    return (0, 0)
+
+
+def sum_over_world(device_rows: torch.Tensor, host_rows: list[list[float]]) -> list[list[float]]:
+    """Row by row, each rank's `device_rows` (kept on the device) beside its `host_rows` (one
+    copy to the device), summed over every rank in one all-reduce; the sums on every rank.
+    Float64 holds counts exactly below 2**53."""
+    host = torch.tensor(host_rows, dtype=torch.float64).reshape(len(host_rows), -1)
+    total = torch.cat([device_rows.to(torch.float64), host.to(device_rows.device)], dim=1)
     torch.distributed.all_reduce(total)
-    values = total.tolist()
-    tokens = int(values[1])
-    ranks = torch.distributed.get_world_size()
-    phases = [value / ranks for value in values[2:2 + len(phase_seconds)]]
-    summed = tuple(values[2 + len(phase_seconds):2 + len(phase_seconds) + len(flags)])
-    return StepTotals(values[0] / max(tokens, 1), tokens, phases, int(values[-2]),
-                      int(values[-1]), summed)
+    return total.tolist()
+
+
+def reduce_loss_over_world(loss_reports: list[dict]) -> tuple[float, int]:
+    """(mean loss per token, loss tokens) of the global batch, known on every rank."""
+    loss_sum, tokens = sum_over_world(local_loss_sums(loss_reports)[None], [[]])[0]
+    return loss_sum / max(tokens, 1.0), int(tokens)
+
+
+class LaterWorldSum:
+    """A sum over every rank started now and read later, so no rank waits for the others
+    where it is started: on CPU ranks gloo adds in its own thread; on GPUs NCCL adds on its
+    stream and a side stream copies the result to pinned host memory behind an event, so
+    neither the start nor the read waits for the step's kernels. Read after work that every
+    rank does with the others (an optimizer step), every rank has given its part and the read
+    waits for nothing. Every rank must start the same sums in the same order (as every
+    collective)."""
+
+    def __init__(self, values: tuple[float, ...]):
+        host = torch.tensor(values, dtype=torch.float64)
+        self.event = None
+        if not torch.cuda.is_available():
+            self.tensor = host
+            self.work = torch.distributed.all_reduce(self.tensor, async_op=True)
+            return
+        self.tensor = host.pin_memory().to(compute_device(), non_blocking=True)
+        self.work = torch.distributed.all_reduce(self.tensor, async_op=True)
+        with torch.cuda.stream(_side_stream()):
+            self.work.wait()  # this stream waits for the sum; the host does not
+            self.host = torch.empty(host.shape, dtype=torch.float64, pin_memory=True)
+            self.host.copy_(self.tensor, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def result(self) -> tuple[float, ...]:
+        if self.event is not None:
+            self.event.synchronize()
+            return tuple(self.host.tolist())
+        self.work.wait()
+        return tuple(self.tensor.tolist())
+
+
+@functools.cache
+def _side_stream():
+    """The stream `LaterWorldSum` copies its results on (one per process)."""
+    return torch.cuda.Stream()
 
 
 def max_over_world(values: list[float]) -> list[float]:
@@ -179,13 +208,19 @@ class RunReporter:
             with self.metrics_path.open("a") as handle:
                 handle.write(json.dumps({"kind": kind, **values}) + "\n")
 
+    def reached(self, step: int) -> None:
+        """The bar moves with every step; its loss and tokens/s follow when a step's figures
+        are summed (`step`)."""
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step)
+
     def step(self, metrics: StepMetrics, total_steps: int) -> None:
         if not self.enabled:
             return
         self.record("train", {**asdict(metrics), "tokens_per_s": metrics.tokens_per_s})
         if self.progress is not None:
             status = f"loss {metrics.loss:.4f}  {metrics.tokens_per_s:,.0f} tok/s"
-            self.progress.update(self.task, completed=metrics.step, status=status)
+            self.progress.update(self.task, status=status)
         if metrics.step % self.log_interval == 0 or metrics.step == total_steps:
             # Plugins' figures (`StepMetrics.extra`) follow the core ones, then speed and the
             # step's breakdown; the record has them all.

@@ -95,11 +95,15 @@ class RunState:
     world_size: int = 1  # ranks of the run that saved it (RNG streams are per rank)
     rng: RngState | None = None  # this rank's streams; per rank in the checkpoint
 
-    def advance(self, samples: int, loss_tokens: int) -> None:
+    def advance(self, samples: int) -> None:
         """Count one optimizer step of `samples` samples. As in Megatron-LM, a step whose update
         was skipped (fp16 overflow) still counts and consumes its batch; `skip` marks it."""
         self.step += 1
         self.consumed_samples += samples
+
+    def count_tokens(self, loss_tokens: int) -> None:
+        """Add a step's loss tokens once its figures are summed over the world (the loop sums
+        them before every checkpoint, so a saved state has every step's tokens)."""
         self.consumed_tokens += loss_tokens
 
     def skip(self) -> None:

@@ -1,13 +1,12 @@
 """One optimizer step and one held-out evaluation through Megatron's pipeline schedules.
 
 The step is timed as a whole optimizer step with its phases (data wait, forward-backward,
-optimizer) and, on profiled steps, its exposed communication; see `trainer/step_clock.py`.
+optimizer) and, on profiled steps, its exposed communication; see `trainer/step_clock.py`. Its
+figures are summed over the world later, several steps at once (`trainer/step_figures.py`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from collections.abc import Callable
 from functools import partial
 
@@ -17,26 +16,23 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from plugins.protocol.events import EvalResult, StepMetrics
 from plugins.protocol.hooks import PluginSet
-from recipes.config.phases import phase_config
-from recipes.models.hybrid.pattern import mtp_depths
-from recipes.plan.flops import (
-    FlopsShape,
-    model_flops_utilisation,
-    tflops_per_gpu,
-    training_flops,
-)
 from trainer.data import MicroBatch
-from trainer.device import compute_device, to_compute_device
-from trainer.metrics import max_over_world, reduce_loss_over_world, reduce_step_over_world
+from trainer.device import to_compute_device
+from trainer.metrics import (
+    counted_sequences,
+    local_loss_sums,
+    max_over_world,
+    reduce_loss_over_world,
+)
 from trainer.step_clock import (
     StepClock,
     peak_memory_gib,
     peak_reserved_gib,
-    run_peak_tflops,
     start_profiler,
     stop_profiler,
 )
-from trainer.throughput import counts_loss_tokens, is_measured, trained_sequences
+from trainer.step_figures import StepRecord, settle_steps, step_mtp_depths
+from trainer.throughput import is_measured, trained_sequences
 
 
 def masked_token_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
@@ -148,34 +144,14 @@ def loss_with_mtp(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
     return loss_sum, num_tokens, report
 
 
-def mtp_losses(cfg, loss_reports: list[dict]) -> dict[str, float]:
-    """Each MTP depth's per-token loss over the step's global batch (`mtp_1_loss`, ...),
-    unscaled (the LM loss adds their mean times `model.mtp_loss_scaling_factor`), on every rank:
-    the last stage's TP-rank-0 ranks hold the sums (each CP chunk and DP replica its own), one
-    all-reduce over the world adds them up."""
-    depths = mtp_depths(cfg.model.hybrid_layer_pattern) if cfg.model.is_hybrid else 0
-    if not depths:
-        return {}
-    totals = torch.zeros(2 * depths, dtype=torch.float64, device=compute_device())
-    last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
-    if counts_loss_tokens(parallel_state.get_tensor_model_parallel_rank(), last_stage):
-        for report in loss_reports:
-            if "mtp loss" in report:
-                totals += report["mtp loss"].to(totals.device)
-    torch.distributed.all_reduce(totals)
-    values = totals.tolist()
-    return {f"mtp_{d + 1}_loss": values[2 * d] / max(values[2 * d + 1], 1.0)
-            for d in range(depths)}
-
-
-def train_step(session, stop=None) -> StepMetrics:
+def run_step(session) -> StepRecord:
     """Forward/backward over the next global batch's micro-batches, then one optimizer update;
-    the session's run state advances by one step. A `stop` request (`trainer.loop.StopRequest`)
-    learns on the step's own world reduction whether any rank noted a stop signal.
+    the session's run state advances by one step. What the step's figures need from the world
+    stays on this rank (`trainer/step_figures.py`): no collective of ours, except the slowest
+    rank's figures on the few profiled steps.
 
     On CPU ranks every rank starts the step's clock together (a barrier: rank 0's logging
-    between steps is not step time) and stops it after the loss all-reduce, which no rank
-    leaves before every rank has updated. On GPUs the clock is CUDA events on the stream, which
+    between steps is not step time). On GPUs the clock is CUDA events on the stream, which
     measure the device's step whatever the host did between steps, so no barrier synchronises
     the host every step. Phases are marked in between (trainer/throughput.py for what counts).
     """
@@ -187,7 +163,7 @@ def train_step(session, stop=None) -> StepMetrics:
     if not torch.cuda.is_available():
         torch.distributed.barrier()
     profiler = start_profiler(index, steps_in_process, cfg.logging.exposed_comm)
-    start, clock = time.perf_counter(), StepClock()
+    clock = StepClock()
     session.mid_step = True  # until the update is applied: no checkpoint may be taken
     # Named ranges for the profiler plugin's trace (plugins/profiler/plugin.py).
     with torch.profiler.record_function("data wait"):
@@ -201,83 +177,52 @@ def train_step(session, stop=None) -> StepMetrics:
     if updated:
         session.scheduler.step(increment=batch)
     clock.mark()
-    totals = reduce_step_over_world(reports, clock.seconds(), trained_sequences(microbatches),
-                                    stop.flags() if stop is not None else ())
-    if stop is not None:
-        stop.agree(totals.flags)
-    mtp = mtp_losses(cfg, reports)
-    loss, tokens, phases = totals.loss, totals.loss_tokens, totals.phase_seconds
-    session.state.advance(batch, tokens)
+    session.state.advance(batch)
     session.mid_step = False
-    slowest = slowest_rank_figures(session, profiler, time.perf_counter() - start)
-    step_time = slowest["step_time_s"]
-    # Useful FLOPs of the sequences this step trained: full rows, or each packed row's
-    # documents (trainer/throughput.py), summed over the DP replicas by the reduction above.
-    step_cfg = phase_config(cfg, dataclasses.replace(phase, global_batch_size=batch))
-    flops = training_flops(FlopsShape.from_config(step_cfg), totals.trained_tokens,
-                           totals.squared_lengths)
-    tflops = tflops_per_gpu(flops, step_time, torch.distributed.get_world_size())
-    return StepMetrics(
+    return StepRecord(
         step=session.state.step,
-        loss=loss,
+        phase=phase,
+        global_batch=batch,
         lr=session.optimizer.param_groups[0]["lr"],
         grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
-        loss_tokens=tokens,
-        step_time_s=step_time,
         skipped=not updated,
-        data_wait_s=phases[0],
-        forward_backward_s=phases[1],
-        optimizer_s=phases[2],
-        exposed_comm_s=slowest.get("exposed_comm_s"),
-        model_flops=flops,
-        model_tflops_per_gpu=tflops,
-        mfu=model_flops_utilisation(tflops, run_peak_tflops(cfg)),
+        clock=clock,
+        losses=local_loss_sums(reports, step_mtp_depths(cfg)),
+        sequences=counted_sequences(trained_sequences(microbatches)),
         measured=is_measured(index, steps_in_process, exposed_comm=cfg.logging.exposed_comm),
-        memory_gib=slowest.get("memory_gib"),
-        memory_reserved_gib=slowest.get("memory_reserved_gib"),
-        stage_compute_s=slowest.get("stage_compute_s"),
-        phase=phase.index,
-        global_batch=batch,
-        phase_name=phase.name,
+        profiled=profiled_figures(session, profiler),
+        memory=memory_peaks(session),
         source_tokens=dict(session.train_batches.source_tokens),
-        extra=mtp,
     )
 
 
-def _memory_due(session) -> bool:
-    """Peak memory is gathered on the steps the log line shows (and the last)."""
+def train_step(session) -> StepMetrics:
+    """`run_step` with its figures summed over the world at once: for tools and tests that
+    read every step's loss (the loop sums them at the log interval instead)."""
+    return settle_steps(session, [run_step(session)])[0]
+
+
+def memory_peaks(session) -> tuple[float, ...] | None:
+    """This rank's peak memory on the steps the log line shows (and the last): allocated, and
+    on GPU reserved too (`trainer/step_clock.py`); None on other steps."""
     step, cfg = session.state.step, session.cfg
-    return step % max(1, cfg.logging.log_interval) == 0 or step == cfg.train.train_iters
+    if step % max(1, cfg.logging.log_interval) and step != cfg.train.train_iters:
+        return None
+    reserved = peak_reserved_gib()
+    return (peak_memory_gib(),) if reserved is None else (peak_memory_gib(), reserved)
 
 
-def slowest_rank_figures(session, profiler, step_time: float) -> dict:
-    """The step's figures that are a maximum over ranks, in one MAX all-reduce and only on the
-    steps that need one: on profiled steps the slowest rank's exposed communication and step
-    time (kept together as one share) and each pipeline stage's compute seconds; on logged
-    steps the busiest rank's peak memory. Otherwise this rank's own step time."""
-    stages, memory = session.cfg.layout.pipeline, _memory_due(session)
-    values = []
-    if profiler is not None:
-        exposed, computed = stop_profiler(profiler)
-        per_stage = [0.0] * stages
-        per_stage[parallel_state.get_pipeline_model_parallel_rank()] = computed
-        values += [exposed, step_time, *per_stage]
-    reserved = peak_reserved_gib() if memory else None
-    if memory:
-        values.append(peak_memory_gib())
-        if reserved is not None:
-            values.append(reserved)
-    maxima = max_over_world(values) if values else []
-    figures: dict = {"step_time_s": step_time}
-    if profiler is not None:
-        figures.update(exposed_comm_s=maxima[0], step_time_s=maxima[1],
-                       stage_compute_s=maxima[2:2 + stages])
-    if memory:
-        if reserved is None:
-            figures["memory_gib"] = maxima[-1]
-        else:
-            figures["memory_gib"], figures["memory_reserved_gib"] = maxima[-2], maxima[-1]
-    return figures
+def profiled_figures(session, profiler) -> dict:
+    """On a profiled step, in one MAX all-reduce: the slowest rank's exposed communication and
+    each pipeline stage's compute seconds (its busiest rank); on other steps none."""
+    if profiler is None:
+        return {}
+    stages = session.cfg.layout.pipeline
+    exposed, computed = stop_profiler(profiler)
+    per_stage = [0.0] * stages
+    per_stage[parallel_state.get_pipeline_model_parallel_rank()] = computed
+    maxima = max_over_world([exposed, *per_stage])
+    return {"exposed_comm_s": maxima[0], "stage_compute_s": maxima[1:]}
 
 
 def evaluate(session) -> EvalResult:

@@ -2,7 +2,8 @@
 
 A step's phases (data wait, forward-backward, optimizer) are marked with `perf_counter` on CPU
 and with CUDA events on GPU (kernels run asynchronously: host time alone would move work
-between phases), read once the step's loss reduction has synchronised the device. Exposed
+between phases), read when the step's figures are summed (`trainer/step_figures.py`), by then
+long recorded. Exposed
 communication needs a profiler, which is too costly for every step: it runs only on the steps
 `trainer.throughput.profiled_steps` names, which throughput then leaves out. The definitions
 themselves live in the torch-free `trainer/throughput.py`.
@@ -46,9 +47,9 @@ class StepClock:
             self.marks.append(time.perf_counter())
 
     def seconds(self) -> list[float]:
-        """Durations between consecutive marks (synchronises the device on GPU)."""
+        """Durations between consecutive marks (on GPU, waits for the last mark's event)."""
         if self.cuda:
-            torch.cuda.synchronize()
+            self.marks[-1].synchronize()
             return [a.elapsed_time(b) / 1e3 for a, b in pairwise(self.marks)]
         return [b - a for a, b in pairwise(self.marks)]
 

@@ -1,7 +1,7 @@
 """Runs torch.profiler over a window of steps and writes the trace when the window closes.
 
-The profiler starts in `after_step` of the step before the window (in `run_start` when the
-window starts at the first step) and stops in `after_step` of the window's last step, so it
+The profiler starts in `after_update` of the step before the window (in `run_start` when the
+window starts at the first step) and stops in `after_update` of the window's last step, so it
 sees whole steps: the trainer's `data wait`, `forward-backward` and `optimizer` ranges
 (`trainer/step.py`), everything under them, and the hooks, evaluation and checkpoint between
 steps. The trace is written by torch's `tensorboard_trace_handler`: a `.pt.trace.json` file that
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from plugins.protocol.events import RunStart, StepMetrics
+from plugins.protocol.events import RunStart
 from plugins.protocol.hooks import Plugin
 
 TRACE_DIR = "profile"
@@ -68,12 +68,12 @@ class ProfilerPlugin(Plugin):
         print(f"profiler: steps {self.first}-{self.last} traced into {self.trace_dir}",
               file=sys.stderr, flush=True)
 
-    def after_step(self, metrics: StepMetrics) -> None:
+    def after_update(self, step: int) -> None:
         if self.trace_dir is None:
             return
-        if metrics.step == self.first - 1:
+        if step == self.first - 1:
             self._start()
-        elif metrics.step == self.last and self.profiler is not None:
+        elif step == self.last and self.profiler is not None:
             self._stop()
 
     def run_end(self, summary: dict[str, Any]) -> None:

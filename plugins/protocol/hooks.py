@@ -21,8 +21,14 @@ or torch objects are typed `Any` and named here, so the contract stays torch-fre
                                     (slice for context parallel, add packing metadata)
     forward_kwargs(batch, kwargs)   keyword arguments of GPTModel.forward for that batch -> kwargs
                                     (e.g. packed_seq_params)
-    after_step(metrics)             after every optimizer step, on every rank; a plugin may
-                                    add its figures to `metrics.extra` (logged with the step)
+    after_update(step)              right after each optimizer update, on every rank, before
+                                    the step's figures are known: for a plugin that acts
+                                    between steps as they happen (the profiler's window)
+    after_step(metrics)             each step's figures, on every rank, in step order, once the
+                                    loop has summed them over the world (at the log interval,
+                                    before an evaluation or checkpoint, at a stop, at the last
+                                    step); a plugin may add its figures to `metrics.extra`
+                                    (logged with the step)
     after_eval(evaluation)          after every held-out evaluation, on every rank
     state_dict() / load_state_dict(state)   the plugin's part of the checkpointed run state
     run_end(summary)                once, after training and the final checkpoint
@@ -101,6 +107,9 @@ class Plugin:
 
     def forward_kwargs(self, batch: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
+
+    def after_update(self, step: int) -> None:
+        return None
 
     def after_step(self, metrics: StepMetrics) -> None:
         return None
@@ -250,6 +259,10 @@ class PluginSet:
         for plugin in self.plugins:
             kwargs = plugin.forward_kwargs(batch, kwargs)
         return kwargs
+
+    def after_update(self, step: int) -> None:
+        for plugin in self.plugins:
+            plugin.after_update(step)
 
     def after_step(self, metrics: StepMetrics) -> None:
         for plugin in self.plugins:

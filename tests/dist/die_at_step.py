@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 def patch_step(rank: int, die_rank: int, hang_rank: int | None, at_step: int) -> None:
     import trainer.loop
 
-    step = trainer.loop.train_step
+    step = trainer.loop.run_step
 
     def die_or_hang(session, *args):
         if session.state.step + 1 == at_step:  # state.step: the steps already done
@@ -38,7 +38,7 @@ def patch_step(rank: int, die_rank: int, hang_rank: int | None, at_step: int) ->
         return step(session, *args)
 
     if rank in (die_rank, hang_rank):
-        trainer.loop.train_step = die_or_hang
+        trainer.loop.run_step = die_or_hang
 
 
 if __name__ == "__main__":

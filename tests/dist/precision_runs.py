@@ -1,8 +1,9 @@
 """Per-rank functions for the fp16 loss-scaling tests (run through the `launch_ranks` fixture).
 
 `train_recording_scaler` runs the real step loop (`trainer.loop.run_training`: skipped-update
-counting, checkpoints when due) and records, after every step through the `after_step` hook,
-what the optimizer's loss scaler and the lr scheduler hold.
+counting, checkpoints when due) and records what the optimizer's loss scaler and the lr
+scheduler hold right after every update (the `after_update` hook), beside the step's figures
+(the `after_step` hook, which hears them once the loop has summed them).
 """
 
 from __future__ import annotations
@@ -37,12 +38,16 @@ class StepRecorder(Plugin):
     def __init__(self, session) -> None:
         self.session = session
         self.steps: list[dict] = []
+        self.after_updates: dict[int, dict] = {}
+
+    def after_update(self, step: int) -> None:
+        self.after_updates[step] = {"scheduler_steps": self.session.scheduler.num_steps,
+                                    **scaler_state(self.session.optimizer)}
 
     def after_step(self, metrics: StepMetrics) -> None:
         self.steps.append({
             "step": metrics.step, "loss": metrics.loss, "lr": metrics.lr,
-            "skipped": metrics.skipped, "scheduler_steps": self.session.scheduler.num_steps,
-            **scaler_state(self.session.optimizer),
+            "skipped": metrics.skipped, **self.after_updates.pop(metrics.step),
         })
 
 

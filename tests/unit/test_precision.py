@@ -456,7 +456,7 @@ def test_skipped_updates_are_counted_and_said() -> None:
 
     session, lines = _fp16_session(["precision.min_loss_scale=1"], 4.0), []
     reporter = _reporter(lines)
-    record_skipped_update(session, reporter, _skipped_step(3), scale_before=8.0)
+    record_skipped_update(session, reporter, 3, scale_before=8.0)
     assert session.state.skipped_steps == 1
     assert lines == ["step 3: gradients overflowed at loss scale 8; update skipped, loss scale "
                      "now 4 (1 skipped so far)"]
@@ -475,9 +475,9 @@ def test_overflow_at_the_minimum_loss_scale_stops_the_run(overrides, stops) -> N
     if stops:
         with pytest.raises(NonFiniteError, match="gradients overflow at step 3 even at "
                            "precision.min_loss_scale=4; lower optimizer.lr"):
-            record_skipped_update(session, _reporter([]), _skipped_step(3), 4.0)
+            record_skipped_update(session, _reporter([]), 3, 4.0)
     else:
-        record_skipped_update(session, _reporter([]), _skipped_step(3), 4.0)
+        record_skipped_update(session, _reporter([]), 3, 4.0)
 
 
 def test_skipped_steps_are_part_of_the_saved_run_state() -> None:

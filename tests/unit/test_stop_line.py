@@ -58,8 +58,8 @@ def test_sigterm_waits_for_the_step_boundary_only_when_something_is_saved_on_the
 
 
 def test_every_rank_agrees_on_the_signal_any_rank_noted_through_the_summed_flags():
-    """The stop rides on the step's world reduction: each rank gives its flags, every rank gets
-    their sum and stops for the same signal (SIGTERM before SIGINT when ranks differ)."""
+    """Each rank gives its flags, every rank gets their sum and stops for the same signal
+    (SIGTERM before SIGINT when ranks differ)."""
     from trainer.loop import StopRequest
 
     ranks = [StopRequest() for _ in range(3)]
@@ -75,3 +75,56 @@ def test_every_rank_agrees_on_the_signal_any_rank_noted_through_the_summed_flags
     assert step() == [signal.SIGINT] * 3
     ranks[2].note(signal.SIGTERM, None)
     assert step() == [signal.SIGTERM] * 3
+
+
+class _ThreeRanks:
+    """Stands in for `LaterWorldSum` over a world of three ranks that end each step in turn:
+    the n-th sum a rank starts adds the flags of every rank's n-th."""
+
+    def __init__(self):
+        self.rounds: list[list[tuple[float, ...]]] = []
+        self.started: dict[int, int] = {}
+
+    def later_sum(self, rank: int):
+        world = self
+
+        class Started:
+            def __init__(self, values):
+                self.round = world.started.get(rank, 0)
+                world.started[rank] = self.round + 1
+                if len(world.rounds) <= self.round:
+                    world.rounds.append([])
+                world.rounds[self.round].append(values)
+
+            def result(self):
+                assert len(world.rounds[self.round]) == 3, "read before every rank gave its part"
+                return tuple(map(sum, zip(*world.rounds[self.round], strict=True)))
+
+        return Started
+
+
+def test_every_rank_stops_after_the_same_step_the_one_whose_start_saw_the_signal(monkeypatch):
+    """Each step starts a sum of the flags noted so far and reads it at its end (every rank
+    gave its part by then): a signal noted between steps stops every rank after the next step,
+    one noted during a step after the step that follows; the same step everywhere."""
+    import trainer.loop
+    from trainer.loop import StopRequest
+
+    world, ranks = _ThreeRanks(), [StopRequest() for _ in range(3)]
+
+    def step(noted_during: tuple[int, int] | None = None) -> list[int]:
+        for rank, request in enumerate(ranks):
+            monkeypatch.setattr(trainer.loop, "LaterWorldSum", world.later_sum(rank))
+            request.begin_step()
+        if noted_during:
+            ranks[noted_during[0]].note(noted_during[1], None)
+        for request in ranks:
+            request.end_step()
+            assert request.started is None
+        return [request.agreed for request in ranks]
+
+    assert step() == [0, 0, 0]
+    assert step(noted_during=(2, signal.SIGTERM)) == [0, 0, 0]  # too late for this step's sum
+    assert step() == [signal.SIGTERM] * 3
+    ranks[1].note(signal.SIGINT, None)  # between steps: the next step's sum carries it
+    assert step() == [signal.SIGTERM] * 3  # SIGTERM first when ranks noted different signals
