@@ -4,10 +4,12 @@ Both steps run in the same processes on the same DDP model, optimizer and layout
 (ours, bare, ours, bare, ...) so machine drift hits both equally. The bare step is what a
 hand-written Megatron Core loop does with micro-batches already in memory: zero grads,
 `forward_backward_func`, `optimizer.step`, scheduler step, and the loss all-reduce over DP x CP
-that Megatron-LM's own `train_step` runs every step for its log. Ours adds data slicing, the
-loss reduction over the whole world (with the phase times riding on it), metrics and hooks.
-Reported: median step times, and the ratio of each interleaved pair (our step over the bare
-step that follows it): their median and spread (lowest and highest), at least five pairs.
+that Megatron-LM's own `train_step` runs every step for its log. Ours is the loop's step: data
+slicing, the step clock, the stop flags' sum started for the next step, and at the log interval
+the sum of the steps' figures over the world (`trainer/step_figures.py`), timed with the step
+it follows. Reported: median step times, and the ratio of each interleaved pair (our step over
+the bare step that follows it): their median and spread (lowest and highest), at least five
+pairs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from trainer.device import compute_device, to_compute_device
-from trainer.step import train_step
+from trainer.loop import StopRequest
+from trainer.step import run_step
+from trainer.step_figures import settle_steps
 
 
 def _bare_loss(loss_mask, output):
@@ -80,16 +84,44 @@ def pair_ratios(ours: list[float], bare: list[float]) -> dict:
             "pair_ratio_max": max(ratios), "pairs": len(ratios)}
 
 
+class LoopStep:
+    """The loop's step (`trainer/loop.py`) without its log lines: the stop flags' sum started,
+    `run_step`, that sum read, and the world sum of the steps' figures at the log interval.
+    Its time: the step's clock (after the barrier that starts a step on CPU ranks) plus what
+    comes before and after it."""
+
+    def __init__(self, session):
+        self.session, self.stop, self.pending = session, StopRequest(), []
+        self.interval = max(1, session.cfg.logging.log_interval)
+
+    def __call__(self) -> float:
+        before = time.perf_counter()
+        self.stop.begin_step()
+        started = time.perf_counter() - before
+        record = run_step(self.session)
+        after = time.perf_counter()
+        self.stop.end_step()
+        self.pending.append(record)
+        if record.step % self.interval == 0:
+            settle_steps(self.session, self.pending)
+            self.pending.clear()
+        return started + sum(record.clock.seconds()) + time.perf_counter() - after
+
+    def close(self) -> None:
+        settle_steps(self.session, self.pending)
+
+
 def compare_step_times(session, steps: int, warmup: int) -> dict:
     """Alternate ours/bare for `warmup + steps` rounds; medians and pair ratios over the last
     `steps` (each rank's slowest-rank figures: the MAX over ranks of every round)."""
     in_memory = [to_compute_device(mb) for mb in session.train_batches.microbatches(0)]
-    ours, bare = [], []
+    ours, bare, loop_step = [], [], LoopStep(session)
     for _ in range(warmup + steps):
         torch.distributed.barrier()
-        ours.append(train_step(session).step_time_s)
+        ours.append(loop_step())
         torch.distributed.barrier()
         bare.append(bare_step(session, in_memory))
+    loop_step.close()
     # Ranks finish at slightly different times; the slowest rank sets each step's time.
     rounds = torch.tensor([ours[warmup:], bare[warmup:]], dtype=torch.float64,
                           device=compute_device())
