@@ -10,9 +10,9 @@ attaches through the session's `PluginSet`. With `checkpoint.async_save` every s
 publishing the background saves that every rank has finished writing, and the run does not end
 (at its last step, or on SIGTERM: scancel, a requeue, torchrun stopping the ranks) before its
 saves are published. Ctrl-C (and SIGTERM with `checkpoint.save_on_stop`) stops every rank
-together at a step boundary (the next, or the one after for a signal noted during a step),
-saving it first when `checkpoint.save_on_stop` asks; the stop is recorded in metrics.jsonl,
-from which the launching process says it in one line.
+together at the end of the first step that begins after the signal, saving it first when
+`checkpoint.save_on_stop` asks; the stop is recorded in metrics.jsonl, from which the
+launching process says it in one line.
 """
 
 from __future__ import annotations
@@ -150,9 +150,8 @@ class StopRequest:
     inside a collective cannot stop alone. Each rank starts a sum of its flags over the world
     when a step begins and reads it when the step ends (`LaterWorldSum`: by then every rank
     began the step and gave its part, so nobody waits for it), so every rank stops after the
-    same step: the one in progress for a signal noted between steps, the next for one noted
-    during a step. The same signal again stops this rank at once (a rank stuck in a
-    collective)."""
+    same step: the first that begins after the signal. The same signal again stops this rank
+    at once (a rank stuck in a collective)."""
 
     ORDER = (signal.SIGTERM, signal.SIGINT)  # when ranks noted different signals, the first
 
