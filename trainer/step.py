@@ -31,7 +31,7 @@ from trainer.step_clock import (
     start_profiler,
     stop_profiler,
 )
-from trainer.step_figures import StepRecord, settle_steps, step_mtp_depths
+from trainer.step_figures import StepRecord, settle_steps
 from trainer.throughput import is_measured, trained_sequences
 
 
@@ -187,7 +187,7 @@ def run_step(session) -> StepRecord:
         grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
         skipped=not updated,
         clock=clock,
-        losses=local_loss_sums(reports, step_mtp_depths(cfg)),
+        losses=local_loss_sums(reports, cfg.layout.mtp_depths),
         sequences=counted_sequences(trained_sequences(microbatches)),
         measured=is_measured(index, steps_in_process, exposed_comm=cfg.logging.exposed_comm),
         profiled=profiled_figures(session, profiler),

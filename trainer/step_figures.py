@@ -19,15 +19,9 @@ import torch
 
 from plugins.protocol.events import StepMetrics
 from recipes.config.phases import phase_config
-from recipes.models.hybrid.pattern import mtp_depths
 from recipes.plan.flops import FlopsShape, model_flops_utilisation, tflops_per_gpu, training_flops
 from trainer.metrics import max_over_world, sum_over_world
 from trainer.step_clock import StepClock, run_peak_tflops
-
-
-def step_mtp_depths(cfg: Any) -> int:
-    """The MTP depths whose losses a step reports (hybrid models with MTP layers), else 0."""
-    return mtp_depths(cfg.model.hybrid_layer_pattern) if cfg.model.is_hybrid else 0
 
 
 @dataclass
@@ -58,7 +52,7 @@ def settle_steps(session, records: list[StepRecord]) -> list[StepMetrics]:
     if not records:
         return []
     cfg = session.cfg
-    depths = step_mtp_depths(cfg)
+    depths = cfg.layout.mtp_depths  # the MTP depths whose losses a step reports
     seconds = [record.clock.seconds() for record in records]
     host = [[*phases, *map(float, record.sequences)]
             for phases, record in zip(seconds, records, strict=True)]
