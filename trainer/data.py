@@ -351,10 +351,18 @@ class GlobalBatches:
         dropped)."""
         return self._batch_at(step * self.global_batch)[0]
 
-    def _mine(self, indices: np.ndarray) -> list[MicroBatch]:
+    def _my_microbatch_indices(self, indices: np.ndarray) -> list[np.ndarray]:
         mine = indices[self.dp_rank * self.per_replica : (self.dp_rank + 1) * self.per_replica]
-        return [self.source.microbatch(mine[i : i + self.micro_batch])
+        return [mine[i : i + self.micro_batch]
                 for i in range(0, self.per_replica, self.micro_batch)]
+
+    def _mine(self, indices: np.ndarray) -> list[MicroBatch]:
+        return [self.source.microbatch(chunk) for chunk in self._my_microbatch_indices(indices)]
+
+    def microbatch_indices(self, step: int) -> list[np.ndarray]:
+        """Sample indices of this rank's micro-batches of global batch `step` (benchmarks read
+        them with the source alone)."""
+        return self._my_microbatch_indices(self.global_batch_indices(step))
 
     def microbatches(self, step: int) -> list[MicroBatch]:
         """This rank's micro-batches of global batch `step` (held-out batches, benchmarks)."""

@@ -54,6 +54,7 @@ def test_bench_step_prints_our_step_against_a_bare_megatron_step(tmp_path):
                        f"run_dir={tmp_path}")
     ratio(output, rf"ratio {NUMBER} \(median of 5 after 1 warm-up\)")
     ratio(output, rf"per interleaved pair {NUMBER} median, {NUMBER}-{NUMBER} spread over 5 pairs")
+    ratio(output, rf"on a batch in memory \(no read\) {NUMBER} ms/step, ratio {NUMBER}")
 
 
 def test_bench_checkpoint_prints_save_and_load_against_dd_and_the_async_stall(tmp_path):

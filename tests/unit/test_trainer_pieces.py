@@ -40,6 +40,17 @@ def test_dp_ranks_split_each_global_batch_exactly_once():
         assert np.array_equal(torch.cat(rows).numpy(), expected)
 
 
+def test_a_ranks_microbatch_indices_are_the_samples_of_its_microbatches():
+    cfg, samples = _synthetic("tiny_dp2")
+    second = GlobalBatches(samples, cfg, 1)
+    indices = second.microbatch_indices(3)
+    assert [len(chunk) for chunk in indices] == [cfg.train.micro_batch_size] * len(indices)
+    for chunk, mb in zip(indices, second.microbatches(3), strict=True):
+        assert torch.equal(samples.microbatch(chunk)["tokens"], mb["tokens"])
+    half = cfg.train.global_batch_size // 2
+    assert np.array_equal(np.concatenate(indices), second.global_batch_indices(3)[half:])
+
+
 def test_labels_are_inputs_shifted_by_one_and_eod_inputs_carry_no_loss():
     cfg, samples = _synthetic("tiny_dp1")
     batches = GlobalBatches(samples, cfg, 0)

@@ -62,7 +62,10 @@ def bench_step_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
             f"(median of {figures['steps']} after {figures['warmup']} warm-up); per "
             f"interleaved pair {figures['pair_ratio_median']:.3f} median, "
             f"{figures['pair_ratio_min']:.3f}-{figures['pair_ratio_max']:.3f} spread over "
-            f"{figures['pairs']} pairs"
+            f"{figures['pairs']} pairs; against the bare step on a batch in memory (no read) "
+            f"{figures['bare_in_memory_s'] * 1e3:.1f} ms/step, ratio "
+            f"{figures['ratio_in_memory']:.3f}, per pair {figures['in_memory_ratio_median']:.3f} "
+            f"median, {figures['in_memory_ratio_min']:.3f}-{figures['in_memory_ratio_max']:.3f}"
         )
         print(json.dumps(figures))
     return 0

@@ -1,21 +1,25 @@
 """Step-time benchmark: this trainer's step vs a bare Megatron Core step on the same model.
 
 Both steps run in the same processes on the same DDP model, optimizer and layout, alternating
-(ours, bare, ours, bare, ...) so machine drift hits both equally. The bare step is what a
-hand-written Megatron Core loop does with micro-batches already in memory: zero grads,
-`forward_backward_func`, `optimizer.step`, scheduler step, and the loss all-reduce over DP x CP
-that Megatron-LM's own `train_step` runs every step for its log. Ours is the loop's step: data
-slicing, the step clock, the stop flags' sum started for the next step, and at the log interval
-the sum of the steps' figures over the world (`trainer/step_figures.py`), timed with the step
-it follows. Reported: median step times, and the ratio of each interleaved pair (our step over
-the bare step that follows it): their median and spread (lowest and highest), at least five
-pairs.
+(ours, bare, bare in memory, ours, ...) so machine drift hits all equally. The bare step is what
+a hand-written Megatron Core loop does: zero grads, `forward_backward_func` whose forward step
+reads its micro-batch from the run's dataset (as Megatron-LM's `get_batch` takes it from its
+data iterator: for Megatron's GPTDataset, `dataset[i]` of each sample, stacked), `optimizer.step`,
+scheduler step, and the loss all-reduce over DP x CP that Megatron-LM's own `train_step` runs
+every step for its log. The bare step in memory trains one batch read before the benchmark: the
+floor with no read at all. Ours is the loop's step: its batch read through the run's phases and
+blend accounting, the step clock, the stop flags' sum started for the next step, and at the log
+interval the sum of the steps' figures over the world (`trainer/step_figures.py`), timed with the
+step it follows. Reported: median step times, and the ratio of each interleaved round (our step
+over each bare step of its round): their median and spread (lowest and highest), at least five.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 
 import torch
 from megatron.core import parallel_state
@@ -46,24 +50,31 @@ def _reduce_loss_like_megatron_lm(reports: list[dict]) -> None:
 
 
 def _bare_forward_step(data_iterator, model):
-    batch = next(data_iterator)
+    batch = to_compute_device(next(data_iterator))
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output, lambda out: _bare_loss(batch["loss_mask"], out)
 
 
-def bare_step(session, microbatches: list) -> float:
-    """One step of a minimal Megatron Core loop; returns its wall time."""
+def read_lazily(source, microbatch_indices: list) -> Iterator:
+    """The micro-batches of a step, each read from the dataset when the schedule asks for it."""
+    return (source.microbatch(indices) for indices in microbatch_indices)
+
+
+def bare_step(session, microbatches: Callable[[], Iterable]) -> float:
+    """One step of a minimal Megatron Core loop over `microbatches()`; returns its wall time."""
     cfg, model = session.cfg, session.model
     start = time.perf_counter()
     for chunk in model:
         chunk.zero_grad_buffer()
     session.optimizer.zero_grad()
-    iterators = iter(microbatches) if len(model) == 1 else [iter(microbatches) for _ in model]
+    # The interleaved schedule pulls each model chunk's micro-batches from its own iterator.
+    iterators = (iter(microbatches()) if len(model) == 1
+                 else [iter(microbatches()) for _ in model])
     reports = get_forward_backward_func()(
         forward_step_func=_bare_forward_step,
         data_iterator=iterators,
         model=model if len(model) > 1 else model[0],
-        num_microbatches=len(microbatches),
+        num_microbatches=cfg.layout.microbatches,
         seq_length=cfg.model.seq_length,
         micro_batch_size=cfg.train.micro_batch_size,
         forward_only=False,
@@ -74,14 +85,14 @@ def bare_step(session, microbatches: list) -> float:
     return time.perf_counter() - start
 
 
-MIN_PAIRS = 5  # interleaved pairs a ratio is reported over
+MIN_PAIRS = 5  # interleaved rounds a ratio is reported over
 
 
-def pair_ratios(ours: list[float], bare: list[float]) -> dict:
-    """Each pair's ratio (ours over the bare step run right after it): median and spread."""
+def pair_ratios(ours: list[float], bare: list[float], prefix: str = "pair_ratio") -> dict:
+    """Each round's ratio (ours over the bare step of the same round): median and spread."""
     ratios = [a / b for a, b in zip(ours, bare, strict=True)]
-    return {"pair_ratio_median": statistics.median(ratios), "pair_ratio_min": min(ratios),
-            "pair_ratio_max": max(ratios), "pairs": len(ratios)}
+    return {f"{prefix}_median": statistics.median(ratios), f"{prefix}_min": min(ratios),
+            f"{prefix}_max": max(ratios), "pairs": len(ratios)}
 
 
 class LoopStep:
@@ -112,27 +123,39 @@ class LoopStep:
 
 
 def compare_step_times(session, steps: int, warmup: int) -> dict:
-    """Alternate ours/bare for `warmup + steps` rounds; medians and pair ratios over the last
-    `steps` (each rank's slowest-rank figures: the MAX over ranks of every round)."""
-    in_memory = [to_compute_device(mb) for mb in session.train_batches.microbatches(0)]
-    ours, bare, loop_step = [], [], LoopStep(session)
-    for _ in range(warmup + steps):
+    """Alternate ours / bare / bare in memory for `warmup + steps` rounds; medians and round
+    ratios over the last `steps` (each round's figures are the slowest rank's: a MAX over
+    ranks). The bare step reads global batches 0, 1, 2, ... of the first phase's stream: other
+    samples than ours, the same number and sizes."""
+    stream = session.train_batches.stream_at(0)
+    in_memory = [to_compute_device(mb) for mb in stream.microbatches(0)]
+    rounds = warmup + steps
+    indices = [stream.microbatch_indices(step) for step in range(rounds)]
+    times: dict[str, list[float]] = {"ours": [], "bare": [], "in_memory": []}
+    loop_step = LoopStep(session)
+    for step in range(rounds):
         torch.distributed.barrier()
-        ours.append(loop_step())
+        times["ours"].append(loop_step())
         torch.distributed.barrier()
-        bare.append(bare_step(session, in_memory))
+        times["bare"].append(
+            bare_step(session, partial(read_lazily, stream.source, indices[step])))
+        torch.distributed.barrier()
+        times["in_memory"].append(bare_step(session, lambda: in_memory))
     loop_step.close()
     # Ranks finish at slightly different times; the slowest rank sets each step's time.
-    rounds = torch.tensor([ours[warmup:], bare[warmup:]], dtype=torch.float64,
-                          device=compute_device())
-    torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MAX)
-    ours_s, bare_s = rounds[0].tolist(), rounds[1].tolist()
-    ours_median, bare_median = statistics.median(ours_s), statistics.median(bare_s)
+    measured = torch.tensor([times[key][warmup:] for key in ("ours", "bare", "in_memory")],
+                            dtype=torch.float64, device=compute_device())
+    torch.distributed.all_reduce(measured, op=torch.distributed.ReduceOp.MAX)
+    ours_s, bare_s, in_memory_s = (row.tolist() for row in measured)
+    medians = [statistics.median(row) for row in (ours_s, bare_s, in_memory_s)]
     return {
-        "ours_s": ours_median,
-        "bare_s": bare_median,
-        "ratio": ours_median / bare_median,
+        "ours_s": medians[0],
+        "bare_s": medians[1],
+        "bare_in_memory_s": medians[2],
+        "ratio": medians[0] / medians[1],
+        "ratio_in_memory": medians[0] / medians[2],
         **pair_ratios(ours_s, bare_s),
+        **pair_ratios(ours_s, in_memory_s, prefix="in_memory_ratio"),
         "steps": steps,
         "warmup": warmup,
     }
