@@ -14,7 +14,7 @@ overrides (`parallel.*`, `cluster.gpus_per_node`).
 from __future__ import annotations
 
 from recipes.config.schema import ModelConfig, ParallelConfig, RunConfig
-from recipes.nemotron_h import nemotron3_moe, nemotron_h_model
+from recipes.nemotron.nemotron_h import nemotron3_moe, nemotron_h_model
 from recipes.tiny import tiny_base
 
 

@@ -6,8 +6,9 @@ import difflib
 from collections.abc import Callable
 
 from plugins.protocol.errors import ConfigError
-from recipes import hf_tiny, llama3, llama31, mixtral, nemotron, nemotron_h, nemotron_super, tiny
+from recipes import hf_tiny, llama3, llama31, mixtral, tiny
 from recipes.config.schema import RunConfig
+from recipes.nemotron import nemotron3_super, nemotron4, nemotron_h
 
 
 def _by_name(*families: tuple[Callable[[], RunConfig], ...]) -> dict[str, Callable[[], RunConfig]]:
@@ -18,9 +19,9 @@ def _by_name(*families: tuple[Callable[[], RunConfig], ...]) -> dict[str, Callab
 # One explicit list: each family file ends with the tuple of its recipes (nothing registers
 # itself on import). The tiny layouts come first; their first entry is the default recipe.
 RECIPES: dict[str, Callable[[], RunConfig]] = _by_name(
-    tiny.RECIPES, llama3.RECIPES, llama31.RECIPES, nemotron.RECIPES, mixtral.RECIPES,
+    tiny.RECIPES, llama3.RECIPES, llama31.RECIPES, nemotron4.RECIPES, mixtral.RECIPES,
     nemotron_h.RECIPES, hf_tiny.RECIPES,
-    nemotron_super.RECIPES,
+    nemotron3_super.RECIPES,
 )
 
 # Short names for reference configurations A and B (docs/reference-configurations.md).

@@ -9,7 +9,7 @@ differs. Such a recipe is written as a table of settings, each a value with its 
 and `sourced_recipe` turns the function returning that table into a registry recipe (a
 `RunConfig` built from the schema's defaults and the table) that keeps the table, so
 `tests/unit/test_nemotron_sources.py` can hold every setting the recipe makes to a source and
-`recipes/nemotron_page.py` can write `docs/nemotron.md` from the recipes themselves. Shared
+`recipes/nemotron/page.py` can write `docs/nemotron.md` from the recipes themselves. Shared
 settings (a family's optimizer, the 64-GPU run's infrastructure) are tables of their own, merged
 with `|`.
 

@@ -3,8 +3,8 @@
 usage: python scripts/nemotron_table.py [out=docs/nemotron.md]
 
 The page is generated from the recipes' own tables of settings and sources (recipes/sources.py,
-recipes/nemotron.py, recipes/nemotron_h.py, recipes/nemotron_super.py); without out= it is
-printed. A unit test fails when the committed page differs from what this writes.
+the family's recipes in recipes/nemotron/); without out= it is printed. A unit test fails when
+the committed page differs from what this writes.
 """
 
 import sys

@@ -127,9 +127,10 @@ class Fp8Config(PluginConfig):
         hybrid (`_hybrid`), FP8 as NVIDIA pretrained Nemotron-H 47B/56B (tensorwise, 2 + 2
         BF16 end layers, FP8 parameters) and Nano v2 12B (blockwise E4M3, 2 + 2 BF16 end
         layers, FP8 parameters), and on a tiny Super-shaped hybrid (`_super`: latent MoE, MTP)
-        NVFP4 as Nemotron 3 Super (the last layers in BF16): the `recipes/nemotron_h.py` and
-        `recipes/nemotron_super.py` presets, which a unit test holds equal to these. NVFP4
-        needs Blackwell: elsewhere the run is refused before launch in one line."""
+        NVFP4 as Nemotron 3 Super (the last layers in BF16): the presets of
+        `recipes/nemotron/nemotron_h.py` and `recipes/nemotron/nemotron3_super.py`, which a unit
+        test holds equal to these. NVFP4 needs Blackwell: elsewhere the run is refused before
+        launch in one line."""
         current = ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise"]
         ends = ["plugins.fp8.first_layers_bf16=2", "plugins.fp8.last_layers_bf16=2",
                 "plugins.fp8.param_gather=true", "optimizer.distributed=true"]

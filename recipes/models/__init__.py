@@ -10,5 +10,5 @@ parameter and FLOPs terms.
 type. The configuration machinery composes the rules (`recipes/config/validation.py`), the
 planner sums the terms (`recipes/plan/params.py`, `flops.py`). The half that builds a family
 (layer spec, model class, Hugging Face mapping, CPU kernels) is `trainer/models/<family>/`;
-its recipes are the catalogue's (`recipes/llama3.py`, `mixtral.py`, `nemotron_h.py`, ...).
+its recipes are the catalogue's (`recipes/llama3.py`, `mixtral.py`, `nemotron/nemotron_h.py`, ...).
 """

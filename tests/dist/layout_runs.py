@@ -14,8 +14,8 @@ from trainer.checkpoint.preflight import validate_paths
 # Small, machine-independent data so losses depend on numerics only, not the Python version.
 TEST_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=0",
              "train.eval_interval=0"]
-# The tiny hybrid (recipes/nemotron_h.py) as the layout and resume tests run it: sequence 64
-# (two Mamba scan chunks), global batch 4 of micro-batches of 2.
+# The tiny hybrid (recipes/nemotron/nemotron_h.py) as the layout and resume tests run it:
+# sequence 64 (two Mamba scan chunks), global batch 4 of micro-batches of 2.
 HYBRID_SIZE = ["model.seq_length=64", "train.global_batch_size=4"]
 
 

@@ -93,8 +93,8 @@ def test_layout_matches_single_rank(launch_ranks, reference, tmp_path, recipe, r
     assert result["grad_norms"] == pytest.approx(expected["grad_norms"], rel=1e-3)
 
 
-# The hybrid model (recipes/nemotron_h.py: M*-ME-, Mamba2, attention, MLP and MoE routed the
-# Nemotron 3 way): the Mamba mixer draws its conv, dt and A weights per TP rank
+# The hybrid model (recipes/nemotron/nemotron_h.py: M*-ME-, Mamba2, attention, MLP and MoE routed
+# the Nemotron 3 way): the Mamba mixer draws its conv, dt and A weights per TP rank
 # (`ssm/mamba_mixer.py:318-380`), so here too every layout loads one reference, which the
 # single-rank run saves before it trains.
 HYBRID_REFERENCE = "hybrid_tiny_dp1"
@@ -147,9 +147,9 @@ def test_hybrid_layout_matches_single_rank(launch_ranks, hybrid_reference, tmp_p
     assert result["grad_norms"] == pytest.approx(expected["grad_norms"], rel=1e-3)
 
 
-# The tiny Super-shaped hybrid (recipes/nemotron_super.py: MEM*EME/*E/*E): latent MoE, and two
-# MTP depths sharing one attention + latent-MoE layer on the last stage; each layout's LM loss,
-# grad norm and each MTP depth's loss (logged apart) equal one rank's from one reference.
+# The tiny Super-shaped hybrid (recipes/nemotron/nemotron3_super.py: MEM*EME/*E/*E): latent MoE,
+# and two MTP depths sharing one attention + latent-MoE layer on the last stage; each layout's LM
+# loss, grad norm and each MTP depth's loss (logged apart) equal one rank's from one reference.
 SUPER_REFERENCE = "super_tiny_dp1"
 SUPER_LAYOUTS = [
     ("super_tiny_tp2_sp", 2, []),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.nemotron_page import nemotron_page
+from recipes.nemotron.page import nemotron_page
 from recipes.registry import RECIPES
 from recipes.sources import (
     KINDS,
@@ -104,7 +104,7 @@ def test_the_gpu_check_trains_supers_nvfp4_preset() -> None:
     """Nemotron 3 Super's NVFP4 preset (its recipe names it; 80-GB H100s cannot run it) is the
     GPU check's `_super` NVFP4 run, the BF16 end layers scaled to the check's 7-layer model."""
     from plugins.fp8.config import Fp8Config
-    from recipes.nemotron_super import SUPER_NVFP4
+    from recipes.nemotron.nemotron3_super import SUPER_NVFP4
 
     checked = dict(o.split("=", 1) for o in Fp8Config().gpu_checks()["nemotron_super_nvfp4_super"])
     preset = dict(o.split("=", 1) for o in SUPER_NVFP4)

@@ -7,10 +7,11 @@ import re
 import pytest
 
 from plugins.protocol.errors import ConfigError
-from recipes import llama3, mixtral, nemotron
+from recipes import llama3, mixtral
 from recipes.config.io import load_config, save_config
 from recipes.config.schema import ModelConfig, RunConfig
 from recipes.config.validation import validate
+from recipes.nemotron import nemotron4
 from recipes.registry import (
     ALIASES,
     DEFAULT_RECIPE,
@@ -191,7 +192,7 @@ def approx_parameters(model: ModelConfig) -> int:
     [
         (llama3.llama3_8b_model, 8.03e9),
         (llama3.llama3_70b_model, 70.55e9),
-        (nemotron.nemotron4_15b_model, 15.6e9),
+        (nemotron4.nemotron4_15b_model, 15.6e9),
         (mixtral.mixtral_8x7b_model, 46.7e9),
     ],
 )

@@ -573,7 +573,7 @@ GPU_CHECK_PRECISION = Command(
 
 def run_nemotron_table(args: Arguments) -> int:
     """docs/nemotron.md from the recipes' source tables: printed, or written to `out`."""
-    from recipes.nemotron_page import nemotron_page
+    from recipes.nemotron.page import nemotron_page
 
     page = nemotron_page()
     if args["out"] is None:

@@ -51,7 +51,7 @@ HYBRID = ["model.hybrid_layer_pattern=M-M*M-M-", "model.position_embedding=none"
           "model.add_bias_linear=false", "model.share_embeddings_and_output_weights=false"]
 # A Nemotron 3 Super-shaped hybrid (`_super` runs): NVIDIA's tiny Super pattern with two MTP
 # depths sharing one attention + MoE layer, 8 experts routed the Nemotron 3 way in a latent
-# width of 256 (recipes/nemotron_super.py at the check's sizes).
+# width of 256 (recipes/nemotron/nemotron3_super.py at the check's sizes).
 SUPER = [*HYBRID, "model.num_layers=7", "model.hybrid_layer_pattern=MEM*EME/*E/*E",
          "model.num_moe_experts=8", "model.moe_router_topk=2", "model.moe_ffn_hidden_size=1024",
          "model.moe_shared_expert_ffn_hidden_size=2048", "model.moe_latent_size=256",

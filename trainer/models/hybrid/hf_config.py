@@ -77,7 +77,7 @@ FIELDS = {
           "moe_router_expert_bias": "gate.e_score_correction_bias"},
 }
 FIELD_NAMES = {ours: theirs for kind in FIELDS.values() for ours, theirs in kind.items()}
-# What the NemotronH recipes fix and the mapping relies on (`recipes/nemotron_h.py`).
+# What the NemotronH recipes fix and the mapping relies on (`recipes/nemotron/nemotron_h.py`).
 SHAPE = {"activation": "squared_relu", "normalization": "RMSNorm", "position_embedding": "none",
          "add_bias_linear": False, "layernorm_zero_centered_gamma": False}
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from recipes.base_64gpu import RUN_64GPU
 from recipes.config.phases import PhaseConfig
 from recipes.config.schema import ParallelConfig, RunConfig
-from recipes.nemotron_citations import (
+from recipes.nemotron.citations import (
     BRIDGE_OPTIMIZER,
     S3_BRIDGE,
     S3_CONFIG,
@@ -29,7 +29,7 @@ from recipes.nemotron_citations import (
     SUPER_PHASE1,
     SUPER_PHASE2,
 )
-from recipes.nemotron_h import hybrid_tiny_base
+from recipes.nemotron.nemotron_h import hybrid_tiny_base
 from recipes.sources import Settings, differs, ours, published, sourced_recipe, unpublished
 
 # Nemotron 3 Super's 88 layers (40 Mamba-2, 40 latent MoE, 8 attention), from its config.json,

@@ -15,7 +15,7 @@ from recipes.base_64gpu import RUN_64GPU
 from recipes.config.phases import PhaseConfig
 from recipes.config.rampup import ramp_schedule, ramp_steps, samples_after
 from recipes.config.schema import ModelConfig
-from recipes.nemotron_citations import (
+from recipes.nemotron.citations import (
     BRIDGE_COMMON,
     BRIDGE_OPTIMIZER,
     BRIDGE_WEIGHT_DECAY,

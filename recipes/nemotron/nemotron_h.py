@@ -21,7 +21,7 @@ from recipes.base_64gpu import RUN_64GPU
 from recipes.config.phases import PhaseConfig
 from recipes.config.schema import ModelConfig, ParallelConfig, RunConfig
 from recipes.models.hybrid.pattern import layer_symbols
-from recipes.nemotron_citations import (
+from recipes.nemotron.citations import (
     BRIDGE_COMMON,
     BRIDGE_OPTIMIZER,
     BRIDGE_WEIGHT_DECAY,
