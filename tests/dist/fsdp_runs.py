@@ -62,3 +62,41 @@ def swiglu_optimizer_state(payload: dict) -> dict:
                 found[name] = f"AttributeError: {error}"
     _finish()
     return found
+
+
+def _an_unfinished_gather_is_seen(check) -> bool:
+    """The check's self-test: rank 1 joins an all-gather late, so rank 0's half cannot finish
+    before rank 0 asks whether its output is in use (it is; nothing is freed)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if rank == 1:
+        time.sleep(1.0)
+    output = torch.zeros(2 * 64)
+    with check.module._coalescing_manager(None, async_ops=True) as started:
+        dist.all_gather_into_tensor(output, torch.full((64,), float(rank)))
+    seen = bool(check.in_use(output))
+    started.wait()
+    return seen
+
+
+def bucket_frees(payload: dict) -> dict:
+    """`payload['steps']` steps of a Megatron FSDP run under `BucketFreeCheck`: how many buckets
+    were freed, how many of those frees came with a parameter all-gather still unfinished, and
+    each free of a storage such an all-gather used; then the check's self-test."""
+    from megatron.core.distributed.fsdp.src.megatron_fsdp import param_and_grad_buffer
+
+    from tests.dist.bucket_free_check import BucketFreeCheck
+    from trainer.step import train_step
+
+    session = _session(payload)
+    with BucketFreeCheck(param_and_grad_buffer) as check:
+        for _ in range(payload["steps"]):
+            train_step(session)
+        figures = check.figures()
+        figures["self_test_seen"] = _an_unfinished_gather_is_seen(check)
+    _finish()
+    return figures
