@@ -51,6 +51,26 @@ def test_a_ranks_microbatch_indices_are_the_samples_of_its_microbatches():
     assert np.array_equal(np.concatenate(indices), second.global_batch_indices(3)[half:])
 
 
+def test_the_bare_benchmark_step_reads_each_microbatch_once_for_all_model_chunks():
+    from trainer.tools.benchmarks.step import ReadOnDemand
+
+    cfg, samples = _synthetic("tiny_dp1")
+    reads = []
+
+    class Counted:
+        def microbatch(self, indices):
+            reads.append(indices.tolist())
+            return samples.microbatch(indices)
+
+    indices = GlobalBatches(samples, cfg, 0).microbatch_indices(0)
+    batches = ReadOnDemand(Counted(), indices)
+    first, second = iter(batches), iter(batches)  # two interleaved model chunks
+    assert torch.equal(next(first)["tokens"], next(second)["tokens"])
+    assert reads == [indices[0].tolist()]  # read when first asked for, once
+    assert len(list(first)) == len(indices) - 1 and len(list(second)) == len(indices) - 1
+    assert reads == [chunk.tolist() for chunk in indices]
+
+
 def test_labels_are_inputs_shifted_by_one_and_eod_inputs_carry_no_loss():
     cfg, samples = _synthetic("tiny_dp1")
     batches = GlobalBatches(samples, cfg, 0)

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator
-from functools import partial
+from collections.abc import Iterable, Iterator
 
 import torch
 from megatron.core import parallel_state
@@ -55,21 +54,29 @@ def _bare_forward_step(data_iterator, model):
     return output, lambda out: _bare_loss(batch["loss_mask"], out)
 
 
-def read_lazily(source, microbatch_indices: list) -> Iterator:
-    """The micro-batches of a step, each read from the dataset when the schedule asks for it."""
-    return (source.microbatch(indices) for indices in microbatch_indices)
+class ReadOnDemand:
+    """A step's micro-batches, each read from the dataset when the schedule first asks for it;
+    the interleaved schedule's model chunks, each iterating on its own, share one read."""
+
+    def __init__(self, source, microbatch_indices: list) -> None:
+        self.source, self.indices, self.read = source, microbatch_indices, {}
+
+    def __iter__(self) -> Iterator:
+        for number, indices in enumerate(self.indices):
+            if number not in self.read:
+                self.read[number] = self.source.microbatch(indices)
+            yield self.read[number]
 
 
-def bare_step(session, microbatches: Callable[[], Iterable]) -> float:
-    """One step of a minimal Megatron Core loop over `microbatches()`; returns its wall time."""
+def bare_step(session, microbatches: Iterable) -> float:
+    """One step of a minimal Megatron Core loop over `microbatches`; returns its wall time."""
     cfg, model = session.cfg, session.model
     start = time.perf_counter()
     for chunk in model:
         chunk.zero_grad_buffer()
     session.optimizer.zero_grad()
     # The interleaved schedule pulls each model chunk's micro-batches from its own iterator.
-    iterators = (iter(microbatches()) if len(model) == 1
-                 else [iter(microbatches()) for _ in model])
+    iterators = iter(microbatches) if len(model) == 1 else [iter(microbatches) for _ in model]
     reports = get_forward_backward_func()(
         forward_step_func=_bare_forward_step,
         data_iterator=iterators,
@@ -137,10 +144,9 @@ def compare_step_times(session, steps: int, warmup: int) -> dict:
         torch.distributed.barrier()
         times["ours"].append(loop_step())
         torch.distributed.barrier()
-        times["bare"].append(
-            bare_step(session, partial(read_lazily, stream.source, indices[step])))
+        times["bare"].append(bare_step(session, ReadOnDemand(stream.source, indices[step])))
         torch.distributed.barrier()
-        times["in_memory"].append(bare_step(session, lambda: in_memory))
+        times["in_memory"].append(bare_step(session, in_memory))
     loop_step.close()
     # Ranks finish at slightly different times; the slowest rank sets each step's time.
     measured = torch.tensor([times[key][warmup:] for key in ("ours", "bare", "in_memory")],
