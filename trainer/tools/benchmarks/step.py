@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from megatron.core import parallel_state
@@ -59,17 +59,21 @@ class ReadOnDemand:
     the interleaved schedule's model chunks, each iterating on its own, share one read."""
 
     def __init__(self, source, microbatch_indices: list) -> None:
-        self.source, self.indices, self.read = source, microbatch_indices, {}
+        self.source, self.indices, self.read = source, microbatch_indices, []
+
+    def __len__(self) -> int:
+        return len(self.indices)
 
     def __iter__(self) -> Iterator:
         for number, indices in enumerate(self.indices):
-            if number not in self.read:
-                self.read[number] = self.source.microbatch(indices)
+            if number == len(self.read):
+                self.read.append(self.source.microbatch(indices))
             yield self.read[number]
 
 
-def bare_step(session, microbatches: Iterable) -> float:
-    """One step of a minimal Megatron Core loop over `microbatches`; returns its wall time."""
+def bare_step(session, microbatches: Sequence) -> float:
+    """One step of a minimal Megatron Core loop over `microbatches` (host batches, moved to the
+    compute device by the forward step, as Megatron-LM's `get_batch` does); its wall time."""
     cfg, model = session.cfg, session.model
     start = time.perf_counter()
     for chunk in model:
@@ -81,7 +85,7 @@ def bare_step(session, microbatches: Iterable) -> float:
         forward_step_func=_bare_forward_step,
         data_iterator=iterators,
         model=model if len(model) > 1 else model[0],
-        num_microbatches=cfg.layout.microbatches,
+        num_microbatches=len(microbatches),
         seq_length=cfg.model.seq_length,
         micro_batch_size=cfg.train.micro_batch_size,
         forward_only=False,
@@ -135,7 +139,7 @@ def compare_step_times(session, steps: int, warmup: int) -> dict:
     ranks). The bare step reads global batches 0, 1, 2, ... of the first phase's stream: other
     samples than ours, the same number and sizes."""
     stream = session.train_batches.stream_at(0)
-    in_memory = [to_compute_device(mb) for mb in stream.microbatches(0)]
+    in_memory = stream.microbatches(0)
     rounds = warmup + steps
     indices = [stream.microbatch_indices(step) for step in range(rounds)]
     times: dict[str, list[float]] = {"ours": [], "bare": [], "in_memory": []}
