@@ -46,6 +46,7 @@ import yaml
 
 from plugins.protocol.errors import ConfigError
 from recipes.config import dataset_files
+from recipes.config.yaml_file import read_yaml
 
 MANIFEST_SPLIT = "#"  # <manifest>.json#<split>: a manifest's shards of a split, as one dataset
 
@@ -123,11 +124,7 @@ def _read_yaml(path: str) -> dict[str, Any]:
     if not file.is_file():
         raise ConfigError(f"data.blend={path} does not exist; name a blend file, e.g. "
                           "data.blend=conf/data/python_stdlib.yaml")
-    try:
-        loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except yaml.YAMLError:
-        raise _fail(path, "is not valid YAML; fix it (see conf/data/ for examples)") from None
-    loaded = _megatron_form(path, loaded)
+    loaded = _megatron_form(path, read_yaml(file, f"data.blend={path}"))
     if not isinstance(loaded, dict) or "train" not in loaded:
         raise _fail(path, "needs a 'train' list of {prefix|manifest, weight} entries")
     return loaded

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from plugins.protocol.errors import ConfigError
+from recipes.config.yaml_file import read_yaml
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 # Peaks a cluster file gives only where its GPUs have them: FP4 GEMMs exist on Blackwell only.
@@ -119,12 +119,19 @@ def _site_settings(path: str, data: dict) -> dict:
     return {"container_mounts": tuple(mounts)} if "container_mounts" in data else {}
 
 
+# Shares of a peak: a fraction of it, never more than all of it.
+_FRACTIONS = ("gemm_peak_fraction",)
+
+
 def _check_number(path: str, key: str, value: Any) -> None:
     integral = key in ("nodes", "gpus_per_node", "cpus_per_task", "host_cores")
     ok = isinstance(value, int) if integral else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or value <= 0:
-        kind = "a positive whole number" if integral else "a positive number"
+    if isinstance(value, bool) or not ok or not math.isfinite(value) or value <= 0:
+        kind = "a positive whole number" if integral else "a positive finite number"
         raise ConfigError(f"{path}: {key}={value!r} must be {kind}")
+    if key in _FRACTIONS and value > 1:
+        raise ConfigError(f"{path}: {key}={value!r} is a share of the peak, at most 1 "
+                          "(e.g. 0.7); measure it with plan.py calibrate=true on a node")
 
 
 def _check_keys(path: str, data: dict) -> None:
@@ -169,13 +176,12 @@ def load_cluster(path: str | Path) -> ClusterSpec:
         found = sorted(p.name for p in CLUSTER_DIR.glob("*.yaml"))
         raise ConfigError(f"cluster={path} does not exist; use one of conf/cluster/"
                           f"{{{','.join(found)}}}" if found else f"cluster={path} does not exist")
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML ({str(error).splitlines()[0]})") from None
+    data = read_yaml(file, f"cluster={path}")
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping of keys to values (see conf/cluster/)")
     _check_keys(str(path), data)
+    if not isinstance(data["name"], (str, int)) or not str(data["name"]).strip():
+        raise ConfigError(f"{path}: name={data['name']!r} must be text, e.g. name: my_cluster")
     not_numbers = ("device", "exclusive", *SITE_TEXT, "container_mounts")
     for key in (*_NUMBERS, *(k for k in OPTIONAL if k not in not_numbers)):
         if key in data:

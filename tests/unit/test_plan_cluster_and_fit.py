@@ -33,6 +33,13 @@ def test_the_reference_8x8_cluster():
     (("gpu_memory_gb: 80", "gpu_memory_gb: -80"), "gpu_memory_gb=-80 must be a positive"),
     (("attention: flash", "attention: fast"), "attention='fast' must be flash or explicit"),
     (("  fp8: 1979\n", ""), "peak_tflops must give TFLOP/s for each of"),
+    (("gpu_memory_gb: 80", "gpu_memory_gb: .nan"), "gpu_memory_gb=nan must be a positive finite"),
+    (("gpu_memory_gb: 80", "gpu_memory_gb: .inf"), "gpu_memory_gb=inf must be a positive finite"),
+    (("gpu_memory_gb: 80", "gpu_memory_gb: 80\ngpu_memory_gb: 40"),
+     "key 'gpu_memory_gb' is given twice (line"),
+    (("gpu_memory_gb: 80", "gpu_memory_gb: 80\ngemm_peak_fraction: 5"),
+     "gemm_peak_fraction=5 is a share of the peak, at most 1"),
+    (("name: h100_80gb_8x8", "name: ''"), "name='' must be text"),
 ])
 def test_bad_cluster_files_are_one_line(tmp_path: Path, edit, message):
     text = (CLUSTER_DIR / "h100_80gb_8x8.yaml").read_text().replace(*edit)
@@ -213,3 +220,21 @@ def test_the_longest_fitting_sequence_is_one_the_layout_can_split():
     longest = _longest_in(line)
     assert longest % 8 == 0
     assert _fits_at(cfg, cluster, longest) and not _fits_at(cfg, cluster, longest + 8)
+
+
+def test_numbers_and_times_read_as_written(tmp_path: Path):
+    """`1e30` is a number (PyYAML alone reads it as text) and an unquoted `4:00:00` a time
+    limit (PyYAML alone: 14,400, base 60)."""
+    text = (CLUSTER_DIR / "h100_80gb_8x8.yaml").read_text().replace(
+        "gpu_memory_gb: 80", "gpu_memory_gb: 8e1\ntime: 4:00:00")
+    good = tmp_path / "good.yaml"
+    good.write_text(text)
+    spec = load_cluster(good)
+    assert (spec.gpu_memory_gb, spec.time) == (80.0, "4:00:00")
+
+
+def test_a_cluster_file_that_is_not_utf8_is_one_line(tmp_path: Path):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes((CLUSTER_DIR / "h100_80gb_8x8.yaml").read_bytes() + b"account: caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"latin1.yaml is not UTF-8 text \(byte \d+\); save it"):
+        load_cluster(bad)
