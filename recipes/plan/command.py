@@ -114,6 +114,13 @@ def search_option_problem(options: dict[str, Any]) -> str | None:
                 "search=true")
     if options.get("confirm_pick") == "spread" and not options.get("confirm"):
         return "confirm_pick=spread picks the layouts confirm=K runs; add confirm=K, e.g. confirm=6"
+    if options.get("calibrate") and (options.get("search") or options.get("verify")):
+        other = "search=true" if options.get("search") else "verify=true"
+        return (f"calibrate=true only measures this machine and writes the cluster file; run "
+                f"{other} in a second command, after it")
+    if options.get("search") and options.get("verify"):
+        return ("verify=true builds the shards of the one layout planned, not of a search's; "
+                "drop search=true, or verify the layout it picks in a second command")
     return None
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from plugins.protocol.errors import ConfigError
 from recipes.plan.cluster import load_cluster
 from trainer.tools.calibrate import fit_collectives, host_cores_figure, update_cluster_file
 
@@ -95,5 +96,29 @@ def test_calibrate_writes_the_layers_kernel_cost_for_cpu_files(tmp_path, monkeyp
     gpu = tmp_path / "h200.yaml"
     shutil.copy(REPO / "conf/cluster/h200_1x8.yaml", gpu)
     monkeypatch.setattr(calibrate, "measure_gemms", lambda *a, **k: [(1024, 400.0), (8192, 700.0)])
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # as on one of its nodes
     calibrate.calibrate_cluster_file(load_cluster(str(gpu)), "bf16", str(gpu), cfg)
     assert load_cluster(str(gpu)).kernel_overhead_us == pytest.approx(12)  # GPUs: the product
+
+
+def test_a_gpu_file_is_not_calibrated_on_a_machine_without_gpus(tmp_path, monkeypatch):
+    import trainer.tools.calibrate as calibrate
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr(calibrate, "measure_gemms", lambda *a, **k: pytest.fail("measured"))
+    gpu = tmp_path / "h100.yaml"
+    shutil.copy(REPO / "conf/cluster/h100_80gb_8x8.yaml", gpu)
+    before = gpu.read_text()
+    with pytest.raises(ConfigError, match="describes GPU nodes and this machine has no GPU"):
+        calibrate.calibrate_cluster_file(load_cluster(str(gpu)), "bf16", str(gpu))
+    assert gpu.read_text() == before
+
+
+def test_a_figure_the_loader_refuses_leaves_the_file_as_it_was(tmp_path):
+    path = tmp_path / "cpu.yaml"
+    shutil.copy(REPO / "conf/cluster/cpu_local.yaml", path)
+    before = path.read_text()
+    with pytest.raises(ConfigError, match=r"left as it was \(gemm_peak_fraction=0 must be"):
+        update_cluster_file(str(path), {"gemm_peak_fraction": 0.0, "gemm_half_dim": 41.0})
+    assert path.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu.yaml"]  # no draft left

@@ -153,3 +153,17 @@ def test_confirm_options_without_what_they_need_are_refused(options, expected) -
 
     assert search_option_problem(options) == expected
     assert search_option_problem({**options, "search": True, "confirm": 3}) is None
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ({"calibrate": True, "search": True}, "calibrate=true only measures this machine and writes "
+     "the cluster file; run search=true in a second command, after it"),
+    ({"calibrate": True, "verify": True}, "calibrate=true only measures this machine and writes "
+     "the cluster file; run verify=true in a second command, after it"),
+    ({"search": True, "verify": True}, "verify=true builds the shards of the one layout planned, "
+     "not of a search's; drop search=true, or verify the layout it picks in a second command"),
+])
+def test_options_one_command_would_silently_skip_are_refused(options, expected) -> None:
+    from recipes.plan.command import search_option_problem
+
+    assert search_option_problem(options) == expected

@@ -168,8 +168,14 @@ def fit_collectives(points: list[tuple[int, float]], ranks: int) -> tuple[float,
 
 def update_cluster_file(path: str, figures: dict[str, float]) -> None:
     """Set each `key: value` of the cluster file to the measured figure, keeping the line's
-    comment and every other line; keys the file lacks are appended."""
+    comment and every other line; keys the file lacks are appended. The new text is read back
+    by the loader first and replaces the file only if the loader takes it (in one rename), so a
+    figure the planner would refuse is one line and the file stays as it was."""
+    import os
     from pathlib import Path
+
+    from plugins.protocol.errors import ConfigError
+    from recipes.plan.cluster import load_cluster
 
     file = Path(path)
     lines = file.read_text(encoding="utf-8").splitlines()
@@ -182,11 +188,32 @@ def update_cluster_file(path: str, figures: dict[str, float]) -> None:
             lines[i] = f"{text}  {comment}" if comment else text
     lines += [f"{key}: {_figure(value)}  # measured by plan.py calibrate=true"
               for key, value in left.items()]
-    file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    draft = file.with_name(f".{file.name}.calibrated")
+    draft.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    try:
+        load_cluster(draft)
+    except ConfigError as error:
+        draft.unlink()
+        raise ConfigError(f"calibrate=true measured a figure {path} cannot hold; the file is left "
+                          f"as it was ({str(error).split(': ', 1)[-1]})") from None
+    os.replace(draft, file)
 
 
 def _figure(value: float) -> str:
     return f"{value:.4g}"
+
+
+def refuse_gpu_file_without_gpu(cluster: Any, path: str) -> None:
+    """A GPU cluster file is calibrated on one of its GPU nodes: this machine's CPU figures
+    written into it would price every later plan of those GPUs by a CPU."""
+    import torch
+
+    from plugins.protocol.errors import ConfigError
+
+    if cluster.device == "gpu" and not torch.cuda.is_available():
+        raise ConfigError(f"cluster={path} describes GPU nodes and this machine has no GPU; "
+                          "run calibrate=true on one of its nodes, or calibrate a file with "
+                          "device: cpu")
 
 
 def calibrate_cluster_file(cluster: Any, dtype: str, path: str, cfg: Any = None) -> list[str]:
@@ -195,6 +222,7 @@ def calibrate_cluster_file(cluster: Any, dtype: str, path: str, cfg: Any = None)
     threads each: GEMMs are timed on as many, and the cores they share are written as
     `host_cores`; the recipe's layers give the kernel cost."""
     on_cpu = cluster.device == "cpu"
+    refuse_gpu_file_without_gpu(cluster, path)
     threads = cfg.cluster.threads_per_rank if cfg is not None and on_cpu else None
     points = measure_gemms(dtype, threads=threads)
     fraction, half = fit_gemm_model(points, cluster.peak_tflops[dtype])
@@ -204,7 +232,7 @@ def calibrate_cluster_file(cluster: Any, dtype: str, path: str, cfg: Any = None)
     bare = kernel
     if on_cpu and cfg is not None:
         kernel = layer_kernel_figure(cfg, cluster.peak_tflops[dtype], fraction, half)
-    figures = {"gemm_peak_fraction": round(fraction, 3), "gemm_half_dim": round(half, 1),
+    figures = {"gemm_peak_fraction": fraction, "gemm_half_dim": half,
                "intra_node_gb_per_s": bandwidth / 1e9,
                "collective_latency_us": latency * 1e6, "kernel_overhead_us": kernel * 1e6,
                **host_cores_figure(cluster.device)}
