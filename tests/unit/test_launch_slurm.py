@@ -204,6 +204,9 @@ def test_the_local_executor_puts_our_agent_first_on_path():
     (["recipe=tiny_dp2", f"cluster={H100}", "rdzv_port=x"],
      "rdzv_port expects an integer or null, got 'x'"),
     (["recipe=tiny_dp2", "cluster=nope.yaml"], "cluster=nope.yaml does not exist"),
+    (["recipe=llama3_70b_tp4_pp4_cp2_vpp5_dp2", SYNTHETIC, f"cluster={H100}",
+      "parallel.pipeline=1", "parallel.virtual_pipeline=null"],
+     "the layout needs 142.14 GB on a rank of pipeline stage 0 but a GPU has 80.00 GB"),
 ])
 def test_launch_refusals_are_one_line(argv, message):
     with pytest.raises(ConfigError) as error:

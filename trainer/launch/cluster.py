@@ -183,6 +183,25 @@ def placement_problems(cfg: Any, cluster: Any, args: LaunchArgs) -> list[str]:
     return problems
 
 
+def fit_problems(cfg: Any, cluster: Any) -> list[str]:
+    """A layout that cannot fit the cluster file's GPUs (or a save its nodes' CPU memory) is
+    said here, as `pretrain.py` would say it on the first step of the job, so an allocation is
+    never spent on it. CPU nodes are judged by the job itself, against the memory it finds."""
+    from recipes.config.schema import uses_transformer_engine
+    from recipes.plan.cluster import recipe_cluster
+    from recipes.plan.fit import check_fits
+
+    if cluster.device == "cpu":
+        return []
+    explicit = not uses_transformer_engine(cfg.model.transformer_impl, True)
+    try:
+        check_fits(cfg, recipe_cluster(cfg, network_of=cluster),
+                   attention="explicit" if explicit else None)
+    except ConfigError as error:
+        return error_lines(error)
+    return []
+
+
 def launch_path_rules(absent: Sequence[Any]) -> tuple:
     """The path rules a launch runs here: all of them, but those about a path a dry run could
     not see (`job_paths.cluster_only`), which the job's first step runs on the cluster."""
@@ -230,6 +249,7 @@ def plan_launch(args: LaunchArgs) -> LaunchPlan:
             cfg = None
     if cfg is not None and cluster is not None:
         problems += placement_problems(cfg, cluster, args)
+        problems += fit_problems(cfg, cluster) if not problems else []
         absent = cluster_only(cfg) if args.dry_run else []
         problems += _quietly(lambda: path_problems(cfg, launch_path_rules(absent)), problems)
     error = config_error(problems)
