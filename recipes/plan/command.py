@@ -152,8 +152,13 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
     else:
         cfg = resolve_config(rest)
     cluster = load_cluster(cluster_file) if cluster_file else recipe_cluster(cfg)
+    given = list(rest)  # the user's command line, which the search's pretrain command keeps
     if cluster_file:
-        cfg = apply_cluster(cfg, cluster)
+        placed = apply_cluster(cfg, cluster)
+        if placed.cluster.gpus_per_node != cfg.cluster.gpus_per_node:
+            given += [f"cluster.nodes={placed.cluster.nodes}",
+                      f"cluster.gpus_per_node={placed.cluster.gpus_per_node}"]
+        cfg = placed
     if options.get("calibrate"):
         if calibrate is None or not cluster_file:
             raise ConfigError("calibrate=true measures this machine against a cluster file's "
@@ -161,7 +166,8 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
         print("\n".join(calibrate(cluster, cfg.precision.dtype, cluster_file, cfg)))
         return 0
     if options.get("search"):
-        return run_search(cfg, cluster, options, as_json=as_json, confirm=confirm)
+        return run_search(cfg, cluster, options, as_json=as_json, confirm=confirm,
+                          given=given)
     plan = make_plan(cfg, cluster, plan_options(options))
     verify = bool(options.get("verify"))
     if as_json:
@@ -199,7 +205,7 @@ def no_fit_error(cfg: Any, cluster: Any) -> ConfigError:
 
 
 def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool,
-               confirm: Confirmer | None = None, calibrate: Calibrator | None = None) -> int:
+               confirm: Confirmer | None = None, given: Sequence[str] = ()) -> int:
     """`search=true`: every accepted layout that fits, ranked by modeled step time; with
     `confirm=K` the top K (or K spread over the ranking) are run for a few steps each and
     re-ranked by measured time."""
@@ -212,10 +218,10 @@ def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool
         raise no_fit_error(cfg, cluster)
     own = own_layout_line(cfg, cluster, result)
     if as_json:
-        json.dump({**json_search(cfg, cluster, result), "own_layout": own}, sys.stdout)
+        json.dump({**json_search(cfg, cluster, result, given), "own_layout": own}, sys.stdout)
         print()
     else:
-        print(text_search(cfg, cluster, result))
+        print(text_search(cfg, cluster, result, given))
         print(own)
     if options.get("confirm"):
         if confirm is None:

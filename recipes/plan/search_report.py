@@ -6,6 +6,7 @@ for the GPU, or refused by a validation rule), then the command that trains the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from recipes.plan.search import NEAR_MISS, Evaluated, SearchResult
@@ -77,7 +78,23 @@ def _head(cfg: Any, cluster: Any, r: SearchResult) -> list[str]:
             "communication; bubble):"]
 
 
-def text_search(cfg: Any, cluster: Any, r: SearchResult) -> str:
+def train_command(cfg: Any, given: Sequence[str], best: Evaluated) -> str:
+    """The pretrain command of the best layout: the user's own command line (recipe or saved
+    config, and every override) with the layout's settings in place of any it gave."""
+    layout = best.candidate.overrides()
+    replaced = {arg.split("=", 1)[0] for arg in layout}
+    kept: dict[str, str] = {}
+    for arg in given:  # the last value of a key wins, as on the command line
+        key = arg.split("=", 1)[0]
+        if key not in replaced:
+            kept.pop(key, None)
+            kept[key] = arg
+    if "recipe" not in kept and "config" not in kept:
+        kept = {"recipe": f"recipe={cfg.name}", **kept}
+    return "python scripts/pretrain.py " + " ".join([*kept.values(), *layout])
+
+
+def text_search(cfg: Any, cluster: Any, r: SearchResult, given: Sequence[str] = ()) -> str:
     lines = _head(cfg, cluster, r) + cores_note(cluster, r) + offload_note(r)
     terms_shown = shown_terms(cluster)
     header = " ".join(f"{k:>7}" for k in terms_shown)
@@ -94,8 +111,7 @@ def text_search(cfg: Any, cluster: Any, r: SearchResult) -> str:
     if not r.too_big and not r.invalid:
         lines.append("  (nothing: every planned layout fits and passes validation)")
     if best:
-        lines.append("train the best: python scripts/pretrain.py recipe="
-                     f"{cfg.name} {' '.join(best.candidate.overrides())}")
+        lines.append(f"train the best: {train_command(cfg, given, best)}")
     return "\n".join(lines)
 
 
@@ -106,9 +122,12 @@ def _evaluated_json(e: Evaluated) -> dict[str, Any]:
             "breakdown": e.time.items() if e.time else None, "refused": e.invalid}
 
 
-def json_search(cfg: Any, cluster: Any, r: SearchResult) -> dict[str, Any]:
+def json_search(cfg: Any, cluster: Any, r: SearchResult,
+                given: Sequence[str] = ()) -> dict[str, Any]:
     best = r.listed[0] if r.listed else None
-    return {"recipe": cfg.name, "world_size": r.world, "gpus_per_node": r.gpus_per_node,
+    return {"recipe": cfg.name,
+            "train_command": train_command(cfg, given, best) if best else None,
+            "world_size": r.world, "gpus_per_node": r.gpus_per_node,
             "cluster": cluster.name, "layouts": r.enumerated,
             "planned": r.enumerated - r.skipped, "timed": r.timed, "skipped": r.skipped,
             "pruned_blocks": r.pruned_blocks,

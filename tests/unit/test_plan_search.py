@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from plugins.protocol.errors import ConfigError
+from recipes.config.io import save_config
 from recipes.config.layout import GROUP_KINDS, Layout
 from recipes.config.validation import validate
 from recipes.plan.build import PlanOptions, stage_plans
@@ -174,6 +175,24 @@ def test_search_prints_the_table_and_the_command(capsys) -> None:
                     as_json=True) == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data["top"]) == 3 and data["top"][0]["fits"]
+
+
+def test_the_best_layouts_command_keeps_the_users_command_line(capsys, tmp_path) -> None:
+    """What the user set (the batch, the sequence, a saved config) is in the command that trains
+    the best layout; the layout's own settings replace any the user gave."""
+    given = ["recipe=tiny_tp2_pp2", "train.global_batch_size=8", "model.seq_length=64",
+             "parallel.tensor=2", "train.global_batch_size=16"]
+    assert run_plan(given, {"cluster": str(CPU), "search": True, "top": 3}, as_json=True) == 0
+    data = json.loads(capsys.readouterr().out)
+    command = data["train_command"].split()
+    assert command[:5] == ["python", "scripts/pretrain.py", "recipe=tiny_tp2_pp2",
+                           "model.seq_length=64", "train.global_batch_size=16"]
+    assert command[5:] == data["top"][0]["overrides"]  # parallel.tensor as the layout sets it
+    saved = tmp_path / "mine.yaml"
+    save_config(dataclasses.replace(get_recipe("tiny_tp2_pp2"), name="mine"), saved)
+    assert run_plan([f"config={saved}"], {"cluster": str(CPU), "search": True, "top": 3}) == 0
+    assert f"train the best: python scripts/pretrain.py config={saved} parallel.tensor=" \
+        in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("gpn,world", [(8, 64), (8, 48), (6, 36), (4, 32)])
