@@ -204,6 +204,9 @@ def test_the_local_executor_puts_our_agent_first_on_path():
     (["recipe=tiny_dp2", f"cluster={H100}", "rdzv_port=x"],
      "rdzv_port expects an integer or null, got 'x'"),
     (["recipe=tiny_dp2", "cluster=nope.yaml"], "cluster=nope.yaml does not exist"),
+    (["recipe=tiny_dp2", f"cluster={H100}", f"job_dir={REPO}/jobs"],
+     f"job_dir={REPO}/jobs is inside this checkout ({REPO}); NeMo-Run mangles job paths in a git work "
+     "tree: use a directory outside it, e.g. job_dir=/shared/jobs"),
     (["recipe=llama3_70b_tp4_pp4_cp2_vpp5_dp2", SYNTHETIC, f"cluster={H100}",
       "parallel.pipeline=1", "parallel.virtual_pipeline=null"],
      "the layout needs 142.14 GB on a rank of pipeline stage 0 but a GPU has 80.00 GB"),

@@ -154,11 +154,22 @@ def _cluster(args: LaunchArgs, problems: list[str]) -> Any:
         return None
 
 
+def job_dir_problem(value: str | None, repo: Path = REPO) -> str | None:
+    """`job_dir` lies outside this checkout: NeMo-Run packages the code from the git work tree
+    and mangles job paths inside it (and a job's logs would land among the sources)."""
+    if value is None or not Path(value).resolve().is_relative_to(repo):
+        return None
+    return (f"job_dir={value} is inside this checkout ({repo}); NeMo-Run mangles job paths in a "
+            "git work tree: use a directory outside it, e.g. job_dir=/shared/jobs")
+
+
 def site_problems(args: LaunchArgs) -> list[str]:
-    """The launch's own site settings: a Slurm time limit, mounts of the pyxis form."""
+    """The launch's own site settings: a Slurm time limit, mounts of the pyxis form, a job
+    directory outside this checkout."""
     from recipes.plan.cluster import mount_problem, slurm_time_problem
 
-    problems = [slurm_time_problem("time", args.text.get("time"))]
+    problems = [slurm_time_problem("time", args.text.get("time")),
+                job_dir_problem(args.text.get("job_dir"))]
     problems += [mount_problem("container_mounts", mount) for mount in mounts_given(args)]
     if args.executor == "local" and args.text.get("container_image"):
         problems.append("container_image= runs a Slurm job in a container (pyxis); "
