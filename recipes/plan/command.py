@@ -260,18 +260,17 @@ def own_layout_line(cfg: Any, cluster: Any, result: Any) -> str:
     except ConfigError as error:
         return f"its own layout ({candidate.describe()}): refused here ({error})"
     rank, evaluated = place(cfg, cluster, result, candidate)
-    written, changed = candidate.describe(), ""
+    written, written_peak, changed = candidate.describe(), evaluated.peak, ""
     choices = recompute_choices(cfg)
     after = choices.index(candidate.recompute) + 1 if candidate.recompute in choices else (
         choices.index("full") if "full" in choices else len(choices))
     for more in choices[after:]:
         if rank is not None:
             break
-        peak = evaluated.peak
         candidate = dataclasses.replace(candidate, recompute=more)
         rank, evaluated = place(cfg, cluster, result, candidate)
-        changed = (f"; peak {peak / 1e9:.1f} GB of {cluster.gpu_memory_gb:g} GB as written, "
-                   f"fits with {' '.join(_recompute_overrides(more))}")
+        changed = (f"; peak {written_peak / 1e9:.1f} GB of {cluster.gpu_memory_gb:g} GB as "
+                   f"written, fits with {' '.join(_recompute_overrides(more))}")
     if rank is None:
         return (f"its own layout ({written}): does not fit even with full recompute, peak "
                 f"{evaluated.peak / 1e9:.1f} GB of {cluster.gpu_memory_gb:g} GB")

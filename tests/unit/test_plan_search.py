@@ -195,6 +195,22 @@ def test_the_best_layouts_command_keeps_the_users_command_line(capsys, tmp_path)
         in capsys.readouterr().out
 
 
+def test_own_layout_line_gives_the_peak_as_written_not_of_a_recompute_tried() -> None:
+    """The 405B as its recipe writes it does not fit 80 GB; the line names the plan's peak of
+    that layout, while the recompute that makes it fit is found two tries later."""
+    from recipes.plan.build import PlanOptions, make_plan
+    from recipes.plan.command import own_layout_line
+    from recipes.resolve import build_config
+
+    cluster = load_cluster(H100)
+    cfg = apply_cluster(build_config(["recipe=llama31_405b_tp8_pp16_dp128"]), cluster)
+    result = search(cfg, cluster, PlanOptions(listed_groups=0), top=3)
+    peak = make_plan(cfg, cluster, PlanOptions(listed_groups=0)).worst.peak
+    line = own_layout_line(cfg, cluster, result)
+    assert f"peak {peak / 1e9:.1f} GB of 80 GB as written, fits with " \
+           "train.recompute=selective train.recompute_modules=[core_attn,layernorm]" in line
+
+
 @pytest.mark.parametrize("gpn,world", [(8, 64), (8, 48), (6, 36), (4, 32)])
 def test_fast_node_crossing_equals_listing_every_group(gpn, world) -> None:
     for tp, cp, pp, ep, etp in itertools.product((1, 2, 3, 4, 8), (1, 2, 3, 4), (1, 2, 3, 4),
