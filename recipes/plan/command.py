@@ -21,6 +21,7 @@ from typing import Any
 from plugins.protocol.errors import ConfigError
 from recipes.plan.build import PlanOptions, make_plan
 from recipes.plan.cluster import apply_cluster, load_cluster, recipe_cluster
+from recipes.plan.fit import what_if_problem
 
 
 def plan_options(values: dict[str, Any]) -> PlanOptions:
@@ -165,6 +166,9 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
                               "peak; run it through scripts/plan.py with cluster=FILE")
         print("\n".join(calibrate(cluster, cfg.precision.dtype, cluster_file, cfg)))
         return 0
+    problem = what_if_problem(cfg, plan_options(options))
+    if problem:
+        raise ConfigError(problem)
     if options.get("search"):
         return run_search(cfg, cluster, options, as_json=as_json, confirm=confirm,
                           given=given)

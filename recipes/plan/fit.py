@@ -18,6 +18,7 @@ from typing import Any
 from plugins.protocol.errors import ConfigError
 from recipes.plan.build import Plan, PlanOptions, make_plan, stage_plans
 from recipes.plan.cluster import ClusterSpec, recipe_cluster
+from recipes.plan.memory import sharding_of
 
 GB = 1e9
 # Bytes a 64-bit process can address: a rank that needs more cannot run on any machine.
@@ -63,16 +64,21 @@ def _candidates(cfg: Any) -> list[tuple[str, Callable[[], Any], str | None]]:
     if not cfg.optimizer.distributed:
         found.append(("optimizer.distributed=true",
                       lambda: _set(cfg, optimizer__distributed=True), None))
+    # Each change names every field it sets, so the words applied as written train what was
+    # priced (Megatron FSDP and offload exclude each other: sharding_rules.py).
     if cfg.optimizer.fsdp != "optim_grads_params":
-        found.append(("optimizer.distributed=true optimizer.fsdp=optim_grads_params (Megatron "
-                      "FSDP, ZeRO-3)", lambda: _set(cfg, optimizer__distributed=True,
-                                                    optimizer__fsdp="optim_grads_params"),
-                      None))
+        no_offload = " optimizer.cpu_offload=false" if cfg.optimizer.cpu_offload else ""
+        found.append((f"optimizer.distributed=true optimizer.fsdp=optim_grads_params{no_offload} "
+                      "(Megatron FSDP, ZeRO-3)",
+                      lambda: _set(cfg, optimizer__distributed=True,
+                                   optimizer__fsdp="optim_grads_params",
+                                   optimizer__cpu_offload=False), None))
     if not cfg.optimizer.cpu_offload and cfg.precision.dtype != "fp32":
-        found.append(("optimizer.distributed=true optimizer.cpu_offload=true (optimizer state in "
-                      "CPU memory)", lambda: _set(cfg, optimizer__distributed=True,
-                                                  optimizer__fsdp="none",
-                                                  optimizer__cpu_offload=True), None))
+        no_fsdp = " optimizer.fsdp=none" if cfg.optimizer.fsdp != "none" else ""
+        found.append((f"optimizer.distributed=true{no_fsdp} optimizer.cpu_offload=true (optimizer "
+                      "state in CPU memory)", lambda: _set(cfg, optimizer__distributed=True,
+                                                           optimizer__fsdp="none",
+                                                           optimizer__cpu_offload=True), None))
     if t.micro_batch_size > 1:
         smaller = t.micro_batch_size // 2
         found.append((f"train.micro_batch_size={smaller}",
@@ -91,18 +97,56 @@ def _worst_peak(cfg: Any, cluster: ClusterSpec, options: PlanOptions) -> float:
     return max(s.peak for s in stage_plans(cfg, cluster, options))
 
 
+def what_if_config(cfg: Any, options: PlanOptions) -> Any:
+    """The config the planner's `sharding=` and `offload=true` ask about, written into its
+    optimizer fields (as `optimizer.distributed`, `optimizer.fsdp`, `optimizer.cpu_offload`
+    would train it): what the suggestions change, and what the sharding rules judge."""
+    sharding = sharding_of(cfg, options.sharding)
+    fields = {"optimizer__distributed": sharding != "none",
+              "optimizer__fsdp": sharding if sharding not in ("none", "dist_opt") else "none"}
+    if options.offload:
+        fields["optimizer__cpu_offload"] = True
+    return _set(cfg, **fields) if options.sharding is not None or options.offload else cfg
+
+
+def what_if_problem(cfg: Any, options: PlanOptions) -> str | None:
+    """`sharding=` with `offload=true` (or offload of fp32 weights) that Megatron would refuse to
+    train: priced, it would be a figure of no run; None when the rules take it."""
+    from recipes.config.sharding_rules import (
+        check_offload_needs_distributed_optimizer,
+        check_offload_precision,
+        check_offload_with_fsdp,
+    )
+
+    if options.sharding is None and not options.offload:
+        return None
+    asked = " ".join(([f"sharding={options.sharding}"] if options.sharding else [])
+                     + (["offload=true"] if options.offload else []))
+    changed = what_if_config(cfg, options)
+    for rule in (check_offload_needs_distributed_optimizer, check_offload_with_fsdp,
+                 check_offload_precision):
+        problem = rule(changed)
+        if problem:
+            return f"{asked} plans a run Megatron refuses: {problem}"
+    return None
+
+
 def suggestions(plan: Plan) -> list[Suggestion]:
-    """Single changes, validated and re-planned, fitting ones first, lowest peak first."""
+    """Single changes, validated and re-planned, fitting ones first, lowest peak first. The
+    planner's what-ifs are written into the config first, so a change of sharding or offload
+    is priced as the change, not overridden by them."""
     from recipes.config.validation import validate
 
     found = []
-    for change, build, sharding in _candidates(plan.cfg):
+    base = what_if_config(plan.cfg, plan.options)
+    plain = dataclasses.replace(plan.options, sharding=None, offload=False)
+    for change, build, sharding in _candidates(base):
         candidate = build()
         try:
             validate(candidate)
         except ConfigError:
             continue
-        options = plan.options if sharding is None else _with_sharding(plan.options, sharding)
+        options = plain if sharding is None else _with_sharding(plain, sharding)
         peak = _worst_peak(candidate, plan.cluster, options)
         found.append(Suggestion(change, peak, peak <= plan.cluster.gpu_memory_bytes))
     return sorted(found, key=lambda s: (not s.fits, s.peak))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from plugins.protocol.errors import ConfigError
-from recipes.plan.build import make_plan
+from recipes.plan.build import PlanOptions, make_plan
 from recipes.plan.cluster import CLUSTER_DIR, apply_cluster, load_cluster
 from recipes.plan.fit import check_fits, suggestions, summary_line
 from recipes.registry import RECIPES, get_recipe
@@ -238,3 +238,75 @@ def test_a_cluster_file_that_is_not_utf8_is_one_line(tmp_path: Path):
     bad.write_bytes((CLUSTER_DIR / "h100_80gb_8x8.yaml").read_bytes() + b"account: caf\xe9\n")
     with pytest.raises(ConfigError, match=r"latin1.yaml is not UTF-8 text \(byte \d+\); save it"):
         load_cluster(bad)
+
+
+EIGHT_B_ON_ONE_NODE = ["recipe=llama3_8b_tp8_dp8", "cluster.nodes=1", "parallel.tensor=1",
+                       "parallel.sequence_parallel=false", "precision.grad_reduce_in_fp32=false",
+                       "train.global_batch_size=16"]
+
+
+def _eight_b(*more: str):
+    from recipes.resolve import resolve_config
+
+    cluster = load_cluster(CLUSTER_DIR / "h100_80gb_8x8.yaml")
+    return apply_cluster(resolve_config([*EIGHT_B_ON_ONE_NODE, *more]), cluster), cluster
+
+
+def _words(change: str) -> list[str]:
+    """A suggestion's overrides, without its words in brackets."""
+    return [w for w in change.split(" (")[0].split() if "=" in w]
+
+
+@pytest.mark.parametrize("more", [
+    ["optimizer.distributed=true", "optimizer.fsdp=optim_grads_params"],
+    ["optimizer.distributed=true", "optimizer.cpu_offload=true"]])
+def test_sharding_suggestions_name_every_field_and_train_as_priced(more):
+    """From ZeRO-3 the offload suggestion says optimizer.fsdp=none; from offload the ZeRO-3 one
+    says optimizer.cpu_offload=false: applied as written, each validates and plans to its
+    price."""
+    from recipes.config.validation import validate
+
+    cfg, cluster = _eight_b(*more)
+    plan = make_plan(cfg, cluster, PlanOptions(listed_groups=0))
+    changes = [s for s in suggestions(plan) if "optimizer." in s.change]
+    assert changes
+    for s in changes:
+        applied, _ = _eight_b(*more, *_words(s.change))
+        validate(applied)
+        assert make_plan(applied, cluster, PlanOptions(listed_groups=0)).worst.peak == s.peak
+
+
+def test_suggestions_under_the_planners_what_ifs_price_the_change():
+    """With sharding=dist_opt offload=true asked, the ZeRO-3 suggestion is priced as ZeRO-3
+    (without offload, which Megatron FSDP excludes), not as the what-if it replaces."""
+    cfg, cluster = _eight_b()
+    plan = make_plan(cfg, cluster, PlanOptions(listed_groups=0, sharding="dist_opt", offload=True))
+    [zero3] = [s for s in suggestions(plan) if "optim_grads_params" in s.change]
+    as_zero3, _ = _eight_b("optimizer.distributed=true", "optimizer.fsdp=optim_grads_params")
+    assert zero3.peak == make_plan(as_zero3, cluster, PlanOptions(listed_groups=0)).worst.peak
+    assert zero3.peak != plan.worst.peak
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (dict(sharding="optim_grads", offload=True), "sharding=optim_grads offload=true plans a run "
+     "Megatron refuses: optimizer.cpu_offload=true with optimizer.fsdp=optim_grads"),
+    (dict(sharding="none", offload=True), "sharding=none offload=true plans a run Megatron "
+     "refuses: optimizer.cpu_offload=true runs Megatron's hybrid-device optimizer inside"),
+    (dict(offload=True), None),
+    (dict(sharding="optim_grads_params"), None),
+])
+def test_planner_what_ifs_megatron_refuses_are_one_line(options, expected):
+    from recipes.plan.fit import what_if_problem
+
+    cfg, _ = _eight_b()
+    problem = what_if_problem(cfg, PlanOptions(**options))
+    assert problem == expected if expected is None else problem.startswith(expected)
+
+
+def test_offload_of_fp32_weights_is_a_what_if_megatron_refuses():
+    from recipes.plan.fit import what_if_problem
+
+    cfg, _ = _eight_b("precision.dtype=fp32")
+    assert what_if_problem(cfg, PlanOptions(offload=True)).startswith(
+        "offload=true plans a run Megatron refuses: optimizer.cpu_offload=true with "
+        "precision.dtype=fp32")
