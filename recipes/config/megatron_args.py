@@ -118,6 +118,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("optimizer.overlap_grad_reduce", "--overlap-grad-reduce", kind=ON),
     Flag("optimizer.overlap_param_gather", "--overlap-param-gather", kind=ON),
     Flag("optimizer.bucket_size", "--ddp-bucket-size"),
+    # torch's FSDP2 (Megatron Core's TorchFullyShardedDataParallel): the project's validation
+    # refuses it with the reason, so a line read back says why rather than "no field".
+    Flag("optimizer.torch_fsdp2", "--use-torch-fsdp2", kind=ON),
     Flag("scheduler.warmup_iters", "--lr-warmup-iters"),
     Flag("scheduler.decay_iters", "--lr-decay-iters"),
     Flag("scheduler.wsd_decay_style", "--lr-wsd-decay-style"),
@@ -375,6 +378,23 @@ def _format_from(a: Mapping[str, Any]) -> dict[str, Any]:
             if a["dist_ckpt_optim_fully_reshardable"] else "dp_reshardable"}
 
 
+def _async_args(cfg: Any) -> list[str]:
+    return ["--async-save", "--use-persistent-ckpt-worker"] if cfg.checkpoint.async_save else []
+
+
+def _async_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    """Megatron-LM 0.19.2 saves a distributed checkpoint asynchronously only through its
+    persistent worker: `--async-save` alone it turns off with a warning (arguments.py:1740-1746),
+    so a line with it alone would plan saves Megatron-LM does not make in the background."""
+    if a["async_save"] and not a["use_persistent_ckpt_worker"]:
+        from plugins.protocol.errors import ConfigError
+
+        raise ConfigError("--async-save without --use-persistent-ckpt-worker: Megatron-LM 0.19.2 "
+                          "turns asynchronous saving off without its persistent worker; add "
+                          "--use-persistent-ckpt-worker, or remove --async-save")
+    return {"checkpoint.async_save": bool(a["async_save"])}
+
+
 def _pattern_args(cfg: Any) -> list[str]:
     pattern = cfg.model.hybrid_layer_pattern
     return [] if pattern is None else ["--hybrid-layer-pattern", pattern]
@@ -478,6 +498,8 @@ SPELLED: tuple[Spelled, ...] = (
     Spelled(("optimizer.cpu_offload", "optimizer.offload_fraction"),
             ("optimizer_cpu_offload", "optimizer_offload_fraction",
              "use_precision_aware_optimizer"), _optimizer_offload_args, _optimizer_offload_from),
+    Spelled(("checkpoint.async_save",), ("async_save", "use_persistent_ckpt_worker"),
+            _async_args, _async_from),
     Spelled(("model.hybrid_layer_pattern",), ("hybrid_layer_pattern", "hybrid_override_pattern"),
             _pattern_args, _pattern_from),
     Spelled(("model.moe_router_fp32",), ("moe_router_dtype",), _router_dtype_args,
@@ -499,7 +521,7 @@ ENVIRONMENT_DESTS = frozenset({
     "wandb_exp_name", "wandb_save_dir", "log_throughput", "log_timers_to_tensorboard",
     "log_validation_ppl_to_tensorboard", "log_memory_to_tensorboard", "timing_log_level",
     "tensorboard_log_interval", "log_params_norm", "log_num_zeros_in_grad", "vocab_file",
-    "merge_file", "data_cache_path", "num_workers", "async_save",
+    "merge_file", "data_cache_path", "num_workers",
     "use_mcore_models", "deprecated_use_mcore_models", "no_load_optim", "no_load_rng",
     "exit_duration_in_mins", "exit_interval", "use_flash_attn", "attention_backend",
     "no_masked_softmax_fusion", "masked_softmax_fusion", "bias_gelu_fusion",

@@ -285,3 +285,33 @@ def test_fast_paths_the_project_does_not_train_are_refused_in_one_line(flags, me
     base = to_megatron_args(get_recipe("tiny_dp1"))
     with pytest.raises(ConfigError, match=message):
         config_from_megatron_args([*base, *flags])
+
+
+@pytest.mark.parametrize(("field", "flags", "dests"), [
+    ("optimizer.torch_fsdp2", ["--use-torch-fsdp2"], ["use_torch_fsdp2"]),
+    # Megatron-LM 0.19.2 saves asynchronously only through its persistent worker.
+    ("checkpoint.async_save", ["--async-save", "--use-persistent-ckpt-worker"],
+     ["async_save", "use_persistent_ckpt_worker"]),
+])
+def test_torch_fsdp2_and_async_save_are_megatron_flags_out_and_fields_back(field, flags,
+                                                                          dests) -> None:
+    from trainer.tools.megatron_args import megatron_parser
+
+    cfg = get_recipe("tiny_dp1")
+    section, name = field.split(".")
+    setattr(getattr(cfg, section), name, True)
+    args = to_megatron_args(cfg)
+    assert all(flag in args for flag in flags) and field not in no_flag_fields(cfg)
+    parsed = vars(megatron_parser().parse_known_args(args)[0])
+    assert all(parsed[dest] is True for dest in dests)
+    back, notes = config_from_megatron_args(args, cfg.cluster)
+    assert getattr(getattr(back, section), name) is True
+    assert _differences(cfg, back) == [] and notes == []
+
+
+def test_async_save_without_megatrons_persistent_worker_is_one_line() -> None:
+    base = to_megatron_args(get_recipe("tiny_dp1"))
+    with pytest.raises(ConfigError) as error:
+        config_from_megatron_args([*base, "--async-save"])
+    assert str(error.value).startswith("--async-save without --use-persistent-ckpt-worker: ")
+    assert "\n" not in str(error.value)
