@@ -190,6 +190,20 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
     return 0
 
 
+def no_layout_error(cfg: Any) -> ConfigError:
+    """The one line for a world no layout of the model can use at all: whatever TP, PP, CP and
+    EP the model allows, the data-parallel size left cannot split the global batch into whole
+    micro-batches (a world far too large, or one of awkward factors). Memory is not what is
+    short, so a larger cluster is no answer."""
+    t, layout = cfg.train, cfg.layout
+    return ConfigError(
+        f"no layout of {cfg.name}'s model can use {layout.world_size:,} GPUs with "
+        f"train.global_batch_size={t.global_batch_size}: the TP, PP, CP and EP sizes the model "
+        "allows leave a data-parallel size the batch cannot split into whole micro-batches; "
+        "change cluster.nodes (fewer, or a count whose GPUs divide the batch) or "
+        "train.global_batch_size")
+
+
 def no_fit_error(cfg: Any, cluster: Any) -> ConfigError:
     """The one line for a model that fits in no layout: the smallest cluster that would do."""
     from recipes.plan.search import LARGEST_CLUSTER_GPUS, smallest_fitting_world
@@ -218,6 +232,8 @@ def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool
 
     result = search(cfg, cluster, dataclasses.replace(plan_options(options), listed_groups=0),
                     top=options.get("top") or 10)
+    if not result.enumerated:
+        raise no_layout_error(cfg)
     if not result.listed:
         raise no_fit_error(cfg, cluster)
     own = own_layout_line(cfg, cluster, result)

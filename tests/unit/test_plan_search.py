@@ -165,6 +165,17 @@ def test_model_that_fits_nowhere_names_the_smallest_cluster(capsys) -> None:
     assert "distopt+offload" in message
 
 
+@pytest.mark.parametrize("nodes", [100_000, 1_000_000])
+def test_a_world_no_layout_can_use_says_the_batch_not_a_bigger_cluster(nodes) -> None:
+    with pytest.raises(ConfigError) as error:
+        run_plan(["recipe=8b_tp8_pp4_dp2", f"cluster.nodes={nodes}"],
+                 {"cluster": str(H100), "search": True})
+    assert str(error.value).startswith(
+        f"no layout of llama3_8b_tp8_pp4_dp2's model can use {nodes * 8:,} GPUs with "
+        "train.global_batch_size=32: the TP, PP, CP and EP sizes the model allows leave a "
+        "data-parallel size the batch cannot split into whole micro-batches")
+
+
 def test_search_prints_the_table_and_the_command(capsys) -> None:
     assert run_plan(["recipe=tiny_tp2_pp2"], {"cluster": str(CPU), "search": True,
                                                "top": 3}) == 0
