@@ -401,6 +401,75 @@ def check_fractions(cfg: RunConfig) -> str | None:
         return (f"data.heldout_fraction={share} must be in (0, 1); set it, e.g. 0.05")
 
 
+def _schema_default(section: Any, name: str) -> Any:
+    """The schema's default of `section.name` (the example a refusal gives)."""
+    return next(f.default for f in dataclasses.fields(section) if f.name == name)
+
+
+def check_adam_betas(cfg: RunConfig) -> str | None:
+    """Adam's moment decays: torch's Adam refuses a beta outside [0, 1) (`torch/optim/adam.py`),
+    but only on the ranks, once Megatron builds the optimizer (a traceback per rank)."""
+    o = cfg.optimizer
+    for name in ("adam_beta1", "adam_beta2"):
+        value = getattr(o, name)
+        if not 0 <= value < 1:
+            return (f"optimizer.{name}={value:g} must be in [0, 1) (the decay of Adam's moment "
+                    f"estimates); set it, e.g. optimizer.{name}={_schema_default(o, name):g}")
+    return None
+
+
+def check_adam_eps(cfg: RunConfig) -> str | None:
+    """Adam divides by sqrt(v) + eps: torch refuses a negative eps on the ranks, and 0 divides
+    by zero where a gradient has been zero so far."""
+    eps = cfg.optimizer.adam_eps
+    if eps <= 0:
+        return (f"optimizer.adam_eps={eps:g} must be positive (Adam divides by sqrt(v) + eps); "
+                f"set it, e.g. optimizer.adam_eps={_schema_default(cfg.optimizer, 'adam_eps'):g}")
+    return None
+
+
+def check_init_method_std(cfg: RunConfig) -> str | None:
+    """The std of the normal weight init: torch's `normal_` refuses a negative one on the ranks,
+    and 0 starts every weight at zero (every head and channel the same, for good)."""
+    std = cfg.model.init_method_std
+    if std <= 0:
+        return (f"model.init_method_std={std:g} must be positive (the std of the normal weight "
+                f"init); set it, e.g. model.init_method_std="
+                f"{_schema_default(cfg.model, 'init_method_std'):g}")
+    return None
+
+
+# numpy seeds 32-bit: np.random.seed takes 0 .. 2**32 - 1.
+SEED_LIMIT = 2**32 - 1
+# Each pipeline stage draws its own stream from train.seed + 100 x its stage (Megatron-LM's
+# convention, trainer/session.py `set_seeds`).
+SEED_STAGE_STRIDE = 100
+
+
+def check_seed(cfg: RunConfig) -> str | None:
+    """Every rank seeds numpy, Python and torch with `train.seed + 100 x pipeline stage`; numpy
+    refuses a seed below 0 or above 2**32 - 1, on the ranks, with a traceback."""
+    seed, stages = cfg.train.seed, cfg.parallel.pipeline
+    most = SEED_LIMIT - SEED_STAGE_STRIDE * (stages - 1)
+    if 0 <= seed <= most:
+        return None
+    stride = (f" (each of the {stages} pipeline stages seeds train.seed + "
+              f"{SEED_STAGE_STRIDE} x its stage)" if stages > 1 else "")
+    return (f"train.seed={seed} must be between 0 and {most:,}{stride}; numpy takes 32-bit "
+            f"seeds; set it, e.g. train.seed={_schema_default(cfg.train, 'seed')}")
+
+
+def check_rope_scaling_factor(cfg: RunConfig) -> str | None:
+    """Llama 3.1's RoPE scaling divides the low frequencies by the factor: 0 makes them
+    infinite, a negative one turns them around."""
+    factor = cfg.model.rope_scaling_factor
+    if factor is None or factor > 0:
+        return None
+    return (f"model.rope_scaling_factor={factor:g} must be positive; set it, e.g. "
+            "model.rope_scaling_factor=8.0 (Llama 3.1), or model.rope_scaling_factor=null for "
+            "no scaling")
+
+
 def check_data_source(cfg: RunConfig) -> str | None:
     """A blend is named exactly when it is the source; document modes other than concatenation
     need a blend (they produce packed batches; the packing plugin's own rule asks for it)."""
@@ -530,6 +599,11 @@ RULES: tuple[Rule, ...] = (
     check_scheduler,
     check_learning_rate,
     check_fractions,
+    check_adam_betas,
+    check_adam_eps,
+    check_init_method_std,
+    check_seed,
+    check_rope_scaling_factor,
     check_checkpoint_load,
     check_resume_needs_run_dir,
     check_resume_or_load,

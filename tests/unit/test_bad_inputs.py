@@ -427,6 +427,19 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["recipe=tiny_dp2_distopt", "phases=[{name: a, end_step: 100, seq_length: 128}, "
       "{name: b, end_step: 300, seq_length: 256, context: 2, relaunch: true}]"],
      "set checkpoint.optimizer_format=fully_reshardable"),
+    # values torch or Megatron refuse only on the ranks, with a traceback
+    (["recipe=tiny_dp1", "optimizer.adam_beta1=1.5"],
+     "optimizer.adam_beta1=1.5 must be in [0, 1)"),
+    (["recipe=tiny_dp1", "optimizer.adam_beta2=1.5"],
+     "optimizer.adam_beta2=1.5 must be in [0, 1)"),
+    (["recipe=tiny_dp1", "optimizer.adam_eps=-1"], "optimizer.adam_eps=-1 must be positive"),
+    (["recipe=tiny_dp1", "model.init_method_std=-0.02"],
+     "model.init_method_std=-0.02 must be positive"),
+    (["recipe=tiny_dp1", "train.seed=-5"], "train.seed=-5 must be between 0 and 4,294,967,295"),
+    (["recipe=tiny_dp1", "train.seed=99999999999"],
+     "train.seed=99999999999 must be between 0 and 4,294,967,295"),
+    (["recipe=tiny_dp1", "model.rope_scaling_factor=-8"],
+     "model.rope_scaling_factor=-8 must be positive"),
     # malformed command lines
     (["--lr", "1"], "'--lr' is not an override; write KEY=VALUE without dashes"),
     (["a.b", "=", "c"], "'a.b' is not an override; write KEY=VALUE with no spaces around '='"),
@@ -681,6 +694,8 @@ def test_directory_that_can_be_created_is_left_as_it_was(tmp_path) -> None:
         (["modle.hidden_size=8"], "error: override 'modle.hidden_size=8': there is no section "
          "'modle' (nearest: model); did you mean model.hidden_size?"),
         (["optimizer.lr=nan"], "error: optimizer.lr=nan must be a finite number"),
+        (["recipe=tiny_dp1", "optimizer.adam_beta1=1.5", "print=config"],
+         "error: optimizer.adam_beta1=1.5 must be in [0, 1)"),
         (["plugins.packing.enabled=true"], "error: override 'plugins.packing.enabled=true': "
          "plugins.packing.enabled was removed: packing follows data.documents"),
         (["checkpoint.load={tmp}/empty_dir"], "error: checkpoint.load={tmp}/empty_dir is an "
