@@ -13,14 +13,25 @@ from typing import Any
 from plugins.protocol.hooks import Plugin, PluginConfig, ProfileWindow, Rule
 
 
-def check_profiler_window(cfg: Any) -> str | None:
-    """The window must lie inside the run: steps start_step .. start_step + steps - 1."""
+def check_profiler_counts(cfg: Any) -> str | None:
+    """Steps are counted from 1 and a window holds at least one: a step 0 or below, or an empty
+    window, is refused whether the profiler is on or not (a saved config switched on later
+    would only then find out)."""
     p = cfg.plugins.profiler
-    if not p.enabled:
+    for field in ("start_step", "steps"):
+        value = getattr(p, field)
+        if value < 1:
+            return (f"plugins.profiler.{field}={value} must be at least 1; set it, e.g. "
+                    f"plugins.profiler.{field}={getattr(type(p), field)}")
+    return None
+
+
+def check_profiler_window(cfg: Any) -> str | None:
+    """The window must lie inside the run: steps start_step .. start_step + steps - 1 (its
+    counts themselves are `check_profiler_counts`')."""
+    p = cfg.plugins.profiler
+    if not p.enabled or p.start_step < 1 or p.steps < 1:
         return None
-    if p.start_step < 1 or p.steps < 1:
-        field, value = ("start_step", p.start_step) if p.start_step < 1 else ("steps", p.steps)
-        return f"plugins.profiler.{field}={value} must be at least 1, e.g. {field}=2"
     last, total = p.start_step + p.steps - 1, cfg.train.train_iters
     if last > total:
         return (f"plugins.profiler.start_step={p.start_step} with steps={p.steps} profiles up to "
@@ -42,7 +53,7 @@ class ProfilerConfig(PluginConfig):
     with_stack: bool = False  # Python stacks of each operator (much larger trace)
 
     def rules(self) -> tuple[Rule, ...]:
-        return (check_profiler_window,)
+        return (check_profiler_counts, check_profiler_window)
 
     def profile_window(self, cfg: Any) -> ProfileWindow | None:
         if not self.enabled:

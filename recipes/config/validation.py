@@ -470,6 +470,28 @@ def check_rope_scaling_factor(cfg: RunConfig) -> str | None:
             "no scaling")
 
 
+def check_cuda_graph_warmup_steps(cfg: RunConfig) -> str | None:
+    """Graphs are captured after this many eager steps: a negative count never comes, so the
+    graphs would silently never be captured."""
+    steps = cfg.train.cuda_graph_warmup_steps
+    if steps >= 0:
+        return None
+    return (f"train.cuda_graph_warmup_steps={steps} must not be negative (eager steps before "
+            "the CUDA graphs are captured); set it, e.g. train.cuda_graph_warmup_steps="
+            f"{_schema_default(cfg.train, 'cuda_graph_warmup_steps')}")
+
+
+def check_cuda_graph_warmup_with_offloading(cfg: RunConfig) -> str | None:
+    """Megatron asserts at least one warm-up step when graphs meet activation offloading
+    (`transformer/transformer_config.py:2630`), on the ranks."""
+    t = cfg.train
+    if t.cuda_graphs == "none" or not t.offload_modules or t.cuda_graph_warmup_steps != 0:
+        return None
+    return ("train.cuda_graph_warmup_steps=0 with train.offload_modules: Megatron needs at least "
+            "one eager step before capturing graphs that offload activations; set "
+            "train.cuda_graph_warmup_steps=1 or more")
+
+
 def check_data_source(cfg: RunConfig) -> str | None:
     """A blend is named exactly when it is the source; document modes other than concatenation
     need a blend (they produce packed batches; the packing plugin's own rule asks for it)."""
@@ -604,6 +626,8 @@ RULES: tuple[Rule, ...] = (
     check_init_method_std,
     check_seed,
     check_rope_scaling_factor,
+    check_cuda_graph_warmup_steps,
+    check_cuda_graph_warmup_with_offloading,
     check_checkpoint_load,
     check_resume_needs_run_dir,
     check_resume_or_load,

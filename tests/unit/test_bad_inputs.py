@@ -440,6 +440,14 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
      "train.seed=99999999999 must be between 0 and 4,294,967,295"),
     (["recipe=tiny_dp1", "model.rope_scaling_factor=-8"],
      "model.rope_scaling_factor=-8 must be positive"),
+    # counts below what they count
+    (["recipe=tiny_dp1", "train.cuda_graphs=transformer_engine",
+      "train.cuda_graph_warmup_steps=-1"],
+     "train.cuda_graph_warmup_steps=-1 must not be negative"),
+    (["recipe=tiny_dp1", "plugins.profiler.start_step=-1"],
+     "plugins.profiler.start_step=-1 must be at least 1"),
+    (["recipe=tiny_dp1", "plugins.profiler.steps=0"],
+     "plugins.profiler.steps=0 must be at least 1"),
     # malformed command lines
     (["--lr", "1"], "'--lr' is not an override; write KEY=VALUE without dashes"),
     (["a.b", "=", "c"], "'a.b' is not an override; write KEY=VALUE with no spaces around '='"),

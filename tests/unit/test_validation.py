@@ -199,9 +199,19 @@ RULE_CASES = [
      "model.moe_router_bias_update_rate=-0.1 must not be negative"),
     ("check_moe_tensor_parallel", "tiny_tp2", ["model.num_moe_experts=2", *MOE_NO_BIAS],
      "MoE with parallel.tensor=2 needs sequence parallel"),
-    ("check_profiler_window", "tiny_dp1", ["plugins.profiler.enabled=true",
+    ("check_profiler_window", "tiny_dp1",
+     ["plugins.profiler.enabled=true", "train.train_iters=10", "scheduler.warmup_iters=1",
+      "plugins.profiler.start_step=10"],
+     "plugins.profiler.start_step=10 with steps=2 profiles up to step 11, past "
+     "train.train_iters=10"),
+    ("check_profiler_counts", "tiny_dp1", ["plugins.profiler.steps=0"],
+     "plugins.profiler.steps=0 must be at least 1; set it, e.g. plugins.profiler.steps=2"),
+    ("check_profiler_counts", "tiny_dp1", ["plugins.profiler.start_step=-1"],
+     "plugins.profiler.start_step=-1 must be at least 1; set it, e.g. "
+     "plugins.profiler.start_step=5"),
+    ("check_profiler_counts", "tiny_dp1", ["plugins.profiler.enabled=true",
                                            "plugins.profiler.steps=0"],
-     "plugins.profiler.steps=0 must be at least 1, e.g. steps=2"),
+     "plugins.profiler.steps=0 must be at least 1"),
     ("check_fp8_shapes", "tiny_dp1", ["plugins.fp8.format=hybrid", "model.ffn_hidden_size=200"],
      "plugins.fp8.format=hybrid needs model.ffn_hidden_size divisible by 16, got 200; adjust it or "
      "set plugins.fp8.format=null"),
@@ -340,6 +350,15 @@ RULE_CASES = [
     ("check_rope_scaling_factor", "tiny_dp1", ["model.rope_scaling_factor=0"],
      "model.rope_scaling_factor=0 must be positive; set it, e.g. model.rope_scaling_factor=8.0 "
      "(Llama 3.1), or model.rope_scaling_factor=null for no scaling"),
+    ("check_cuda_graph_warmup_steps", "tiny_dp1",
+     ["train.cuda_graphs=transformer_engine", "train.cuda_graph_warmup_steps=-1"],
+     "train.cuda_graph_warmup_steps=-1 must not be negative (eager steps before the CUDA "
+     "graphs are captured); set it, e.g. train.cuda_graph_warmup_steps=3"),
+    ("check_cuda_graph_warmup_with_offloading", "tiny_dp1",
+     ["model.transformer_impl=transformer_engine", "train.cuda_graphs=transformer_engine",
+      "train.offload_modules=[core_attn]", "train.cuda_graph_warmup_steps=0"],
+     "train.cuda_graph_warmup_steps=0 with train.offload_modules: Megatron needs at least one "
+     "eager step"),
     ("check_checkpoint_load", "tiny_dp1", ["checkpoint.load_model_only=true"],
      "checkpoint.load_model_only=true needs a checkpoint to load"),
     ("check_keep_last", "tiny_dp1", ["checkpoint.keep_last=0"],
