@@ -205,8 +205,8 @@ def test_the_local_executor_puts_our_agent_first_on_path():
      "rdzv_port expects an integer or null, got 'x'"),
     (["recipe=tiny_dp2", "cluster=nope.yaml"], "cluster=nope.yaml does not exist"),
     (["recipe=tiny_dp2", f"cluster={H100}", f"job_dir={REPO}/jobs"],
-     f"job_dir={REPO}/jobs is inside this checkout ({REPO}); NeMo-Run mangles job paths in a git work "
-     "tree: use a directory outside it, e.g. job_dir=/shared/jobs"),
+     f"job_dir={REPO}/jobs is inside this checkout ({REPO}); NeMo-Run mangles job paths in a "
+     "git work tree: use a directory outside it, e.g. job_dir=/shared/jobs"),
     (["recipe=llama3_70b_tp4_pp4_cp2_vpp5_dp2", SYNTHETIC, f"cluster={H100}",
       "parallel.pipeline=1", "parallel.virtual_pipeline=null"],
      "the layout needs 142.14 GB on a rank of pipeline stage 0 but a GPU has 80.00 GB"),
@@ -521,6 +521,32 @@ def test_a_container_job_runs_the_python_it_is_told_to(capsys, tmp_path):
     assert f"{venv}:{venv}" in training and f" {venv}/bin/python scripts/agent/torchrun " in \
         training and f" {venv}/bin/python scripts/pretrain.py " in check
     assert "--rdzv-endpoint localhost:0 " in training and "--node-rank 0 " in training
+
+
+def test_a_container_job_mounts_a_relative_run_dir_and_a_saved_config_where_the_job_finds_them(
+        capsys, tmp_path):
+    """A relative run_dir is where the job puts it, in this checkout (mounted; never a
+    `relative:relative` mount pyxis refuses); a `config=FILE` elsewhere has its folder mounted;
+    the overrides the launch places replace the user's own, once each on the job's line."""
+    from recipes.config.io import save_config
+
+    saved = save_config(get_recipe("tiny_dp2"), tmp_path / "saved" / "base.yaml")
+    script = render(capsys, tmp_path / "jobs", f"config={saved}", SYNTHETIC,
+                    f"cluster={CPU_SLURM}",
+                    "container_image=img:1", "run_dir=relative/run", "cluster.nodes=1",
+                    "cluster.gpus_per_node=2")
+    _, training = srun_lines(script)
+    mounts = re.search(r"--container-mounts (\S+) ", training).group(1).split(",")
+    assert not [m for m in mounts if not m.startswith("/")]
+    assert f"{saved.parent}:{saved.parent}" in mounts
+    assert training.count("cluster.nodes=") == 1 and training.count("cluster.gpus_per_node=") == 1
+
+
+def test_a_relative_container_python_is_refused():
+    with pytest.raises(ConfigError, match="container_python=env/bin/python is a relative path"):
+        plan_launch(parse_launch_args(["recipe=tiny_dp2", SYNTHETIC, f"cluster={CPU_SLURM}",
+                                       "container_image=img:1",
+                                       "container_python=env/bin/python"]))
 
 
 @pytest.mark.parametrize(("settings", "message"), [

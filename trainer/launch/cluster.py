@@ -163,13 +163,24 @@ def job_dir_problem(value: str | None, repo: Path = REPO) -> str | None:
             "git work tree: use a directory outside it, e.g. job_dir=/shared/jobs")
 
 
+def container_python_problem(value: str | None) -> str | None:
+    """`container_python` is a command the image's PATH finds (`python3`) or an absolute path
+    (inside the image, or on storage a mount brings in); a relative path would be looked up
+    from the job's working directory, which only the user's shell knew."""
+    if value is None or "/" not in value or value.startswith("/"):
+        return None
+    return (f"container_python={value} is a relative path; give an absolute one (e.g. "
+            "/shared/envs/train/bin/python) or a command on the image's PATH (e.g. python3)")
+
+
 def site_problems(args: LaunchArgs) -> list[str]:
     """The launch's own site settings: a Slurm time limit, mounts of the pyxis form, a job
     directory outside this checkout."""
     from recipes.plan.cluster import mount_problem, slurm_time_problem
 
     problems = [slurm_time_problem("time", args.text.get("time")),
-                job_dir_problem(args.text.get("job_dir"))]
+                job_dir_problem(args.text.get("job_dir")),
+                container_python_problem(args.text.get("container_python"))]
     problems += [mount_problem("container_mounts", mount) for mount in mounts_given(args)]
     if args.executor == "local" and args.text.get("container_image"):
         problems.append("container_image= runs a Slurm job in a container (pyxis); "
@@ -276,7 +287,9 @@ def plan_launch(args: LaunchArgs) -> LaunchPlan:
     if cluster.device == "cpu" and not any(
             arg.startswith("cluster.device=") for arg in args.rest):
         placed.append("cluster.device=cpu")  # CPU nodes: ranks are processes
-    return LaunchPlan(cfg, nodes, gpus, [*args.rest, *placed], cluster=cluster)
+    placed_keys = {arg.split("=", 1)[0] for arg in placed}
+    kept = [arg for arg in args.rest if arg.split("=", 1)[0] not in placed_keys]
+    return LaunchPlan(cfg, nodes, gpus, [*kept, *placed], cluster=cluster)
 
 
 def _quietly(find, known: list[str]) -> list[str]:
@@ -474,8 +487,9 @@ def container_of(plan: LaunchPlan, args: LaunchArgs, exported: Sequence[str]) ->
         return None
     python = args.text.get("container_python")
     given = [*getattr(plan.cluster, "container_mounts", ()), *mounts_given(args)]
+    configs = [arg.split("=", 1)[1] for arg in args.rest if arg.startswith("config=")]
     mounts = container_mounts(plan.cfg, job_dir(args), plan.run_dir, given, python,
-                              files=[args.cluster] if args.cluster else [])
+                              files=[*configs, *([args.cluster] if args.cluster else [])])
     return Container(image, tuple(mounts), tuple(exported), python or CONTAINER_PYTHON)
 
 

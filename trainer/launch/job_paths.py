@@ -119,7 +119,7 @@ def container_mounts(cfg: Any, job_dir: str, run_dir: str | None,
     (`container_python=`, its environment's folder)."""
     needed = [REPO, Path(job_dir)]
     if run_dir:
-        needed.append(Path(run_dir))
+        needed.append(on_the_job(run_dir))  # a relative one lies in this checkout, mounted
     needed += [named.folder for named in config_paths(cfg)]
     needed += [on_the_job(file).resolve().parent for file in files]
     if python and python.startswith("/"):
