@@ -151,6 +151,16 @@ def test_script_refuses_a_bad_option_in_one_line():
         "error: scaling.mode expects one of weak, strong, got 'fast'; e.g. scaling.mode=weak"]
 
 
+def test_a_bad_scaling_cluster_is_one_line_before_any_run(tmp_path, monkeypatch):
+    import trainer.tools.scaling.sweep as sweep
+
+    monkeypatch.setattr(sweep, "_run_here", lambda *a: pytest.fail("a run started"))
+    options, rest = parse_scaling_args(["recipe=tiny_dp1", "scaling.cluster=/nonexistent.yaml",
+                                        f"scaling.out={tmp_path}"])
+    with pytest.raises(ConfigError, match="cluster=/nonexistent.yaml does not exist"):
+        sweep.run_scaling(options, None, list(rest))
+
+
 def _record(step, seconds, measured, comm=None) -> dict:
     return {"kind": "train", "step": step, "step_time_s": seconds, "loss_tokens": 500,
             "data_wait_s": 0.1 * seconds, "forward_backward_s": 0.8 * seconds,

@@ -161,6 +161,7 @@ def run_scaling(options: ScalingOptions, launch: Any, rest: list[str]) -> int:
     """The whole sweep: check every size, run each (or submit each as a cluster job when
     `launch`, the launcher's arguments, is given), then the report."""
     from recipes.config.io import save_config
+    from recipes.plan.cluster import load_cluster
     from recipes.resolve import resolve_config
     from trainer.throughput import RUN_RULES
 
@@ -168,6 +169,8 @@ def run_scaling(options: ScalingOptions, launch: Any, rest: list[str]) -> int:
         return write_report(Path(options.report))
     if launch is not None and options.cluster is None:
         options.cluster = launch.cluster  # its peak gives MFU
+    if options.cluster is not None:
+        load_cluster(options.cluster)  # read now: a bad file is one line before any run
     cfg = resolve_config(rest, rules=RUN_RULES)
     sweep_dir = _report_dir(cfg, options)
     base_config = save_config(cfg, sweep_dir / "base_config.yaml")
