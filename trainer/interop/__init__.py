@@ -12,4 +12,6 @@ this package runs the conversion. One concern per module:
 - `megatron_side`: the one-process Megatron context (`trainer.one_rank`), the template of the
   model's sharded state dict built on the meta device, and the torch_dist save/load through it.
 - `importer` / `exporter`: the two directions, streamed (`docs/hf-interop.md`).
+- `export_step`: the step an export reads, checked against its `run.json` as pretrain.py checks
+  it (no torch).
 """

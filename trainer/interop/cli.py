@@ -83,8 +83,13 @@ def peak_rss_bytes() -> int:
 
 
 def run(request: Request, cfg, console) -> None:
-    """The conversion itself (heavy imports here), then one summary line of figures."""
+    """The conversion itself (heavy imports here), then one summary line of figures. An
+    export's step is checked against its `run.json` first, before torch (`export_step`)."""
     from rich.progress import Progress
+
+    from trainer.interop.export_step import checked_step
+
+    step = checked_step(request.paths["checkpoint"]) if request.command == "export" else None
 
     from trainer.interop import exporter, importer
     from trainer.interop.memory import gib
@@ -96,8 +101,8 @@ def run(request: Request, cfg, console) -> None:
             held = result.bytes  # one save call needs the whole converted model
         else:
             shard = request.options.get("max_shard_size", exporter.hf_files.DEFAULT_SHARD_BYTES)
-            result = exporter.export_hf(request.paths["checkpoint"], request.paths["out"],
-                                        progress, shard)
+            result = exporter.export_hf(step, request.paths["out"], progress, shard,
+                                        checked=True)
             held = result.peak_bytes
     console.print(f"{request.command}: {result.tensors} tensors, {gib(result.bytes)} -> "
                   f"{result.out} in {time.perf_counter() - started:.1f} s; peak RSS "

@@ -33,12 +33,7 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.io import load_config
 from recipes.config.schema import RunConfig
 from trainer.checkpoint import fsdp_dtensor
-from trainer.checkpoint.format import (
-    FSDP_DTENSOR,
-    checkpoint_backend,
-    is_checkpoint,
-    newest_checkpoint,
-)
+from trainer.checkpoint.format import FSDP_DTENSOR, checkpoint_backend
 from trainer.checkpoint.manifest import read_manifest
 from trainer.interop import (
     hf_config,
@@ -48,7 +43,7 @@ from trainer.interop import (
     region_reader,
     token_ids,
 )
-from trainer.interop.importer import HF_SUBDIR
+from trainer.interop.export_step import HF_SUBDIR, checked_step, resolve_step
 from trainer.interop.mapping import rules, shapes_of
 from trainer.models.gpt.hf_tensors import Rule, Shapes, megatron_shape, to_hf
 
@@ -62,19 +57,6 @@ class ExportResult:
     bytes: int
     seconds: float
     peak_bytes: int  # weights held at once: the largest layer plus the shard being filled
-
-
-def resolve_step(path: Path) -> Path:
-    """One complete step directory: the one given, or the one a checkpoint root resumes from."""
-    path = Path(path)
-    if not path.is_dir():
-        raise ConfigError(f"checkpoint={path} does not exist; give a run's checkpoints "
-                          "directory (runs/<run>/checkpoints) or one step directory")
-    step = path if is_checkpoint(path) else newest_checkpoint(path)
-    if step is None:
-        raise ConfigError(f"checkpoint={path} holds no complete Megatron checkpoint; give a run's "
-                          "checkpoints directory (runs/<run>/checkpoints) or one step directory")
-    return step
 
 
 def run_config(step: Path) -> RunConfig:
@@ -243,11 +225,14 @@ def _check_against_model(template: dict, plan: list[Rule], shapes: Shapes) -> No
 
 
 def export_hf(checkpoint: Path, out: Path, progress,
-              max_shard_bytes: int = hf_files.DEFAULT_SHARD_BYTES) -> ExportResult:
-    """Write the Hugging Face directory `out` from a checkpoint root or step (module doc)."""
+              max_shard_bytes: int = hf_files.DEFAULT_SHARD_BYTES,
+              checked: bool = False) -> ExportResult:
+    """Write the Hugging Face directory `out` from a checkpoint root or step (module doc); the
+    step is first checked against its `run.json` (`export_step`) unless `checked` says the
+    caller did."""
     started = time.perf_counter()
     hf_files.refuse_existing(out)
-    step = resolve_step(checkpoint)
+    step = resolve_step(checkpoint) if checked else checked_step(checkpoint)
     cfg = run_config(step)
     hf_config.check_exportable(cfg.model, f"the model of checkpoint {step}")
     shapes = shapes_of(cfg.model, cfg.layout.padded_vocab)

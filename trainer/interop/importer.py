@@ -24,10 +24,9 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.io import save_config
 from recipes.config.schema import RunConfig
 from trainer.interop import hf_config, hf_files, megatron_side, memory
+from trainer.interop.export_step import HF_SUBDIR
 from trainer.interop.mapping import rules, shapes_of
 from trainer.models.gpt.hf_tensors import Rule, Shapes, hf_shapes, megatron_shape, to_megatron
-
-HF_SUBDIR = "hf"  # config.json and tokenizer files of the source, kept for the export
 
 
 @dataclass
