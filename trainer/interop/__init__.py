@@ -12,6 +12,7 @@ this package runs the conversion. One concern per module:
 - `megatron_side`: the one-process Megatron context (`trainer.one_rank`), the template of the
   model's sharded state dict built on the meta device, and the torch_dist save/load through it.
 - `importer` / `exporter`: the two directions, streamed (`docs/hf-interop.md`).
+- `import_manifest`: the `run.json` an import writes, so the damage check covers it.
 - `export_step`: the step an export reads, checked against its `run.json` as pretrain.py checks
   it (no torch).
 """

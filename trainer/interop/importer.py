@@ -5,7 +5,9 @@ architecture, a recipe of another shape, a missing shard or tensor, a tensor of 
 is checked from config.json and the shards' headers before a byte of weights is read or any
 output exists. Then the shards are read one at a time in file order, each Hugging Face tensor
 re-laid into Megatron's (`mapping`), and written once as a torch_dist checkpoint through the
-model's own sharded state dict (`megatron_side`), into a temporary directory renamed at the end.
+model's own sharded state dict (`megatron_side`), into a temporary directory renamed at the end,
+with a `run.json` recording every file's CRC-32 (`import_manifest`), so pretrain.py and the
+export refuse a damaged import in one line as they refuse a damaged step of a run.
 The checkpoint's tensors keep the Hugging Face dtype; the loading run casts them to its own.
 
 Memory: the source is read shard by shard, but one `dist_checkpointing.save` call needs every
@@ -23,7 +25,7 @@ from pathlib import Path
 from plugins.protocol.errors import ConfigError
 from recipes.config.io import save_config
 from recipes.config.schema import RunConfig
-from trainer.interop import hf_config, hf_files, megatron_side, memory
+from trainer.interop import hf_config, hf_files, import_manifest, megatron_side, memory
 from trainer.interop.export_step import HF_SUBDIR
 from trainer.interop.mapping import rules, shapes_of
 from trainer.models.gpt.hf_tensors import Rule, Shapes, hf_shapes, megatron_shape, to_megatron
@@ -115,6 +117,7 @@ def import_hf(hf_dir: Path, cfg: RunConfig, out: Path, progress) -> ImportResult
             megatron_side.save(template, tensors, one, tmp)
             save_config(cfg, tmp / "config.yaml")
             _write_side_files(source, hf_dir, tmp)
+            import_manifest.write_manifest(tmp, cfg, one)  # last: every file's CRC-32
             hf_files.publish(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
