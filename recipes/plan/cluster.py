@@ -66,6 +66,10 @@ class ClusterSpec:
     time: str | None = None
     container_image: str | None = None
     container_mounts: tuple[str, ...] = ()
+    # Not a file's key: True when the network and peaks are the H100 file's, lent to a recipe
+    # that names no cluster file (`recipe_cluster`): a precision those GPUs lack (FP4) then has
+    # no peak to time by, rather than a refusal of a cluster the user never chose.
+    peaks_assumed: bool = False
 
     @property
     def gpu_memory_bytes(self) -> float:
@@ -135,7 +139,7 @@ def _check_number(path: str, key: str, value: Any) -> None:
 
 
 def _check_keys(path: str, data: dict) -> None:
-    known = [f.name for f in dataclasses.fields(ClusterSpec)]
+    known = [f.name for f in dataclasses.fields(ClusterSpec) if f.name != "peaks_assumed"]
     for key in data:
         if key not in known:
             near = difflib.get_close_matches(str(key), known, n=1)
@@ -146,11 +150,14 @@ def _check_keys(path: str, data: dict) -> None:
             raise ConfigError(f"{path}: '{key}' is missing; add it (see conf/cluster/*.yaml)")
 
 
-def gemm_peak_tflops(cfg: Any, cluster: ClusterSpec) -> float:
+def gemm_peak_tflops(cfg: Any, cluster: ClusterSpec) -> float | None:
     """Peak dense TFLOP/s per GPU of the GEMMs as this run computes them: the precision a
-    plugin sets (FP8, FP4), else the run's dtype; a cluster whose GPUs have no such peak (FP4
-    before Blackwell) is refused in one line."""
+    plugin sets (FP8, FP4), else the run's dtype; a cluster file whose GPUs have no such peak
+    (FP4 before Blackwell) is refused in one line; the peaks lent to a recipe without a
+    cluster file (`peaks_assumed`) give None: the time is then unknown, not refused."""
     precision = cfg.plugins.gemm_precision() or cfg.precision.dtype
+    if precision not in cluster.peak_tflops and cluster.peaks_assumed:
+        return None
     if precision not in cluster.peak_tflops:
         raise ConfigError(f"cluster {cluster.name} gives no peak_tflops.{precision}: its GPUs run "
                           f"no {precision.upper()} GEMMs; plan on a cluster file of GPUs that do "
@@ -202,12 +209,15 @@ def load_cluster(path: str | Path) -> ClusterSpec:
 
 def recipe_cluster(cfg: Any, network_of: ClusterSpec | None = None) -> ClusterSpec:
     """The recipe's own `cluster` section as a spec (memory from `cluster.gpu_memory_gib`);
-    bandwidths and peaks from `network_of` (the H100 file's when none is given)."""
-    base = network_of or load_cluster(CLUSTER_DIR / "h100_80gb_8x8.yaml")
+    bandwidths and peaks from `network_of`, else from the recipe's `cluster.spec` file, else
+    lent by the H100 file (`peaks_assumed`)."""
     c = cfg.cluster
+    assumed = network_of is None and not c.spec
+    base = network_of or load_cluster(c.spec or CLUSTER_DIR / "h100_80gb_8x8.yaml")
     return dataclasses.replace(base, name=f"recipe ({base.name} network)", nodes=c.nodes,
                                gpus_per_node=c.gpus_per_node,
-                               gpu_memory_gb=c.gpu_memory_gib * 2**30 / 1e9)
+                               gpu_memory_gb=c.gpu_memory_gib * 2**30 / 1e9,
+                               peaks_assumed=assumed)
 
 
 def apply_cluster(cfg: Any, cluster: ClusterSpec) -> Any:

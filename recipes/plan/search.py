@@ -372,7 +372,13 @@ class _Searcher:
         self.crossing: dict[tuple, dict[str, bool]] = {}
         self.memo: dict[str, dict[Any, Any]] = {
             name: {} for name in ("params", "activations", "states", "traffic", "forward")}
-        self.peak = gemm_peak_tflops(cfg, cluster)
+        peak = gemm_peak_tflops(cfg, cluster)
+        if peak is None:
+            raise ConfigError(f"the search times layouts at the GPUs' peak, and {cluster.name} "
+                              f"has none for this run's {cfg.plugins.gemm_precision()} GEMMs; "
+                              "give cluster=FILE of GPUs that run them (with peak_tflops for "
+                              "that precision)")
+        self.peak = peak
         self.fraction = cluster.gemm_peak_fraction or PEAK_FRACTION
         self.half = cluster.gemm_half_dim or HALF_DIM
         self.latency = (cluster.collective_latency_us or 0.0) * 1e-6

@@ -143,6 +143,28 @@ def test_nvfp4_parameters_save_a_byte_and_a_half_per_weight_and_on_the_gather() 
         make_plan(nvfp4, CLUSTER)  # H200: no FP4
 
 
+def test_nvfp4_without_a_cluster_file_plans_its_memory_with_the_step_time_unknown() -> None:
+    """A recipe that names no cluster file is planned on peaks the H100 file lends: an NVFP4
+    run then fits or not by its memory, its time unknown (pretrain.py's pre-flight, a dry run);
+    its own `cluster.spec` gives the peak; the search, which ranks by time, says it needs one."""
+    from plugins.protocol.errors import ConfigError
+    from recipes.plan.cluster import recipe_cluster
+    from recipes.plan.search import search
+
+    nvfp4 = apply_overrides(get_recipe("super_tiny_dp2_distopt"),
+                            ["precision.dtype=bf16", *NVFP4_PARAMS])
+    lent = recipe_cluster(nvfp4)
+    assert lent.peaks_assumed and "fp4" not in lent.peak_tflops
+    plan = make_plan(nvfp4, lent)
+    assert plan.worst.peak > 0 and plan.batch.step_seconds is None
+    with pytest.raises(ConfigError, match="the search times layouts at the GPUs' peak"):
+        search(nvfp4, lent)
+    named = recipe_cluster(apply_overrides(nvfp4, ["cluster.spec=conf/cluster/h200_1x8.yaml"]))
+    assert not named.peaks_assumed and named.name == "recipe (h200_1x8 network)"
+    with pytest.raises(ConfigError, match="gives no peak_tflops.fp4"):
+        make_plan(nvfp4, named)  # a file the user named: refused, as before
+
+
 def test_a_latent_moe_layer_counts_its_projections_among_its_gemm_weights() -> None:
     from recipes.models.moe.params import moe_gemm_weights, moe_mlp_params
 
