@@ -3,7 +3,9 @@
 Why: published models are tens of gigabytes in several `safetensors` shards. Reading goes through
 `safetensors.safe_open` (memory-mapped; a tensor is read when asked for), one shard open at a time
 in file order, and every name, shard and shape is checked from the shards' headers before any
-output exists, so a missing shard or tensor is refused in one line, not after minutes of work.
+output exists, so a missing shard or tensor is refused in one line, not after minutes of work,
+and so is a shard safetensors cannot read (a download cut short, a header overwritten), which
+would otherwise end in a `SafetensorError` traceback.
 Writing fills size-limited shards as tensors arrive and publishes the directory by one rename:
 a crash leaves only a `.tmp-` directory, never something that looks like a complete model.
 """
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from plugins.protocol.errors import ConfigError
@@ -30,6 +32,20 @@ SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.jso
               "tokenizer.model", "generation_config.json")
 DEFAULT_SHARD_BYTES = 5 * 1024**3  # transformers' default max_shard_size
 SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def damaged_shard(path: Path, error: Exception) -> str:
+    """The line for a shard safetensors cannot read: cut short (`incomplete metadata, file not
+    fully covered`), its header overwritten (`invalid UTF-8 in header`, `HeaderTooLarge`)."""
+    return f"{path} is truncated or damaged ({error}); download the model again"
+
+
+def open_shard(path: Path):
+    """`safe_open` of one shard, opened; a damaged one is one line (`damaged_shard`)."""
+    try:
+        return safe_open(path, framework="pt").__enter__()
+    except SafetensorError as error:
+        raise ConfigError(damaged_shard(path, error)) from None
 
 
 def _weight_map(model_dir: Path) -> dict[str, str]:
@@ -47,8 +63,9 @@ def _weight_map(model_dir: Path) -> dict[str, str]:
                           "read); download the model's safetensors files")
     found = {}
     for shard in shards:
-        with safe_open(model_dir / shard, framework="pt") as f:
-            found.update({name: shard for name in f.keys()})
+        handle = open_shard(model_dir / shard)
+        found.update({name: shard for name in handle.keys()})
+        handle.__exit__(None, None, None)
     return found
 
 
@@ -73,7 +90,7 @@ class HFWeights:
     def _handle(self, shard: str):
         if self._open is None or self._open[0] != shard:
             self.close()
-            self._open = (shard, safe_open(self.dir / shard, framework="pt").__enter__())
+            self._open = (shard, open_shard(self.dir / shard))
         return self._open[1]
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -85,7 +102,11 @@ class HFWeights:
         return SAFETENSORS_BYTES[self._handle(self.shard_of(name)).get_slice(name).get_dtype()]
 
     def get(self, name: str) -> torch.Tensor:
-        return self._handle(self.shard_of(name)).get_tensor(name)
+        shard = self.shard_of(name)
+        try:
+            return self._handle(shard).get_tensor(name)
+        except SafetensorError as error:  # a header whose offsets the file does not hold
+            raise ConfigError(damaged_shard(self.dir / shard, error)) from None
 
     def close(self) -> None:
         if self._open is not None:

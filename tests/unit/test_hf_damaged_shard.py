@@ -1,0 +1,89 @@
+"""A safetensors shard cut short or with its header overwritten is one line naming the file,
+what safetensors found and the fix (download again), exit 2, before any output exists; not a
+`SafetensorError` traceback (`trainer/interop/hf_files.py`, `open_shard`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plugins.protocol.errors import ConfigError
+from recipes.registry import get_recipe
+from tests.dist.hf_runs import make_hf_model
+from trainer.interop.hf_files import HFWeights, damaged_shard
+from trainer.interop.importer import check_source
+
+REPO = Path(__file__).resolve().parents[2]
+SHARD = "model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    return make_hf_model("llama", tmp_path_factory.mktemp("hf") / "llama")
+
+
+def _copy(model: Path, to: Path) -> Path:
+    to.mkdir()
+    for path in model.iterdir():
+        (to / path.name).write_bytes(path.read_bytes())
+    return to
+
+
+def _truncated(model: Path, to: Path) -> Path:
+    copy = _copy(model, to)
+    (copy / SHARD).write_bytes((copy / SHARD).read_bytes()[:300_000])
+    return copy
+
+
+def _header_overwritten(model: Path, to: Path) -> Path:
+    copy = _copy(model, to)
+    data = bytearray((copy / SHARD).read_bytes())
+    data[10:50] = b"\xff" * 40
+    (copy / SHARD).write_bytes(bytes(data))
+    return copy
+
+
+def test_the_line_names_the_file_the_reason_and_the_fix() -> None:
+    assert damaged_shard(Path("m/model.safetensors"), ValueError("cut")) == (
+        "m/model.safetensors is truncated or damaged (cut); download the model again")
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (_truncated, "incomplete metadata, file not fully covered"),
+    (_header_overwritten, "invalid UTF-8 in header"),
+])
+def test_a_damaged_shard_is_named(llama, tmp_path, damage, reason) -> None:
+    model = damage(llama, tmp_path / "model")
+    with pytest.raises(ConfigError, match=re.escape(f"{model / SHARD} is truncated or damaged "
+                                                    f"(Error while deserializing header: "
+                                                    f"{reason}")) as caught:
+        HFWeights(model)  # a single shard: its header is read for the names
+    assert str(caught.value).endswith("; download the model again")
+    assert "\n" not in str(caught.value)
+
+
+def test_a_damaged_shard_behind_an_index_is_named(llama, tmp_path) -> None:
+    """With an index the names come from it; the shard is first opened for the shapes."""
+    model = _truncated(llama, tmp_path / "model")
+    names = HFWeights(llama).weight_map
+    index = {"weight_map": dict.fromkeys(names, SHARD)}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ConfigError, match="is truncated or damaged"):
+        check_source(model, get_recipe("hf_tiny_llama"))
+
+
+def test_the_script_prints_one_line_exits_2_and_writes_nothing(llama, tmp_path) -> None:
+    model = _truncated(llama, tmp_path / "model")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "scripts/convert.py", "import", f"hf={model}", f"out={out}",
+         "recipe=hf_tiny_llama"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0, done.stderr
+    assert done.stderr.startswith(f"error: {model / SHARD} is truncated or damaged (")
+    assert not out.exists() and not list(tmp_path.glob("out.tmp-*"))
