@@ -5,13 +5,14 @@ One table says which Megatron-LM flag carries each config field and how: a value
 (`--num-layers 32`), a switch that is on when the field is true (`--sequence-parallel`) or
 false (`--disable-bias-linear`), or a pair of functions for the fields Megatron-LM spells
 another way (the activation, the precision, recompute, the schedule, GQA, RoPE scaling, the
-data, the checkpoint format); a plugin writes and reads its own flags (FP8's, through its
-config's `megatron_lm_args` / `from_megatron_lm`). Every field is written, since Megatron-LM's
-defaults are not ours (dropout 0.1, Adam beta2 0.999, linear decay...). The world size is not
-a flag (torchrun gives it) and the fields in `NO_FLAG` have no Megatron-LM flag;
-`scripts/pretrain.py print=megatron_args` lists them. Reading a command line back
-(`trainer/tools/megatron_args.py`) uses Megatron-LM's own parser and this same table, so the
-two directions cannot drift apart. No torch here.
+data, the checkpoint format, a batch ramp-up: Megatron-LM 0.19.2 ignores `--rampup-batch-size`
+and ramps only through its step schedule, counted in samples); a plugin writes and reads its
+own flags (FP8's, through its config's `megatron_lm_args` / `from_megatron_lm`). Every field is
+written, since Megatron-LM's defaults are not ours (dropout 0.1, Adam beta2 0.999, linear
+decay...). The world size is not a flag (torchrun gives it) and the fields `no_flag_fields`
+names have no Megatron-LM flag; `scripts/pretrain.py print=megatron_args` lists them. Reading a
+command line back (`trainer/tools/megatron_args.py`) uses Megatron-LM's own parser and this
+same table, so the two directions cannot drift apart. No torch here.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ def _moe(cfg: Any) -> bool:
 
 def _hybrid(cfg: Any) -> bool:
     return cfg.model.hybrid_layer_pattern is not None
+
+
+def _no_ramp(cfg: Any) -> bool:
+    """Without a batch ramp-up the run's length and schedule are steps of one global batch; with
+    one Megatron-LM counts them in samples (`_ramp_args`)."""
+    return cfg.train.rampup_batch_size is None
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -101,8 +108,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("parallel.last_stage_layers", "--decoder-last-pipeline-num-layers"),
     Flag("parallel.overlap_p2p_comm", "--no-overlap-p2p-communication", "overlap_p2p_comm", OFF),
     Flag("train.micro_batch_size", "--micro-batch-size"),
-    Flag("train.global_batch_size", "--global-batch-size"),
-    Flag("train.train_iters", "--train-iters"),
+    Flag("train.global_batch_size", "--global-batch-size", when=_no_ramp),
+    Flag("train.train_iters", "--train-iters", when=_no_ramp),
     Flag("train.eval_interval", "--eval-interval"),
     Flag("train.eval_iters", "--eval-iters"),
     Flag("train.seed", "--seed"),
@@ -121,8 +128,8 @@ FLAGS: tuple[Flag, ...] = (
     # torch's FSDP2 (Megatron Core's TorchFullyShardedDataParallel): the project's validation
     # refuses it with the reason, so a line read back says why rather than "no field".
     Flag("optimizer.torch_fsdp2", "--use-torch-fsdp2", kind=ON),
-    Flag("scheduler.warmup_iters", "--lr-warmup-iters"),
-    Flag("scheduler.decay_iters", "--lr-decay-iters"),
+    Flag("scheduler.warmup_iters", "--lr-warmup-iters", when=_no_ramp),
+    Flag("scheduler.decay_iters", "--lr-decay-iters", when=_no_ramp),
     Flag("scheduler.wsd_decay_style", "--lr-wsd-decay-style"),
     Flag("precision.grad_reduce_in_fp32", "--accumulate-allreduce-grads-in-fp32", kind=ON),
     Flag("precision.loss_scale", "--loss-scale"),
@@ -254,8 +261,8 @@ def _wsd_args(cfg: Any) -> list[str]:
     from recipes.config.phases import wsd_decay_iters
 
     s = cfg.scheduler
-    if s.style != "wsd" and s.wsd_decay_iters is None:
-        return []
+    if (s.style != "wsd" and s.wsd_decay_iters is None) or not _no_ramp(cfg):
+        return []  # with a ramp-up: --lr-wsd-decay-samples (`_ramp_args`)
     return ["--lr-wsd-decay-iters", str(wsd_decay_iters(s, cfg.train.train_iters))]
 
 
@@ -395,6 +402,137 @@ def _async_from(a: Mapping[str, Any]) -> dict[str, Any]:
     return {"checkpoint.async_save": bool(a["async_save"])}
 
 
+def _ramp_args(cfg: Any) -> list[str]:
+    """A batch ramp-up as Megatron-LM 0.19.2 trains one. It ignores `--rampup-batch-size`
+    (Megatron Core deprecated that calculator, `num_microbatches_calculator.py:79-104`) and ramps
+    through `--step-batch-size-schedule`, the same (threshold, batch) pairs the trainer hands
+    Megatron Core (`recipes/config/rampup.py`), its thresholds in tokens (Megatron-LM passes
+    `--seq-length`, which turns them into samples). It refuses that schedule beside
+    `--global-batch-size` (the schedule's last batch is the full one) and with `--train-iters`
+    would count the learning-rate schedule in steps of micro-batch x DP samples, so the length
+    and the schedule are written in samples, as the trainer counts them under a ramp."""
+    from recipes.config.phases import run_samples_at, schedule_samples
+    from recipes.config.rampup import ramp_schedule
+
+    ramp = ramp_schedule(cfg)
+    if ramp is None:
+        return []
+    seq, s = cfg.model.seq_length, schedule_samples(cfg)
+    args = ["--step-batch-size-schedule", " ".join(f"{t * seq}:{b}" for t, b in ramp),
+            # the held-out batches are full ones (Megatron-LM's default: micro-batch x DP)
+            "--eval-global-batch-size", str(cfg.train.global_batch_size),
+            "--train-samples", str(run_samples_at(cfg, cfg.train.train_iters)),
+            "--lr-warmup-samples", str(s.warmup)]
+    if cfg.scheduler.decay_iters is not None:
+        args += ["--lr-decay-samples", str(s.decay)]
+    if cfg.scheduler.style == "wsd" or cfg.scheduler.wsd_decay_iters is not None:
+        args += ["--lr-wsd-decay-samples", str(s.wsd_decay)]
+    return args
+
+
+def step_schedule(text: str, seq_length: int | None) -> tuple[tuple[int, int], ...]:
+    """`--step-batch-size-schedule` as Megatron Core reads it, (samples, batch) pairs
+    (`StepBatchsizeNumMicroBatchesCalculator._parse_schedule`, without importing torch):
+    "THRESHOLD:BATCH" words, a K/M/B/T suffix, thresholds in tokens when there is a length."""
+    scale = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+
+    def number(word: str) -> int:
+        word = word.strip().upper()
+        factor = scale.get(word[-1:], 1)
+        return int(float(word[:-1] if factor > 1 else word) * factor)
+
+    pairs = []
+    for entry in text.strip().replace(",", " ").split():
+        threshold, batch = (number(part) for part in entry.split(":", 1))
+        pairs.append((threshold // seq_length if seq_length else threshold, batch))
+    return tuple(sorted(pairs, key=lambda pair: pair[0]))
+
+
+def _steps_to(schedule: tuple[tuple[int, int], ...], samples: int) -> int:
+    """The steps Megatron-LM trains to reach `samples` (`training.py` `update_train_iters`: it
+    steps until the consumed samples reach them)."""
+    from recipes.config.rampup import samples_after
+
+    low, high = 0, samples // min(b for _, b in schedule) + 1
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if samples_after(schedule, middle) < samples else (
+            low, middle)
+    return low
+
+
+def _as_ramp(schedule: tuple[tuple[int, int], ...]) -> list[int] | None:
+    """[start, increment, samples] whose ramp is `schedule`, or None when none is."""
+    from types import SimpleNamespace
+
+    from recipes.config.rampup import ramp_schedule
+
+    start, increment = schedule[0][1], schedule[1][1] - schedule[0][1]
+    ramp = [start, increment, schedule[-1][0]]
+    train = SimpleNamespace(rampup_batch_size=ramp, global_batch_size=schedule[-1][1])
+    if increment < 1 or ramp_schedule(SimpleNamespace(train=train)) != schedule:
+        return None
+    return ramp
+
+
+def _ramp_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    """A step schedule back to the ramp, and a sample-based length and schedule back to steps;
+    every mix Megatron-LM 0.19.2 refuses or trains otherwise is refused in one line."""
+    from plugins.protocol.errors import ConfigError
+    from recipes.config.phases import wsd_decay_iters
+    from recipes.config.rampup import megatron_schedule
+    from recipes.config.schema import SchedulerConfig
+
+    text, samples, batch = a["step_batch_size_schedule"], a["train_samples"], a["global_batch_size"]
+    problem = None
+    if a["rampup_batch_size"] is not None:
+        problem = (f"--rampup-batch-size {' '.join(map(str, a['rampup_batch_size']))} is ignored "
+                   "by Megatron-LM 0.19.2 (Megatron Core deprecated it: the run trains a "
+                   "constant --global-batch-size); for a ramp give --step-batch-size-schedule "
+                   "with --train-samples (print=megatron_args writes both), or remove it")
+    elif text is not None and batch is not None:
+        problem = ("--step-batch-size-schedule with --global-batch-size: Megatron-LM refuses both "
+                   "(the schedule's last batch is the full one); remove --global-batch-size")
+    elif samples is not None and a["train_iters"] is not None:
+        problem = "--train-samples with --train-iters: Megatron-LM takes one; remove the other"
+    elif text is not None and samples is None:
+        problem = ("--step-batch-size-schedule without --train-samples: with --train-iters "
+                   "Megatron-LM counts the learning-rate schedule in steps of micro-batch x DP "
+                   "samples; give --train-samples and --lr-warmup-samples / --lr-decay-samples")
+    elif samples is not None and text is None and batch is None:
+        problem = "--train-samples without --global-batch-size; give the global batch"
+    if problem:
+        raise ConfigError(problem)
+    if samples is None:  # steps of one global batch: the flags in FLAGS carry them
+        schedule, ramp = (((0, batch),) if batch else None), None
+    else:
+        schedule = ((0, batch),) if text is None else step_schedule(text, a["seq_length"])
+        ramp = _as_ramp(schedule) if len(schedule) > 1 else None
+        if len(schedule) > 1 and ramp is None:
+            raise ConfigError(f"--step-batch-size-schedule '{text}' is not a linear ramp-up "
+                              f"('{megatron_schedule(schedule)}' in samples): the project trains "
+                              "train.rampup_batch_size=[start, increment, samples] only, equal "
+                              "increments at equal shares of the ramp's samples")
+    full = schedule[-1][1] if schedule else None
+    if a["eval_global_batch_size"] not in (None, full):
+        raise ConfigError(f"--eval-global-batch-size {a['eval_global_batch_size']}: the project "
+                          f"evaluates full global batches ({full}); remove it")
+    if samples is None:
+        return {"train.rampup_batch_size": None}
+    steps = _steps_to(schedule, samples)
+    decay = None if a["lr_decay_samples"] is None else _steps_to(schedule, a["lr_decay_samples"])
+    found = {"train.rampup_batch_size": ramp, "train.global_batch_size": full,
+             "train.train_iters": steps, "scheduler.decay_iters": decay,
+             "scheduler.warmup_iters": _steps_to(schedule, a["lr_warmup_samples"] or 0),
+             "scheduler.wsd_decay_iters": None}
+    if a["lr_wsd_decay_samples"] is not None:
+        end, end_samples = decay or steps, a["lr_decay_samples"] or samples
+        given = end - _steps_to(schedule, end_samples - a["lr_wsd_decay_samples"])
+        default = wsd_decay_iters(SchedulerConfig(decay_iters=decay), steps)
+        found["scheduler.wsd_decay_iters"] = None if given == default else given
+    return found
+
+
 def _pattern_args(cfg: Any) -> list[str]:
     pattern = cfg.model.hybrid_layer_pattern
     return [] if pattern is None else ["--hybrid-layer-pattern", pattern]
@@ -512,6 +650,11 @@ SPELLED: tuple[Spelled, ...] = (
     Spelled(("train.cuda_graphs", "train.cuda_graph_modules", "train.cuda_graph_warmup_steps"),
             ("cuda_graph_impl", "cuda_graph_modules", "cuda_graph_warmup_steps",
              "te_rng_tracker"), _graphs_args, _graphs_from),
+    # After the WSD anneal's entry: under a ramp-up the schedule is read from samples.
+    Spelled(("train.rampup_batch_size",), ("rampup_batch_size", "step_batch_size_schedule",
+                                           "train_samples", "lr_warmup_samples",
+                                           "lr_decay_samples", "lr_wsd_decay_samples",
+                                           "eval_global_batch_size"), _ramp_args, _ramp_from),
 )
 
 # Megatron-LM flags that say where things are or how a run reports, not what it trains: read

@@ -50,6 +50,7 @@ def _differences(cfg, back) -> list[str]:
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_recipe_to_megatron_args_and_back_is_the_recipe(name) -> None:
     cfg = get_recipe(name)
+    cfg.phases = []  # Megatron-LM has no phases: a phased run's line is refused (below)
     back, notes = config_from_megatron_args(to_megatron_args(cfg), cfg.cluster)
     assert _differences(cfg, back) == [] and notes == []
 
@@ -315,3 +316,87 @@ def test_async_save_without_megatrons_persistent_worker_is_one_line() -> None:
         config_from_megatron_args([*base, "--async-save"])
     assert str(error.value).startswith("--async-save without --use-persistent-ckpt-worker: ")
     assert "\n" not in str(error.value)
+
+
+RAMP = ["train.rampup_batch_size=[2,2,48]", "scheduler.style=wsd", "scheduler.decay_iters=40",
+        "scheduler.wsd_decay_iters=12"]
+
+
+def test_a_batch_ramp_up_is_megatrons_step_schedule_in_samples_and_reads_back() -> None:
+    """Megatron-LM 0.19.2 ignores --rampup-batch-size; its step schedule (thresholds in tokens),
+    driven through Megatron Core's own calculator as its training loop drives it, trains this
+    ramp's batches for exactly this run's steps, and the line reads back as the ramp."""
+    from megatron.core.num_microbatches_calculator import (
+        StepBatchsizeNumMicroBatchesCalculator,
+    )
+
+    from recipes.config.overrides import apply_overrides
+    from recipes.config.phases import run_samples_at
+    from recipes.config.rampup import batch_at, ramp_schedule
+    from trainer.tools.megatron_args import megatron_parser
+
+    cfg = apply_overrides(get_recipe("tiny_dp1"), RAMP)
+    args = to_megatron_args(cfg)
+    assert not {"--rampup-batch-size", "--global-batch-size", "--train-iters", "--lr-decay-iters",
+                "--lr-warmup-iters", "--lr-wsd-decay-iters"} & set(args)
+    assert "train.rampup_batch_size" not in no_flag_fields(cfg)
+    a = megatron_parser().parse_known_args(args)[0]
+    calculator = StepBatchsizeNumMicroBatchesCalculator(
+        a.micro_batch_size, cfg.layout.data_parallel, False, 0, a.step_batch_size_schedule,
+        seq_length=a.seq_length)  # as set_global_variables builds it
+    ramp, consumed, steps = ramp_schedule(cfg), 0, 0
+    while consumed < a.train_samples:  # training.py update_train_iters
+        calculator.update(consumed, consistency_check=False)
+        assert calculator.get_current_global_batch_size() == batch_at(ramp, consumed)
+        consumed, steps = consumed + calculator.get_current_global_batch_size(), steps + 1
+    assert (steps, calculator.global_batch_size) == (cfg.train.train_iters, 8)
+    assert a.eval_global_batch_size == 8 and a.lr_warmup_samples == run_samples_at(cfg, 10)
+    assert a.lr_decay_samples == run_samples_at(cfg, 40)
+    assert a.lr_wsd_decay_samples == run_samples_at(cfg, 40) - run_samples_at(cfg, 28)
+    back, notes = config_from_megatron_args(args, cfg.cluster)
+    assert back.train.rampup_batch_size == [2, 2, 48] and back.scheduler.wsd_decay_iters == 12
+    assert _differences(cfg, back) == [] and notes == []
+
+
+@pytest.mark.parametrize(("text", "seq"), [("0:384 200B:768 0.4T:1152", 4096),
+                                           ("0:2, 12800:6 25600:8", 128), ("0:16 300K:1024", None)])
+def test_the_step_schedule_is_read_as_megatron_core_reads_it(text, seq) -> None:
+    from megatron.core.num_microbatches_calculator import (
+        StepBatchsizeNumMicroBatchesCalculator,
+    )
+
+    from recipes.config.megatron_args import step_schedule
+
+    assert step_schedule(text, seq) == tuple(
+        StepBatchsizeNumMicroBatchesCalculator._parse_schedule(text, seq))
+
+
+def test_the_nemotron4_ramp_is_written_in_tokens() -> None:
+    args = to_megatron_args(get_recipe("nemotron4_15b_tp8_pp2_dp4"))
+    schedule = args[args.index("--step-batch-size-schedule") + 1]
+    # [384, 384, 97656250] to 1152: two increments, each at half the ramp's samples x 4096
+    assert schedule == "0:384 200000000000:768 400000000000:1152"
+
+
+@pytest.mark.parametrize(("extra", "start"), [
+    (["--rampup-batch-size", "2", "2", "48"],
+     "--rampup-batch-size 2 2 48 is ignored by Megatron-LM 0.19.2"),
+    (["--global-batch-size", "8"], "--step-batch-size-schedule with --global-batch-size: "),
+    (["--train-iters", "300"], "--train-samples with --train-iters: "),
+    (["--step-batch-size-schedule", "0:2 12800:6 25600:8"],
+     "--step-batch-size-schedule '0:2 12800:6 25600:8' is not a linear ramp-up"),
+    (["--eval-global-batch-size", "4"], "--eval-global-batch-size 4: the project evaluates"),
+])
+def test_a_ramp_megatron_trains_otherwise_is_one_line(extra, start) -> None:
+    from recipes.config.overrides import apply_overrides
+
+    argv = [*to_megatron_args(apply_overrides(get_recipe("tiny_dp1"), RAMP)), *extra]
+    with pytest.raises(ConfigError) as error:
+        config_from_megatron_args(argv)
+    assert str(error.value).startswith(start) and "\n" not in str(error.value)
+
+
+def test_a_step_schedule_with_train_iters_is_one_line() -> None:
+    argv = ["--num-layers", "2", "--step-batch-size-schedule", "0:2 128:8", "--train-iters", "9"]
+    with pytest.raises(ConfigError, match="^--step-batch-size-schedule without --train-samples"):
+        config_from_megatron_args(argv)
