@@ -80,6 +80,15 @@ RETIRED_KEYS = {
         "moved to cluster.threads_per_rank; set that instead",
         lambda value: {"cluster.threads_per_rank": value}),
 }
+# Examples of list values whose current value and default are both empty (core fields only:
+# a plugin's list is shown from its element type). Each is one the rules accept on a recipe.
+_LIST_EXAMPLES = {
+    "phases": "[{name: general, tokens: 0.8}, {name: quality, tokens: 0.2}]",
+    "train.rampup_batch_size": "[32,32,1000]",
+    "train.offload_modules": "[core_attn]",
+    "train.cuda_graph_modules": "[attn]",
+}
+_ELEMENT_EXAMPLES = {int: "[2,2]", float: "[0.5,0.5]", str: "[a,b]", bool: "[true,false]"}
 _LISTED_KEYS = 12  # an unknown key in a section this small lists the section's keys
 _DATA_PARALLEL_NAMES = ("dp", "data_parallel", "data_parallel_size", "parallel.data")
 
@@ -239,8 +248,58 @@ def unknown_key_message(key: str, origin: str) -> str:
     return f"{origin}: unknown config key '{key}'; {hint}"
 
 
+def _list_type(key: str) -> Any | None:
+    """The `list[T]` type of a list field (`| None` taken off), else None."""
+    tp = field_type(key)
+    if _nullable(tp):
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp if typing.get_origin(tp) is list else None
+
+
+def _element_words(element: Any) -> str:
+    """What one element of a list field is, in words."""
+    if element is PhaseConfig:
+        return f"a phase, a mapping of its fields ({', '.join(_field_types(PhaseConfig))})"
+    return describe_type(element)
+
+
+def list_example(key: str, origin: str = "override") -> str:
+    """`key=[...]` (in a file: `key: [...]`) with a value that shows the form: the schema's
+    default where it is not empty, else an example of the field or of its element type."""
+    assign = "=" if origin.startswith("override") else ": "
+    default = _default_of(key)
+    if isinstance(default, list) and default and all(isinstance(x, str) for x in default):
+        return f"{key}{assign}[{','.join(default)}]"
+    list_tp = _list_type(key)
+    element = typing.get_args(list_tp)[0] if list_tp is not None else None
+    return f"{key}{assign}{_LIST_EXAMPLES.get(key) or _ELEMENT_EXAMPLES.get(element, '[...]')}"
+
+
+def _default_of(key: str) -> Any:
+    """The schema default of a dotted leaf key (None where it has none or is unknown)."""
+    section, _, leaf = key.rpartition(".")
+    cls = field_type(section) if section else RunConfig
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return None
+    f = next((f for f in dataclasses.fields(cls) if f.name == leaf), None)
+    if f is None:
+        return None
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
+
+
+def _element_key(key: str) -> tuple[str, int] | None:
+    """`train.rampup_batch_size[0]` -> ('train.rampup_batch_size', 0); else None."""
+    list_key, bracket, rest = key.partition("[")
+    if not bracket or not rest.endswith("]") or not rest[:-1].isdigit():
+        return None
+    return list_key, int(rest[:-1])
+
+
 def wrong_value_message(key: str, given: str, origin: str, current: Any) -> str:
-    """One line for a value of the wrong type: key, expected type, given and current value."""
+    """One line for a value of the wrong type: key, expected type, given and current value
+    (an element of a list: the element type and a whole list as an example)."""
     tp = field_type(key)
     if tp is not None and dataclasses.is_dataclass(tp):
         example = next((k for k in config_keys() if k.startswith(key + ".")), None)
@@ -250,9 +309,53 @@ def wrong_value_message(key: str, given: str, origin: str, current: Any) -> str:
             f"{origin}: '{key}' is a section, not a value; set one of its fields, "
             f"e.g. {example}=..."
         )
+    element = _element_key(key)
+    if element is not None and (list_tp := _list_type(element[0])) is not None:
+        expected = _element_words(typing.get_args(list_tp)[0])
+        return (f"{origin}: {key} expects {expected}, got '{given}'; write e.g. "
+                f"{list_example(element[0], origin)}")
     expected = describe_type(tp) if tp is not None else "a different value"
     shown = _yaml_scalar(current)
     return f"{origin}: {key} expects {expected}, got '{given}' (currently {key}={shown})"
+
+
+def list_shape_problem(update: Any, origin: str, prefix: str = "") -> str | None:
+    """Where `update` (a plain tree of dicts and lists) gives a list field something OmegaConf
+    cannot merge or would take: a mapping (`phases={}`: a TypeError deep in OmegaConf), or an
+    element of the wrong shape (`[[1],2,3]` for a list of integers, accepted as is; `[1]` or
+    `[null]` for phases). The one line, else None."""
+    if not isinstance(update, dict):
+        return None
+    for name, value in update.items():
+        key = f"{prefix}{name}"
+        tp = field_type(key)
+        if tp is None:
+            continue  # an unknown key: the merge names it
+        if dataclasses.is_dataclass(tp):
+            problem = list_shape_problem(value, origin, f"{key}.")
+            if problem:
+                return problem
+            continue
+        list_tp = _list_type(key)
+        if list_tp is None:
+            continue
+        if isinstance(value, dict):
+            return f"{origin}: {key} is a list; write e.g. {list_example(key, origin)}"
+        element = typing.get_args(list_tp)[0]
+        for index, item in enumerate(value if isinstance(value, list) else ()):
+            whole = dataclasses.is_dataclass(element)
+            if (not isinstance(item, dict)) if whole else isinstance(item, (dict, list)):
+                shown = _flow_yaml(item)
+                return (f"{origin}: {key}[{index}] expects {_element_words(element)}, got "
+                        f"'{shown}'; write e.g. {list_example(key, origin)}")
+    return None
+
+
+def _flow_yaml(value: Any) -> str:
+    """A value as one line of YAML flow style (`[1]`, `{a: 1}`, `null`)."""
+    if isinstance(value, (dict, list)):
+        return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return _yaml_scalar(value)
 
 
 def merge_checked(base: DictConfig, update: DictConfig, origin: str) -> DictConfig:
@@ -260,6 +363,9 @@ def merge_checked(base: DictConfig, update: DictConfig, origin: str) -> DictConf
 
     `origin` says where the values came from (an override or a file) for the message.
     """
+    problem = list_shape_problem(OmegaConf.to_container(update, resolve=False), origin)
+    if problem:
+        raise ConfigError(problem)
     try:
         return typing.cast(DictConfig, OmegaConf.merge(base, update))
     except OmegaConfBaseException as err:

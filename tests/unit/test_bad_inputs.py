@@ -467,6 +467,9 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["train.cuda_graphs=full_iteration"], "train.cuda_graphs expects one of none, "
      "transformer_engine, local, got 'full_iteration'"),
     (["train.recompute_modules=moe"], "train.recompute_modules expects a list of strings"),
+    (["phases={}"], "phases is a list; write e.g. phases=[{name: general, tokens: 0.8}"),
+    (["train.rampup_batch_size=[a,b,c]"], "train.rampup_batch_size[0] expects an integer, got "
+     "'a'; write e.g. train.rampup_batch_size=[32,32,1000]"),
     *FAST_PATH_BAD_INPUTS,
 ]
 
@@ -704,6 +707,8 @@ def test_directory_that_can_be_created_is_left_as_it_was(tmp_path) -> None:
         (["optimizer.lr=nan"], "error: optimizer.lr=nan must be a finite number"),
         (["recipe=tiny_dp1", "optimizer.adam_beta1=1.5", "print=config"],
          "error: optimizer.adam_beta1=1.5 must be in [0, 1)"),
+        (["recipe=tiny_dp1", "phases={}", "print=config"],
+         "error: override 'phases={}': phases is a list; write e.g. phases=[{name: general, "),
         (["plugins.packing.enabled=true"], "error: override 'plugins.packing.enabled=true': "
          "plugins.packing.enabled was removed: packing follows data.documents"),
         (["checkpoint.load={tmp}/empty_dir"], "error: checkpoint.load={tmp}/empty_dir is an "

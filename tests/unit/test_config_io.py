@@ -51,6 +51,11 @@ def test_missing_keys_take_schema_defaults(tmp_path) -> None:
         ("cluster:\n  device: off\n",
          "cluster.device expects one of auto, gpu, cpu, got 'false' (currently "
          "cluster.device=auto)"),
+        ("phases: {}\n", "phases is a list; write e.g. phases: [{name: general, tokens: 0.8}, "
+         "{name: quality, tokens: 0.2}]"),
+        ("train:\n  rampup_batch_size: {}\n", "train.rampup_batch_size is a list; write e.g. "
+         "train.rampup_batch_size: [32,32,1000]"),
+        ("phases: [7]\n", "phases[0] expects a phase, a mapping of its fields (name, tokens, "),
     ],
 )
 def test_broken_file_is_one_line_naming_the_file(tmp_path, text: str, message: str) -> None:

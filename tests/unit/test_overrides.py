@@ -121,6 +121,51 @@ def test_wrong_type_names_key_expected_type_and_value(override: str, message: st
     assert str(caught.value).startswith(f"override '{override}': {message}")
 
 
+PHASES_EXAMPLE = "phases=[{name: general, tokens: 0.8}, {name: quality, tokens: 0.2}]"
+PHASE_ELEMENT = ("a phase, a mapping of its fields (name, tokens, end_step, blend, "
+                 "global_batch_size, seq_length, context, documents, micro_batch_size, lr_decay, "
+                 "relaunch)")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        # a mapping for a list: OmegaConf's TypeError "Cannot merge incompatible container types"
+        ("phases={}", f"phases is a list; write e.g. {PHASES_EXAMPLE}"),
+        ("train.recompute_modules={}",
+         "train.recompute_modules is a list; write e.g. train.recompute_modules=[core_attn]"),
+        ("train.offload_modules={a: 1}",
+         "train.offload_modules is a list; write e.g. train.offload_modules=[core_attn]"),
+        ("train.rampup_batch_size={}",
+         "train.rampup_batch_size is a list; write e.g. train.rampup_batch_size=[32,32,1000]"),
+        ("plugins.context_parallel.hierarchical_sizes={}",
+         "plugins.context_parallel.hierarchical_sizes is a list; write e.g. "
+         "plugins.context_parallel.hierarchical_sizes=[2,2]"),
+        # an element of the wrong shape or type: the element type and a whole list as example
+        ("train.rampup_batch_size=[[1],2,3]",
+         "train.rampup_batch_size[0] expects an integer, got '[1]'; write e.g. "
+         "train.rampup_batch_size=[32,32,1000]"),
+        ("train.rampup_batch_size=[a,b,c]",
+         "train.rampup_batch_size[0] expects an integer, got 'a'; write e.g. "
+         "train.rampup_batch_size=[32,32,1000]"),
+        ("train.rampup_batch_size=[32,2.5,100]",
+         "train.rampup_batch_size[1] expects an integer, got '2.5'; write e.g. "
+         "train.rampup_batch_size=[32,32,1000]"),
+        ("train.recompute_modules=[[core_attn]]",
+         "train.recompute_modules[0] expects a string, got '[core_attn]'; write e.g. "
+         "train.recompute_modules=[core_attn]"),
+        ("phases=[1]", f"phases[0] expects {PHASE_ELEMENT}, got '1'; write e.g. {PHASES_EXAMPLE}"),
+        ("phases=[null]", f"phases[0] expects {PHASE_ELEMENT}, got 'null'"),
+    ],
+)
+def test_list_fields_and_their_elements_name_the_form(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        apply_overrides(get_recipe("tiny_dp1"), [override])
+    assert str(caught.value).startswith(f"override '{override}': {message}")
+    assert "\n" not in str(caught.value) and "currently phases" not in str(caught.value)
+    assert "[0]=null" not in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("argument", "message"),
     [
