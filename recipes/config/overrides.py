@@ -358,10 +358,12 @@ def _flow_yaml(value: Any) -> str:
     return _yaml_scalar(value)
 
 
-def merge_checked(base: DictConfig, update: DictConfig, origin: str) -> DictConfig:
+def merge_checked(base: DictConfig, update: DictConfig, origin: str,
+                  typed: tuple[str, str] | None = None) -> DictConfig:
     """Merge `update` into a structured `base`, turning OmegaConf errors into ConfigErrors.
 
-    `origin` says where the values came from (an override or a file) for the message.
+    `origin` says where the values came from (an override or a file) for the message; `typed`:
+    the (key, text) the user typed, echoed as typed (`1e3`, not OmegaConf's `1000.0`).
     """
     problem = list_shape_problem(OmegaConf.to_container(update, resolve=False), origin)
     if problem:
@@ -374,7 +376,7 @@ def merge_checked(base: DictConfig, update: DictConfig, origin: str) -> DictConf
         elif isinstance(err, ConfigKeyError):
             message = _unknown_key(err, update, origin)
         else:
-            message = _wrong_value(err, base, update, origin)
+            message = _wrong_value(err, base, update, origin, typed)
     raise ConfigError(message)
 
 
@@ -400,11 +402,13 @@ def _unknown_key(err: ConfigKeyError, update: DictConfig, origin: str) -> str:
 
 
 def _wrong_value(err: OmegaConfBaseException, base: DictConfig, update: DictConfig,
-                 origin: str) -> str:
+                 origin: str, typed: tuple[str, str] | None = None) -> str:
     key = str(getattr(err, "full_key", "") or "") or _first_key(update)
     given = OmegaConf.select(update, key, default=None) if key else None
     if isinstance(given, DictConfig):
         given = OmegaConf.to_yaml(given).strip().replace("\n", ", ")
+    if typed is not None and typed[0] == key:
+        given = typed[1]
     current = OmegaConf.select(base, key, default=None) if key else None
     return wrong_value_message(key, _yaml_scalar(given), origin, current)
 
@@ -540,7 +544,7 @@ def _apply_override(node: DictConfig, text: str) -> DictConfig:
             f"override '{text}': cannot parse the value '{value}' (unbalanced brackets or "
             f"an unfinished ${{...}}); give {key} a plain value"
         ) from None
-    return merge_checked(node, update, f"override '{text}'")
+    return merge_checked(node, update, f"override '{text}'", typed=(key, value))
 
 
 def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:

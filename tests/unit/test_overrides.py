@@ -156,6 +156,9 @@ PHASE_ELEMENT = ("a phase, a mapping of its fields (name, tokens, end_step, blen
          "train.recompute_modules=[core_attn]"),
         ("phases=[1]", f"phases[0] expects {PHASE_ELEMENT}, got '1'; write e.g. {PHASES_EXAMPLE}"),
         ("phases=[null]", f"phases[0] expects {PHASE_ELEMENT}, got 'null'"),
+        # the value as typed, not as YAML read it
+        ("train.train_iters=1e3",
+         "train.train_iters expects an integer, got '1e3' (currently train.train_iters=300)"),
     ],
 )
 def test_list_fields_and_their_elements_name_the_form(override: str, message: str) -> None:
