@@ -771,11 +771,50 @@ def mixer_note(cfg: Any) -> str | None:
             "chunk size changes rounding only, the conv width the weights' shape)")
 
 
-def command_text(cfg: Any) -> str:
-    """What `scripts/pretrain.py print=megatron_args` prints: the torchrun line that trains
-    `cfg` with Megatron-LM, then the fields no flag carries."""
+def phases_refusal(cfg: Any) -> str | None:
+    """Megatron-LM has no phases: one line of a phased run would train its first phase's blend,
+    batch and layout for the whole run. None without phases; else the line that says so, names
+    the phases and how to print one phase as a run of its own (`phases=[]` and its values)."""
     import shlex
 
+    from recipes.config.phases import phase_spans, relaunch_overrides
+
+    if not cfg.phases:
+        return None
+    spans = phase_spans(cfg)
+
+    def described(span: Any) -> str:
+        values = [f"blend {span.blend}" if span.blend != cfg.data.blend else "",
+                  f"batch {span.global_batch_size}"
+                  if span.global_batch_size != cfg.train.global_batch_size else "",
+                  f"sequence {span.seq_length}" if span.seq_length != cfg.model.seq_length
+                  else "", f"CP{span.context}" if span.context != cfg.parallel.context else "",
+                  "the WSD decay" if span.lr_decay else "", "a new launch" if span.relaunch
+                  else ""]
+        return f"{span.name} (steps {span.start_step}-{span.end_step}" + "".join(
+            f", {v}" for v in values if v) + ")"
+
+    last = spans[-1]
+    example = ["phases=[]", *([f"data.blend={last.blend}"] if last.blend else []),
+               f"train.global_batch_size={last.global_batch_size}", *relaunch_overrides(last)]
+    return (f"phases: Megatron-LM has no phases, and one command line would train the first "
+            f"phase's blend, batch and layout for all {cfg.train.train_iters} steps; this run "
+            f"has {', '.join(described(s) for s in spans)}. To print one phase as a run of its "
+            "own (its own schedule from step 0, no resume), add phases=[] and its values, e.g. "
+            f"for {last.name}: {' '.join(shlex.quote(o) for o in example)}")
+
+
+def command_text(cfg: Any) -> str:
+    """What `scripts/pretrain.py print=megatron_args` prints: the torchrun line that trains
+    `cfg` with Megatron-LM, then the fields no flag carries. A phased run is refused
+    (`phases_refusal`): Megatron-LM would train something else."""
+    import shlex
+
+    from plugins.protocol.errors import ConfigError
+
+    refusal = phases_refusal(cfg)
+    if refusal:
+        raise ConfigError(refusal)
     c = cfg.cluster
     words = [f"--nnodes={c.nodes}", f"--nproc-per-node={c.gpus_per_node}", script_name(cfg),
              *to_megatron_args(cfg)]

@@ -400,3 +400,25 @@ def test_a_step_schedule_with_train_iters_is_one_line() -> None:
     argv = ["--num-layers", "2", "--step-batch-size-schedule", "0:2 128:8", "--train-iters", "9"]
     with pytest.raises(ConfigError, match="^--step-batch-size-schedule without --train-samples"):
         config_from_megatron_args(argv)
+
+
+def test_a_phased_run_is_refused_in_one_line_that_says_how_to_print_a_phase(capsys) -> None:
+    """Megatron-LM has no phases: one line would train the first phase's 8k layout for the whole
+    run; the refusal names every phase, and its example overrides print the last one."""
+    import shlex
+
+    name = "nemotron3_nano_30b_a3b_phases_tp4_sp_ep8_dp16"
+    assert main(PRETRAIN, [f"recipe={name}", "print=megatron_args"]) == 2
+    captured = capsys.readouterr()
+    assert "torchrun" not in captured.out
+    [line] = [text for text in (captured.out + captured.err).splitlines() if text]
+    assert line.startswith("error: phases: Megatron-LM has no phases")
+    for phase in ("general (steps 0-933806)", "quality (steps 933806-993411, blend ",
+                  "long_context (steps 993411-998219, blend conf/data/nemotron3_nano_long_"
+                  "context.yaml, batch 48, sequence 524288, CP16, a new launch)"):
+        assert phase in line
+    overrides = shlex.split(line.split("for long_context: ")[1])
+    assert main(PRETRAIN, [f"recipe={name}", *overrides, "print=megatron_args"]) == 0
+    printed = capsys.readouterr().out.splitlines()[1]
+    for flag in ("--seq-length 524288", "--context-parallel-size 16", "--global-batch-size 48"):
+        assert flag in printed
