@@ -108,3 +108,10 @@ def test_an_import_carries_run_json_and_a_damaged_one_is_one_line(imported, tmp_
         checkpoint_preflight(loading)
     assert checkpoint_preflight(dataclasses.replace(loading, checkpoint=dataclasses.replace(
         loading.checkpoint, load=str(out)))) == []
+
+
+def test_an_import_prints_no_async_save_notice(imported) -> None:
+    """Megatron's 'MCore's async save is deprecated' is dropped where the import saves
+    (`megatron_side.without_async_deprecation`, tests/unit/test_hf_save_warning.py)."""
+    _, stderr = imported
+    assert "async save is deprecated" not in stderr, stderr

@@ -14,6 +14,9 @@ so the embedding's global shape is the one the recipe's ranks expect.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -23,6 +26,13 @@ from trainer.interop.region_reader import Region
 from trainer.one_rank import one_process, single_rank  # noqa: F401 (the converters' context)
 
 Template = dict  # state-dict name -> ShardedTensor | ShardedTensorFactory | ShardedObject
+
+# A synchronous `dist_checkpointing.save` goes through `TorchDistSaveShardedStrategy.async_save(
+# async_strategy="mcore")`, which logs this once per process through its module's logger
+# (megatron/core/dist_checkpointing/strategies/torch.py:745-752, `_logged_mcore_async_deprecation`)
+# although nothing here saves asynchronously: every import printed it.
+ASYNC_DEPRECATION = "MCore's async save is deprecated"
+ASYNC_DEPRECATION_LOGGER = "megatron.core.dist_checkpointing.strategies.torch"
 
 
 def meta_template(one: RunConfig) -> Template:
@@ -63,7 +73,29 @@ def save(template: Template, tensors: dict[str, torch.Tensor], one: RunConfig, p
         if is_weight(item):
             item.data = tensors[name]
     metadata = content_metadata(one)
-    dist_checkpointing.save({"model": template}, str(path), content_metadata=metadata)
+    with without_async_deprecation():
+        dist_checkpointing.save({"model": template}, str(path), content_metadata=metadata)
+
+
+def is_async_deprecation(record: logging.LogRecord) -> bool:
+    """Megatron's async-save deprecation notice (`ASYNC_DEPRECATION`), by its message."""
+    return record.getMessage().startswith(ASYNC_DEPRECATION)
+
+
+@contextlib.contextmanager
+def without_async_deprecation() -> Iterator[None]:
+    """Drop that one notice from its logger while the block runs; its other records, and every
+    other logger's, still print."""
+    logger = logging.getLogger(ASYNC_DEPRECATION_LOGGER)
+    logger.addFilter(_keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_keep)
+
+
+def _keep(record: logging.LogRecord) -> bool:
+    return not is_async_deprecation(record)
 
 
 def regions(template: Template) -> dict[str, list[Region]]:
