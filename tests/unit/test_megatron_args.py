@@ -422,3 +422,21 @@ def test_a_phased_run_is_refused_in_one_line_that_says_how_to_print_a_phase(caps
     printed = capsys.readouterr().out.splitlines()[1]
     for flag in ("--seq-length 524288", "--context-parallel-size 16", "--global-batch-size 48"):
         assert flag in printed
+
+
+def test_the_docs_list_of_fields_without_a_flag_is_the_printouts() -> None:
+    """docs/megatron-lm.md names, in its 'Fields with no Megatron-LM flag' paragraph, exactly
+    the fields `print=megatron_args` lists (data.source only when the data is not synthetic)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "megatron-lm.md").read_text(encoding="utf-8")
+    paragraph = text[text.index("Fields with no Megatron-LM flag"):].split("\n\n")[0]
+    named = [w for w in re.findall(r"`([^`]+)`", paragraph)
+             if re.fullmatch(r"(?:[a-z_]+\.)?[a-z0-9_*]+", w)]
+    cfg = get_recipe("tiny_dp1")
+    cfg.data.source = "synthetic"
+    listed = [item.split(" ")[0] for item in no_flag_fields(cfg)]
+    cfg.data.source = "blend"
+    assert sorted(named) == sorted(item.split(" ")[0] for item in no_flag_fields(cfg))
+    assert sorted(set(named) - set(listed)) == ["data.source"]  # synthetic is --mock-data
