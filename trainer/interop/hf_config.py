@@ -40,13 +40,18 @@ def read_hf_config(model_dir: Path) -> dict:
     return config
 
 
-def _architecture(hf: dict) -> tuple[str, ModuleType]:
+def architecture(hf: dict) -> str:
+    """config.json's first mapped architecture (`LlamaForCausalLM`); others are refused."""
     names = hf.get("architectures") or [hf.get("model_type", "?")]
-    mapped = [ARCHITECTURES[name] for name in names if name in ARCHITECTURES]
+    mapped = [name for name in names if name in ARCHITECTURES]
     if not mapped:
         raise ConfigError(f"architecture {', '.join(map(str, names))} is not mapped; supported: "
                           f"{', '.join(ARCHITECTURES)}")
     return mapped[0]
+
+
+def _architecture(hf: dict) -> tuple[str, ModuleType]:
+    return ARCHITECTURES[architecture(hf)]
 
 
 def family(hf: dict) -> str:
@@ -59,8 +64,47 @@ def _module_for(model: ModelConfig) -> ModuleType:
     return hybrid if model.is_hybrid else gpt
 
 
+FAMILY_KINDS = {gpt: "GPT", hybrid: "hybrid"}  # what `model.hybrid_layer_pattern` decides
+
+
+def other_family(hf: dict, model: ModelConfig, recipe: str, example: str | None) -> str | None:
+    """The line for a recipe of the other family than the HF model's (a hybrid recipe for a
+    Llama, a GPT one for a NemotronH): what each is and a recipe of the model's family, whose
+    fields the family's own check then compares; None when the families agree."""
+    theirs, ours = FAMILY_KINDS[_architecture(hf)[1]], FAMILY_KINDS[_module_for(model)]
+    if theirs == ours:
+        return None
+    fix = (f"import it with one, e.g. recipe={example} (recipe=list shows them)" if example
+           else "import it with one (recipe=list shows them)")
+    return (f"recipe {recipe} is a {ours} model, not a {theirs} one: config.json's "
+            f"{architecture(hf)} imports into {theirs} recipes only; {fix}")
+
+
+def example_recipe(hf: dict) -> str | None:
+    """A recipe for this HF model: the first whose model matches config.json field by field,
+    else the first whose model exports as its architecture (`hf_config_for`); None if none."""
+    from recipes.registry import RECIPES, get_recipe
+
+    name, family = architecture(hf), _architecture(hf)[1]
+    same = []
+    for recipe in RECIPES:
+        model = get_recipe(recipe).model
+        try:
+            if hf_config_for(model, "bfloat16")["architectures"][0] != name:
+                continue
+            same.append(recipe)
+            family.compare_with_recipe(hf, model, recipe)
+        except ConfigError:  # not of this architecture's shape, or other fields
+            continue
+        return recipe
+    return same[0] if same else None
+
+
 def compare_with_recipe(hf: dict, model: ModelConfig, recipe: str) -> None:
-    """Refuse, in one line naming each differing field, a recipe that is not the HF model."""
+    """Refuse, in one line naming each differing field, a recipe that is not the HF model (a
+    recipe of the other family: naming one of the model's, `other_family`)."""
+    if _module_for(model) is not _architecture(hf)[1]:
+        raise ConfigError(other_family(hf, model, recipe, example_recipe(hf)))
     _architecture(hf)[1].compare_with_recipe(hf, model, recipe)
 
 
