@@ -70,6 +70,12 @@ def is_checkpoint(path: Path) -> bool:
     return (path / CHECKPOINT_MARKER).is_file()
 
 
+def is_project_step(path: Path) -> bool:
+    """A published step this project's own layout names (`step_NNNNNNN`): it always holds a
+    `run.json` (Megatron-LM's `iter_NNNNNNN` and an import do not)."""
+    return path.name.startswith(STEP_PREFIX) and step_of(path.name) is not None
+
+
 def format_of(cfg) -> str:
     """The format a run saves in: Megatron FSDP's DTensors need `fsdp_dtensor` (Megatron-LM
     saves Megatron FSDP only so, `megatron/training/arguments.py:1146-1147`), else

@@ -100,12 +100,40 @@ def tokenizer_identity(cfg) -> dict[str, Any]:
 
 
 def read_manifest(step_dir: Path) -> dict[str, Any] | None:
-    """The checkpoint's `run.json`, or None when it has none (or an unreadable one)."""
+    """The checkpoint's `run.json`, or None when it has none (or an unreadable one): a step
+    another tool wrote has none by design; for one of this project's steps `manifest_problem`
+    says what is wrong with it."""
     try:
         manifest = json.loads((step_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return manifest if isinstance(manifest, dict) and "files" in manifest else None
+
+
+# What the pre-flight reads from every `run.json` (a file without one of them is not whole).
+MANIFEST_KEYS = ("step", "consumed_samples", "consumed_tokens", "versions", "files")
+
+
+def manifest_problem(step_dir: Path) -> str | None:
+    """Why the `run.json` of a step this project saved cannot be read, or None. A published
+    step always has a whole one (written before the rename), so a missing or broken one means
+    the step was damaged since: its checks cannot run, and it is refused like a damaged file."""
+    name = f"{step_dir.name}/{MANIFEST_FILE}"
+    try:
+        text = (step_dir / MANIFEST_FILE).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return f"{name} is missing (every step this project saves has one)"
+    except (OSError, UnicodeDecodeError) as err:
+        return f"{name} cannot be read ({getattr(err, 'strerror', None) or err})"
+    try:
+        manifest = json.loads(text)
+    except ValueError:
+        return f"{name} cannot be read (not valid JSON: cut short or overwritten?)"
+    missing = [key for key in MANIFEST_KEYS
+               if not isinstance(manifest, dict) or key not in manifest]
+    if missing:
+        return f"{name} cannot be read (it has no {', '.join(missing)})"
+    return None
 
 
 def damaged_file(step_dir: Path, manifest: dict[str, Any], checksums: bool) -> str | None:

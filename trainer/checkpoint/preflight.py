@@ -49,6 +49,7 @@ from trainer.checkpoint.format import (
     TMP_INFIX,
     complete_steps,
     is_checkpoint,
+    is_project_step,
     is_release,
     latest_name,
     newest_checkpoint,
@@ -59,6 +60,7 @@ from trainer.checkpoint.manifest import (
     damaged_file,
     format_problem,
     incompatibility,
+    manifest_problem,
     read_manifest,
     reshard_problem,
     resume_notes,
@@ -225,6 +227,9 @@ def checkpoint_preflight(cfg: RunConfig) -> list[str]:
         raise ConfigError(f"checkpoint.load={load} resumes from Megatron-LM's release "
                           "checkpoint, which holds weights only (no step, optimizer or "
                           "schedule); start from its weights with checkpoint.load_model_only=true")
+    broken = manifest_problem(step_dir) if is_project_step(step_dir) else None
+    if broken:  # without it none of the checks below could run
+        raise ConfigError(_damage_message(load, step_dir, broken))
     manifest = read_manifest(step_dir)
     if manifest is None:
         foreign = foreign_manifest(step_dir)

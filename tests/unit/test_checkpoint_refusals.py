@@ -1,0 +1,94 @@
+"""Loads that Megatron would fail on inside every rank (or that would quietly do nothing),
+refused by the launching process in one line from hand-made checkpoint folders: a step of this
+project whose `run.json` is gone or broken, optimizer state of the other kind of optimizer, a
+Hugging Face import loaded as a whole run or into another shape, and a resume that would train
+no step. Each rule fires alone; what still loads is shown beside it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from plugins.protocol.errors import ConfigError
+from recipes.config.io import config_dict
+from recipes.config.overrides import apply_overrides
+from recipes.registry import get_recipe
+from trainer.checkpoint.format import is_project_step
+from trainer.checkpoint.manifest import (
+    file_record,
+    layout_record,
+    manifest_problem,
+    tokenizer_identity,
+)
+from trainer.checkpoint.preflight import checkpoint_preflight
+
+
+def _cfg(*overrides: str, recipe: str = "tiny_dp1"):
+    return apply_overrides(get_recipe(recipe), ["data.source=synthetic", *overrides])
+
+
+def _step(path: Path, cfg=None, step: int = 4) -> Path:
+    """Megatron's marker and one shard; with `cfg`, the run.json a save of it writes."""
+    path.mkdir(parents=True)
+    (path / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    (path / "__0_0.distcp").write_bytes(b"w" * 32)
+    if cfg is not None:
+        manifest = {
+            "format": 1, "step": step, "consumed_samples": 8 * step,
+            "consumed_tokens": 1000 * step, "world_size": cfg.layout.world_size,
+            "layout": layout_record(cfg.layout), "padded_vocab_size": cfg.layout.padded_vocab,
+            "versions": {"torch": "t", "megatron-core": "m", "mcore-recipes": "p"},
+            "tokenizer": tokenizer_identity(cfg), "config": config_dict(cfg),
+            "files": {p.name: file_record(p) for p in path.iterdir()},
+        }
+        (path / "run.json").write_text(json.dumps(manifest))
+    return path
+
+
+def _refusal(cfg) -> str:
+    with pytest.raises(ConfigError) as caught:
+        checkpoint_preflight(cfg)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+# --- 1. a step of this project without a readable run.json ----------------------------------
+
+@pytest.mark.parametrize(("damage", "said"), [
+    (lambda p: p.unlink(), "step_0000004/run.json is missing (every step this project saves "
+                           "has one)"),
+    (lambda p: p.write_text("{\n"), "step_0000004/run.json cannot be read (not valid JSON: "
+                                     "cut short or overwritten?)"),
+    (lambda p: p.write_text('{"files": {}}'), "step_0000004/run.json cannot be read (it has no "
+                                               "step, consumed_samples, consumed_tokens, "
+                                               "versions)"),
+])
+def test_a_step_without_a_readable_run_json_is_refused_with_the_fallback(tmp_path, damage, said):
+    root = tmp_path / "checkpoints"
+    _step(root / "step_0000002", _cfg(), step=2)
+    step = _step(root / "step_0000004", _cfg())
+    (root / "latest").write_text("step_0000004")
+    damage(step / "run.json")
+    assert manifest_problem(step) == said
+    assert _refusal(_cfg(f"checkpoint.load={root}", "train.train_iters=6")) == (
+        f"checkpoint.load={root}: {said}; fall back to the previous complete checkpoint with "
+        f"checkpoint.load={root / 'step_0000002'} (or delete {step}: the root then resumes "
+        "from it)")
+    # a weights-only start reads the same run.json first (shape): refused alike
+    assert "run.json" in _refusal(_cfg(f"checkpoint.load={root}",
+                                       "checkpoint.load_model_only=true"))
+
+
+def test_only_this_projects_step_names_need_a_run_json(tmp_path):
+    """Megatron-LM's `iter_NNNNNNN` and a checkpoint of any other name hold none by design:
+    they load as before (without run checks when nothing describes them)."""
+    assert manifest_problem(_step(tmp_path / "ok" / "step_0000004", _cfg())) is None
+    assert is_project_step(tmp_path / "ok" / "step_0000004")
+    for name in ("iter_0000004", "reference", "step_0000004.tmp-4-ab12"):
+        path = _step(tmp_path / "other" / name)
+        assert not is_project_step(path)
+    assert checkpoint_preflight(_cfg(f"checkpoint.load={tmp_path / 'other' / 'reference'}",
+                                     "checkpoint.load_model_only=true")) == []
