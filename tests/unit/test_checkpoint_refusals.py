@@ -20,6 +20,7 @@ from trainer.checkpoint.manifest import (
     file_record,
     layout_record,
     manifest_problem,
+    optimizer_kind_problem,
     tokenizer_identity,
 )
 from trainer.checkpoint.preflight import checkpoint_preflight
@@ -92,3 +93,28 @@ def test_only_this_projects_step_names_need_a_run_json(tmp_path):
         assert not is_project_step(path)
     assert checkpoint_preflight(_cfg(f"checkpoint.load={tmp_path / 'other' / 'reference'}",
                                      "checkpoint.load_model_only=true")) == []
+
+
+# --- 2. the distributed optimizer and plain Adam ---------------------------------------------
+
+def test_optimizer_state_of_the_other_kind_of_optimizer_is_refused_both_ways(tmp_path):
+    distributed = _cfg(recipe="tiny_dp2_distopt")
+    saved_dist = _step(tmp_path / "dist" / "step_0000004", distributed)
+    saved_plain = _step(tmp_path / "plain" / "step_0000004", _cfg())
+    into_plain = _cfg(f"checkpoint.load={saved_dist}", "train.train_iters=6")
+    assert _refusal(into_plain) == (
+        f"checkpoint.load={saved_dist} cannot be loaded by this run: its optimizer state was "
+        "saved by the distributed optimizer (optimizer.distributed=true) and this run uses "
+        "plain Adam (optimizer.distributed=false), which cannot load it; resume with "
+        "optimizer.distributed=true, or start from its weights with "
+        "checkpoint.load_model_only=true (a fresh optimizer)")
+    into_dist = _cfg(f"checkpoint.load={saved_plain}", "train.train_iters=6",
+                     recipe="tiny_dp2_distopt")
+    assert "saved by plain Adam (optimizer.distributed=false) and this run uses the " \
+           "distributed optimizer" in _refusal(into_dist)
+    fully = _cfg("checkpoint.optimizer_format=fully_reshardable", recipe="tiny_dp2_distopt")
+    assert optimizer_kind_problem(_cfg(), {"config": config_dict(fully)})  # either format
+    weights = _cfg(f"checkpoint.load={saved_dist}", "checkpoint.load_model_only=true")
+    assert optimizer_kind_problem(weights, {"config": config_dict(distributed)}) is None
+    assert checkpoint_preflight(weights) == []
+    assert optimizer_kind_problem(_cfg(), {"config": config_dict(_cfg())}) is None

@@ -319,6 +319,30 @@ def fsdp_mamba_tp_problem(cfg, manifest: dict[str, Any]) -> str | None:
             "and import it at the new TP")
 
 
+def optimizer_kind_problem(cfg, manifest: dict[str, Any]) -> str | None:
+    """Why a full resume cannot load this checkpoint's optimizer state, saved by the other kind
+    of optimizer, or None. The distributed optimizer saves its state in its own sharded form
+    (flat buffer slices, or per parameter with `fully_reshardable`) and plain Adam per
+    parameter under other keys and param groups: Megatron 0.19.2 fails after every rank has
+    built its model, whichever way and in either format (a `KeyError` or `ValueError` loading
+    into plain Adam; `CheckpointingException: ShardedTensor.flattened_range is not supported`
+    loading into the distributed optimizer). Megatron FSDP's checkpoints are `format_problem`'s."""
+    saved = flatten(manifest.get("config") or {})
+    if cfg.checkpoint.load_model_only or "optimizer.distributed" not in saved:
+        return None
+    if saved.get("optimizer.fsdp", "none") != "none" or cfg.optimizer.fsdp != "none":
+        return None
+    before, now = bool(saved["optimizer.distributed"]), bool(cfg.optimizer.distributed)
+    if before == now:
+        return None
+    kind = {True: "the distributed optimizer (optimizer.distributed=true)",
+            False: "plain Adam (optimizer.distributed=false)"}
+    return (f"its optimizer state was saved by {kind[before]} and this run uses {kind[now]}, "
+            "which cannot load it; resume with "
+            f"optimizer.distributed={str(before).lower()}, or start from its weights with "
+            "checkpoint.load_model_only=true (a fresh optimizer)")
+
+
 def reshard_problem(cfg, manifest: dict[str, Any]) -> str | None:
     """Why a full resume cannot reshard this checkpoint's optimizer state, or None.
 

@@ -61,6 +61,7 @@ from trainer.checkpoint.manifest import (
     format_problem,
     incompatibility,
     manifest_problem,
+    optimizer_kind_problem,
     read_manifest,
     reshard_problem,
     resume_notes,
@@ -245,7 +246,7 @@ def checkpoint_preflight(cfg: RunConfig) -> list[str]:
     if reason:
         raise ConfigError(f"checkpoint.load={load} was trained on another tokenizer's ids: "
                           f"{reason}")
-    reason = format_problem(cfg, manifest)
+    reason = format_problem(cfg, manifest) or optimizer_kind_problem(cfg, manifest)
     if reason:
         raise ConfigError(f"checkpoint.load={load} cannot be loaded by this run: {reason}")
     reason = reshard_problem(cfg, manifest)
@@ -266,7 +267,8 @@ def foreign_preflight(cfg: RunConfig, load: str, step_dir: Path,
                           f"{reason}; use the saved value, or start from another checkpoint")
     if cfg.checkpoint.load_model_only:
         return []
-    reason = reshard_problem(cfg, manifest) or foreign_resume_problem(cfg, manifest)
+    reason = (reshard_problem(cfg, manifest) or optimizer_kind_problem(cfg, manifest)
+              or foreign_resume_problem(cfg, manifest))
     if reason:
         raise ConfigError(f"checkpoint.load={load} ({writer}'s) cannot resume in this run: "
                           f"{reason}")
