@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.io import config_dict
+from recipes.config.io import config_dict, save_config
 from recipes.config.overrides import apply_overrides
 from recipes.registry import get_recipe
-from trainer.checkpoint.format import is_project_step
+from trainer.checkpoint.format import is_hf_import, is_project_step
 from trainer.checkpoint.manifest import (
     file_record,
     layout_record,
@@ -118,3 +118,39 @@ def test_optimizer_state_of_the_other_kind_of_optimizer_is_refused_both_ways(tmp
     assert optimizer_kind_problem(weights, {"config": config_dict(distributed)}) is None
     assert checkpoint_preflight(weights) == []
     assert optimizer_kind_problem(_cfg(), {"config": config_dict(_cfg())}) is None
+
+
+# --- 3. a Hugging Face import ------------------------------------------------------------------
+
+def _hf_import(path: Path, recipe: str, with_run_json: bool) -> Path:
+    """What scripts/convert.py import leaves: Megatron's files, the recipe's config.yaml, the
+    source's hf/config.json; newer imports also a run.json (step 0, the recipe's config)."""
+    cfg = get_recipe(recipe)
+    _step(path, cfg if with_run_json else None, step=0)
+    save_config(cfg, path / "config.yaml")
+    (path / "hf").mkdir()
+    (path / "hf" / "config.json").write_text('{"model_type": "llama"}')
+    return path
+
+
+@pytest.mark.parametrize("with_run_json", [False, True])
+def test_an_import_loads_weights_only_and_into_its_own_shape(tmp_path, with_run_json):
+    out = _hf_import(tmp_path / "imported", "hf_tiny_llama", with_run_json)
+    assert is_hf_import(out) and not is_hf_import(_step(tmp_path / "step_0000001", _cfg()))
+    load = f"checkpoint.load={out}"
+    assert _refusal(_cfg(load, recipe="hf_tiny_llama")) == (
+        f"checkpoint.load={out} is a Hugging Face import (scripts/convert.py import), which "
+        "holds weights only (no step, optimizer or schedule); add "
+        "checkpoint.load_model_only=true")
+    assert checkpoint_preflight(_cfg(load, "checkpoint.load_model_only=true",
+                                     recipe="hf_tiny_llama")) == []
+    other_shape = _refusal(_cfg(load, "checkpoint.load_model_only=true"))
+    assert "does not fit this run's model: it was saved with model.ffn_hidden_size=128, this " \
+           "run has model.ffn_hidden_size=256" in other_shape
+
+
+def test_an_import_whose_config_cannot_be_read_is_named(tmp_path):
+    out = _hf_import(tmp_path / "imported", "hf_tiny_llama", with_run_json=False)
+    (out / "config.yaml").write_text("model: [\n")
+    assert _refusal(_cfg(f"checkpoint.load={out}", "checkpoint.load_model_only=true")).startswith(
+        f"checkpoint.load={out} is a Hugging Face import whose config.yaml cannot be read (")

@@ -14,6 +14,10 @@ export finds a run's newest step with them.
         step_0000200.tmp-200-1a2b3c4d/     a save in progress (or one a crash left): TMP_INFIX
         latest                             LATEST_FILE: the newest published step's name
 
+A Hugging Face import (`scripts/convert.py import`, `trainer/interop/importer.py`) is one step
+directory of any name with Megatron's files, the recipe it was converted for (IMPORT_CONFIG)
+and the source's `hf/config.json` (HF_IMPORT_SOURCE): weights only, no step or optimizer.
+
 A save is written under its `.tmp-` name and renamed once every rank has finished; `latest` is
 replaced last. A reader therefore trusts only published steps that hold the marker: the step
 `latest` names when it is one, else the newest such step.
@@ -50,6 +54,9 @@ ITER_PREFIX = "iter_"  # iter_NNNNNNN: Megatron-LM's step directory
 RELEASE_DIR = "release"  # Megatron-LM's published weights, without step or optimizer
 BRIDGE_TRAIN_STATE = "train_state.pt"  # Megatron Bridge: step, consumed samples (torch.save)
 BRIDGE_RUN_CONFIG = "run_config.yaml"  # Megatron Bridge: the run's whole config
+# A Hugging Face import's own files (importer.py writes them: `save_config`, HF_SUBDIR)
+IMPORT_CONFIG = "config.yaml"
+HF_IMPORT_SOURCE = "hf"
 LEGACY_PREFIX = "mp_rank_"  # Megatron-LM's older `torch` format: one file per model-parallel rank
 PREFIXES = (STEP_PREFIX, ITER_PREFIX)
 # The backends a checkpoint's marker names (`metadata.json`'s `sharded_backend`): Megatron's
@@ -74,6 +81,13 @@ def is_project_step(path: Path) -> bool:
     """A published step this project's own layout names (`step_NNNNNNN`): it always holds a
     `run.json` (Megatron-LM's `iter_NNNNNNN` and an import do not)."""
     return path.name.startswith(STEP_PREFIX) and step_of(path.name) is not None
+
+
+def is_hf_import(path: Path) -> bool:
+    """A Hugging Face import: the recipe's config and the source's config.json beside
+    Megatron's files (a run's steps hold neither)."""
+    return ((path / IMPORT_CONFIG).is_file()
+            and (path / HF_IMPORT_SOURCE / "config.json").is_file())
 
 
 def format_of(cfg) -> str:

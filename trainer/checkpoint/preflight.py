@@ -40,6 +40,7 @@ from recipes.config.schema import RunConfig
 from trainer.checkpoint.format import (
     CHECKPOINT_MARKER,
     DCP_METADATA,
+    IMPORT_CONFIG,
     ITER_PREFIX,
     LATEST_FILE,
     LEGACY_PREFIX,
@@ -49,6 +50,7 @@ from trainer.checkpoint.format import (
     TMP_INFIX,
     complete_steps,
     is_checkpoint,
+    is_hf_import,
     is_project_step,
     is_release,
     latest_name,
@@ -232,6 +234,8 @@ def checkpoint_preflight(cfg: RunConfig) -> list[str]:
     if broken:  # without it none of the checks below could run
         raise ConfigError(_damage_message(load, step_dir, broken))
     manifest = read_manifest(step_dir)
+    if manifest is None and is_hf_import(step_dir):
+        return import_preflight(cfg, load, step_dir)
     if manifest is None:
         foreign = foreign_manifest(step_dir)
         return [] if foreign is None else foreign_preflight(cfg, load, step_dir, foreign)
@@ -246,6 +250,8 @@ def checkpoint_preflight(cfg: RunConfig) -> list[str]:
     if reason:
         raise ConfigError(f"checkpoint.load={load} was trained on another tokenizer's ids: "
                           f"{reason}")
+    if is_hf_import(step_dir) and not cfg.checkpoint.load_model_only:
+        raise ConfigError(_weights_only_import_message(load))
     reason = format_problem(cfg, manifest) or optimizer_kind_problem(cfg, manifest)
     if reason:
         raise ConfigError(f"checkpoint.load={load} cannot be loaded by this run: {reason}")
@@ -273,6 +279,38 @@ def foreign_preflight(cfg: RunConfig, load: str, step_dir: Path,
         raise ConfigError(f"checkpoint.load={load} ({writer}'s) cannot resume in this run: "
                           f"{reason}")
     return foreign_notes(cfg, step_dir, manifest)
+
+
+def _weights_only_import_message(load: str) -> str:
+    """A full resume of a Hugging Face import: it has no step, optimizer or schedule, and
+    Megatron's load of them fails in every rank with a `KeyError`."""
+    return (f"checkpoint.load={load} is a Hugging Face import (scripts/convert.py import), which "
+            "holds weights only (no step, optimizer or schedule); add "
+            "checkpoint.load_model_only=true")
+
+
+def import_preflight(cfg: RunConfig, load: str, step_dir: Path) -> list[str]:
+    """A Hugging Face import without a `run.json` (one written before imports had one) still
+    holds the recipe it was converted for: a model of another shape or padding is refused as a
+    run's checkpoint is (Megatron would fail in every rank with a `KeyError` or a shape
+    error), and so is a full resume (`_weights_only_import_message`). Returns no lines."""
+    from recipes.config.io import config_dict, load_config
+
+    try:
+        saved = load_config(step_dir / IMPORT_CONFIG)
+    except ConfigError as err:
+        raise ConfigError(f"checkpoint.load={load} is a Hugging Face import whose "
+                          f"{IMPORT_CONFIG} cannot be read ({err}); import it again with "
+                          "scripts/convert.py import") from None
+    reason = incompatibility(cfg, {"config": config_dict(saved),
+                                   "padded_vocab_size": saved.layout.padded_vocab})
+    if reason:
+        raise ConfigError(f"checkpoint.load={load} (a Hugging Face import for recipe "
+                          f"{saved.name}) does not fit this run's model: {reason}; train it "
+                          f"with recipe={saved.name} or a recipe of its shape")
+    if not cfg.checkpoint.load_model_only:
+        raise ConfigError(_weights_only_import_message(load))
+    return []
 
 
 
