@@ -102,3 +102,33 @@ def test_the_saved_config_of_a_resumed_run_resolves_on_its_ranks(tmp_path) -> No
     again = resolve_config([f"config={run_dir / 'config.yaml'}", f"run_dir={run_dir}"])
     validate_paths(again)
     assert again.checkpoint.load == resolved.checkpoint.load and not again.checkpoint.resume
+
+
+@pytest.mark.parametrize("inside", ["checkpoints", "checkpoints/step_0000002",
+                                    "checkpoints/step_0000003"])
+def test_a_run_dir_inside_the_checkpoints_is_refused_naming_the_run_dir(tmp_path, inside):
+    """A run_dir given as the checkpoints folder or one of its steps (complete or not) would
+    start a new run inside it; the run directory is named instead."""
+    run_dir = tmp_path / "run"
+    _complete(run_dir / "checkpoints" / "step_0000002")
+    (run_dir / "checkpoints" / "step_0000003").mkdir()  # a step without its marker
+    (run_dir / "checkpoints" / "latest").write_text("step_0000002")
+    what = "a checkpoints folder" if inside == "checkpoints" else "a checkpoint step"
+    with pytest.raises(ConfigError) as caught:
+        resolve_resume(_cfg(run_dir / inside))
+    assert str(caught.value) == (
+        f"run_dir={run_dir / inside} is {what}, not a run directory: checkpoint.resume=true "
+        f"would start a new run inside it; set run_dir={run_dir}")
+
+
+def test_a_run_dir_named_like_a_step_outside_a_checkpoints_folder_resumes(tmp_path):
+    run_dir = tmp_path / "runs" / "iter_0000100"  # a user's name for a run, not a step
+    run_dir.mkdir(parents=True)
+    resolved, note = resolve_resume(_cfg(run_dir))
+    assert resolved.checkpoint.load is None and note.endswith("starting from step 0")
+    save_root = tmp_path / "save"  # Megatron-LM's --save folder: loaded, not a run_dir
+    _complete(save_root / "iter_0000004")
+    (save_root / "latest_checkpointed_iteration.txt").write_text("4")
+    with pytest.raises(ConfigError, match=f"; continue from it with checkpoint.load={save_root} "
+                                          "and a run_dir of its own$"):
+        resolve_resume(_cfg(save_root))

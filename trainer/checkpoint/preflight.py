@@ -322,17 +322,51 @@ def _fresh_start_note(cfg: RunConfig, run_dir: Path) -> str:
     return f"run_dir={cfg.run_dir} holds no checkpoint yet; starting from step 0"
 
 
+def _is_checkpoint_root(path: Path) -> bool:
+    """A folder of checkpoints: a `latest` or Megatron-LM tracker file, a complete step or an
+    unfinished save."""
+    return ((path / LATEST_FILE).exists() or (path / MEGATRON_LM_TRACKER).exists()
+            or newest_checkpoint(path) is not None or bool(unfinished_saves(path)))
+
+
+def run_dir_in_checkpoints(cfg: RunConfig) -> str | None:
+    """`checkpoint.resume=true` continues `<run_dir>/checkpoints`; a `run_dir` that is itself a
+    checkpoints folder or one of its steps (the path of a save, given by mistake) holds no
+    `checkpoints/`, so the resume would start a new run from step 0 inside it. Refused, with
+    the run directory it belongs to."""
+    if not cfg.checkpoint.resume or not cfg.run_dir:
+        return None
+    path = Path(cfg.run_dir)
+    if not path.is_dir() or (path / RUN_CHECKPOINTS).is_dir():
+        return None
+    in_root = _is_checkpoint_root(path.parent)
+    if is_checkpoint(path) or (step_of(path.name) is not None and in_root):
+        what, root = "a checkpoint step", path.parent if in_root else path
+    elif _is_checkpoint_root(path):
+        what, root = "a checkpoints folder", path
+    else:
+        return None
+    fix = (f"set run_dir={root.parent}" if root.name == RUN_CHECKPOINTS else
+           f"continue from it with checkpoint.load={root} and a run_dir of its own")
+    return (f"run_dir={cfg.run_dir} is {what}, not a run directory: checkpoint.resume=true "
+            f"would start a new run inside it; {fix}")
+
+
 def resolve_resume(cfg: RunConfig) -> tuple[RunConfig, str | None]:
     """`checkpoint.resume=true` as what it means for this start: `checkpoint.load=<run_dir>/
     checkpoints` when that root holds a complete step (Megatron-LM's `--load` = `--save`), else
     a fresh start and the line that says so. The result has `resume` off, so it is a plain
     config to every later check, to the ranks and in the run's config.yaml. Returned unchanged
-    when resume is off or a rule about it is broken (that rule's message comes first)."""
+    when resume is off or a rule about it is broken (that rule's message comes first); a
+    `run_dir` that is a checkpoints folder or step raises `ConfigError`."""
     checkpoint = cfg.checkpoint
     if not checkpoint.resume or checkpoint.load is not None or not cfg.run_dir:
         return cfg, None
     if check_run_dir(cfg) is not None:
         return cfg, None
+    inside = run_dir_in_checkpoints(cfg)
+    if inside:
+        raise ConfigError(inside)
     run_dir = Path(cfg.run_dir).resolve()
     root = run_dir / RUN_CHECKPOINTS
     if root.is_dir() and newest_checkpoint(root) is not None:
