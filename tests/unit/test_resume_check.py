@@ -48,3 +48,22 @@ def test_table_names_each_check_and_the_verdict():
 def test_save_at_not_below_steps_is_one_line_before_launch(capsys):
     assert main(VALIDATE_RESUME, ["recipe=tiny_dp1", "steps=3", "save_at=3"]) == 2
     assert capsys.readouterr().err == ("error: save_at=3 must be below steps=3, e.g. steps=6\n")
+
+
+@pytest.mark.parametrize(("override", "named"), [
+    ("checkpoint.load=runs/x/checkpoints", "checkpoint.load=runs/x/checkpoints"),
+    ("checkpoint.resume=true", "checkpoint.resume=true"),
+])
+def test_a_checkpoint_given_to_the_check_is_refused_not_ignored(override, named):
+    """The check trains its own run from step 0 and resumes its own save: a checkpoint named
+    to it would be ignored (while the launch said it resumes from it)."""
+    from recipes.config.overrides import apply_overrides
+    from recipes.registry import get_recipe
+    from trainer.tools.resume_check import loading_refusal
+
+    cfg = apply_overrides(get_recipe("tiny_dp1"), [override])
+    assert loading_refusal(cfg) == (
+        f"scripts/validate_resume.py trains its own run from step 0 and resumes it from its own "
+        f"checkpoint, so {named} would be ignored; drop checkpoint.load and checkpoint.resume "
+        "(to continue a checkpoint, use scripts/pretrain.py)")
+    assert loading_refusal(get_recipe("tiny_dp1")) is None

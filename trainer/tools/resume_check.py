@@ -7,6 +7,11 @@ to `steps` again. Per step after the save, on every rank, the two must agree bit
 loss, learning rate, consumed tokens, the token ids trained on (a digest of each batch), and
 the random streams (a digest of every generator right after the load and after the last step).
 Each check is reduced over all ranks; rank 0 prints the table.
+
+Both sessions start from what this check makes itself (step 0, then its own checkpoint), so a
+`checkpoint.load` or `checkpoint.resume` given to it would be ignored while the launch said it
+resumes from it: they are refused in one line instead (`loading_refusal`, torch-free like
+this module's import, so a launching process may ask it before any rank starts).
 """
 
 from __future__ import annotations
@@ -17,10 +22,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from plugins.protocol.errors import ConfigError
 from recipes.config.schema import RunConfig
-from trainer.state import RngState
 
 
 @dataclass
@@ -33,6 +36,8 @@ class StepRecord:
 
 def rng_digest() -> str:
     """One digest of every random stream of this rank (Python, NumPy, torch, Megatron's)."""
+    from trainer.state import RngState
+
     state = RngState.capture().as_dict()
     h = hashlib.sha256(repr((state["python"], state["numpy"])).encode())
     h.update(state["torch_cpu"].numpy().tobytes())
@@ -81,6 +86,8 @@ def _end_session() -> None:
 
 
 def _all_ranks(ok: bool) -> bool:
+    import torch
+
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
     return bool(flag.item())
@@ -109,8 +116,28 @@ def compare(before: list[StepRecord], after: list[StepRecord], rng: tuple) -> li
     ]
 
 
+def loading_refusal(cfg: RunConfig) -> str | None:
+    """Why this check cannot take the config's checkpoint, or None: it trains its own run from
+    step 0 and resumes that (module doc). `checkpoint.resume` has usually become a plain
+    `checkpoint.load` before a rank starts (`preflight.resolve_resume`)."""
+    checkpoint = cfg.checkpoint
+    if checkpoint.load is None and not checkpoint.resume:
+        return None
+    given = (f"checkpoint.load={checkpoint.load}" if checkpoint.load is not None
+             else "checkpoint.resume=true")
+    return (f"scripts/validate_resume.py trains its own run from step 0 and resumes it from its "
+            f"own checkpoint, so {given} would be ignored; drop checkpoint.load and "
+            "checkpoint.resume (to continue a checkpoint, use scripts/pretrain.py)")
+
+
 def run_resume_check(cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> list[tuple]:
-    """Both runs on this rank; the checks, each passed only when it passed on every rank."""
+    """Both runs on this rank; the checks, each passed only when it passed on every rank. A
+    checkpoint the config names is refused first, on every rank alike (`loading_refusal`)."""
+    import torch
+
+    refusal = loading_refusal(cfg)
+    if refusal:
+        raise ConfigError(refusal)
     steps, save_at = options["steps"], options["save_at"]
     root = run_dir / "validate_resume"
     session = _session(cfg, run_dir, None)
