@@ -282,3 +282,17 @@ def test_a_megatron_fsdp_checkpoint_of_mamba_layers_loads_at_its_own_tp_only():
     gpt = manifest("tiny_tp2_pp2", "optimizer.fsdp=optim_grads_params", "parallel.pipeline=1",
                    "cluster.gpus_per_node=2", "optimizer.distributed=true")
     assert reshard_problem(apply_overrides(get_recipe("tiny_dp1"), []), gpt) is None
+
+
+def test_decay_iterations_left_unset_are_not_a_change_of_their_own():
+    """Unset decay iterations follow train_iters: a longer run states train_iters alone (not
+    `scheduler.decay_iters None -> None`); decay iterations set to another value are stated
+    with the values the schedule uses, and set to what they followed, not at all."""
+    saved = flatten(_config(_cfg("train.train_iters=4")))
+    longer = flatten(_config(_cfg("train.train_iters=6")))
+    assert stated_changes(saved, longer) == ["train.train_iters 4 -> 6"]
+    set_now = flatten(_config(_cfg("train.train_iters=6", "scheduler.decay_iters=5")))
+    assert stated_changes(saved, set_now) == ["train.train_iters 4 -> 6",
+                                              "scheduler.decay_iters 4 -> 5"]
+    same = flatten(_config(_cfg("train.train_iters=4", "scheduler.decay_iters=4")))
+    assert stated_changes(saved, same) == []

@@ -238,9 +238,12 @@ def _stated(flat: dict[str, Any], key: str) -> Any:
 
 
 def stated_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """`field a -> b` for every field a resume may change and this run did."""
-    return [f"{key} {saved[key]} -> {current.get(key)}" for key in STATED_FIELDS
-            if key in saved and _stated(saved, key) != _stated(current, key)]
+    """`field a -> b` for every field a resume may change and this run did: set to another
+    value, and so used with another. A field left unset in both that follows another (decay
+    iterations follow train_iters) is not a change of its own: the other field is stated."""
+    return [f"{key} {_stated(saved, key)} -> {_stated(current, key)}" for key in STATED_FIELDS
+            if key in saved and saved[key] != current.get(key)
+            and _stated(saved, key) != _stated(current, key)]
 
 
 def _current(cfg) -> dict[str, Any]:
