@@ -18,12 +18,13 @@ from recipes.registry import get_recipe
 from trainer.checkpoint.format import is_hf_import, is_project_step
 from trainer.checkpoint.manifest import (
     file_record,
+    iterations_problem,
     layout_record,
     manifest_problem,
     optimizer_kind_problem,
     tokenizer_identity,
 )
-from trainer.checkpoint.preflight import checkpoint_preflight
+from trainer.checkpoint.preflight import checkpoint_preflight, foreign_preflight
 
 
 def _cfg(*overrides: str, recipe: str = "tiny_dp1"):
@@ -154,3 +155,27 @@ def test_an_import_whose_config_cannot_be_read_is_named(tmp_path):
     (out / "config.yaml").write_text("model: [\n")
     assert _refusal(_cfg(f"checkpoint.load={out}", "checkpoint.load_model_only=true")).startswith(
         f"checkpoint.load={out} is a Hugging Face import whose config.yaml cannot be read (")
+
+
+# --- 7. a resume that would train no step ------------------------------------------------------
+
+@pytest.mark.parametrize("iters", [3, 4])
+def test_a_resume_that_would_train_no_step_is_refused(tmp_path, iters):
+    step = _step(tmp_path / "checkpoints" / "step_0000004", _cfg())
+    assert _refusal(_cfg(f"checkpoint.load={step}", f"train.train_iters={iters}")) == (
+        f"checkpoint.load={step}: train.train_iters={iters} is not past the checkpoint's step "
+        "4, so this run would train no step; raise it (e.g. train.train_iters=8)")
+    assert checkpoint_preflight(_cfg(f"checkpoint.load={step}", "train.train_iters=5"))
+    weights = _cfg(f"checkpoint.load={step}", f"train.train_iters={iters}",
+                   "checkpoint.load_model_only=true")
+    assert iterations_problem(weights, 4) is None  # a new run from the weights: its own steps
+
+
+def test_a_megatron_lm_step_that_would_train_no_step_is_refused(tmp_path):
+    cfg = _cfg("train.train_iters=10")
+    manifest = {"writer": "Megatron-LM", "step": 10, "consumed_samples": 80,
+                "layout": layout_record(cfg.layout), "padded_vocab_size": cfg.layout.padded_vocab,
+                "optimizer_saved": True, "config": config_dict(cfg)}
+    with pytest.raises(ConfigError, match=r"^checkpoint.load=x \(Megatron-LM's\): train.train_"
+                                          r"iters=10 is not past the checkpoint's step 10, "):
+        foreign_preflight(cfg, "x", tmp_path, manifest)

@@ -346,6 +346,17 @@ def optimizer_kind_problem(cfg, manifest: dict[str, Any]) -> str | None:
             "checkpoint.load_model_only=true (a fresh optimizer)")
 
 
+def iterations_problem(cfg, step: int) -> str | None:
+    """Why a full resume from `step` would train nothing, or None: the step loop runs while
+    the step is below `train.train_iters`, so a run that ends at or before the checkpoint's
+    step would end at once, rc 0 and no checkpoint, as if it had trained."""
+    iters = cfg.train.train_iters
+    if cfg.checkpoint.load_model_only or iters > step:
+        return None
+    return (f"train.train_iters={iters} is not past the checkpoint's step {step}, so this run "
+            f"would train no step; raise it (e.g. train.train_iters={max(2 * step, step + 1)})")
+
+
 def reshard_problem(cfg, manifest: dict[str, Any]) -> str | None:
     """Why a full resume cannot reshard this checkpoint's optimizer state, or None.
 

@@ -62,6 +62,7 @@ from trainer.checkpoint.manifest import (
     damaged_file,
     format_problem,
     incompatibility,
+    iterations_problem,
     manifest_problem,
     optimizer_kind_problem,
     read_manifest,
@@ -258,6 +259,9 @@ def checkpoint_preflight(cfg: RunConfig) -> list[str]:
     reason = reshard_problem(cfg, manifest)
     if reason:
         raise ConfigError(f"checkpoint.load={load} cannot resume in this layout: {reason}")
+    reason = iterations_problem(cfg, manifest["step"])
+    if reason:
+        raise ConfigError(f"checkpoint.load={load}: {reason}")
     return [] if cfg.checkpoint.load_model_only else resume_notes(cfg, step_dir, manifest)
 
 
@@ -278,6 +282,9 @@ def foreign_preflight(cfg: RunConfig, load: str, step_dir: Path,
     if reason:
         raise ConfigError(f"checkpoint.load={load} ({writer}'s) cannot resume in this run: "
                           f"{reason}")
+    reason = iterations_problem(cfg, manifest["step"])
+    if reason:
+        raise ConfigError(f"checkpoint.load={load} ({writer}'s): {reason}")
     return foreign_notes(cfg, step_dir, manifest)
 
 
