@@ -707,6 +707,8 @@ def test_directory_that_can_be_created_is_left_as_it_was(tmp_path) -> None:
         (["optimizer.lr=nan"], "error: optimizer.lr=nan must be a finite number"),
         (["recipe=tiny_dp1", "optimizer.adam_beta1=1.5", "print=config"],
          "error: optimizer.adam_beta1=1.5 must be in [0, 1)"),
+        (["recipe=tiny_dp1", "model.num_layers=99999999999999999999", "dry_run=true"],
+         "error: dry run: the layout needs "),
         (["recipe=tiny_dp1", "phases={}", "print=config"],
          "error: override 'phases={}': phases is a list; write e.g. phases=[{name: general, "),
         (["plugins.packing.enabled=true"], "error: override 'plugins.packing.enabled=true': "

@@ -80,3 +80,26 @@ def test_mtp_depths_live_on_the_last_stage_where_the_layout_says(probes, name):
 def test_hybrid_stages_hold_their_pattern_segments(probes):
     shards = probes["hybrid_tiny_pp2_vpp2"]["shards"]  # M* | -M | E | -
     assert {s["pp"]: s["layers"] for s in shards} == {0: [[1, 2], [5]], 1: [[3, 4], [6]]}
+
+
+def test_a_layout_no_gpu_of_its_cluster_holds_is_refused_before_any_build(monkeypatch):
+    # Megatron builds a stage's layers one by one: 1e20 of them never finished, silently.
+    from plugins.protocol.errors import ConfigError
+    from recipes.config.overrides import apply_overrides
+    from trainer.tools import dry_run
+
+    built = []
+    monkeypatch.setattr(dry_run, "collect_shards", lambda cfg: built.append(cfg) or [])
+    cfg = apply_overrides(get_recipe("tiny_dp1"), ["model.num_layers=99999999999999999999"])
+    with pytest.raises(ConfigError) as caught:
+        dry_run.run_dry_run(cfg)
+    message = str(caught.value)
+    assert message.startswith("dry run: the layout needs ") and "\n" not in message
+    assert "no machine can hold it" in message and built == []
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_every_recipe_fits_its_cluster_so_its_dry_run_builds(name):
+    from trainer.tools.dry_run import check_buildable
+
+    assert isinstance(check_buildable(get_recipe(name)), list)

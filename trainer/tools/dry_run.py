@@ -5,6 +5,12 @@ coordinates). For the first rank of each distinct shard one process starts that 
 torch's `fake` process-group backend, sets up Megatron's parallel state (checking it agrees
 with the layout) and builds the real Megatron Core model chunks on the meta device; the other
 ranks are copies. Placement (node:GPU of every rank) follows Megatron's rank order.
+
+Before building, the layout is planned on the recipe's own cluster and refused in one line
+when a rank cannot fit there, as a launch would refuse it: Megatron builds every layer of a
+stage, so a layer count no GPU holds (`model.num_layers=99999999999999999999`) would otherwise
+keep the dry run building silently for ever. torch and Megatron are imported only to build,
+so that refusal comes in about a second.
 """
 
 from __future__ import annotations
@@ -16,15 +22,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import torch
-from megatron.core import parallel_state
 from rich.console import Console
 from rich.table import Table
 
 from plugins.protocol.hooks import PluginSet
 from recipes.config.layout import RankCoordinates
 from recipes.config.schema import RunConfig
-from trainer.cpu_runtime.runtime import runtime_for
 
 
 @dataclass
@@ -48,6 +51,8 @@ class ShardReport:
 def _fake_rank(cfg: RunConfig, coords: RankCoordinates) -> Iterator[None]:
     """Rank `coords.rank` on torch's `fake` backend with Megatron's parallel state set up, checked
     to put the rank where the layout does; both torn down on the way out."""
+    import torch
+    from megatron.core import parallel_state
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from trainer.mcore_translation import initialize_parallel_state
@@ -73,6 +78,8 @@ def _fake_rank(cfg: RunConfig, coords: RankCoordinates) -> Iterator[None]:
 
 def _check_coordinates(coords: RankCoordinates) -> None:
     """The layout placed this rank where Megatron's own parallel state puts it."""
+    from megatron.core import parallel_state
+
     megatron = (
         parallel_state.get_tensor_model_parallel_rank(),
         parallel_state.get_pipeline_model_parallel_rank(),
@@ -84,6 +91,9 @@ def _check_coordinates(coords: RankCoordinates) -> None:
 
 
 def _build_on_meta(cfg: RunConfig, plugins: PluginSet) -> tuple:
+    import torch
+    from megatron.core import parallel_state
+
     from trainer.mcore_translation import build_transformer_config
     from trainer.model import (
         build_model_chunks,
@@ -174,6 +184,7 @@ def collect_shards(cfg: RunConfig) -> list[ShardReport]:
     carries the coordinates and the ranks of the full layout."""
     from plugins.registry import build_plugins
     from recipes.plan.command import shard_world
+    from trainer.cpu_runtime.runtime import runtime_for
 
     # The runtime as on a real rank: without CUDA the model is Megatron's local spec, which
     # needs the CPU runtime's patches (MoE dispatchers create CUDA streams).
@@ -267,12 +278,27 @@ def print_report(cfg: RunConfig, shards: list[ShardReport], seconds: float, cons
     )
 
 
-def run_dry_run(cfg: RunConfig, console: Console | None = None) -> list[ShardReport]:
-    from recipes.plan.fit import layout_warnings
-    from trainer.metrics import make_console
+def check_buildable(cfg: RunConfig) -> list[str]:
+    """The plan's fit on the recipe's own cluster, before any shard is built: a layout whose
+    worst rank cannot fit a GPU there is refused in the one line a launch gets (the plan's
+    refusal), since Megatron builds a stage's layers one by one and an absurd layer count
+    would build for ever. The plan's warnings (TP or CP groups across nodes) otherwise."""
+    from plugins.protocol.errors import ConfigError
+    from recipes.plan.build import PlanOptions, make_plan
+    from recipes.plan.cluster import recipe_cluster
+    from recipes.plan.fit import refusal
 
-    for line in layout_warnings(cfg):  # before the build: a wrong layout is said first
+    plan = make_plan(cfg, recipe_cluster(cfg), PlanOptions(listed_groups=0))
+    if not plan.fits:
+        raise ConfigError(f"dry run: {refusal(plan)}")
+    return plan.warnings
+
+
+def run_dry_run(cfg: RunConfig, console: Console | None = None) -> list[ShardReport]:
+    for line in check_buildable(cfg):  # before the build: a wrong layout is said first
         print(line, flush=True)
+    from trainer.metrics import make_console  # torch: after the refusal of what cannot build
+
     start = time.perf_counter()
     shards = collect_shards(cfg)
     print_report(cfg, shards, time.perf_counter() - start, console or make_console())
