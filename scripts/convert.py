@@ -15,13 +15,17 @@ import:
   recipe=      the recipe you will train (or config=FILE); its model must be the HF model's
                shape (each differing field is named), and its layout sets the vocabulary padding
                (make_vocab_size_divisible_by x TP): load the checkpoint into layouts that pad
-               alike. Overrides (model.*, parallel.*) apply as in pretrain.py.
+               alike. Overrides (model.*, parallel.*, cluster.*) apply as in pretrain.py:
+               a TP the recipe's cluster cannot hold needs cluster.* too (parallel.tensor=2
+               cluster.gpus_per_node=2).
   out=         a new directory: a Megatron torch_dist checkpoint (loads into any TP/PP/VPP/EP
                layout with checkpoint.load=<out> checkpoint.load_model_only=true), its
-               config.yaml, and hf/ (the source's config.json and tokenizer files)
+               config.yaml, hf/ (the source's config.json and tokenizer files) and run.json
+               (every file's size and CRC-32, checked before a load or an export)
 export:
   checkpoint=  a run's checkpoints directory (its newest complete step) or one step directory;
-               the model shape is read from the run's config.yaml
+               the model shape is read from the run's config.yaml; a file that differs from
+               the step's run.json is named in one line, with the step to export instead
   out=         a new directory: config.json, model*.safetensors (+ index), tokenizer files of
                an imported model; loads with transformers' from_pretrained
   max_shard_size=  bytes per safetensors shard (default 5 GiB, as transformers)
