@@ -159,11 +159,11 @@ def test_an_import_whose_config_cannot_be_read_is_named(tmp_path):
 
 # --- 7. a resume that would train no step ------------------------------------------------------
 
-@pytest.mark.parametrize("iters", [3, 4])
+@pytest.mark.parametrize("iters", [2, 3])
 def test_a_resume_that_would_train_no_step_is_refused(tmp_path, iters):
     step = _step(tmp_path / "checkpoints" / "step_0000004", _cfg())
     assert _refusal(_cfg(f"checkpoint.load={step}", f"train.train_iters={iters}")) == (
-        f"checkpoint.load={step}: train.train_iters={iters} is not past the checkpoint's step "
+        f"checkpoint.load={step}: train.train_iters={iters} is before the checkpoint's step "
         "4, so this run would train no step; raise it (e.g. train.train_iters=8)")
     assert checkpoint_preflight(_cfg(f"checkpoint.load={step}", "train.train_iters=5"))
     weights = _cfg(f"checkpoint.load={step}", f"train.train_iters={iters}",
@@ -171,11 +171,20 @@ def test_a_resume_that_would_train_no_step_is_refused(tmp_path, iters):
     assert iterations_problem(weights, 4) is None  # a new run from the weights: its own steps
 
 
+def test_a_resume_at_its_last_step_is_a_finished_run_not_a_mistake(tmp_path):
+    """A Slurm job requeued after its final save resumes at train.train_iters: it ends well,
+    saying so, rather than failing the job."""
+    step = _step(tmp_path / "checkpoints" / "step_0000004", _cfg())
+    notes = checkpoint_preflight(_cfg(f"checkpoint.load={step}", "train.train_iters=4"))
+    assert "the checkpoint is at step 4 = train.train_iters: the run is finished and trains " \
+           "no step (raise train.train_iters to train on)" in notes
+
+
 def test_a_megatron_lm_step_that_would_train_no_step_is_refused(tmp_path):
-    cfg = _cfg("train.train_iters=10")
+    cfg = _cfg("train.train_iters=9")
     manifest = {"writer": "Megatron-LM", "step": 10, "consumed_samples": 80,
                 "layout": layout_record(cfg.layout), "padded_vocab_size": cfg.layout.padded_vocab,
                 "optimizer_saved": True, "config": config_dict(cfg)}
     with pytest.raises(ConfigError, match=r"^checkpoint.load=x \(Megatron-LM's\): train.train_"
-                                          r"iters=10 is not past the checkpoint's step 10, "):
+                                          r"iters=9 is before the checkpoint's step 10, "):
         foreign_preflight(cfg, "x", tmp_path, manifest)

@@ -347,14 +347,23 @@ def optimizer_kind_problem(cfg, manifest: dict[str, Any]) -> str | None:
 
 
 def iterations_problem(cfg, step: int) -> str | None:
-    """Why a full resume from `step` would train nothing, or None: the step loop runs while
-    the step is below `train.train_iters`, so a run that ends at or before the checkpoint's
-    step would end at once, rc 0 and no checkpoint, as if it had trained."""
+    """Why a full resume from `step` cannot continue, or None: the step loop runs while the step
+    is below `train.train_iters`, so a run asked to end before the checkpoint's step would end
+    at once, rc 0 and no checkpoint, as if it had trained. Ending exactly at it is a finished
+    run (`finished_note`): a Slurm job requeued after its last save must end well, not fail."""
     iters = cfg.train.train_iters
-    if cfg.checkpoint.load_model_only or iters > step:
+    if cfg.checkpoint.load_model_only or iters >= step:
         return None
-    return (f"train.train_iters={iters} is not past the checkpoint's step {step}, so this run "
+    return (f"train.train_iters={iters} is before the checkpoint's step {step}, so this run "
             f"would train no step; raise it (e.g. train.train_iters={max(2 * step, step + 1)})")
+
+
+def finished_note(cfg, step: int) -> str | None:
+    """The line of a full resume whose checkpoint already ends the run."""
+    if cfg.checkpoint.load_model_only or cfg.train.train_iters != step:
+        return None
+    return (f"the checkpoint is at step {step} = train.train_iters: the run is finished and "
+            "trains no step (raise train.train_iters to train on)")
 
 
 def reshard_problem(cfg, manifest: dict[str, Any]) -> str | None:

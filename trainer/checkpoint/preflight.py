@@ -60,6 +60,7 @@ from trainer.checkpoint.format import (
 )
 from trainer.checkpoint.manifest import (
     damaged_file,
+    finished_note,
     format_problem,
     incompatibility,
     iterations_problem,
@@ -262,7 +263,9 @@ def checkpoint_preflight(cfg: RunConfig) -> list[str]:
     reason = iterations_problem(cfg, manifest["step"])
     if reason:
         raise ConfigError(f"checkpoint.load={load}: {reason}")
-    return [] if cfg.checkpoint.load_model_only else resume_notes(cfg, step_dir, manifest)
+    finished = finished_note(cfg, manifest["step"])
+    return [] if cfg.checkpoint.load_model_only else [
+        *resume_notes(cfg, step_dir, manifest), *([finished] if finished else [])]
 
 
 def foreign_preflight(cfg: RunConfig, load: str, step_dir: Path,
@@ -285,7 +288,8 @@ def foreign_preflight(cfg: RunConfig, load: str, step_dir: Path,
     reason = iterations_problem(cfg, manifest["step"])
     if reason:
         raise ConfigError(f"checkpoint.load={load} ({writer}'s): {reason}")
-    return foreign_notes(cfg, step_dir, manifest)
+    finished = finished_note(cfg, manifest["step"])
+    return [*foreign_notes(cfg, step_dir, manifest), *([finished] if finished else [])]
 
 
 def _weights_only_import_message(load: str) -> str:
