@@ -67,3 +67,13 @@ def test_a_checkpoint_given_to_the_check_is_refused_not_ignored(override, named)
         f"checkpoint, so {named} would be ignored; drop checkpoint.load and checkpoint.resume "
         "(to continue a checkpoint, use scripts/pretrain.py)")
     assert loading_refusal(get_recipe("tiny_dp1")) is None
+
+
+def test_a_checkpoint_given_to_the_check_is_one_line_before_launch(capsys, tmp_path):
+    assert main(VALIDATE_RESUME, ["recipe=tiny_dp1", "steps=4", "save_at=2",
+                                  f"checkpoint.load={tmp_path}"]) == 2
+    assert capsys.readouterr().err == (
+        "error: scripts/validate_resume.py trains its own run from step 0 and resumes it from "
+        f"its own checkpoint, so checkpoint.load={tmp_path} would be ignored; drop "
+        "checkpoint.load and checkpoint.resume (to continue a checkpoint, use "
+        "scripts/pretrain.py)\n")
