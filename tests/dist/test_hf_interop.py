@@ -206,6 +206,14 @@ def test_a_megatron_fsdp_checkpoint_exports_byte_identical(
         shutil.copytree(results[0]["step"], damaged)
         shard = damaged / "__1_0.distcp"
         shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])
+        # The step's run.json names it first, before torch (trainer/interop/export_step.py) ...
+        from plugins.protocol.errors import ConfigError
+        from trainer.interop.export_step import checked_step
+
+        with pytest.raises(ConfigError, match=r"damaged/__1_0\.distcp is truncated or changed"):
+            checked_step(damaged)
+        # ... and without one (a step of another tool), the fsdp_dtensor reader's own check.
+        (damaged / "run.json").unlink()
         (error,) = launch_ranks(1, "tests.dist.hf_runs:export_error",
                                 {"checkpoint": str(damaged), "out": str(tmp_path / "none")})
         assert "(fsdp_dtensor) cannot be read: " in error and "\n" not in error
