@@ -84,8 +84,8 @@ def _number(text: str) -> float | None:
 def convert(key: str, text: str, tp: Any, example: str) -> Any:
     """The text of `key=text` as type `tp`, or a one-line `ConfigError` naming the type and
     giving `example` (a whole `key=value`)."""
-    if is_nullable(tp) and text.lower() in NULL_WORDS:
-        return None
+    if is_nullable(tp) and text.lower() in NULL_WORDS and text not in literal_options(tp):
+        return None  # `none` is a value where the choices name it (sharding=none), not null
     base = _base(tp)
     value: Any = None
     if typing.get_origin(base) is list:

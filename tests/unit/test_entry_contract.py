@@ -126,6 +126,9 @@ def test_options_are_typed_and_split_from_the_rest():
                                                              frozenset({"--json"}))
     with pytest.raises(ConfigError, match="sharding expects one of none, dist_opt"):
         parse_arguments(PLAN, ["sharding=zero9"])
+    # where the choices name `none` it is that choice (DDP), not null (the run's own sharding)
+    assert parse_arguments(PLAN, ["sharding=none"])["sharding"] == "none"
+    assert parse_arguments(PLAN, ["sharding=null"])["sharding"] is None
     sweep = parse_arguments(SCALING, ["scaling.world_sizes=[4,1,2]", "cluster=c.yaml"])
     assert sweep["scaling.world_sizes"] == [4, 1, 2] and sweep["cluster"] == "c.yaml"
 
