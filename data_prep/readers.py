@@ -13,6 +13,11 @@ Why it is built this way:
 - The documents are the ones `datasets`' packaged builders produced before: text lines split on
   universal newlines without the line break, paragraphs split on blank lines, JSON rows whose
   field is missing or null empty; memory is bounded by a read chunk and a batch, never a file.
+- A compressed file can be damaged anywhere (a truncated download, zeroed blocks): the
+  decompressor then raises its own exception (EOFError, OSError, zlib or lzma errors, Arrow's)
+  deep in a task, possibly in a worker process. Every read of a decompressed stream goes through
+  `_Decompressed`, which turns that into one line naming the file and how far its decompressed
+  text got, so the driver and every worker stop with the same `error:` line, never a traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import difflib
 import gzip
 import json
 import lzma
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,20 +67,75 @@ class InputFile:
 # ----------------------------------------------------------------------------- streams
 
 
+# What a decompressor raises on damaged input: gzip's BadGzipFile and bz2's "Invalid data
+# stream" are OSErrors, a truncated .gz/.bz2/.xz an EOFError, Arrow's zstd an OSError
+# ("Truncated compressed stream") or ArrowInvalid (a ValueError).
+DAMAGE = (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError)
+
+
+MAGIC = {".gz": b"\x1f\x8b", ".bz2": b"BZh", ".xz": b"\xfd7zXZ\x00", ".zst": b"\x28\xb5\x2f\xfd"}
+
+
+def _is_compressed_as(path: str, compression: str) -> bool:
+    """The file starts with its compression's magic bytes (else it holds something else)."""
+    try:
+        with open(path, "rb") as stream:
+            return stream.read(len(MAGIC[compression])) == MAGIC[compression]
+    except OSError:
+        return False
+
+
+def damaged(path: str, compression: str, position: int, err: BaseException) -> InputError:
+    """The one line for a compressed input that stops decompressing `position` bytes in."""
+    reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no detail'}"
+    if position == 0 and not _is_compressed_as(path, compression):
+        return InputError(f"input file {path} is not a {compression} file (its first bytes are "
+                          f"not {compression}'s {MAGIC[compression]!r}; {reason}); compress it "
+                          "again, or give it the suffix of what it holds")
+    where = f"at byte {position:,} of its decompressed text" if position else "while decompressing"
+    return InputError(f"input file {path} is damaged or truncated ({reason}) {where}; download "
+                      "or compress it again")
+
+
+class _Decompressed:
+    """A decompressed stream whose damage is one `InputError` naming the byte reached."""
+
+    def __init__(self, stream: Any, path: str, compression: str) -> None:
+        self.stream, self.path, self.compression = stream, path, compression
+        self.position = 0  # decompressed bytes read so far
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            chunk = self.stream.read() if size is None or size < 0 else self.stream.read(size)
+        except DAMAGE as err:
+            raise damaged(self.path, self.compression, self.position, err) from None
+        self.position += len(chunk)
+        return chunk
+
+
+def _decompressor(raw: BinaryIO, compression: str) -> Any:
+    if compression == ".gz":
+        return gzip.GzipFile(fileobj=raw)
+    if compression == ".bz2":
+        return bz2.BZ2File(raw)
+    if compression == ".xz":
+        return lzma.LZMAFile(raw)
+    import pyarrow as pa
+
+    return pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), "zstd")
+
+
 def _opened(path: str, compression: str | None) -> tuple[BinaryIO, BinaryIO]:
     """(the raw file, the decompressed stream over it); the raw one tells the progress."""
     raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
-    if compression == ".gz":
-        return raw, gzip.GzipFile(fileobj=raw)
-    if compression == ".bz2":
-        return raw, bz2.BZ2File(raw)
-    if compression == ".xz":
-        return raw, lzma.LZMAFile(raw)
-    if compression == ".zst":
-        import pyarrow as pa
-
-        return raw, pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), "zstd")
-    return raw, raw
+    if compression is None:
+        return raw, raw
+    try:
+        stream = _decompressor(raw, compression)
+    except DAMAGE as err:  # Arrow may read the first frame here
+        raw.close()
+        raise damaged(path, compression, 0, err) from None
+    return raw, _Decompressed(stream, path, compression)  # type: ignore[return-value]
 
 
 def _lines(stream: BinaryIO, position: int, stop: int | None,
@@ -163,6 +224,8 @@ def _paragraphs(stream: BinaryIO, path: str) -> Iterator[str]:
 def _array_documents(stream: BinaryIO, column: str, path: str) -> Iterator[str | None]:
     try:
         rows = json.load(stream)
+    except InputError:
+        raise
     except ValueError as err:
         raise InputError(f"input file {path} cannot be read as JSON ({err}); fix the file or "
                          "remove it from input=") from None
@@ -273,11 +336,11 @@ def inspect(path: Path, fmt: str, compression: str | None, text_field: str,
     if fmt == "parquet":
         return _inspect_parquet(path, text_field, size)
     column = "text" if fmt == "text" else text_field
-    array = fmt == "json" and _starts_with_array(str(path), compression)
-    whole = compression or array or (fmt == "text" and sample_by != "line")
-    source = InputFile(str(path), fmt, compression, column, sample_by, size,
-                       1 if whole else size, array)
-    try:
+    try:  # a damaged compressed file fails in either read: InputError, one line
+        array = fmt == "json" and _starts_with_array(str(path), compression)
+        whole = compression or array or (fmt == "text" and sample_by != "line")
+        source = InputFile(str(path), fmt, compression, column, sample_by, size,
+                           1 if whole else size, array)
         head, complete = _head(source)
     except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as err:
         raise ConfigError(f"input file {path} cannot be read as {FORMAT_NAMES[fmt]} "
