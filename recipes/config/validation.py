@@ -266,6 +266,18 @@ def _at_most_ranks(cfg: RunConfig, world: int) -> str:
     return f"cluster.nodes=1 cluster.gpus_per_node={world} at most"
 
 
+def check_micro_batch_within_global(cfg: RunConfig) -> str | None:
+    """A micro-batch is a part of the global batch: one larger than it fills no rank at any
+    world size, so fewer nodes are no answer (`check_batch_fills_data_parallel` names them)."""
+    t = cfg.train
+    if t.micro_batch_size <= t.global_batch_size:
+        return None
+    return (f"train.micro_batch_size={t.micro_batch_size} is larger than "
+            f"train.global_batch_size={t.global_batch_size}, of which a micro-batch is a part; "
+            f"set train.micro_batch_size={t.global_batch_size} or less, or raise "
+            "train.global_batch_size")
+
+
 def check_batch_fills_data_parallel(cfg: RunConfig) -> str | None:
     """Each DP rank trains at least one micro-batch of the global batch: a world so large that
     micro-batch x DP exceeds it (an absurd `cluster.nodes`) leaves ranks with nothing to train.
@@ -273,7 +285,7 @@ def check_batch_fills_data_parallel(cfg: RunConfig) -> str | None:
     within that is `check_global_batch`'s."""
     t, p, layout = cfg.train, cfg.parallel, _layout(cfg)
     dp = layout.data_parallel
-    if t.micro_batch_size * dp <= t.global_batch_size:
+    if t.micro_batch_size * dp <= t.global_batch_size or check_micro_batch_within_global(cfg):
         return None
     most_dp = max(1, t.global_batch_size // t.micro_batch_size)
     return (
@@ -589,8 +601,8 @@ def check_phase_layouts(cfg: RunConfig) -> str | None:
     packed rows meets the packing plugin's)."""
     return check_each_phase(cfg, (
         check_world_size, check_sequence_divisible_by_context, check_sequence_divisible_by_tensor,
-        check_batch_fills_data_parallel, check_global_batch, check_interleaved_microbatches,
-        *cfg.plugins.rules(),
+        check_micro_batch_within_global, check_batch_fills_data_parallel, check_global_batch,
+        check_interleaved_microbatches, *cfg.plugins.rules(),
     ))
 
 
@@ -608,6 +620,7 @@ RULES: tuple[Rule, ...] = (
     check_sequence_divisible_by_context,
     check_sequence_parallel_needs_tensor,
     check_sequence_divisible_by_tensor,
+    check_micro_batch_within_global,
     check_batch_fills_data_parallel,
     check_global_batch,
     check_interleaved_microbatches,

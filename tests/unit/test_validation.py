@@ -101,6 +101,11 @@ RULE_CASES = [
      "cluster.gpus_per_node=8 (on cluster.nodes=1) gives world size 8, so DP8 at TP1 x PP1 x "
      "CP1, but train.global_batch_size=8 holds 4 micro-batches of train.micro_batch_size=2: "
      "enough for DP4 at most; set cluster.nodes=1 cluster.gpus_per_node=4 at most"),
+    # A micro-batch larger than the whole batch: no world size helps, the batch sizes do.
+    ("check_micro_batch_within_global", "tiny_dp1", ["train.micro_batch_size=16"],
+     "train.micro_batch_size=16 is larger than train.global_batch_size=8, of which a "
+     "micro-batch is a part; set train.micro_batch_size=8 or less, or raise "
+     "train.global_batch_size"),
     ("check_global_batch", "tiny_dp2", ["train.global_batch_size=6"],
      "train.global_batch_size=6 is not divisible by train.micro_batch_size=2 x DP2 = 4; "
      "set the global batch to a multiple of that"),
