@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from plugins.protocol.errors import ConfigError
+from trainer.checkpoint.format import HF_IMPORT_SOURCE
 from trainer.checkpoint.manifest import file_record
-from trainer.interop import export_step
 from trainer.interop.export_step import checked_step, checksums_wanted, damage_line, fallback
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,8 +93,8 @@ def test_a_step_without_run_json_is_read_unchecked(tmp_path) -> None:
 def test_the_fallback_of_an_import_is_the_import_again(tmp_path) -> None:
     imported = tmp_path / "ckpt"
     imported.mkdir()
-    (imported / export_step.HF_SUBDIR).mkdir()
-    (imported / export_step.HF_SUBDIR / "config.json").write_text("{}")
+    (imported / HF_IMPORT_SOURCE).mkdir()
+    (imported / HF_IMPORT_SOURCE / "config.json").write_text("{}")
     assert fallback(imported).startswith("import the Hugging Face model again")
     lone = _step(tmp_path / "checkpoints", 2)
     assert fallback(lone).startswith("no earlier complete checkpoint exists")

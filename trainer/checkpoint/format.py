@@ -54,7 +54,8 @@ ITER_PREFIX = "iter_"  # iter_NNNNNNN: Megatron-LM's step directory
 RELEASE_DIR = "release"  # Megatron-LM's published weights, without step or optimizer
 BRIDGE_TRAIN_STATE = "train_state.pt"  # Megatron Bridge: step, consumed samples (torch.save)
 BRIDGE_RUN_CONFIG = "run_config.yaml"  # Megatron Bridge: the run's whole config
-# A Hugging Face import's own files (importer.py writes them: `save_config`, HF_SUBDIR)
+# A Hugging Face import's own files (trainer/interop/importer.py writes them): its config
+# (`save_config`) and the source's config.json and tokenizer files in the `hf/` folder.
 IMPORT_CONFIG = "config.yaml"
 HF_IMPORT_SOURCE = "hf"
 LEGACY_PREFIX = "mp_rank_"  # Megatron-LM's older `torch` format: one file per model-parallel rank

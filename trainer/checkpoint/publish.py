@@ -61,7 +61,7 @@ class PendingSave:
         self.tmp = root / f"{self.final.name}{TMP_INFIX}{_shared_token(state.step)}"
 
 
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {"torch": torch.__version__, "python": platform.python_version()}
@@ -90,7 +90,7 @@ def _manifest(session, state: RunState, files: dict[str, dict]) -> dict:
         "format": MANIFEST_FORMAT, "step": state.step, "consumed_samples": state.consumed_samples,
         "consumed_tokens": state.consumed_tokens, "world_size": state.world_size,
         "layout": layout_record(cfg.layout), "padded_vocab_size": cfg.layout.padded_vocab,
-        "versions": _versions(), "tokenizer": tokenizer_identity(cfg),
+        "versions": versions(), "tokenizer": tokenizer_identity(cfg),
         "config": config_dict(cfg), "files": dict(sorted(files.items())),
     }
 

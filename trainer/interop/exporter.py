@@ -33,7 +33,7 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.io import load_config
 from recipes.config.schema import RunConfig
 from trainer.checkpoint import fsdp_dtensor
-from trainer.checkpoint.format import FSDP_DTENSOR, checkpoint_backend
+from trainer.checkpoint.format import FSDP_DTENSOR, HF_IMPORT_SOURCE, checkpoint_backend
 from trainer.checkpoint.manifest import read_manifest
 from trainer.interop import (
     hf_config,
@@ -43,7 +43,7 @@ from trainer.interop import (
     region_reader,
     token_ids,
 )
-from trainer.interop.export_step import HF_SUBDIR, checked_step, resolve_step
+from trainer.interop.export_step import checked_step, resolve_step
 from trainer.interop.mapping import rules, shapes_of
 from trainer.models.gpt.hf_tensors import Rule, Shapes, megatron_shape, to_hf
 
@@ -83,8 +83,8 @@ def _imported_files(step: Path, cfg: RunConfig) -> Path | None:
     if cfg.checkpoint.load:  # a run trained from an import: follow it
         candidates.append(Path(cfg.checkpoint.load))
     for folder in candidates:
-        if (folder / HF_SUBDIR / "config.json").is_file():
-            return folder / HF_SUBDIR
+        if (folder / HF_IMPORT_SOURCE / "config.json").is_file():
+            return folder / HF_IMPORT_SOURCE
     return None
 
 

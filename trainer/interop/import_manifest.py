@@ -49,8 +49,8 @@ def import_manifest(cfg: RunConfig, one: RunConfig, files: dict[str, dict[str, i
 
 def write_manifest(directory: Path, cfg: RunConfig, one: RunConfig) -> None:
     """`run.json` in `directory` once every other file of the import is written (last)."""
-    from trainer.checkpoint.publish import _versions  # the versions a run's save records
+    from trainer.checkpoint.publish import versions  # the versions a run's save records
 
-    manifest = import_manifest(cfg, one, file_records(directory), _versions())
+    manifest = import_manifest(cfg, one, file_records(directory), versions())
     (Path(directory) / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1),
                                                  encoding="utf-8")

@@ -25,8 +25,8 @@ from pathlib import Path
 from plugins.protocol.errors import ConfigError
 from recipes.config.io import save_config
 from recipes.config.schema import RunConfig
+from trainer.checkpoint.format import HF_IMPORT_SOURCE
 from trainer.interop import hf_config, hf_files, import_manifest, megatron_side, memory
-from trainer.interop.export_step import HF_SUBDIR
 from trainer.interop.mapping import rules, shapes_of
 from trainer.models.gpt.hf_tensors import Rule, Shapes, hf_shapes, megatron_shape, to_megatron
 
@@ -93,7 +93,7 @@ def _convert(source: Source, progress) -> dict:
 
 
 def _write_side_files(source: Source, hf_dir: Path, directory: Path) -> None:
-    side = directory / HF_SUBDIR
+    side = directory / HF_IMPORT_SOURCE
     side.mkdir()
     shutil.copy2(Path(hf_dir) / "config.json", side / "config.json")
     for path in hf_files.side_files(hf_dir):
