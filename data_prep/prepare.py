@@ -17,6 +17,10 @@ Why it is built this way:
   `tools/preprocess_data.py` writes them (one sequence per document, the EOD appended, an empty
   document a zero-length document), so for the same input and tokenizer both `.bin` and `.idx`
   are the same bytes (`empty_documents=skip` leaves them out of the index instead).
+- A shard with no tokens has an empty `.bin`, which no reader can map (training dies with
+  `cannot mmap an empty file`): a plan that gives a shard no input is refused before anything
+  is written, and a shard that found no document with text (a tiny held-out share, more shards
+  than lines) before the manifest and Megatron-LM's blend files are written, so none names it.
 - Everything that can be a user mistake (paths, fields, an unreadable file or tokenizer) is
   checked before the first dataset is written, as one-line `ConfigError`s, as far as a bounded
   look at each file's head can tell; a bad line further in stops the job with the same kind
@@ -64,6 +68,8 @@ from data_prep.shards import (
     TaskSpec,
     complete,
     disk_full,
+    empty_plan_problem,
+    empty_shard_problem,
     held_out_stride,
     plan_key,
     plan_shards,
@@ -196,6 +202,9 @@ def task_specs(cfg: PrepareConfig, inputs: Sequence[InputFile], names: Sequence[
     tokenizer_json = prepared.tokenizer.to_str()
     plans = plan_shards(output.name, names, inputs, shard_counts(cfg),
                         held_out_stride(cfg.held_out_fraction), cfg.shard_size)
+    problem = empty_plan_problem(plans, inputs, shard_counts(cfg))
+    if problem:
+        raise ConfigError(f"output={cfg.output}: {problem}")
     identity = _identity(cfg, inputs, prepared, dtype, tokenizer_json)
     records = records_folder(output)
     records.mkdir(exist_ok=True)
@@ -379,8 +388,15 @@ def prepare(cfg: PrepareConfig, *, progress: bool | None = None,
         prepared = prepare_tokenizer(cfg, _texts(inputs))
         train_seconds = time.perf_counter() - trained
     dtype = dataset_dtype(prepared.vocab_size)
-    specs = task_specs(cfg, inputs, shard_names(files), prepared, dtype, output, work)
+    try:
+        specs = task_specs(cfg, inputs, shard_names(files), prepared, dtype, output, work)
+    except ConfigError:  # a plan with empty shards: nothing written yet
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     records, redone = write_all(specs, cfg, _progress(progress, console or Console()))
+    problem = empty_shard_problem(records, shard_counts(cfg), cfg.held_out_fraction)
+    if problem:  # before the manifest and Megatron-LM's blend files name it
+        raise ConfigError(f"output={cfg.output}: {problem}")
     shards = shards_of(records)
     try:
         packs = write_pack_indexes(shards, output, cfg) if cfg.pack_size else ()

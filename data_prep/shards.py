@@ -184,6 +184,82 @@ def plan_shards(output_name: str, names: Sequence[str], inputs: Sequence[InputFi
     return plans
 
 
+def _train_shards_with_input(inputs: Sequence[InputFile], count: int) -> int:
+    """How many of `count` train shards cut over the inputs get any input to read."""
+    starts = [0]
+    for source in inputs:
+        starts.append(starts[-1] + source.size)
+    total = starts[-1]
+    return sum(bool(_range_pieces(inputs, starts[:-1], total * j // count,
+                                  total * (j + 1) // count)) for j in range(count))
+
+
+def _most_train_shards(inputs: Sequence[InputFile], count: int, tries: int = 64) -> int:
+    """The largest shard count at most `count` that gives every train shard input (bounded
+    search; 1 always does)."""
+    for candidate in range(count, max(count - tries, 1), -1):
+        if _train_shards_with_input(inputs, candidate) == candidate:
+            return candidate
+    return 1
+
+
+def empty_plan_problem(plans: Sequence[ShardPlan], inputs: Sequence[InputFile],
+                       counts: dict[str, int | None]) -> str | None:
+    """Shards the plan gives no input at all, found from the sizes before anything is written:
+    a compressed file (or one read whole) lies wholly in one shard, and a held-out shard
+    reads the ranges of a group of train shards. An empty shard's `.bin` is empty, which no
+    reader can map (`ValueError: cannot mmap an empty file` in training)."""
+    for split in SPLITS:
+        shards = [p for p in plans if p.split == split]
+        empty = [p for p in shards if not p.pieces]
+        if not empty:
+            continue
+        whole = sum(not s.splittable for s in inputs)
+        if split == "train" and counts.get("train") is not None:
+            most = _most_train_shards(inputs, int(counts["train"]))
+            return (f"num_shards={counts['train']} would leave {len(empty)} of {len(shards)} "
+                    f"train shards with no input ({empty[0].prefix} first): the {len(inputs)} "
+                    f"input file(s) include {whole} that cannot be cut (compressed, or read "
+                    f"whole), each of which lies wholly in one shard; give num_shards={most}"
+                    f"{' or fewer' if most > 1 else ''}, or the corpus as more files")
+        key = f"{split}_shards"
+        groups = len([p for p in plans if p.split == "train"])
+        return (f"{key}={counts.get(split)} would leave {len(empty)} of {len(shards)} {split} "
+                f"shards with no input ({empty[0].prefix} first): each reads the ranges of a "
+                f"group of the {groups} train shard(s); give {key}={groups} or fewer")
+    return None
+
+
+def empty_shard_problem(records: Sequence[dict[str, Any]], counts: dict[str, int | None],
+                        held_out_fraction: float) -> str | None:
+    """A written shard that holds no tokens (no document with text started in its ranges, or
+    none of its documents fell in its held-out split): refused before the manifest and
+    Megatron-LM's blend files are written, so nothing names it."""
+    datasets = [(r, d) for r in records for d in r["datasets"]]
+    empty = [(r, d) for r, d in datasets if d["tokens"] == 0]
+    if not empty:
+        return None
+    record, dataset = empty[0]
+    split = record["split"]
+    documents = sum(d["documents"] for _, d in datasets)
+    train_documents = sum(d["documents"] for r, d in datasets if r["split"] == "train")
+    empties = f", only {dataset['empty']} empty document(s)" if dataset["empty"] else ""
+    held = f"{dataset['prefix']} would hold no tokens{empties}"
+    if split != "train":
+        key = f"{split}_shards"
+        return (f"{held}: held_out_fraction={held_out_fraction} holds out about 1 in "
+                f"{held_out_stride(held_out_fraction)} of the source's {documents:,} documents "
+                f"and none fell in this shard; raise held_out_fraction, lower {key}="
+                f"{counts.get(split)} or prepare more documents; no manifest was written")
+    if counts.get("train") is not None:
+        full = sum(1 for r, d in datasets if r["split"] == "train" and d["tokens"])
+        return (f"{held}: num_shards={counts['train']} cuts the source's {train_documents:,} "
+                f"train documents into ranges where none with text starts; give num_shards="
+                f"{max(full, 1)} or fewer; no manifest was written")
+    return (f"{held}: input file {record['source']} has no document with text; remove it from "
+            "input=; no manifest was written")
+
+
 def plan_key(plan: ShardPlan, identity: dict[str, Any]) -> str:
     """What makes a shard this shard: its plan and what the whole preparation depends on."""
     text = json.dumps({"plan": asdict(plan), **identity}, sort_keys=True)

@@ -209,6 +209,9 @@ def _check_prefix(path: str, prefix: str) -> dataset_files.IndexFacts:
     facts = dataset_files.read_index(prefix)
     if isinstance(facts, str):
         raise _fail(path, facts)
+    problem = dataset_files.empty_problem(facts)
+    if problem:
+        raise _fail(path, problem)
     return facts
 
 

@@ -144,6 +144,18 @@ def _arrays(prefix: str, code: int, sequences: int, documents: int,
     return IndexFacts(prefix, dtype, sequences, documents, tokens, size, have)
 
 
+def empty_problem(facts: IndexFacts) -> str | None:
+    """A dataset with no tokens: its `.bin` is empty, and Megatron Core's reader maps it, which
+    fails on every rank (`ValueError: cannot mmap an empty file`). Older preparations wrote
+    such shards (more shards than a compressed input could fill, a tiny held-out share)."""
+    if facts.tokens > 0:
+        return None
+    return (f"{bin_path(facts.prefix)} holds no tokens ({facts.documents - 1:,} documents, none "
+            "with text), which Megatron cannot read; remove it from the blend, or prepare the "
+            "data again with scripts/prepare_data.py and fewer num_shards/valid_shards (it "
+            "refuses to write an empty shard)")
+
+
 def crc32(path: Path) -> int:
     """CRC-32 of a file, read in chunks (an index: O(index))."""
     value = 0
