@@ -104,7 +104,8 @@ def test_an_import_carries_run_json_and_a_damaged_one_is_one_line(imported, tmp_
     recipe = get_recipe("hf_tiny_llama")
     loading = dataclasses.replace(recipe, checkpoint=dataclasses.replace(
         recipe.checkpoint, load=str(damaged), load_model_only=True))
-    with pytest.raises(ConfigError, match=truncated):  # pretrain.py's pre-flight
+    with pytest.raises(ConfigError, match=truncated + r".*; import the Hugging Face model "
+                       r"again \(scripts/convert.py import\)$"):  # pretrain.py's pre-flight
         checkpoint_preflight(loading)
     assert checkpoint_preflight(dataclasses.replace(loading, checkpoint=dataclasses.replace(
         loading.checkpoint, load=str(out)))) == []

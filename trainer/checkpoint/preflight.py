@@ -210,7 +210,9 @@ def previous_step(step_dir: Path) -> Path | None:
 
 def _damage_message(load: str, step_dir: Path, damage: str) -> str:
     previous = previous_step(step_dir)
-    if previous is None:
+    if is_hf_import(step_dir):
+        fallback = "import the Hugging Face model again (scripts/convert.py import)"
+    elif previous is None:
         fallback = "no earlier complete checkpoint exists; start without checkpoint.load"
     else:
         fallback = (f"fall back to the previous complete checkpoint with checkpoint.load="
