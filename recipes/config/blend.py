@@ -165,14 +165,38 @@ def _megatron_form(path: str, loaded: Any) -> Any:
     return loaded
 
 
+def manifest_problem(manifest: Any) -> str | None:
+    """What makes a manifest's JSON unusable as one (a hand edit, a damaged file): its shard
+    lists must be lists of {prefix: <name>, ...}, and it must list a train shard. Found here,
+    a rank would otherwise die on it (a TypeError, or 'a sharded dataset needs at least one
+    shard')."""
+    if not isinstance(manifest, dict) or "shards" not in manifest:
+        return "it has no 'shards' list"
+    for key in ("shards", "valid_shards", "test_shards"):
+        shards = manifest.get(key, [])
+        if not isinstance(shards, list):
+            return f"its '{key}' is {type(shards).__name__}, not a list of shards"
+        for index, shard in enumerate(shards):
+            prefix = shard.get("prefix") if isinstance(shard, dict) else None
+            if not isinstance(prefix, str) or not prefix:
+                return f"{key}[{index}] has no 'prefix' name ({shard!r})"
+    if not manifest["shards"]:
+        return "its 'shards' list is empty"
+    return None
+
+
 def _read_manifest(path: str, name: str) -> dict[str, Any]:
     file = Path(name)
     try:
         manifest = json.loads(file.read_text(encoding="utf-8"))
-        manifest["shards"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         raise _fail(path, f"manifest {name} is missing or not a prepare_data manifest; run "
                           "scripts/prepare_data.py or name its <output>.json") from None
+    problem = manifest_problem(manifest)
+    if problem:
+        raise _fail(path, f"manifest {name} is not a prepare_data manifest ({problem}); run "
+                          "scripts/prepare_data.py again with the same arguments to rewrite "
+                          "it, or name its <output>.json")
     return manifest
 
 
