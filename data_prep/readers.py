@@ -221,15 +221,23 @@ def _paragraphs(stream: BinaryIO, path: str) -> Iterator[str]:
         yield pending
 
 
-def _array_documents(stream: BinaryIO, column: str, path: str) -> Iterator[str | None]:
+def _array_rows(stream: BinaryIO, path: str) -> list[Any]:
+    """The items of a `.json` file holding one JSON array (read whole: it cannot be cut)."""
     try:
-        rows = json.load(stream)
+        rows = json.load(stream)  # type: ignore[arg-type]
     except InputError:
         raise
     except ValueError as err:
         raise InputError(f"input file {path} cannot be read as JSON ({err}); fix the file or "
                          "remove it from input=") from None
-    for index, row in enumerate(rows):
+    if not isinstance(rows, list):
+        raise InputError(f"input file {path} holds one JSON {_json_type(rows)}, not an array "
+                         "of objects or JSON lines; fix the file or remove it from input=")
+    return rows
+
+
+def _array_documents(stream: BinaryIO, column: str, path: str) -> Iterator[str | None]:
+    for index, row in enumerate(_array_rows(stream, path)):
         yield _json_text(row, column, path, f"item {index}")
 
 
@@ -306,7 +314,9 @@ def _head(source: InputFile) -> tuple[list[Any], bool]:
     the whole file."""
     raw, stream = _opened(source.path, source.compression)
     with raw:
-        if source.fmt == "json" and not source.array:
+        if source.array:
+            return _array_rows(stream, source.path), True
+        if source.fmt == "json":
             rows, read = [], 0
             for offset, line in _lines(stream, 0, None, False):
                 read = offset + len(line) + 1
@@ -347,7 +357,7 @@ def inspect(path: Path, fmt: str, compression: str | None, text_field: str,
                           f"({type(err).__name__}: {err}); fix the file or remove it from "
                           "input=") from None
     if fmt == "json":
-        _check_rows(path, head, text_field)
+        _check_rows(path, head, text_field, "JSON" if array else "JSON lines")
         texts = [row.get(text_field) for row in head if isinstance(row, dict)]
     else:
         texts = head
@@ -356,12 +366,13 @@ def inspect(path: Path, fmt: str, compression: str | None, text_field: str,
     return source
 
 
-def _check_rows(path: Path, rows: list[Any], column: str) -> None:
-    """The field exists in the rows read and holds text (the first value that is not null)."""
+def _check_rows(path: Path, rows: list[Any], column: str, form: str = "JSON lines") -> None:
+    """The field exists in the rows read (JSON lines, or the items of one JSON array) and
+    holds text (the first value that is not null)."""
     types: dict[str, str] = {}
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise ConfigError(f"input file {path} cannot be read as JSON lines (row {index} "
+            raise ConfigError(f"input file {path} cannot be read as {form} (row {index} "
                               f"is {_json_type(row)}, not an object); fix the file or remove "
                               "it from input=")
         for key, value in row.items():

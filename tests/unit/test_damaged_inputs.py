@@ -118,3 +118,13 @@ def test_damage_found_in_a_worker_process_is_one_line(tmp_path, monkeypatch) -> 
                         tokenizer=str(tokenizer(tmp_path)), num_shards=2, num_proc=2)
     with pytest.raises(ConfigError, match=r"[ab].jsonl.gz is damaged or truncated .* at byte "):
         prepare(cfg, progress=False)
+
+
+def test_a_json_file_holding_one_array_is_read(tmp_path) -> None:
+    path = tmp_path / "arr.json"
+    path.write_text(json.dumps([{"text": "alpha"}, {"text": None}, {"text": "beta gamma"}]))
+    source = _inspect(path, None)
+    assert source.array and list(readers.documents(source)) == ["alpha", None, "beta gamma"]
+    path.write_text(json.dumps([{"body": "alpha"}]))
+    with pytest.raises(ConfigError, match="has no field 'text'"):
+        _inspect(path, None)
