@@ -18,6 +18,8 @@ Why it is built this way:
   deep in a task, possibly in a worker process. Every read of a decompressed stream goes through
   `_Decompressed`, which turns that into one line naming the file and how far its decompressed
   text got, so the driver and every worker stop with the same `error:` line, never a traceback.
+- A position named in an error is a byte of the file (of its decompressed text when
+  compressed), never a column within a line, so the user can go straight to it.
 """
 
 from __future__ import annotations
@@ -161,13 +163,20 @@ def _lines(stream: BinaryIO, position: int, stop: int | None,
             position += len(piece) + 1
 
 
-def _line_documents(line: bytes, path: str) -> list[str]:
-    """One line of a text file as the documents universal newlines make of it."""
+def not_utf8(path: str, err: UnicodeDecodeError, offset: int) -> InputError:
+    """Bad UTF-8 `err.start` bytes into text that starts at byte `offset` of the file."""
+    return InputError(f"input file {path} cannot be read as text (invalid UTF-8: "
+                      f"{err.object[err.start:err.start + 4]!r} at byte {offset + err.start:,}: "
+                      f"{err.reason}); fix the file or remove it from input=")
+
+
+def _line_documents(line: bytes, path: str, offset: int = 0) -> list[str]:
+    """One line (starting at byte `offset`) of a text file as the documents universal
+    newlines make of it."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise InputError(f"input file {path} cannot be read as text ({err}); fix the file or "
-                         "remove it from input=") from None
+        raise not_utf8(path, err, offset) from None
     if text.endswith("\r"):
         text = text[:-1]
     return text.replace("\r\n", "\n").replace("\r", "\n").split("\n") if "\r" in text else [text]
@@ -210,8 +219,8 @@ def _json_documents(lines: Iterator[tuple[int, bytes]], column: str,
 def _paragraphs(stream: BinaryIO, path: str) -> Iterator[str]:
     """Paragraphs (split on blank lines, empty ones dropped) of a whole text stream."""
     pending = ""
-    for _, line in _lines(stream, 0, None, False):
-        for text in _line_documents(line, path):
+    for offset, line in _lines(stream, 0, None, False):
+        for text in _line_documents(line, path, offset):
             pending += text + "\n"
             pieces = pending.split("\n\n")
             pending = pieces.pop()
@@ -282,13 +291,22 @@ def documents(source: InputFile, start: int = 0, stop: int | None = None,
                                      progress, raw)
 
 
+def _whole_text(stream: BinaryIO, path: str) -> str:
+    """A text file read as one document, newlines made universal."""
+    data = b"".join(iter(lambda: stream.read(CHUNK), b""))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise not_utf8(path, err, 0) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _stream_documents(source: InputFile, stream: BinaryIO, start: int, stop: int | None,
                       progress: Progress | None, raw: BinaryIO) -> Iterator[str | None]:
     if source.array:
         yield from _array_documents(stream, source.column, source.path)
     elif source.fmt == "text" and source.sample_by == "document":
-        yield b"".join(iter(lambda: stream.read(CHUNK), b"")).decode("utf-8").replace(
-            "\r\n", "\n").replace("\r", "\n")
+        yield _whole_text(stream, source.path)
     elif source.fmt == "text" and source.sample_by == "paragraph":
         yield from _paragraphs(stream, source.path)
     else:
@@ -296,7 +314,8 @@ def _stream_documents(source: InputFile, stream: BinaryIO, start: int, stop: int
         if source.fmt == "json":
             found = _json_documents(lines, source.column, source.path)
         else:
-            found = (d for _, line in lines for d in _line_documents(line, source.path))
+            found = (d for offset, line in lines
+                     for d in _line_documents(line, source.path, offset))
         span = (stop or source.size) - start
         for count, document in enumerate(found):
             yield document

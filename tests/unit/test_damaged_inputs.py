@@ -128,3 +128,13 @@ def test_a_json_file_holding_one_array_is_read(tmp_path) -> None:
     path.write_text(json.dumps([{"body": "alpha"}]))
     with pytest.raises(ConfigError, match="has no field 'text'"):
         _inspect(path, None)
+
+
+def test_bad_utf8_is_named_by_its_byte_in_the_file(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(readers, "HEAD_BYTES", 8)
+    path = tmp_path / "t.txt"
+    data = b"one line\nanother line\nthe bad \xff here\n"
+    path.write_bytes(data)
+    source = _inspect(path, None, "text")
+    with pytest.raises(ConfigError, match=rf"at byte {data.index(b'\xff')}:"):
+        list(readers.documents(source))
