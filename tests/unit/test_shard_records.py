@@ -1,0 +1,44 @@
+"""A re-run of a preparation keeps a shard only when its files are the ones its record describes,
+token stream included, and redoes it when the record itself is damaged: a block of a `.bin`
+overwritten in place (same size, untouched ends) must not be kept, and a record holding a JSON
+string must not stop the re-run with a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from data_prep.config import PrepareConfig
+from data_prep.prepare import prepare
+from recipes.config import dataset_files
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning"),
+    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+]
+WORDS = ["[UNK]", "<|endoftext|>", "alpha", "beta", "gamma"]
+
+
+def _cfg(tmp_path: Path) -> PrepareConfig:
+    made = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    made.pre_tokenizer = pre_tokenizers.Whitespace()
+    made.save(str(tmp_path / "tokenizer.json"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"{'alpha beta gamma ' * (i % 9 + 1)}\n" for i in range(400)))
+    return PrepareConfig(input=str(corpus), output=str(tmp_path / "out" / "x"),
+                         tokenizer=str(tmp_path / "tokenizer.json"), num_shards=2)
+
+
+def test_a_bin_damaged_in_its_middle_is_redone_by_the_rerun(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(dataset_files, "SAMPLE_BYTES", 16)  # the ends' fingerprint misses it
+    cfg = _cfg(tmp_path)
+    prepare(cfg, progress=False)
+    data = tmp_path / "out" / "x_train_00000.bin"
+    good = data.read_bytes()
+    middle = len(good) // 2
+    data.write_bytes(good[:middle] + b"\xff" * 64 + good[middle + 64:])
+    again = prepare(cfg, progress=False)
+    assert again.redone == 1 and data.read_bytes() == good
