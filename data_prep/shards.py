@@ -274,10 +274,29 @@ def record_path(records_dir: str | Path, prefix: str) -> Path:
 
 
 def read_record(records_dir: str | Path, prefix: str) -> dict[str, Any] | None:
+    """A shard's record; None when missing, unreadable or damaged (the shard is redone)."""
     try:
-        return json.loads(record_path(records_dir, prefix).read_text(encoding="utf-8"))
+        found = json.loads(record_path(records_dir, prefix).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return found if record_shape_ok(found) else None
+
+
+RECORD_TEXTS = ("key", "prefix", "split", "source")  # a record's fields the driver reads
+DATASET_NUMBERS = ("documents", "empty", "tokens", *dataset_files.RECORD_KEYS)
+
+
+def record_shape_ok(found: Any) -> bool:
+    """A record is an object with its texts and a `datasets` list of objects naming a prefix
+    with their counts; anything else (a JSON string, null, [] written over it, a field lost)
+    is damage: the shard is redone, never a traceback."""
+    if not isinstance(found, dict) or not all(isinstance(found.get(k), str)
+                                              for k in RECORD_TEXTS):
+        return False
+    datasets = found.get("datasets")
+    return isinstance(datasets, list) and all(
+        isinstance(d, dict) and isinstance(d.get("prefix"), str)
+        and all(isinstance(d.get(k), int) for k in DATASET_NUMBERS) for d in datasets)
 
 
 def complete(spec: TaskSpec) -> dict[str, Any] | None:

@@ -6,6 +6,7 @@ string must not stop the re-run with a traceback.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,13 @@ def test_a_bin_damaged_in_its_middle_is_redone_by_the_rerun(tmp_path, monkeypatc
     data.write_bytes(good[:middle] + b"\xff" * 64 + good[middle + 64:])
     again = prepare(cfg, progress=False)
     assert again.redone == 1 and data.read_bytes() == good
+
+
+def test_a_record_holding_a_json_string_is_redone(tmp_path) -> None:
+    cfg = _cfg(tmp_path)
+    prepare(cfg, progress=False)
+    record = tmp_path / "out" / "x.shards" / "x_train_00001.json"
+    for damage in ('"x"', "3", '{"key": 1}', '{"datasets": ["a"]}'):
+        record.write_text(damage)
+        assert prepare(cfg, progress=False).redone == 1, damage
+        assert isinstance(json.loads(record.read_text()), dict)
