@@ -28,12 +28,14 @@ the declared vocabulary and an EOD id the data or the named tokenizer contradict
 before any rank starts.
 
 Relative paths are relative to the directory the run starts in. Mistakes (a missing
-file or prefix, negative or all-zero weights, manifests that disagree) are one-line
-`ConfigError`s.
+file or prefix, negative or all-zero weights, manifests that disagree, a damaged manifest, an
+unknown key, named with the closest known one, since ignoring it would train on another mix)
+are one-line `ConfigError`s.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import json
@@ -49,6 +51,8 @@ from recipes.config import dataset_files
 from recipes.config.yaml_file import read_yaml
 
 MANIFEST_SPLIT = "#"  # <manifest>.json#<split>: a manifest's shards of a split, as one dataset
+BLEND_KEYS = ("train", "valid", "split", "eod_id", "vocab_size", "tokenizer", "prepare")
+ENTRY_KEYS = ("manifest", "prefix", "weight")
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,19 @@ def _fail(path: str, message: str) -> ConfigError:
     return ConfigError(f"data.blend={path}: {message}")
 
 
+def unknown_key_problem(keys: Any, known: tuple[str, ...], where: str) -> str | None:
+    """A key the blend does not read: ignoring it would silently train on another mix (a
+    misspelt `weight` weighs 1, a misspelt `valid` holds out by `split`). Names the closest
+    known key, as prepare_data's own keys do."""
+    for key in keys:
+        if key in known:
+            continue
+        near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
+        hint = f"did you mean '{near[0]}'?" if near else f"the keys are {', '.join(known)}"
+        return f"unknown key '{key}' in {where}; {hint}"
+    return None
+
+
 def _read_yaml(path: str) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
@@ -127,6 +144,9 @@ def _read_yaml(path: str) -> dict[str, Any]:
     loaded = _megatron_form(path, read_yaml(file, f"data.blend={path}"))
     if not isinstance(loaded, dict) or "train" not in loaded:
         raise _fail(path, "needs a 'train' list of {prefix|manifest, weight} entries")
+    problem = unknown_key_problem(loaded, BLEND_KEYS, "the blend")
+    if problem:
+        raise _fail(path, problem)
     return loaded
 
 
@@ -286,6 +306,9 @@ def _sources(path: str, entries: Any, found: _Found,
     for entry in entries:
         if not isinstance(entry, dict) or ("prefix" in entry) == ("manifest" in entry):
             raise _fail(path, f"entry {entry!r} needs exactly one of 'prefix' or 'manifest'")
+        problem = unknown_key_problem(entry, ENTRY_KEYS, f"{split} entry {entry!r}")
+        if problem:
+            raise _fail(path, problem)
         weight = _weight(path, entry)
         if "prefix" in entry:
             sources.append(_bare_source(path, entry, weight, found))

@@ -42,3 +42,19 @@ def test_a_damaged_manifest_is_one_line_before_launch(tmp_path, changes, detail)
     with pytest.raises(ConfigError, match=rf"manifest {manifest} is not a prepare_data manifest "
                                           rf"\({detail}.*\); run scripts/prepare_data.py again"):
         load_blend(_blend(tmp_path, {"train": [{"manifest": manifest}]}))
+
+
+@pytest.mark.parametrize("content,expected", [
+    ({"train": [{"manifest": "M", "wieght": 5}]},
+     r"unknown key 'wieght' in train entry .*; did you mean 'weight'\?"),
+    ({"train": [{"manifest": "M", "weight": 1, "extra": 3}]},
+     r"unknown key 'extra' in train entry .*; the keys are manifest, prefix, weight"),
+    ({"train": [{"manifest": "M"}], "vaild": [{"manifest": "M"}]},
+     r"unknown key 'vaild' in the blend; did you mean 'valid'\?"),
+])
+def test_an_unknown_key_in_a_blend_is_refused_with_the_closest(tmp_path, content,
+                                                               expected) -> None:
+    manifest = _manifest(tmp_path)
+    content = json.loads(json.dumps(content).replace('"M"', json.dumps(manifest)))
+    with pytest.raises(ConfigError, match=expected):
+        load_blend(_blend(tmp_path, content))
