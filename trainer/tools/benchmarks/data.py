@@ -1,7 +1,8 @@
 """Tokens/s per core of the whole preparation against the bare tokenizer on the same
 documents, in one process (`scripts/bench_data.py` is the usage). The process is pinned to one
 core with the tokenizer's thread pool off (the command sets TOKENIZERS_PARALLELISM and
-RAYON_NUM_THREADS before anything is imported), so both figures are per core.
+RAYON_NUM_THREADS before anything is imported), so both figures are per core. A `tokenizer=`
+that cannot be read is one `error:` line before anything is written or timed (`bench_tokenizer`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,29 @@ import time
 from pathlib import Path
 
 BATCH = 1000
+
+
+def bench_tokenizer(spec: str | None) -> Path | None:
+    """The tokenizer.json `tokenizer=` names (a file, or a folder holding one), loaded once to
+    be sure; None: train one. Raises one line, never the tokenizer library's traceback."""
+    from plugins.protocol.errors import ConfigError
+
+    if not spec:
+        return None
+    path = Path(spec).expanduser()
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise ConfigError(f"tokenizer={spec}: no such file; name a tokenizer.json (or a folder "
+                          "holding one), or leave tokenizer unset to train one")
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_file(str(file))
+    except Exception as err:  # the library raises plain Exceptions for a bad file
+        raise ConfigError(f"tokenizer={spec}: {file} cannot be read as a tokenizer "
+                          f"({str(err).splitlines()[0]}); name a Hugging Face tokenizer.json"
+                          ) from None
+    return file
 
 
 def pin_one_core() -> int:
@@ -60,6 +84,7 @@ def pipeline(corpus: Path, tokenizer: Path, folder: Path) -> tuple[float, int]:
 
 
 def run_bench_data(options: dict) -> int:
+    named = bench_tokenizer(options.get("tokenizer"))
     core = pin_one_core()
     from tokenizers import Tokenizer
 
@@ -73,7 +98,7 @@ def run_bench_data(options: dict) -> int:
         size = sum(len(d.encode()) for d in documents)
         print(f"corpus: {len(documents):,} documents, {size / 2**20:.1f} MiB ({options['corpus']})"
               f"; pinned to core {core}")
-        tokenizer_file = Path(options["tokenizer"]) if options["tokenizer"] else None
+        tokenizer_file = named
         if tokenizer_file is None:
             started = time.perf_counter()
             trained = train_byte_level_bpe(documents, int(options["vocab"]))
