@@ -44,7 +44,10 @@ order), `P.pack<pack_size>.offsets.npy` (int64, packs + 1 entries: pack i is row
 offsets[i]:offsets[i + 1]) and `P.pack<pack_size>.json` (pack size, policy, seed, statistics).
 A packing for a pad multiple m > 1 is a different packing, so its files are named
 `P.pack<pack_size>.pad<m>.*` and its JSON records `pad_multiple`; an m = 1 index keeps the plain
-name and has no such key, so indexes written before pad multiples existed stay valid.
+name and has no such key, so indexes written before pad multiples existed stay valid. A damaged
+index is found when a rank opens it (the checks before launch read no pack index: which one a
+run reads depends on its sequence length and context parallelism) and is a one-line `UserError`
+naming the user's fix (`REPAIR`): the same prepare_data command rewrites every index.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plugins.protocol.errors import UserError
 from plugins.protocol.packed_batch import padded_length
 
 LONG_DOCUMENT_POLICIES = ("split", "truncate")
@@ -527,9 +531,9 @@ class PackIndex:
             pieces = _map_array(self.pieces_path, (self.meta["pieces"], 3))
             offsets = _map_array(self.offsets_path, (self.meta["packs"] + 1,))
             if offsets[0] != 0 or offsets[-1] != len(pieces):
-                raise ValueError(
+                raise UserError(
                     f"pack index file {self.offsets_path} does not span its "
-                    f"{len(pieces)} pieces; rewrite the index with write_pack_index"
+                    f"{len(pieces)} pieces; {REPAIR}"
                 )
             self._arrays = pieces, offsets
         return self._arrays
@@ -538,10 +542,16 @@ class PackIndex:
         return {**self.__dict__, "_arrays": None}
 
 
+# What a user does about a damaged pack index (the library-level fix is write_pack_index):
+# prepare_data rebuilds every shard's index on each run, and the trainer builds a missing one.
+REPAIR = ("re-run scripts/prepare_data.py with the same arguments (it rewrites the index), or "
+          "delete the pack index files beside it and the trainer builds them on first use")
+
+
 def _read_index_meta(path: Path, pack_size: int, pad_multiple: int) -> dict:
     if not path.is_file():
         raise FileNotFoundError(
-            f"pack index file {path} is missing; write it with write_pack_index"
+            f"pack index file {path} is missing; {REPAIR}"
         )
     try:
         meta = json.loads(path.read_text())
@@ -556,10 +566,7 @@ def _read_index_meta(path: Path, pack_size: int, pad_multiple: int) -> dict:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         valid = False
     if not valid:
-        raise ValueError(
-            f"pack index file {path} is not a valid {INDEX_FORMAT!r} file; rewrite the index "
-            "with write_pack_index"
-        )
+        raise UserError(f"pack index file {path} is not a valid {INDEX_FORMAT!r} file; {REPAIR}")
     if meta["pack_size"] != pack_size:
         raise ValueError(
             f"pack index file {path} is for pack size {meta['pack_size']}, not {pack_size}; "
@@ -577,19 +584,18 @@ def _read_index_meta(path: Path, pack_size: int, pad_multiple: int) -> dict:
 def _map_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
     if not path.is_file():
         raise FileNotFoundError(
-            f"pack index file {path} is missing; rewrite the index with write_pack_index"
+            f"pack index file {path} is missing; {REPAIR}"
         )
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as error:
-        raise ValueError(
-            f"pack index file {path} is corrupt or truncated ({error}); rewrite the index with "
-            "write_pack_index"
+        raise UserError(
+            f"pack index file {path} is corrupt or truncated ({error}); {REPAIR}"
         ) from None
     if array.dtype != np.int64 or array.shape != shape:
-        raise ValueError(
+        raise UserError(
             f"pack index file {path} holds {array.dtype} {array.shape}, expected int64 {shape}; "
-            "rewrite the index with write_pack_index"
+            f"{REPAIR}"
         )
     return array
 

@@ -1,7 +1,8 @@
 """A re-run of a preparation keeps a shard only when its files are the ones its record describes,
 token stream included, and redoes it when the record itself is damaged: a block of a `.bin`
 overwritten in place (same size, untouched ends) must not be kept, and a record holding a JSON
-string must not stop the re-run with a traceback.
+string must not stop the re-run with a traceback. A damaged pack index, found by the rank that
+opens it, names that re-run as the fix, and the re-run repairs it.
 """
 
 from __future__ import annotations
@@ -53,3 +54,20 @@ def test_a_record_holding_a_json_string_is_redone(tmp_path) -> None:
         record.write_text(damage)
         assert prepare(cfg, progress=False).redone == 1, damage
         assert isinstance(json.loads(record.read_text()), dict)
+
+
+def test_a_damaged_pack_index_names_the_rerun_which_repairs_it(tmp_path) -> None:
+    from data_prep.packing import PackIndex
+    from plugins.protocol.errors import UserError
+
+    cfg = _cfg(tmp_path)
+    cfg.pack_size = 16
+    prepare(cfg, progress=False)
+    prefix = tmp_path / "out" / "x_train_00000"
+    pieces = tmp_path / "out" / "x_train_00000.pack16.pieces.npy"
+    pieces.write_bytes(pieces.read_bytes()[:100])
+    with pytest.raises(UserError, match=r"is corrupt or truncated .*; re-run "
+                                        r"scripts/prepare_data.py with the same arguments"):
+        PackIndex(prefix, 16)
+    prepare(cfg, progress=False)
+    assert len(PackIndex(prefix, 16)) > 0
