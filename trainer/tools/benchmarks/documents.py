@@ -2,6 +2,12 @@
 (`scripts/bench_documents.py` is the usage): the layout figures from the blend's datasets, and
 the step figures of short `scripts/pretrain.py` runs, one per mode, in one process, and each
 mode's step time and effective tokens/s as a ratio to concatenate-and-cut's in the same run.
+
+The bench takes the blend as a run would: its `prepare:` entries are made first when their
+manifest is missing, and a recipe whose `model.vocab_size` is below the blend's vocabulary is
+run with the blend's (`model.vocab_size=<N>`), so `blend=conf/data/python_stdlib.yaml` (a
+2,048-token BPE) works with the default 256-token recipe, as its usage line shows. A mistake
+(a bad blend, a refused run) is one `error:` line, exit 2.
 """
 
 from __future__ import annotations
@@ -48,17 +54,36 @@ def layout_figures(blend_path: str, seq: int) -> dict[str, dict[str, float]]:
     }
 
 
-def step_figures(recipe: str, blend: str, steps: int, mode: str) -> tuple[float, float]:
+def vocab_overrides(recipe_vocab: int, blend_vocab: int) -> list[str]:
+    """What the runs need to read the blend's ids: its vocabulary when the recipe's is
+    smaller (pretrain.py refuses ids beyond model.vocab_size), else nothing."""
+    return [f"model.vocab_size={blend_vocab}"] if recipe_vocab < blend_vocab else []
+
+
+def run_failure(returncode: int, stderr: str) -> BaseException:
+    """A failed run as the bench's own exit: a run's `error:` line (exit 2) stays one line,
+    exit 2; anything else (a crash) its last line, exit 1."""
+    from plugins.protocol.errors import ConfigError
+
+    lines = stderr.strip().splitlines() or [f"pretrain.py exited {returncode}"]
+    if returncode == 2 and lines[-1].startswith("error: "):
+        return ConfigError(lines[-1][len("error: "):])
+    return SystemExit(lines[-1])
+
+
+def step_figures(recipe: str, blend: str, steps: int, mode: str,
+                 overrides: tuple[str, ...] = ()) -> tuple[float, float]:
     """Median step time and effective tokens/s of a short run (first 2 steps discarded)."""
     with tempfile.TemporaryDirectory() as run_dir:
         command = [sys.executable, str(REPO / "scripts" / "pretrain.py"), f"recipe={recipe}",
                    "data.source=blend", f"data.blend={blend}", "train.micro_batch_size=1",
                    f"train.train_iters={steps}", "scheduler.warmup_iters=1",
                    "train.eval_interval=0", "train.eval_iters=0", "checkpoint.save=false",
-                   "logging.progress_bar=false", f"run_dir={run_dir}", *MODES[mode]]
+                   "logging.progress_bar=false", f"run_dir={run_dir}", *overrides,
+                   *MODES[mode]]
         result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
         if result.returncode != 0:
-            raise SystemExit(result.stderr.strip().splitlines()[-1])
+            raise run_failure(result.returncode, result.stderr)
         records = [json.loads(line) for line in
                    (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"][2:]
@@ -79,17 +104,29 @@ def ratio_lines(steps: dict[str, tuple[float, float]]) -> list[str]:
 
 
 def run_bench_documents(blend: str, steps: int, recipe: str) -> int:
+    from data_prep.blend_prepare import prepare_missing_data
+    from plugins.protocol.errors import ConfigError
+    from recipes.config.blend import load_blend
     from recipes.config.overrides import apply_overrides
     from recipes.registry import get_recipe
 
-    seq = apply_overrides(get_recipe(recipe), []).model.seq_length
+    if not blend:
+        raise ConfigError("blend= is missing; name a blend file, e.g. "
+                          "blend=conf/data/python_stdlib.yaml")
+    cfg = apply_overrides(get_recipe(recipe), ["data.source=blend", f"data.blend={blend}"])
+    prepare_missing_data(cfg)  # as pretrain.py would, before the blend is read
+    overrides = tuple(vocab_overrides(cfg.model.vocab_size, load_blend(blend).vocab_size))
+    if overrides:
+        print(f"recipe {recipe}: {overrides[0]} (the blend's vocabulary; the recipe has "
+              f"{cfg.model.vocab_size})", flush=True)
+    seq = cfg.model.seq_length
     figures = layout_figures(blend, seq)
     figures["inter_document"] = figures["concatenate"]
     print(f"{'mode':<15}{'documents':>10}{'cut/split':>10}{'padding':>10}{'efficiency':>11}"
           f"{'rows':>8}{'s/step':>9}{'tok/s':>9}")
     measured = {}
     for mode in MODES:
-        seconds, tokens = measured[mode] = step_figures(recipe, blend, steps, mode)
+        seconds, tokens = measured[mode] = step_figures(recipe, blend, steps, mode, overrides)
         f = figures[mode]
         print(f"{mode:<15}{f['documents']:>10,}{f['cut']:>10,}{f['padding']:>10,}"
               f"{f['efficiency']:>10.2%}{f['rows']:>8,}{seconds:>9.3f}{tokens:>9,.0f}",
