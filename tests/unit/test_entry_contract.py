@@ -129,6 +129,10 @@ def test_options_are_typed_and_split_from_the_rest():
     # where the choices name `none` it is that choice (DDP), not null (the run's own sharding)
     assert parse_arguments(PLAN, ["sharding=none"])["sharding"] == "none"
     assert parse_arguments(PLAN, ["sharding=null"])["sharding"] is None
+    for mfu in ("0", "2"):  # a share of the peak: no step reaches more than all of it
+        with pytest.raises(ConfigError, match=f"mfu={float(mfu)} is a share of the peak FLOP/s, "
+                           "above 0 and at most 1, e.g. mfu=0.4"):
+            parse_arguments(PLAN, [f"mfu={mfu}"])
     sweep = parse_arguments(SCALING, ["scaling.world_sizes=[4,1,2]", "cluster=c.yaml"])
     assert sweep["scaling.world_sizes"] == [4, 1, 2] and sweep["cluster"] == "c.yaml"
 

@@ -253,6 +253,13 @@ def positive_number(key: str, value: float | None) -> str | None:
     return None
 
 
+def share_of_peak(key: str, value: float | None) -> str | None:
+    """A share of the GPUs' peak FLOP/s: above 0, and no step reaches more than all of it."""
+    if value is not None and not 0 < value <= 1:
+        return f"{key}={value} is a share of the peak FLOP/s, above 0 and at most 1, e.g. {key}=0.4"
+    return None
+
+
 PLAN = Command(
     script="plan.py", run=run_plan, rest=CONFIG_REST, takes_recipe=True, flags=("--json",),
     options={
@@ -272,7 +279,7 @@ PLAN = Command(
         "tokens": Option(None, "token budget: steps and GPU-hours, e.g. 15e12", type=int | None,
                          check=positive),
         "mfu": Option(0.4, "share of peak FLOP/s for the step-time estimate", type=float,
-                      check=positive_number),
+                      check=share_of_peak),
         "groups": Option(None, "write out at most N groups of each kind (null: all)",
                          type=int | None, check=positive),
         "verify": Option(False, "also build every distinct shard on the meta device and "
