@@ -188,3 +188,19 @@ def test_a_megatron_lm_step_that_would_train_no_step_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"^checkpoint.load=x \(Megatron-LM's\): train.train_"
                                           r"iters=9 is before the checkpoint's step 10, "):
         foreign_preflight(cfg, "x", tmp_path, manifest)
+
+
+def test_a_gpt_checkpoint_for_a_hybrid_run_is_named_by_family_not_by_a_layer_count():
+    """Loading a GPT model's step into a hybrid recipe (or back) names both families and the
+    saved recipe, not `model.num_layers` (whose saved value would not make a hybrid load it)."""
+    from recipes.config.io import config_dict
+    from recipes.registry import get_recipe
+    from trainer.checkpoint.manifest import _current, flatten, shape_mismatch
+
+    gpt, hybrid = get_recipe("tiny_dp1"), get_recipe("hybrid_tiny_dp1")
+    assert shape_mismatch(flatten(config_dict(gpt)), _current(hybrid)) == (
+        "it holds a GPT model and this run builds a hybrid model (model.hybrid_layer_pattern="
+        f"{hybrid.model.hybrid_layer_pattern}); load it with a recipe of its family (the saved "
+        "run's: tiny_dp1)")
+    assert shape_mismatch(flatten(config_dict(hybrid)), _current(gpt)).startswith(
+        "it holds a hybrid model (model.hybrid_layer_pattern=")

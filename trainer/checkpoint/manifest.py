@@ -189,9 +189,28 @@ def _effective(flat: dict[str, Any], name: str) -> Any:
     return None
 
 
+def _family(flat: dict[str, Any]) -> str:
+    pattern = flat.get("model.hybrid_layer_pattern")
+    return f"a hybrid model (model.hybrid_layer_pattern={pattern})" if pattern else "a GPT model"
+
+
+def family_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """A GPT checkpoint for a hybrid run or the other way round: other modules altogether."""
+    if "model.hybrid_layer_pattern" not in saved or bool(
+            saved["model.hybrid_layer_pattern"]) == bool(current.get("model.hybrid_layer_pattern")):
+        return None
+    name = f" (the saved run's: {saved['name']})" if saved.get("name") else ""
+    return (f"it holds {_family(saved)} and this run builds {_family(current)}; load it with a "
+            f"recipe of its family{name}")
+
+
 def shape_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
     """`model.X=a` (saved) vs `model.X=b` (this run) for the first shape field that differs
-    (compared as the model builds them: an unset KV width is hidden / heads)."""
+    (compared as the model builds them: an unset KV width is hidden / heads). A GPT model and a
+    hybrid one are named as such first: their layer counts differing is not what to mend."""
+    family = family_mismatch(saved, current)
+    if family:
+        return family
     for name in SHAPE_FIELDS:
         key = f"model.{name}"
         if key in saved and _effective(saved, name) != _effective(current, name):
