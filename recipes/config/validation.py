@@ -388,6 +388,22 @@ def check_scheduler(cfg: RunConfig) -> str | None:
         )
 
 
+def check_wsd_settings_need_wsd(cfg: RunConfig) -> str | None:
+    """`scheduler.wsd_decay_iters` and `wsd_decay_style` shape only the WSD schedule's anneal;
+    beside another style they would do nothing, as a refused FP8 or CUDA-graph setting would."""
+    s = cfg.scheduler
+    given = [f"scheduler.wsd_decay_iters={s.wsd_decay_iters}"] if s.wsd_decay_iters is not None \
+        else []
+    if s.wsd_decay_style != "linear":
+        given.append(f"scheduler.wsd_decay_style={s.wsd_decay_style}")
+    if s.style == "wsd" or not given:
+        return None
+    both = len(given) > 1
+    return (f"{' and '.join(given)} {'shape' if both else 'shapes'} the WSD schedule's anneal, "
+            f"but scheduler.style={s.style}; set scheduler.style=wsd or drop "
+            f"{'them' if both else 'it'}")
+
+
 def check_learning_rate(cfg: RunConfig) -> str | None:
     o = cfg.optimizer
     if o.lr <= 0:
@@ -632,6 +648,7 @@ RULES: tuple[Rule, ...] = (
     *SHARDING_RULES,
     check_evaluation,
     check_scheduler,
+    check_wsd_settings_need_wsd,
     check_learning_rate,
     check_fractions,
     check_adam_betas,

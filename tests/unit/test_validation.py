@@ -101,6 +101,9 @@ RULE_CASES = [
      "cluster.gpus_per_node=8 (on cluster.nodes=1) gives world size 8, so DP8 at TP1 x PP1 x "
      "CP1, but train.global_batch_size=8 holds 4 micro-batches of train.micro_batch_size=2: "
      "enough for DP4 at most; set cluster.nodes=1 cluster.gpus_per_node=4 at most"),
+    ("check_wsd_settings_need_wsd", "tiny_dp1", ["scheduler.wsd_decay_iters=50"],
+     "scheduler.wsd_decay_iters=50 shapes the WSD schedule's anneal, but scheduler.style=cosine; "
+     "set scheduler.style=wsd or drop it"),
     # A micro-batch larger than the whole batch: no world size helps, the batch sizes do.
     ("check_micro_batch_within_global", "tiny_dp1", ["train.micro_batch_size=16"],
      "train.micro_batch_size=16 is larger than train.global_batch_size=8, of which a "
