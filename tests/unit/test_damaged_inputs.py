@@ -17,31 +17,22 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 from data_prep import readers
 from data_prep.config import PrepareConfig
 from data_prep.prepare import prepare
 from plugins.protocol.errors import ConfigError
+from tests.word_tokenizer import word_tokenizer
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning"),
     pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
 ]
-WORDS = ["[UNK]", "<|endoftext|>", "alpha", "beta", "gamma"]
 TEXT = b"".join(json.dumps({"text": f"alpha beta gamma {i}"}).encode() + b"\n"
                 for i in range(2000))
 _RNG = random.Random(0)
 RANDOM = b"".join(json.dumps({"text": _RNG.randbytes(60).hex()}).encode() + b"\n"
                   for _ in range(4000))  # compresses little: a cut lands after many reads
-
-
-def tokenizer(folder: Path) -> Path:
-    made = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    made.pre_tokenizer = pre_tokenizers.Whitespace()
-    path = folder / "tokenizer.json"
-    made.save(str(path))
-    return path
 
 
 def compress(data: bytes, suffix: str) -> bytes:
@@ -115,7 +106,7 @@ def test_damage_found_in_a_worker_process_is_one_line(tmp_path, monkeypatch) -> 
     for name in ("a", "b"):
         (corpus / f"{name}.jsonl.gz").write_bytes(packed[:len(packed) * 9 // 10])
     cfg = PrepareConfig(input=str(corpus), output=str(tmp_path / "out" / "x"),
-                        tokenizer=str(tokenizer(tmp_path)), num_shards=2, num_proc=2)
+                        tokenizer=str(word_tokenizer(tmp_path)), num_shards=2, num_proc=2)
     with pytest.raises(ConfigError, match=r"[ab].jsonl.gz is damaged or truncated .* at byte "):
         prepare(cfg, progress=False)
 

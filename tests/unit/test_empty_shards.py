@@ -14,30 +14,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 from data_prep.config import PrepareConfig
 from data_prep.prepare import prepare
 from plugins.protocol.errors import ConfigError
 from recipes.config.blend import load_blend
+from tests.word_tokenizer import word_tokenizer
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning"),
     pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
 ]
-WORDS = ["[UNK]", "<|endoftext|>", "alpha", "beta", "gamma"]
-
-
-def _tokenizer(folder: Path) -> str:
-    made = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    made.pre_tokenizer = pre_tokenizers.Whitespace()
-    made.save(str(folder / "tokenizer.json"))
-    return str(folder / "tokenizer.json")
 
 
 def _prepare(tmp_path: Path, input_file: Path, **changes) -> None:
     prepare(PrepareConfig(input=str(input_file), output=str(tmp_path / "out" / "x"),
-                          tokenizer=_tokenizer(tmp_path), **changes), progress=False)
+                          tokenizer=str(word_tokenizer(tmp_path)), **changes), progress=False)
 
 
 def _three_lines(tmp_path: Path) -> Path:

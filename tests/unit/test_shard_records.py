@@ -11,27 +11,23 @@ import json
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 from data_prep.config import PrepareConfig
 from data_prep.prepare import prepare
 from recipes.config import dataset_files
+from tests.word_tokenizer import word_tokenizer
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning"),
     pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
 ]
-WORDS = ["[UNK]", "<|endoftext|>", "alpha", "beta", "gamma"]
 
 
 def _cfg(tmp_path: Path) -> PrepareConfig:
-    made = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    made.pre_tokenizer = pre_tokenizers.Whitespace()
-    made.save(str(tmp_path / "tokenizer.json"))
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"{'alpha beta gamma ' * (i % 9 + 1)}\n" for i in range(400)))
     return PrepareConfig(input=str(corpus), output=str(tmp_path / "out" / "x"),
-                         tokenizer=str(tmp_path / "tokenizer.json"), num_shards=2)
+                         tokenizer=str(word_tokenizer(tmp_path)), num_shards=2)
 
 
 def test_a_bin_damaged_in_its_middle_is_redone_by_the_rerun(tmp_path, monkeypatch) -> None:
