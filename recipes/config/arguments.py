@@ -17,12 +17,27 @@ import math
 import re
 import types
 import typing
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from plugins.protocol.errors import ConfigError
 
 NULL_WORDS = ("null", "none")
 TRUE_WORDS, FALSE_WORDS = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def with_replaced(words: Sequence[str], replacements: Sequence[str]) -> list[str]:
+    """`key=value` words as a command line reads them (the last value of a key wins) with the
+    keys `replacements` set dropped and `replacements` after them: one word per key, so a
+    command printed or handed on says each setting once."""
+    replaced = {word.partition("=")[0] for word in replacements}
+    kept: dict[str, str] = {}
+    for word in words:
+        key = word.partition("=")[0]
+        if key not in replaced:
+            kept.pop(key, None)
+            kept[key] = word
+    return [*kept.values(), *replacements]
 
 
 def split_argument(text: str, example: str, what: str = "an argument") -> tuple[str, str]:

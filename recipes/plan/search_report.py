@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from recipes.config.arguments import with_replaced
 from recipes.plan.search import NEAR_MISS, Evaluated, SearchResult
 
 TERMS = ("compute", "bubble", "tp", "cp", "ep", "pp", "dp", "cores")
@@ -81,17 +82,10 @@ def _head(cfg: Any, cluster: Any, r: SearchResult) -> list[str]:
 def train_command(cfg: Any, given: Sequence[str], best: Evaluated) -> str:
     """The pretrain command of the best layout: the user's own command line (recipe or saved
     config, and every override) with the layout's settings in place of any it gave."""
-    layout = best.candidate.overrides()
-    replaced = {arg.split("=", 1)[0] for arg in layout}
-    kept: dict[str, str] = {}
-    for arg in given:  # the last value of a key wins, as on the command line
-        key = arg.split("=", 1)[0]
-        if key not in replaced:
-            kept.pop(key, None)
-            kept[key] = arg
-    if "recipe" not in kept and "config" not in kept:
-        kept = {"recipe": f"recipe={cfg.name}", **kept}
-    return "python scripts/pretrain.py " + " ".join([*kept.values(), *layout])
+    words = with_replaced(given, best.candidate.overrides())
+    if not any(word.startswith(("recipe=", "config=")) for word in words):
+        words.insert(0, f"recipe={cfg.name}")
+    return "python scripts/pretrain.py " + " ".join(words)
 
 
 def text_search(cfg: Any, cluster: Any, r: SearchResult, given: Sequence[str] = ()) -> str:

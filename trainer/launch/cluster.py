@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from plugins.protocol.errors import ConfigError, UserError, config_error, error_lines
+from recipes.config.arguments import with_replaced
 from trainer.launch.agent import FAILED_ATTEMPTS_ENV, SIGNALLED_EXIT
 from trainer.launch.environment import gpu_environment, shell_exports
 
@@ -287,9 +288,7 @@ def plan_launch(args: LaunchArgs) -> LaunchPlan:
     if cluster.device == "cpu" and not any(
             arg.startswith("cluster.device=") for arg in args.rest):
         placed.append("cluster.device=cpu")  # CPU nodes: ranks are processes
-    placed_keys = {arg.split("=", 1)[0] for arg in placed}
-    kept = [arg for arg in args.rest if arg.split("=", 1)[0] not in placed_keys]
-    return LaunchPlan(cfg, nodes, gpus, [*kept, *placed], cluster=cluster)
+    return LaunchPlan(cfg, nodes, gpus, with_replaced(args.rest, placed), cluster=cluster)
 
 
 def _quietly(find, known: list[str]) -> list[str]:
