@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from plugins.protocol.errors import ConfigError
-from trainer.checkpoint.format import HF_IMPORT_SOURCE
+from trainer.checkpoint.format import HF_IMPORT_SOURCE, IMPORT_CONFIG
 from trainer.checkpoint.manifest import file_record
 from trainer.interop.export_step import checked_step, checksums_wanted, damage_line, fallback
 
@@ -95,6 +95,7 @@ def test_the_fallback_of_an_import_is_the_import_again(tmp_path) -> None:
     imported.mkdir()
     (imported / HF_IMPORT_SOURCE).mkdir()
     (imported / HF_IMPORT_SOURCE / "config.json").write_text("{}")
+    (imported / IMPORT_CONFIG).write_text("{}")  # an import holds the recipe's config too
     assert fallback(imported).startswith("import the Hugging Face model again")
     lone = _step(tmp_path / "checkpoints", 2)
     assert fallback(lone).startswith("no earlier complete checkpoint exists")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from plugins.protocol.errors import ConfigError
-from trainer.checkpoint.format import HF_IMPORT_SOURCE, is_checkpoint, newest_checkpoint
+from trainer.checkpoint.format import is_checkpoint, is_hf_import, newest_checkpoint
 from trainer.checkpoint.manifest import damaged_file, read_manifest
 from trainer.checkpoint.preflight import previous_step
 
@@ -43,7 +43,7 @@ def fallback(step: Path) -> str:
     if previous is not None:
         return (f"export the previous complete checkpoint with checkpoint={previous} (or delete "
                 f"{step}: the root then exports it)")
-    if (step / HF_IMPORT_SOURCE / "config.json").is_file():
+    if is_hf_import(step):
         return ("import the Hugging Face model again (scripts/convert.py import) and export "
                 "that")
     return "no earlier complete checkpoint exists; restore the step's files or train again"
