@@ -229,6 +229,9 @@ UNIT_CHECKS: dict[str, Callable[[], None]] = {
 DIST_TESTED_PATCHES = {
     "gloo_uneven_all_gather", "all_to_all_list_splits", "backward_in_mode", "thd_cp_partition",
 }
+# Shown necessary in-process below with Transformer Engine's bindings planted (this machine has
+# no TE), and for real on a GPU machine (tests/gpu/test_gpu_training.py, a CPU run beside TE).
+IN_PROCESS_TESTED_PATCHES = {"no_te_kernels"}
 
 
 def run_checks_in_this_process(device: str, skip: list[str], names: list[str]) -> None:
@@ -289,7 +292,43 @@ def test_check_fails_without_its_patch(outcomes, patch):
 def test_every_patch_has_a_self_test():
     from trainer.cpu_runtime.runtime import PATCH_NAMES
 
-    assert set(PATCH_NAMES) == set(UNIT_CHECKS) | DIST_TESTED_PATCHES
+    assert set(PATCH_NAMES) == set(UNIT_CHECKS) | DIST_TESTED_PATCHES | IN_PROCESS_TESTED_PATCHES
+
+
+def test_no_te_kernels_replace_what_megatron_bound_from_transformer_engine(monkeypatch):
+    """Where TE is installed, Megatron binds TE's CUDA-only FusedAdam, multi-tensor kernels and
+    router GEMM at import; the patch binds what Megatron binds without TE (torch's optimizers,
+    its own local_multi_tensor_* helpers, no router GEMM), so CPU ranks run Megatron's torch
+    code. Planted here (no TE on this machine); the GPU tier trains a CPU run beside real TE."""
+    from megatron.core import optimizer
+    from megatron.core.optimizer import clip_grads, distrib_optimizer
+    from megatron.core.optimizer import optimizer as base
+    from megatron.core.transformer.moe import moe_utils
+    from megatron.core.utils import local_multi_tensor_applier, local_multi_tensor_l2_norm
+
+    from trainer.cpu_runtime.fused_ops import install_no_te_kernels
+
+    te_bound = {optimizer: ["Adam", "SGD"], distrib_optimizer: ["Adam"],
+                clip_grads: ["multi_tensor_applier", "l2_norm_impl", "multi_tensor_scale_impl",
+                             "multi_tensor_scale_tensor_impl"],
+                base: ["multi_tensor_applier", "multi_tensor_scale_impl"],
+                moe_utils: ["te_general_gemm"]}
+    for module, names in te_bound.items():
+        for name in names:
+            monkeypatch.setattr(module, name, "Transformer Engine's")
+    monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", False)
+    monkeypatch.setattr(distrib_optimizer, "USING_TE_OPTIMIZER", True)
+    monkeypatch.setattr(distrib_optimizer, "HAVE_APEX_OR_TE", True)
+    install_no_te_kernels()
+    assert (optimizer.Adam, optimizer.SGD) == (torch.optim.AdamW, torch.optim.SGD)
+    assert optimizer.USING_PYTORCH_OPTIMIZER is True
+    assert distrib_optimizer.Adam is torch.optim.Adam
+    assert not distrib_optimizer.USING_TE_OPTIMIZER and not distrib_optimizer.HAVE_APEX_OR_TE
+    assert clip_grads.multi_tensor_applier is local_multi_tensor_applier
+    assert clip_grads.l2_norm_impl is local_multi_tensor_l2_norm
+    assert clip_grads.multi_tensor_scale_tensor_impl is None
+    assert base.multi_tensor_applier is local_multi_tensor_applier
+    assert moe_utils.te_general_gemm is None
 
 
 # ---- in-process: no activation -----------------------------------------------------------

@@ -60,6 +60,13 @@ def install_offload_split() -> None:
     install()
 
 
+def install_no_te_kernels() -> None:
+    """Megatron's own optimizer and router kernels where TE is installed (`fused_ops.py`)."""
+    from trainer.cpu_runtime.fused_ops import install_no_te_kernels as install
+
+    install()
+
+
 def install_latent_projections() -> None:
     """A latent MoE's duplicated projections in torch (`latent_projection.py`)."""
     from trainer.cpu_runtime.latent_projection import install_latent_projections as install
@@ -78,6 +85,7 @@ _INSTALLERS: dict[str, Callable[[], None]] = {
     "mamba_kernels": install_mamba_kernels,
     "offload_split": install_offload_split,
     "moe_latent_projections": install_latent_projections,
+    "no_te_kernels": install_no_te_kernels,
 }
 
 PATCH_NAMES: tuple[str, ...] = (*_MODE_PATCHES, *_INSTALLERS)
@@ -125,6 +133,11 @@ CPU_RUNTIME_PATCHES: tuple[Patch, ...] = (
           "transformer/moe/moe_layer.py:264-289 (None without TE, :61-64)", "without it no "
           "latent MoE builds: AssertionError: TransformerEngine is required for MoE latent "
           "projections", _UNIT),
+    Patch("no_te_kernels", "the kernels Megatron binds from Transformer Engine at import when "
+          "TE is installed: FusedAdam and the multi-tensor kernels, optimizer/clip_grads.py:"
+          "10-47, optimizer/__init__.py:13-35; the router GEMM, transformer/moe/moe_utils.py:1326",
+          "with TE installed a CPU run fails: CUDA driver version is insufficient "
+          "(clip_grads.py:116), Found no NVIDIA driver (moe_utils.py:1326)", _UNIT),
 )
 
 # The patches applied in this process, or None before a successful activation.
