@@ -91,3 +91,20 @@ def test_cpu_runtime_auto_stays_off_with_cuda():
 
     assert runtime_for(ClusterConfig(device="auto")).device == "cuda"
     assert not cpu_runtime_active()
+
+
+def test_cpu_run_on_a_machine_with_transformer_engine(tmp_path):
+    """`cluster.device=cpu` beside an installed Transformer Engine: Megatron binds TE's CUDA-only
+    FusedAdam, multi-tensor kernels and router GEMM at import, and the CPU runtime binds its
+    torch fallbacks back (trainer/cpu_runtime/fused_ops.py), so a MoE trains on CPU ranks as it
+    does without TE."""
+    if importlib.util.find_spec("transformer_engine") is None:
+        pytest.fail("transformer_engine not installed on this GPU machine: this test is the "
+                    "CPU runtime beside it (bring the wheels: WHEELS=dir bash "
+                    "scripts/run_gpu_checks.sh)")
+    result = _train(tmp_path, "cluster.device=cpu", recipe="mixtral_tiny_ep1", steps=10)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["backend"].startswith("CPU")
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    assert len(losses) == 10 and losses[-1] < losses[0]

@@ -50,7 +50,7 @@ def check_cuda_type_names() -> None:
 def check_cuda_stand_ins() -> None:
     from trainer.cpu_runtime.cuda_api import CUDA_STAND_INS
 
-    assert torch.cuda.current_device() == 0
+    assert torch.cuda.current_device() == 0 and torch.cuda.is_available() is False
     torch.cuda.set_device(0)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

@@ -88,6 +88,12 @@ def empty_cache() -> None:
     return None
 
 
+def is_available() -> bool:
+    # A CPU rank on a machine with GPUs (`cluster.device=cpu`) must not take the paths that
+    # torch.cuda.is_available() opens: Transformer Engine's layers, CUDA RNG state, device memory.
+    return False
+
+
 def current_stream(device: object = None) -> CpuStream:
     return _THE_CPU_STREAM
 
@@ -105,6 +111,7 @@ CUDA_STAND_INS = {
     "synchronize": synchronize,
     "set_device": set_device,
     "empty_cache": empty_cache,
+    "is_available": is_available,
     "Stream": CpuStream,
     "Event": CpuEvent,
     "current_stream": current_stream,
