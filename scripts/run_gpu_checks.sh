@@ -8,7 +8,7 @@
 # Blackwell only and is refused elsewhere in one line). On a GPU machine without Transformer
 # Engine or the Mamba kernels it fails, one line naming what is missing: the tier checks what
 # they run. A machine without network installs them first from wheels brought along: WHEELS=dir
-# (default shared/wheels when it exists; pip --no-index --find-links).
+# (default shared/wheels when it exists; every wheel in it, pip --no-index --no-deps).
 # Usage: bash scripts/run_gpu_checks.sh   (PYTHON=... to use another interpreter; STEPS=N)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +22,11 @@ missing() {
   done
 }
 if [ -n "$(missing)" ] && [ -d "$wheels" ]; then
-  "$python" -m pip install --no-index --find-links "$wheels" --no-build-isolation \
-    'transformer_engine[pytorch]' mamba-ssm causal-conv1d || true
+  # Every wheel in the folder as it is, without resolving dependencies: an offline machine has
+  # no index to resolve against, and mamba-ssm declares optional kernels (tilelang, quack) it
+  # only try-imports. Bring what the machine lacks (docs/testing.md, "A GPU machine without
+  # network").
+  "$python" -m pip install --no-index --no-deps "$wheels"/*.whl || true
 fi
 if nvidia-smi -L >/dev/null 2>&1 && [ -n "$(missing)" ]; then
   echo "error: this GPU machine lacks $(missing | tr '\n' ' ')(the fast paths and the hybrid's" \
