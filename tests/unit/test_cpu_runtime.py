@@ -450,3 +450,26 @@ def test_adapt_local_layer_spec_leaves_spec_alone_without_sequence_parallel():
     config = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2)
     spec = get_gpt_layer_local_spec()
     assert adapt_local_layer_spec(spec, config) is spec
+
+
+def test_thd_partition_replaces_transformer_engines_cuda_split_too(monkeypatch):
+    """Where TE is installed, Megatron's `tex` is TE's extension, whose per-document CP split is
+    a CUDA kernel: CPU ranks get the torch stand-in for it, and TE's other names stay TE's."""
+    import types
+
+    from megatron.core import utils
+
+    from trainer.cpu_runtime.cp_attention import install_thd_partition
+
+    def cuda_only(*args):
+        raise RuntimeError("Found no NVIDIA driver on your system")
+
+    te_extension = types.SimpleNamespace(thd_get_partitioned_indices=cuda_only,
+                                         other_kernel="TE's")
+    monkeypatch.setattr(utils, "tex", te_extension)
+    install_thd_partition()
+    install_thd_partition()  # a second install keeps one wrapper
+    index = utils.tex.thd_get_partitioned_indices(torch.tensor([0, 8, 24, 32]), 32, 2, 0)
+    # Rank 0 of CP2 keeps chunks 0 and 3 of each document (2·CP chunks per document).
+    assert index.tolist() == [0, 1, 6, 7, 8, 9, 10, 11, 20, 21, 22, 23, 24, 25, 30, 31]
+    assert utils.tex.other_kernel == "TE's"

@@ -163,13 +163,27 @@ def thd_get_partitioned_indices(
     return torch.tensor(document_positions(bounds, cp_size, cp_rank), dtype=torch.long)
 
 
+class _TexOnCpu:
+    """Megatron's `tex` (TE's extension module, or None without TE) with its per-document CP
+    split answered by the torch stand-in: TE's is a CUDA kernel. Other names go to TE's."""
+
+    thd_get_partitioned_indices = staticmethod(thd_get_partitioned_indices)
+
+    def __init__(self, tex: Any) -> None:
+        self._tex = tex
+
+    def __getattr__(self, name: str) -> Any:
+        if self._tex is None:
+            raise AttributeError(f"Transformer Engine is not installed: no tex.{name}")
+        return getattr(self._tex, name)
+
+
 def install_thd_partition() -> None:
     """Megatron's per-document CP split calls TE's `tex.thd_get_partitioned_indices`
-    (`core/utils.py:2441-2448`), and `tex` is None without TE (`core/utils.py:58-64`). Gives
-    the module a stand-in with the same arithmetic, only where TE is absent."""
-    import types
-
+    (`core/utils.py:2441-2448`): `tex` is None without TE (`core/utils.py:58-64`), and TE's is
+    a CUDA kernel where TE is installed. Gives the module a `tex` whose split is the stand-in
+    with the same arithmetic, on every CPU rank."""
     from megatron.core import utils
 
-    if utils.tex is None:
-        utils.tex = types.SimpleNamespace(thd_get_partitioned_indices=thd_get_partitioned_indices)
+    if not isinstance(utils.tex, _TexOnCpu):
+        utils.tex = _TexOnCpu(utils.tex)

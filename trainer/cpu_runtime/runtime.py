@@ -119,8 +119,9 @@ CPU_RUNTIME_PATCHES: tuple[Patch, ...] = (
           "gloo takes lists only: TypeError: all_to_all_single(): incompatible function "
           "arguments", "tests/dist/test_cpu_runtime_dist.py"),
     Patch("thd_cp_partition", "Transformer Engine's thd_get_partitioned_indices, utils.py:2441 "
-          "(tex is None without TE, :58-64)", "a packed row cannot be split for CP without TE: "
-          "AttributeError: 'NoneType' object has no attribute 'thd_get_partitioned_indices'",
+          "(tex is None without TE, :58-64; a CUDA kernel with it)", "a packed row cannot be "
+          "split for CP on CPU: AttributeError: 'NoneType' object has no attribute "
+          "'thd_get_partitioned_indices' (Found no NVIDIA driver where TE is installed)",
           "tests/dist/test_context_parallel.py"),
     Patch("mamba_kernels", "mamba-ssm's and causal-conv1d's kernels bound at import, "
           "ssm/mamba_mixer.py:202-205", "without them no Mamba layer builds: ImportError: "
