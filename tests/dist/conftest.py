@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.dist.relaunch import RELAUNCHED, heap_damage
+from tests.dist.relaunch import RELAUNCHED, known_crash
 from tests.hang import HANG_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -132,7 +132,7 @@ def launch_ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchRan
         nprocs: int, entry: str, payload: dict | None = None, timeout: float = HANG_S
     ) -> list[Any]:
         reply, run_dir = start(nprocs, entry, payload, timeout)
-        if (damage := heap_damage(reply, run_dir, nprocs)) is not None:
+        if (damage := known_crash(reply, run_dir, nprocs)) is not None:
             RELAUNCHED.append(f"{entry} ({damage}; its ranks' files: {run_dir})")
             reply, run_dir = start(nprocs, entry, payload, timeout)
         _check_launch(reply, run_dir, timeout, nprocs)
@@ -148,9 +148,10 @@ def launch_ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchRan
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """The launches started again after glibc aborted a rank on a damaged heap."""
+    """The launches started again after a rank died of the rare Megatron FSDP crash."""
     if RELAUNCHED:
         terminalreporter.write_sep("=", f"{len(RELAUNCHED)} launch(es) started again after "
-                                        "glibc aborted a rank on a damaged heap")
+                                        "a rank died of the rare Megatron FSDP crash "
+                                        "(tests/dist/relaunch.py)")
         for line in RELAUNCHED:
             terminalreporter.write_line(line)

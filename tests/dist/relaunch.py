@@ -1,9 +1,11 @@
-"""Launches started once more after glibc aborted a rank on a damaged heap (the `launch_ranks`
-fixture in tests/dist/conftest.py; a module of its own so tests and the conftest share the list).
+"""Launches started once more after a rank died of the rare Megatron FSDP crash on gloo (the
+`launch_ranks` fixture in tests/dist/conftest.py; a module of its own so tests and the conftest
+share the list).
 """
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 # glibc's words when it finds its heap damaged and aborts the process. A Megatron FSDP run on
@@ -17,16 +19,33 @@ from pathlib import Path
 # not hidden, and one does not fail CI.
 HEAP_DAMAGE = ("malloc(): ", "free(): ", "double free or corruption",
                "corrupted size vs. prev_size")
+# The same crash seen once as a segmentation fault (a fresh-clone CI run on 2026-12-05, the
+# ZeRO-3 save-and-resume fixture of test_fsdp.py): Python's fault handler printed the rank's
+# main thread in Megatron FSDP's bucket gather (`param_and_grad_buffer.py:1343`, `fetch_bucket`
+# setting `p.data`, under `all_gather_params` in backward's pre-unshard) while gloo's threads
+# ran. Only a segfault whose stack is in Megatron FSDP counts as this crash.
+SEGFAULT = "Fatal Python error: Segmentation fault"
+FSDP_FRAMES = "megatron_fsdp/"
 RELAUNCHED: list[str] = []
 
 
-def heap_damage(reply: dict, run_dir: Path, nprocs: int) -> str | None:
-    """'rank R: <glibc's line>' when glibc aborted a failed rank on a damaged heap, else None."""
+def _known_crash(code: int, stderr: str) -> str | None:
+    for line in stderr.splitlines():
+        if line.startswith(HEAP_DAMAGE):
+            return line.strip()
+    if code == -signal.SIGSEGV and SEGFAULT in stderr and \
+            FSDP_FRAMES in stderr.split(SEGFAULT, 1)[1]:
+        return f"{SEGFAULT} in Megatron FSDP"
+    return None
+
+
+def known_crash(reply: dict, run_dir: Path, nprocs: int) -> str | None:
+    """'rank R: <what killed it>' when a failed rank died of the crash above (glibc's abort on
+    a damaged heap, or a segfault inside Megatron FSDP), else None."""
     for rank, code in enumerate(reply["returncodes"]):
         stderr = run_dir / f"rank{rank}.stderr"
         if code == 0 or not stderr.exists():
             continue
-        for line in stderr.read_text(errors="replace").splitlines():
-            if line.startswith(HEAP_DAMAGE):
-                return f"rank {rank}: {line.strip()}"
+        if (what := _known_crash(code, stderr.read_text(errors="replace"))) is not None:
+            return f"rank {rank}: {what}"
     return None

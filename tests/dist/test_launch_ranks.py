@@ -1,5 +1,6 @@
-"""The `launch_ranks` fixture starts a launch once more when glibc aborted a rank on a damaged
-heap, lists it in the session's summary, and fails a launch whose second start dies too."""
+"""The `launch_ranks` fixture starts a launch once more when a rank died of the rare Megatron FSDP
+crash (glibc's abort on a damaged heap, or a segfault inside Megatron FSDP), lists it in the
+session's summary, and fails a launch whose second start dies too, or any other crash."""
 
 from __future__ import annotations
 
@@ -26,3 +27,20 @@ def test_a_second_abort_fails_the_launch(launch_ranks):
         launch_ranks(2, "tests.dist.launch_checks:abort_on_damaged_heap")
     assert len(RELAUNCHED) == before + 1
     RELAUNCHED.pop()
+
+
+def test_a_segfault_in_megatron_fsdp_is_started_again_and_listed(launch_ranks, tmp_path):
+    before = len(RELAUNCHED)
+    results = launch_ranks(2, "tests.dist.launch_checks:segfault_once_in_megatron_fsdp",
+                           {"marker": str(tmp_path / "segfault")})
+    assert results == [{"rank": 0}, {"rank": 1}]
+    assert len(RELAUNCHED) == before + 1
+    assert "rank 0: Fatal Python error: Segmentation fault in Megatron FSDP" in RELAUNCHED[-1]
+    RELAUNCHED.pop()
+
+
+def test_a_segfault_elsewhere_fails_the_launch_at_once(launch_ranks):
+    before = len(RELAUNCHED)
+    with pytest.raises(RuntimeError, match="exit codes \\[-11"):  # RankLaunchError
+        launch_ranks(2, "tests.dist.launch_checks:segfault_elsewhere")
+    assert len(RELAUNCHED) == before
