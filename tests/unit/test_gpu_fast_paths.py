@@ -23,7 +23,12 @@ from trainer.mcore_translation import FUSIONS, build_transformer_config, fusions
 
 @pytest.fixture
 def te_kernels(monkeypatch):
-    """What TransformerConfig checks for on a GPU node with TE (and APEX's wgrad kernel)."""
+    """What TransformerConfig checks for on a GPU node with TE (and APEX's wgrad kernel); TE's
+    version below 2.10 for the translation's own check (`_te_at_least`), whether or not TE is
+    installed here (test_fsdp_wgrad_fusion_with_te_2_10 stages a newer one)."""
+    import megatron.core.utils
+
+    monkeypatch.setattr(megatron.core.utils, "is_te_min_version", lambda *args, **kw: False)
     monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", lambda *args: None)
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
     for name in ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
@@ -41,7 +46,7 @@ def test_transformer_engine_layers_get_every_fusion_that_applies(name, te_kernel
     assert config.apply_rope_fusion == (m.position_embedding == "rope")
     assert config.bias_dropout_fusion and config.masked_softmax_fusion
     # Megatron FSDP fuses the weight-gradient accumulation only with TE >= 2.10
-    # (mcore_fsdp_adapter.py:147-151); no TE here
+    # (mcore_fsdp_adapter.py:147-151); the fixture's TE is older
     fused_wgrad = cfg.optimizer.fsdp == "none"
     assert config.persist_layer_norm and config.gradient_accumulation_fusion == fused_wgrad
     assert config.cross_entropy_loss_fusion and config.cross_entropy_fusion_impl == "native"
@@ -51,6 +56,17 @@ def test_transformer_engine_layers_get_every_fusion_that_applies(name, te_kernel
     on = [f for f in FUSIONS if not off.get(f, False)]
     assert fusions_line(config).startswith(f"layers: Transformer Engine's; fusions on: "
                                            f"{', '.join(on)}; off: ")
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES if get_recipe(n).optimizer.fsdp != "none"])
+def test_fsdp_wgrad_fusion_with_te_2_10(name, te_kernels, monkeypatch):
+    """With TE 2.10 or newer, Megatron FSDP runs fuse the weight-gradient accumulation too."""
+    import megatron.core.utils
+
+    monkeypatch.setattr(megatron.core.utils, "is_te_min_version", lambda *args, **kw: True)
+    config = build_transformer_config(get_recipe(name), cpu_initialization=False,
+                                      transformer_engine=True)
+    assert config.gradient_accumulation_fusion
 
 
 def test_squared_relu_recipes_are_the_ones_without_the_activation_fusion(te_kernels):

@@ -364,13 +364,18 @@ def test_entry_point_refuses_fp8_here_with_one_line_and_exit_2(tmp_path) -> None
     assert not any(tmp_path.iterdir())  # refused before any run directory or rank exists
 
 
-def test_fp8_plugin_turns_what_megatron_refuses_into_one_line() -> None:
+def test_fp8_plugin_turns_what_megatron_refuses_into_one_line(monkeypatch) -> None:
+    from megatron.core.transformer import transformer_config
+
     from plugins.protocol.errors import UserError
     from trainer.mcore_translation import build_transformer_config
 
+    # MoE FP8 needs TE >= 1.7 (transformer_config.py:2294-2300): a TE older than that, staged
+    # whether or not one is installed here
+    monkeypatch.setattr(transformer_config, "is_te_min_version", lambda *args, **kw: False)
     cfg = apply_overrides(get_recipe("mixtral_tiny_ep1"), [*FP8, "plugins.fp8.recipe=tensorwise"])
     config = build_transformer_config(cfg, cpu_initialization=True)
-    with pytest.raises(UserError) as caught:  # MoE FP8 needs TE >= 1.7; none is installed here
+    with pytest.raises(UserError) as caught:
         cfg.plugins.fp8.build().transformer_config(config)
     assert str(caught.value).startswith(
         "plugins.fp8.format=hybrid with plugins.fp8.recipe=tensorwise: Megatron refuses this "
