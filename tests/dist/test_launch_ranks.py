@@ -11,13 +11,19 @@ from tests.dist.relaunch import RELAUNCHED
 pytestmark = pytest.mark.dist
 
 
-def test_a_rank_aborted_on_a_damaged_heap_is_started_again_and_listed(launch_ranks, tmp_path):
+@pytest.mark.parametrize(("entry", "listed"), [
+    ("abort_once_on_damaged_heap", "rank 1: malloc(): unaligned tcache chunk detected"),
+    ("segfault_once_in_megatron_fsdp",
+     "rank 0: Fatal Python error: Segmentation fault in Megatron FSDP"),
+])
+def test_a_rank_dead_of_the_known_crash_is_started_again_and_listed(launch_ranks, tmp_path,
+                                                                    entry, listed):
     before = len(RELAUNCHED)
-    results = launch_ranks(2, "tests.dist.launch_checks:abort_once_on_damaged_heap",
-                           {"marker": str(tmp_path / "aborted")})
+    results = launch_ranks(2, f"tests.dist.launch_checks:{entry}",
+                           {"marker": str(tmp_path / "crashed")})
     assert results == [{"rank": 0}, {"rank": 1}]
     assert len(RELAUNCHED) == before + 1
-    assert "rank 1: malloc(): unaligned tcache chunk detected" in RELAUNCHED[-1]
+    assert listed in RELAUNCHED[-1]
     RELAUNCHED.pop()  # staged here: the session's summary lists only real crashes
 
 
@@ -26,16 +32,6 @@ def test_a_second_abort_fails_the_launch(launch_ranks):
     with pytest.raises(RuntimeError, match="free\\(\\): invalid pointer"):  # RankLaunchError
         launch_ranks(2, "tests.dist.launch_checks:abort_on_damaged_heap")
     assert len(RELAUNCHED) == before + 1
-    RELAUNCHED.pop()
-
-
-def test_a_segfault_in_megatron_fsdp_is_started_again_and_listed(launch_ranks, tmp_path):
-    before = len(RELAUNCHED)
-    results = launch_ranks(2, "tests.dist.launch_checks:segfault_once_in_megatron_fsdp",
-                           {"marker": str(tmp_path / "segfault")})
-    assert results == [{"rank": 0}, {"rank": 1}]
-    assert len(RELAUNCHED) == before + 1
-    assert "rank 0: Fatal Python error: Segmentation fault in Megatron FSDP" in RELAUNCHED[-1]
     RELAUNCHED.pop()
 
 
