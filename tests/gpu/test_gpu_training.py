@@ -96,7 +96,7 @@ def test_cpu_runtime_auto_stays_off_with_cuda():
 def test_cpu_run_on_a_machine_with_transformer_engine(tmp_path):
     """`cluster.device=cpu` beside an installed Transformer Engine: Megatron binds TE's CUDA-only
     FusedAdam, multi-tensor kernels and router GEMM at import, and the CPU runtime binds its
-    torch fallbacks back (trainer/cpu_runtime/fused_ops.py), so a MoE trains on CPU ranks as it
+    torch fallbacks back (trainer/cpu_runtime/no_te_kernels.py), so a MoE trains on CPU ranks as it
     does without TE."""
     if importlib.util.find_spec("transformer_engine") is None:
         pytest.fail("transformer_engine not installed on this GPU machine: this test is the "

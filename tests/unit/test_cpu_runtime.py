@@ -306,7 +306,7 @@ def test_no_te_kernels_replace_what_megatron_bound_from_transformer_engine(monke
     from megatron.core.transformer.moe import moe_utils
     from megatron.core.utils import local_multi_tensor_applier, local_multi_tensor_l2_norm
 
-    from trainer.cpu_runtime.fused_ops import install_no_te_kernels
+    from trainer.cpu_runtime.no_te_kernels import install_no_te_kernels
 
     te_bound = {optimizer: ["Adam", "SGD"], distrib_optimizer: ["Adam"],
                 clip_grads: ["multi_tensor_applier", "l2_norm_impl", "multi_tensor_scale_impl",

@@ -61,8 +61,8 @@ def install_offload_split() -> None:
 
 
 def install_no_te_kernels() -> None:
-    """Megatron's own optimizer and router kernels where TE is installed (`fused_ops.py`)."""
-    from trainer.cpu_runtime.fused_ops import install_no_te_kernels as install
+    """Megatron's own optimizer and router kernels where TE is installed (`no_te_kernels.py`)."""
+    from trainer.cpu_runtime.no_te_kernels import install_no_te_kernels as install
 
     install()
 
