@@ -29,7 +29,7 @@ import torch
 
 from data_prep.byte_tokenizer import ByteTokenizer
 from data_prep.corpus import corpus_documents
-from plugins.protocol.errors import ConfigError
+from plugins.protocol.errors import ConfigError, RankUserError
 from plugins.protocol.packed_batch import document_pad_multiple, packed_row
 from recipes.config.blend import Blend, load_blend
 from recipes.config.phases import span_at
@@ -302,11 +302,37 @@ def build_sources(cfg: RunConfig, run_dir: Path,
     return megatron_sources(cfg, blend, run_dir / "data_index", eval_samples, train_samples)
 
 
+def vocabulary_problem(batch: MicroBatch, chunk: np.ndarray, source: SampleSource,
+                       vocab_size: int) -> str | None:
+    """A micro-batch's first token id outside [0, vocab_size), named with its sample and
+    source; None when every id fits. The embedding lookup would fail on such an id (an
+    IndexError on CPU, a device-side assert on a GPU) at whatever step first reads it, hours
+    into a run; the checks before launch look at a bare prefix's first and last tokens only.
+    Read on the host before the batch moves to its device, so no synchronisation."""
+    for key in ("tokens", "labels"):
+        ids = batch[key]
+        if int(ids.min()) >= 0 and int(ids.max()) < vocab_size:
+            continue
+        outside = (ids < 0) | (ids >= vocab_size)
+        row = int(outside.any(dim=-1).nonzero()[0, 0])
+        value = int(ids[row][outside[row]][0])
+        sample = int(chunk[min(row, len(chunk) - 1)])
+        name = source.source_names[int(source.source_ids(np.asarray([sample]))[0])]
+        fix = (f"prepare it again with this model's tokenizer, or raise model.vocab_size to "
+               f"{value + 1} or more" if value >= 0 else
+               "the files were not written as token ids; prepare them again")
+        return (f"sample {sample:,} of source {name} holds token id {value:,}, outside the model's "
+                f"vocabulary (model.vocab_size={vocab_size:,}): the data was tokenized for "
+                f"another vocabulary; {fix}")
+    return None
+
+
 class GlobalBatches:
     """Yields, for each step, this DP rank's micro-batches of that step's global batch.
 
     The data position is counted in samples, as Megatron-LM's consumed samples are: a resume
-    with another global batch size or another DP size continues at the same sample.
+    with another global batch size or another DP size continues at the same sample. Every
+    micro-batch's ids are checked against the model's vocabulary (`vocabulary_problem`).
     """
 
     def __init__(self, source: SampleSource, cfg: RunConfig, dp_rank: int):
@@ -317,6 +343,7 @@ class GlobalBatches:
         self.data_parallel = cfg.layout.data_parallel
         self.global_batch = cfg.train.global_batch_size
         self.per_replica = cfg.layout.samples_per_replica  # samples of a batch per DP rank
+        self.vocab_size = cfg.model.vocab_size
         self.next_sample = 0  # the data position: samples taken by `take` (tails included)
         self.last_taken = np.zeros(0, dtype=np.int64)  # sample indices of the last `take`
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its order), reused per step
@@ -357,7 +384,12 @@ class GlobalBatches:
                 for i in range(0, self.per_replica, self.micro_batch)]
 
     def _mine(self, indices: np.ndarray) -> list[MicroBatch]:
-        return [self.source.microbatch(chunk) for chunk in self._my_microbatch_indices(indices)]
+        batches = []
+        for chunk in self._my_microbatch_indices(indices):
+            batches.append(batch := self.source.microbatch(chunk))
+            if problem := vocabulary_problem(batch, chunk, self.source, self.vocab_size):
+                raise RankUserError(problem)  # this rank's samples only: it says so itself
+        return batches
 
     def microbatch_indices(self, step: int) -> list[np.ndarray]:
         """Sample indices of this rank's micro-batches of global batch `step` (benchmarks read

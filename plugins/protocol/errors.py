@@ -18,6 +18,12 @@ class UserError(ValueError):
     """
 
 
+class RankUserError(UserError):
+    """A run-time mistake that one rank may meet alone (in the samples it reads): the rank that
+    meets it prints it, where other user errors are printed by rank 0 alone (every rank meets
+    them alike, and one line is enough)."""
+
+
 class ConfigError(UserError):
     """A configuration or command-line mistake the user can fix; the message says how."""
 

@@ -137,6 +137,23 @@ def test_options_are_typed_and_split_from_the_rest():
     assert sweep["scaling.world_sizes"] == [4, 1, 2] and sweep["cluster"] == "c.yaml"
 
 
+@pytest.mark.parametrize(("error", "printed"), [("UserError", False), ("RankUserError", True)])
+def test_a_rank_other_than_0_prints_only_the_mistake_it_met_alone(monkeypatch, capsys, error,
+                                                                   printed):
+    """Every rank meets a config mistake alike, so rank 0 says it; a rank that met bad data in
+    its own samples says it itself (else the run would end with exit 2 and no line)."""
+    from plugins.protocol import errors
+    from trainer.entry.contract import Command, main
+
+    def fail(args):
+        raise getattr(errors, error)("sample 3 of source a holds token id 300")
+
+    monkeypatch.setenv("RANK", "1")
+    assert main(Command("pretrain.py", fail), []) == 2
+    said = capsys.readouterr().err
+    assert said == ("error: sample 3 of source a holds token id 300\n" if printed else "")
+
+
 def test_a_command_without_a_rest_refuses_other_words():
     from trainer.entry.commands import BENCH_PACKING
 

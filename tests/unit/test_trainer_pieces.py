@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from plugins.protocol.errors import RankUserError
 from recipes.registry import get_recipe
-from trainer.data import GlobalBatches, in_memory_sources
+from trainer.data import GlobalBatches, TokenTable, in_memory_sources, vocabulary_problem
 from trainer.step import masked_token_loss
 
 
@@ -49,6 +50,45 @@ def test_a_ranks_microbatch_indices_are_the_samples_of_its_microbatches():
         assert torch.equal(samples.microbatch(chunk)["tokens"], mb["tokens"])
     half = cfg.train.global_batch_size // 2
     assert np.array_equal(np.concatenate(indices), second.global_batch_indices(3)[half:])
+
+
+def _with_id(samples: TokenTable, sample: int, position: int, value: int) -> TokenTable:
+    rows = samples.samples.copy()
+    rows[sample, position] = value
+    return TokenTable(rows, samples.eod, samples.eod_mask_loss, source_names=("bare",))
+
+
+RAISE = "prepare it again with this model's tokenizer, or raise model.vocab_size to 301 or more"
+
+
+@pytest.mark.parametrize(("position", "value", "fix"), [
+    (5, 300, RAISE),  # an input token
+    (-1, 300, RAISE),  # the last label alone
+    (0, -7, "the files were not written as token ids; prepare them again"),
+])
+def test_an_id_outside_the_vocabulary_is_named_with_its_sample_and_source(position, value, fix):
+    cfg, clean = _synthetic("tiny_dp1")
+    samples = _with_id(clean, 11, position, value)
+    chunk = np.array([4, 11, 2])
+    assert vocabulary_problem(clean.microbatch(chunk), chunk, clean, 256) is None
+    problem = vocabulary_problem(samples.microbatch(chunk), chunk, samples, 256)
+    assert problem == (f"sample 11 of source bare holds token id {value}, outside the model's "
+                       "vocabulary (model.vocab_size=256): the data was tokenized for another "
+                       f"vocabulary; {fix}")
+
+
+def test_only_the_rank_whose_share_holds_a_bad_id_refuses_its_batch():
+    """Each DP rank reads its own share of a batch: the rank that meets the id says so (as a
+    mistake it met alone), the other trains on."""
+    cfg, clean = _synthetic("tiny_dp2")
+    step = 2
+    second_half = GlobalBatches(clean, cfg, 1).microbatch_indices(step)[0]
+    samples = _with_id(clean, int(second_half[0]), 3, 999)
+    first, second = (GlobalBatches(samples, cfg, dp) for dp in range(2))
+    assert len(first.microbatches(step)) == len(second.microbatches(step - 1))
+    with pytest.raises(RankUserError, match=f"sample {second_half[0]:,} of source bare holds "
+                       "token id 999"):
+        second.microbatches(step)
 
 
 def test_the_bare_benchmark_step_reads_each_microbatch_once_for_all_model_chunks():

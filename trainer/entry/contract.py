@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plugins.protocol.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError, error_lines
+from plugins.protocol.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_USER_ERROR,
+    RankUserError,
+    UserError,
+    error_lines,
+)
 from recipes.config.arguments import convert, describe_type, split_argument
 from recipes.resolve import ListRecipesRequested
 from trainer.entry.library_noise import quiet_known_noise
@@ -212,7 +218,7 @@ def main(command: Command, argv: Sequence[str] | None = None) -> int:
         return 0
     except UserError as error:  # ConfigError, and plugins' run-time refusals
         for line in error_lines(error):  # several mistakes found together: one line each
-            print_once(f"error: {line}")
+            print_once(f"error: {line}", every_rank=isinstance(error, RankUserError))
         return EXIT_USER_ERROR
     except KeyboardInterrupt:  # Ctrl-C outside a run's steps (which stop at a boundary)
         if "LOCAL_RANK" not in os.environ:  # a rank's launcher says it
@@ -221,7 +227,8 @@ def main(command: Command, argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def print_once(line: str) -> None:
-    """Print on rank 0 only (every rank of a run meets the same mistake)."""
-    if os.environ.get("RANK", "0") == "0":
+def print_once(line: str, every_rank: bool = False) -> None:
+    """Print on rank 0 only (every rank of a run meets the same mistake), or on whichever rank
+    calls it with `every_rank` (a mistake that rank met alone)."""
+    if every_rank or os.environ.get("RANK", "0") == "0":
         print(line, file=sys.stderr, flush=True)
