@@ -54,6 +54,11 @@ def run_rank(entry: str, payload_path: Path, result_dir: Path, timeout_s: float,
     torch.set_num_threads(int(payload.get("threads", 1)))
     # Collectives give up after the launch's own timeout instead of gloo's 30 min default.
     timeout = datetime.timedelta(seconds=timeout_s)
+    # The world group too runs on one gloo worker, as every group of a training rank does (its
+    # CPU runtime is active before it joins: trainer/cpu_runtime/collectives.py).
+    from trainer.cpu_runtime.collectives import install_one_gloo_worker
+
+    install_one_gloo_worker()
     if store is None:
         dist.init_process_group("gloo", timeout=timeout)
     else:

@@ -213,12 +213,35 @@ def check_moe_latent_projections() -> None:
     assert projection.weight.tensor_model_parallel is False and projection.weight.allreduce
 
 
+def check_gloo_one_worker() -> None:
+    # A gloo group as Megatron makes them (torch.distributed.new_group, after activation) runs
+    # on one worker thread, is a ProcessGroupGloo to torch's own type checks, and gathers.
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    store = f"file://{tempfile.mkdtemp()}/store"
+    dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    try:
+        backend = dist.new_group([0])._get_backend(torch.device("cpu"))
+        assert isinstance(backend, distributed_c10d.ProcessGroupGloo)
+        assert isinstance(backend, dist.ProcessGroupGloo)
+        assert backend.options._threads == 1, f"{backend.options._threads} worker threads"
+        out = torch.zeros(3)
+        dist.all_gather_into_tensor(out, torch.ones(3), group=dist.new_group([0]))
+        assert out.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
+
+
 UNIT_CHECKS: dict[str, Callable[[], None]] = {
     "device_redirect": check_device_redirect,
     "cuda_type_names": check_cuda_type_names,
     "cuda_stand_ins": check_cuda_stand_ins,
     "rng": check_rng,
     "eager": check_eager,
+    "gloo_one_worker": check_gloo_one_worker,
     "backward_in_mode": check_backward_in_mode,
     "mamba_kernels": check_mamba_kernels,
     "offload_split": check_offload_split,

@@ -1,13 +1,17 @@
-"""Two torch.distributed calls whose gloo form rejects what Megatron Core passes them.
+"""torch.distributed over gloo where it falls short of what Megatron Core asks of NCCL.
 
-Both are replaced on the `torch.distributed` module, which is where Megatron looks them up at
-call time (`tensor_parallel/mappings.py` calls `torch.distributed.all_gather(...)` and
-`torch.distributed.all_to_all_single(...)`).
+Two calls whose gloo form rejects what Megatron passes are replaced on the `torch.distributed`
+module, which is where Megatron looks them up at call time (`tensor_parallel/mappings.py` calls
+`torch.distributed.all_gather(...)` and `torch.distributed.all_to_all_single(...)`). And gloo
+process groups are made with one worker thread (`install_one_gloo_worker`): with torch's two,
+collectives left running at once (Megatron FSDP's overlapped gathers) can damage the heap.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -72,3 +76,47 @@ def install_list_split_sizes() -> None:
         )
 
     dist.all_to_all_single = all_to_all_single
+
+
+class OneWorkerGloo:
+    """Stands where `torch.distributed.distributed_c10d` looks up `ProcessGroupGloo`: every gloo
+    backend it makes runs its collectives on one worker thread instead of torch's default two.
+
+    Each of the two workers, after a collective, records its name in the group's status
+    (`ProcessGroupGloo::runLoop`, torch 2.13: `pgStatus_->lastCompletedWorkName`) after letting
+    go of the group's lock. Two collectives ending together on both workers assign that
+    `std::string` at once, and a name longer than the 15 characters kept inline (e.g.
+    `ALLGATHER_COALESCED`, Megatron FSDP's coalesced bucket gathers left running with
+    `overlap_param_gather`) is freed twice: glibc then aborts (`malloc(): unaligned tcache chunk
+    detected`) or a later allocation segfaults. AddressSanitizer names it: `attempting
+    double-free` of a 20-byte region, both frees in `runLoop`. One worker runs the group's
+    collectives in the order they were started, as NCCL runs one stream; the CPU ranks' speed is
+    not what they are for. Type checks against it are those of `ProcessGroupGloo`.
+    """
+
+    def __init__(self, gloo: Any) -> None:
+        self.gloo = gloo
+
+    def __call__(self, store: Any, rank: int, size: int, options: Any = None, *,
+                 timeout: datetime.timedelta = datetime.timedelta(minutes=30)) -> Any:
+        if options is None:
+            options = self.gloo._Options()
+            options._timeout = timeout
+            options._devices = [self.gloo.create_default_device()]
+        options._threads = 1
+        return self.gloo(store, rank, size, options)
+
+    def __instancecheck__(self, instance: object) -> bool:
+        return isinstance(instance, self.gloo)
+
+    def __getattr__(self, name: str) -> Any:  # create_default_device, _Options, ...
+        return getattr(self.gloo, name)
+
+
+def install_one_gloo_worker() -> None:
+    """Gloo groups made from now on have one worker thread (`OneWorkerGloo`); a group made
+    before keeps its two."""
+    from torch.distributed import distributed_c10d
+
+    if not isinstance(distributed_c10d.ProcessGroupGloo, OneWorkerGloo):
+        distributed_c10d.ProcessGroupGloo = OneWorkerGloo(distributed_c10d.ProcessGroupGloo)

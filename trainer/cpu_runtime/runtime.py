@@ -20,7 +20,11 @@ import torch
 
 from plugins.protocol.events import RuntimeContext
 from recipes.config.machine import process_on_cpu
-from trainer.cpu_runtime.collectives import install_list_split_sizes, install_uneven_all_gather
+from trainer.cpu_runtime.collectives import (
+    install_list_split_sizes,
+    install_one_gloo_worker,
+    install_uneven_all_gather,
+)
 from trainer.cpu_runtime.cuda_api import disable_dynamo, install_cpu_rng, install_cuda_stand_ins
 from trainer.cpu_runtime.device_mode import CudaToCpuMode
 from trainer.cpu_runtime.norm import SequenceParallelTorchNorm, adapt_local_layer_spec
@@ -79,6 +83,7 @@ _INSTALLERS: dict[str, Callable[[], None]] = {
     "cuda_stand_ins": install_cuda_stand_ins,
     "rng": install_cpu_rng,
     "eager": disable_dynamo,
+    "gloo_one_worker": install_one_gloo_worker,
     "gloo_uneven_all_gather": install_uneven_all_gather,
     "all_to_all_list_splits": install_list_split_sizes,
     "thd_cp_partition": install_thd_partition,
@@ -111,6 +116,11 @@ CPU_RUNTIME_PATCHES: tuple[Patch, ...] = (
           "without it seeding is silently lost and reading the state raises", _UNIT),
     Patch("eager", "torch.compile'd fused helpers, jit.py:21 (e.g. transformer/moe/router.py:727)",
           "without it TorchInductor compiles Megatron's fused helpers on CPU", _UNIT),
+    Patch("gloo_one_worker", "torch's ProcessGroupGloo::runLoop (2.13): its two workers record "
+          "the last collective's name unlocked; Megatron FSDP's overlapped coalesced gathers, "
+          "distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py:4561", "rarely, a rank "
+          "dies: malloc(): unaligned tcache chunk detected, or SIGSEGV (AddressSanitizer: "
+          "attempting double-free in runLoop)", _UNIT),
     Patch("gloo_uneven_all_gather", "all_gather_into_tensor of uneven shards, "
           "tensor_parallel/mappings.py:154", "gloo refuses it: ProcessGroupGloo::allgather: "
           "invalid tensor size at index N", "tests/dist/test_cpu_runtime_dist.py"),
