@@ -122,13 +122,34 @@ def test_hybrid_moe_metrics_size(monkeypatch):
     assert sizes == {"load_balancing_loss": 1, "seq_load_balancing_loss": 1, "router": 6}
 
 
+def test_local_final_norm(monkeypatch):
+    """Where TE is installed Megatron binds TENorm as the final norm of a block built from a
+    layer spec (transformer_block.py:53-56); planted here as that binding (no TE on this
+    machine), it is Megatron's norm without TE while the patches are active, and restored."""
+    import megatron.core.transformer.transformer_block as transformer_block
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    class TENorm:  # stands for transformer_engine's: building it on CPU raises
+        def __new__(cls, *args, **kwargs):
+            raise RuntimeError("CUDAGuardImpl initialized with non-CUDA DeviceType: cpu")
+
+    monkeypatch.setattr(transformer_block, "LayerNormImpl", TENorm)
+    with megatron_lm_on_cpu():
+        assert transformer_block.LayerNormImpl is WrappedTorchNorm
+    assert transformer_block.LayerNormImpl is TENorm
+    with megatron_lm_on_cpu(skip=frozenset({"megatron_lm_local_final_norm"})), \
+            pytest.raises(RuntimeError, match="CUDAGuardImpl"):
+        transformer_block.LayerNormImpl()
+
+
 def test_every_patch_has_its_check_here():
     """The distributed optimizer's load needs a checkpoint and process groups: its check is
     tests/dist/test_megatron_lm_checkpoints.py's."""
     assert set(PATCH_NAMES) == {"megatron_lm_device_arch", "megatron_lm_init_without_cuda",
                                 "megatron_lm_compiled_helpers",
                                 "megatron_lm_distributed_optimizer_load",
-                                "megatron_lm_hybrid_moe_metrics_size"}
+                                "megatron_lm_hybrid_moe_metrics_size",
+                                "megatron_lm_local_final_norm"}
     with pytest.raises(ValueError, match="unknown Megatron-LM patches"), \
             megatron_lm_on_cpu(skip=frozenset({"nope"})):
         pass

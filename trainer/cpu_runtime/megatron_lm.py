@@ -10,10 +10,12 @@ Megatron-LM's `load_checkpoint` gets the same fixes. A fifth is a defect of Mega
 `training_log` on any device: for a hybrid model over pipeline stages of which one has no MoE
 layer, the MoE metrics it all-reduces over PP are of other sizes on that stage than on the
 others, so the run aborts (gloo) or hangs (NCCL) at its first log; they are created first at
-the size the router records them. Each is a named patch of the one table
+the size the router records them. A sixth is Megatron Core's where Transformer Engine is
+installed: a block built from a layer spec, as Megatron-LM builds `--transformer-impl local`,
+takes TE's norm as its final norm, which needs CUDA. Each is a named patch of the one table
 (`trainer/megatron_patches.py`), applied while `megatron_lm_on_cpu()` is active; `skip=` leaves
-any out, which is how `tests/unit/test_megatron_lm_on_cpu.py` shows the first three and the
-fifth are needed (the fourth: tests/dist/test_megatron_lm_checkpoints.py).
+any out, which is how `tests/unit/test_megatron_lm_on_cpu.py` shows the first three, the
+fifth and the sixth are needed (the fourth: tests/dist/test_megatron_lm_checkpoints.py).
 """
 
 from __future__ import annotations
@@ -57,6 +59,13 @@ MEGATRON_LM_PATCHES: tuple[Patch, ...] = (
           "PP than the stages with them (moe_logging.py:277): gloo aborts, NCCL hangs; the "
           "metrics are created first at the router's size, and the average stays Megatron's",
           _SELF_TEST),
+    Patch("megatron_lm_local_final_norm", "megatron.core.transformer.transformer_block."
+          "LayerNormImpl, the final norm of a block built from a layer spec (transformer_block"
+          ".py:251-253; TENorm whenever TE imports, :53-56), as Megatron-LM's GPT builder makes "
+          "one for --transformer-impl local", "with TE installed a CPU rank's first forward "
+          "fails in TE's norm: RuntimeError: CUDAGuardImpl initialized with non-CUDA DeviceType: "
+          "cpu; it is Megatron's norm without TE (WrappedTorchNorm) on CPU, as in this trainer's "
+          "block spec", _SELF_TEST),
 )
 PATCH_NAMES = tuple(patch.name for patch in MEGATRON_LM_PATCHES)
 
@@ -129,8 +138,10 @@ def megatron_lm_on_cpu(skip: frozenset[str] = frozenset()) -> Iterator[None]:
     """Megatron-LM's training entry runnable on this CPU rank while active (each patch that
     `skip` does not name; GPU ranks keep the device's own architecture)."""
     import megatron.core.datasets.utils as dataset_utils
+    import megatron.core.transformer.transformer_block as transformer_block
     import megatron.training.arguments as arguments
     import megatron.training.training as training
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     unknown = set(skip) - set(PATCH_NAMES)
     if unknown:
@@ -138,7 +149,8 @@ def megatron_lm_on_cpu(skip: frozenset[str] = frozenset()) -> Iterator[None]:
     from megatron.core.optimizer import distrib_optimizer
 
     saved = (arguments.get_device_arch_version, training.initialize_megatron,
-             dataset_utils.compile_helpers, training.load_checkpoint, training.training_log)
+             dataset_utils.compile_helpers, training.load_checkpoint, training.training_log,
+             transformer_block.LayerNormImpl)
     count = torch.cuda.device_count
     initialize = training.initialize_megatron
 
@@ -160,8 +172,11 @@ def megatron_lm_on_cpu(skip: frozenset[str] = frozenset()) -> Iterator[None]:
         training.load_checkpoint = _load_with_fixes(training.load_checkpoint)
     if "megatron_lm_hybrid_moe_metrics_size" not in skip:
         training.training_log = _metrics_sized_as_the_router_records(training.training_log)
+    if "megatron_lm_local_final_norm" not in skip and not torch.cuda.is_available():
+        transformer_block.LayerNormImpl = WrappedTorchNorm
     try:
         yield
     finally:
         (arguments.get_device_arch_version, training.initialize_megatron,
-         dataset_utils.compile_helpers, training.load_checkpoint, training.training_log) = saved
+         dataset_utils.compile_helpers, training.load_checkpoint, training.training_log,
+         transformer_block.LayerNormImpl) = saved
