@@ -2,12 +2,11 @@
 
 Megatron FSDP frees a parameter or gradient bucket by resizing its storage to 0
 (`param_and_grad_buffer._free_storage`), which returns the memory to the allocator whoever
-still holds it. A gloo all-gather still writing into a freed bucket would damage the heap, which
-is how a ZeRO-3 run on gloo ranks has died, rarely (glibc: `malloc(): unaligned tcache chunk
-detected`; tests/dist/relaunch.py). `BucketFreeCheck` records each collective Megatron FSDP
-starts without waiting (`_coalescing_manager(..., async_ops=True)`, the parameter all-gathers)
-with the storages it reads and writes, and at every free, which of them has not finished and
-uses the freed storage.
+still holds it. On CUDA the stream order keeps a gather's bucket alive; on gloo ranks nothing
+does, and a gather still writing into a freed bucket would damage the heap. `BucketFreeCheck`
+records each collective Megatron FSDP starts without waiting (`_coalescing_manager(...,
+async_ops=True)`, the parameter all-gathers) with the storages it reads and writes, and at every
+free, which of them has not finished and uses the freed storage.
 """
 
 from __future__ import annotations

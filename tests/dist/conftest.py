@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 
-from tests.dist.relaunch import RELAUNCHED, known_crash
 from tests.hang import HANG_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -132,9 +131,6 @@ def launch_ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchRan
         nprocs: int, entry: str, payload: dict | None = None, timeout: float = HANG_S
     ) -> list[Any]:
         reply, run_dir = start(nprocs, entry, payload, timeout)
-        if (damage := known_crash(reply, run_dir, nprocs)) is not None:
-            RELAUNCHED.append(f"{entry} ({damage}; its ranks' files: {run_dir})")
-            reply, run_dir = start(nprocs, entry, payload, timeout)
         _check_launch(reply, run_dir, timeout, nprocs)
         missing = [rank for rank in range(nprocs) if not (run_dir / f"rank{rank}.json").exists()]
         if missing:
@@ -146,12 +142,3 @@ def launch_ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchRan
     yield launch
     server.close()
 
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    """The launches started again after a rank died of the rare Megatron FSDP crash."""
-    if RELAUNCHED:
-        terminalreporter.write_sep("=", f"{len(RELAUNCHED)} launch(es) started again after "
-                                        "a rank died of the rare Megatron FSDP crash "
-                                        "(tests/dist/relaunch.py)")
-        for line in RELAUNCHED:
-            terminalreporter.write_line(line)

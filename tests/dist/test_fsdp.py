@@ -89,11 +89,11 @@ def test_fsdp_equals_the_distributed_optimizer(launch_ranks, reference, tmp_path
 
 
 def test_no_bucket_is_freed_while_a_gather_still_uses_it(launch_ranks, tmp_path):
-    """ZeRO-3 with overlapped gathers and reduces (the run that has died, rarely, of a damaged
-    heap on a gloo rank; tests/dist/relaunch.py): Megatron FSDP frees buckets, at times while a
-    prefetched all-gather is unfinished (how often depends on gloo's threads: printed, not
-    asserted), but never one that such an all-gather reads or writes. The self-test shows the
-    check sees an unfinished all-gather's output as in use."""
+    """ZeRO-3 with overlapped gathers and reduces, on gloo ranks where no stream order keeps a
+    bucket alive: Megatron FSDP frees buckets, at times while a prefetched all-gather is
+    unfinished (how often depends on gloo's timing: printed, not asserted), but never one that
+    such an all-gather reads or writes. The self-test shows the check sees an unfinished
+    all-gather's output as in use."""
     results = launch_ranks(2, "tests.dist.fsdp_runs:bucket_frees", {
         "recipe": "tiny_dp2_fsdp", "steps": STEPS, "run_dir": str(tmp_path),
         "overrides": ["optimizer.overlap_grad_reduce=true", "optimizer.overlap_param_gather=true"]})
