@@ -302,7 +302,7 @@ def build_sources(cfg: RunConfig, run_dir: Path,
     return megatron_sources(cfg, blend, run_dir / "data_index", eval_samples, train_samples)
 
 
-def vocabulary_problem(batch: MicroBatch, chunk: np.ndarray, source: SampleSource,
+def batch_outside_vocabulary(batch: MicroBatch, chunk: np.ndarray, source: SampleSource,
                        vocab_size: int) -> str | None:
     """A micro-batch's first token id outside [0, vocab_size), named with its sample and
     source; None when every id fits. The embedding lookup would fail on such an id (an
@@ -332,7 +332,7 @@ class GlobalBatches:
 
     The data position is counted in samples, as Megatron-LM's consumed samples are: a resume
     with another global batch size or another DP size continues at the same sample. Every
-    micro-batch's ids are checked against the model's vocabulary (`vocabulary_problem`).
+    micro-batch's ids are checked against the model's vocabulary (`batch_outside_vocabulary`).
     """
 
     def __init__(self, source: SampleSource, cfg: RunConfig, dp_rank: int):
@@ -387,7 +387,7 @@ class GlobalBatches:
         batches = []
         for chunk in self._my_microbatch_indices(indices):
             batches.append(batch := self.source.microbatch(chunk))
-            if problem := vocabulary_problem(batch, chunk, self.source, self.vocab_size):
+            if problem := batch_outside_vocabulary(batch, chunk, self.source, self.vocab_size):
                 raise RankUserError(problem)  # this rank's samples only: it says so itself
         return batches
 

@@ -8,7 +8,7 @@ import torch
 
 from plugins.protocol.errors import RankUserError
 from recipes.registry import get_recipe
-from trainer.data import GlobalBatches, TokenTable, in_memory_sources, vocabulary_problem
+from trainer.data import GlobalBatches, TokenTable, batch_outside_vocabulary, in_memory_sources
 from trainer.step import masked_token_loss
 
 
@@ -70,8 +70,8 @@ def test_an_id_outside_the_vocabulary_is_named_with_its_sample_and_source(positi
     cfg, clean = _synthetic("tiny_dp1")
     samples = _with_id(clean, 11, position, value)
     chunk = np.array([4, 11, 2])
-    assert vocabulary_problem(clean.microbatch(chunk), chunk, clean, 256) is None
-    problem = vocabulary_problem(samples.microbatch(chunk), chunk, samples, 256)
+    assert batch_outside_vocabulary(clean.microbatch(chunk), chunk, clean, 256) is None
+    problem = batch_outside_vocabulary(samples.microbatch(chunk), chunk, samples, 256)
     assert problem == (f"sample 11 of source bare holds token id {value}, outside the model's "
                        "vocabulary (model.vocab_size=256): the data was tokenized for another "
                        f"vocabulary; {fix}")
