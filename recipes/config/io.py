@@ -11,6 +11,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from plugins.protocol.errors import ConfigError
 from recipes.config.overrides import carry_retired_keys, merge_checked, to_run_config
 from recipes.config.schema import RunConfig
+from recipes.config.yaml_file import scalar_texts
 
 CONFIG_FILENAME = "config.yaml"  # name of the resolved config inside a run directory
 
@@ -92,4 +93,12 @@ def load_config(path: str | Path) -> RunConfig:
         )
     loaded = carry_retired_keys(loaded)
     base = typing.cast(DictConfig, OmegaConf.structured(RunConfig))
-    return to_run_config(merge_checked(base, loaded, origin), origin)
+    return to_run_config(merge_checked(base, loaded, origin, typed=_file_texts(path)), origin)
+
+
+def _file_texts(path: Path) -> dict[str, str]:
+    """The file's scalars as written, for its errors; empty where it no longer reads."""
+    try:
+        return scalar_texts(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return {}

@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -359,11 +359,11 @@ def _flow_yaml(value: Any) -> str:
 
 
 def merge_checked(base: DictConfig, update: DictConfig, origin: str,
-                  typed: tuple[str, str] | None = None) -> DictConfig:
+                  typed: Mapping[str, str] | None = None) -> DictConfig:
     """Merge `update` into a structured `base`, turning OmegaConf errors into ConfigErrors.
 
     `origin` says where the values came from (an override or a file) for the message; `typed`:
-    the (key, text) the user typed, echoed as typed (`1e3`, not OmegaConf's `1000.0`).
+    the text the user wrote for each key, echoed as written (`1e3`, not OmegaConf's `1000.0`).
     """
     problem = list_shape_problem(OmegaConf.to_container(update, resolve=False), origin)
     if problem:
@@ -402,13 +402,13 @@ def _unknown_key(err: ConfigKeyError, update: DictConfig, origin: str) -> str:
 
 
 def _wrong_value(err: OmegaConfBaseException, base: DictConfig, update: DictConfig,
-                 origin: str, typed: tuple[str, str] | None = None) -> str:
+                 origin: str, typed: Mapping[str, str] | None = None) -> str:
     key = str(getattr(err, "full_key", "") or "") or _first_key(update)
     given = OmegaConf.select(update, key, default=None) if key else None
     if isinstance(given, DictConfig):
         given = OmegaConf.to_yaml(given).strip().replace("\n", ", ")
-    if typed is not None and typed[0] == key:
-        given = typed[1]
+    if typed is not None and key in typed:
+        given = typed[key]
     current = OmegaConf.select(base, key, default=None) if key else None
     return wrong_value_message(key, _yaml_scalar(given), origin, current)
 
@@ -544,7 +544,7 @@ def _apply_override(node: DictConfig, text: str) -> DictConfig:
             f"override '{text}': cannot parse the value '{value}' (unbalanced brackets or "
             f"an unfinished ${{...}}); give {key} a plain value"
         ) from None
-    return merge_checked(node, update, f"override '{text}'", typed=(key, value))
+    return merge_checked(node, update, f"override '{text}'", typed={key: value})
 
 
 def apply_overrides(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:

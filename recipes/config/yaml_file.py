@@ -3,7 +3,8 @@
 PyYAML lets the last of two equal keys win without a word and reads `1e30` as text; a file
 saved in Latin-1 or a binary file raises a decoding traceback. Here each of those is one
 `ConfigError` line naming the file and the mend, so the rules that check the values after it
-only ever see what the user meant.
+only ever see what the user meant; `scalar_texts` lets an error about a saved config echo a
+value as the file writes it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,30 @@ _StrictLoader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _StrictLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
 _StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+
+
+def scalar_texts(text: str) -> dict[str, str]:
+    """Each scalar of a YAML document as written, by its dotted key (`train.train_iters`,
+    `phases[0].name`): errors echo `1e3` or `off` as the file has them, not the `1000.0` or
+    `false` a loader made of them. Empty where the text is no valid YAML."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    found: dict[str, str] = {}
+
+    def walk(node: yaml.Node | None, key: str) -> None:
+        if isinstance(node, yaml.ScalarNode) and key:
+            found[key] = node.value
+        elif isinstance(node, yaml.MappingNode):
+            for key_node, value in node.value:
+                walk(value, f"{key}.{key_node.value}" if key else str(key_node.value))
+        elif isinstance(node, yaml.SequenceNode):
+            for index, value in enumerate(node.value):
+                walk(value, f"{key}[{index}]")
+
+    walk(root, "")
+    return found
 
 
 def read_yaml(path: str | Path, origin: str) -> Any:

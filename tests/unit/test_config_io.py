@@ -8,6 +8,7 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.io import config_to_yaml, load_config, save_config
 from recipes.config.overrides import apply_overrides
 from recipes.config.schema import RunConfig
+from recipes.config.yaml_file import scalar_texts
 from recipes.registry import get_recipe
 
 
@@ -48,9 +49,11 @@ def test_missing_keys_take_schema_defaults(tmp_path) -> None:
          "train.micro_batch_size expects an integer, got 'two'"),
         ("model: [\n", "is not valid YAML at line 2; fix or re-save it"),
         ("- 1\n- 2\n", "must hold a mapping of config sections, not a list"),
+        # the value as the file writes it, not as YAML read it
         ("cluster:\n  device: off\n",
-         "cluster.device expects one of auto, gpu, cpu, got 'false' (currently "
+         "cluster.device expects one of auto, gpu, cpu, got 'off' (currently "
          "cluster.device=auto)"),
+        ("train:\n  train_iters: 1e3\n", "train.train_iters expects an integer, got '1e3'"),
         ("phases: {}\n", "phases is a list; write e.g. phases: [{name: general, tokens: 0.8}, "
          "{name: quality, tokens: 0.2}]"),
         ("train:\n  rampup_batch_size: {}\n", "train.rampup_batch_size is a list; write e.g. "
@@ -131,3 +134,10 @@ def test_an_old_saved_config_carries_its_moved_keys_over(tmp_path, old, carried)
     text = text.replace("  packing: {}\n", "").replace("  moe:\n    per_expert: true\n", "")
     path.write_text(text.replace("plugins:\n", "plugins:\n" + old))
     assert load_config(path) == apply_overrides(get_recipe("tiny_dp1"), carried)
+
+
+def test_scalar_texts_keep_what_the_file_writes() -> None:
+    text = "train:\n  train_iters: 1e3\n  lr: '3e-4'\nphases:\n  - name: a\n    tokens: 0.5\n"
+    assert scalar_texts(text) == {"train.train_iters": "1e3", "train.lr": "3e-4",
+                                  "phases[0].name": "a", "phases[0].tokens": "0.5"}
+    assert scalar_texts("model: [\n") == {}
