@@ -6,7 +6,7 @@ usage: python scripts/bench_data.py [corpus=stdlib|synthetic] [max_mb=N] [vocab=
 
     python scripts/bench_data.py                        # 8 MiB of the stdlib's sources
     python scripts/bench_data.py corpus=synthetic max_mb=8 vocab=4096 repeats=5
-    python scripts/bench_data.py corpus=synthetic max_mb=32 vocab=4096 repeats=2 \
+    python scripts/bench_data.py corpus=synthetic max_mb=32 vocab=4096 repeats=2 \\
         megatron_lm=/tmp/Megatron-LM/tools/preprocess_data.py
     python scripts/bench_data.py memory=true corpus=synthetic max_mb=4 vocab=4096 format=gz
 

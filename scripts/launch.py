@@ -5,10 +5,10 @@ usage: python scripts/launch.py recipe=NAME cluster=conf/cluster/<name>.yaml
            [retries=N] [rdzv_port=N] [job_dir=DIR] [container_image=IMAGE]
            [section.field=value ...]
 
-    python scripts/launch.py recipe=8b_tp8_pp4_dp2 cluster=conf/cluster/h100_80gb_8x8.yaml \
+    python scripts/launch.py recipe=8b_tp8_pp4_dp2 cluster=conf/cluster/h100_80gb_8x8.yaml \\
         data.source=blend data.blend=conf/data/<blend>.yaml --dry-run
-    python scripts/launch.py recipe=8b_tp8_pp4_dp2 cluster=conf/cluster/h100_80gb_8x8.yaml \
-        data.source=blend data.blend=conf/data/<blend>.yaml account=my_account \
+    python scripts/launch.py recipe=8b_tp8_pp4_dp2 cluster=conf/cluster/h100_80gb_8x8.yaml \\
+        data.source=blend data.blend=conf/data/<blend>.yaml account=my_account \\
         partition=batch time=04:00:00 retries=2
     python scripts/launch.py recipe=tiny_dp2 cluster=conf/cluster/cpu_local.yaml executor=local
 

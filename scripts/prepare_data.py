@@ -3,11 +3,11 @@
 usage: python scripts/prepare_data.py input=FILES output=PREFIX tokenizer=TOKENIZER [key=value ...]
 
     python scripts/prepare_data.py input='data/*.jsonl' output=data/corpus tokenizer=train:32000
-    python scripts/prepare_data.py input='web/*.jsonl.zst' output=data/web/web tokenizer=llama3/ \
+    python scripts/prepare_data.py input='web/*.jsonl.zst' output=data/web/web tokenizer=llama3/ \\
         num_shards=128 valid_shards=1 test_shards=1 num_proc=8
-    python scripts/prepare_data.py input='web/*.parquet' output=/shared/web/web tokenizer=llama3/ \
+    python scripts/prepare_data.py input='web/*.parquet' output=/shared/web/web tokenizer=llama3/ \\
         num_shards=128 executor=ray ray_address=ray://head:10001
-    python scripts/prepare_data.py input=a.parquet,b.parquet output=data/ab \
+    python scripts/prepare_data.py input=a.parquet,b.parquet output=data/ab \\
         tokenizer=data/corpus.tokenizer text_field=content
 
 arguments:

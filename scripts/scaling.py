@@ -7,10 +7,10 @@ usage: python scripts/scaling.py [recipe=NAME | config=FILE] scaling.world_sizes
        python scripts/scaling.py scaling.report=DIR
 
     python scripts/scaling.py recipe=tiny_dp1 scaling.world_sizes=[1,2,4] scaling.mode=weak
-    python scripts/scaling.py recipe=tiny_dp1 scaling.world_sizes=[1,2,4] scaling.mode=strong \
+    python scripts/scaling.py recipe=tiny_dp1 scaling.world_sizes=[1,2,4] scaling.mode=strong \\
         train.global_batch_size=16
-    python scripts/scaling.py recipe=8b_tp8_pp4_dp2 scaling.world_sizes=[32,64] \
-        data.source=blend data.blend=conf/data/<blend>.yaml \
+    python scripts/scaling.py recipe=8b_tp8_pp4_dp2 scaling.world_sizes=[32,64] \\
+        data.source=blend data.blend=conf/data/<blend>.yaml \\
         cluster=conf/cluster/h100_80gb_8x8.yaml account=A partition=batch
     python scripts/scaling.py scaling.report=runs/scaling-8b_tp8_pp4_dp2-weak-<time>
 

@@ -54,6 +54,15 @@ def test_every_script_is_a_docstring_and_main_of_one_command(script):
     assert getattr(commands, name).script == script.name
 
 
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_usage_examples_keep_their_line_breaks(script):
+    """A usage example continued with a lone backslash would be joined into one long line of
+    `--help` (Python reads backslash-newline in a string as nothing): write it doubled."""
+    source = script.read_text(encoding="utf-8")
+    written = source[source.index('"""') + 3:source.index('"""', source.index('"""') + 3)]
+    assert ast.get_docstring(ast.parse(source), clean=False) == written.replace("\\\\", "\\")
+
+
 def test_every_command_has_its_script():
     assert sorted(command.script for command in COMMANDS) == [s.name for s in SCRIPTS]
 
