@@ -161,6 +161,25 @@ def test_a_bad_scaling_cluster_is_one_line_before_any_run(tmp_path, monkeypatch)
         sweep.run_scaling(options, None, list(rest))
 
 
+def test_submitted_sizes_read_the_frozen_base_config(tmp_path, monkeypatch):
+    """A real submission (Slurm stood in for) first writes the sweep directory: each job reads
+    its base_config.yaml, and sweep.json keeps the launch's cluster file for the MFU."""
+    import trainer.tools.scaling.sweep as sweep
+    from trainer.launch.cluster import LaunchArgs
+
+    submitted = []
+    monkeypatch.setattr(sweep, "_submit", lambda source, points, launch: submitted.append(
+        (source, [p.gpus for p in points])))
+    options, rest = parse_scaling_args(["recipe=tiny_dp1", "data.source=synthetic",
+                                        "scaling.world_sizes=[1,2]", f"scaling.out={tmp_path}"])
+    launch = LaunchArgs(cluster="conf/cluster/cpu_slurm_2x2.yaml")
+    assert sweep.run_scaling(options, launch, list(rest)) == 0
+    assert submitted == [([f"config={tmp_path / 'base_config.yaml'}"], [1, 2])]
+    saved = json.loads((tmp_path / "sweep.json").read_text())
+    assert [p["gpus"] for p in saved["points"]] == [1, 2]
+    assert saved["options"]["cluster"] == "conf/cluster/cpu_slurm_2x2.yaml"  # its peak: MFU
+
+
 def _record(step, seconds, measured, comm=None) -> dict:
     return {"kind": "train", "step": step, "step_time_s": seconds, "loss_tokens": 500,
             "data_wait_s": 0.1 * seconds, "forward_backward_s": 0.8 * seconds,
@@ -266,8 +285,9 @@ def test_memory_and_stage_figures_are_read_from_the_run(tmp_path):
 
 def test_sizes_become_cluster_jobs_through_the_launcher(tmp_path):
     """With cluster=, each size is one NeMo-Run job whose run directory lies in the sweep
-    directory; --dry-run prints each job's sbatch script (8 ranks: 1 node, 16 ranks: 2). A
-    multi-node job refuses the built-in corpus, so the sweep trains synthetic data."""
+    directory; --dry-run prints each job's sbatch script (8 ranks: 1 node, 16 ranks: 2) and
+    writes nothing. A multi-node job refuses the built-in corpus, so the sweep trains synthetic
+    data."""
     out = tmp_path / "sweep"
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "scaling.py"), "recipe=tiny_dp1",
@@ -276,15 +296,15 @@ def test_sizes_become_cluster_jobs_through_the_launcher(tmp_path):
          f"scaling.out={out}", "--dry-run", f"job_dir={tmp_path / 'jobs'}"],
         capture_output=True, text=True, cwd=REPO, timeout=HANG_S)
     assert result.returncode == 0, result.stderr[-2000:]
-    scripts = result.stdout.split("scaling: ")[1:]
+    *scripts, last = result.stdout.split("scaling: ")[1:]
     assert [s.splitlines()[0] for s in scripts] == ["8 ranks as a slurm job",
                                                     "16 ranks as a slurm job"]
     for script, nodes, gpus in zip(scripts, (1, 2), (8, 16), strict=True):
         assert f"#SBATCH --nodes={nodes}\n" in script
         assert f"run_dir={out / f'G{gpus}'}" in script and "logging.exposed_comm=true" in script
-    sweep = json.loads((out / "sweep.json").read_text())
-    assert [p["gpus"] for p in sweep["points"]] == [8, 16]
-    assert sweep["options"]["cluster"] == "conf/cluster/h100_80gb_8x8.yaml"  # its peak: MFU
+        assert "recipe=tiny_dp1 data.source=synthetic" in script
+    assert last.startswith(f"dry run, nothing written; the sweep would write {out}")
+    assert not out.exists()  # a dry run writes no sweep directory
 
 
 def test_a_report_of_unfinished_jobs_is_refused_in_one_line(tmp_path):

@@ -5,9 +5,10 @@ started through torch's launcher, one after the other, and the report follows. W
 `cluster=conf/cluster/<file>.yaml` each size is submitted through `scripts/launch.py`'s
 NeMo-Run path (Slurm by default, `executor=local` for NeMo-Run's local executor) with its run
 directory inside the sweep directory (shared storage), and `scaling.report=DIR` writes the
-report once the jobs have finished. Either way the sweep directory holds `sweep.json` (the
-options and sizes), `base_config.yaml` and one run directory per size, so the report is read
-from files alone. The figures and the report itself: `trainer/tools/scaling/report.py`.
+report once the jobs have finished (`--dry-run` checks and prints each job, writing nothing).
+Either way the sweep directory holds `sweep.json` (the options and sizes), `base_config.yaml`
+and one run directory per size, so the report is read from files alone. The figures and the
+report itself: `trainer/tools/scaling/report.py`.
 """
 
 from __future__ import annotations
@@ -52,11 +53,12 @@ def _run_point(base_config: Path, point: Point, log: Path) -> None:
                                f"{tail[0] if tail else 'no output'}; full output in {log}")
 
 
-def _check_points(base_config: Path, points: list[Point]) -> list[Any]:
-    """Every size's config, each valid before the first run starts (one line if not)."""
+def _check_points(source: list[str], points: list[Point]) -> list[Any]:
+    """Every size's config, each valid before the first run starts (one line if not);
+    `source`: the arguments naming the base config (`config=<sweep>/base_config.yaml`)."""
     from recipes.resolve import resolve_config
 
-    return [resolve_config([f"config={base_config}",
+    return [resolve_config([*source,
                             *(o for o in point.overrides if not o.startswith("run_dir="))])
             for point in points]
 
@@ -135,13 +137,13 @@ def write_report(sweep_dir: Path) -> int:
 
 # --- running it -------------------------------------------------------------------------------
 
-def _submit(base_config: Path, points: list[Point], launch: Any) -> None:
+def _submit(source: list[str], points: list[Point], launch: Any) -> None:
     """Each size as a job through the launcher, which keeps the size's world (its
     `cluster.nodes=1 cluster.gpus_per_node=G`) and places it on the cluster's nodes."""
     from trainer.launch.cluster import run_launch
 
     for point in points:
-        rest = [f"config={base_config}", *point.overrides]
+        rest = [*source, *point.overrides]
         print(f"scaling: {point.gpus} ranks as a {launch.executor} job", flush=True)
         code = run_launch(dataclasses.replace(launch, rest=rest))
         if code:
@@ -173,16 +175,28 @@ def run_scaling(options: ScalingOptions, launch: Any, rest: list[str]) -> int:
         load_cluster(options.cluster)  # read now: a bad file is one line before any run
     cfg = resolve_config(rest, rules=RUN_RULES)
     sweep_dir = _report_dir(cfg, options)
-    base_config = save_config(cfg, sweep_dir / "base_config.yaml")
     points = plan_points(cfg, options, sweep_dir)
-    save_sweep(sweep_dir, options, points, _check_points(base_config, points))
+    if launch is not None and launch.dry_run:
+        return _dry_run(rest, points, launch, sweep_dir)
+    base_config = save_config(cfg, sweep_dir / "base_config.yaml")
+    source = [f"config={base_config}"]
+    save_sweep(sweep_dir, options, points, _check_points(source, points))
     if launch is None:
         _run_here(base_config, points, sweep_dir)
     else:
-        _submit(base_config, points, launch)
-        if launch.dry_run or launch.executor == "slurm":
-            if not launch.dry_run:
-                print(f"scaling: {len(points)} jobs submitted; when every job has finished: "
-                      f"python scripts/scaling.py scaling.report={sweep_dir}")
+        _submit(source, points, launch)
+        if launch.executor == "slurm":
+            print(f"scaling: {len(points)} jobs submitted; when every job has finished: "
+                  f"python scripts/scaling.py scaling.report={sweep_dir}")
             return 0
     return write_report(sweep_dir)
+
+
+def _dry_run(rest: list[str], points: list[Point], launch: Any, sweep_dir: Path) -> int:
+    """Every size checked and its job printed, nothing written: the jobs read the recipe and
+    overrides as given, where a real sweep first freezes them into base_config.yaml."""
+    _check_points(rest, points)
+    _submit(rest, points, launch)
+    print(f"scaling: dry run, nothing written; the sweep would write {sweep_dir}, its jobs "
+          "reading the base_config.yaml frozen there instead of these arguments")
+    return 0
