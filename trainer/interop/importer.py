@@ -3,12 +3,14 @@
 Why this order: everything that can be wrong with the input (not a model, an unmapped
 architecture, a recipe of another shape, a missing shard or tensor, a tensor of the wrong shape)
 is checked from config.json and the shards' headers before a byte of weights is read or any
-output exists. Then the shards are read one at a time in file order, each Hugging Face tensor
-re-laid into Megatron's (`mapping`), and written once as a torch_dist checkpoint through the
-model's own sharded state dict (`megatron_side`), into a temporary directory renamed at the end,
-with a `run.json` recording every file's CRC-32 (`import_manifest`), so pretrain.py and the
-export refuse a damaged import in one line as they refuse a damaged step of a run.
-The checkpoint's tensors keep the Hugging Face dtype; the loading run casts them to its own.
+output exists; each shard whose download recorded a SHA-256 is hashed against it (`hf_digests`:
+damage inside tensor data that no header shows). Then the shards are read one at a time in file
+order, each Hugging Face tensor re-laid into Megatron's (`mapping`), and written once as a
+torch_dist checkpoint through the model's own sharded state dict (`megatron_side`), into a
+temporary directory renamed at the end, with a `run.json` recording every file's CRC-32
+(`import_manifest`), so pretrain.py and the export refuse a damaged import in one line as they
+refuse a damaged step of a run. The checkpoint's tensors keep the Hugging Face dtype; the
+loading run casts them to its own.
 
 Memory: the source is read shard by shard, but one `dist_checkpointing.save` call needs every
 tensor it writes, so the converted model is held once in its dtype (about 16 GB for Llama-3-8B
@@ -26,7 +28,14 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.io import save_config
 from recipes.config.schema import RunConfig
 from trainer.checkpoint.format import HF_IMPORT_SOURCE
-from trainer.interop import hf_config, hf_files, import_manifest, megatron_side, memory
+from trainer.interop import (
+    hf_config,
+    hf_digests,
+    hf_files,
+    import_manifest,
+    megatron_side,
+    memory,
+)
 from trainer.interop.mapping import rules, shapes_of
 from trainer.models.gpt.hf_tensors import Rule, Shapes, hf_shapes, megatron_shape, to_megatron
 
@@ -105,6 +114,11 @@ def import_hf(hf_dir: Path, cfg: RunConfig, out: Path, progress) -> ImportResult
     started = time.perf_counter()
     hf_files.refuse_existing(out)
     source = check_source(hf_dir, cfg)
+    shards = sorted({Path(hf_dir) / shard for shard in source.weights.weight_map.values()})
+    checked = hf_digests.check_digests(shards, progress)
+    if checked:
+        progress.console.print(f"sha-256: {checked} of {len(shards)} shards match the digests "
+                               "their download recorded")
     bytes_per = source.weights.element_bytes(source.plan[0].hf[0])
     progress.console.print(memory.estimate_line("import", memory.import_peak(source.shapes,
                                                                              bytes_per)))
