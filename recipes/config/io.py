@@ -93,7 +93,8 @@ def load_config(path: str | Path) -> RunConfig:
         )
     loaded = carry_retired_keys(loaded)
     base = typing.cast(DictConfig, OmegaConf.structured(RunConfig))
-    return to_run_config(merge_checked(base, loaded, origin, typed=_file_texts(path)), origin)
+    merged = merge_checked(base, loaded, origin, typed=_file_texts(path), label="default")
+    return to_run_config(merged, origin)
 
 
 def _file_texts(path: Path) -> dict[str, str]:

@@ -297,9 +297,11 @@ def _element_key(key: str) -> tuple[str, int] | None:
     return list_key, int(rest[:-1])
 
 
-def wrong_value_message(key: str, given: str, origin: str, current: Any) -> str:
+def wrong_value_message(key: str, given: str, origin: str, current: Any,
+                        label: str = "currently") -> str:
     """One line for a value of the wrong type: key, expected type, given and current value
-    (an element of a list: the element type and a whole list as an example)."""
+    (an element of a list: the element type and a whole list as an example); `label` says what
+    the current value is (`default` where a file is merged into the schema's defaults)."""
     tp = field_type(key)
     if tp is not None and dataclasses.is_dataclass(tp):
         example = next((k for k in config_keys() if k.startswith(key + ".")), None)
@@ -316,7 +318,7 @@ def wrong_value_message(key: str, given: str, origin: str, current: Any) -> str:
                 f"{list_example(element[0], origin)}")
     expected = describe_type(tp) if tp is not None else "a different value"
     shown = _yaml_scalar(current)
-    return f"{origin}: {key} expects {expected}, got '{given}' (currently {key}={shown})"
+    return f"{origin}: {key} expects {expected}, got '{given}' ({label} {key}={shown})"
 
 
 def list_shape_problem(update: Any, origin: str, prefix: str = "") -> str | None:
@@ -359,11 +361,12 @@ def _flow_yaml(value: Any) -> str:
 
 
 def merge_checked(base: DictConfig, update: DictConfig, origin: str,
-                  typed: Mapping[str, str] | None = None) -> DictConfig:
+                  typed: Mapping[str, str] | None = None, label: str = "currently") -> DictConfig:
     """Merge `update` into a structured `base`, turning OmegaConf errors into ConfigErrors.
 
     `origin` says where the values came from (an override or a file) for the message; `typed`:
-    the text the user wrote for each key, echoed as written (`1e3`, not OmegaConf's `1000.0`).
+    the text the user wrote for each key, echoed as written (`1e3`, not OmegaConf's `1000.0`);
+    `label`: what `base`'s values are to the user (`wrong_value_message`).
     """
     problem = list_shape_problem(OmegaConf.to_container(update, resolve=False), origin)
     if problem:
@@ -376,7 +379,7 @@ def merge_checked(base: DictConfig, update: DictConfig, origin: str,
         elif isinstance(err, ConfigKeyError):
             message = _unknown_key(err, update, origin)
         else:
-            message = _wrong_value(err, base, update, origin, typed)
+            message = _wrong_value(err, base, update, origin, typed, label)
     raise ConfigError(message)
 
 
@@ -402,7 +405,8 @@ def _unknown_key(err: ConfigKeyError, update: DictConfig, origin: str) -> str:
 
 
 def _wrong_value(err: OmegaConfBaseException, base: DictConfig, update: DictConfig,
-                 origin: str, typed: Mapping[str, str] | None = None) -> str:
+                 origin: str, typed: Mapping[str, str] | None = None,
+                 label: str = "currently") -> str:
     key = str(getattr(err, "full_key", "") or "") or _first_key(update)
     given = OmegaConf.select(update, key, default=None) if key else None
     if isinstance(given, DictConfig):
@@ -410,7 +414,7 @@ def _wrong_value(err: OmegaConfBaseException, base: DictConfig, update: DictConf
     if typed is not None and key in typed:
         given = typed[key]
     current = OmegaConf.select(base, key, default=None) if key else None
-    return wrong_value_message(key, _yaml_scalar(given), origin, current)
+    return wrong_value_message(key, _yaml_scalar(given), origin, current, label)
 
 
 def _first_key(node: DictConfig) -> str:

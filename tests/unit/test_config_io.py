@@ -51,7 +51,7 @@ def test_missing_keys_take_schema_defaults(tmp_path) -> None:
         ("- 1\n- 2\n", "must hold a mapping of config sections, not a list"),
         # the value as the file writes it, not as YAML read it
         ("cluster:\n  device: off\n",
-         "cluster.device expects one of auto, gpu, cpu, got 'off' (currently "
+         "cluster.device expects one of auto, gpu, cpu, got 'off' (default "
          "cluster.device=auto)"),
         ("train:\n  train_iters: 1e3\n", "train.train_iters expects an integer, got '1e3'"),
         ("phases: {}\n", "phases is a list; write e.g. phases: [{name: general, tokens: 0.8}, "
