@@ -1,6 +1,7 @@
-"""A safetensors shard cut short or with its header overwritten is one line naming the file,
-what safetensors found and the fix (download again), exit 2, before any output exists; not a
-`SafetensorError` traceback (`trainer/interop/hf_files.py`, `open_shard`)."""
+"""A safetensors shard cut short, with its header overwritten or behind a link to nothing is one
+line naming the file, what safetensors (or the link) says and the fix (download again), exit 2,
+before any output exists; not a `SafetensorError` or `FileNotFoundError` traceback
+(`trainer/interop/hf_files.py`, `open_shard`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
 from tests.dist.hf_runs import make_hf_model
-from trainer.interop.hf_files import HFWeights, damaged_shard
+from trainer.interop.hf_files import HFWeights, damaged_shard, unreadable_shard
 from trainer.interop.importer import check_source
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,3 +88,18 @@ def test_the_script_prints_one_line_exits_2_and_writes_nothing(llama, tmp_path) 
     assert done.stderr.strip().count("\n") == 0, done.stderr
     assert done.stderr.startswith(f"error: {model / SHARD} is truncated or damaged (")
     assert not out.exists() and not list(tmp_path.glob("out.tmp-*"))
+
+
+def test_a_shard_whose_cache_blob_is_gone_is_named(llama, tmp_path) -> None:
+    """The hub cache links each snapshot file to a blob; a cleaned cache or a download cut
+    short leaves the link alone: one line naming both, not a FileNotFoundError traceback."""
+    model = _copy(llama, tmp_path / "model")
+    (model / SHARD).unlink()
+    (model / SHARD).symlink_to("../blobs/0123abcd")
+    with pytest.raises(ConfigError) as caught:
+        HFWeights(model)
+    assert str(caught.value) == (f"{model / SHARD} links to ../blobs/0123abcd, which does not "
+                                 "exist (a download cut short, or a cleaned cache); download "
+                                 "the model again")
+    assert unreadable_shard(Path("m/x.safetensors"), PermissionError(13, "Permission denied")) \
+        == "m/x.safetensors cannot be read (Permission denied); fix its permissions"

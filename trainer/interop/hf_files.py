@@ -40,12 +40,25 @@ def damaged_shard(path: Path, error: Exception) -> str:
     return f"{path} is truncated or damaged ({error}); download the model again"
 
 
+def unreadable_shard(path: Path, error: OSError) -> str:
+    """The line for a shard that cannot be opened: a link whose target is gone (the hub cache
+    links each snapshot file to a blob; a download cut short or a cleaned cache leaves the link
+    alone), or what the system said."""
+    if path.is_symlink() and not path.exists():
+        return (f"{path} links to {os.readlink(path)}, which does not exist (a download cut "
+                "short, or a cleaned cache); download the model again")
+    return f"{path} cannot be read ({error.strerror or type(error).__name__}); fix its permissions"
+
+
 def open_shard(path: Path):
-    """`safe_open` of one shard, opened; a damaged one is one line (`damaged_shard`)."""
+    """`safe_open` of one shard, opened; a damaged one is one line (`damaged_shard`), one that
+    cannot be opened too (`unreadable_shard`)."""
     try:
         return safe_open(path, framework="pt").__enter__()
     except SafetensorError as error:
         raise ConfigError(damaged_shard(path, error)) from None
+    except OSError as error:
+        raise ConfigError(unreadable_shard(path, error)) from None
 
 
 def _weight_map(model_dir: Path) -> dict[str, str]:
