@@ -93,7 +93,8 @@ def load_config(path: str | Path) -> RunConfig:
         )
     loaded = carry_retired_keys(loaded)
     base = typing.cast(DictConfig, OmegaConf.structured(RunConfig))
-    merged = merge_checked(base, loaded, origin, typed=_file_texts(path), label="default")
+    merged = merge_checked(base, loaded, origin, typed=lambda: _file_texts(path),
+                           label="default")
     return to_run_config(merged, origin)
 
 

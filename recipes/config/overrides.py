@@ -360,12 +360,17 @@ def _flow_yaml(value: Any) -> str:
     return _yaml_scalar(value)
 
 
+# The text a user wrote for each key, or a function that reads it (`merge_checked`).
+Typed = Mapping[str, str] | Callable[[], Mapping[str, str]]
+
+
 def merge_checked(base: DictConfig, update: DictConfig, origin: str,
-                  typed: Mapping[str, str] | None = None, label: str = "currently") -> DictConfig:
+                  typed: Typed | None = None, label: str = "currently") -> DictConfig:
     """Merge `update` into a structured `base`, turning OmegaConf errors into ConfigErrors.
 
     `origin` says where the values came from (an override or a file) for the message; `typed`:
-    the text the user wrote for each key, echoed as written (`1e3`, not OmegaConf's `1000.0`);
+    the text the user wrote for each key, echoed as written (`1e3`, not OmegaConf's `1000.0`),
+    or a function giving it, called only when a value is wrong (a file is read again for it);
     `label`: what `base`'s values are to the user (`wrong_value_message`).
     """
     problem = list_shape_problem(OmegaConf.to_container(update, resolve=False), origin)
@@ -405,14 +410,15 @@ def _unknown_key(err: ConfigKeyError, update: DictConfig, origin: str) -> str:
 
 
 def _wrong_value(err: OmegaConfBaseException, base: DictConfig, update: DictConfig,
-                 origin: str, typed: Mapping[str, str] | None = None,
+                 origin: str, typed: Typed | None = None,
                  label: str = "currently") -> str:
     key = str(getattr(err, "full_key", "") or "") or _first_key(update)
     given = OmegaConf.select(update, key, default=None) if key else None
     if isinstance(given, DictConfig):
         given = OmegaConf.to_yaml(given).strip().replace("\n", ", ")
-    if typed is not None and key in typed:
-        given = typed[key]
+    texts = typed() if callable(typed) else typed
+    if texts is not None and key in texts:
+        given = texts[key]
     current = OmegaConf.select(base, key, default=None) if key else None
     return wrong_value_message(key, _yaml_scalar(given), origin, current, label)
 
