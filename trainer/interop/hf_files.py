@@ -126,8 +126,8 @@ class HFWeights:
             self._open[1].__exit__(None, None, None)
             self._open = None
 
-    def shard_bytes(self) -> list[int]:
-        return [(self.dir / s).stat().st_size for s in sorted(set(self.weight_map.values()))]
+    def shard_paths(self) -> list[Path]:
+        return [self.dir / shard for shard in sorted(set(self.weight_map.values()))]
 
 
 def side_files(model_dir: Path) -> list[Path]:

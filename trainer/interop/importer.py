@@ -114,7 +114,7 @@ def import_hf(hf_dir: Path, cfg: RunConfig, out: Path, progress) -> ImportResult
     started = time.perf_counter()
     hf_files.refuse_existing(out)
     source = check_source(hf_dir, cfg)
-    shards = sorted({Path(hf_dir) / shard for shard in source.weights.weight_map.values()})
+    shards = source.weights.shard_paths()
     checked = hf_digests.check_digests(shards, progress)
     if checked:
         progress.console.print(f"sha-256: {checked} of {len(shards)} shards match the digests "
