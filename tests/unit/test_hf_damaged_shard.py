@@ -1,7 +1,7 @@
-"""A safetensors shard cut short, with its header overwritten or behind a link to nothing is one
-line naming the file, what safetensors (or the link) says and the fix (download again), exit 2,
-before any output exists; not a `SafetensorError` or `FileNotFoundError` traceback
-(`trainer/interop/hf_files.py`, `open_shard`)."""
+"""A safetensors shard cut short, with its header overwritten or behind a link to nothing (a side
+file behind one too) is one line naming the file, what safetensors (or the link) says and the
+fix (download again), exit 2, before any output exists; not a `SafetensorError` or
+`FileNotFoundError` traceback (`trainer/interop/hf_files.py`, `open_shard`, `side_files`)."""
 
 from __future__ import annotations
 
@@ -103,3 +103,16 @@ def test_a_shard_whose_cache_blob_is_gone_is_named(llama, tmp_path) -> None:
                                  "the model again")
     assert unreadable_shard(Path("m/x.safetensors"), PermissionError(13, "Permission denied")) \
         == "m/x.safetensors cannot be read (Permission denied); fix its permissions"
+
+
+def test_a_side_file_whose_cache_blob_is_gone_is_named(llama, tmp_path) -> None:
+    """A tokenizer or generation config linking to nothing would be left out of the import
+    without a word; it is refused by the checks that run before any output exists."""
+    model = _copy(llama, tmp_path / "model")
+    (model / "generation_config.json").unlink(missing_ok=True)
+    (model / "generation_config.json").symlink_to("../blobs/4567cdef")
+    with pytest.raises(ConfigError) as caught:
+        check_source(model, get_recipe("hf_tiny_llama"))
+    assert str(caught.value) == (f"{model / 'generation_config.json'} links to ../blobs/4567cdef"
+                                 ", which does not exist (a download cut short, or a cleaned "
+                                 "cache); download the model again")

@@ -41,9 +41,9 @@ def damaged_shard(path: Path, error: Exception) -> str:
 
 
 def unreadable_shard(path: Path, error: OSError) -> str:
-    """The line for a shard that cannot be opened: a link whose target is gone (the hub cache
-    links each snapshot file to a blob; a download cut short or a cleaned cache leaves the link
-    alone), or what the system said."""
+    """The line for a shard (or side file) that cannot be opened: a link whose target is gone
+    (the hub cache links each snapshot file to a blob; a download cut short or a cleaned cache
+    leaves the link alone), or what the system said."""
     if path.is_symlink() and not path.exists():
         return (f"{path} links to {os.readlink(path)}, which does not exist (a download cut "
                 "short, or a cleaned cache); download the model again")
@@ -131,7 +131,16 @@ class HFWeights:
 
 
 def side_files(model_dir: Path) -> list[Path]:
-    return [Path(model_dir) / name for name in SIDE_FILES if (Path(model_dir) / name).is_file()]
+    """The side files present in `model_dir`; one linking to a blob that is gone is refused
+    (`unreadable_shard`'s line), not left behind without a word."""
+    found = []
+    for name in SIDE_FILES:
+        path = Path(model_dir) / name
+        if path.is_symlink() and not path.exists():
+            raise ConfigError(unreadable_shard(path, FileNotFoundError()))
+        if path.is_file():
+            found.append(path)
+    return found
 
 
 @dataclass(frozen=True)

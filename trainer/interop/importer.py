@@ -69,6 +69,7 @@ def check_source(hf_dir: Path, cfg: RunConfig) -> Source:
     hf_config.family(config)
     hf_config.compare_with_recipe(config, cfg.model, cfg.name)
     weights = hf_files.HFWeights(hf_dir)
+    hf_files.side_files(hf_dir)  # a side file linking to nothing: refused before any work
     shapes = shapes_of(cfg.model, cfg.layout.padded_vocab)
     plan = _in_file_order(rules(shapes), weights)
     for rule in plan:
