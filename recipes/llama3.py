@@ -69,11 +69,10 @@ def llama3_8b_fsdp_dp8() -> RunConfig:
 
     From BRIDGE_8B_H100 (`llama3_8b_h100_8gpus_fp8_config`, fp8_recipe "cs": TP1 PP1 CP1,
     micro 1, global 128, sequence 8192, gradients reduced in BF16; FP8 hybrid, tensorwise,
-    fp8_param_gather, no BF16 end layers) and BRIDGE_FSDP (use_megatron_fsdp,
-    data_parallel_sharding_strategy optim_grads_params, no average in the collective,
-    gradient-accumulation fusion on: Megatron FSDP fuses it with TE >= 2.10,
-    `trainer/mcore_translation.py`). Bridge's nccl_ub, FP8 transpose cache and meta-device init
-    have no field here."""
+    fp8_param_gather, no BF16 end layers; its "cs" branch turns gradient-accumulation fusion
+    off after the FSDP settings) and BRIDGE_FSDP (use_megatron_fsdp,
+    data_parallel_sharding_strategy optim_grads_params, no average in the collective).
+    Bridge's nccl_ub, FP8 transpose cache and meta-device init have no field here."""
     cfg = llama3_8b_base()
     cfg.cluster.nodes = 1
     cfg.parallel = ParallelConfig()
@@ -84,6 +83,7 @@ def llama3_8b_fsdp_dp8() -> RunConfig:
     cfg.plugins.fp8.format = "hybrid"
     cfg.plugins.fp8.recipe = "tensorwise"
     cfg.plugins.fp8.param_gather = True
+    cfg.model.gradient_accumulation_fusion = False
     return cfg
 
 

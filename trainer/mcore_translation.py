@@ -193,7 +193,8 @@ def fusion_fields(cfg: RunConfig, transformer_engine: bool) -> dict:
         # TE's linears accumulate their weight gradients into the fp32 main grads in the GEMM;
         # Megatron's own output layer does so only with APEX (see above). Megatron FSDP fuses
         # it only with TE >= 2.10 (mcore_fsdp_adapter.py:147-151 asserts).
-        "gradient_accumulation_fusion": cfg.optimizer.fsdp == "none" or _te_at_least("2.10"),
+        "gradient_accumulation_fusion": m.gradient_accumulation_fusion and (
+            cfg.optimizer.fsdp == "none" or _te_at_least("2.10")),
     }
 
 

@@ -149,6 +149,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("model.moe_fused_squared_relu", "--use-fused-weighted-squared-relu",
          "use_fused_weighted_squared_relu", ON),
     Flag("parallel.tp_comm_overlap", "--tp-comm-overlap", kind=ON),
+    Flag("model.gradient_accumulation_fusion", "--no-gradient-accumulation-fusion",
+         "gradient_accumulation_fusion", OFF),
     Flag("parallel.ep_comm_overlap", "--overlap-moe-expert-parallel-comm",
          "overlap_moe_expert_parallel_comm", ON),
 )
@@ -669,7 +671,7 @@ ENVIRONMENT_DESTS = frozenset({
     "exit_duration_in_mins", "exit_interval", "use_flash_attn", "attention_backend",
     "no_masked_softmax_fusion", "masked_softmax_fusion", "bias_gelu_fusion",
     "bias_swiglu_fusion", "bias_dropout_fusion", "apply_rope_fusion",
-    "gradient_accumulation_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
+    "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
     "use_cpu_initialization",
 })
 

@@ -47,7 +47,7 @@ def test_transformer_engine_layers_get_every_fusion_that_applies(name, te_kernel
     assert config.bias_dropout_fusion and config.masked_softmax_fusion
     # Megatron FSDP fuses the weight-gradient accumulation only with TE >= 2.10
     # (mcore_fsdp_adapter.py:147-151); the fixture's TE is older
-    fused_wgrad = cfg.optimizer.fsdp == "none"
+    fused_wgrad = m.gradient_accumulation_fusion and cfg.optimizer.fsdp == "none"
     assert config.persist_layer_norm and config.gradient_accumulation_fusion == fused_wgrad
     assert config.cross_entropy_loss_fusion and config.cross_entropy_fusion_impl == "native"
     off = {"bias_activation_fusion": not config.bias_activation_fusion,
@@ -60,13 +60,30 @@ def test_transformer_engine_layers_get_every_fusion_that_applies(name, te_kernel
 
 @pytest.mark.parametrize("name", [n for n in RECIPES if get_recipe(n).optimizer.fsdp != "none"])
 def test_fsdp_wgrad_fusion_with_te_2_10(name, te_kernels, monkeypatch):
-    """With TE 2.10 or newer, Megatron FSDP runs fuse the weight-gradient accumulation too."""
+    """With TE 2.10 or newer, Megatron FSDP runs fuse the weight-gradient accumulation too,
+    unless the recipe turns it off (Bridge's Llama 3 8B FSDP configuration does)."""
     import megatron.core.utils
 
     monkeypatch.setattr(megatron.core.utils, "is_te_min_version", lambda *args, **kw: True)
-    config = build_transformer_config(get_recipe(name), cpu_initialization=False,
-                                      transformer_engine=True)
+    cfg = get_recipe(name)
+    config = build_transformer_config(cfg, cpu_initialization=False, transformer_engine=True)
+    assert config.gradient_accumulation_fusion == cfg.model.gradient_accumulation_fusion
+    cfg.model.gradient_accumulation_fusion = True
+    config = build_transformer_config(cfg, cpu_initialization=False, transformer_engine=True)
     assert config.gradient_accumulation_fusion
+
+
+def test_wgrad_fusion_off_reaches_megatron_and_its_flag(te_kernels):
+    """`model.gradient_accumulation_fusion=false` is Megatron's field and Megatron-LM's
+    `--no-gradient-accumulation-fusion`; on (the default) writes no flag."""
+    from recipes.config.megatron_args import to_megatron_args
+
+    cfg = get_recipe("llama3_8b_tp8_dp8")
+    assert "--no-gradient-accumulation-fusion" not in to_megatron_args(cfg)
+    cfg.model.gradient_accumulation_fusion = False
+    config = build_transformer_config(cfg, cpu_initialization=False, transformer_engine=True)
+    assert not config.gradient_accumulation_fusion
+    assert "--no-gradient-accumulation-fusion" in to_megatron_args(cfg)
 
 
 def test_squared_relu_recipes_are_the_ones_without_the_activation_fusion(te_kernels):
