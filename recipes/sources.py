@@ -17,8 +17,10 @@ Kinds of source:
 
     published    the published pretraining run: a technical report, model card, NVIDIA's docs or
                  NVIDIA's own configs; `secondary` when read only through a summary of it
-    unpublished  nothing published: the value of NVIDIA's framework recipe (Megatron Bridge; NeMo
-                 for Nemotron-4) or the Megatron Core default it relies on
+    unpublished  nothing published: the value of NVIDIA's framework recipe (Megatron Bridge's;
+                 Nemotron-4 has none there: Bridge's common pretraining settings or NeMo's
+                 Nemotron-4 template, each named, the other noted where they differ) or the
+                 Megatron Core default it relies on
     differs      this recipe knowingly differs from the published run; `note` says why
     ours         nothing published and no framework value: this project's own choice, and why
 """

@@ -64,6 +64,8 @@ NANO2_CARD = "NVIDIA-Nemotron-Nano-12B-v2-Base model card, 'Model design'"
 NANO2_REPORT = ("Nemotron Nano 2 technical report (arXiv 2508.14444; read through summaries of "
                 "it)")
 N3_CARD = "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 model card, 'Training'"
+N3_REPORT = ("Nemotron 3 Nano technical report (arXiv 2512.20848), pretraining, MoE load "
+             "balancing (read through a quotation of it)")
 # Hugging Face configs, read through third-party transcriptions (Hugging Face not reachable).
 H8B_CONFIG = "nvidia/Nemotron-H-8B-Base-8K config.json (a third-party transcription)"
 V2_9B_CONFIG = "nvidia/NVIDIA-Nemotron-Nano-9B-v2 config.json (a third-party transcription)"
@@ -87,5 +89,6 @@ LABELS: tuple[tuple[str, str], ...] = (
     ("r-n4", N4_REPORT), ("r-340B", N340B_REPORT),
     ("r-H", H_PAGE), ("card-H-4B", H_4B_CARD), ("card-H-47B", H_47B_CARD),
     ("card-v2-12B", NANO2_CARD), ("r-v2", NANO2_REPORT), ("card-n3", N3_CARD),
+    ("r-n3", N3_REPORT),
     ("hf-H-8B", H8B_CONFIG), ("hf-v2-9B", V2_9B_CONFIG), ("hf-n3", N3_CONFIG),
 )

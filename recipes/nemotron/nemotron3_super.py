@@ -159,8 +159,9 @@ def super_run(expert: int) -> Settings:
         "optimizer.clip_grad": unpublished(1.0, f"{BRIDGE_OPTIMIZER}:118"),
         "precision.dtype": published("bf16", f"{S3_DOCS}:128 ('BF16 mixed (NVFP4 mixed for "
                                              "B200)')"),
-        "plugins.fp8.format": published(
-            None, f"{S3_DOCS}:128, 130-142: BF16, or NVFP4 on B200",
+        "plugins.fp8.format": differs(
+            None, f"{S3_DOCS}:128 (BF16 mixed, NVFP4 mixed for B200), 132 (the 25T run: NVFP4 "
+                  "on B200 throughout)",
             "NVIDIA's 25T run trained NVFP4 on B200, which these 80-GB H100s cannot run; on "
             f"Blackwell add {' '.join(SUPER_NVFP4)} (Bridge's preset, {S3_PRECISION}:396-421)"),
         "parallel.tensor": published(4, f"{S3_DOCS}:174; {S3_RECIPE}:44"),

@@ -163,8 +163,9 @@ def nemotron4_15b_phases_tp8_pp2_dp4() -> Settings:
         "scheduler.style": ours("wsd", f"{N4_REPORT}, continued training: 'a steeper slope of "
                                        "decay' (no shape or values): the stable lr through "
                                        "pretraining, the whole decay over the continued phase"),
-        "scheduler.wsd_decay_style": ours("linear", "the report gives no shape: Megatron's "
-                                                    "WSD default"),
+        "scheduler.wsd_decay_style": ours("linear", "the report gives no shape: this "
+                                                    "project's WSD default (Megatron-LM's is "
+                                                    "exponential)"),
         "data.source": ours("blend", "prepared data named by the phases' blends"),
         "data.blend": ours("conf/data/nemotron4_pretraining.yaml",
                            "an example: the report's 70% English, 15% multilingual, 15% code "

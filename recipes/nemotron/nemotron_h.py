@@ -45,6 +45,7 @@ from recipes.nemotron.citations import (
     N3_PROVIDER,
     N3_RECIPE,
     N3_RECIPE_NOW,
+    N3_REPORT,
     NANO2_CARD,
     NANO2_REPORT,
     SUPER_PHASE1,
@@ -146,12 +147,14 @@ def bridge_optimizer() -> Settings:
     }
 
 
-def bridge_run(recipe: str, batch: int, warmup: int, iters: int, precision: int) -> Settings:
+def bridge_run(recipe: str, batch: int, warmup: int, iters: int, precision: int,
+               precision_name: str = "bf16_mixed") -> Settings:
     """A Bridge Nemotron-H / Nano v2 recipe's batch, warm-up, demo length and precision (lines
     of `recipe`): 768 x 8k tokens per step, 2,000 warm-up steps, 1,168,251 steps (7.35T
-    tokens), BF16."""
+    tokens), BF16 (`precision_name`, Bridge's mixed-precision recipe at that line; an FP8 one
+    sets `plugins.fp8` through `nemotron_h_fp8`)."""
     return bridge_optimizer() | {
-        "precision.dtype": unpublished("bf16", f"{recipe}:{precision} (bf16_mixed)"),
+        "precision.dtype": unpublished("bf16", f"{recipe}:{precision} ({precision_name})"),
         "plugins.fp8.format": unpublished(None, f"{recipe}:{precision} (bf16_mixed: no FP8)"),
         "train.global_batch_size": unpublished(768, f"{recipe}:{batch}"),
         "train.micro_batch_size": unpublished(1, f"{recipe}:{batch + 1}"),
@@ -193,6 +196,7 @@ def tp_overlap(where: str) -> Settings:
 
 # Nemotron-H 47B/56B: Bridge's nemotron_h_bf16_with_fp8_current_scaling_mixed.
 NEMOTRON_H_FP8 = f"{MIXED_PRECISION}:307-325"
+NEMOTRON_H_FP8_NAME = "nemotron_h_bf16_with_fp8_current_scaling_mixed"
 
 
 def nemotron_h_fp8(recipe: Setting) -> Settings:
@@ -261,7 +265,8 @@ def nemotron_h_47b_tp8_sp_dp8() -> Settings:
         "model.num_attention_heads": published(64, f"{H_PROVIDER}:97"),
         "model.mamba_num_heads": published(256, f"{H_PROVIDER}:95"),
         "model.mamba_state_dim": published(256, f"{H_PROVIDER}:94"),
-    } | bridge_run(H_RECIPE, 363, 372, 362, 396) | tensor_parallel(8, f"{H_RECIPE}:340, 345") \
+    } | bridge_run(H_RECIPE, 363, 372, 362, 396, NEMOTRON_H_FP8_NAME) \
+        | tensor_parallel(8, f"{H_RECIPE}:340, 345") \
         | tp_overlap(f"{H_RECIPE}:409-412") \
         | nemotron_h_fp8(unpublished("tensorwise", f"{H_RECIPE}:396; {NEMOTRON_H_FP8}",
                                      f"{H_47B_CARD}: distilled 'in FP8 precision'")) \
@@ -284,7 +289,8 @@ def nemotron_h_56b_tp8_sp_dp8() -> Settings:
         "model.num_attention_heads": published(64, f"{H_PROVIDER}:112"),
         "model.mamba_num_heads": published(256, f"{H_PROVIDER}:110"),
         "model.mamba_state_dim": published(256, f"{H_PROVIDER}:109"),
-    } | bridge_run(H_RECIPE, 500, 509, 499, 533) | tensor_parallel(8, f"{H_RECIPE}:477, 482") \
+    } | bridge_run(H_RECIPE, 500, 509, 499, 533, NEMOTRON_H_FP8_NAME) \
+        | tensor_parallel(8, f"{H_RECIPE}:477, 482") \
         | tp_overlap(f"{H_RECIPE}:546-549") | {
         "train.cuda_graphs": unpublished("transformer_engine", f"{H_PERF}:29-33, 68-72",
                                          "Bridge's H100 FP8 performance config"),
@@ -319,6 +325,9 @@ def nemotron_nano_v2_9b_tp2_sp_dp32() -> Settings:
         "model.mamba_head_dim": published(80, f"{H_PROVIDER}:128"),
         "model.mamba_state_dim": published(128, f"{H_PROVIDER}:125"),
         "model.vocab_size": published(131_072, f"{V2_9B_CONFIG}: vocab_size", secondary=True),
+        "model.seq_length": unpublished(SEQ, f"{V2_RECIPE}:89 (the dataset's rows)",
+                                        f"the 9B provider's 131,072 ({H_PROVIDER}:129, "
+                                        f"{V2_RECIPE}:49) is the context it serves"),
     } | bridge_run(V2_RECIPE, 94, 103, 93, 127) | tensor_parallel(2, f"{V2_RECIPE}:71, 76") \
         | tp_overlap(f"{V2_RECIPE}:140-143") \
         | not_pretrained(93, V2_RECIPE, f"{NANO2_REPORT}: pruned and distilled (Minitron) from "
@@ -369,9 +378,10 @@ def nano_v2_12b() -> Settings:
             steps_for_tokens(NANO_V2_DECAY_TOKENS, NANO_V2_BATCH, SEQ),
             f"{NANO2_REPORT}, §2.5: decayed over the final 3.6T tokens", secondary=True),
         "scheduler.wsd_decay_style": unpublished(
-            "minus_sqrt", f"{SUPER_PHASE1}:25-31 (lr_wsd_decay_style, NVIDIA's next Nemotron)",
-            "Nano v2's decay shape is not published; minus-sqrt is the shape NVIDIA's "
-            "Nemotron 3 Super configs use"),
+            "minus_sqrt", f"{BRIDGE_OPTIMIZER}:167 (lr_wsd_decay_style, the optimizer helper "
+                          "the Nano v2 recipe builds with)",
+            "Nano v2's decay shape is not published; NVIDIA's Nemotron 3 Super configs use "
+            f"minus-sqrt too ({SUPER_PHASE1}:25-31)"),
         "optimizer.weight_decay": published(0.1, f"{NANO2_REPORT}, §2.5", BRIDGE_WEIGHT_DECAY,
                                             secondary=True),
         "optimizer.adam_beta1": published(0.9, f"{NANO2_REPORT}, §2.5", secondary=True),
@@ -456,10 +466,12 @@ def nemotron3_router() -> Settings:
         "model.moe_router_score_function": published("sigmoid", f"{N3_PROVIDER}:49; "
                                                                 f"{N3_ARCHITECTURE}:91"),
         "model.moe_router_expert_bias": published(True, f"{N3_PROVIDER}:50; {N3_PAPER}:81-84"),
-        "model.moe_router_bias_update_rate": unpublished(
-            1e-3, f"{MEGATRON_CORE}/transformer/transformer_config.py:800 (Bridge keeps it)"),
+        "model.moe_router_bias_update_rate": published(
+            1e-3, f"{N3_REPORT}: 'an update rate of 10^-3'; {MEGATRON_CORE}/transformer/"
+                  "transformer_config.py:800 (Megatron's default, which Bridge keeps)"),
         "model.moe_load_balancing": unpublished("seq_aux_loss", f"{N3_PROVIDER}:51"),
-        "model.moe_aux_loss_coeff": unpublished(1e-4, f"{N3_PROVIDER}:48"),
+        "model.moe_aux_loss_coeff": published(1e-4, f"{N3_REPORT}: 'a load balancing loss "
+                                                    f"coefficient of 10^-4'; {N3_PROVIDER}:48"),
         "model.moe_router_fp32": unpublished(True, f"{N3_PROVIDER}:52"),
     }
 
@@ -528,8 +540,8 @@ def nemotron3_nano() -> Settings:
         "model.moe_ffn_hidden_size": published(1856, f"{N3_PROVIDER}:168; "
                                                      f"{N3_ARCHITECTURE}:47"),
         "model.moe_shared_expert_ffn_hidden_size": published(
-            3712, f"{N3_PROVIDER}:169; {N3_CONFIG}", "the report and card: 2 shared experts "
-            "(2 x 1856, the same weights)"),
+            3712, f"{N3_PROVIDER}:169; {N3_CONFIG}", "the report: 2 shared experts (2 x 1856, "
+            "the same weights); the model card: 1 shared expert (of width 3712, the same)"),
         "model.moe_router_topk_scaling_factor": published(2.5, f"{N3_PROVIDER}:171; "
                                                                f"{N3_CONFIG}"),
         "model.init_method_std": unpublished(0.0173, f"{N3_RECIPE}:219",

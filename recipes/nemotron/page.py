@@ -78,8 +78,10 @@ def recipe_section(name: str, recipe: Callable[[], RunConfig],
 KIND_MEANING = {
     "published": "the published pretraining run: a technical report, model card, NVIDIA's docs "
                  "or configs (', read through a summary' where only a summary of it was read)",
-    "unpublished": "nothing published: Megatron Bridge's recipe value (NeMo's for Nemotron-4), "
-                   "or the Megatron Core default it keeps",
+    "unpublished": "nothing published: Megatron Bridge's recipe value (for Nemotron-4, which "
+                   "has no Bridge recipe, Bridge's common pretraining settings or NeMo's "
+                   "Nemotron-4 template, the other noted where they differ), or the Megatron "
+                   "Core default it keeps",
     "differs": "this recipe knowingly differs from the published run, and says why (a layout "
                "re-cut for 64 GPUs)",
     "ours": "nothing published and no framework value: this project's own choice (how often "
