@@ -51,7 +51,10 @@ RUN_64GPU: Settings = {
 
 
 def large_run_base(model: ModelConfig, lr: float) -> RunConfig:
-    """Settings shared by the 64-GPU recipes; each recipe sets the layout and batch."""
+    """Settings shared by the 64-GPU recipes; each recipe sets the layout and batch. The peak
+    learning rate is the recipe's (each says where it is from); the floor (a tenth of it),
+    warm-up, cosine decay, weight decay, Adam's betas and epsilon, clipping and the run length
+    are this project's for these layouts, not a published run's."""
     cfg = build(RUN_64GPU)
     cfg.model = model
     cfg.train = TrainConfig(

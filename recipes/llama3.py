@@ -27,8 +27,15 @@ def llama3_8b_model() -> ModelConfig:
     )
 
 
+# The Llama 3 paper's peak learning rates (The Llama 3 Herd of Models, arXiv 2407.21783,
+# Table 3): 8B 3e-4, 70B 1.5e-4, 405B 8e-5; its other pretraining settings are for the 405B
+# (section 3.4.1, recipes/llama31.py).
+LLAMA3_PAPER = "The Llama 3 Herd of Models (arXiv 2407.21783)"
+
+
 def llama3_8b_base() -> RunConfig:
-    """Llama-3-8B on 8 x 8 GPUs; layout and batch are left to the recipe."""
+    """Llama-3-8B on 8 x 8 GPUs, the paper's peak learning rate (LLAMA3_PAPER, Table 3);
+    layout and batch are left to the recipe."""
     return large_run_base(llama3_8b_model(), lr=3e-4)
 
 
@@ -109,7 +116,8 @@ def llama3_70b_model() -> ModelConfig:
 
 
 def llama3_70b_tp4_pp4_cp2_vpp5_dp2() -> RunConfig:
-    """Llama-3-70B on 64 GPUs: TP4 + SP x PP4 interleaved (5 chunks of 4 layers) x CP2 x DP2."""
+    """Llama-3-70B on 64 GPUs: TP4 + SP x PP4 interleaved (5 chunks of 4 layers) x CP2 x DP2;
+    the paper's peak learning rate (LLAMA3_PAPER, Table 3)."""
     cfg = large_run_base(llama3_70b_model(), lr=1.5e-4)
     # TP communication overlap as Megatron Bridge's 70B recipe, the same layout (NVIDIA-NeMo/
     # Megatron-Bridge@38b4a06:src/megatron/bridge/recipes/llama/llama3.py:737-741).

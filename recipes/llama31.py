@@ -6,6 +6,11 @@ middle ones (8), which leaves room for the embedding and the output layer and lo
 num_layers_in_first/last_pipeline_stage). The uneven ends rule out interleaving here (Megatron
 needs them divisible by the virtual stages), so the schedule is 1F1B. Each step is 16M tokens:
 2,048 sequences of 8,192, or 128 of 131,072 for long-context training.
+
+The learning rate is the paper's for the 405B (The Llama 3 Herd of Models, arXiv 2407.21783,
+section 3.4.1): peak 8e-5 after a linear warm-up of 8,000 steps, cosine decay to 8e-7. The
+paper decays over 1,200,000 steps; these recipes run `large_run_base`'s 50,000, and its
+weight decay, Adam settings and clipping, which the paper does not give.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ def _llama31_405b(nodes: int, context: int, seq_length: int, global_batch: int) 
     cfg.train.micro_batch_size = 1
     cfg.train.global_batch_size = global_batch
     cfg.scheduler.warmup_iters = 8000
+    cfg.optimizer.min_lr = 8e-7
     return cfg
 
 

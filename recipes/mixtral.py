@@ -33,8 +33,15 @@ def mixtral_8x7b_model() -> ModelConfig:
 
 
 def mixtral_8x7b_tp1_pp4_ep8_dp16() -> RunConfig:
-    """Mixtral-8x7B MoE on 64 GPUs: PP4 (8 layers per stage) x DP16, experts split EP8."""
-    cfg = large_run_base(mixtral_8x7b_model(), lr=1e-4)
+    """Mixtral-8x7B MoE on 64 GPUs: PP4 (8 layers per stage) x DP16, experts split EP8.
+
+    Mistral AI published no pretraining settings. The learning rate is Megatron Bridge's Mixtral
+    recipe's, 3e-4 decaying to 3e-5 (NVIDIA-NeMo/Megatron-Bridge@f34e453:src/megatron/bridge/
+    recipes/mixtral/mixtral.py:198-199), as is the sequence length (:197, 4,096). The
+    load-balancing loss (0.01) is on: Bridge's provider has the same coefficient but balancing
+    type "none" (mixtral_provider.py:75-77), which applies none; a model trained from scratch
+    here balances its experts. The rest is `large_run_base`'s."""
+    cfg = large_run_base(mixtral_8x7b_model(), lr=3e-4)
     cfg.parallel = ParallelConfig(pipeline=4, expert=8)
     cfg.train.global_batch_size = 256  # 16 micro-batches per DP rank
     # Selective recompute of the attention core, as Megatron Bridge's Mixtral recipe (NVIDIA-NeMo/
