@@ -58,3 +58,4 @@ EXIT_FAULT = 1  # a run, a rank or a check failed (the reason is printed in one 
 EXIT_USER_ERROR = 2  # a mistake the user can fix: `error: <what and how to fix>`
 EXIT_NONFINITE = 3  # the loss or a gradient became NaN/inf
 EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (128 + SIGINT, as a shell reports it); SIGTERM: 143
+EXIT_BROKEN_PIPE = 141  # its output's reader stopped early (128 + SIGPIPE, as `yes | head`)

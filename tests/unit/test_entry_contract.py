@@ -306,3 +306,17 @@ def test_print_config_is_the_resolved_config_that_config_reads_back(tmp_path):
     refused = run_script(REPO / "scripts" / "pretrain.py", *argv, "train.train_iters=-1",
                          "print=config")
     assert refused.returncode == 2 and refused.stderr.startswith("error: train.train_iters=-1")
+
+
+def test_a_reader_that_stops_early_ends_the_script_quietly():
+    """`scripts/nemotron_table.py | head` (the page, 100 kB, over a pipe's buffer): the script
+    ends with 141 (128 + SIGPIPE, as a shell tool ends) and writes nothing to stderr, not a
+    BrokenPipeError traceback."""
+    script = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "nemotron_table.py")], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert script.stdout.read(100).startswith(b"# Nemotron recipes")
+    script.stdout.close()
+    assert script.wait(timeout=HANG_S) == 141
+    assert script.stderr.read() == b""

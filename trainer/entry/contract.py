@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from plugins.protocol.errors import (
+    EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
     EXIT_USER_ERROR,
     RankUserError,
@@ -204,7 +205,18 @@ def parse_arguments(command: Command, argv: Sequence[str]) -> Arguments:
 
 def main(command: Command, argv: Sequence[str] | None = None) -> int:
     """A script's whole life: help, or parse and run, with every user mistake one line and
-    exit code 2."""
+    exit code 2. Output piped into a reader that stops early (`recipe=list | head`) ends the
+    script quietly, as a shell tool does, not with a BrokenPipeError traceback."""
+    try:
+        return _main(command, argv)
+    except BrokenPipeError:
+        # Python's own advice (docs: signal, "Note on SIGPIPE"): point stdout at /dev/null so
+        # the interpreter's flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _main(command: Command, argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.update(command.environment)
     quiet_known_noise()  # library warnings known to be harmless here (library_noise.py)
