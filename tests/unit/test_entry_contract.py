@@ -146,6 +146,18 @@ def test_options_are_typed_and_split_from_the_rest():
     assert sweep["scaling.world_sizes"] == [4, 1, 2] and sweep["cluster"] == "c.yaml"
 
 
+def test_an_option_given_twice_is_refused_and_an_override_twice_is_the_later():
+    """An option is one choice (`print=config print=megatron_args` would print only the
+    second): refused naming both. A config override given twice applies in order, the later
+    winning, as Megatron-LM's command line does (recipes/config/overrides.py)."""
+    with pytest.raises(ConfigError, match=r"^search= given twice \(true, false\); keep one$"):
+        parse_arguments(PLAN, ["search=true", "recipe=tiny_dp1", "search=false"])
+    with pytest.raises(ConfigError, match=r"^print= given twice \(config, config\); keep one$"):
+        parse_arguments(PRETRAIN, ["print=config", "print=config"])
+    args = parse_arguments(PLAN, ["optimizer.lr=1e-3", "optimizer.lr=2e-3"])
+    assert args.rest == ("optimizer.lr=1e-3", "optimizer.lr=2e-3")
+
+
 @pytest.mark.parametrize(("error", "printed"), [("UserError", False), ("RankUserError", True)])
 def test_a_rank_other_than_0_prints_only_the_mistake_it_met_alone(monkeypatch, capsys, error,
                                                                    printed):

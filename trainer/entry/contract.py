@@ -7,8 +7,10 @@ its overrides, run directories, a sub-command). `main`:
 
     --help / -h / help      print the script's docstring (its usage), its options, and for a
                             command that takes a recipe the recipe list; exit 0
-    parse                   the command's own options (typed, with defaults), its flags, and the
-                            rest in order; anything else is refused in one line
+    parse                   the command's own options (typed, with defaults; each one choice,
+                            so one given twice is refused), its flags, and the rest in order
+                            (a config override given twice: the later wins, as in Megatron-LM's
+                            command line); anything else is refused in one line
     run                     the command's function, in this process: a local command does its
                             work here; a training command hands over to the training pipeline
                             (trainer/entry/pipeline.py), which launches ranks or is one
@@ -17,8 +19,8 @@ its overrides, run directories, a sub-command). `main`:
                             several found together (ConfigErrors) are one such line each
 
 Exit codes (plugins/protocol/errors.py): 0 done, 1 a run or a check failed, 2 a user mistake,
-3 a non-finite loss or gradient. Environment a command must set before its heavy imports
-(threads, hidden GPUs) is set here, first.
+3 a non-finite loss or gradient, 130 Ctrl-C, 141 the output's reader stopped early. Environment
+a command must set before its heavy imports (threads, hidden GPUs) is set here, first.
 """
 
 from __future__ import annotations
@@ -178,6 +180,7 @@ def parse_arguments(command: Command, argv: Sequence[str]) -> Arguments:
 
     values = {key: option.default for key, option in command.options.items()}
     flags, rest, problems = set(), [], []
+    given: dict[str, str] = {}  # each option's text as typed, to name both of one given twice
     for text in argv:
         if text in command.flags:
             flags.add(text)
@@ -190,9 +193,15 @@ def parse_arguments(command: Command, argv: Sequence[str]) -> Arguments:
             problems.append(f"unknown option {key}; {hint}")
         elif key in command.options:
             try:
-                values[key] = _option_value(command, key, text)
+                value = _option_value(command, key, text)
             except ConfigError as error:
                 problems.append(str(error))
+                continue
+            if key in given:
+                problems.append(f"{key}= given twice ({given[key]}, {text.partition('=')[2]}); "
+                                "keep one")
+            given[key] = text.partition("=")[2]
+            values[key] = value
         elif command.rest is not None:
             rest.append(text)
         else:
