@@ -737,7 +737,17 @@ def from_megatron_values(values: Mapping[str, Any]) -> dict[str, Any]:
     for name, config in PluginsConfig().configs():
         found.update({f"plugins.{name}.{key}": value
                       for key, value in config.from_megatron_lm(values).items()})
+    if _inert_wsd_style(values, found):
+        del found["scheduler.wsd_decay_style"]
     return found
+
+
+def _inert_wsd_style(values: Mapping[str, Any], found: Mapping[str, Any]) -> bool:
+    """A line that types no `--lr-wsd-decay-style` and trains no WSD schedule gets Megatron-LM's
+    default shape (exponential), which shapes nothing there: read as unset (the project's
+    default), not as a setting the validation would refuse as doing nothing."""
+    return ("lr_wsd_decay_style" not in values.get("__given__", ())
+            and found.get("scheduler.style") != "wsd")
 
 
 def carried_dests() -> frozenset[str]:

@@ -20,6 +20,8 @@ from recipes.config.megatron_args import (
     no_flag_fields,
     to_megatron_args,
 )
+from recipes.config.schema import SchedulerConfig
+from recipes.config.validation import validate
 from recipes.plan.command import run_plan
 from recipes.registry import RECIPES, get_recipe
 from trainer.entry.commands import PRETRAIN
@@ -165,6 +167,36 @@ def test_wsd_writes_its_resolved_anneal_and_reads_it_back_as_unset() -> None:
     cfg.scheduler.wsd_decay_iters = 7
     back, _ = config_from_megatron_args(to_megatron_args(cfg), cfg.cluster)
     assert back.scheduler.wsd_decay_iters == 7
+
+
+def test_a_line_without_a_wsd_shape_plans_and_one_with_wsd_takes_megatrons() -> None:
+    """A launch line that types no --lr-wsd-decay-style: on a cosine (or linear) schedule
+    Megatron-LM's default shape does nothing and reads as unset, so the validation does not
+    refuse what the user never typed; on WSD it is Megatron-LM's exponential."""
+    argv = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+            "--seq-length", "64", "--max-position-embeddings", "64", "--micro-batch-size", "1",
+            "--global-batch-size", "8", "--train-iters", "10", "--lr", "1e-3"]
+    for style in ("cosine", "linear"):
+        cfg, _ = config_from_megatron_args([*argv, "--lr-decay-style", style])
+        assert cfg.scheduler.wsd_decay_style == SchedulerConfig().wsd_decay_style
+        validate(cfg)
+    cfg, _ = config_from_megatron_args([*argv, "--lr-decay-style", "WSD"])
+    assert cfg.scheduler.wsd_decay_style == "exponential"
+    cfg, _ = config_from_megatron_args([*argv, "--lr-wsd-decay-style", "cosine"])
+    assert cfg.scheduler.wsd_decay_style == "cosine"  # typed: kept, and refused as inert
+    with pytest.raises(ConfigError, match="shapes the WSD schedule's anneal"):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "model:\n  num_layers: 4\n",
+                                  "torchrun pretrain_gpt.py\n"])
+def test_a_file_without_megatron_flags_is_one_line(tmp_path, text) -> None:
+    path = tmp_path / "args.txt"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^megatron_args={path} holds no pretrain_gpt.py "
+                       r"flags \(--num-layers \.\.\.\); give a Megatron-LM launch line \(a "
+                       r"saved config.yaml goes in config=\)$"):
+        read_argument_file(str(path))
 
 
 def test_a_hybrid_is_a_pretrain_hybrid_line_with_its_pattern_mamba_sizes_and_routing() -> None:

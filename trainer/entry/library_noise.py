@@ -55,6 +55,12 @@ NOISE = (
           "megatron/core/models/gpt/gpt_model.py:121",
           "GPTModel is Megatron Core 0.19.2's GPT model, which the GPT recipes build; hybrids "
           "use HybridModel", logger="megatron.core.models.gpt.gpt_model"),
+    Noise("Only transformer-engine>=1.7.0 supports MoE experts",
+          "megatron/core/extensions/transformer_engine_spec_provider.py:88, on importing "
+          "megatron/core/models/hybrid/hybrid_layer_specs.py:59 (module-level TE specs)",
+          "Megatron-LM's argument module imports the hybrid specs, which build a TE MoE spec "
+          "at import; without TE (reading a launch line back, CPU ranks) it is never used: the "
+          "project builds its own specs, and a GPU run without TE is refused before launch"),
     Noise("No CUDA runtime is found",
           "torch/utils/cpp_extension.py:178",
           "said on import on every machine without CUDA; the CPU runtime needs none",

@@ -52,10 +52,13 @@ def read_argument_file(path: str) -> list[str]:
                           "pretrain_gpt.py arguments (one shell line or several with \\)")
     words = shlex.split(file.read_text(encoding="utf-8"), comments=True)
     script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
-    if script is not None:
-        return words[script + 1:]
     first = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
-    return words[first:]
+    argv = words[script + 1:] if script is not None else words[first:]
+    if not any(word.startswith("--") for word in argv):
+        raise ConfigError(f"megatron_args={path} holds no pretrain_gpt.py flags (--num-layers "
+                          "...); give a Megatron-LM launch line (a saved config.yaml goes in "
+                          "config=)")
+    return argv
 
 
 def _given_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> dict[str, str]:
