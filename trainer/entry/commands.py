@@ -298,9 +298,11 @@ PLAN = Command(
         "confirm_pick": Option("top", "which layouts confirm= runs: top (the K fastest "
                                "predicted, to choose one) or spread (K over the whole ranking, "
                                "to check the step model)", type=Literal["top", "spread"]),
-        "calibrate": Option(False, "measure this machine's GEMM throughput by shape and print "
-                            "the cluster file's gemm_peak_fraction and gemm_half_dim",
-                            type=bool),
+        "calibrate": Option(False, "measure this machine's GEMM throughput by shape, its "
+                            "collective bandwidth and latency, kernel overhead and cores, and "
+                            "write them into the cluster= file (gemm_peak_fraction, "
+                            "gemm_half_dim, intra_node_gb_per_s, collective_latency_us, "
+                            "kernel_overhead_us, host_cores)", type=bool),
     })
 
 
