@@ -77,6 +77,11 @@ def load_config(path: str | Path) -> RunConfig:
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""
+        duplicate = _duplicate_key(err)
+        if duplicate is not None:  # as a hand-written cluster file's is said (yaml_file.py)
+            where = f" ({line.strip().removeprefix('at ')})" if line else ""
+            raise ConfigError(f"{origin}: key '{duplicate}' is given twice{where}; keep one"
+                              ) from None
         raise ConfigError(f"{origin} is not valid YAML{line}; fix or re-save it") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{origin} is not UTF-8 text; pass the config.yaml of a run") from None
@@ -96,6 +101,14 @@ def load_config(path: str | Path) -> RunConfig:
     merged = merge_checked(base, loaded, origin, typed=lambda: _file_texts(path),
                            label="default")
     return to_run_config(merged, origin)
+
+
+def _duplicate_key(error: yaml.YAMLError) -> str | None:
+    """The key OmegaConf's YAML loader found twice in one mapping (its ConstructorError says
+    'found duplicate key <key>'), else None."""
+    problem = str(getattr(error, "problem", "") or "")
+    prefix = "found duplicate key "
+    return problem.removeprefix(prefix) if problem.startswith(prefix) else None
 
 
 def _file_texts(path: Path) -> dict[str, str]:

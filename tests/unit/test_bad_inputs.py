@@ -397,6 +397,8 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["config={tmp}/run"], "is a directory, not a file; pass the file, e.g. "
      "config={tmp}/run/config.yaml"),
     (["config={tmp}/bad.yaml"], "config file {tmp}/bad.yaml is not valid YAML at line 2"),
+    (["config={tmp}/twice.yaml"], "config file {tmp}/twice.yaml: key 'train_iters' is given twice "
+     "(line 3); keep one"),
     (["config={tmp}/list.yaml"], "must hold a mapping of config sections, not a list"),
     (["config={tmp}/empty.yaml"], "config file {tmp}/empty.yaml is empty"),
     (["config={tmp}/modle.yaml"], "config file {tmp}/modle.yaml: there is no section 'modle'"),
@@ -581,6 +583,7 @@ def paths_dir(tmp_path_factory) -> Path:
     _checkpoint(tmp / "fsdp_ckpt", "fsdp_dtensor", "optim_grads_params")
     _checkpoint(tmp / "distopt_ckpt", "torch_dist", "none")
     _write(tmp / "bad.yaml", "model: [\n")
+    _write(tmp / "twice.yaml", "train:\n  train_iters: 5\n  train_iters: 6\n")
     _write(tmp / "list.yaml", "- 1\n- 2\n")
     _write(tmp / "empty.yaml", "")
     _write(tmp / "modle.yaml", "modle:\n  hidden_size: 8\n")
