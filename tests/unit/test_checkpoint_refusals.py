@@ -15,6 +15,7 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.io import config_dict, save_config
 from recipes.config.overrides import apply_overrides
 from recipes.registry import get_recipe
+from tests.dcp_steps import dcp_step
 from trainer.checkpoint.format import is_hf_import, is_project_step
 from trainer.checkpoint.manifest import (
     file_record,
@@ -90,7 +91,7 @@ def test_only_this_projects_step_names_need_a_run_json(tmp_path):
     assert manifest_problem(_step(tmp_path / "ok" / "step_0000004", _cfg())) is None
     assert is_project_step(tmp_path / "ok" / "step_0000004")
     for name in ("iter_0000004", "reference", "step_0000004.tmp-4-ab12"):
-        path = _step(tmp_path / "other" / name)
+        path = dcp_step(tmp_path / "other" / name)
         assert not is_project_step(path)
     assert checkpoint_preflight(_cfg(f"checkpoint.load={tmp_path / 'other' / 'reference'}",
                                      "checkpoint.load_model_only=true")) == []

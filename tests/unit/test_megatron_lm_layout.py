@@ -14,6 +14,7 @@ import pytest
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
 from recipes.resolve import resolve_config
+from tests.dcp_steps import dcp_step
 from trainer.checkpoint.format import (
     MEGATRON_LM_TRACKER,
     complete_steps,
@@ -95,7 +96,7 @@ def test_what_is_not_a_resumable_megatron_lm_save_is_one_line(tmp_path, layout, 
 
 def test_a_release_checkpoint_loads_weights_only(tmp_path) -> None:
     root = tmp_path / "save"
-    _step(root / "release")
+    dcp_step(root / "release")
     (root / MEGATRON_LM_TRACKER).write_text("release")
     assert check_checkpoint_load_path(_load(tmp_path, root)) is None
     with pytest.raises(ConfigError, match="^checkpoint.load=.* resumes from Megatron-LM's release "
@@ -174,3 +175,33 @@ def test_what_a_megatron_lm_step_cannot_resume_into_is_one_line() -> None:
                              "{name: b, end_step: 300}]"])
     assert foreign_resume_problem(phased, {"optimizer_saved": True}).startswith(
         "its data position is one stream of samples, and this run trains in phases")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda step: (step / ".metadata").write_bytes((step / ".metadata").read_bytes()[:40]),
+     "iter_0000004/.metadata cannot be read (cut short or damaged)"),
+    (lambda step: (step / "__0_0.distcp").unlink(),
+     "iter_0000004/__0_0.distcp is missing (its index places data there)"),
+    (lambda step: (step / "__0_0.distcp").write_bytes(b"x" * 100),
+     "iter_0000004/__0_0.distcp is cut short (100 of at least "),
+])
+def test_a_damaged_step_without_run_json_is_one_line_before_any_rank(tmp_path, damage,
+                                                                     message) -> None:
+    """A step without run.json (Megatron-LM's, Megatron Bridge's) has no file records; its DCP
+    index still places every byte, so a file cut short or gone is said before launch, with the
+    earlier step to fall back to, not met by torch DCP in every rank as a traceback."""
+    from trainer.checkpoint.megatron_lm import unchecked_damage
+
+    root = tmp_path / "save"
+    dcp_step(root / "iter_0000002")
+    step = dcp_step(root / "iter_0000004")
+    (root / MEGATRON_LM_TRACKER).write_text("4")
+    assert unchecked_damage(step) is None
+    damage(step)
+    assert unchecked_damage(step).startswith(message)
+    with pytest.raises(ConfigError) as caught:
+        checkpoint_preflight(_load(tmp_path, root, "checkpoint.load_model_only=true"))
+    assert str(caught.value).startswith(f"checkpoint.load={root}: {message}")
+    assert str(caught.value).endswith(f"fall back to the previous complete checkpoint with "
+                                      f"checkpoint.load={root / 'iter_0000002'} (or delete "
+                                      f"{step}: the root then resumes from it)")

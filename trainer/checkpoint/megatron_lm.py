@@ -103,6 +103,29 @@ def dcp_index(step_dir: Path) -> tuple[list[str], dict[str, tuple[str, int, int]
     return list(metadata["state_dict_metadata"]), where
 
 
+def unchecked_damage(step_dir: Path) -> str | None:
+    """What torch DCP would meet as a traceback in every rank (`EOFError`, `UnpicklingError`,
+    `FileNotFoundError` in `FileSystemReader`), found from the step's own index for a step
+    without `run.json` (Megatron-LM's, Megatron Bridge's): its `.metadata` unreadable, a file
+    the index names missing or shorter than the bytes it places there. None: whole as far as
+    sizes tell (bytes changed in place stay unseen: no checksums are recorded)."""
+    try:
+        _, where = dcp_index(step_dir)
+    except UNREADABLE:
+        return f"{step_dir.name}/{DCP_METADATA} cannot be read (cut short or damaged)"
+    ends: dict[str, int] = {}
+    for file, offset, length in where.values():
+        ends[file] = max(ends.get(file, 0), offset + length)
+    for file, end in sorted(ends.items()):
+        path = step_dir / file
+        if not path.is_file():
+            return f"{step_dir.name}/{file} is missing (its index places data there)"
+        size = path.stat().st_size
+        if size < end:
+            return f"{step_dir.name}/{file} is cut short ({size} of at least {end} bytes)"
+    return None
+
+
 def saved_keys(step_dir: Path) -> list[str]:
     """Every key the step's index names (tensor and object keys)."""
     return dcp_index(step_dir)[0]

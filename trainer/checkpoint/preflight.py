@@ -75,6 +75,7 @@ from trainer.checkpoint.megatron_lm import (
     foreign_manifest,
     foreign_notes,
     foreign_resume_problem,
+    unchecked_damage,
 )
 
 CHECKPOINT_EXAMPLE = "runs/<run>/checkpoints"
@@ -241,6 +242,9 @@ def checkpoint_preflight(cfg: RunConfig) -> list[str]:
     if manifest is None and is_hf_import(step_dir):
         return import_preflight(cfg, load, step_dir)
     if manifest is None:
+        damage = unchecked_damage(step_dir)
+        if damage:
+            raise ConfigError(_damage_message(load, step_dir, damage))
         foreign = foreign_manifest(step_dir)
         return [] if foreign is None else foreign_preflight(cfg, load, step_dir, foreign)
     damage = damaged_file(step_dir, manifest, cfg.checkpoint.verify == "checksum")
