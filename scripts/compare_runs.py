@@ -7,7 +7,10 @@ usage: python scripts/compare_runs.py RUN_DIR [RUN_DIR ...] [out=FILE.png]
 
 Reads each run's metrics.jsonl and draws train loss (solid), held-out loss (dashed, markers)
 and the learning rate, one colour per run, with matplotlib's Agg backend (no display needed).
-The picture goes to out= (default compare_runs.png in the current directory).
+The picture goes to out= (default compare_runs.png in the current directory). Each run is
+labelled by its folder's name, or where two names collide by the shortest path that tells them
+apart (sweepA/G1, sweepB/G1); a directory given twice is refused. A damaged metrics.jsonl line
+is refused naming file and line; a last line cut short by a killed run is skipped with a note.
 """
 
 import sys

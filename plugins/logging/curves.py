@@ -7,11 +7,12 @@ rather look at than read. matplotlib draws with its Agg backend (no display need
 
 from __future__ import annotations
 
-import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plugins.logging.metrics_file import PASS_RUNS, parse_metrics
 from plugins.protocol.errors import UserError
 
 
@@ -49,22 +50,26 @@ class Curves:
             self.heldout_loss.append((record["step"], record["loss"]))
 
 
-def read_run(run_dir: Path) -> Curves:
-    """A run's curves from `<run_dir>/metrics.jsonl`; a missing or empty file is one line."""
+def read_run(run_dir: Path, label: str | None = None) -> Curves:
+    """A run's curves from `<run_dir>/metrics.jsonl`, named `label` (default: the folder's
+    name); every line checked (`metrics_file.py`): damage is one line, a last line cut short
+    by a killed run is skipped with a note on stderr."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
-        raise UserError(f"{run_dir} has no metrics.jsonl; pass run directories written by "
-                          "scripts/pretrain.py (runs/<recipe>-<time>)")
-    curves = Curves(name=Path(run_dir).name)
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        try:
-            curves.add_record(json.loads(line))
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
-            raise UserError(f"{path}:{number} is not a metrics record ({error}); "
-                              "pass run directories written by scripts/pretrain.py") from None
+        raise UserError(f"{run_dir} has no metrics.jsonl; {PASS_RUNS} (runs/<recipe>-<time>)")
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise UserError(f"{path} cannot be read ({error.strerror}); {PASS_RUNS}") from None
+    records, note = parse_metrics(path, data)
+    if note:
+        print(note, file=sys.stderr)
+    curves = Curves(name=label or Path(run_dir).name)
+    for record in records:
+        curves.add_record(record)
     if not curves.train_loss and not curves.heldout_loss:
         raise UserError(f"{path} holds no train or held-out loss yet; pass a run that has "
-                          "trained at least one step")
+                        "trained at least one step")
     return curves
 
 
