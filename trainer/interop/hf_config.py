@@ -4,6 +4,17 @@ The mappings themselves are the families' (`trainer/models/gpt/hf_config.py`: Ll
 Mixtral; `trainer/models/hybrid/hf_config.py`: NemotronH); this module reads a model
 directory's `config.json`, names its family from `architectures` (anything else is refused in
 one line listing what is mapped), and hands each question to that family. No torch here.
+
+Why the checks here come first: the families convert values with `int()`/`float()`/`bool()`,
+which take `"64"`, `64.5` or `"false"` silently, and compare the rest with the recipe, which
+would offer `override model.num_attention_heads=0` for a broken file. So before any comparison
+each rule below refuses one kind of broken config.json in one line naming the key and value:
+`architectures` not a list of names (`listed_architectures`); no `architectures`, where the
+architecture is the one `model_type` names, as transformers' AutoConfig picks the class, if
+exactly one does (`architecture_of_model_type`); a value of the wrong JSON type
+(`wrong_type`); a size no model has, 0 or negative (`impossible_size`); and a recipe of another
+architecture of the same family, Mixtral for Llama, named before any field differs
+(`other_architecture`).
 """
 
 from __future__ import annotations
@@ -17,9 +28,28 @@ from recipes.config.schema import ModelConfig
 from trainer.models.gpt import hf_config as gpt
 from trainer.models.hybrid import hf_config as hybrid
 
-# A Hugging Face architecture -> our name for it and the family module that maps it.
+# A Hugging Face architecture -> our name for it (its `model_type`) and the family module
+# that maps it.
 ARCHITECTURES = {"LlamaForCausalLM": ("llama", gpt), "MixtralForCausalLM": ("mixtral", gpt),
                  "NemotronHForCausalLM": ("nemotron_h", hybrid)}
+
+# The config.json values the mappings read, by JSON type (transformers' and the older names).
+# Sizes are at least 1, counts at least 0; NULLABLE ones may be null (transformers derives them).
+SIZES = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+         "num_key_value_heads", "head_dim", "vocab_size", "num_local_experts",
+         "num_experts_per_tok", "mamba_num_heads", "mamba_head_dim", "n_groups",
+         "mamba_n_groups", "ssm_state_size", "conv_kernel", "mamba_d_conv", "chunk_size",
+         "mamba_chunk_size", "n_routed_experts", "moe_intermediate_size", "moe_latent_size",
+         "n_group", "topk_group")
+COUNTS = ("num_nextn_predict_layers", "moe_shared_expert_intermediate_size")
+NUMBERS = ("rope_theta", "rms_norm_eps", "layer_norm_epsilon", "partial_rotary_factor",
+           "routed_scaling_factor", "time_step_min", "mamba_dt_min",
+           *(f"{rope}.{key}" for rope in ("rope_parameters", "rope_scaling")
+             for key in ("rope_theta", "factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings")))
+FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_bias", "use_conv_bias",
+         "mamba_conv_bias", "residual_in_fp32", "norm_topk_prob")
+NULLABLE = {"num_key_value_heads", "head_dim", "moe_latent_size", "num_nextn_predict_layers"}
 
 
 def read_hf_config(model_dir: Path) -> dict:
@@ -40,14 +70,104 @@ def read_hf_config(model_dir: Path) -> dict:
     return config
 
 
+def listed_architectures(hf: dict) -> list[str]:
+    """config.json's `architectures`: a list of class names; [] when absent, null or empty."""
+    names = hf.get("architectures") or []
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise ConfigError(f"config.json \"architectures\": {json.dumps(names)} is not a list of "
+                          "class names; write it as a list, e.g. \"architectures\": "
+                          "[\"LlamaForCausalLM\"]")
+    return names
+
+
+def architecture_of_model_type(hf: dict) -> str:
+    """The architecture a config.json without `architectures` is loaded as: the one its
+    `model_type` names (transformers' AutoConfig maps model_type to the class), if just one."""
+    model_type = hf.get("model_type")
+    if model_type is None:
+        raise ConfigError("config.json has neither architectures nor model_type; add the "
+                          "model's class, e.g. \"architectures\": [\"LlamaForCausalLM\"]")
+    named = [name for name, (ours, _) in ARCHITECTURES.items() if ours == model_type]
+    if len(named) != 1:
+        supported = ", ".join(f"{ours} ({name})" for name, (ours, _) in ARCHITECTURES.items())
+        raise ConfigError(f"config.json has no architectures and its model_type "
+                          f"{json.dumps(model_type)} is not mapped; supported: {supported}")
+    return named[0]
+
+
 def architecture(hf: dict) -> str:
-    """config.json's first mapped architecture (`LlamaForCausalLM`); others are refused."""
-    names = hf.get("architectures") or [hf.get("model_type", "?")]
+    """config.json's first mapped architecture (`LlamaForCausalLM`), or without
+    `architectures` the one its `model_type` names; others are refused."""
+    names = listed_architectures(hf)
+    if not names:
+        return architecture_of_model_type(hf)
     mapped = [name for name in names if name in ARCHITECTURES]
     if not mapped:
-        raise ConfigError(f"architecture {', '.join(map(str, names))} is not mapped; supported: "
+        raise ConfigError(f"architecture {', '.join(names)} is not mapped; supported: "
                           f"{', '.join(ARCHITECTURES)}")
     return mapped[0]
+
+
+def _with_architecture(hf: dict) -> dict:
+    """The config as the families read it: `architectures` naming the mapped one (a Mixtral
+    config.json with only model_type is read as MoE)."""
+    return {**hf, "architectures": [architecture(hf)]}
+
+
+def _kind(value: object) -> str:
+    """The JSON type of a value, as an error names it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return {int: "an integer", float: "a decimal number", str: "a string", list: "a list",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _lookup(hf: dict, key: str) -> tuple[bool, object]:
+    """(present, value) of a key, `rope_scaling.factor` inside its object."""
+    outer, _, inner = key.partition(".")
+    if not inner:
+        return key in hf, hf.get(key)
+    nested = hf.get(outer)
+    return isinstance(nested, dict) and inner in nested, (nested or {}).get(inner)
+
+
+def wrong_type(hf: dict) -> str | None:
+    """The line naming the first read value of the wrong JSON type (a string, a decimal, a
+    boolean or null where an integer is needed, ...); None when every one is right."""
+    wanted = [*((key, "an integer") for key in (*SIZES, *COUNTS)),
+              *((key, "a number") for key in NUMBERS), *((key, "true or false") for key in FLAGS)]
+    for key, kind in wanted:
+        present, value = _lookup(hf, key)
+        if not present or (value is None and key in NULLABLE):
+            continue
+        right = {"an integer": isinstance(value, int) and not isinstance(value, bool),
+                 "a number": isinstance(value, int | float) and not isinstance(value, bool),
+                 "true or false": isinstance(value, bool)}[kind]
+        if not right:
+            return (f"config.json {key}={json.dumps(value)} is {_kind(value)}, not {kind}; "
+                    f"write it as {kind} (no quotes) or re-download the model's config.json")
+    return None
+
+
+def impossible_size(hf: dict) -> str | None:
+    """The line naming the first size below 1 (a count below 0) that no model has: config.json
+    is broken, not a model that a recipe override could become; None when all are possible."""
+    for keys, least in ((SIZES, 1), (COUNTS, 0)):
+        for key in keys:
+            value = hf.get(key)
+            if isinstance(value, int) and value < least:
+                return (f"config.json {key}={value} is no model's size (at least {least}): the "
+                        "file is broken; re-download the model's config.json")
+    return None
+
+
+def check_values(hf: dict) -> None:
+    """Refuse a config.json value of the wrong type or an impossible size, in one line."""
+    for problem in (wrong_type(hf), impossible_size(hf)):
+        if problem:
+            raise ConfigError(problem)
 
 
 def _architecture(hf: dict) -> tuple[str, ModuleType]:
@@ -80,12 +200,35 @@ def other_family(hf: dict, model: ModelConfig, recipe: str, example: str | None)
             f"{architecture(hf)} imports into {theirs} recipes only; {fix}")
 
 
+def recipe_architecture(model: ModelConfig) -> str | None:
+    """The architecture a recipe's model exports as; None if it is shaped as none."""
+    try:
+        return hf_config_for(model, "bfloat16")["architectures"][0]
+    except ConfigError:  # not Llama-, Mixtral- or NemotronH-shaped: its family check says so
+        return None
+
+
+def other_architecture(hf: dict, model: ModelConfig, recipe: str,
+                       example: str | None) -> str | None:
+    """The line for a recipe of another architecture of the same family (Mixtral for a
+    Llama): that alone, not the fields that differ with it; None when they agree or the
+    recipe is shaped as no architecture."""
+    name, ours = architecture(hf), recipe_architecture(model)
+    if ours is None or ours == name:
+        return None
+    wanted, got = ARCHITECTURES[name][0], ARCHITECTURES.get(ours, (ours,))[0]
+    fix = f"e.g. recipe={example}" if example else "convert.py --help lists them"
+    return (f"config.json's {name} needs a {wanted} recipe and recipe={recipe} is {got}; "
+            f"import it with a {wanted} recipe, {fix}")
+
+
 def example_recipe(hf: dict) -> str | None:
     """A recipe for this HF model: the first whose model matches config.json field by field,
     else the first whose model exports as its architecture (`hf_config_for`); None if none."""
     from recipes.registry import RECIPES, get_recipe
 
     name, family = architecture(hf), _architecture(hf)[1]
+    hf = _with_architecture(hf)
     same = []
     for recipe in RECIPES:
         model = get_recipe(recipe).model
@@ -102,10 +245,14 @@ def example_recipe(hf: dict) -> str | None:
 
 def compare_with_recipe(hf: dict, model: ModelConfig, recipe: str) -> None:
     """Refuse, in one line naming each differing field, a recipe that is not the HF model (a
-    recipe of the other family: naming one of the model's, `other_family`)."""
+    broken config.json first, `check_values`; a recipe of the other family or architecture:
+    naming one of the model's, `other_family`, `other_architecture`)."""
+    check_values(hf)
     if _module_for(model) is not _architecture(hf)[1]:
         raise ConfigError(other_family(hf, model, recipe, example_recipe(hf)))
-    _architecture(hf)[1].compare_with_recipe(hf, model, recipe)
+    if recipe_architecture(model) not in (None, architecture(hf)):
+        raise ConfigError(other_architecture(hf, model, recipe, example_recipe(hf)))
+    _architecture(hf)[1].compare_with_recipe(_with_architecture(hf), model, recipe)
 
 
 def check_exportable(model: ModelConfig, where: str) -> None:
