@@ -5,7 +5,11 @@ Why: published models are tens of gigabytes in several `safetensors` shards. Rea
 in file order, and every name, shard and shape is checked from the shards' headers before any
 output exists, so a missing shard or tensor is refused in one line, not after minutes of work,
 and so is a shard safetensors cannot read (a download cut short, a header overwritten), which
-would otherwise end in a `SafetensorError` traceback.
+would otherwise end in a `SafetensorError` traceback. A tensor stored in a dtype that is not a
+floating point one (an integer re-save) is refused from the header too: it would import and
+train as numbers no model holds. The JSON side files are parsed before any work, since a
+damaged tokenizer.json would be copied into the import and exported broken; a directory with
+no tokenizer file at all is said in one note (`no_tokenizer_note`), not refused.
 Writing fills size-limited shards as tensors arrive and publishes the directory by one rename:
 a crash leaves only a `.tmp-` directory, never something that looks like a complete model.
 """
@@ -30,6 +34,8 @@ SINGLE = "model.safetensors"
 # Files of a model directory that are not weights and travel with it (tokenizer, generation).
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "tokenizer.model", "generation_config.json")
+JSON_SIDE_FILES = tuple(name for name in SIDE_FILES if name.endswith(".json"))
+TOKENIZER_FILES = tuple(name for name in SIDE_FILES if name != "generation_config.json")
 DEFAULT_SHARD_BYTES = 5 * 1024**3  # transformers' default max_shard_size
 SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 
@@ -38,6 +44,15 @@ def damaged_shard(path: Path, error: Exception) -> str:
     """The line for a shard safetensors cannot read: cut short (`incomplete metadata, file not
     fully covered`), its header overwritten (`invalid UTF-8 in header`, `HeaderTooLarge`)."""
     return f"{path} is truncated or damaged ({error}); download the model again"
+
+
+def not_floating(name: str, dtype: str) -> str | None:
+    """The line for a tensor stored in a safetensors dtype that is not one of the floating point
+    ones read as weights (`I32`, `U8`, `BOOL`: a re-save that cast it); None for those."""
+    if dtype in SAFETENSORS_BYTES:
+        return None
+    return (f"hf tensor {name} is stored as {dtype}, not a floating point dtype "
+            f"({', '.join(SAFETENSORS_BYTES)}); the weights are not the model's: re-download it")
 
 
 def unreadable_shard(path: Path, error: OSError) -> str:
@@ -110,6 +125,10 @@ class HFWeights:
         """From the shard's header only (no data read)."""
         return tuple(self._handle(self.shard_of(name)).get_slice(name).get_shape())
 
+    def dtype(self, name: str) -> str:
+        """The stored safetensors dtype (`BF16`, `I32`), from the shard's header only."""
+        return self._handle(self.shard_of(name)).get_slice(name).get_dtype()
+
     def element_bytes(self, name: str) -> int:
         """Bytes per element of a stored tensor, from the shard's header only."""
         return SAFETENSORS_BYTES[self._handle(self.shard_of(name)).get_slice(name).get_dtype()]
@@ -141,6 +160,29 @@ def side_files(model_dir: Path) -> list[Path]:
         if path.is_file():
             found.append(path)
     return found
+
+
+def not_json(path: Path) -> str | None:
+    """The line for a JSON side file that does not parse (a download cut short, an edit gone
+    wrong); None for one that does, and for a file that is not JSON (`tokenizer.model`)."""
+    if path.name not in JSON_SIDE_FILES:
+        return None
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError alike
+        return f"{path} is not valid JSON ({error}); re-download it"
+    except OSError as error:
+        return unreadable_shard(path, error)
+    return None
+
+
+def no_tokenizer_note(model_dir: Path, side: list[Path]) -> str | None:
+    """The note for a model directory holding none of the tokenizer files (only its weights
+    and config were copied); None where it holds one."""
+    if any(path.name in TOKENIZER_FILES for path in side):
+        return None
+    return (f"note: hf={model_dir} has no tokenizer files; the import carries none (to keep the "
+            "model's tokenizer, put its files beside config.json and import again)")
 
 
 @dataclass(frozen=True)
