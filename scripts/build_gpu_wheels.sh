@@ -6,6 +6,9 @@
 # Runs on a machine with network, nvcc of the same CUDA major as that torch and Python 3.12; the
 # three compiled packages take about 20 minutes on 2 cores (docs/testing.md).
 # Usage: TORCH=2.11.0 ARCH=9.0 bash scripts/build_gpu_wheels.sh [OUT]   (OUT: shared/wheels)
+#        bash scripts/build_gpu_wheels.sh -h|--help   (this text)
+#   OUT    the wheel folder, created if missing; a relative OUT (WORK, PYTHON) is taken from
+#          the directory the command is run in, the default from the repository root
 #   TORCH  the GPU machine's torch version (python3 -c 'import torch; print(torch.__version__)')
 #   ARCH   its GPUs' compute capability (nvidia-smi --query-gpu=compute_cap --format=csv)
 #   SLIM=1 keeps only ARCH's kernels in TE's core library (its wheel 277 MB -> 32 MB), for a
@@ -13,12 +16,25 @@
 #   TE=2.20.2 CAUSAL_CONV1D=1.7.0 MAMBA_SSM=2.3.2.post1 PYTHON=python3.12 WORK=<tmp> MAX_JOBS=2
 #   EXTRA="megatron-core==0.19.2 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3" (pure Python)
 set -euo pipefail
-cd "$(dirname "$0")/.."
 die() { echo "error: $*" >&2; exit 2; }
+usage() { sed -n '2,/^set /p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+case ${1:-} in
+  -h|--help) usage; exit 0 ;;
+  -*) die "$1 is not an option of build_gpu_wheels.sh; it takes -h/--help or the output folder" \
+        "OUT (a folder whose name starts with - : write ./$1)" ;;
+esac
+[ $# -le 1 ] || die "build_gpu_wheels.sh takes one output folder, got $#: $*; give one, e.g." \
+  "bash scripts/build_gpu_wheels.sh shared/wheels"
+here=$PWD
+absolute() { case $1 in /*) echo "$1" ;; *) echo "$here/$1" ;; esac; }
+out=shared/wheels
+if [ -n "${1:-}" ]; then out=$(absolute "$1"); fi
+if [ -n "${WORK:-}" ]; then WORK=$(absolute "$WORK"); fi
+case ${PYTHON:-} in */*) PYTHON=$(absolute "$PYTHON") ;; esac
+cd "$(dirname "$0")/.."
 
 torch_version=${TORCH:-}
 arch=${ARCH:-}
-out=${1:-shared/wheels}
 te=${TE:-2.20.2}
 causal_conv1d=${CAUSAL_CONV1D:-1.7.0}
 mamba_ssm=${MAMBA_SSM:-2.3.2.post1}

@@ -9,11 +9,39 @@
 # Engine or the Mamba kernels it fails, one line naming what is missing: the tier checks what
 # they run. A machine without network installs them first from wheels brought along: WHEELS=dir
 # (default shared/wheels when it exists; every wheel in it, pip --no-index --no-deps).
-# Usage: bash scripts/run_gpu_checks.sh   (PYTHON=... to use another interpreter; STEPS=N)
+# Usage: bash scripts/run_gpu_checks.sh [-h|--help]
+#   PYTHON=...  another interpreter (default .venv/bin/python); STEPS=N (default 50)
+#   WHEELS=dir  the wheel folder; a relative PYTHON or WHEELS is taken from the directory the
+#               command is run in, the defaults from the repository root
 set -uo pipefail
+usage() { sed -n '2,/^set /p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+for arg in "$@"; do
+  case $arg in
+    -h|--help) usage; exit 0 ;;
+    *) echo "error: $arg is not an option of run_gpu_checks.sh; it takes none but -h/--help" \
+         "(settings go in the environment: PYTHON=, WHEELS=, STEPS=)" >&2; exit 2 ;;
+  esac
+done
+here=$PWD
+absolute() { case $1 in /*) echo "$1" ;; *) echo "$here/$1" ;; esac; }
+if [ -n "${PYTHON:-}" ]; then
+  case $PYTHON in */*) python=$(absolute "$PYTHON") ;; *) python=$PYTHON ;; esac
+fi
+if [ -n "${WHEELS:-}" ]; then wheels=$(absolute "$WHEELS"); fi
+[[ "${STEPS:-50}" =~ ^[1-9][0-9]*$ ]] || { echo "error: STEPS=$STEPS is not a positive whole" \
+  "number; give e.g. STEPS=50" >&2; exit 2; }
 cd "$(dirname "$0")/.."
-python=${PYTHON:-.venv/bin/python}
-wheels=${WHEELS:-shared/wheels}
+python=${python:-.venv/bin/python}
+wheels=${wheels:-shared/wheels}
+"$python" -c '' 2>/dev/null || { echo "error: PYTHON=$python cannot be run; set PYTHON to a" \
+  "Python interpreter, e.g. PYTHON=.venv/bin/python (the default, from the repository root)" >&2
+  exit 2; }
+if [ -n "${WHEELS:-}" ] && ! compgen -G "$wheels/*.whl" >/dev/null; then
+  what="is not a folder"; [ -d "$wheels" ] && what="holds no .whl files"
+  echo "error: WHEELS=$wheels $what; fill it on a machine with network: TORCH=x.y.z ARCH=m.n bash" \
+       "scripts/build_gpu_wheels.sh $wheels (docs/testing.md), or unset WHEELS" >&2
+  exit 2
+fi
 packages=(transformer_engine mamba_ssm causal_conv1d)
 missing() {
   for module in "${packages[@]}"; do
@@ -21,7 +49,7 @@ missing() {
       || echo "$module"
   done
 }
-if [ -n "$(missing)" ] && [ -d "$wheels" ]; then
+if [ -n "$(missing)" ] && compgen -G "$wheels/*.whl" >/dev/null; then
   # Every wheel in the folder as it is, without resolving dependencies: an offline machine has
   # no index to resolve against, and mamba-ssm declares optional kernels (tilelang, quack) it
   # only try-imports. Bring what the machine lacks (docs/testing.md, "A GPU machine without

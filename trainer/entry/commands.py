@@ -590,11 +590,25 @@ def run_nemotron_table(args: Arguments) -> int:
     """docs/nemotron.md from the recipes' source tables: printed, or written to `out`."""
     from recipes.nemotron.page import nemotron_page
 
+    out = args["out"]
+    if out is not None:  # the path's mistakes before the page is built, one line each
+        path = Path(out).expanduser()
+        if path.is_dir():
+            raise ConfigError(f"out={out} is a directory; give a file path such as "
+                              f"out={path / 'nemotron.md'} (docs/nemotron.md is the page)")
+        if not path.parent.is_dir():
+            raise ConfigError(f"out={out}: its folder {path.parent} does not exist; create it "
+                              "first or give a path in an existing folder, e.g. "
+                              "out=docs/nemotron.md")
     page = nemotron_page()
-    if args["out"] is None:
+    if out is None:
         print(page, end="")
         return 0
-    Path(args["out"]).write_text(page, encoding="utf-8")
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as err:  # no permission, a full disk: one line, not a traceback
+        raise ConfigError(f"out={out} cannot be written ({err.strerror}); give a writable "
+                          "file path, e.g. out=docs/nemotron.md") from None
     print(f"wrote {args['out']}")
     return 0
 
