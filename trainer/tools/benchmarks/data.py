@@ -2,7 +2,10 @@
 documents, in one process (`scripts/bench_data.py` is the usage). The process is pinned to one
 core with the tokenizer's thread pool off (the command sets TOKENIZERS_PARALLELISM and
 RAYON_NUM_THREADS before anything is imported), so both figures are per core. A `tokenizer=`
-that cannot be read is one `error:` line before anything is written or timed (`bench_tokenizer`).
+that cannot be read, a `megatron_lm=` that is no file, a `vocab=` below a byte-level BPE's
+smallest or `format=` without `memory=true` is one `error:` line before anything is written or
+timed (`check_options`). The corpus is cut at `max_mb` MiB exactly (the stdlib's last source
+file is cut short), so the size printed is the size asked for.
 """
 
 from __future__ import annotations
@@ -39,6 +42,31 @@ def bench_tokenizer(spec: str | None) -> Path | None:
     return file
 
 
+MIN_VOCAB = 257  # a byte-level BPE: the 256 byte symbols and <|endoftext|> (hf_tokenizer.py)
+
+
+def check_options(options: dict) -> Path | None:
+    """The options' mistakes, one line each, before anything is read, written or timed; the
+    tokenizer.json `tokenizer=` names (None: train one)."""
+    from plugins.protocol.errors import ConfigError
+
+    if not options.get("memory") and options.get("format", "jsonl") != "jsonl":
+        raise ConfigError(f"format={options['format']} applies only with memory=true (the "
+                          "memory benchmark's corpus files); add memory=true or drop format=")
+    tool = options.get("megatron_lm")
+    if tool and not Path(tool).expanduser().is_file():
+        raise ConfigError(f"megatron_lm={tool}: no such file; name tools/preprocess_data.py of "
+                          "a Megatron-LM checkout (git clone https://github.com/NVIDIA/"
+                          "Megatron-LM), or leave megatron_lm unset")
+    named = bench_tokenizer(options.get("tokenizer"))
+    vocab = options.get("vocab")
+    if named is None and vocab is not None and int(vocab) < MIN_VOCAB:
+        raise ConfigError(f"vocab={vocab} is below {MIN_VOCAB}, the fewest tokens of a "
+                          f"byte-level BPE (256 byte symbols and <|endoftext|>); give vocab="
+                          f"{MIN_VOCAB} or more, e.g. vocab=4096")
+    return named
+
+
 def pin_one_core() -> int:
     core = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {core})
@@ -51,12 +79,36 @@ def write_corpus(options: dict[str, str], folder: Path) -> tuple[Path, list[str]
     from data_prep.corpus import corpus_documents
 
     source = "python_stdlib" if options["corpus"] == "stdlib" else "synthetic"
-    documents = [d for d in corpus_documents(source, int(options["max_mb"] * 2**20)) if d.strip()]
+    documents = cut(corpus_documents(source, int(options["max_mb"] * 2**20)),
+                    int(options["max_mb"] * 2**20))
+    if not documents:
+        from plugins.protocol.errors import ConfigError
+
+        raise ConfigError(f"max_mb={options['max_mb']} holds no text; give max_mb=0.01 or more")
     path = folder / "corpus.jsonl"
     with path.open("w", encoding="utf-8") as file:
         for text in documents:
             file.write(json.dumps({"text": text}) + "\n")
     return path, documents
+
+
+def cut(documents, max_bytes: int) -> list[str]:
+    """The documents with text, up to `max_bytes` of UTF-8 in all: the corpus ends at whole
+    documents, so the last one (a whole stdlib source file) is cut short where it would pass
+    the size (at a character boundary)."""
+    kept, total = [], 0
+    for text in documents:
+        if not text.strip():
+            continue
+        data = text.encode("utf-8")
+        if total + len(data) > max_bytes:
+            text = data[:max_bytes - total].decode("utf-8", errors="ignore")
+            if text.strip():
+                kept.append(text)
+            break
+        kept.append(text)
+        total += len(data)
+    return kept
 
 
 def bare(tokenizer, documents: list[str], method: str) -> tuple[float, int]:
@@ -84,7 +136,7 @@ def pipeline(corpus: Path, tokenizer: Path, folder: Path) -> tuple[float, int]:
 
 
 def run_bench_data(options: dict) -> int:
-    named = bench_tokenizer(options.get("tokenizer"))
+    named = check_options(options)
     core = pin_one_core()
     from tokenizers import Tokenizer
 
@@ -96,7 +148,7 @@ def run_bench_data(options: dict) -> int:
         folder = Path(tmp)
         corpus, documents = write_corpus(options, folder)
         size = sum(len(d.encode()) for d in documents)
-        print(f"corpus: {len(documents):,} documents, {size / 2**20:.1f} MiB ({options['corpus']})"
+        print(f"corpus: {len(documents):,} documents, {size / 2**20:.2f} MiB ({options['corpus']})"
               f"; pinned to core {core}")
         tokenizer_file = named
         if tokenizer_file is None:

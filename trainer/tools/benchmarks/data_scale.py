@@ -8,13 +8,15 @@ The workers' scaling times `prepare()` in this process (imports done, workers fo
 clock. For the comparison both tools run as their own processes, timed by wall clock; each is
 run once on a one-document corpus first, and that fixed cost (interpreter, imports, start-up)
 is taken off, so the ratio compares the work on the corpus. Worker processes inherit every core
-the machine has (the per-core part of the benchmark pins itself to one).
+the machine has (the per-core part of the benchmark pins itself to one). A corpus too small to
+give each of the SHARDS (or `workers`) shards a document is cut into fewer (`shards_for`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -24,6 +26,27 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 SHARDS = 4  # shards of the scaling runs (at least the workers, so each worker has work)
+
+
+def shards_for(corpus: Path, most: int) -> int:
+    """The most shards, up to `most`, that cut the JSONL corpus so that a document starts in
+    each shard's byte range (prepare_data cuts a file into equal byte ranges and a range reads
+    the lines that start in it; a range where none starts is refused as an empty shard): a
+    small corpus of a few large documents takes fewer. 1 always does."""
+    from bisect import bisect_left
+
+    data = corpus.read_bytes()
+    size = len(data)
+    starts = [0] + [m.end() for m in re.finditer(b"\n", data) if m.end() < size]
+
+    def starts_in(low: int, high: int) -> bool:
+        index = bisect_left(starts, low)
+        return index < len(starts) and starts[index] < high
+
+    for count in range(most, 1, -1):
+        if all(starts_in(size * j // count, size * (j + 1) // count) for j in range(count)):
+            return count
+    return 1
 
 
 def _timed(command: list[str], cwd: Path) -> float:
@@ -39,7 +62,8 @@ def _timed(command: list[str], cwd: Path) -> float:
 def _ours(corpus: Path, tokenizer: Path, output: Path, workers: int, shards: int | None) -> list:
     command = [sys.executable, str(REPO / "scripts" / "prepare_data.py"), f"input={corpus}",
                f"output={output}", f"tokenizer={tokenizer}", f"num_proc={workers}"]
-    return command + ([f"num_shards={shards}"] if shards else [])
+    shards = shards_for(corpus, shards) if shards else None  # the one-document run takes 1
+    return command + ([f"num_shards={shards}"] if shards and shards > 1 else [])
 
 
 def _theirs(tool: Path, corpus: Path, tokenizer: Path, output: Path, workers: int) -> list:
@@ -109,8 +133,8 @@ def _cpu() -> tuple[float, float]:
     return me.ru_utime + me.ru_stime, children.ru_utime + children.ru_stime
 
 
-def _in_process(corpus: Path, tokenizer: Path, folder: Path,
-                workers: int) -> tuple[float, float, float]:
+def _in_process(corpus: Path, tokenizer: Path, folder: Path, workers: int,
+                shards: int) -> tuple[float, float, float]:
     """Wall seconds of prepare() itself in this process (its imports done; workers fork), and
     the driver's CPU seconds in it when the work ran in worker processes."""
     from data_prep.config import PrepareConfig
@@ -119,7 +143,7 @@ def _in_process(corpus: Path, tokenizer: Path, folder: Path,
     out = folder / f"w{workers}"
     shutil.rmtree(out, ignore_errors=True)
     cfg = PrepareConfig(input=str(corpus), output=str(out / "out"), tokenizer=str(tokenizer),
-                        num_proc=workers, num_shards=SHARDS)
+                        num_proc=workers, num_shards=shards)
     before = _cpu()
     seconds = prepare(cfg, progress=False).seconds
     after = _cpu()
@@ -130,16 +154,21 @@ def scaling(corpus: Path, tokenizer: Path, folder: Path, tokens: int, repeats: i
     """prepare() with 1 and 2 workers, alternated, best of the repeats (wall clock); with the
     driver's and the workers' CPU time of the 2-worker runs, the serial share (Amdahl's bound
     on two idle cores), which neighbours on a shared machine cannot distort."""
+    shards = shards_for(corpus, SHARDS)
+    if shards < 2:
+        print("ratio 2 workers / 1 worker:         not measured: the corpus cannot be cut into "
+              "2 shards with a document in each; rerun with a larger max_mb=, e.g. 1")
+        return
     seconds: dict[int, list[float]] = {1: [], 2: []}
     driver = workers_cpu = 0.0
     for _ in range(repeats):
         for workers in (1, 2):
-            wall, mine, theirs = _in_process(corpus, tokenizer, folder, workers)
+            wall, mine, theirs = _in_process(corpus, tokenizer, folder, workers, shards)
             seconds[workers].append(wall)
             if workers == 2:
                 driver, workers_cpu = driver + mine, workers_cpu + theirs
     best = {w: min(v) for w, v in seconds.items()}
-    print(f"prepare() num_shards={SHARDS}: 1 worker {tokens / best[1]:,.0f} tokens/s, "
+    print(f"prepare() num_shards={shards}: 1 worker {tokens / best[1]:,.0f} tokens/s, "
           f"2 workers {tokens / best[2]:,.0f} tokens/s (wall)")
     print(f"ratio 2 workers / 1 worker:         {best[1] / best[2]:.2f} (goal >= 1.7)")
     serial = driver / max(driver + workers_cpu, 1e-9)
