@@ -15,8 +15,9 @@ process per size) at 1x and 10x the corpus, and prints both and their ratio (goa
 trainer/tools/benchmarks/data_memory.py).
 
 Then, on every core and by wall clock (each tool's start-up taken off): tokens/s of
-prepare_data with 2 workers against 1 (num_shards=4; goal >= 1.7; with the driver's share
-of the CPU time, the serial part that bounds the ratio on idle cores), and with megatron_lm= (the
+prepare_data with 2 workers against 1 (up to 4 shards, as many as get a document; goal >= 1.7;
+with the driver's share of the CPU time, the serial part that bounds the ratio on idle cores),
+and with megatron_lm= (the
 one file from the Megatron-LM repository) that tool on the same corpus, tokenizer folder and
 `workers`, against prepare_data with as many workers (goal >= 1.0), plus a byte comparison of
 both tools' .bin/.idx with one worker each (trainer/tools/benchmarks/data_scale.py).
