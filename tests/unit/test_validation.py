@@ -69,6 +69,9 @@ RULE_CASES = [
      "model.rotary_percent=0.1 rotates 1 of a head's 16 channels; RoPE turns channel pairs, so "
      "the count must be even and at least 2: choose a share that gives one, e.g. "
      "model.rotary_percent=0.5"),
+    ("check_rotary_channels_even", "tiny_dp1", ["model.kv_channels=15"],
+     "model.rotary_percent=1 rotates 15 of a head's 15 channels; RoPE turns channel pairs, so a "
+     "head needs an even width: set model.kv_channels to an even number, e.g. 16"),
     ("check_zero_centered_gamma_layers", "tiny_dp1",
      ["model.layernorm_zero_centered_gamma=true", "model.transformer_impl=local"],
      "model.layernorm_zero_centered_gamma=true needs Transformer Engine's norms, but "
@@ -462,6 +465,15 @@ def test_non_finite_numbers_are_reported_before_the_rules_they_confuse(override,
     with pytest.raises(ConfigError) as caught:
         validate(cfg)
     assert str(caught.value).startswith(key) and "must be a finite number" in str(caught.value)
+
+
+def test_no_rotary_line_follows_a_head_count_that_leaves_no_head_width() -> None:
+    """64 channels over 3 heads has no whole head width: the head-count rule says so, and the
+    RoPE rule, which would measure a 21-channel head, stays silent."""
+    from recipes.models.gpt.rules import check_rotary_channels_even
+
+    cfg = apply_overrides(get_recipe("tiny_dp1"), ["model.num_attention_heads=3"])
+    assert check_rotary_channels_even(cfg) is None
 
 
 def test_every_rule_has_a_case() -> None:

@@ -84,10 +84,16 @@ def check_rotary_channels_even(cfg: Any) -> str | None:
     m = cfg.model
     if m.position_embedding != "rope" or not 0 < m.rotary_percent <= 1:
         return None
+    if not m.kv_channels and m.hidden_size % m.num_attention_heads:
+        return None  # no whole head width: the head-count rule says so, and this would follow
     channels = rotary_channels(m)
     if channels >= 2 and channels % 2 == 0:
         return None
     width = m.kv_channels or m.hidden_size // m.num_attention_heads
+    if width % 2:  # no share turns an odd head width into pairs whole: the width is the fix
+        return (f"model.rotary_percent={m.rotary_percent:g} rotates {channels} of a head's "
+                f"{width} channels; RoPE turns channel pairs, so a head needs an even width: "
+                f"set model.kv_channels to an even number, e.g. {width + 1}")
     example = 0.5 if width % 4 == 0 else 1.0
     return (f"model.rotary_percent={m.rotary_percent:g} rotates {channels} of a head's {width} "
             "channels; RoPE turns channel pairs, so the count must be even and at least 2: choose "
