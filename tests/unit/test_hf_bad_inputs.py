@@ -159,15 +159,14 @@ def test_export_of_a_megatron_fsdp_checkpoint_without_its_index_is_one_line(tmp_
     from recipes.config.io import save_config
     from trainer.interop.exporter import export_hf
 
-    step = tmp_path / "run" / "checkpoints" / "step_0000002"
+    step = tmp_path / "run" / "checkpoints" / "iter_0000002"
     step.mkdir(parents=True)
     (step / "metadata.json").write_text('{"sharded_backend": "fsdp_dtensor"}')
     save_config(get_recipe("hf_tiny_llama"), tmp_path / "run" / "config.yaml")
     out = tmp_path / "out"
     with Progress(disable=True) as progress, pytest.raises(
-            ConfigError, match=r"step_0000002 \(fsdp_dtensor\) cannot be read: "
-                               "FileNotFoundError: no .metadata; its files are damaged or "
-                               "incomplete") as error:
+            ConfigError, match=r"iter_0000002/.metadata cannot be read \(cut short or "
+                               r"damaged\)") as error:
         export_hf(step.parent, out, progress)
     assert "\n" not in str(error.value)
     assert not out.exists() and not list(tmp_path.glob("out.tmp-*"))

@@ -28,7 +28,8 @@ def _step(root: Path, step: int, verify: str = "checksum") -> Path:
     (directory / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
     (directory / SHARD).write_bytes(bytes(range(256)) * 40)
     files = {p.name: file_record(p) for p in directory.iterdir()}
-    manifest = {"step": step, "config": {"checkpoint": {"verify": verify}}, "files": files}
+    manifest = {"step": step, "consumed_samples": 0, "consumed_tokens": 0, "versions": {},
+                "config": {"checkpoint": {"verify": verify}}, "files": files}
     (directory / "run.json").write_text(json.dumps(manifest))
     (root / "latest").write_text(directory.name)
     return directory
@@ -82,12 +83,16 @@ def test_a_run_that_verifies_sizes_only_is_checked_so(tmp_path) -> None:
     assert checked_step(step) == step
 
 
-def test_a_step_without_run_json_is_read_unchecked(tmp_path) -> None:
-    """Megatron-LM's and Megatron Bridge's steps carry none; pretrain.py loads them so too."""
-    step = _step(tmp_path / "checkpoints", 2)
-    (step / "run.json").unlink()
-    (step / SHARD).unlink()
+def test_a_step_without_run_json_is_checked_against_its_dcp_index(tmp_path) -> None:
+    """Megatron-LM's and Megatron Bridge's steps carry none: what their DCP index places is
+    checked instead, as the pre-flight checks it (`megatron_lm.unchecked_damage`)."""
+    from tests.dcp_steps import dcp_step
+
+    step = dcp_step(tmp_path / "checkpoints" / "iter_0000002")
     assert checked_step(step) == step
+    (step / "__0_0.distcp").unlink()
+    with pytest.raises(ConfigError, match=r"iter_0000002/__0_0.distcp is missing"):
+        checked_step(step)
 
 
 def test_the_fallback_of_an_import_is_the_import_again(tmp_path) -> None:

@@ -82,14 +82,29 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def checked_export_step(given: Path, console) -> Path:
+    """The step an export reads, checked before torch is imported (`export_step.checked_step`,
+    `run_config_file`); when `given` is a checkpoint root, the line that names the step."""
+    from trainer.interop.export_step import checked_step, run_config_file, step_line
+
+    step = checked_step(given)
+    run_config_file(given, step)
+    line = step_line(given, step)
+    if line:
+        console.print(line, soft_wrap=True)  # paths whole, never cut
+    return step
+
+
 def run(request: Request, cfg, console) -> None:
     """The conversion itself (heavy imports here), then one summary line of figures. An
-    export's step is checked against its `run.json` first, before torch (`export_step`)."""
+    export's step is checked against its `run.json` and its run's `config.yaml` found first,
+    before torch, and the step a checkpoint root resolved to is named
+    (`checked_export_step`)."""
     from rich.progress import Progress
 
-    from trainer.interop.export_step import checked_step
-
-    step = checked_step(request.paths["checkpoint"]) if request.command == "export" else None
+    step = None
+    if request.command == "export":
+        step = checked_export_step(request.paths["checkpoint"], console)
 
     from trainer.interop import exporter, importer
     from trainer.interop.memory import gib

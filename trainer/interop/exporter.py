@@ -43,7 +43,7 @@ from trainer.interop import (
     region_reader,
     token_ids,
 )
-from trainer.interop.export_step import checked_step, resolve_step
+from trainer.interop.export_step import checked_step, resolve_step, run_config_file
 from trainer.interop.mapping import rules, shapes_of
 from trainer.models.gpt.hf_tensors import Rule, Shapes, megatron_shape, to_hf
 
@@ -59,13 +59,10 @@ class ExportResult:
     peak_bytes: int  # weights held at once: the largest layer plus the shard being filled
 
 
-def run_config(step: Path) -> RunConfig:
-    """The config of the run that wrote `step` (an imported checkpoint keeps one beside it)."""
-    for folder in (step, step.parent, step.parent.parent):
-        if (folder / "config.yaml").is_file():
-            return load_config(folder / "config.yaml")
-    raise ConfigError(f"no config.yaml beside checkpoint {step} or in its run directory; "
-                      "export reads the model shape from the run's config.yaml")
+def run_config(step: Path, given: Path | None = None) -> RunConfig:
+    """The config of the run that wrote `step` (an imported checkpoint keeps one beside it);
+    one line when there is none (`export_step.run_config_file`)."""
+    return load_config(run_config_file(step if given is None else given, step))
 
 
 def _by_layer(plan: list[Rule]) -> list[list[Rule]]:
@@ -233,7 +230,7 @@ def export_hf(checkpoint: Path, out: Path, progress,
     started = time.perf_counter()
     hf_files.refuse_existing(out)
     step = resolve_step(checkpoint) if checked else checked_step(checkpoint)
-    cfg = run_config(step)
+    cfg = run_config(step, checkpoint)
     hf_config.check_exportable(cfg.model, f"the model of checkpoint {step}")
     shapes = shapes_of(cfg.model, cfg.layout.padded_vocab)
     plan = rules(shapes)
