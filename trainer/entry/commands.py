@@ -323,8 +323,8 @@ LAUNCH_OPTIONS = {
                       type=str | None),
     "partition": Option(None, "Slurm partition (null: the cluster file's partition:)",
                         type=str | None),
-    "time": Option(None, "Slurm time limit HH:MM:SS (null: the cluster file's time:, else "
-                   "04:00:00)", type=str | None),
+    "time": Option(None, "Slurm time limit: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
+                   "D-HH:MM:SS (null: the cluster file's time:, else 04:00:00)", type=str | None),
     "job_dir": Option(None, "where NeMo-Run lays out jobs (shared storage)", type=str | None),
     "container_image": Option(None, "run the job in this container image (pyxis; null: the "
                               "cluster file's container_image:, else no container)",

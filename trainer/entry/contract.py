@@ -149,6 +149,19 @@ def _unknown(command: Command, text: str) -> str:
             "usage)")
 
 
+def _near_flag(command: Command, text: str) -> str | None:
+    """A `--flag` close to one of the command's own (`--dryrun` for `--dry-run`): refused with
+    the flag it was likely meant to be, not passed on as a config override or ignored."""
+    if not text.startswith("-") or "=" in text or not command.flags:
+        return None
+
+    def likeness(flag: str) -> float:
+        return difflib.SequenceMatcher(None, text, flag).ratio()
+
+    near = max(command.flags, key=likeness)  # the first declared of equals: the usual spelling
+    return near if likeness(near) >= 0.8 else None
+
+
 def _own_namespace(command: Command, key: str | None) -> list[str]:
     """The command's options in the dotted namespace of `key` (`scaling.size` -> every
     `scaling.*` option), so a mistyped one is refused here, not passed on as an override."""
@@ -202,6 +215,9 @@ def parse_arguments(command: Command, argv: Sequence[str]) -> Arguments:
                                 "keep one")
             given[key] = text.partition("=")[2]
             values[key] = value
+        elif _near_flag(command, text):
+            problems.append(f"{command.script} does not take '{text}'; did you mean "
+                            f"{_near_flag(command, text)}?")
         elif command.rest is not None:
             rest.append(text)
         else:

@@ -43,6 +43,7 @@ import io
 import os
 import re
 import shlex
+import shutil
 import sys
 import zlib
 from collections.abc import Mapping, Sequence, Set
@@ -141,10 +142,25 @@ def _resolved(rest: Sequence[str], problems: list[str]) -> Any:
     return cfg
 
 
+def cluster_dir_problem(value: str | None) -> str | None:
+    """`cluster=` names a folder (`cluster=conf/cluster`, a tab completion cut short): the
+    loader would say "does not exist", which sends the user looking for a missing path; say
+    what it is and name a file in it."""
+    if value is None or not Path(value).is_dir():
+        return None
+    files = sorted(Path(value).glob("*.yaml"))
+    example = f"cluster={files[0]}" if files else "cluster=conf/cluster/h100_80gb_8x8.yaml"
+    return f"cluster={value} is a directory; name a cluster file in it, e.g. {example}"
+
+
 def _cluster(args: LaunchArgs, problems: list[str]) -> Any:
     if args.cluster is None:
         problems.append("cluster= is missing; name a cluster file, e.g. "
                         "cluster=conf/cluster/h100_80gb_8x8.yaml")
+        return None
+    problem = cluster_dir_problem(args.cluster)
+    if problem:
+        problems.append(problem)
         return None
     from recipes.plan.cluster import load_cluster
 
@@ -164,6 +180,91 @@ def job_dir_problem(value: str | None, repo: Path = REPO) -> str | None:
             "git work tree: use a directory outside it, e.g. job_dir=/shared/jobs")
 
 
+def job_dir_writable_problem(value: str | None) -> str | None:
+    """`job_dir` can be created and written here, tried before anything is submitted (the
+    path rules' own test, which leaves nothing behind): NeMo-Run creates it first thing, and an
+    unwritable one (`/proc/jobs`) otherwise ends in its `os.makedirs` traceback."""
+    from recipes.config.path_rules import directory_problem
+
+    if value is None:
+        return None
+    return directory_problem("job_dir", value, "set job_dir to a writable directory on the "
+                             "cluster's shared storage, e.g. job_dir=/shared/jobs")
+
+
+def pretrain_dry_run_problem(cfg: Any) -> str | None:
+    """`dry_run=true` is pretrain.py's config field (a layout's dry run on one CPU, no
+    training), not launch.py's "print the job, do not submit" (`--dry-run`): passed on, it
+    would submit a real job that builds the layout and trains nothing."""
+    if cfg is None or not getattr(cfg, "dry_run", False):
+        return None
+    return ("dry_run=true is pretrain.py's dry run of a layout on one CPU, not launch.py's; to "
+            "print the job without submitting use --dry-run (drop dry_run=true)")
+
+
+def slurm_only_problem(args: LaunchArgs) -> str | None:
+    """Options that only a Slurm job uses, given with executor=local: they would be ignored
+    without a word, and the user believes the run has an account, a time limit or retries."""
+    if args.executor != "local":
+        return None
+    given = [f"{key}=" for key in ("account", "partition", "time") if key in args.text]
+    given += ["retries="] if args.retries else []
+    given += ["rdzv_port="] if args.rdzv_port is not None else []
+    given += [f"{key}=" for key in ("container_mounts", "container_python") if key in args.text]
+    if not given:
+        return None
+    return (f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to Slurm jobs "
+            "only; executor=local runs here and would ignore "
+            f"{'it' if len(given) == 1 else 'them'}: drop {'it' if len(given) == 1 else 'them'}"
+            " or use executor=slurm")
+
+
+def _digits(text: str) -> bool:
+    return re.fullmatch(r"[0-9]+", text) is not None
+
+
+def time_range_problem(key: str, value: str | None) -> str | None:
+    """A time limit of sbatch's forms (`recipes/plan/cluster.py` checks the form) whose fields
+    are in range: minutes and seconds below 60 after the first field, hours below 24 after
+    `D-`. `99:99:99` is a typo sbatch does not take as meant; said here, not by sbatch."""
+    if value is None:
+        return None
+    days, dash, clock = str(value).strip().rpartition("-")
+    parts = clock.split(":")
+    if not all(_digits(part) for part in parts) or (dash and not _digits(days)):
+        return None  # not sbatch's form: slurm_time_problem says so
+    # D-HH[:MM[:SS]]; MM:SS; HH:MM:SS (minutes alone: any number)
+    limits = (24, 60, 60) if dash else (None, 60) if len(parts) == 2 else (None, 60, 60)
+    if all(limit is None or int(part) < limit for part, limit in
+           zip(parts, limits, strict=False)):
+        return None
+    return (f"{key}={value!r} is out of range for a Slurm time limit: minutes and seconds must "
+            "be below 60 (and hours below 24 after D-); write minutes, MM:SS, HH:MM:SS, D-HH, "
+            "D-HH:MM or D-HH:MM:SS, e.g. 04:00:00 or 1-12:00:00")
+
+
+def slurm_name_problem(key: str, value: str | None) -> str | None:
+    """A Slurm partition or account name holds no whitespace: sbatch refuses `a b`, which
+    would otherwise be rendered quoted into the script and fail at submit."""
+    if value is None or not re.search(r"\s", value):
+        return None
+    noun = key.rsplit(" ", 1)[-1]  # `partition`, or `<cluster file>: partition`
+    return (f"{key}={value!r} holds whitespace, which no Slurm {noun} name has; write the "
+            "name as sinfo or sacctmgr shows it")
+
+
+def site_value_problems(args: LaunchArgs, cluster: Any) -> list[str]:
+    """The Slurm site settings the job gets, the command line's or else the cluster file's:
+    partition and account names, the time limit's ranges."""
+    problems = []
+    for key in ("partition", "account", "time"):
+        value = site(args, cluster, key)
+        where = key if key in args.text else f"{args.cluster}: {key}"
+        check = time_range_problem if key == "time" else slurm_name_problem
+        problems.append(check(where, value))
+    return [problem for problem in problems if problem]
+
+
 def container_python_problem(value: str | None) -> str | None:
     """`container_python` is a command the image's PATH finds (`python3`) or an absolute path
     (inside the image, or on storage a mount brings in); a relative path would be looked up
@@ -176,17 +277,24 @@ def container_python_problem(value: str | None) -> str | None:
 
 def site_problems(args: LaunchArgs) -> list[str]:
     """The launch's own site settings: a Slurm time limit, mounts of the pyxis form, a job
-    directory outside this checkout."""
+    directory outside this checkout that can be written, no Slurm option on a local run."""
     from recipes.plan.cluster import mount_problem, slurm_time_problem
 
-    problems = [slurm_time_problem("time", args.text.get("time")),
-                job_dir_problem(args.text.get("job_dir")),
-                container_python_problem(args.text.get("container_python"))]
+    inside = job_dir_problem(args.text.get("job_dir"))
+    problems = [slurm_time_problem("time", args.text.get("time")), inside,
+                None if inside else job_dir_writable_problem(args.text.get("job_dir")),
+                container_python_problem(args.text.get("container_python")),
+                slurm_only_problem(args)]
     problems += [mount_problem("container_mounts", mount) for mount in mounts_given(args)]
     if args.executor == "local" and args.text.get("container_image"):
         problems.append("container_image= runs a Slurm job in a container (pyxis); "
                         "executor=local runs on this machine: drop one of them")
     return [problem for problem in problems if problem]
+
+
+def _count(number: int, noun: str) -> str:
+    """`1 node`, `2 nodes`: the lines read as written by hand."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def placement_problems(cfg: Any, cluster: Any, args: LaunchArgs) -> list[str]:
@@ -196,9 +304,9 @@ def placement_problems(cfg: Any, cluster: Any, args: LaunchArgs) -> list[str]:
     problems = []
     if nodes > cluster.nodes:
         problems.append(
-            f"{cfg.name} needs {nodes} nodes of {gpus} GPUs ({nodes * gpus} ranks) but "
-            f"cluster={args.cluster} has {cluster.nodes}; pick a larger cluster file or a "
-            "recipe with fewer ranks")
+            f"{cfg.name} needs {_count(nodes, 'node')} of {_count(gpus, 'GPU')} "
+            f"({_count(nodes * gpus, 'rank')}) but cluster={args.cluster} has "
+            f"{cluster.nodes}; pick a larger cluster file or a recipe with fewer ranks")
     if args.executor == "local" and nodes > 1:
         problems.append(
             f"executor=local runs on this machine only, but {cfg.name} needs {nodes} nodes on "
@@ -261,8 +369,11 @@ def plan_launch(args: LaunchArgs) -> LaunchPlan:
 
     problems: list[str] = []
     cfg = _resolved(args.rest, problems)
+    problems += [problem for problem in (pretrain_dry_run_problem(cfg),) if problem]
     cluster = _cluster(args, problems)
     problems += site_problems(args)
+    if cluster is not None and args.executor == "slurm":
+        problems += site_value_problems(args, cluster)
     absent: list[Any] = []
     if cfg is not None and cluster is not None:
         try:
@@ -649,6 +760,8 @@ def run_launch(args: LaunchArgs) -> int:
 
     experiment_name = f"mcore-{plan.cfg.name}"
     jobs = phase_jobs(plan.cfg)
+    base = Path(job_dir(args))
+    made = [*missing_parts(base / "runs"), *missing_parts(base / "experiments" / experiment_name)]
     if args.executor == "slurm":
         plan = pin_slurm_run(plan, args, experiment_name)
     elif len(jobs) > 1:  # the later jobs resume the first one's run directory
@@ -657,41 +770,80 @@ def run_launch(args: LaunchArgs) -> int:
         print(f"phases: {len(jobs)} dependent jobs, "
               + ", then ".join(f"{job.name} ({' '.join(job.extra)})" for job in jobs), flush=True)
     if args.executor == "slurm" and not args.dry_run:
-        return submit_slurm(experiment_name, plan, args, jobs)
-    with run.Experiment(experiment_name, log_level="WARN",
-                        base_dir=job_dir(args)) as experiment:
+        if plan.run_dir and not plan.cfg.run_dir:  # pinned and created just now
+            made.append(Path(plan.run_dir))
+        return submit_slurm(experiment_name, plan, args, jobs, made)
+    with run.Experiment(experiment_name, log_level="WARN", base_dir=str(base)) as experiment:
         add_jobs(experiment, plan, args, jobs)
         if args.dry_run:
             print(rendered_script(experiment))
-            return 0
-        experiment.run(detach=False)
+        else:
+            experiment.run(detach=False)
+    if args.dry_run:  # NeMo-Run removes its experiment's folder, not the ones above it
+        remove_empty(made)
+        return 0
     states = [str(job.state) for job in experiment.jobs]  # ran here and waited: pass them on
     for job, state in zip(experiment.jobs, states, strict=True):
         print(f"{job.id} under NeMo-Run's local executor: {state}", flush=True)
     return 0 if all(state.endswith("SUCCEEDED") for state in states) else 1
 
 
-def submit_slurm(name: str, plan: LaunchPlan, args: LaunchArgs, jobs: Sequence[PhaseJob]) -> int:
-    """Submit through NeMo-Run and say which jobs they are and their states. A refused sbatch
-    is one line with Slurm's own reason (NeMo-Run's report of it and its traceback are held
-    back)."""
+def missing_parts(path: Path) -> list[Path]:
+    """The folders of `path` that do not exist yet, innermost first: what a launch is about
+    to create there, so that it can remove exactly those again (and nothing that was there)."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def remove_empty(made: Sequence[Path]) -> None:
+    """Remove the folders in `made` that are empty, innermost first: a dry run or a failed
+    submit leaves no empty run or experiment folder behind (one another launch has put
+    something in since stays)."""
+    for path in sorted(set(made), key=lambda path: len(path.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def undo_failed_submit(experiment: Any, made: Sequence[Path]) -> None:
+    """After a submit that submitted no job: remove the experiment's folder NeMo-Run wrote
+    (its own, named by the launch time in nanoseconds) and the folders this launch created, so
+    the job directory is as it was. Once any job is submitted (the first of a run in phases),
+    everything stays: that job uses the run directory."""
+    if experiment is not None and any(job.handle for job in experiment.jobs):
+        return
+    folder = getattr(experiment, "_exp_dir", None)
+    if folder and Path(folder).is_dir():
+        shutil.rmtree(folder, ignore_errors=True)  # links (the code) are removed, not followed
+    remove_empty([*made, *([Path(folder)] if folder else [])])
+
+
+def submit_slurm(name: str, plan: LaunchPlan, args: LaunchArgs, jobs: Sequence[PhaseJob],
+                 made: Sequence[Path] = ()) -> int:
+    """Submit through NeMo-Run and say which jobs they are and their states. A failed submit
+    is one line (no sbatch here, a controller out of reach, or Slurm's own reason; NeMo-Run's
+    report of it and its traceback are held back) and leaves no folder of its own behind."""
     import nemo_run as run
 
-    from trainer.launch.slurm_jobs import job_id_of, job_state, sbatch_message
+    from trainer.launch.slurm_jobs import job_id_of, job_state, submit_failure_line
 
     held = io.StringIO()
+    experiment = None
     try:
-        with contextlib.redirect_stdout(held), contextlib.redirect_stderr(held), \
-                run.Experiment(name, log_level="WARN", base_dir=job_dir(args)) as experiment:
-            add_jobs(experiment, plan, args, jobs)
-            experiment.run(detach=True)
+        with contextlib.redirect_stdout(held), contextlib.redirect_stderr(held):
+            experiment = run.Experiment(name, log_level="WARN", base_dir=job_dir(args))
+            with experiment:
+                add_jobs(experiment, plan, args, jobs)
+                experiment.run(detach=True)
     except Exception as error:
-        reason = sbatch_message(error)
-        if reason is None:
+        line = submit_failure_line(error)
+        if line is None:
             sys.stdout.write(held.getvalue())
             raise
-        raise UserError(f"sbatch refused the job: {reason} (Slurm's words; check partition=, "
-                        "account=, time= and the cluster file against sinfo)") from None
+        undo_failed_submit(experiment, made)
+        raise UserError(line) from None
     sys.stdout.write(held.getvalue())
     for job in experiment.jobs:
         job_id = job_id_of(job.handle)

@@ -2,9 +2,12 @@
 
 A refused `sbatch` reaches NeMo-Run as `invoke`'s `UnexpectedExit` carrying Slurm's own stderr
 (`sbatch: error: invalid partition specified: nope`); `sbatch_message` turns it into the words a
-user acts on. A job's state comes from `sacct` where the cluster keeps accounting (it knows
-finished and requeued jobs for good); without slurmdbd `sacct` answers "Slurm accounting storage
-is disabled" and NeMo-Run's own status query says UNKNOWN, so the state then comes from `squeue`
+user acts on, and `submit_failure_line` tells a refusal from a machine without sbatch and from a
+controller sbatch cannot reach.
+
+A job's state comes from `sacct` where the cluster keeps accounting (it knows finished and
+requeued jobs for good); without slurmdbd `sacct` answers "Slurm accounting storage is
+disabled" and NeMo-Run's own status query says UNKNOWN, so the state then comes from `squeue`
 while the job is queued or running, and from `scontrol show job` once it has left the queue
 (the controller keeps it for `MinJobAge` seconds).
 
@@ -48,6 +51,34 @@ def sbatch_message(error: BaseException) -> str | None:
         return "; ".join(dict.fromkeys(reasons))
     exited = getattr(result, "exited", None)
     return lines[-1] if lines else f"{getattr(result, 'command', 'sbatch')} exited {exited}"
+
+
+NO_SBATCH = re.compile(r"sbatch: (command )?not found|No such file or directory: '?sbatch")
+# Slurm's words when sbatch cannot reach the controller (a down slurmctld, or configless Slurm
+# whose DNS SRV record is missing): no partition or account of ours is at fault then.
+UNREACHABLE = ("unable to contact slurm controller", "dns srv lookup failed",
+               "could not establish a configuration source", "failed to fetch config")
+
+
+def submit_failure_line(error: BaseException) -> str | None:
+    """The one line for a failed submit, or None when `error` is not a failed command. Three
+    causes need three fixes, so they are told apart: no sbatch here (the shell's "command not
+    found", exit 127: a laptop or a compute image, not a login node), a controller sbatch
+    cannot reach (nothing in the job is wrong), and Slurm refusing the job (its own words)."""
+    reason = sbatch_message(error)
+    if reason is None:
+        return None
+    result = getattr(error, "result", None)
+    stderr = getattr(result, "stderr", "") or ""
+    if getattr(result, "exited", None) == 127 or NO_SBATCH.search(stderr):
+        return ("no sbatch on this machine; launch from a Slurm login node, or print the job "
+                "with --dry-run, or use executor=local")
+    if any(marker in stderr.lower() for marker in UNREACHABLE):
+        return (f"sbatch cannot reach the Slurm controller: {reason} (Slurm's words); check "
+                "that slurmctld is up and this machine's Slurm configuration (scontrol ping, "
+                "SLURM_CONF), or print the job with --dry-run")
+    return (f"sbatch refused the job: {reason} (Slurm's words; check partition=, account=, "
+            "time= and the cluster file against sinfo)")
 
 
 def job_id_of(handle: str) -> str:
