@@ -1,7 +1,7 @@
 """Launch a recipe on a Slurm cluster (or this machine) as a NeMo-Run experiment.
 
 usage: python scripts/launch.py recipe=NAME cluster=conf/cluster/<name>.yaml
-           [executor=slurm|local] [--dry-run] [account=A] [partition=P] [time=HH:MM:SS]
+           [executor=slurm|local] [--dry-run] [account=A] [partition=P] [time=T]
            [retries=N] [rdzv_port=N] [job_dir=DIR] [container_image=IMAGE]
            [section.field=value ...]
 
