@@ -369,14 +369,20 @@ def _token_budget(key, value):
 
 
 def run_scaling(args: Arguments) -> int:
+    from trainer.entry.pipeline import preflight  # each local size's, before the first runs
     from trainer.launch.cluster import launch_args
+    from trainer.tools.scaling.checks import inapplicable_problem
     from trainer.tools.scaling.report import scaling_options
     from trainer.tools.scaling.sweep import run_scaling as sweep
 
+    defaults = {key: option.default for key, option in SCALING.options.items()}
+    problem = inapplicable_problem(args.options, defaults, args.flags, args.rest)
+    if problem:  # an option that would be ignored: said before anything runs
+        raise ConfigError(problem)
     launch = None
     if args["cluster"] is not None or set(args.flags) & set(LAUNCH_FLAGS):
         launch = launch_args(args.options, args.flags, args.rest)
-    return sweep(scaling_options(args.options), launch, list(args.rest))
+    return sweep(scaling_options(args.options), launch, list(args.rest), preflight=preflight)
 
 
 SCALING = Command(

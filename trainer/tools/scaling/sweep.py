@@ -13,15 +13,25 @@ report itself: `trainer/tools/scaling/report.py`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from plugins.protocol.errors import ConfigError
+from plugins.protocol.errors import ConfigError, config_error, error_lines
+from trainer.tools.scaling.checks import (
+    damaged_sweep_line,
+    field_names,
+    out_problem,
+    size_line,
+    sweep_problem,
+)
 from trainer.tools.scaling.report import (
     Point,
     ScalingOptions,
@@ -34,6 +44,7 @@ from trainer.tools.scaling.report import (
 
 ROOT = Path(__file__).resolve().parents[3]
 SWEEP_FILE = "sweep.json"
+Preflight = Callable[[Any, Any], None]  # (config, machine): trainer/entry/pipeline.py's
 
 
 class ScalingRunFailed(ConfigError):
@@ -53,14 +64,60 @@ def _run_point(base_config: Path, point: Point, log: Path) -> None:
                                f"{tail[0] if tail else 'no output'}; full output in {log}")
 
 
+def _size_overrides(point: Point) -> list[str]:
+    return [o for o in point.overrides if not o.startswith("run_dir=")]
+
+
+@contextlib.contextmanager
+def _refused_as_size(gpus: int):
+    """A check's refusal of one size, said as that size's (`size_line`), each line its own."""
+    try:
+        yield
+    except ConfigError as error:
+        raise config_error([size_line(gpus, line) for line in error_lines(error)]) from None
+
+
 def _check_points(source: list[str], points: list[Point]) -> list[Any]:
     """Every size's config, each valid before the first run starts (one line if not);
     `source`: the arguments naming the base config (`config=<sweep>/base_config.yaml`)."""
     from recipes.resolve import resolve_config
 
-    return [resolve_config([*source,
-                            *(o for o in point.overrides if not o.startswith("run_dir="))])
-            for point in points]
+    configs = []
+    for point in points:
+        with _refused_as_size(point.gpus):
+            configs.append(resolve_config([*source, *_size_overrides(point)]))
+    return configs
+
+
+def check_sizes_here(rest: list[str], points: list[Point], configs: list[Any],
+                     machine: Any = None, preflight: Preflight | None = None) -> None:
+    """Every size against this machine before the first starts, with the checks each size's
+    pretrain run makes before it starts ranks (`check_machine`: enough GPUs or CPU ranks,
+    kernels; `preflight`, the entry pipeline's, handed down by scripts/scaling.py's command:
+    the layout fits its share of memory): otherwise the sizes before a refused one have
+    trained in full first. The pre-flight's summary lines are the run's to print, not this
+    check's."""
+    from recipes.config.machine import check_machine, detect_machine
+    from recipes.plan.fit import local_attention_cost
+
+    machine = machine or detect_machine()
+    for point, cfg in zip(points, configs, strict=True):
+        with _refused_as_size(point.gpus), contextlib.redirect_stdout(io.StringIO()):
+            check_machine(cfg, machine, [*rest, *_size_overrides(point)], local_attention_cost)
+            if preflight is not None:
+                preflight(cfg, machine)
+
+
+def check_sizes_on_cluster(rest: list[str], points: list[Point], launch: Any) -> None:
+    """Every size's job checked by the launcher's own `plan_launch` (the cluster file, the
+    placement on its nodes, the site settings, the paths) before the first is submitted or
+    printed: otherwise the jobs before a refused size are on the queue already. The launcher
+    says its warnings again when it submits the size; here they are held back."""
+    from trainer.launch.cluster import plan_launch
+
+    for point in points:
+        with _refused_as_size(point.gpus), contextlib.redirect_stdout(io.StringIO()):
+            plan_launch(dataclasses.replace(launch, rest=[*rest, *point.overrides]))
 
 
 def model_state_gib(cfg: Any) -> float:
@@ -92,11 +149,21 @@ def save_sweep(sweep_dir: Path, options: ScalingOptions, points: list[Point],
 
 
 def load_sweep(sweep_dir: Path) -> tuple[ScalingOptions, list[Point], list[float]]:
+    """The options, sizes and model-state figures a sweep recorded; a file that is not
+    JSON, or lacks what the report reads, is one line naming it and what is wrong."""
     path = sweep_dir / SWEEP_FILE
     if not path.is_file():
         raise ConfigError(f"scaling.report={sweep_dir} holds no {SWEEP_FILE}; name the "
                           "directory a scaling sweep wrote (it prints it when it starts)")
-    sweep = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        sweep = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:  # unreadable, not UTF-8, not JSON
+        what = (f"cannot be read ({error.strerror})" if isinstance(error, OSError)
+                else f"is not JSON ({str(error).split(':')[0]})")
+        raise ConfigError(damaged_sweep_line(sweep_dir, path, what)) from None
+    problem = sweep_problem(sweep, field_names(ScalingOptions), field_names(Point))
+    if problem:
+        raise ConfigError(damaged_sweep_line(sweep_dir, path, problem))
     options = ScalingOptions(**sweep["options"])
     points = [Point(**{**p, "overrides": tuple(p["overrides"])}) for p in sweep["points"]]
     return options, points, sweep["model_state_gib"]
@@ -159,9 +226,11 @@ def _run_here(base_config: Path, points: list[Point], sweep_dir: Path) -> None:
         _run_point(base_config, point, sweep_dir / f"G{point.gpus}.log")
 
 
-def run_scaling(options: ScalingOptions, launch: Any, rest: list[str]) -> int:
+def run_scaling(options: ScalingOptions, launch: Any, rest: list[str],
+                preflight: Preflight | None = None) -> int:
     """The whole sweep: check every size, run each (or submit each as a cluster job when
-    `launch`, the launcher's arguments, is given), then the report."""
+    `launch`, the launcher's arguments, is given), then the report. `preflight`: the checks a
+    local run makes before its ranks start (`check_sizes_here`)."""
     from recipes.config.io import save_config
     from recipes.plan.cluster import load_cluster
     from recipes.resolve import resolve_config
@@ -174,8 +243,16 @@ def run_scaling(options: ScalingOptions, launch: Any, rest: list[str]) -> int:
     if options.cluster is not None:
         load_cluster(options.cluster)  # read now: a bad file is one line before any run
     cfg = resolve_config(rest, rules=RUN_RULES)
+    problem = out_problem(options.out, cfg.output_dir)
+    if problem:
+        raise ConfigError(problem)
     sweep_dir = _report_dir(cfg, options)
     points = plan_points(cfg, options, sweep_dir)
+    configs = _check_points(rest, points)  # every size, before the first starts
+    if launch is None:
+        check_sizes_here(rest, points, configs, preflight=preflight)
+    else:
+        check_sizes_on_cluster(rest, points, launch)
     if launch is not None and launch.dry_run:
         return _dry_run(rest, points, launch, sweep_dir)
     base_config = save_config(cfg, sweep_dir / "base_config.yaml")
@@ -193,9 +270,9 @@ def run_scaling(options: ScalingOptions, launch: Any, rest: list[str]) -> int:
 
 
 def _dry_run(rest: list[str], points: list[Point], launch: Any, sweep_dir: Path) -> int:
-    """Every size checked and its job printed, nothing written: the jobs read the recipe and
-    overrides as given, where a real sweep first freezes them into base_config.yaml."""
-    _check_points(rest, points)
+    """Every size checked (by then) and its job printed, nothing written: the jobs read the
+    recipe and overrides as given, where a real sweep first freezes them into
+    base_config.yaml."""
     _submit(rest, points, launch)
     print(f"scaling: dry run, nothing written; the sweep would write {sweep_dir}, its jobs "
           "reading the base_config.yaml frozen there instead of these arguments")
