@@ -278,15 +278,30 @@ def _known_suffixes() -> str:
     return ", ".join(FORMATS)
 
 
-OUTPUT_SUFFIXES = (".json", ".tokenizer", ".shards", ".data-args", ".per-split-data-args.json")
+# What a preparation writes besides its datasets, by role: the one place they are named.
+OUTPUTS = {"manifest": ".json", "tokenizer": ".tokenizer", "records": ".shards",
+           "data_args": ".data-args", "per_split_args": ".per-split-data-args.json"}
+OUTPUT_SUFFIXES = tuple(OUTPUTS.values())
+FOLDER_OUTPUTS = ("tokenizer", "records")  # the roles that are folders
+
+
+def output_path(output: str | Path, role: str) -> Path:
+    """`<output><suffix>` of one role of `OUTPUTS` (e.g. "manifest": `<output>.json`)."""
+    prefix = Path(output).expanduser()
+    return prefix.with_name(prefix.name + OUTPUTS[role])
+
+
+def work_path(output: str | Path) -> Path:
+    """The hidden work folder beside the output (same filesystem, so publishing is a rename)."""
+    prefix = Path(output).expanduser()
+    return prefix.with_name(f".{prefix.name}.work")
 
 
 def output_files(output: str) -> tuple[Path, ...]:
     """The files and folders a preparation writes besides its datasets (a folder input must
     not read them back): the manifest, the tokenizer folder, the shard records, Megatron-LM's
     blend files."""
-    prefix = Path(output).expanduser()
-    return tuple(prefix.with_name(prefix.name + s) for s in OUTPUT_SUFFIXES)
+    return tuple(output_path(output, role) for role in OUTPUTS)
 
 
 def _written(path: Path, skip: frozenset[Path]) -> bool:

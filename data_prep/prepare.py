@@ -19,8 +19,13 @@ Why it is built this way:
   are the same bytes (`empty_documents=skip` leaves them out of the index instead).
 - A shard with no tokens has an empty `.bin`, which no reader can map (training dies with
   `cannot mmap an empty file`): a plan that gives a shard no input is refused before anything
-  is written, and a shard that found no document with text (a tiny held-out share, more shards
-  than lines) before the manifest and Megatron-LM's blend files are written, so none names it.
+  is written, and so, on a small corpus (read whole by the head look already), is one where no
+  document with text starts (a tiny held-out share, more shards than lines). On a larger corpus
+  such a shard is found once written, before the manifest and Megatron-LM's blend files name it;
+  the refused run's datasets are then removed (the same command would be refused again, so
+  there is nothing to resume). Each refusal offers a count it has checked to work.
+- A path in the way of a name the run writes (a folder named like the manifest, a file named
+  like the records folder) is refused before any work, from the code that names them.
 - Everything that can be a user mistake (paths, fields, an unreadable file or tokenizer) is
   checked before the first dataset is written, as one-line `ConfigError`s, as far as a bounded
   look at each file's head can tell; a bad line further in stops the job with the same kind
@@ -59,20 +64,37 @@ from rich.progress import (
 from rich.table import Table
 
 from data_prep import readers
-from data_prep.config import COMPRESSIONS, PrepareConfig, input_format, shard_names, validate
+from data_prep.config import (
+    COMPRESSIONS,
+    FOLDER_OUTPUTS,
+    OUTPUTS,
+    PrepareConfig,
+    input_format,
+    output_path,
+    shard_names,
+    validate,
+    work_path,
+)
 from data_prep.executors import run_tasks
 from data_prep.hf_tokenizer import PreparedTokenizer, prepare_tokenizer
 from data_prep.readers import InputFile
 from data_prep.shards import (
     SPLITS,
+    ShardPlan,
     TaskSpec,
     complete,
+    dataset_name,
     disk_full,
     empty_plan_problem,
     empty_shard_problem,
+    empty_text_problem,
     held_out_stride,
     plan_key,
     plan_shards,
+    planned_prefixes,
+    read_record,
+    record_path,
+    text_positions,
 )
 from plugins.protocol.errors import ConfigError
 from recipes.config.dataset_files import RECORD_KEYS
@@ -113,6 +135,8 @@ class PrepareResult:
     redone: int = 0  # shards written by this run (the others were complete already)
     workers: int = 1  # workers that ran them at once
     empty_kept: bool = True  # empty documents are zero-length documents in the index
+    tasks: int = 0  # shard tasks of the plan (a task writes one dataset, or several)
+    earlier: tuple[str, ...] = ()  # datasets of this prefix an earlier run left, not listed
 
     @property
     def tokenizer_file(self) -> Path:
@@ -195,16 +219,44 @@ def _identity(cfg: PrepareConfig, inputs: Sequence[InputFile], prepared: Prepare
             "empty_documents": cfg.empty_documents, "sample_by": cfg.sample_by}
 
 
-def task_specs(cfg: PrepareConfig, inputs: Sequence[InputFile], names: Sequence[str],
+SMALL_CORPUS = 64 * 2**20  # bytes of input the driver may read once more to place documents
+
+
+def small_corpus(inputs: Sequence[InputFile]) -> bool:
+    """Every input is no larger than the head the pre-flight has read of it already, and all
+    of them together are small, so reading them once more to place each document with text
+    costs about what that look did (a large corpus is read only by the shard tasks)."""
+    return (all(source.size <= readers.HEAD_BYTES for source in inputs)
+            and sum(source.size for source in inputs) <= SMALL_CORPUS)
+
+
+def planned(cfg: PrepareConfig, inputs: Sequence[InputFile],
+            names: Sequence[str]) -> list[ShardPlan]:
+    """The plan, refused before any tokenizing or writing when a shard would get no input, or
+    (on a small corpus, where it is cheap to tell) no document with text."""
+    output = Path(cfg.output).expanduser()
+    stride = held_out_stride(cfg.held_out_fraction)
+
+    def replan(counts: dict[str, int | None]) -> list[ShardPlan]:
+        return plan_shards(output.name, names, inputs, counts, stride, cfg.shard_size)
+
+    plans = replan(shard_counts(cfg))
+    problem = empty_plan_problem(plans, inputs, shard_counts(cfg))
+    if not problem and small_corpus(inputs):
+        held_out = plans[0].held_out if plans else ()
+        positions = text_positions(inputs, stride, held_out, cfg.empty_documents == "keep")
+        problem = empty_text_problem(replan, shard_counts(cfg), cfg.held_out_fraction,
+                                     positions)
+    if problem:
+        raise ConfigError(f"output={cfg.output}: {problem}")
+    return plans
+
+
+def task_specs(cfg: PrepareConfig, inputs: Sequence[InputFile], plans: Sequence[ShardPlan],
                prepared: PreparedTokenizer, dtype: type[np.number], output: Path,
                work: Path) -> list[TaskSpec]:
     """The preparation's shards as task values, in manifest order."""
     tokenizer_json = prepared.tokenizer.to_str()
-    plans = plan_shards(output.name, names, inputs, shard_counts(cfg),
-                        held_out_stride(cfg.held_out_fraction), cfg.shard_size)
-    problem = empty_plan_problem(plans, inputs, shard_counts(cfg))
-    if problem:
-        raise ConfigError(f"output={cfg.output}: {problem}")
     identity = _identity(cfg, inputs, prepared, dtype, tokenizer_json)
     records = records_folder(output)
     records.mkdir(exist_ok=True)
@@ -217,7 +269,7 @@ def task_specs(cfg: PrepareConfig, inputs: Sequence[InputFile], names: Sequence[
 
 
 def records_folder(output: Path) -> Path:
-    return output.with_name(output.name + ".shards")
+    return output_path(output, "records")
 
 
 MIB = 2**20
@@ -303,15 +355,86 @@ def _progress(enabled: bool | None, console: Console) -> Progress:
 
 def _work_folder(output: Path) -> Path:
     """A hidden folder beside the output (same filesystem, so publishing is a rename)."""
-    folder = output.with_name(f".{output.name}.work")
+    folder = work_path(output)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(
-            f"output={output}: cannot write in {output.parent} ({err.strerror}); "
-            "choose another output"
+            f"output={output}: cannot write {err.filename or folder} ({err.strerror}); "
+            "remove what is in the way or choose another output"
         ) from None
     return folder
+
+
+def written_paths(cfg: PrepareConfig, files: Sequence[Path]) -> list[tuple[Path, bool]]:
+    """(path, is a folder) of everything the run writes under a name known before it starts,
+    named by the code that writes them: the work folder, the manifest, tokenizer folder,
+    records and Megatron-LM's files, each shard's datasets, record and packing index."""
+    from data_prep.packing import pack_index_paths
+
+    output = Path(cfg.output).expanduser()
+    records = records_folder(output)
+    paths = [(work_path(output), True)]
+    paths += [(output_path(output, role), role in FOLDER_OUTPUTS) for role in OUTPUTS]
+    for prefix, _ in planned_prefixes(output.name, shard_names(files), shard_counts(cfg)):
+        paths.append((record_path(records, prefix), False))
+        for dataset in (dataset_name(prefix, cfg.shard_size, 0),):  # later ones: below
+            base = output.parent / dataset
+            paths += [(Path(f"{base}.bin"), False), (Path(f"{base}.idx"), False)]
+            if cfg.pack_size:
+                paths += [(p, False) for p in pack_index_paths(base, cfg.pack_size,
+                                                                cfg.pad_multiple)]
+    return paths
+
+
+def sub_dataset_of(name: str, prefixes: set[str]) -> bool:
+    """`name` is a later dataset of a shard cut every `shard_size` documents (its prefix and
+    an index, as `dataset_name` writes them)."""
+    stem, _, index = name.rpartition("_")
+    return (stem in prefixes and index.isdigit()
+            and dataset_name(stem, 1, int(index)) == name)
+
+
+def in_the_way(path: Path, folder: bool) -> str | None:
+    """What already holds the name of a file (or folder) the run writes, or None: a folder
+    where a file goes, a file (or anything not a folder) where a folder goes."""
+    if folder and path.exists() and not path.is_dir():
+        return f"{path} is a file in the way"
+    if not folder and path.is_dir():
+        return f"{path} is a folder in the way"
+    return None
+
+
+DATASET_SUFFIXES = (".bin", ".idx")
+
+
+def _later_datasets_in_the_way(cfg: PrepareConfig, files: Sequence[Path]) -> list[str]:
+    """Folders named like a later dataset of a shard cut by `shard_size` (their number is
+    known only once read): one listing of the output's folder."""
+    if not cfg.shard_size:
+        return []
+    output = Path(cfg.output).expanduser()
+    prefixes = {p for p, _ in planned_prefixes(output.name, shard_names(files),
+                                               shard_counts(cfg))}
+    try:
+        entries = list(os.scandir(output.parent))
+    except OSError:
+        return []
+    return [f"{entry.path} is a folder in the way" for entry in entries
+            if entry.is_dir() and entry.name.endswith(DATASET_SUFFIXES)
+            and sub_dataset_of(entry.name[:-4], prefixes)]
+
+
+def outputs_in_the_way_problem(cfg: PrepareConfig, files: Sequence[Path]) -> str | None:
+    """Something already holding a name the run writes would stop it with a traceback midway
+    (a folder named `<output>.json` after the datasets are published): refused before any work,
+    naming the first such path."""
+    found = [p for p in (in_the_way(path, folder) for path, folder in written_paths(cfg, files))
+             if p] + _later_datasets_in_the_way(cfg, files)
+    if not found:
+        return None
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return (f"output={cfg.output}: {found[0]}{more}; remove it or choose another output")
 
 
 def _write_file(path: Path, text: str, work: Path) -> None:
@@ -370,6 +493,9 @@ def prepare(cfg: PrepareConfig, *, progress: bool | None = None,
     preparation completes (a killed one leaves it for the re-run, which redoes only the
     shards that are not complete). `progress`: show the bar (None: only on a terminal)."""
     files = validate(cfg)
+    problem = outputs_in_the_way_problem(cfg, files)
+    if problem:
+        raise ConfigError(problem)
     _indexed_dataset_api()  # Megatron's import (seconds) is not part of the timed work
     started = time.perf_counter()
     random.seed(cfg.seed)
@@ -379,7 +505,8 @@ def prepare(cfg: PrepareConfig, *, progress: bool | None = None,
     work = _work_folder(output)
     try:
         inputs = [read_input(path, cfg) for path in files]
-    except ConfigError:  # a bad input: nothing to resume, nothing left behind
+        plans = planned(cfg, inputs, shard_names(files))
+    except ConfigError:  # a bad input or plan: nothing to resume, nothing left behind
         shutil.rmtree(work, ignore_errors=True)
         raise
     prepared, train_seconds = loaded, 0.0
@@ -388,15 +515,13 @@ def prepare(cfg: PrepareConfig, *, progress: bool | None = None,
         prepared = prepare_tokenizer(cfg, _texts(inputs))
         train_seconds = time.perf_counter() - trained
     dtype = dataset_dtype(prepared.vocab_size)
-    try:
-        specs = task_specs(cfg, inputs, shard_names(files), prepared, dtype, output, work)
-    except ConfigError:  # a plan with empty shards: nothing written yet
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+    specs = task_specs(cfg, inputs, plans, prepared, dtype, output, work)
     records, redone = write_all(specs, cfg, _progress(progress, console or Console()))
-    problem = empty_shard_problem(records, shard_counts(cfg), cfg.held_out_fraction)
+    problem = empty_shard_problem(records, shard_counts(cfg), cfg.held_out_fraction,
+                                  sum(source.size for source in inputs))
     if problem:  # before the manifest and Megatron-LM's blend files name it
-        raise ConfigError(f"output={cfg.output}: {problem}")
+        remove_refused(records, output, work)
+        raise ConfigError(f"output={cfg.output}: {problem}; its datasets were removed")
     shards = shards_of(records)
     try:
         packs = write_pack_indexes(shards, output, cfg) if cfg.pack_size else ()
@@ -406,9 +531,47 @@ def prepare(cfg: PrepareConfig, *, progress: bool | None = None,
             raise
         raise disk_full(cfg.output, err) from None
     shutil.rmtree(work, ignore_errors=True)
+    earlier = earlier_datasets(output, [spec.plan.prefix for spec in specs],
+                               {s.prefix for s in shards})
     return replace(result, packs=packs, pack_size=cfg.pack_size, pad_multiple=cfg.pad_multiple,
                    redone=redone, workers=min(cfg.num_proc, max(1, redone)),
-                   empty_kept=cfg.empty_documents == "keep")
+                   empty_kept=cfg.empty_documents == "keep", tasks=len(specs),
+                   earlier=tuple(earlier))
+
+
+def remove_refused(records: Sequence[dict[str, Any]], output: Path, work: Path) -> None:
+    """A run refused after its shards were written (one holds no tokens) leaves no dataset:
+    the same command would be refused again, so nothing is kept for a resume. Its datasets,
+    their records and the work folder go; an emptied records folder too."""
+    folder = records_folder(output)
+    for record in records:
+        for dataset in record["datasets"]:
+            for suffix in DATASET_SUFFIXES:
+                (output.parent / f"{dataset['prefix']}{suffix}").unlink(missing_ok=True)
+        record_path(folder, record["prefix"]).unlink(missing_ok=True)
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        folder.rmdir()
+    except OSError:
+        pass  # records of other plans are left as they are
+
+
+def earlier_datasets(output: Path, plan_prefixes: Sequence[str], listed: set[str]) -> list[str]:
+    """Datasets of this output an earlier run wrote that the new manifest does not list (more
+    shards or other inputs before; a shard cut by `shard_size` into more datasets): named in a
+    note, never deleted, since they are the user's files."""
+    folder = records_folder(output)
+    known: set[str] = set()
+    if folder.is_dir():
+        for path in folder.glob("*.json"):
+            record = read_record(folder, path.stem)
+            known.update(d["prefix"] for d in (record or {}).get("datasets", []))
+    prefixes = set(plan_prefixes)
+    try:
+        names = {p.name[:-4] for p in output.parent.iterdir() if p.name.endswith(".bin")}
+    except OSError:
+        return []
+    return sorted(n for n in names - listed if n in known or sub_dataset_of(n, prefixes))
 
 
 def write_pack_indexes(shards: Sequence[Shard], output: Path, cfg: PrepareConfig) -> tuple:
@@ -445,14 +608,14 @@ def _finish(cfg: PrepareConfig, output: Path, work: Path, prepared: PreparedToke
             train_seconds: float) -> PrepareResult:
     """Publish the tokenizer, Megatron-LM's blend files and, last, the manifest (its
     presence means the run finished)."""
-    tokenizer_dir = output.with_name(output.name + ".tokenizer")
+    tokenizer_dir = output_path(output, "tokenizer")
     write_tokenizer_folder(prepared, tokenizer_dir, work)
     result = PrepareResult(
-        shards=tuple(shards), output=output, manifest=output.with_name(output.name + ".json"),
+        shards=tuple(shards), output=output, manifest=output_path(output, "manifest"),
         tokenizer_dir=tokenizer_dir, tokenizer=prepared, dtype=np.dtype(dtype).name,
         seconds=0.0, train_seconds=train_seconds,
-        data_args=output.with_name(output.name + ".data-args"),
-        per_split_args=output.with_name(output.name + ".per-split-data-args.json"),
+        data_args=output_path(output, "data_args"),
+        per_split_args=output_path(output, "per_split_args"),
     )
     folder = output.parent.resolve()
     train = megatron_blend(shards, folder, "train")
@@ -475,7 +638,7 @@ def summary_line(result: PrepareResult) -> str:
     eod = f"EOD {tok.eod_token} = id {tok.eod_id}" + (" (added)" if tok.eod_added else "")
     trained = f", tokenizer trained in {result.train_seconds:.1f} s" if result.train_seconds else ""
     kept = "zero-length" if result.empty_kept else "skipped"
-    complete = len(result.shards) - result.redone if result.redone < len(result.shards) else 0
+    complete = already_complete(result.tasks, result.redone)
     resumed = f" ({complete} already complete)" if complete else ""
     return (
         f"prepared {result.documents:,} documents ({result.empty:,} empty, {kept}), "
@@ -487,6 +650,25 @@ def summary_line(result: PrepareResult) -> str:
         f"HuggingFaceTokenizer --tokenizer-model {result.tokenizer_dir}"
         + _packing_text(result)
     )
+
+
+def already_complete(tasks: int, redone: int) -> int:
+    """Shard tasks found complete (kept, not rerun). Counted in tasks, not datasets: a task cut
+    by `shard_size` writes several datasets, so datasets minus tasks run is no count at all."""
+    return max(tasks - redone, 0)
+
+
+EARLIER_SHOWN = 3  # earlier datasets named in the note, then "..."
+
+
+def earlier_note(result: PrepareResult) -> str | None:
+    """The note naming earlier datasets of this prefix the manifest no longer lists."""
+    if not result.earlier:
+        return None
+    shown = ", ".join(result.earlier[:EARLIER_SHOWN])
+    more = ", ..." if len(result.earlier) > EARLIER_SHOWN else ""
+    return (f"note: output={result.output}: {len(result.earlier)} earlier datasets not in this "
+            f"manifest ({shown}{more}); delete them")
 
 
 def _packing_text(result: PrepareResult) -> str:
@@ -546,3 +728,6 @@ def print_summary(result: PrepareResult, console: Console | None = None) -> None
     console.print(source_table(result))
     console.print(summary_table(result))
     console.print(summary_line(result), soft_wrap=True, highlight=False)
+    note = earlier_note(result)
+    if note:
+        console.print(note, soft_wrap=True, highlight=False)

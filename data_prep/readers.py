@@ -18,6 +18,8 @@ Why it is built this way:
   deep in a task, possibly in a worker process. Every read of a decompressed stream goes through
   `_Decompressed`, which turns that into one line naming the file and how far its decompressed
   text got, so the driver and every worker stop with the same `error:` line, never a traceback.
+  A Parquet file whose footer reads can still hold a damaged data page (Arrow's OSError or
+  ArrowException from `iter_batches`): the same kind of line names the file and row group.
 - A position named in an error is a byte of the file (of its decompressed text when
   compressed), never a column within a line, so the user can go straight to it.
 """
@@ -250,9 +252,18 @@ def _array_documents(stream: BinaryIO, column: str, path: str) -> Iterator[str |
         yield _json_text(row, column, path, f"item {index}")
 
 
+def parquet_damaged(path: str, group: int, err: BaseException) -> InputError:
+    """The one line for a Parquet file whose footer reads but whose data does not (a damaged
+    page: Arrow raises OSError or an ArrowException deep in a task, possibly in a worker)."""
+    reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no detail'}"
+    return InputError(f"input file {path} is damaged ({reason}) in row group {group}; download "
+                      "or write it again, or remove it from input=")
+
+
 def _parquet_documents(source: InputFile, start: int, stop: int,
                        progress: Progress | None) -> Iterator[str | None]:
     """Rows [start, stop) of the text column, row group by row group."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     handle = pq.ParquetFile(source.path)
@@ -262,11 +273,18 @@ def _parquet_documents(source: InputFile, start: int, stop: int,
         low, high = max(start, first), min(stop, first + rows)
         if low < high:
             done = 0
-            for batch in handle.iter_batches(batch_size=BATCH, row_groups=[group],
-                                             columns=[source.column], use_threads=False):
-                a, b = max(low - first - done, 0), min(high - first - done, batch.num_rows)
-                if a < b:
-                    yield from batch.column(0).slice(a, b - a).to_pylist()
+            batches = handle.iter_batches(batch_size=BATCH, row_groups=[group],
+                                          columns=[source.column], use_threads=False)
+            while True:
+                try:
+                    batch = next(batches, None)
+                    if batch is None:
+                        break
+                    a, b = max(low - first - done, 0), min(high - first - done, batch.num_rows)
+                    texts = batch.column(0).slice(a, b - a).to_pylist() if a < b else []
+                except (OSError, pa.ArrowException) as err:
+                    raise parquet_damaged(source.path, group, err) from None
+                yield from texts
                 done += batch.num_rows
                 if progress:
                     progress(min(1.0, (first + done - start) / max(stop - start, 1)))
@@ -289,6 +307,27 @@ def documents(source: InputFile, start: int = 0, stop: int | None = None,
             raw.seek(start - 1)
         yield from _stream_documents(source, stream, start, stop if source.units > 1 else None,
                                      progress, raw)
+
+
+def positioned_documents(source: InputFile) -> Iterator[tuple[int, str | None]]:
+    """(unit, document) of a whole input: the byte a line starts at, a Parquet row, 0 for a
+    file read as one stream; the units a plan's pieces count (`data_prep/shards.py`)."""
+    if source.fmt == "parquet":
+        yield from enumerate(documents(source))
+        return
+    if not source.splittable:
+        yield from ((0, text) for text in documents(source))
+        return
+    with open(source.path, "rb") as stream:
+        lines = _lines(stream, 0, None, False)
+        if source.fmt == "json":
+            for offset, line in lines:
+                if line.strip():
+                    row = _json_row(line, source.path, offset)
+                    yield offset, _json_text(row, source.column, source.path, f"byte {offset}")
+        else:
+            for offset, line in lines:
+                yield from ((offset, text) for text in _line_documents(line, source.path, offset))
 
 
 def _whole_text(stream: BinaryIO, path: str) -> str:

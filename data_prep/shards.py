@@ -26,6 +26,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import bisect
 import errno
 import hashlib
 import json
@@ -154,6 +155,29 @@ def _source(inputs: Sequence[InputFile], pieces: Sequence[Piece]) -> str:
     return ", ".join(dict.fromkeys(inputs[p.file].path for p in pieces)) or "-"
 
 
+def cut(total: int, count: int, j: int) -> tuple[int, int]:
+    """Global bytes [low, high) of the j-th of `count` train ranges over `total` bytes."""
+    return total * j // count, total * (j + 1) // count
+
+
+def planned_prefixes(output_name: str, names: Sequence[str],
+                     counts: dict[str, int | None]) -> list[tuple[str, str]]:
+    """(prefix, split) of every shard, in plan order: the one place shards are named, so the
+    check for paths in the way (`data_prep/prepare.py`) names what `plan_shards` writes."""
+    if counts.get("train") is None:
+        named = [(f"{output_name}_{name}", "train") for name in names]
+    else:
+        named = [(f"{output_name}_train_{j:05d}", "train") for j in range(int(counts["train"]))]
+    for split in ("valid", "test"):
+        named += [(f"{output_name}_{split}_{j:05d}", split) for j in range(counts.get(split) or 0)]
+    return named
+
+
+def dataset_name(prefix: str, shard_size: int | None, index: int) -> str:
+    """The index-th dataset of a shard: the shard's prefix, or one per `shard_size` documents."""
+    return f"{prefix}_{index:05d}" if shard_size else prefix
+
+
 def plan_shards(output_name: str, names: Sequence[str], inputs: Sequence[InputFile],
                 counts: dict[str, int | None], stride: int,
                 shard_size: int | None) -> list[ShardPlan]:
@@ -164,22 +188,24 @@ def plan_shards(output_name: str, names: Sequence[str], inputs: Sequence[InputFi
     for source in inputs:
         starts.append(starts[-1] + source.size)
     total = starts[-1]
+    prefixes = planned_prefixes(output_name, names, counts)
     if counts.get("train") is None:
         ranges = [(Piece(i, 0, s.units),) for i, s in enumerate(inputs)]
-        plans = [ShardPlan(f"{output_name}_{name}", "train", inputs[i].path, ranges[i], stride,
-                           held_out, shard_size) for i, name in enumerate(names)]
+        plans = [ShardPlan(prefixes[i][0], "train", inputs[i].path, ranges[i], stride,
+                           held_out, shard_size) for i in range(len(inputs))]
     else:
         count = int(counts["train"])
-        ranges = [_range_pieces(inputs, starts[:-1], total * j // count,
-                                total * (j + 1) // count) for j in range(count)]
-        plans = [ShardPlan(f"{output_name}_train_{j:05d}", "train", _source(inputs, pieces),
+        ranges = [_range_pieces(inputs, starts[:-1], *cut(total, count, j))
+                  for j in range(count)]
+        plans = [ShardPlan(prefixes[j][0], "train", _source(inputs, pieces),
                            pieces, stride, held_out) for j, pieces in enumerate(ranges)]
+    held = iter(prefixes[len(plans):])
     for split_name in held_out:
         count = int(counts[split_name])
         for j in range(count):
             group = ranges[j * len(ranges) // count:(j + 1) * len(ranges) // count]
             pieces = tuple(p for r in group for p in r)
-            plans.append(ShardPlan(f"{output_name}_{split_name}_{j:05d}", split_name,
+            plans.append(ShardPlan(next(held)[0], split_name,
                                    _source(inputs, pieces), pieces, stride, held_out))
     return plans
 
@@ -190,15 +216,118 @@ def _train_shards_with_input(inputs: Sequence[InputFile], count: int) -> int:
     for source in inputs:
         starts.append(starts[-1] + source.size)
     total = starts[-1]
-    return sum(bool(_range_pieces(inputs, starts[:-1], total * j // count,
-                                  total * (j + 1) // count)) for j in range(count))
+    return sum(bool(_range_pieces(inputs, starts[:-1], *cut(total, count, j)))
+               for j in range(count))
 
 
 def _most_train_shards(inputs: Sequence[InputFile], count: int, tries: int = 64) -> int:
     """The largest shard count at most `count` that gives every train shard input (bounded
     search; 1 always does)."""
-    for candidate in range(count, max(count - tries, 1), -1):
+    for candidate in _candidates(count, tries):
         if _train_shards_with_input(inputs, candidate) == candidate:
+            return candidate
+    return 1
+
+
+def _candidates(top: int, tries: int = 64) -> Iterator[int]:
+    """Shard counts to try, largest first: `tries` consecutive ones below `top`, then halving
+    down to 1 (a bounded search; each try is one plan, O(shards + files))."""
+    count = top
+    for count in range(top, max(top - tries, 0), -1):
+        yield count
+    while count > 1:
+        count //= 2
+        yield count
+
+
+def has_text(text: Any, keep_empty: bool) -> bool:
+    """A document that gets tokens (`_encode`'s rule): kept empty, whitespace is text too."""
+    return isinstance(text, str) and bool(text) and (keep_empty or not text.isspace())
+
+
+def text_positions(inputs: Sequence[InputFile], stride: int, held_out: Sequence[str],
+                   keep_empty: bool) -> list[tuple[list[int], ...]]:
+    """Per input, per split (train, valid, test), the sorted units (bytes, rows; 0 for a file
+    read whole) where a document with text starts. It reads every input, so the driver calls it
+    only on a small corpus (each file no larger than the head it has read already), to refuse a
+    plan with a shard that would hold no tokens before anything is tokenized or written."""
+    found = []
+    for source in inputs:
+        units: tuple[list[int], ...] = ([], [], [])
+        for unit, text in readers.positioned_documents(source):
+            if has_text(text, keep_empty):
+                units[split_of(text, stride, held_out)].append(unit)
+        found.append(units)
+    return found
+
+
+def plan_has_text(plan: ShardPlan, positions: Sequence[tuple[list[int], ...]]) -> bool:
+    """Some piece of the plan holds the start of a document with text of the plan's split."""
+    mine = SPLITS.index(plan.split)
+    for piece in plan.pieces:
+        units = positions[piece.file][mine]
+        at = bisect.bisect_left(units, piece.start)
+        if at < len(units) and units[at] < piece.stop:
+            return True
+    return False
+
+
+def _count_with_text(replan: Callable[[dict[str, int | None]], list[ShardPlan]],
+                     counts: dict[str, int | None], split: str, top: int,
+                     positions: Sequence[tuple[list[int], ...]]) -> int | None:
+    """The largest count of `split`'s shards up to `top` whose plan gives every one of them a
+    document with text (certified by planning it), or None when not even one shard does."""
+    for count in _candidates(top):
+        plans = replan({**counts, split: count})
+        if all(plan_has_text(p, positions) for p in plans if p.split == split):
+            return count
+    return None
+
+
+def empty_text_problem(replan: Callable[[dict[str, int | None]], list[ShardPlan]],
+                       counts: dict[str, int | None], held_out_fraction: float,
+                       positions: Sequence[tuple[list[int], ...]]) -> str | None:
+    """A planned shard where no document with text starts, found before tokenizing (from
+    `text_positions`): its `.bin` would be empty, which Megatron cannot map. The count offered
+    instead is planned and checked the same way, so following the advice succeeds."""
+    plans = replan(counts)
+    empty = [p for p in plans if not plan_has_text(p, positions)]
+    if not empty:
+        return None
+    split, first = empty[0].split, empty[0].prefix
+    texts = sum(len(units[SPLITS.index(split)]) for units in positions)
+    shards = [p for p in plans if p.split == split]
+    held = f"{first} would hold no tokens ({len(empty)} of {len(shards)} {split} shards)"
+    if split == "train" and counts.get("train") is None:
+        return (f"{held}: input file {empty[0].source} has no document with text; remove it "
+                "from input=")
+    key = "num_shards" if split == "train" else f"{split}_shards"
+    best = _count_with_text(replan, counts, split, min(len(shards) - 1, texts), positions)
+    if best is None and split == "train":
+        return f"{held}: no document of the source has text; give inputs with text"
+    if best is None:
+        documents = sum(len(u) for units in positions for u in units)
+        return (f"{first} would hold no tokens: held_out_fraction={held_out_fraction} holds out "
+                f"about 1 in {held_out_stride(held_out_fraction)} of the source's {documents:,} "
+                f"documents and none fell in {split}; raise held_out_fraction or prepare more "
+                "documents")
+    return (f"{held}: {key}={counts.get(split)} cuts the source's {texts:,} {split} documents "
+            f"with text into ranges where none starts in some; give {key}={best}")
+
+
+def contained_count(total: int, count: int, full: Sequence[bool]) -> int:
+    """A train shard count sure to give every shard a document with text, from a run of `count`
+    shards where `full[j]` says range j had one: each range of the count returned wholly holds
+    a full range of that run (1 when one range was full)."""
+    spans = [cut(total, count, j) for j in range(count) if full[j]]
+    starts = [a for a, _ in spans]
+
+    def holds_one(low: int, high: int) -> bool:  # the first full range starting in it fits
+        at = bisect.bisect_left(starts, low)
+        return at < len(spans) and spans[at][1] <= high
+
+    for candidate in _candidates(count - 1):
+        if all(holds_one(*cut(total, candidate, j)) for j in range(candidate)):
             return candidate
     return 1
 
@@ -231,7 +360,7 @@ def empty_plan_problem(plans: Sequence[ShardPlan], inputs: Sequence[InputFile],
 
 
 def empty_shard_problem(records: Sequence[dict[str, Any]], counts: dict[str, int | None],
-                        held_out_fraction: float) -> str | None:
+                        held_out_fraction: float, total_bytes: int) -> str | None:
     """A written shard that holds no tokens (no document with text started in its ranges, or
     none of its documents fell in its held-out split): refused before the manifest and
     Megatron-LM's blend files are written, so nothing names it."""
@@ -252,10 +381,11 @@ def empty_shard_problem(records: Sequence[dict[str, Any]], counts: dict[str, int
                 f"and none fell in this shard; raise held_out_fraction, lower {key}="
                 f"{counts.get(split)} or prepare more documents; no manifest was written")
     if counts.get("train") is not None:
-        full = sum(1 for r, d in datasets if r["split"] == "train" and d["tokens"])
+        full = [any(d["tokens"] for d in r["datasets"]) for r in records
+                if r["split"] == "train"]
         return (f"{held}: num_shards={counts['train']} cuts the source's {train_documents:,} "
                 f"train documents into ranges where none with text starts; give num_shards="
-                f"{max(full, 1)} or fewer; no manifest was written")
+                f"{contained_count(total_bytes, len(full), full)}; no manifest was written")
     return (f"{held}: input file {record['source']} has no document with text; remove it from "
             "input=; no manifest was written")
 
@@ -376,10 +506,7 @@ def _texts(spec: TaskSpec, report: Report | None) -> Iterator[list[Any]]:
 def _encode(tokenizer: Any, texts: list[Any], eod: int, keep_empty: bool) -> list[list[int]]:
     """Each document's ids plus the EOD; an empty one is []. Kept empty (Megatron-LM's way),
     only missing or zero-length text is empty and whitespace is encoded like any text."""
-    if keep_empty:
-        chosen = [i for i, t in enumerate(texts) if isinstance(t, str) and t]
-    else:
-        chosen = [i for i, t in enumerate(texts) if t and not t.isspace()]
+    chosen = [i for i, t in enumerate(texts) if has_text(t, keep_empty)]
     ids: list[list[int]] = [[] for _ in texts]
     for i, encoding in zip(chosen, tokenizer.encode_batch_fast([texts[i] for i in chosen]),
                            strict=True):
@@ -399,7 +526,7 @@ class _Writer:
 
     def _name(self) -> str:
         plan = self.spec.plan
-        return f"{plan.prefix}_{len(self.done):05d}" if plan.shard_size else plan.prefix
+        return dataset_name(plan.prefix, plan.shard_size, len(self.done))
 
     def _start(self) -> _Dataset:
         name = self._name()
