@@ -128,8 +128,10 @@ def test_options_are_typed_and_split_from_the_rest():
         parse_arguments(BENCH_STEP, ["steps=4"])
     with pytest.raises(ConfigError, match="steps expects an integer, got 'many'"):
         parse_arguments(BENCH_STEP, ["steps=many"])
-    # pretrain has no own options: steps= is an override like any other (and then unknown).
-    assert parse_arguments(PRETRAIN, ["steps=7"]).rest == ("steps=7",)
+    # pretrain has no own options: steps= is other scripts' (_misplaced_option).
+    with pytest.raises(ConfigError, match=r"^steps= is an option of scripts/bench_step.py and "
+                       r"scripts/validate_resume.py \(and \d+ more\), not of pretrain.py"):
+        parse_arguments(PRETRAIN, ["steps=7"])
     plan = parse_arguments(PLAN, ["tokens=15.6e12", "verify=true", "--json", "recipe=x"])
     assert (plan["tokens"], plan["verify"], plan.flags) == (15_600_000_000_000, True,
                                                              frozenset({"--json"}))
@@ -332,3 +334,17 @@ def test_a_reader_that_stops_early_ends_the_script_quietly():
     script.stdout.close()
     assert script.wait(timeout=HANG_S) == 141
     assert script.stderr.read() == b""
+
+
+def test_another_scripts_option_or_a_near_miss_of_an_own_one_is_named():
+    """A recipe command hands unknown words on as config overrides, whose error said only
+    'unknown config key'; an option of another script, or one close to the command's own, is
+    named as such. Config keys and the command's own options pass."""
+    with pytest.raises(ConfigError, match=r"^search= is an option of scripts/plan.py, not of "
+                       r"pretrain.py; run it there$"):
+        parse_arguments(PRETRAIN, ["recipe=tiny_dp1", "search=true"])
+    with pytest.raises(ConfigError, match=r"^unknown option clustr; did you mean cluster=\?$"):
+        parse_arguments(PLAN, ["clustr=conf/cluster/cpu_local.yaml"])
+    args = parse_arguments(PLAN, ["recipe=tiny_dp1", "run_dir=/tmp/x", "model.num_layers=2",
+                                  "cluster=c.yaml"])
+    assert args.rest == ("recipe=tiny_dp1", "run_dir=/tmp/x", "model.num_layers=2")

@@ -111,6 +111,35 @@ class Command:
         return SCRIPTS / self.script
 
 
+def _config_keys() -> frozenset[str]:
+    """What a recipe command's rest may start with: recipe=, config=, a run config field."""
+    import dataclasses
+
+    from recipes.config.schema import RunConfig
+
+    return frozenset({"recipe", "config", *(f.name for f in dataclasses.fields(RunConfig))})
+
+
+def _misplaced_option(command: Command, key: str | None) -> str | None:
+    """A word a recipe command would hand on as a config override though it is no config key:
+    another script's option (`pretrain.py search=true`, plan.py's), or one close to this
+    command's own (`plan.py clustr=`). The line that says so; None for anything else, which
+    the override's own check judges."""
+    if not command.takes_recipe or key is None or "." in key or key in _config_keys():
+        return None
+    if key in command.options:
+        return None
+    from trainer.entry.commands import COMMANDS  # every script's (they import this module)
+
+    owners = [c.script for c in COMMANDS if key in c.options and c.script != command.script]
+    if owners:
+        named = " and ".join(f"scripts/{s}" for s in owners[:2])
+        more = f" (and {len(owners) - 2} more)" if len(owners) > 2 else ""
+        return f"{key}= is an option of {named}{more}, not of {command.script}; run it there"
+    near = difflib.get_close_matches(key, list(command.options), n=1, cutoff=0.75)
+    return f"unknown option {key}; did you mean {near[0]}=?" if near else None
+
+
 def script_usage(command: Command) -> str:
     """The script's docstring, read without importing it (the script may import heavy things
     or set the environment first)."""
@@ -215,6 +244,8 @@ def parse_arguments(command: Command, argv: Sequence[str]) -> Arguments:
                                 "keep one")
             given[key] = text.partition("=")[2]
             values[key] = value
+        elif _misplaced_option(command, key):
+            problems.append(_misplaced_option(command, key))
         elif _near_flag(command, text):
             problems.append(f"{command.script} does not take '{text}'; did you mean "
                             f"{_near_flag(command, text)}?")
