@@ -357,7 +357,8 @@ def check_ranks(
     c, gpus, launched = cfg.cluster, machine.gpus, machine.launched_world_size
     world = c.world_size
     needs = (
-        f"recipe {cfg.name} needs {world:,} GPUs: {c.nodes:,} nodes x {c.gpus_per_node}, "
+        f"recipe {cfg.name} needs {world:,} GPUs: {c.nodes:,} node{'s' * (c.nodes != 1)} x "
+        f"{c.gpus_per_node}, "
         f"{cfg.layout.describe()}"
     )
     hint = f"inspect it here with: {dry_run_command(cfg, command_args)}"

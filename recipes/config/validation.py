@@ -160,7 +160,8 @@ def check_world_size(cfg: RunConfig) -> str | None:
     world, model_parallel = layout.world_size, layout.model_parallel
     if world % model_parallel:
         return (
-            f"world size {world} ({cfg.cluster.nodes} nodes x {cfg.cluster.gpus_per_node}) is not "
+            f"world size {world} ({cfg.cluster.nodes} node{'s' * (cfg.cluster.nodes != 1)} x "
+            f"{cfg.cluster.gpus_per_node}) is not "
             f"divisible by TP{p.tensor} x PP{p.pipeline} x CP{p.context} = {model_parallel}, so "
             "data parallel size is not a whole number; change cluster.gpus_per_node/cluster.nodes "
             "or the parallel sizes so the product divides the world size"

@@ -137,7 +137,7 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     (["parallel.tp=2"], "unknown config key 'parallel.tp'; did you mean parallel.tensor"),
     (["parallel.data=2"], "'parallel.data' cannot be set; data parallel size is derived"),
     # cluster
-    (["cluster.gpus_per_node=6"], "world size 6 (1 nodes x 6) is not divisible by "
+    (["cluster.gpus_per_node=6"], "world size 6 (1 node x 6) is not divisible by "
      "TP2 x PP2 x CP1 = 4"),
     (["cluster.nodes=0"], "cluster.nodes=0 must be at least 1"),
     (["cluster.gpu_memory_gib=-1"], "cluster.gpu_memory_gib=-1.0 must be positive"),

@@ -84,7 +84,7 @@ def test_cpu_runtime_rank_cap() -> None:
 
 
 def test_single_node_with_too_few_gpus() -> None:
-    with pytest.raises(ConfigError, match=r"needs 4 GPUs: 1 nodes x 4, TP2 x PP2 x DP1; found 2"):
+    with pytest.raises(ConfigError, match=r"needs 4 GPUs: 1 node x 4, TP2 x PP2 x DP1; found 2"):
         check_machine(get_recipe("tiny_tp2_pp2"), MachineInfo(gpus=2, launched_world_size=None))
 
 

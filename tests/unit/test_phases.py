@@ -144,7 +144,7 @@ PHASE_RULE_CASES = [
      "phases[1] (b): train.global_batch_size=7"),
     ("check_phase_layouts", ["phases=[{name: a, end_step: 10, seq_length: 128}, {name: b, "
                              "end_step: 20, context: 2, relaunch: true, seq_length: 128}]"],
-     "phases[1] (b): world size 1 (1 nodes x 1) is not divisible by TP1 x PP1 x CP2 = 2"),
+     "phases[1] (b): world size 1 (1 node x 1) is not divisible by TP1 x PP1 x CP2 = 2"),
     # A phase of packed rows meets the packing plugin's rules (one row per micro-batch).
     ("check_phase_layouts", [*BLEND, PACKED_PHASE.replace(", micro_batch_size: 1", "")],
      "phases[1] (long): data.documents=packed makes packed rows, which need "

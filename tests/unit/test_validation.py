@@ -45,7 +45,7 @@ RULE_CASES = [
     ("check_vocab_padding", "tiny_dp1", ["model.vocab_size=200"],
      "model.vocab_size=200 is smaller than the byte tokenizer's 256 ids; set model.vocab_size=256"),
     ("check_world_size", "tiny_tp2_pp2", ["cluster.gpus_per_node=6"],
-     "world size 6 (1 nodes x 6) is not divisible by TP2 x PP2 x CP1 = 4"),
+     "world size 6 (1 node x 6) is not divisible by TP2 x PP2 x CP1 = 4"),
     ("check_heads_divisible_by_tensor", "tiny_tp2",
      ["model.num_attention_heads=3", "model.kv_channels=16"],
      "model.num_attention_heads=3 is not divisible by parallel.tensor=2"),
