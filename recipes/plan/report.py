@@ -56,7 +56,7 @@ def _save_line(plan: Plan) -> str:
     per_rank = max(s.save_host for s in plan.stages)
     against = (f" of {host:.0f} GB: {'fits' if plan.save_fits_host else 'does NOT fit'}"
                if host else " (no host_memory_gb in the cluster file)")
-    fmt = ("Megatron FSDP's fsdp_dtensor" if plan.cfg.optimizer.fsdp != "none" else
+    fmt = ("Megatron FSDP's fsdp_dtensor" if plan.sharding not in ("none", "dist_opt") else
            f"checkpoint.optimizer_format={plan.cfg.checkpoint.optimizer_format}")
     return (f"checkpoint save: {_gb(per_rank)} GB of CPU memory per rank ({fmt}), "
             f"{_gb(plan.save_host_per_node)} GB per node{against}")

@@ -132,3 +132,18 @@ def test_search_offers_offload_where_nothing_on_the_gpu_fits():
                "parallel.sequence_parallel=false", "train.global_batch_size=16")
     best = search(two, load_cluster(H100), top=5).listed[0].candidate
     assert best.fsdp == "optim_grads_params" and not best.offload
+
+
+def test_the_save_line_names_the_format_the_sharding_saves() -> None:
+    """`sharding=` asks about Megatron FSDP for a recipe that does not use it: the save line
+    then names fsdp_dtensor (what such a run saves), not the recipe's optimizer_format."""
+    from recipes.plan.build import make_plan
+    from recipes.plan.report import text_report
+
+    cfg = resolve_config(["recipe=llama3_8b_tp8_dp8"])
+    cluster = load_cluster("conf/cluster/h100_80gb_8x8.yaml")
+    for sharding, saved in (("optim_grads_params", "Megatron FSDP's fsdp_dtensor"),
+                            ("optim", "Megatron FSDP's fsdp_dtensor"),
+                            ("dist_opt", "checkpoint.optimizer_format=")):
+        report = text_report(make_plan(cfg, cluster, PlanOptions(sharding=sharding)))
+        assert f"CPU memory per rank ({saved}" in report, sharding
