@@ -10,6 +10,12 @@ Each entry is a `scripts/prepare_data.py` call. The entry pipeline runs the ones
 any rank starts; later runs find the manifest and start at once. `input:` names files as for
 prepare_data, or a built-in corpus (`python_stdlib`, `synthetic`), first written as one JSONL
 file beside the output.
+
+Every entry is checked before any of them runs, and by the blend rules (`check=paths` too):
+its keys through prepare_data's own parser (a misspelt `num_shardz` is named with the closest
+key, not met after the others have prepared), and its output must make a manifest (or the
+datasets of a prefix) the blend's `train:`/`valid:` name: an output the blend does not name
+would prepare everything, then train on nothing it made.
 """
 
 from __future__ import annotations
@@ -19,21 +25,63 @@ from typing import Any
 
 import yaml
 
-from plugins.protocol.errors import ConfigError
+from plugins.protocol.errors import ConfigError, config_error
+from recipes.config.blend import prepare_entry_name, prepare_list_problem
+from recipes.config.blend import prepare_problems as blend_prepare_problems
 from recipes.config.schema import RunConfig
 
 BUILT_IN_CORPORA = ("python_stdlib", "synthetic")
 
 
-def _entries(blend_path: str) -> list[dict[str, Any]]:
+def _read_blend(blend_path: str) -> dict[str, Any]:
     try:
         loaded = yaml.safe_load(Path(blend_path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
-        return []  # the path rules report an unreadable blend in their own words
-    entries = loaded.get("prepare", []) if isinstance(loaded, dict) else []
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise ConfigError(f"data.blend={blend_path}: 'prepare' must be a list of "
-                          "{input, output, tokenizer, ...} entries (prepare_data arguments)")
+        return {}  # the path rules report an unreadable blend in their own words
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def entry_words(entry: dict[str, Any]) -> list[str]:
+    """The prepare_data command line an entry stands for (`key=value` words)."""
+    return [f"{key}={value}" for key, value in entry.items()]
+
+
+def entry_key_problem(index: int, entry: dict[str, Any]) -> str | None:
+    """An entry prepare_data's own parser refuses (an unknown or misspelt key, a value of the
+    wrong type, a missing input/output/tokenizer), in its words: found before any entry runs,
+    not after the entries before it have prepared their data."""
+    from data_prep.config import parse_args
+
+    try:
+        parse_args(entry_words(entry))
+    except ConfigError as error:
+        return f"{prepare_entry_name(index, entry)}: {error}"
+    return None
+
+
+def prepare_problems(blend_path: str, loaded: dict[str, Any]) -> list[str]:
+    """Every problem of a blend's `prepare:` entries, one line each: the blend's own rules
+    (`recipes.config.blend.prepare_problems`: the list's shape, each output named by the
+    blend) and each entry's keys and values, through prepare_data's parser."""
+    entries = loaded.get("prepare")
+    keys = ([entry_key_problem(index, entry) for index, entry in enumerate(entries)]
+            if isinstance(entries, list) and prepare_list_problem(entries) is None else [])
+    found = [*(problem for problem in keys if problem), *blend_prepare_problems(loaded)]
+    return [f"data.blend={blend_path}: {problem}" for problem in found]
+
+
+def check_prepare_entries(cfg: RunConfig) -> str | None:
+    """A path rule (for `check=paths`, which prepares nothing): the first `prepare_problems`
+    of the run's blends, or None."""
+    return next((problem for blend in run_blends(cfg)
+                 for problem in prepare_problems(blend, _read_blend(blend))), None)
+
+
+def _entries(blend_path: str) -> list[dict[str, Any]]:
+    entries = _read_blend(blend_path).get("prepare") or []
+    problem = prepare_list_problem(entries)
+    if problem:
+        raise ConfigError(f"data.blend={blend_path}: {problem}")
     return entries
 
 
@@ -50,25 +98,34 @@ def _prepare(entry: dict[str, Any], cfg: RunConfig, blend_path: str) -> None:
                                cfg.train.seed)
         arguments["input"] = str(corpus)
     try:
-        settings = parse_args([f"{key}={value}" for key, value in arguments.items()])
-    except ConfigError as error:
+        settings = parse_args(entry_words(arguments))
+    except ConfigError as error:  # prepare_problems found the others before any entry ran
         raise ConfigError(f"data.blend={blend_path}: prepare entry {entry}: {error}") from None
     print(f"preparing {settings.output} once for data.blend={blend_path}", flush=True)
     print_summary(prepare(settings))
 
 
-def pending_preparations(cfg: RunConfig) -> list[tuple[str, dict[str, Any]]]:
-    """(blend, entry) for each `prepare:` entry of the run's blend and of every phase's blend
-    whose manifest does not exist yet."""
+def run_blends(cfg: RunConfig) -> list[str]:
+    """The blend files of the run and of its phases, each once."""
     if cfg.data.source != "blend":
         return []
     blends = [cfg.data.blend, *(phase.blend for phase in cfg.phases)]
-    return [(blend, entry) for blend in dict.fromkeys(b for b in blends if b is not None)
-            for entry in _entries(blend)
+    return list(dict.fromkeys(b for b in blends if b is not None))
+
+
+def pending_preparations(cfg: RunConfig) -> list[tuple[str, dict[str, Any]]]:
+    """(blend, entry) for each `prepare:` entry of the run's blend and of every phase's blend
+    whose manifest does not exist yet."""
+    return [(blend, entry) for blend in run_blends(cfg) for entry in _entries(blend)
             if entry.get("output") is None or not Path(f"{entry['output']}.json").exists()]
 
 
 def prepare_missing_data(cfg: RunConfig) -> None:
-    """Run the `prepare:` entries whose manifest does not exist yet (`pending_preparations`)."""
+    """Run the `prepare:` entries whose manifest does not exist yet (`pending_preparations`),
+    once every entry of every blend has passed `prepare_problems` (each problem one line)."""
+    error = config_error([problem for blend in run_blends(cfg)
+                          for problem in prepare_problems(blend, _read_blend(blend))])
+    if error is not None:
+        raise error
     for blend, entry in pending_preparations(cfg):
         _prepare(entry, cfg, blend)

@@ -7,7 +7,7 @@ blending; this module only reads and checks the file, before any rank starts:
     train:                                   # weighted sources of training samples
       - {manifest: data_cache/stdlib/stdlib.json, weight: 1.0}   # every shard of a preparation
       - {prefix: /data/web/web_0003, weight: 0.35}               # or one indexed dataset
-    valid: [...]                             # optional; otherwise `split` of each train source
+    valid: [...]                             # optional held-out sources, or instead:
     split: [95, 5]                           # train / held-out shares of every train source
     eod_id: 0                                # optional when a manifest names it
     vocab_size: 4096
@@ -29,8 +29,9 @@ before any rank starts.
 
 Relative paths are relative to the directory the run starts in. Mistakes (a missing
 file or prefix, negative or all-zero weights, manifests that disagree, a damaged manifest, an
-unknown key, named with the closest known one, since ignoring it would train on another mix)
-are one-line `ConfigError`s.
+unknown key, named with the closest known one, since ignoring it would train on another mix;
+`valid:` beside `split:`, since the split would be ignored; a `prepare:` entry
+whose output the blend does not name) are one-line `ConfigError`s.
 """
 
 from __future__ import annotations
@@ -205,11 +206,20 @@ def manifest_problem(manifest: Any) -> str | None:
     return None
 
 
-def _read_manifest(path: str, name: str) -> dict[str, Any]:
+def unprepared_problem(name: str) -> str:
+    """A manifest the blend's own `prepare:` list makes, not made yet: the run makes it (before
+    the paths are checked), so the advice is not to run prepare_data by hand."""
+    return (f"manifest {name} is not prepared yet; the blend's prepare: entry makes it when a "
+            "run with this blend starts (scripts/pretrain.py without check=paths)")
+
+
+def _read_manifest(path: str, name: str, made: frozenset[Path] = frozenset()) -> dict[str, Any]:
     file = Path(name)
     try:
         manifest = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        if not file.exists() and _resolved(name) in made:
+            raise _fail(path, unprepared_problem(name)) from None
         raise _fail(path, f"manifest {name} is missing or not a prepare_data manifest; run "
                           "scripts/prepare_data.py or name its <output>.json") from None
     problem = manifest_problem(manifest)
@@ -243,6 +253,7 @@ class _Found:
 
     manifests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     bare: list[dataset_files.IndexFacts] = field(default_factory=list)
+    made: frozenset[Path] = frozenset()  # manifests the blend's prepare: entries write
 
 
 def _check_prefix(path: str, prefix: str) -> dataset_files.IndexFacts:
@@ -314,7 +325,7 @@ def _sources(path: str, entries: Any, found: _Found,
             sources.append(_bare_source(path, entry, weight, found))
             continue
         name = str(entry["manifest"])
-        manifest = _read_manifest(path, name)
+        manifest = _read_manifest(path, name, found.made)
         found.manifests.append((name, manifest))
         folder = Path(name).parent
         prefixes = []
@@ -443,6 +454,17 @@ def _bare_checks(path: str, loaded: dict[str, Any], found: _Found, eod: int,
     return ()
 
 
+def valid_with_split_problem(loaded: dict[str, Any]) -> str | None:
+    """`valid:` sources beside `split:`: the split divides every train source into train and
+    held-out samples, which a valid list replaces, so the split would be ignored and the run
+    would train on all of each train source, not the share the file asks for."""
+    if loaded.get("valid") is None or "split" not in loaded:
+        return None
+    return (f"names both valid: sources and split: {loaded['split']!r}; the split divides the "
+            "train sources into train and held-out samples, which the valid: sources replace "
+            "(the split would be ignored); keep one: remove split:, or remove valid:")
+
+
 def _split(path: str, loaded: dict[str, Any]) -> tuple[float, float]:
     split = loaded.get("split", [95, 5])
     ok = isinstance(split, list) and len(split) == 2 and all(
@@ -456,7 +478,10 @@ def _split(path: str, loaded: dict[str, Any]) -> tuple[float, float]:
 def load_blend(path: str) -> Blend:
     """Read and check a blend file (files on disk included); raises a one-line ConfigError."""
     loaded = _read_yaml(path)
-    found = _Found()
+    problem = valid_with_split_problem(loaded) or next(iter(prepare_problems(loaded)), None)
+    if problem:  # the first; prepare_missing_data says every one before any preparation
+        raise _fail(path, problem)
+    found = _Found(made=made_manifests(loaded))
     train = _sources(path, loaded["train"], found)
     valid = (_sources(path, loaded["valid"], found, "valid")
              if loaded.get("valid") is not None else None)
@@ -465,6 +490,78 @@ def load_blend(path: str) -> Blend:
     named = _named_tokenizers(loaded, found)
     return Blend(path=path, train=train, valid=valid, split=_split(path, loaded), eod_id=eod,
                  vocab_size=vocab, notes=notes, tokenizer=str(named[0][1]) if named else None)
+
+
+# ----------------------------------------------------------------------------- prepare: entries
+# The rules a `prepare:` entry (data_prep/blend_prepare.py runs them) meets that need only the
+# blend: the list's shape and what each entry's output makes. Its keys are prepare_data's own
+# (data_prep/config.py, a floor above this one): blend_prepare.prepare_problems adds them.
+
+
+def prepare_list_problem(entries: Any) -> str | None:
+    """`prepare:` is not a list of {key: value} entries (one prepare_data call each)."""
+    if entries is None or isinstance(entries, list) and all(isinstance(e, dict) for e in entries):
+        return None
+    return "'prepare' must be a list of {input, output, tokenizer, ...} entries (prepare_data " \
+           "arguments)"
+
+
+def prepare_entry_name(index: int, entry: dict[str, Any]) -> str:
+    """How a message names a `prepare:` entry: its place and its output."""
+    output = entry.get("output")
+    return f"prepare[{index}]" + (f" (output={output})" if output is not None else "")
+
+
+def _resolved(path: str) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def makes(output: str, named: str) -> bool:
+    """Whether a preparation with `output=` makes what a blend names: its manifest
+    (`<output>.json`) or one of its datasets (`<output>_<name>`, a bare prefix)."""
+    made, target = _resolved(output), _resolved(named)
+    if target == made.with_name(made.name + ".json"):
+        return True
+    return target.parent == made.parent and target.name.startswith(made.name + "_")
+
+
+def named_datasets(loaded: dict[str, Any]) -> list[str]:
+    """The manifests and prefixes a blend's `train:` and `valid:` entries name."""
+    return [str(entry[key]) for split in ("train", "valid")
+            for entry in (loaded.get(split) if isinstance(loaded.get(split), list) else [])
+            if isinstance(entry, dict) for key in ("manifest", "prefix") if key in entry]
+
+
+def prepare_output_problem(index: int, entry: dict[str, Any], named: list[str]) -> str | None:
+    """An entry whose output the blend does not train on: it would prepare all its data, and
+    the run would then find the manifest the blend names missing."""
+    output = entry.get("output")
+    if output is None or any(makes(str(output), name) for name in named):
+        return None
+    listed = ", ".join(named[:3]) or "nothing"
+    return (f"{prepare_entry_name(index, entry)} makes {output}.json, which its train:/valid: "
+            f"entries do not name (they name {listed}); set the entry's output to the prefix "
+            "of a manifest they name (<output>.json), or name its manifest in train:")
+
+
+def prepare_problems(loaded: dict[str, Any]) -> list[str]:
+    """The blend-side problems of its `prepare:` entries, one line each."""
+    entries = loaded.get("prepare")
+    problem = prepare_list_problem(entries)
+    if problem or not entries:
+        return [problem] if problem else []
+    named = named_datasets(loaded)
+    found = [prepare_output_problem(index, entry, named) for index, entry in enumerate(entries)]
+    return [message for message in found if message]
+
+
+def made_manifests(loaded: dict[str, Any]) -> frozenset[Path]:
+    """The manifests (resolved) a blend's `prepare:` entries write."""
+    entries = loaded.get("prepare")
+    if not isinstance(entries, list):
+        return frozenset()
+    return frozenset(_resolved(f"{entry['output']}.json") for entry in entries
+                     if isinstance(entry, dict) and entry.get("output") is not None)
 
 
 def split_documents(documents: int, split: tuple[float, float]) -> tuple[int, int]:
