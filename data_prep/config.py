@@ -80,8 +80,10 @@ class PrepareConfig:
     # Train shards of about equal tokens, cut in document order over all inputs; None = one
     # shard per input file (then shard_size may cut each further).
     num_shards: int | None = None
-    valid_shards: int = 0  # held-out shards: every 1/held_out_fraction-th document goes there
-    test_shards: int = 0  # and the one before it goes to the test shards
+    # Held-out shards: a document goes to valid when the CRC-32 of its text modulo
+    # round(1/held_out_fraction) is the largest residue, to test when it is the one below.
+    valid_shards: int = 0
+    test_shards: int = 0
     held_out_fraction: float = 0.01  # share of documents for valid (and again for test)
     executor: Literal["local", "ray"] = "local"  # a process pool here, or one Ray task a shard
     ray_address: str | None = None  # executor=ray: the cluster (else RAY_ADDRESS, else local)
@@ -90,8 +92,12 @@ class PrepareConfig:
     empty_documents: Literal["keep", "skip"] = "keep"
     eod_token: str | None = None  # end-of-document token; None = the tokenizer's own
     seed: int = 1234  # seeds the packing index's shuffled pack order
-    pack_size: int | None = None  # also write an exact packing index for rows of this length
-    pad_multiple: int = 1  # the index pads each document to a multiple of this (CP: 2 x CP)
+    pack_size: int | None = None  # packing.seq_length: also write a pack index for such rows
+    pad_multiple: int = 1  # packing.pad_multiple: pad each document in it (CP: 2 x CP)
+    # The key each field was typed as (`parse_args`), so a message echoes what the user wrote;
+    # a field missing here is named by its own name (a library caller's spelling).
+    typed_keys: dict[str, str] = dataclasses.field(default_factory=dict, repr=False,
+                                                   compare=False)
 
     @property
     def train_vocab(self) -> int | None:
@@ -105,22 +111,44 @@ class PrepareConfig:
 # ----------------------------------------------------------------------------- parsing
 
 
+_NOT_ARGUMENTS = ("typed_keys",)  # fields that are no key=value argument
+# The documented (README, --help, docs/data.md) spelling of a field, where it differs from the
+# field's name; the field's name is accepted too, as an older spelling of the same setting.
+DOCUMENTED_KEYS = {"pack_size": "packing.seq_length", "pad_multiple": "packing.pad_multiple"}
+KEY_ALIASES = {key: name for name, key in DOCUMENTED_KEYS.items()}  # spelling -> field
+
+
 def field_types() -> dict[str, Any]:
+    """Field name -> type, for every field a `key=value` argument sets."""
     hints = typing.get_type_hints(PrepareConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(PrepareConfig)}
+    return {f.name: hints[f.name] for f in dataclasses.fields(PrepareConfig)
+            if f.name not in _NOT_ARGUMENTS}
+
+
+def documented_keys() -> list[str]:
+    """The keys as the help and docs spell them, in field order (what messages list)."""
+    return [DOCUMENTED_KEYS.get(name, name) for name in field_types()]
 
 
 def closest_keys(key: str) -> list[str]:
-    keys = list(field_types())
+    """Up to three documented keys near `key`, matched against every accepted spelling."""
+    spellings = {**{name: DOCUMENTED_KEYS.get(name, name) for name in field_types()},
+                 **{alias: alias for alias in KEY_ALIASES}}
     near = [_HABITUAL_NAMES[key]] if key in _HABITUAL_NAMES else []
-    near += [k for k in keys if len(key) > 2 and (k.startswith(key) or key.startswith(k))]
-    near += difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
-    return list(dict.fromkeys(near))[:3]
+    near += [k for k in spellings if len(key) > 2 and (k.startswith(key) or key.startswith(k))]
+    near += difflib.get_close_matches(key, list(spellings), n=3, cutoff=0.6)
+    return list(dict.fromkeys(spellings.get(k, k) for k in near))[:3]
+
+
+def key_name(cfg: PrepareConfig, name: str) -> str:
+    """How a message names field `name` when it echoes its value: the key the user typed
+    (a value to give instead is suggested in the documented spelling)."""
+    return cfg.typed_keys.get(name, name)
 
 
 def _unknown_key_message(key: str) -> str:
     near = closest_keys(key)
-    keys = ", ".join(field_types())
+    keys = ", ".join(documented_keys())
     hint = f"did you mean {', '.join(near)}?" if near else f"the keys are {keys}"
     return f"unknown key '{key}'; {hint}"
 
@@ -132,28 +160,27 @@ def _example(key: str) -> str:
     return "null" if default is None else str(default)
 
 
-# Spellings accepted for a field (the README and pretrain.py use the dotted one).
-KEY_ALIASES = {"packing.seq_length": "pack_size", "packing.pad_multiple": "pad_multiple"}
-
-
 def parse_args(argv: Sequence[str]) -> PrepareConfig:
     """`key=value` words -> `PrepareConfig` (a later word wins over an earlier one)."""
     types_by_key = field_types()
     values: dict[str, Any] = {}
+    typed: dict[str, str] = {}
     for text in argv:
         key, value = split_argument(text, "input=data/train.jsonl (quote a glob: "
                                     "input='data/*.jsonl')")
-        key = KEY_ALIASES.get(key, key)
-        if key not in types_by_key:
+        name = KEY_ALIASES.get(key, key)
+        if name not in types_by_key:
             raise ConfigError(_unknown_key_message(key))
+        example = f"{key}={_example(name)}"
         if not value.strip():
-            raise ConfigError(f"{key} is empty; give it a value, e.g. {key}={_example(key)}")
-        values[key] = convert(key, value, types_by_key[key], f"{key}={_example(key)}")
+            raise ConfigError(f"{key} is empty; give it a value, e.g. {example}")
+        values[name] = convert(key, value, types_by_key[name], example)
+        typed[name] = key
     missing = [key for key in REQUIRED if key not in values]
     if missing:
         given = ", ".join(f"{key}={_example(key)}" for key in missing)
         raise ConfigError(f"missing {', '.join(missing)}; give {given} (--help shows the usage)")
-    return PrepareConfig(**values)
+    return PrepareConfig(**values, typed_keys=typed)
 
 
 # ----------------------------------------------------------------------------- pure rules
@@ -170,10 +197,11 @@ def check_empty_text(cfg: PrepareConfig) -> str | None:
 def check_counts(cfg: PrepareConfig) -> str | None:
     if cfg.num_proc < 1:
         return f"num_proc={cfg.num_proc} must be at least 1, e.g. num_proc={os.cpu_count() or 1}"
+    rows = key_name(cfg, "pack_size")
     if cfg.pack_size is not None and cfg.pack_size < 2:
         return (
-            f"pack_size={cfg.pack_size} cannot hold a document and its next token; give rows "
-            "of at least 2 tokens, e.g. packing.seq_length=4096, or leave it unset"
+            f"{rows}={cfg.pack_size} cannot hold a document and its next token; give rows of "
+            "at least 2 tokens, e.g. packing.seq_length=4096, or leave it unset"
         )
     for key in ("num_shards", "valid_shards", "test_shards"):
         value = getattr(cfg, key)
@@ -205,22 +233,23 @@ def check_executor(cfg: PrepareConfig) -> str | None:
 
 def check_pad_multiple(cfg: PrepareConfig) -> str | None:
     """A run with context parallel size CP trains on packs whose documents are padded to a
-    multiple of 2 x CP; its rows (`pack_size`) are then a multiple of 2 x CP too."""
+    multiple of 2 x CP; its rows (`packing.seq_length`) are then a multiple of 2 x CP too."""
     multiple, size = cfg.pad_multiple, cfg.pack_size
+    pad, rows = key_name(cfg, "pad_multiple"), key_name(cfg, "pack_size")
     if multiple < 1:
         return (
-            f"pad_multiple={multiple} must be at least 1 (1: no padding; for context parallel "
+            f"{pad}={multiple} must be at least 1 (1: no padding; for context parallel "
             "2 x CP, e.g. packing.pad_multiple=4 for CP2)"
         )
     if multiple > 1 and size is None:
         return (
-            f"pad_multiple={multiple} pads documents in a packing index, but none is written; "
-            f"also give packing.seq_length=<row length>, or leave pad_multiple unset"
+            f"{pad}={multiple} pads documents in a packing index, but none is written; "
+            f"also give packing.seq_length=<row length>, or leave {pad} unset"
         )
     if multiple > 1 and size % multiple:
         fits = size - size % multiple or multiple
         return (
-            f"pack_size={size} is not a multiple of pad_multiple={multiple} (context parallel "
+            f"{rows}={size} is not a multiple of {pad}={multiple} (context parallel "
             f"cuts every row into 2 x CP chunks); give e.g. packing.seq_length={fits}"
         )
 

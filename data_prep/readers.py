@@ -22,11 +22,16 @@ Why it is built this way:
   ArrowException from `iter_batches`): the same kind of line names the file and row group.
 - A position named in an error is a byte of the file (of its decompressed text when
   compressed), never a column within a line, so the user can go straight to it.
+- A UTF-8 byte order mark opening a file is no text (Python's `utf-8-sig`): `without_bom`
+  drops it from the file's first line or whole text, never elsewhere. A Parquet text column
+  may be string, large_string, string_view or a dictionary of one (pandas `category`):
+  `text_values` decodes each batch to Python strings.
 """
 
 from __future__ import annotations
 
 import bz2
+import codecs
 import difflib
 import gzip
 import json
@@ -43,6 +48,7 @@ CHUNK = 1 << 20  # bytes read at a time from a file
 BATCH = 1000  # documents handed to the tokenizer at a time
 HEAD_BYTES = 1 << 20  # what the pre-flight reads of each file
 FORMAT_NAMES = {"text": "text", "json": "JSON lines", "parquet": "Parquet"}
+BOM = codecs.BOM_UTF8
 Progress = Callable[[float], None]  # the share of the range read so far
 
 
@@ -172,9 +178,18 @@ def not_utf8(path: str, err: UnicodeDecodeError, offset: int) -> InputError:
                       f"{err.reason}); fix the file or remove it from input=")
 
 
+def without_bom(data: bytes, offset: int) -> tuple[bytes, int]:
+    """(`data` without a UTF-8 byte order mark, the byte it now starts at): the mark is
+    dropped only where `data` starts the file (`offset` 0), as `utf-8-sig` reads a file."""
+    if offset == 0 and data.startswith(BOM):
+        return data[len(BOM):], len(BOM)
+    return data, offset
+
+
 def _line_documents(line: bytes, path: str, offset: int = 0) -> list[str]:
     """One line (starting at byte `offset`) of a text file as the documents universal
     newlines make of it."""
+    line, offset = without_bom(line, offset)
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -260,6 +275,29 @@ def parquet_damaged(path: str, group: int, err: BaseException) -> InputError:
                       "or write it again, or remove it from input=")
 
 
+def is_text_type(kind: Any) -> bool:
+    """An Arrow type whose values are text: string, large_string, string_view, or a
+    dictionary of one (what pandas writes for a `category` column)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    is_view = getattr(pa.types, "is_string_view", lambda _: False)  # pyarrow >= 16
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or is_view(kind)
+
+
+def text_values(column: Any) -> list[str | None]:
+    """One batch of a text column as Python strings (None: null): a dictionary is decoded and
+    a string_view cast to large_string first, so every text type reads the same."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        column = column.cast(pa.large_string())
+    return column.to_pylist()
+
+
 def _parquet_documents(source: InputFile, start: int, stop: int,
                        progress: Progress | None) -> Iterator[str | None]:
     """Rows [start, stop) of the text column, row group by row group."""
@@ -281,7 +319,7 @@ def _parquet_documents(source: InputFile, start: int, stop: int,
                     if batch is None:
                         break
                     a, b = max(low - first - done, 0), min(high - first - done, batch.num_rows)
-                    texts = batch.column(0).slice(a, b - a).to_pylist() if a < b else []
+                    texts = text_values(batch.column(0).slice(a, b - a)) if a < b else []
                 except (OSError, pa.ArrowException) as err:
                     raise parquet_damaged(source.path, group, err) from None
                 yield from texts
@@ -332,11 +370,11 @@ def positioned_documents(source: InputFile) -> Iterator[tuple[int, str | None]]:
 
 def _whole_text(stream: BinaryIO, path: str) -> str:
     """A text file read as one document, newlines made universal."""
-    data = b"".join(iter(lambda: stream.read(CHUNK), b""))
+    data, start = without_bom(b"".join(iter(lambda: stream.read(CHUNK), b"")), 0)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise not_utf8(path, err, 0) from None
+        raise not_utf8(path, err, start) from None
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -394,7 +432,7 @@ def _head(source: InputFile) -> tuple[list[Any], bool]:
 def _starts_with_array(path: str, compression: str | None) -> bool:
     raw, stream = _opened(path, compression)
     with raw:
-        return stream.read(4096).lstrip()[:1] == b"["
+        return without_bom(stream.read(4096), 0)[0].lstrip()[:1] == b"["
 
 
 def inspect(path: Path, fmt: str, compression: str | None, text_field: str,
@@ -473,7 +511,8 @@ def _inspect_parquet(path: Path, column: str, size: int) -> InputFile:
                           f"{str(err).splitlines()[0]}); fix the file or remove it from "
                           "input=") from None
     schema = handle.schema_arrow
-    check_field(path, column, {f.name: str(f.type) for f in schema})
+    check_field(path, column, {f.name: "string" if is_text_type(f.type) else str(f.type)
+                               for f in schema})
     rows = handle.metadata.num_rows
     source = InputFile(str(path), "parquet", None, column, "line", size, rows)
     if rows <= BATCH:

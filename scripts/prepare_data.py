@@ -13,6 +13,7 @@ usage: python scripts/prepare_data.py input=FILES output=PREFIX tokenizer=TOKENI
 arguments:
   input=       files, a folder (searched recursively) or a glob; several joined by commas.
                .txt/.text/.md, .jsonl/.json/.ndjson, .parquet, optionally .gz/.bz2/.xz/.zst
+               (a UTF-8 byte order mark opening a file is dropped, as utf-8-sig reads it)
   output=      prefix of what is written (its folder is created):
                  <output>_<name>.bin/.idx   one Megatron indexed dataset per input file, <name>
                                             = the file's path below the inputs' common folder
@@ -28,12 +29,14 @@ arguments:
                  <output>.shards/           one record per shard (what a re-run keeps)
   tokenizer=   a tokenizer.json, a Hugging Face tokenizer folder holding one, or train:VOCAB
                (a byte-level BPE of VOCAB tokens trained on these inputs, offline)
-  text_field=  JSONL/Parquet field holding the text (default text)
+  text_field=  JSONL/Parquet field holding the text (default text); a Parquet column may be
+               string, large_string, string_view or a dictionary of strings (pandas category)
   sample_by=   text files: one document per line, paragraph or document (default line)
   num_shards=  train shards of about equal tokens, cut in document order over all inputs
                (default null: one shard per input file)
-  valid_shards=, test_shards=  held-out shards: every 1/held_out_fraction-th document goes to
-               valid, the one before it to test (default 0: none)
+  valid_shards=, test_shards=  held-out shards: a document goes to valid when the CRC-32 of its
+               text modulo round(1/held_out_fraction) is the largest residue, to test when it is
+               the one below (empty documents stay in train; default 0: none)
   held_out_fraction=  share of documents for valid, and again for test (default 0.01)
   num_proc=    workers: shards written at once (default 1)
   executor=    local (a process pool, default) or ray (one Ray task per shard)
@@ -48,6 +51,7 @@ arguments:
                          every dataset (packs, lower bound and efficiency in the summary)
   packing.pad_multiple=  with packing.seq_length: pad each document to a multiple of this
                          many tokens in the packs (context parallel needs 2 x CP; default 1)
+                         (pack_size= and pad_multiple= are older spellings of these two keys)
 
 Every document becomes one sequence: the tokenizer's encoding of it (its own special tokens,
 e.g. a BOS, included) followed by one end-of-document id, as Megatron-LM's preprocess_data

@@ -312,8 +312,8 @@ def test_bad_input_is_one_line_and_leaves_no_dataset(changes, expected, corpus, 
     (["--input=a"], "'--input=a' is not an argument; write KEY=VALUE without dashes"),
     (["input=a", "output=data/", "tokenizer=c"], "output=data/ is a folder, not a file prefix"),
     (["input=a", "output=b", "tokenizer=c", "packing.seq_length=30", "packing.pad_multiple=4"],
-     "pack_size=30 is not a multiple of pad_multiple=4 (context parallel cuts every row into "
-     "2 x CP chunks); give e.g. packing.seq_length=28"),
+     "packing.seq_length=30 is not a multiple of packing.pad_multiple=4 (context parallel cuts "
+     "every row into 2 x CP chunks); give e.g. packing.seq_length=28"),
 ])
 def test_command_line_mistakes_are_one_line(argv, expected) -> None:
     with pytest.raises(ConfigError) as error:
