@@ -121,7 +121,7 @@ def test_missing_tensor_and_wrong_shape_are_named(llama, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("argv, expected", [
-    ([], "convert needs a command, import or export"),
+    ([], "convert.py needs a command first: import or export"),
     (["export", "out=x"], "export needs checkpoint=DIR"),
     (["export", "checkpoint=a", "out=b", "recipe=x"], "export does not take 'recipe=x'"),
 ])

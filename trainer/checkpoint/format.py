@@ -32,7 +32,8 @@ The second layout is Megatron-LM's (`--save DIR`, `megatron/training/checkpointi
     DIR/release/                           RELEASE_DIR: weights published without a step
 
 Both layouts are recognised everywhere a step is looked for: `step_of` reads either name, a root
-resumes from what `latest` names, else what the tracker names, else its newest complete step.
+resumes from what `latest` names, else what the tracker names, else its newest complete step
+(said in one `resume:` line, `fallback_note`, when either file names something else).
 """
 
 from __future__ import annotations
@@ -183,3 +184,21 @@ def newest_checkpoint(root: Path) -> Path | None:
         return max(named, key=lambda path: step_of(path.name) or -1)
     steps = complete_steps(root)
     return steps[-1] if steps else None
+
+
+def fallback_note(root: Path) -> str | None:
+    """The line a resume prints when a root's `latest` file or Megatron-LM's tracker names no
+    complete step (a step gone or unfinished, or text that is no step: `abc`), so the root
+    resumes from its newest complete one (`newest_checkpoint`) instead; None when the step
+    resumed from is the one named, or the root has neither file or no complete step."""
+    step = newest_checkpoint(root)
+    files = [name for name in (LATEST_FILE, MEGATRON_LM_TRACKER) if (root / name).exists()]
+    if step is None or not files:
+        return None
+    named = {_read(root / name) if name == LATEST_FILE else tracker_name(root) for name in files}
+    if step.name in named:
+        return None
+    said = [f"{name} names {text[:60]!r}" if text is not None else f"{name} cannot be read"
+            for name, text in ((name, _read(root / name)) for name in files)]
+    return (f"{' and '.join(said)}, no complete step; resuming from the newest complete one, "
+            f"{step.name}")

@@ -39,6 +39,9 @@ COMMON_STATE = "common_state"  # Megatron Core's key of the common state (serial
 RNG_STATE = "rng_state"
 MEGATRON_LM = "Megatron-LM"
 MEGATRON_BRIDGE = "Megatron Bridge"
+# This project's own step without its run.json (an `iter_NNNNNNN` of checkpoint.format=
+# megatron_lm copied without it): its own state (`run_state`) is in the common state.
+OWN = "mcore-recipes"
 # Containers the restricted unpickler builds as themselves; every other global is a Record.
 PLAIN = {("builtins", name) for name in ("dict", "list", "tuple", "set", "frozenset", "int",
                                          "float", "bool", "str", "bytes", "complex")}
@@ -296,9 +299,13 @@ def _bridge_config(step_dir: Path) -> dict[str, Any]:
 
 
 def writer_of(step_dir: Path, common: dict[str, Any]) -> str | None:
-    """Who wrote a step this project did not (None: this project did, or it cannot tell)."""
-    if "run_state" in common or (step_dir / MANIFEST_FILE).is_file():
+    """Who wrote a step without `run.json`: Megatron-LM, Megatron Bridge, or this project (`OWN`:
+    its own state is there, its `run.json` is not); None with a `run.json` (the manifest
+    describes the step) or when it cannot tell."""
+    if (step_dir / MANIFEST_FILE).is_file():
         return None
+    if "run_state" in common:
+        return OWN
     if "args" in common:
         return MEGATRON_LM
     if (step_dir / BRIDGE_TRAIN_STATE).is_file() or "iteration" in common:
@@ -307,9 +314,11 @@ def writer_of(step_dir: Path, common: dict[str, Any]) -> str | None:
 
 
 def foreign_manifest(step_dir: Path) -> dict[str, Any] | None:
-    """A step Megatron-LM or Megatron Bridge wrote, described as this project's `run.json`
-    describes its own (no file records; `writer` names the tool); None for a step of this
-    project or one whose common state cannot be read."""
+    """A step without `run.json`, described as this project's `run.json` describes its own (no
+    file records; `writer` names the tool): Megatron-LM's, Megatron Bridge's, or this project's
+    own that lost it (`OWN`: counters from its own state, config and layout from Megatron-LM's
+    `args` where checkpoint.format=megatron_lm saved them); None for a step with a `run.json`
+    or one whose common state cannot be read."""
     try:
         keys, where = dcp_index(step_dir)
     except UNREADABLE:
@@ -318,9 +327,12 @@ def foreign_manifest(step_dir: Path) -> dict[str, Any] | None:
     writer = writer_of(step_dir, common) if common is not None else None
     if writer is None:
         return None
-    if writer == MEGATRON_LM:
+    own = common.get("run_state") if writer == OWN else None
+    own = own if isinstance(own, dict) else {}
+    if writer in (MEGATRON_LM, OWN):
         args = _namespace(common.get("args"))
         consumed, config = args.get("consumed_train_samples"), config_from_args(args)
+        consumed = own.get("consumed_samples", consumed)
     else:
         bridge = _bridge_config(step_dir)
         args, config = _bridge_parallel(bridge), config_from_bridge(bridge)
@@ -332,9 +344,9 @@ def foreign_manifest(step_dir: Path) -> dict[str, Any] | None:
     if sharding:
         config.setdefault("checkpoint", {})["optimizer_format"] = sharding
     return {
-        "writer": writer, "step": int(common.get("iteration") or 0),
-        "consumed_samples": int(consumed or 0), "consumed_tokens": None,
-        "world_size": args.get("world_size"), "layout": _layout(args),
+        "writer": writer, "step": int(own.get("step", common.get("iteration")) or 0),
+        "consumed_samples": int(consumed or 0), "consumed_tokens": own.get("consumed_tokens"),
+        "world_size": own.get("world_size", args.get("world_size")), "layout": _layout(args),
         "padded_vocab_size": args.get("padded_vocab_size"),
         "checkpoint_version": common.get("checkpoint_version"),
         "rng_grid": rng_grid(keys), "optimizer_saved": any(k.startswith("optimizer.")
@@ -377,20 +389,33 @@ def foreign_resume_problem(cfg, manifest: dict[str, Any]) -> str | None:
     if not manifest.get("optimizer_saved"):
         return ("it holds no optimizer state (saved with --no-save-optim); start from its "
                 "weights with checkpoint.load_model_only=true")
-    if cfg.phases:
+    if cfg.phases and manifest.get("writer") != OWN:  # OWN keeps each phase's position
         return ("its data position is one stream of samples, and this run trains in phases "
                 "(each with its own stream); drop phases, or start from its weights with "
                 "checkpoint.load_model_only=true")
     return None
 
 
+def own_resume_line(step_dir: Path, manifest: dict[str, Any]) -> str:
+    """The `resuming from` line of this project's own step without its `run.json` (`OWN`):
+    its counters, and which checks the missing file leaves out."""
+    read = ("changes are read from its Megatron-LM arguments" if manifest.get("config")
+            else "changes are not stated")
+    return (f"resuming from {step_dir} (step {manifest['step']}, {manifest['consumed_samples']} "
+            f"samples, {manifest['consumed_tokens']} loss tokens; saved by {OWN}, its "
+            f"{MANIFEST_FILE} missing: files and tokenizer are not checked, {read})")
+
+
 def foreign_notes(cfg, step_dir: Path, manifest: dict[str, Any]) -> list[str]:
-    """What a full resume of a Megatron-LM or Bridge step continues from and changes."""
+    """What a full resume of a step without `run.json` (Megatron-LM's, Bridge's, `OWN`)
+    continues from and changes."""
     version = manifest.get("checkpoint_version")
     first = (f"resuming from {step_dir} (step {manifest['step']}, "
              f"{manifest['consumed_samples']} samples; written by {manifest['writer']}"
              f"{f', checkpoint version {version}' if version is not None else ''}; it records "
              "no loss-token count, so loss tokens are counted from this resume)")
+    if manifest["writer"] == OWN:
+        first = own_resume_line(step_dir, manifest)
     note = rng_note(cfg, manifest)
     rng = "RNG streams as said below" if note else "RNG streams restored"
     return [first, *change_notes(cfg, manifest, rng), *([note] if note else [])]

@@ -49,6 +49,7 @@ from trainer.checkpoint.format import (
     RUN_CHECKPOINTS,
     TMP_INFIX,
     complete_steps,
+    fallback_note,
     is_checkpoint,
     is_hf_import,
     is_project_step,
@@ -224,13 +225,20 @@ def _damage_message(load: str, step_dir: Path, damage: str) -> str:
 def checkpoint_preflight(cfg: RunConfig) -> list[str]:
     """The checkpoint a run loads, checked against its `run.json` before any rank starts:
     a damaged file or a model that cannot load it raises `ConfigError` (one line); returns the
-    lines that say what a full resume continues from and what it changes."""
+    lines that say what a full resume continues from and what it changes, first the one that
+    says a root's `latest` or tracker file named no complete step (`format.fallback_note`)."""
     load = cfg.checkpoint.load
     if cfg.dry_run or load is None or check_checkpoint_load_path(cfg) is not None:
         return []
     step_dir = loaded_step(load)
     if step_dir is None:
         return []
+    fallback = None if is_checkpoint(Path(load)) else fallback_note(Path(load))
+    return [*([fallback] if fallback else []), *_step_preflight(cfg, load, step_dir)]
+
+
+def _step_preflight(cfg: RunConfig, load: str, step_dir: Path) -> list[str]:
+    """`checkpoint_preflight` of the step `load` resolved to."""
     if is_release(step_dir) and not cfg.checkpoint.load_model_only:
         raise ConfigError(f"checkpoint.load={load} resumes from Megatron-LM's release "
                           "checkpoint, which holds weights only (no step, optimizer or "

@@ -9,6 +9,7 @@ printed as one line with exit code 2.
 
 from __future__ import annotations
 
+import difflib
 import resource
 import time
 from collections.abc import Mapping, Sequence
@@ -30,15 +31,53 @@ class Request:
     rest: list[str] = field(default_factory=list)  # recipe=/config= and overrides (import)
 
 
+def command_problem(words: Sequence[str]) -> str | None:
+    """The first word must be the sub-command: none given, or an option or override first
+    (`convert.py hf=DIR ...`), says so; an unknown word is named with the nearest command."""
+    if words and words[0] in COMMANDS:
+        return None
+    if not words or "=" in words[0] or words[0].startswith("-"):
+        return ("convert.py needs a command first: import or export (e.g. convert.py import "
+                "hf=DIR out=DIR recipe=NAME)")
+    near = difflib.get_close_matches(words[0], list(COMMANDS), n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]}?" if near else "give import or export"
+    return f"convert.py has no command '{words[0]}'; {hint} (--help shows usage)"
+
+
+def misspelled_option(command: str, rest: Sequence[str]) -> str | None:
+    """A word after the command that reads as a misspelling of one of its options (`hf_dir=`,
+    `output=` for `hf=`, `out=`): named with the option, rather than passed on as a config
+    override or reported as the option missing. A run-config field (`run_dir=`), a dotted
+    override and recipe=/config= are left to the recipe's own checks."""
+    import dataclasses
+
+    from recipes.config.schema import RunConfig
+
+    config_keys = {"recipe", "config", *(f.name for f in dataclasses.fields(RunConfig))}
+    options = (*COMMANDS[command], *OPTIONAL.get(command, ()))
+    for word in rest:
+        key = word.partition("=")[0]
+        if "=" not in word or "." in key or key in config_keys or key in options:
+            continue
+        near = [option for option in options if key.startswith(option)
+                or (len(key) > 1 and option.startswith(key))]
+        near = near or difflib.get_close_matches(key, options, n=1, cutoff=0.6)
+        if near:
+            return f"unknown option {key}; did you mean {near[0]}=?"
+    return None
+
+
 def make_request(words: Sequence[str], given: Mapping[str, Any]) -> Request:
     """The conversion a parsed command line asks for: `words` are the sub-command, then (import)
     the recipe and its overrides; `given` the options, None where not given."""
-    if not words or words[0] not in COMMANDS:
-        got = f"'{words[0]}'" if words else "nothing"
-        raise ConfigError(f"convert needs a command, import or export, first (got {got}); "
-                          "--help shows usage")
+    problem = command_problem(words)
+    if problem:
+        raise ConfigError(problem)
     request = Request(words[0], rest=list(words[1:]))
     required, optional = COMMANDS[request.command], OPTIONAL.get(request.command, ())
+    problem = misspelled_option(request.command, request.rest)
+    if problem:
+        raise ConfigError(problem)
     for key, value in given.items():
         if value is None:
             continue
