@@ -153,3 +153,18 @@ def test_nothing_is_prepared_when_any_entry_is_wrong(tmp_path, monkeypatch):
     prepare_missing_data(run_config(good))
     assert [args[0]["output"] for args in prepared] == [f"{tmp_path}/p"]
     assert check_prepare_entries(run_config(good)) is None
+
+
+def test_check_paths_names_a_misspelt_prepare_key(tmp_path):
+    """`pretrain.py check=paths` prepares nothing, yet meets a prepare: entry's misspelt key
+    (the pre-flight's path rules end with `check_prepare_entries`)."""
+    from recipes.resolve import resolve_config
+    from trainer.checkpoint.preflight import path_problems
+
+    (tmp_path / "in.txt").write_text("hello\n")
+    blend = tmp_path / "blend.yaml"
+    blend.write_text(f"prepare:\n  - {{input: {tmp_path}/in.txt, output: {tmp_path}/p, "
+                     f"num_shardz: 2}}\ntrain:\n  - {{manifest: {tmp_path}/p.json}}\n")
+    cfg = resolve_config(["recipe=tiny_dp1", "data.source=blend", f"data.blend={blend}"])
+    assert any("prepare[0] (output=" in line and "unknown key 'num_shardz'; did you mean "
+               "num_shards" in line for line in path_problems(cfg))

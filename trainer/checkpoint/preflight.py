@@ -28,6 +28,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+from data_prep.blend_prepare import check_prepare_entries
 from plugins.protocol.errors import ConfigError, config_error
 from recipes.config.io import CONFIG_FILENAME
 from recipes.config.path_rules import (
@@ -411,9 +412,10 @@ def apply_resume(cfg: RunConfig) -> None:
         print(f"resume: {note}", flush=True)
 
 
-# The order a user meets them in: where the run writes, what it loads, what it reads.
+# The order a user meets them in: where the run writes, what it loads, what it reads, and
+# what a blend's prepare: list would make (its entries' keys by prepare_data's own parser).
 RUN_PATH_RULES: tuple[PathRule, ...] = (
-    *DIRECTORY_RULES, check_checkpoint_load_path, *INPUT_RULES,
+    *DIRECTORY_RULES, check_checkpoint_load_path, *INPUT_RULES, check_prepare_entries,
 )
 
 
