@@ -123,7 +123,7 @@ class LaunchPlan:
     script_args: list[str]
     rdzv_port: int | None = None  # set for Slurm by `pin_slurm_run`
     cluster: Any = None  # the cluster file's ClusterSpec (device, cpus_per_task, exclusive)
-    run_dir: str | None = None  # the job's run directory, pinned for Slurm by `pin_slurm_run`
+    run_dir: str | None = None  # the job's run directory, pinned at launch
 
 
 def _resolved(rest: Sequence[str], problems: list[str]) -> Any:
@@ -522,6 +522,19 @@ def pin_slurm_run(plan: LaunchPlan, args: LaunchArgs, experiment: str,
     return dataclasses.replace(plan, rdzv_port=port)
 
 
+def pin_local_run(plan: LaunchPlan, args: LaunchArgs, now: datetime) -> LaunchPlan:
+    """A local job's run directory, chosen once here (`<output_dir>/<recipe>-<time>`, as
+    pretrain.py names a run, or the run_dir= given): each rank would otherwise name it after
+    torchrun's run id (TORCHELASTIC_RUN_ID, which NeMo-Run's local torchrun sets)."""
+    run_dir = Path(plan.cfg.run_dir or "")
+    if not plan.cfg.run_dir:
+        base = Path(plan.cfg.output_dir).resolve() / f"{plan.cfg.name}-{now:%Y%m%d-%H%M%S}"
+        run_dir = new_run_dir(base, create=not args.dry_run)
+        plan = dataclasses.replace(plan, script_args=[*plan.script_args, f"run_dir={run_dir}"])
+    print(f"run directory: {run_dir}", flush=True)
+    return dataclasses.replace(plan, run_dir=str(run_dir))
+
+
 def rendezvous_line(nodes: int, port: int, chosen: bool) -> str:
     if nodes == 1:  # NeMo-Run's torchrun then rendezvous on localhost:0, a free port
         return "rendezvous: one node, torchrun picks a free local port"
@@ -696,7 +709,10 @@ def local_executor(plan: LaunchPlan) -> Any:
     import nemo_run as run
 
     os.environ["PATH"] = local_path(os.environ.get("PATH", ""))
-    return run.LocalExecutor(ntasks_per_node=plan.gpus_per_node, launcher="torchrun")
+    # NeMo-Run sets LOGLEVEL=INFO for torchrun: its startup lines would bury the ranks' output
+    quiet = {"LOGLEVEL": os.environ.get("LOGLEVEL", "WARNING")}
+    return run.LocalExecutor(ntasks_per_node=plan.gpus_per_node, launcher="torchrun",
+                             env_vars=quiet)
 
 
 def build_task(plan: LaunchPlan, args: LaunchArgs,
@@ -766,6 +782,8 @@ def run_launch(args: LaunchArgs) -> int:
         plan = pin_slurm_run(plan, args, experiment_name)
     elif len(jobs) > 1:  # the later jobs resume the first one's run directory
         plan = pin_run_dir(plan, args, datetime.now(UTC))
+    else:
+        plan = pin_local_run(plan, args, datetime.now())
     if len(jobs) > 1:
         print(f"phases: {len(jobs)} dependent jobs, "
               + ", then ".join(f"{job.name} ({' '.join(job.extra)})" for job in jobs), flush=True)
@@ -778,14 +796,22 @@ def run_launch(args: LaunchArgs) -> int:
         if args.dry_run:
             print(rendered_script(experiment))
         else:
-            experiment.run(detach=False)
+            experiment.run(detach=False, tail_logs=True)  # the ranks' output, as they run
     if args.dry_run:  # NeMo-Run removes its experiment's folder, not the ones above it
         remove_empty(made)
         return 0
     states = [str(job.state) for job in experiment.jobs]  # ran here and waited: pass them on
     for job, state in zip(experiment.jobs, states, strict=True):
-        print(f"{job.id} under NeMo-Run's local executor: {state}", flush=True)
+        print(f"{job.id} under NeMo-Run's local executor: {state}; run directory: "
+              f"{plan.run_dir}; its log: {local_log(job.executor.job_dir)}", flush=True)
     return 0 if all(state.endswith("SUCCEEDED") for state in states) else 1
+
+
+def local_log(job_dir: str) -> str:
+    """A local job's log, all its ranks' output (NeMo-Run writes it under the job's directory
+    as `nemo_run/<app id>/<role>/0/combined.log`), else the job's directory."""
+    found = sorted(Path(job_dir).glob("nemo_run/*/*/*/combined.log"))
+    return str(found[-1]) if found else job_dir
 
 
 def missing_parts(path: Path) -> list[Path]:
