@@ -30,10 +30,12 @@ SHARDS = 4  # shards of the scaling runs (at least the workers, so each worker h
 
 def shards_for(corpus: Path, most: int) -> int:
     """The most shards, up to `most`, that cut the JSONL corpus so that a document starts in
-    each shard's byte range (prepare_data cuts a file into equal byte ranges and a range reads
-    the lines that start in it; a range where none starts is refused as an empty shard): a
-    small corpus of a few large documents takes fewer. 1 always does."""
+    each shard's byte range (prepare_data cuts a file into equal byte ranges, `shards.cut`, and
+    a range reads the lines that start in it; a range where none starts is refused as an empty
+    shard): a small corpus of a few large documents takes fewer. 1 always does."""
     from bisect import bisect_left
+
+    from data_prep.shards import cut
 
     data = corpus.read_bytes()
     size = len(data)
@@ -44,7 +46,7 @@ def shards_for(corpus: Path, most: int) -> int:
         return index < len(starts) and starts[index] < high
 
     for count in range(most, 1, -1):
-        if all(starts_in(size * j // count, size * (j + 1) // count) for j in range(count)):
+        if all(starts_in(*cut(size, count, j)) for j in range(count)):
             return count
     return 1
 
