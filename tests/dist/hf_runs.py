@@ -67,6 +67,21 @@ def hf_config(kind: str):
                          num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=True)
 
 
+def config_json(kind: str, architecture: str) -> dict:
+    """The tiny model's config.json as transformers writes it (recipe hf_tiny_<kind>)."""
+    import json
+
+    return {**json.loads(hf_config(kind).to_json_string()), "architectures": [architecture]}
+
+
+def copy_model(model: Path, to: Path) -> Path:
+    """A copy of a model directory's files, to damage without touching the shared one."""
+    to.mkdir()
+    for path in model.iterdir():
+        (to / path.name).write_bytes(path.read_bytes())
+    return to
+
+
 # NemotronH tensors transformers initialises to constants (ones, zeros, log 1..H): moved off them
 # so that a mapping that dropped or swapped one would show in the logits.
 _CONSTANT_AT_INIT = ("norm.weight", "norm_f.weight", "mixer.D", "mixer.A_log", "mixer.dt_bias",

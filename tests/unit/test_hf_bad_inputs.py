@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
-from tests.dist.hf_runs import make_hf_model, nemotron_h_config
+from tests.dist.hf_runs import copy_model, make_hf_model, nemotron_h_config
 from tests.hang import HANG_S
 from trainer.entry.commands import CONVERT
 from trainer.entry.contract import parse_arguments
@@ -40,13 +40,6 @@ def _parse(argv: list[str]) -> cli.Request:
     args = parse_arguments(CONVERT, argv)
     return cli.make_request(args.rest, args.options)
 
-def _copy(model: Path, to: Path) -> Path:
-    to.mkdir()
-    for path in model.iterdir():
-        (to / path.name).write_bytes(path.read_bytes())
-    return to
-
-
 def _import_request(hf: Path, out: Path, *rest: str):
     return _parse(["import", f"hf={hf}", f"out={out}", *rest])
 
@@ -57,7 +50,7 @@ def test_directory_without_config_json_is_not_a_model(tmp_path) -> None:
 
 
 def test_unmapped_architecture_is_named(llama, tmp_path) -> None:
-    model = _copy(llama, tmp_path / "gpt2")
+    model = copy_model(llama, tmp_path / "gpt2")
     config = json.loads((model / "config.json").read_text())
     config["architectures"] = ["GPT2LMHeadModel"]
     (model / "config.json").write_text(json.dumps(config))
@@ -88,7 +81,7 @@ def test_unmapped_rope_scaling_and_norm_epsilon_are_refused() -> None:
 
 
 def test_missing_shard_is_named(llama, tmp_path) -> None:
-    model = _copy(llama, tmp_path / "sharded")
+    model = copy_model(llama, tmp_path / "sharded")
     tensors = load_file(model / "model.safetensors")
     (model / "model.safetensors").unlink()
     names = sorted(tensors)
@@ -107,7 +100,7 @@ def test_missing_shard_is_named(llama, tmp_path) -> None:
 def test_missing_tensor_and_wrong_shape_are_named(llama, tmp_path) -> None:
     cfg = get_recipe("hf_tiny_llama")
     for case, change in (("missing", None), ("shape", (2, 64))):
-        model = _copy(llama, tmp_path / case)
+        model = copy_model(llama, tmp_path / case)
         tensors = load_file(model / "model.safetensors")
         name = "model.layers.1.mlp.up_proj.weight"
         if change is None:

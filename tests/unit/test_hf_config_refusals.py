@@ -15,26 +15,20 @@ import pytest
 
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
-from tests.dist.hf_runs import hf_config as transformers_config
+from tests.dist.hf_runs import config_json
 from trainer.interop import hf_config
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _config(kind: str, architecture: str) -> dict:
-    """The tiny model's config.json as transformers writes it (recipe hf_tiny_<kind>)."""
-    config = transformers_config(kind)
-    return {**json.loads(config.to_json_string()), "architectures": [architecture]}
-
-
 @pytest.fixture(scope="module")
 def llama() -> dict:
-    return _config("llama", "LlamaForCausalLM")
+    return config_json("llama", "LlamaForCausalLM")
 
 
 @pytest.fixture(scope="module")
 def mixtral() -> dict:
-    return _config("mixtral", "MixtralForCausalLM")
+    return config_json("mixtral", "MixtralForCausalLM")
 
 
 def _without(config: dict, *keys: str) -> dict:

@@ -15,7 +15,7 @@ import pytest
 
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
-from tests.dist.hf_runs import make_hf_model
+from tests.dist.hf_runs import copy_model, make_hf_model
 from trainer.interop.hf_files import HFWeights, damaged_shard, unreadable_shard
 from trainer.interop.importer import check_source
 
@@ -28,21 +28,14 @@ def llama(tmp_path_factory) -> Path:
     return make_hf_model("llama", tmp_path_factory.mktemp("hf") / "llama")
 
 
-def _copy(model: Path, to: Path) -> Path:
-    to.mkdir()
-    for path in model.iterdir():
-        (to / path.name).write_bytes(path.read_bytes())
-    return to
-
-
 def _truncated(model: Path, to: Path) -> Path:
-    copy = _copy(model, to)
+    copy = copy_model(model, to)
     (copy / SHARD).write_bytes((copy / SHARD).read_bytes()[:300_000])
     return copy
 
 
 def _header_overwritten(model: Path, to: Path) -> Path:
-    copy = _copy(model, to)
+    copy = copy_model(model, to)
     data = bytearray((copy / SHARD).read_bytes())
     data[10:50] = b"\xff" * 40
     (copy / SHARD).write_bytes(bytes(data))
@@ -93,7 +86,7 @@ def test_the_script_prints_one_line_exits_2_and_writes_nothing(llama, tmp_path) 
 def test_a_shard_whose_cache_blob_is_gone_is_named(llama, tmp_path) -> None:
     """The hub cache links each snapshot file to a blob; a cleaned cache or a download cut
     short leaves the link alone: one line naming both, not a FileNotFoundError traceback."""
-    model = _copy(llama, tmp_path / "model")
+    model = copy_model(llama, tmp_path / "model")
     (model / SHARD).unlink()
     (model / SHARD).symlink_to("../blobs/0123abcd")
     with pytest.raises(ConfigError) as caught:
@@ -108,7 +101,7 @@ def test_a_shard_whose_cache_blob_is_gone_is_named(llama, tmp_path) -> None:
 def test_a_side_file_whose_cache_blob_is_gone_is_named(llama, tmp_path) -> None:
     """A tokenizer or generation config linking to nothing would be left out of the import
     without a word; it is refused by the checks that run before any output exists."""
-    model = _copy(llama, tmp_path / "model")
+    model = copy_model(llama, tmp_path / "model")
     (model / "generation_config.json").unlink(missing_ok=True)
     (model / "generation_config.json").symlink_to("../blobs/4567cdef")
     with pytest.raises(ConfigError) as caught:

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
-from tests.dist.hf_runs import hf_config, make_hf_model
+from tests.dist.hf_runs import copy_model, hf_config, make_hf_model
 from trainer.interop.hf_files import (
     JSON_SIDE_FILES,
     HFWeights,
@@ -45,16 +45,9 @@ def llama(tmp_path_factory) -> Path:
     return make_hf_model("llama", tmp_path_factory.mktemp("hf") / "llama")
 
 
-def _copy(model: Path, to: Path) -> Path:
-    to.mkdir()
-    for path in model.iterdir():
-        (to / path.name).write_bytes(path.read_bytes())
-    return to
-
-
 def _with_tensors(model: Path, to: Path, **changed: torch.Tensor) -> Path:
     """A copy whose shard holds `changed` (names with `__` for `.`) besides or instead."""
-    copy = _copy(model, to)
+    copy = copy_model(model, to)
     tensors = load_file(copy / SHARD)
     tensors.update({name.replace("__", "."): t for name, t in changed.items()})
     save_file(tensors, copy / SHARD, metadata={"format": "pt"})
@@ -121,7 +114,7 @@ def test_a_layer_more_in_the_shard_is_refused(llama, tmp_path) -> None:
 
 
 def test_a_tensor_named_only_by_the_index_is_refused(llama, tmp_path) -> None:
-    model = _copy(llama, tmp_path / "model")
+    model = copy_model(llama, tmp_path / "model")
     names = [*HFWeights(llama).weight_map, EXTRA, "model.layers.4.mlp.down_proj.weight"]
     index = {"weight_map": dict.fromkeys(names, SHARD)}
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
@@ -175,7 +168,7 @@ def test_a_json_side_file_that_does_not_parse_is_named(tmp_path) -> None:
 ])
 def test_a_damaged_json_side_file_is_refused_before_any_work(llama, tmp_path, name, text):
     assert name in JSON_SIDE_FILES
-    model = _copy(llama, tmp_path / "model")
+    model = copy_model(llama, tmp_path / "model")
     (model / name).write_text(text)
     line = _refusal(model)
     assert line.startswith(f"{model / name} is not valid JSON (")

@@ -5,7 +5,6 @@ the one whose model matches config.json field by field where there is one
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,27 +13,20 @@ import pytest
 
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
-from tests.dist.hf_runs import hf_config as transformers_config
-from tests.dist.hf_runs import make_hf_model
+from tests.dist.hf_runs import config_json, make_hf_model
 from trainer.interop import hf_config
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _config(kind: str, architecture: str) -> dict:
-    """The tiny model's config.json as transformers writes it (recipe hf_tiny_<kind>)."""
-    config = transformers_config(kind)
-    return {**json.loads(config.to_json_string()), "architectures": [architecture]}
-
-
 @pytest.fixture(scope="module")
 def llama() -> dict:
-    return _config("llama", "LlamaForCausalLM")
+    return config_json("llama", "LlamaForCausalLM")
 
 
 @pytest.fixture(scope="module")
 def nemotron_h() -> dict:
-    config = _config("nemotron_h", "NemotronHForCausalLM")
+    config = config_json("nemotron_h", "NemotronHForCausalLM")
     return {**config, "time_step_min": 0.0}
 
 
