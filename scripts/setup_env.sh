@@ -26,7 +26,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 python=$(find_python312)
-echo "setting up .venv with $python (about 2 minutes on first run)"
+echo "setting up .venv with $python (about 3-4 minutes on first run)"
 "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[dev]"
