@@ -25,15 +25,18 @@ from plugins.protocol.hooks import Plugin, PluginConfig, Rule
 
 
 def check_cp_hierarchical_sizes(cfg: Any) -> str | None:
-    """a2a+p2p needs the two levels' sizes, whose product is the CP size; others take none."""
+    """a2a+p2p needs the two levels' sizes, [a2a, p2p], each at least 1, whose product is the
+    CP size: "groups of two levels", a2a's then p2p's (model_parallel_config.py:103-108); a
+    negative pair whose product is the CP size would pass the product alone. Others take none."""
     cp_cfg, cp = cfg.plugins.context_parallel, cfg.parallel.context
     sizes = cp_cfg.hierarchical_sizes
     if cp_cfg.comm_type == "a2a+p2p":
-        if not sizes or math.prod(sizes) != cp:
+        if not sizes or len(sizes) != 2 or min(sizes) < 1 or math.prod(sizes) != cp:
             return (
                 f"plugins.context_parallel.comm_type=a2a+p2p needs "
-                f"plugins.context_parallel.hierarchical_sizes whose product is parallel.context="
-                f"{cp}, got {sizes}; set e.g. plugins.context_parallel.hierarchical_sizes="
+                f"plugins.context_parallel.hierarchical_sizes [a2a size, p2p size], each at "
+                f"least 1, whose product is parallel.context={cp}, got {sizes}; set e.g. "
+                f"plugins.context_parallel.hierarchical_sizes="
                 f"[{2 if cp % 2 == 0 else cp},{cp // 2 if cp % 2 == 0 else 1}]"
             )
     elif sizes is not None:

@@ -106,7 +106,8 @@ class Fp8Config(PluginConfig):
 
     def rules(self) -> tuple[Rule, ...]:
         return (
-            check_fp8_settings_unused, check_fp4_format_and_recipe, check_fp8_delayed_settings,
+            check_fp8_settings_unused, check_fp8_needs_te_layers, check_fp4_format_and_recipe,
+            check_fp8_delayed_settings,
             check_fp8_scaling_values, check_fp8_bf16_layers_recipe, check_fp8_bf16_layers_range,
             check_fp8_bf16_layers_leave_fp8, check_fp8_shapes,
             check_fp8_param_gather_distributed, check_fp8_delayed_recompute_modules,
@@ -310,6 +311,19 @@ def check_fp8_settings_unused(cfg: Any) -> str | None:
                 f"plugins.fp8.{f.name} at its default"
             )
     return None
+
+
+def check_fp8_needs_te_layers(cfg: Any) -> str | None:
+    """FP8 runs in Transformer Engine's linears: Megatron's local layers never read the FP8
+    fields (gpt_layer_specs.py:194, 352: TE modules are "required for fp8 training"), so
+    `model.transformer_impl=local` would train in BF16 while the run says FP8. (CPU ranks,
+    where `auto` builds the local layers, are refused by the machine check.)"""
+    fp8 = cfg.plugins.fp8
+    if fp8.format is None or cfg.model.transformer_impl != "local":
+        return None
+    return (f"plugins.fp8.format={fp8.format} runs in Transformer Engine's layers, but "
+            "model.transformer_impl=local builds Megatron's own, which never use FP8; set "
+            "model.transformer_impl=auto or plugins.fp8.format=null")
 
 
 def check_fp4_format_and_recipe(cfg: Any) -> str | None:

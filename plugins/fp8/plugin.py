@@ -27,8 +27,9 @@ class Fp8Plugin(Plugin):
             return dataclasses.replace(config, **self.fields)
         except ValueError as error:
             reason = " ".join(str(error).split())
+            fmt = self.fields.get("fp8") or self.fields.get("fp4")  # NVFP4 sets fp4, fp4_recipe
+            recipe = self.fields.get("fp8_recipe") or self.fields.get("fp4_recipe")
             raise UserError(
-                f"plugins.fp8.format={self.fields['fp8']} with "
-                f"plugins.fp8.recipe={self.fields['fp8_recipe']}: Megatron refuses this "
-                f"transformer config: {reason}"
+                f"plugins.fp8.format={fmt} with plugins.fp8.recipe={recipe}: Megatron refuses "
+                f"this transformer config: {reason}"
             ) from None

@@ -313,8 +313,8 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
      "plugins.context_parallel.comm_type expects one of p2p, a2a, all_gather, a2a+p2p, got "
      "'allgather'"),
     (["recipe=tiny_cp4", "plugins.context_parallel.comm_type=a2a+p2p"],
-     "comm_type=a2a+p2p needs plugins.context_parallel.hierarchical_sizes whose product is "
-     "parallel.context=4, got None"),
+     "comm_type=a2a+p2p needs plugins.context_parallel.hierarchical_sizes [a2a size, p2p size], "
+     "each at least 1, whose product is parallel.context=4, got None"),
     (["recipe=tiny_cp2", "plugins.context_parallel.hierarchical_sizes=[2,1]"],
      "plugins.context_parallel.hierarchical_sizes=[2, 1] is only used with comm_type=a2a+p2p"),
     (["recipe=tiny_cp4", "plugins.context_parallel.comm_type=a2a",

@@ -92,7 +92,8 @@ def test_every_plugin_config_brings_its_rules():
     names = [name for name, _ in config.configs()]
     assert names == [f.name for f in dataclasses.fields(PluginsConfig)]
     assert {rule.__name__ for rule in config.rules()} == {
-        "check_fp8_settings_unused", "check_fp8_delayed_settings", "check_fp4_format_and_recipe",
+        "check_fp8_settings_unused", "check_fp8_needs_te_layers", "check_fp8_delayed_settings",
+        "check_fp4_format_and_recipe",
         "check_fp8_scaling_values", "check_fp8_bf16_layers_recipe", "check_fp8_bf16_layers_range",
         "check_fp8_bf16_layers_leave_fp8", "check_fp8_shapes", "check_fp8_param_gather_distributed",
         "check_fp8_delayed_recompute_modules", "check_fp8_param_gather_offload",

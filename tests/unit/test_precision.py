@@ -185,6 +185,9 @@ RULE_CASES = [
                                         "plugins.fp8.recipe=tensorwise",
                                         "plugins.fp8.param_gather=true"],
      "Megatron offloads FP8 parameters with delayed scaling only"),
+    ("check_fp8_needs_te_layers", [*FP8, "model.transformer_impl=local"],
+     "plugins.fp8.format=hybrid runs in Transformer Engine's layers, but "
+     "model.transformer_impl=local builds Megatron's own, which never use FP8"),
     ("check_fp8_settings_unused", ["plugins.fp8.param_gather=true"],
      "plugins.fp8.param_gather=True has no effect while plugins.fp8.format=null"),
     ("check_fp8_shapes", [*FP8, "model.ffn_hidden_size=200"],
@@ -513,3 +516,27 @@ def test_gpu_check_compares_memory_with_the_plan_and_reads_the_runs_fusions() ->
     assert not ok and line.endswith("(MISSING apply_rope_fusion)")
     assert "410.0 model TFLOP/s per GPU, MFU 41.0%, peak 2.90 GiB vs plan 2.77 GiB (x1.05)" in \
         check.describe(run)
+
+
+def test_megatrons_refusal_of_an_nvfp4_config_is_one_line() -> None:
+    """NVFP4 sets Megatron's fp4 fields, not fp8's: a refusal by the transformer config names
+    the format and recipe from those (it was a KeyError traceback)."""
+    import dataclasses
+
+    from plugins.fp8.plugin import Fp8Plugin
+    from plugins.protocol.errors import UserError
+
+    @dataclasses.dataclass
+    class Refusing:
+        fp4: str | None = None
+        fp4_recipe: str | None = None
+
+        def __post_init__(self) -> None:
+            if self.fp4:
+                raise ValueError("fp4 needs   Transformer Engine >= 2.7")
+
+    plugin = Fp8Plugin({"fp4": "e2m1", "fp4_recipe": "nvfp4"})
+    with pytest.raises(UserError, match=r"^plugins.fp8.format=e2m1 with plugins.fp8.recipe=nvfp4: "
+                       r"Megatron refuses this transformer config: fp4 needs Transformer Engine "
+                       r">= 2.7$"):
+        plugin.transformer_config(Refusing())

@@ -410,7 +410,19 @@ RULE_CASES = [
       "data.documents=inter_document"],
      "data.documents=inter_document does not support parallel.context=2"),
     ("check_cp_hierarchical_sizes", "tiny_cp4", ["plugins.context_parallel.comm_type=a2a+p2p"],
-     "needs plugins.context_parallel.hierarchical_sizes whose product is parallel.context=4"),
+     "needs plugins.context_parallel.hierarchical_sizes [a2a size, p2p size], each at least 1, "
+     "whose product is parallel.context=4"),
+    ("check_cp_hierarchical_sizes", "tiny_cp4", ["plugins.context_parallel.comm_type=a2a+p2p",
+                                                 "plugins.context_parallel.hierarchical_sizes=[-2,-2]"],
+     "each at least 1, whose product is parallel.context=4, got [-2, -2]"),
+    ("check_cp_hierarchical_sizes", "tiny_cp4", ["plugins.context_parallel.comm_type=a2a+p2p",
+                                                 "plugins.context_parallel.hierarchical_sizes=[4]"],
+     "each at least 1, whose product is parallel.context=4, got [4]"),
+    ("check_fp8_needs_te_layers", "tiny_dp1", ["precision.dtype=bf16", "plugins.fp8.format=hybrid",
+                                               "model.transformer_impl=local"],
+     "plugins.fp8.format=hybrid runs in Transformer Engine's layers, but "
+     "model.transformer_impl=local builds Megatron's own, which never use FP8; set "
+     "model.transformer_impl=auto or plugins.fp8.format=null"),
     ("check_cp_a2a_heads", "tiny_cp4",
      ["plugins.context_parallel.comm_type=a2a", "model.num_attention_heads=2"],
      "comm_type=a2a splits heads over 4 CP ranks, but model.num_attention_heads=2"),
