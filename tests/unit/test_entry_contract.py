@@ -348,3 +348,11 @@ def test_another_scripts_option_or_a_near_miss_of_an_own_one_is_named():
     args = parse_arguments(PLAN, ["recipe=tiny_dp1", "run_dir=/tmp/x", "model.num_layers=2",
                                   "cluster=c.yaml"])
     assert args.rest == ("recipe=tiny_dp1", "run_dir=/tmp/x", "model.num_layers=2")
+
+
+def test_help_and_examples_write_defaults_as_the_command_line_does():
+    """`verify=false`, not Python's False; null for None."""
+    text = help_text(PLAN)
+    assert "(true or false, default false)" in text and "default False" not in text
+    with pytest.raises(ConfigError, match=r"e\.g\. verify=false"):
+        parse_arguments(PLAN, ["verify="])

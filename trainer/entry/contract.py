@@ -153,7 +153,7 @@ def help_text(command: Command) -> str:
     if command.options:
         lines.append("options:")
         for key, option in command.options.items():
-            default = "null" if option.default is None else option.default
+            default = _shown(option.default)
             lines.append(f"  {key}=  {option.help} ({describe_type(option.type)}, default "
                          f"{default})")
         lines.append("")
@@ -167,8 +167,15 @@ def help_text(command: Command) -> str:
     return text.rstrip() + "\n"
 
 
+def _shown(value: Any) -> str:
+    """A default as the command line writes it: null, true/false, else as it prints."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _example(key: str, option: Option) -> str:
-    return f"{key}={'null' if option.default is None else option.default}"
+    return f"{key}={_shown(option.default)}"
 
 
 def _unknown(command: Command, text: str) -> str:
