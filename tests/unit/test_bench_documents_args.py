@@ -26,3 +26,12 @@ def test_a_runs_error_line_stays_one_line_exit_2() -> None:
 def test_no_blend_is_one_line() -> None:
     with pytest.raises(ConfigError, match="blend= is missing"):
         run_bench_documents(None, 3, "tiny_dp1")
+
+
+def test_a_blend_that_is_not_a_file_is_named_by_the_option(tmp_path) -> None:
+    """The bench's option is blend=; its line does not name the data.blend= it becomes."""
+    with pytest.raises(ConfigError, match=rf"^blend={tmp_path}/nope.yaml does not exist; name a "
+                       r"blend file, e\.g\. blend=conf/data/python_stdlib.yaml$"):
+        run_bench_documents(str(tmp_path / "nope.yaml"), 3, "tiny_dp1")
+    with pytest.raises(ConfigError, match=rf"^blend={tmp_path} is a directory"):
+        run_bench_documents(str(tmp_path), 3, "tiny_dp1")

@@ -110,9 +110,12 @@ def run_bench_documents(blend: str, steps: int, recipe: str) -> int:
     from recipes.config.overrides import apply_overrides
     from recipes.registry import get_recipe
 
+    example = "e.g. blend=conf/data/python_stdlib.yaml"
     if not blend:
-        raise ConfigError("blend= is missing; name a blend file, e.g. "
-                          "blend=conf/data/python_stdlib.yaml")
+        raise ConfigError(f"blend= is missing; name a blend file, {example}")
+    if not Path(blend).is_file():  # the option's own name, not the data.blend= it becomes
+        what = "is a directory" if Path(blend).is_dir() else "does not exist"
+        raise ConfigError(f"blend={blend} {what}; name a blend file, {example}")
     cfg = apply_overrides(get_recipe(recipe), ["data.source=blend", f"data.blend={blend}"])
     prepare_missing_data(cfg)  # as pretrain.py would, before the blend is read
     overrides = tuple(vocab_overrides(cfg.model.vocab_size, load_blend(blend).vocab_size))
