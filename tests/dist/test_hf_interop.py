@@ -212,12 +212,12 @@ def test_a_megatron_fsdp_checkpoint_exports_byte_identical(
 
         with pytest.raises(ConfigError, match=r"damaged/__1_0\.distcp is truncated or changed"):
             checked_step(damaged)
-        # ... and without one (a step of another tool), the fsdp_dtensor reader's own check.
+        # ... and without one (a step of another tool), the sizes its DCP index places, still
+        # before torch (`megatron_lm.unchecked_damage`, as pretrain.py's pre-flight).
         (damaged / "run.json").unlink()
         (error,) = launch_ranks(1, "tests.dist.hf_runs:export_error",
                                 {"checkpoint": str(damaged), "out": str(tmp_path / "none")})
-        assert "(fsdp_dtensor) cannot be read: " in error and "\n" not in error
-        assert error.endswith("its files are damaged or incomplete: export another step")
+        assert "damaged/__1_0.distcp is cut short (" in error and "\n" not in error
         assert not (tmp_path / "none").exists()
 
 
