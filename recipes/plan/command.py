@@ -144,7 +144,7 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
     if options.get("megatron_args"):
         cfg, notes = megatron_config(rest, options["megatron_args"], cluster_file,
                                      read_megatron)
-        if not as_json:
+        if not as_json and notes:  # none: no empty line before the plan
             print("\n".join(f"megatron_args: {note}" for note in notes))
     elif options.get("search"):
         from recipes.resolve import build_config

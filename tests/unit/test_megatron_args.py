@@ -139,7 +139,8 @@ def test_plan_reads_a_megatron_file(tmp_path, capsys) -> None:
 
     assert run_plan(["cluster.gpus_per_node=4"], {"megatron_args": str(script)},
                     read_megatron=read) == 0
-    assert "TP2 x PP2 x DP1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "TP2 x PP2 x DP1" in out and out.startswith("plan for ")  # no notes: no empty line
 
 
 def test_pretrain_prints_the_megatron_command_line(capsys) -> None:
