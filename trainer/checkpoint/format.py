@@ -159,6 +159,11 @@ def tracker_name(root: Path) -> str | None:
     return step_name(int(text), MEGATRON_LM_FORMAT) if text.isdigit() else ""
 
 
+def tracker_file(root: Path) -> str:
+    """The file that names a root's newest step: ours (`latest`) or Megatron-LM's tracker."""
+    return LATEST_FILE if (root / LATEST_FILE).exists() else MEGATRON_LM_TRACKER
+
+
 def latest_name(root: Path) -> str | None:
     """What the root's `latest` file says, else what Megatron-LM's tracker names (None when
     neither can be read)."""

@@ -58,6 +58,7 @@ from trainer.checkpoint.format import (
     latest_name,
     newest_checkpoint,
     step_of,
+    tracker_file,
     unfinished_saves,
 )
 from trainer.checkpoint.manifest import (
@@ -83,16 +84,11 @@ from trainer.checkpoint.megatron_lm import (
 CHECKPOINT_EXAMPLE = "runs/<run>/checkpoints"
 
 
-def _tracker_file(root: Path) -> str:
-    """The file that names a root's newest step: ours (`latest`) or Megatron-LM's tracker."""
-    return LATEST_FILE if (root / LATEST_FILE).exists() else MEGATRON_LM_TRACKER
-
-
 def _no_complete_step_message(load: str, root: Path) -> str:
     """A checkpoint root (a `latest` or Megatron-LM tracker file, or step directories) with no
     step to resume from."""
     fix = "point checkpoint.load at another checkpoint or set checkpoint.load=null"
-    name, tracker = latest_name(root), _tracker_file(root)
+    name, tracker = latest_name(root), tracker_file(root)
     if (root / tracker).exists() and not name:
         what = "names no step ('')" if name == "" else "cannot be read"
         return f"checkpoint.load={load}: its {tracker} file {what}; {fix}"

@@ -38,10 +38,11 @@ from trainer.checkpoint.format import (
     is_project_step,
     latest_name,
     newest_checkpoint,
+    tracker_file,
 )
 from trainer.checkpoint.manifest import damaged_file, manifest_problem, read_manifest
 from trainer.checkpoint.megatron_lm import unchecked_damage
-from trainer.checkpoint.preflight import _tracker_file, previous_step
+from trainer.checkpoint.preflight import previous_step
 
 
 def unfinished_problem(path: Path) -> str | None:
@@ -85,7 +86,7 @@ def step_line(given: Path, step: Path) -> str | None:
         return f"exporting {step}"
     why = ("does not exist" if not (given / name).is_dir() else
            f"has no {CHECKPOINT_MARKER} (an unfinished save?)")
-    return (f"exporting {step}: {_tracker_file(given)} names {name}, which {why}, so the "
+    return (f"exporting {step}: {tracker_file(given)} names {name}, which {why}, so the "
             "newest complete step is used")
 
 
