@@ -205,3 +205,28 @@ def test_a_damaged_step_without_run_json_is_one_line_before_any_rank(tmp_path, d
     assert str(caught.value).endswith(f"fall back to the previous complete checkpoint with "
                                       f"checkpoint.load={root / 'iter_0000002'} (or delete "
                                       f"{step}: the root then resumes from it)")
+
+
+def test_a_steps_index_is_read_once_per_preflight_and_again_when_rewritten(tmp_path,
+                                                                           monkeypatch) -> None:
+    """The pre-flight asks for a step's DCP index from several checks (its damage, its
+    bookkeeping); a large model's `.metadata` runs to megabytes, so it is unpickled once, and
+    again only when the file changes."""
+    import os
+
+    from trainer.checkpoint import megatron_lm
+
+    root = tmp_path / "save"
+    step = dcp_step(root / "iter_0000004")
+    (root / MEGATRON_LM_TRACKER).write_text("4")
+    index, unpickle, reads = (step / ".metadata").read_bytes(), megatron_lm._unpickle, []
+    monkeypatch.setattr(megatron_lm, "_unpickle",
+                        lambda data: reads.append(data == index) or unpickle(data))
+    cfg = _load(tmp_path, root, "checkpoint.load_model_only=true")
+    checkpoint_preflight(cfg)
+    assert reads.count(True) == 1
+    checkpoint_preflight(cfg)
+    assert reads.count(True) == 1
+    os.utime(step / ".metadata", ns=(0, 0))  # the same bytes written again: read again
+    checkpoint_preflight(cfg)
+    assert reads.count(True) == 2

@@ -20,6 +20,7 @@ states a changed batch or lr exactly as it does for its own checkpoints.
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import re
@@ -97,8 +98,20 @@ UNREADABLE = (OSError, StopIteration, KeyError, ValueError, EOFError, pickle.Unp
 
 def dcp_index(step_dir: Path) -> tuple[list[str], dict[str, tuple[str, int, int]]]:
     """torch DCP's index of a step (`.metadata`): every saved key, and where each byte object
-    and tensor piece lies (key -> file, offset, length)."""
-    metadata = _unpickle((step_dir / DCP_METADATA).read_bytes()).fields()
+    and tensor piece lies (key -> file, offset, length). Read once per file as it stands (a
+    pre-flight asks for it from several checks; a large model's index runs to megabytes)."""
+    path = step_dir / DCP_METADATA
+    stat = path.stat()
+    keys, where = _read_index(path.resolve(), stat.st_mtime_ns, stat.st_size)
+    return list(keys), dict(where)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_index(path: Path, mtime_ns: int, size: int
+                ) -> tuple[list[str], dict[str, tuple[str, int, int]]]:
+    """`dcp_index` of one `.metadata` file; its time and size key the cache, so a file
+    rewritten is read again."""
+    metadata = _unpickle(path.read_bytes()).fields()
     where = {}
     for key, info in metadata["storage_data"].items():
         at = info.fields()
