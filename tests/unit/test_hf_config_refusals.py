@@ -111,6 +111,42 @@ def test_values_transformers_writes_have_the_right_types(llama, mixtral) -> None
     assert hf_config.wrong_type({**llama, "num_key_value_heads": None}) is None
 
 
+class _Reads(dict):
+    """A config.json that records the number and flag values a mapping reads (`a.b` inside an
+    object), to hold them against what the family states it reads."""
+
+    def __init__(self, values: dict, read: set, prefix: str = "") -> None:
+        super().__init__(values)
+        self.read, self.prefix = read, prefix
+
+    def _seen(self, key: str, value: object) -> object:
+        if isinstance(value, dict):
+            return _Reads(value, self.read, f"{self.prefix}{key}.")
+        if isinstance(value, int | float):  # bool too
+            self.read.add(self.prefix + key)
+        return value
+
+    def __getitem__(self, key: str) -> object:
+        return self._seen(key, super().__getitem__(key))
+
+    def get(self, key: str, default: object = None) -> object:
+        return self._seen(key, super().get(key, default)) if key in self else default
+
+
+@pytest.mark.parametrize("kind, architecture", [
+    ("llama", "LlamaForCausalLM"), ("mixtral", "MixtralForCausalLM"),
+    ("nemotron_h", "NemotronHForCausalLM"), ("nemotron_super", "NemotronHForCausalLM")])
+def test_every_number_a_family_reads_has_its_type_checked(kind, architecture) -> None:
+    """What the type rule checks is what each family states beside its reading code
+    (`HF_SCALARS`); a value read but not stated would reach `int()`/`float()` unchecked."""
+    read: set[str] = set()
+    config = config_json(kind, architecture)
+    family = hf_config.ARCHITECTURES[architecture][1]
+    family.hf_values(_Reads(config, read))
+    assert read and read <= set(family.HF_SCALARS)
+    assert read <= set(hf_config.SCALARS)
+
+
 # 4. a size no model has
 @pytest.mark.parametrize("key, value, least", [
     ("num_attention_heads", 0, 1), ("hidden_size", -64, 1), ("num_nextn_predict_layers", -1, 0)])

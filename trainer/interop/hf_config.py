@@ -33,23 +33,14 @@ from trainer.models.hybrid import hf_config as hybrid
 ARCHITECTURES = {"LlamaForCausalLM": ("llama", gpt), "MixtralForCausalLM": ("mixtral", gpt),
                  "NemotronHForCausalLM": ("nemotron_h", hybrid)}
 
-# The config.json values the mappings read, by JSON type (transformers' and the older names).
-# Sizes are at least 1, counts at least 0; NULLABLE ones may be null (transformers derives them).
-SIZES = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-         "num_key_value_heads", "head_dim", "vocab_size", "num_local_experts",
-         "num_experts_per_tok", "mamba_num_heads", "mamba_head_dim", "n_groups",
-         "mamba_n_groups", "ssm_state_size", "conv_kernel", "mamba_d_conv", "chunk_size",
-         "mamba_chunk_size", "n_routed_experts", "moe_intermediate_size", "moe_latent_size",
-         "n_group", "topk_group")
-COUNTS = ("num_nextn_predict_layers", "moe_shared_expert_intermediate_size")
-NUMBERS = ("rope_theta", "rms_norm_eps", "layer_norm_epsilon", "partial_rotary_factor",
-           "routed_scaling_factor", "time_step_min", "mamba_dt_min",
-           *(f"{rope}.{key}" for rope in ("rope_parameters", "rope_scaling")
-             for key in ("rope_theta", "factor", "low_freq_factor", "high_freq_factor",
-                         "original_max_position_embeddings")))
-FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_bias", "use_conv_bias",
-         "mamba_conv_bias", "residual_in_fp32", "norm_topk_prob")
-NULLABLE = {"num_key_value_heads", "head_dim", "moe_latent_size", "num_nextn_predict_layers"}
+# The config.json scalars the mappings read, by the JSON type each must have: what the
+# families state beside the code that reads them (`HF_SCALARS`, `HF_NULLABLE`).
+FAMILIES = tuple({id(module): module for _, module in ARCHITECTURES.values()}.values())
+SCALARS = {key: kind for family in FAMILIES for key, kind in family.HF_SCALARS.items()}
+NULLABLE = set().union(*(family.HF_NULLABLE for family in FAMILIES))
+LEAST = {"size": 1, "count": 0}  # the smallest value a model has, by kind
+KIND_WORDS = {"size": "an integer", "count": "an integer", "number": "a number",
+              "flag": "true or false"}
 
 
 def read_hf_config(model_dir: Path) -> dict:
@@ -136,8 +127,7 @@ def _lookup(hf: dict, key: str) -> tuple[bool, object]:
 def wrong_type(hf: dict) -> str | None:
     """The line naming the first read value of the wrong JSON type (a string, a decimal, a
     boolean or null where an integer is needed, ...); None when every one is right."""
-    wanted = [*((key, "an integer") for key in (*SIZES, *COUNTS)),
-              *((key, "a number") for key in NUMBERS), *((key, "true or false") for key in FLAGS)]
+    wanted = [(key, KIND_WORDS[kind]) for key, kind in SCALARS.items()]
     for key, kind in wanted:
         present, value = _lookup(hf, key)
         if not present or (value is None and key in NULLABLE):
@@ -154,12 +144,11 @@ def wrong_type(hf: dict) -> str | None:
 def impossible_size(hf: dict) -> str | None:
     """The line naming the first size below 1 (a count below 0) that no model has: config.json
     is broken, not a model that a recipe override could become; None when all are possible."""
-    for keys, least in ((SIZES, 1), (COUNTS, 0)):
-        for key in keys:
-            value = hf.get(key)
-            if isinstance(value, int) and value < least:
-                return (f"config.json {key}={value} is no model's size (at least {least}): the "
-                        "file is broken; re-download the model's config.json")
+    for key, kind in SCALARS.items():
+        value, least = hf.get(key), LEAST.get(kind)
+        if least is not None and isinstance(value, int) and value < least:
+            return (f"config.json {key}={value} is no model's size (at least {least}): the "
+                    "file is broken; re-download the model's config.json")
     return None
 
 

@@ -25,6 +25,21 @@ LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
 
 
+# The config.json scalars this mapping reads, by the JSON type each must have: a size (an
+# integer of at least 1), a count (at least 0), a number or a flag (`trainer/interop/hf_config.py`
+# refuses another type before any value here is converted); NULLABLE ones may be null.
+HF_SCALARS = {
+    **dict.fromkeys(("num_hidden_layers", "hidden_size", "intermediate_size",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+                     "num_local_experts", "num_experts_per_tok"), "size"),
+    **dict.fromkeys(("rope_theta", "rms_norm_eps", "partial_rotary_factor",
+                     *(f"{rope}.{key}" for rope in ("rope_parameters", "rope_scaling")
+                       for key in ("rope_theta", "factor", *LLAMA3_ROPE))), "number"),
+    **dict.fromkeys(("tie_word_embeddings", "attention_bias", "mlp_bias"), "flag"),
+}
+HF_NULLABLE = {"num_key_value_heads", "head_dim"}
+
+
 def _rope(hf: dict) -> dict:
     """transformers 5 writes `rope_parameters`; published configs `rope_theta`/`rope_scaling`."""
     rope = dict(hf.get("rope_parameters") or {})

@@ -82,6 +82,27 @@ SHAPE = {"activation": "squared_relu", "normalization": "RMSNorm", "position_emb
          "add_bias_linear": False, "layernorm_zero_centered_gamma": False}
 
 
+# The config.json scalars this mapping reads (transformers' names and the older ones), by the
+# JSON type each must have, as `trainer/models/gpt/hf_config.py` states its own.
+HF_SCALARS = {
+    **dict.fromkeys(("num_hidden_layers", "hidden_size", "intermediate_size",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+                     "num_experts_per_tok", "mamba_num_heads", "mamba_head_dim", "n_groups",
+                     "mamba_n_groups", "ssm_state_size", "conv_kernel", "mamba_d_conv",
+                     "chunk_size", "mamba_chunk_size", "n_routed_experts",
+                     "moe_intermediate_size", "moe_latent_size", "n_group", "topk_group"),
+                    "size"),
+    **dict.fromkeys(("num_nextn_predict_layers", "moe_shared_expert_intermediate_size"),
+                    "count"),
+    **dict.fromkeys(("layer_norm_epsilon", "routed_scaling_factor", "time_step_min",
+                     "mamba_dt_min"), "number"),
+    **dict.fromkeys(("tie_word_embeddings", "attention_bias", "mlp_bias", "use_bias",
+                     "use_conv_bias", "mamba_conv_bias", "residual_in_fp32", "norm_topk_prob"),
+                    "flag"),
+}
+HF_NULLABLE = {"num_key_value_heads", "head_dim", "moe_latent_size", "num_nextn_predict_layers"}
+
+
 def _get(hf: dict, name: str, default: object = KeyError):
     """A config.json value by transformers' name or its older one; `default` when absent."""
     for key in (name, LEGACY_NAMES.get(name)):
