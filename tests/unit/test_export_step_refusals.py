@@ -94,24 +94,16 @@ def test_an_intact_unchecked_step_reads(iter_root) -> None:
      ".metadata: cut short or damaged"),  # pickle.UnpicklingError
     (lambda step: (step / ".metadata").write_bytes(b""), ".metadata: cut short or damaged"),
     (lambda step: (step / ".metadata").unlink(), ".metadata: missing"),  # FileNotFoundError
-])
-def test_a_damaged_index_is_one_line(iter_root, damage, file) -> None:
-    step = iter_root / "iter_0000004"
-    damage(step)
-    with pytest.raises(ConfigError) as caught:
-        _read_all(step)
-    assert str(caught.value) == (f"checkpoint {step} cannot be read ({file}); "
-                                 f"{_fallback(iter_root)}")
-
-
-@pytest.mark.parametrize("damage, file", [
     (lambda step: (step / SHARD).write_bytes((step / SHARD).read_bytes()[:1000]),
      "its .distcp files: cut short or damaged"),  # read unchecked: RuntimeError inside DCP's
     (lambda step: (step / SHARD).unlink(), f"{SHARD}: missing"),  # FileNotFoundError
     (lambda step: (step / SHARD).write_bytes(bytes((step / SHARD).stat().st_size)),
      "its .distcp files: cut short or damaged"),  # same size, zeros: UnpicklingError
-])
-def test_a_damaged_shard_is_one_line(iter_root, damage, file) -> None:
+], ids=["index-cut", "index-empty", "index-missing", "shard-cut", "shard-missing",
+        "shard-zeroed"])
+def test_a_damaged_index_or_shard_is_one_line(iter_root, damage, file) -> None:
+    """Each file of a step without run.json, damaged as a crash or a disk leaves it, is named
+    with the step to fall back to."""
     step = iter_root / "iter_0000004"
     damage(step)
     with pytest.raises(ConfigError) as caught:
