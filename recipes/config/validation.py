@@ -12,7 +12,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from plugins.protocol.errors import ConfigError, config_error
@@ -684,16 +684,12 @@ def all_rules(cfg: RunConfig) -> tuple[Rule, ...]:
 GATE_RULES: tuple[Rule, ...] = (check_finite_numbers, check_positive_sizes)
 
 
-def rule_problems(cfg: RunConfig, extra: Sequence[Rule] = ()) -> list[str]:
-    """The message of every rule `cfg` breaks, in `all_rules` order then `extra` (what a user
-    fixes in one go). After a gate rule fails only the gates are asked; a later rule that
-    cannot judge a config an earlier one refused (it raises) is passed over."""
-    problems = [message for rule in GATE_RULES if (message := rule(cfg))]
-    if problems:
-        return problems
-    for rule in (*all_rules(cfg), *extra):
-        if rule in GATE_RULES:
-            continue
+def each_problem(cfg: RunConfig, rules: Iterable[Rule]) -> list[str]:
+    """The message of every rule in `rules` that `cfg` breaks, in order. A rule that cannot
+    judge a config an earlier one refused (it raises) is passed over: its own error would hide
+    the refusal that explains it. Before any refusal the error is raised."""
+    problems: list[str] = []
+    for rule in rules:
         try:
             message = rule(cfg)
         except Exception:  # noqa: BLE001 - only after another rule's refusal (re-raised else)
@@ -703,6 +699,17 @@ def rule_problems(cfg: RunConfig, extra: Sequence[Rule] = ()) -> list[str]:
         if message:
             problems.append(message)
     return problems
+
+
+def rule_problems(cfg: RunConfig, extra: Sequence[Rule] = ()) -> list[str]:
+    """The message of every rule `cfg` breaks, in `all_rules` order then `extra` (what a user
+    fixes in one go). After a gate rule fails only the gates are asked; a later rule that
+    cannot judge a config an earlier one refused is passed over (`each_problem`)."""
+    problems = [message for rule in GATE_RULES if (message := rule(cfg))]
+    if problems:
+        return problems
+    return each_problem(cfg, (rule for rule in (*all_rules(cfg), *extra)
+                              if rule not in GATE_RULES))
 
 
 def validate(cfg: RunConfig, extra: Sequence[Rule] = (), *, every: bool = False) -> None:

@@ -38,6 +38,7 @@ from recipes.config.path_rules import (
     check_run_dir,
 )
 from recipes.config.schema import RunConfig
+from recipes.config.validation import each_problem
 from trainer.checkpoint.format import (
     CHECKPOINT_MARKER,
     DCP_METADATA,
@@ -418,18 +419,8 @@ RUN_PATH_RULES: tuple[PathRule, ...] = (
 def path_problems(cfg: RunConfig, rules: tuple[PathRule, ...] = RUN_PATH_RULES) -> list[str]:
     """The message of every path rule `cfg` breaks, in the order a user meets them. A rule that
     cannot judge a config another rule (or a value rule) refused, and raises, is passed over
-    once a problem is known."""
-    problems: list[str] = []
-    for rule in rules:
-        try:
-            message = rule(cfg)
-        except Exception:  # noqa: BLE001 - only beside another refusal (re-raised else)
-            if not problems:
-                raise
-            continue
-        if message:
-            problems.append(message)
-    return problems
+    once a problem is known (`each_problem`)."""
+    return each_problem(cfg, rules)
 
 
 def validate_paths(cfg: RunConfig, *, resume: bool = True) -> None:
