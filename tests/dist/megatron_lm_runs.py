@@ -24,26 +24,16 @@ from tests.dist.layout_runs import _finish, _session
 
 
 def _steps(session, steps: int, save_at: int | None = None, root: Path | None = None):
-    """This trainer's steps up to `steps`: its record, and per step this rank's micro-batches
-    (what Megatron-LM's loop is then fed)."""
-    import torch
-
+    """This trainer's steps up to `steps` as the parity check records them (`record_steps`),
+    saving into `root` after step `save_at`."""
     from trainer.checkpoint.save import save_checkpoint
-    from trainer.step import train_step
-    from trainer.tools.megatron_parity import RunRecord, weights
+    from trainer.tools.megatron_parity import record_steps
 
-    record, batches = RunRecord(initial=weights(session.model)), []
-    while session.state.step < steps:
-        batches.append([{k: v.clone() for k, v in mb.items() if torch.is_tensor(v)}
-                        for mb in session.train_batches.upcoming()])
-        metrics = train_step(session)
-        record.losses.append(metrics.loss)
-        record.grad_norms.append(metrics.grad_norm)
-        record.lrs.append(metrics.lr)
-        if session.state.step == save_at:
-            save_checkpoint(session, root)
-    record.final = weights(session.model)
-    return record, batches
+    def save(trained) -> None:
+        if trained.state.step == save_at:
+            save_checkpoint(trained, root)
+
+    return record_steps(session, steps, save)
 
 
 def _reduced(record) -> dict:

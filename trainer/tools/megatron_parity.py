@@ -38,10 +38,11 @@ import dataclasses
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -143,14 +144,13 @@ def weights(model: list) -> list[dict[str, torch.Tensor]]:
             for chunk in unwrap_model(model)]
 
 
-def train_ours(cfg: RunConfig, run_dir: Path, steps: int) -> tuple[RunRecord, list]:
-    """This trainer's run: its record and, per step, this rank's micro-batches."""
-    from megatron.core import parallel_state
-
-    from trainer.session import start_session
+def record_steps(session, steps: int,
+                 after_step: Callable[[Any], None] | None = None) -> tuple[RunRecord, list]:
+    """A started session's steps up to `steps`: its record and, per step, this rank's
+    micro-batches (what Megatron-LM's loop is then fed). `after_step(session)` runs after each
+    step (a test saves a checkpoint there)."""
     from trainer.step import train_step
 
-    session = start_session(cfg, run_dir)
     record, batches = RunRecord(initial=weights(session.model)), []
     while session.state.step < steps:
         batches.append([{k: v.clone() for k, v in mb.items() if torch.is_tensor(v)}
@@ -159,7 +159,19 @@ def train_ours(cfg: RunConfig, run_dir: Path, steps: int) -> tuple[RunRecord, li
         record.losses.append(metrics.loss)
         record.grad_norms.append(metrics.grad_norm)
         record.lrs.append(metrics.lr)
+        if after_step is not None:
+            after_step(session)
     record.final = weights(session.model)
+    return record, batches
+
+
+def train_ours(cfg: RunConfig, run_dir: Path, steps: int) -> tuple[RunRecord, list]:
+    """This trainer's run: its record and, per step, this rank's micro-batches."""
+    from megatron.core import parallel_state
+
+    from trainer.session import start_session
+
+    record, batches = record_steps(start_session(cfg, run_dir), steps)
     parallel_state.destroy_model_parallel()
     return record, batches
 
