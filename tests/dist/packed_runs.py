@@ -11,12 +11,10 @@ plugin is added to the session's own plugins (`_packed`), as a blend with
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from recipes.resolve import resolve_config
-from trainer.checkpoint.preflight import validate_paths
+from tests.dist.layout_runs import _finish
+from tests.dist.layout_runs import _session as _layout_session
 
 SEQ = 32  # one packed row: documents of 7, 12 and 9 tokens, then 4 padding tokens
 LENGTHS = (7, 12, 9)
@@ -29,26 +27,11 @@ PACKED_OVERRIDES = [
 ]
 
 
-# Small synthetic data (the session needs some), no evaluation; the batches are built here.
-TEST_DATA = ["data.source=synthetic", "data.max_corpus_bytes=120000", "train.eval_iters=0",
-             "train.eval_interval=0"]
-
-
 def _session(payload: dict):
-    from trainer.session import start_session
-
-    cfg = resolve_config([f"recipe={payload['recipe']}", *TEST_DATA, *PACKED_OVERRIDES,
-                          *payload.get("overrides", [])])
-    validate_paths(cfg)
-    cfg.checkpoint.save = False
-    cfg.logging.progress_bar = False
-    return start_session(cfg, Path(payload["run_dir"]))
-
-
-def _finish() -> None:
-    from megatron.core import parallel_state
-
-    parallel_state.destroy_model_parallel()
+    """The layout tests' session (their small synthetic data, which the session needs; the
+    batches are built here) in the packed row's shape, before the payload's own overrides."""
+    return _layout_session({**payload,
+                            "overrides": [*PACKED_OVERRIDES, *payload.get("overrides", [])]})
 
 
 def documents() -> list[np.ndarray]:

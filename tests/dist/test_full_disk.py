@@ -10,13 +10,13 @@ holds the step-2 checkpoint of the tiny recipe but not the step-4 one beside it.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.dist.test_requeue_resume import SMALL
+from tests.unit.test_prepare_full_disk import small_tmpfs
 
 pytestmark = pytest.mark.dist
 
@@ -40,18 +40,8 @@ def start(payload: dict) -> dict:
 
 @pytest.fixture
 def small_disk(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "small_disk"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs",
-                           str(mount)], capture_output=True, text=True, check=False)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small_disk", TMPFS_SIZE) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 def test_a_save_onto_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(

@@ -20,10 +20,10 @@ import math
 import pytest
 
 from tests.dist.mixed_length_runs import LONG_SEQ, SHORT_SEQ, write_mixed_blend
+from tests.dist.test_phase_relaunch import fork_launches
 
 pytestmark = pytest.mark.dist
 
-START = "tests.dist.test_phase_relaunch:start"
 ROWS = "tests.dist.mixed_length_runs:rows_attend_per_document"
 STEPS, BOUNDARY = 4, 2
 LOSS_REL_TOLERANCE = 1e-6  # fp32 on CPU: the two differ only in summation order
@@ -43,18 +43,9 @@ def test_a_packed_phase_of_mixed_lengths_trains_after_the_first(launch_ranks, tm
                                                                  monkeypatch, capsys):
     from trainer.entry.commands import PRETRAIN
     from trainer.entry.contract import parse_arguments
-    from trainer.launch import local
 
     blend = write_mixed_blend(tmp_path / "data")
-    launches = []
-
-    def fork_ranks(world, script, argv, environment) -> int:
-        launches.append(argv)
-        results = launch_ranks(world, START, {"argv": argv, "environment": environment})
-        return max(result["code"] for result in results)
-
-    monkeypatch.setattr(local, "launch_local_ranks", fork_ranks)
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    launches = fork_launches(launch_ranks, monkeypatch)
     run_dir = tmp_path / "run"
     assert PRETRAIN.run(parse_arguments(PRETRAIN, [*_argv(blend), f"run_dir={run_dir}"])) == 0
     out = capsys.readouterr().out

@@ -48,6 +48,23 @@ def start(payload: dict) -> dict:
     return {"code": code, "stdout": printed.getvalue()}
 
 
+def fork_launches(launch_ranks, monkeypatch) -> list[list[str]]:
+    """The launching process's rank launches, forked by the session's rank server (`start` on
+    each rank) instead of torch's launcher; returns the list each launch's argv is added to."""
+    from trainer.launch import local
+
+    launches: list[list[str]] = []
+
+    def fork_ranks(world, script, argv, environment) -> int:
+        launches.append(argv)
+        results = launch_ranks(world, START, {"argv": argv, "environment": environment})
+        return max(result["code"] for result in results)
+
+    monkeypatch.setattr(local, "launch_local_ranks", fork_ranks)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    return launches
+
+
 def _records(run_dir: Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     train = [json.loads(line) for line in lines if '"kind": "train"' in line]
@@ -63,17 +80,8 @@ def test_pretrain_launches_the_next_phase_itself_as_two_hand_launches_do(
         launch_ranks, tmp_path, monkeypatch, capsys):
     from trainer.entry.commands import PRETRAIN
     from trainer.entry.contract import parse_arguments
-    from trainer.launch import local
 
-    launches = []
-
-    def fork_ranks(world, script, argv, environment) -> int:
-        launches.append(argv)
-        results = launch_ranks(world, START, {"argv": argv, "environment": environment})
-        return max(result["code"] for result in results)
-
-    monkeypatch.setattr(local, "launch_local_ranks", fork_ranks)
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    launches = fork_launches(launch_ranks, monkeypatch)
     auto = tmp_path / "auto"
     assert PRETRAIN.run(parse_arguments(PRETRAIN, [*RUN, f"run_dir={auto}"])) == 0
     out = capsys.readouterr().out

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.forked import run_forked
+from tests.unit.test_megatron_fixes import check_outcomes
 
 # ---- checks that run inside an activated process ----------------------------------------
 
@@ -271,13 +272,8 @@ def run_checks_in_this_process(device: str, skip: list[str], names: list[str]) -
         "on_cpu": (runtime.device, runtime.backend, runtime.cpu_initialization),
         "active": cpu_runtime_active(),
         "threads": torch.get_num_threads(),
+        **check_outcomes(UNIT_CHECKS, names),
     }
-    for name in names:
-        try:
-            UNIT_CHECKS[name]()
-            outcome[name] = "ok"
-        except Exception as error:  # report any failure; the test decides
-            outcome[name] = f"{type(error).__name__}: {error}"
     print(json.dumps(outcome))
 
 

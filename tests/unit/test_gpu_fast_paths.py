@@ -18,6 +18,7 @@ from recipes.config.machine import MachineInfo, check_machine
 from recipes.config.overrides import apply_overrides
 from recipes.plan.fit import local_attention_cost
 from recipes.registry import RECIPES, get_recipe
+from tests.one_rank_world import one_rank_world
 from trainer.mcore_translation import FUSIONS, build_transformer_config, fusions_line
 
 
@@ -105,18 +106,8 @@ def test_without_apex_transformer_engines_wgrad_fusion_stays_on(monkeypatch):
 @pytest.fixture
 def one_rank(tmp_path):
     """A one-rank gloo world with Megatron's process groups, torn down after the test."""
-    import torch
-    from megatron.core import parallel_state
-
-    from trainer.mcore_translation import initialize_parallel_state
-
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}",
-                                         rank=0, world_size=1)
-    try:
-        yield lambda cfg: initialize_parallel_state(cfg.layout)
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
+    with one_rank_world(tmp_path) as initialize:
+        yield initialize
 
 
 @pytest.mark.parametrize("skip", [False, True])

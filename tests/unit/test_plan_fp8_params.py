@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from recipes.config.overrides import apply_overrides
 from recipes.models.counts import ParamCount
@@ -21,6 +20,7 @@ from recipes.plan.build import make_plan
 from recipes.plan.cluster import load_cluster
 from recipes.plan.gemm_weights import stage_layer_numbers, stage_low_precision_weights
 from recipes.registry import get_recipe
+from tests.one_rank_world import one_rank_world
 
 CLUSTER = load_cluster("conf/cluster/h200_1x8.yaml")
 FP8_PARAMS = ["precision.dtype=bf16", "plugins.fp8.format=hybrid",
@@ -51,17 +51,9 @@ def test_the_bf16_end_layers_keep_their_weights() -> None:
 
 @pytest.fixture
 def one_rank(tmp_path):
-    from megatron.core import parallel_state
-
-    from trainer.mcore_translation import initialize_parallel_state
-
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}",
-                                         rank=0, world_size=1)
-    try:
-        yield lambda cfg: initialize_parallel_state(cfg.layout)
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
+    """A one-rank gloo world with Megatron's process groups, torn down after the test."""
+    with one_rank_world(tmp_path) as initialize:
+        yield initialize
 
 
 def _linear_weights(model) -> int:

@@ -8,9 +8,12 @@ of the four shards; then it is remounted larger. A word-level tokenizer keeps it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -24,13 +27,15 @@ pytestmark = pytest.mark.filterwarnings("ignore:Could not determine rank:UserWar
 SHARDS = 4  # of about 250 kB of tokens each
 
 
-@pytest.fixture
-def small_disk(tmp_path):
+@contextlib.contextmanager
+def small_tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (mount's `size=`, e.g. 640k) at the new folder `mount`, unmounted
+    after: a file system that fills up. Skips the test where it cannot be mounted (not root,
+    or no mounts allowed); tests/dist/test_full_disk.py fills one with a checkpoint."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "small_disk"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=640k", "tmpfs", str(mount)],
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
                           capture_output=True, text=True, check=False)
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
@@ -38,6 +43,12 @@ def small_disk(tmp_path):
         yield mount
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    with small_tmpfs(tmp_path / "small_disk", "640k") as mount:
+        yield mount
 
 
 def _inputs(folder):

@@ -20,6 +20,7 @@ from recipes.config.overrides import apply_overrides
 from recipes.plan.flops import step_flops
 from recipes.plan.params import model_parameters, stage_params
 from recipes.registry import get_recipe
+from tests.one_rank_world import one_rank_world
 
 # A HybridModel of attention and MLP layers (Mamba layers need the CPU runtime's kernels, which
 # a test process does not install).
@@ -29,17 +30,8 @@ ROPE_HYBRID = ["model.position_embedding=rope", "model.hybrid_layer_pattern='*-*
 @pytest.fixture
 def one_rank(tmp_path):
     """A one-rank gloo world with Megatron's process groups, torn down after the test."""
-    from megatron.core import parallel_state
-
-    from trainer.mcore_translation import initialize_parallel_state
-
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}",
-                                         rank=0, world_size=1)
-    try:
-        yield lambda cfg: initialize_parallel_state(cfg.layout)
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
+    with one_rank_world(tmp_path) as initialize:
+        yield initialize
 
 
 def _model(cfg):
