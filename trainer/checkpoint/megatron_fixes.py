@@ -231,13 +231,31 @@ def forked_results_queue() -> None:
     """The writer hands its results over Megatron's process-wide queue, by default a
     multiprocessing Manager spawned inside the first save (strategies/filesystem_async.py:
     52-66), whose fresh interpreter imports torch (3-4 s of that save's step). Forked from
-    this process instead, up front, it costs a fork."""
+    this process instead, up front, it costs a fork.
+
+    The forked manager ends with this rank (`end_with_parent`: a rank killed with SIGKILL would
+    leave it, a copy of the rank's memory, running under init) and takes SIGTERM's default
+    action again: it inherits the trainer's stop handler, which only notes the signal."""
     import multiprocessing
+    import signal
+    import threading
+    from multiprocessing.managers import SyncManager
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    if filesystem_async._results_queue is None:
-        filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
+    from trainer.launch.local import end_with_parent
+
+    if filesystem_async._results_queue is not None:
+        return
+    rank, main = os.getpid(), threading.current_thread() is threading.main_thread()
+
+    def as_own_process() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        end_with_parent(rank, signal.SIGKILL, forked_by_main_thread=main)
+
+    manager = SyncManager(ctx=multiprocessing.get_context("fork"))
+    manager.start(initializer=as_own_process)
+    filesystem_async._results_queue = manager.Queue()
 
 
 def is_storage_view(tensor: torch.Tensor) -> bool:

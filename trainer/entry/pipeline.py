@@ -3,13 +3,15 @@ benchmarks, the resume check), in two explicit paths:
 
     launching process   resolve (recipe or saved config, overrides; core, plugin and the
                         trainer's rules) -> dry run, or: prepare data a blend names -> paths ->
-                        machine -> pre-flight (plan summary, checkpoint checks) -> run dir and
-                        config.yaml -> start one local rank per GPU (or CPU rank) and wait;
+                        machine -> pre-flight (plan summary, checkpoint checks) -> run dir (its
+                        lock: one run at a time) and config.yaml -> start one local rank per GPU
+                        (or CPU rank) and wait;
                         pretrain: a run in phases that needs a new launch for a later phase
                         goes on with it, from the checkpoint saved at its start, until the end
-    a rank              resolve -> dry run, or: paths -> machine (world size) -> pre-flight
-                        unless the launcher did it -> run dir -> the command's rank function
-                        -> process groups torn down
+    a rank              ends with its launcher -> resolve -> dry run, or: paths -> machine
+                        (world size) -> pre-flight unless the launcher did it -> run dir (its
+                        lock: rank 0 of an outside launch) -> the command's rank function ->
+                        process groups torn down
 
 The launching process says every mistake it finds before launch, one line each (the values
 refused and the path problems together), and, when Ctrl-C or SIGTERM stops the ranks, the one
@@ -365,6 +367,7 @@ def prepare_run_dir(cfg: RunConfig) -> tuple[RunConfig, Path]:
 def run_as_rank(rank: RankFunction, args: Arguments) -> int:
     """This process is one rank of a run: check what a rank must, then run the command's rank
     function and tear the process groups down."""
+    end_with_launcher()
     cfg = resolve(args)
     if cfg.dry_run:
         return dry_run(cfg)
@@ -375,6 +378,21 @@ def run_as_rank(rank: RankFunction, args: Arguments) -> int:
         preflight(cfg, machine)  # an outside launch (torchrun, Slurm): rank 0 does it once
     cfg, run_dir = prepare_run_dir(cfg)
     return run_rank_function(rank, cfg, run_dir, args)
+
+
+def end_with_launcher() -> None:
+    """A rank that torch's launcher started (ours, torchrun, Slurm + torchrun: it is the
+    rank's parent each time) ends with SIGKILL when that launcher dies: torch starts ranks in
+    a session of their own, so a launcher killed with SIGKILL or by the OOM killer would leave
+    them training and publishing checkpoints. SIGKILL, not SIGTERM: a stop at a step boundary
+    could wait forever on a store the dead launcher hosted. A process given LOCAL_RANK by
+    anything else stays in its launcher's session and is left alone."""
+    from trainer.launch.local import LAUNCHER_PID_ENV, end_with_parent
+
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    launcher = os.environ.get(LAUNCHER_PID_ENV, "")
+    end_with_parent(int(launcher) if launcher.isdigit() else None, signal.SIGKILL)
 
 
 def run_rank_function(rank: RankFunction, cfg: RunConfig, run_dir: Path,
