@@ -217,14 +217,24 @@ def ready_to_launch(cfg: RunConfig, args: Arguments,
     config.yaml. The config the ranks start from, its directory and whether they use GPUs."""
     from data_prep.blend_prepare import prepare_missing_data
 
+    lock_existing_run_dir(cfg)
     prepare_missing_data(cfg)  # before the path rules: they check the prepared files
     validate_paths(cfg)
     cfg = in_resumed_phase_layout(cfg, args, extra)
     machine = detect_machine()
     check_machine(cfg, machine, [*args.rest, *extra], local_attention_cost)
     preflight(cfg, machine)
-    cfg, run_dir = prepare_run_dir(cfg)
+    cfg, run_dir = prepare_run_dir(cfg, lock=True)
     return cfg, run_dir, not ranks_on_cpu(cfg.cluster, machine.gpus)
+
+
+def lock_existing_run_dir(cfg: RunConfig) -> None:
+    """Take the run's lock before any check or data preparation when its directory exists
+    already (only then can another run hold it): a run refused for a directory in use is
+    refused at once, before the plan's lines. `prepare_run_dir` takes it otherwise."""
+    run_dir = choose_run_dir(cfg).resolve()
+    if run_dir.is_dir():
+        hold_run_lock(run_dir)
 
 
 def in_resumed_phase_layout(cfg: RunConfig, args: Arguments, extra: Sequence[str]) -> RunConfig:
@@ -345,8 +355,10 @@ def choose_run_dir(cfg: RunConfig) -> Path:
     return Path(cfg.output_dir) / f"{cfg.name}-{suffix}"
 
 
-def prepare_run_dir(cfg: RunConfig) -> tuple[RunConfig, Path]:
-    """Create the run directory and save the resolved config there.
+def prepare_run_dir(cfg: RunConfig, lock: bool = False) -> tuple[RunConfig, Path]:
+    """Create the run directory and save the resolved config there; with `lock`, first take
+    the run's lock (`hold_run_lock`), so that a refused run leaves the config.yaml of the run
+    it is refused for as it was.
 
     The saved file leaves `run_dir` unset, so `config=<that file>` reproduces the run into a
     new directory; the ranks of this run get the directory as an explicit override.
@@ -357,9 +369,66 @@ def prepare_run_dir(cfg: RunConfig) -> tuple[RunConfig, Path]:
     except OSError as err:  # checked before launch; a rank of an outside launch meets it here
         raise ConfigError(f"the run directory {run_dir} cannot be created ({err.strerror}); "
                           "set output_dir or run_dir to a writable directory") from None
+    if lock:
+        hold_run_lock(run_dir)
     if os.environ.get("RANK", "0") == "0":
         save_config(dataclasses.replace(cfg, run_dir=None), run_dir / CONFIG_FILENAME)
     return dataclasses.replace(cfg, run_dir=str(run_dir)), run_dir
+
+
+RUN_LOCK = ".run.lock"  # in the run directory (and a checkpoint root elsewhere): who runs in it
+_held_locks: dict[Path, object] = {}  # lock file -> its open handle, for the whole process
+
+
+def hold_run_lock(run_dir: Path) -> None:
+    """Let one run at a time use `run_dir` (and its checkpoint root, when a link puts it
+    elsewhere): a second run's clean-up of unfinished saves (trainer/checkpoint/publish.py)
+    would delete the first one's save in progress. Held by the process that lives as long as
+    the ranks, until it exits: the OS releases the lock of a dead holder, so a resume after a
+    crash or a requeued job is not refused by the file it left. A UserError (one line, exit 2)
+    names the directory and the holder's pid."""
+    roots = [run_dir]
+    checkpoints = run_dir / RUN_CHECKPOINTS
+    if checkpoints.is_dir() and checkpoints.resolve() != checkpoints.absolute():
+        roots.append(checkpoints.resolve())
+    for root in roots:
+        take_lock(root / RUN_LOCK, run_dir)
+
+
+def take_lock(path: Path, run_dir: Path) -> None:
+    """An exclusive, non-blocking POSIX (fcntl) lock on `path`, kept open in this process; our
+    pid is written in it for the refusal of the next one. POSIX locks, unlike flock's, are not
+    inherited by forked children (an orphan cannot keep the run's directory) and work on NFS.
+    A file system without locks is said in one line and not refused."""
+    import errno
+    import fcntl
+
+    if path in _held_locks:  # this process holds it already (the next phase's launch)
+        return
+    handle = open(path, "a+")  # noqa: SIM115 - open for the life of this process
+    try:
+        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        holder = _lock_holder(handle)
+        handle.close()
+        if error.errno not in (errno.EACCES, errno.EAGAIN):
+            print(f"note: {path} cannot be locked ({error.strerror}); nothing stops another "
+                  f"run from using {run_dir} at the same time", flush=True)
+            return
+        raise UserError(
+            f"the run directory {run_dir} is in use by another run (pid {holder} holds "
+            f"{path}); wait for that run to end, or give this one another run_dir=") from None
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    _held_locks[path] = handle
+
+
+def _lock_holder(handle) -> str:
+    """The pid the lock's holder wrote in its file ('unknown' while it has not yet)."""
+    handle.seek(0)
+    text = handle.read().strip()
+    return text if text.isdigit() else "unknown"
 
 
 # --- a rank ---------------------------------------------------------------------------------
@@ -373,10 +442,12 @@ def run_as_rank(rank: RankFunction, args: Arguments) -> int:
         return dry_run(cfg)
     validate_paths(cfg)
     machine = detect_machine()
+    outside_rank0 = not os.environ.get(PREFLIGHT_DONE_ENV) and os.environ.get("RANK", "0") == "0"
     check_machine(cfg, machine, list(args.rest), local_attention_cost)
-    if not os.environ.get(PREFLIGHT_DONE_ENV) and os.environ.get("RANK", "0") == "0":
+    if outside_rank0:
         preflight(cfg, machine)  # an outside launch (torchrun, Slurm): rank 0 does it once
-    cfg, run_dir = prepare_run_dir(cfg)
+    # An outside launch has no launching process of ours to hold the run's lock: rank 0 does.
+    cfg, run_dir = prepare_run_dir(cfg, lock=outside_rank0)
     return run_rank_function(rank, cfg, run_dir, args)
 
 
