@@ -20,7 +20,9 @@ and the source's `hf/config.json` (HF_IMPORT_SOURCE): weights only, no step or o
 
 A save is written under its `.tmp-` name and renamed once every rank has finished; `latest` is
 replaced last. A reader therefore trusts only published steps that hold the marker: the step
-`latest` names when it is one, else the newest such step.
+`latest` names when it is one, else the newest such step. A published step that would be that
+step but cannot be read, or holds `run.json` without the marker (written before the rename, so
+lost since), is damage (`damaged_newest`): refused by the pre-flight, never passed over.
 
 The second layout is Megatron-LM's (`--save DIR`, `megatron/training/checkpointing.py:195-241,
 340-343`), which Megatron Bridge writes too, and which this project writes with
@@ -38,6 +40,7 @@ resumes from what `latest` names, else what the tracker names, else its newest c
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 CHECKPOINT_MARKER = "metadata.json"  # written by megatron.core.dist_checkpointing when done
@@ -75,8 +78,96 @@ def step_name(step: int, layout: str = "") -> str:
 
 
 def is_checkpoint(path: Path) -> bool:
-    """A finished Megatron checkpoint: its save got as far as writing `metadata.json`."""
-    return (path / CHECKPOINT_MARKER).is_file()
+    """A finished Megatron checkpoint: its save got as far as writing `metadata.json` (False
+    where that cannot be told: a directory this user may not enter, `step_damage` says so)."""
+    try:
+        return (path / CHECKPOINT_MARKER).is_file()
+    except OSError:
+        return False
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def readable(path: Path) -> bool:
+    """Whether this process can read `path`: list a directory, open a file (False only for a
+    refusal by permissions; a path that is gone is `missing`'s business elsewhere)."""
+    try:
+        if path.is_dir():
+            with os.scandir(path):
+                pass
+        else:
+            with open(path, "rb"):
+                pass
+    except PermissionError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _owner(path: Path) -> str:
+    """`its owner (name)`, as far as the file's owner can be told."""
+    try:
+        uid = path.stat().st_uid
+    except OSError:
+        return "its owner"
+    try:
+        import pwd
+
+        return f"its owner ({pwd.getpwuid(uid).pw_name})"
+    except (ImportError, KeyError):
+        return f"its owner (uid {uid})"
+
+
+def unreadable_text(path: Path, shown: str) -> str:
+    """The damage clause for a file or step directory this user may not read: the file, the
+    cause and both fixes (run as its owner, or let this user read it)."""
+    mode = "-R a+rX" if _is_dir(path) else "a+r"
+    return (f"{shown} is not readable (permissions): run as {_owner(path)} or make it "
+            f"readable with chmod {mode} {path}")
+
+
+def lost_marker(path: Path) -> bool:
+    """A published step (`step_NNNNNNN`/`iter_NNNNNNN`, no `.tmp-`) that holds this project's
+    `run.json` but no `metadata.json`: both are written before the rename that publishes a
+    step, so the marker was lost since (not a save still in progress). Megatron-LM's own
+    `iter_` steps (no `run.json`) may be unfinished and are not this."""
+    if step_of(path.name) is None:
+        return False
+    try:
+        return (path / MANIFEST_FILE).is_file() and not (path / CHECKPOINT_MARKER).is_file()
+    except OSError:
+        return False
+
+
+def step_damage(path: Path) -> str | None:
+    """Why a published step directory cannot be resumed from although it looks published: it
+    cannot be read (permissions), or it lost its `metadata.json` (`lost_marker`); None for a
+    whole step, an unfinished Megatron-LM `iter_` and anything that is no step directory."""
+    if (step_of(path.name) is None and path.name != RELEASE_DIR) or not _is_dir(path):
+        return None
+    if not readable(path):
+        return unreadable_text(path, path.name)
+    if lost_marker(path):
+        return (f"{path.name}/{CHECKPOINT_MARKER} is missing (every published step has one: it "
+                "is written before the rename that publishes the step)")
+    return None
+
+
+def unreadable_file(step_dir: Path) -> Path | None:
+    """The first file directly in a step directory that this user may not read (for a step
+    without `run.json`, whose files `manifest.damaged_file` does not list); None when all are
+    readable or the directory cannot be listed (`step_damage` says that)."""
+    try:
+        files = sorted(p for p in step_dir.iterdir() if p.is_file())
+    except OSError:
+        return None
+    return next((path for path in files if not readable(path)), None)
 
 
 def is_project_step(path: Path) -> bool:
@@ -88,8 +179,11 @@ def is_project_step(path: Path) -> bool:
 def is_hf_import(path: Path) -> bool:
     """A Hugging Face import: the recipe's config and the source's config.json beside
     Megatron's files (a run's steps hold neither)."""
-    return ((path / IMPORT_CONFIG).is_file()
-            and (path / HF_IMPORT_SOURCE / "config.json").is_file())
+    try:
+        return ((path / IMPORT_CONFIG).is_file()
+                and (path / HF_IMPORT_SOURCE / "config.json").is_file())
+    except OSError:  # a directory this user may not enter (`step_damage` says so)
+        return False
 
 
 def format_of(cfg) -> str:
@@ -121,19 +215,29 @@ def step_of(name: str) -> int | None:
     return None
 
 
+def published_steps(root: Path) -> list[Path]:
+    """Every published step directory under a checkpoint root (its name a step's, no `.tmp-`),
+    whole or not, oldest first."""
+    try:
+        found = [(step_of(p.name), p) for prefix in PREFIXES for p in root.glob(f"{prefix}*")
+                 if step_of(p.name) is not None and _is_dir(p)]
+    except OSError:
+        return []
+    return [p for _, p in sorted(found)]
+
+
 def complete_steps(root: Path) -> list[Path]:
     """The finished, published step directories under a checkpoint root, oldest first."""
-    found = [
-        (step_of(p.name), p) for prefix in PREFIXES for p in root.glob(f"{prefix}*")
-        if step_of(p.name) is not None and p.is_dir() and is_checkpoint(p)
-    ]
-    return [p for _, p in sorted(found)]
+    return [p for p in published_steps(root) if is_checkpoint(p)]
 
 
 def unfinished_saves(root: Path) -> list[Path]:
     """`.tmp-` step directories: saves in progress, or what a crashed save left."""
-    return sorted(p for prefix in PREFIXES for p in root.glob(f"{prefix}*{TMP_INFIX}*")
-                  if p.is_dir())
+    try:
+        return sorted(p for prefix in PREFIXES for p in root.glob(f"{prefix}*{TMP_INFIX}*")
+                      if _is_dir(p))
+    except OSError:
+        return []
 
 
 def step_of_unfinished(path: Path) -> int | None:
@@ -177,18 +281,31 @@ def is_release(path: Path) -> bool:
     return path.name == RELEASE_DIR
 
 
+def _pick(root: Path, usable) -> Path | None:
+    """The step `newest_checkpoint` picks among the directories `usable` accepts."""
+    named = [root / name for name in (_read(root / LATEST_FILE), tracker_name(root))
+             if name and (step_of(name) is not None or name == RELEASE_DIR)
+             and usable(root / name)]
+    if named:  # both: the newer (Megatron-LM may have gone on saving into a root of ours)
+        return max(named, key=lambda path: step_of(path.name) or -1)
+    steps = [p for p in published_steps(root) if usable(p)]
+    return steps[-1] if steps else None
+
+
 def newest_checkpoint(root: Path) -> Path | None:
     """The step a checkpoint root resumes from: the one `latest` or Megatron-LM's tracker names
     when it is a complete step directory (or `release`; the newer when both do), else the newest
-    complete one (a crash between rename and marker, or a lost marker); None when the root holds
-    no complete step."""
-    named = [root / name for name in (_read(root / LATEST_FILE), tracker_name(root))
-             if name and (step_of(name) is not None or name == RELEASE_DIR)
-             and is_checkpoint(root / name)]
-    if named:  # both: the newer (Megatron-LM may have gone on saving into a root of ours)
-        return max(named, key=lambda path: step_of(path.name) or -1)
-    steps = complete_steps(root)
-    return steps[-1] if steps else None
+    complete one (`latest` not yet replaced, or naming a step gone); None when the root holds
+    no complete step. A damaged step it passes over is `damaged_newest`'s."""
+    return _pick(root, is_checkpoint)
+
+
+def damaged_newest(root: Path) -> Path | None:
+    """The published step a resume from `root` would pick were its damaged steps whole, when
+    that step is damaged (`step_damage`: unreadable, or its `metadata.json` lost): refused with
+    the damage named, never passed over for an older step or a fresh start. None otherwise."""
+    pick = _pick(root, lambda path: is_checkpoint(path) or step_damage(path) is not None)
+    return pick if pick is not None and step_damage(pick) is not None else None
 
 
 def fallback_note(root: Path) -> str | None:

@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from recipes.models.hybrid.pattern import PIPE
-from trainer.checkpoint.format import FSDP_DTENSOR, MANIFEST_FILE, TORCH_DIST, format_of
+from trainer.checkpoint.format import (
+    FSDP_DTENSOR,
+    MANIFEST_FILE,
+    TORCH_DIST,
+    format_of,
+    readable,
+    unreadable_text,
+)
 
 CHUNK_BYTES = 8 << 20
 
@@ -123,6 +130,8 @@ def manifest_problem(step_dir: Path) -> str | None:
         text = (step_dir / MANIFEST_FILE).read_text(encoding="utf-8")
     except FileNotFoundError:
         return f"{name} is missing (every step this project saves has one)"
+    except PermissionError:
+        return unreadable_text(step_dir / MANIFEST_FILE, name)
     except (OSError, UnicodeDecodeError) as err:
         return f"{name} cannot be read ({getattr(err, 'strerror', None) or err})"
     try:
@@ -137,17 +146,32 @@ def manifest_problem(step_dir: Path) -> str | None:
 
 
 def damaged_file(step_dir: Path, manifest: dict[str, Any], checksums: bool) -> str | None:
-    """The first file of the checkpoint that is missing, truncated or changed since the save."""
+    """The first file of the checkpoint that is missing, truncated, changed since the save or
+    not readable by this user (checked for every file, with or without `checksums`: torch DCP
+    would otherwise fail in every rank)."""
     for name, saved in sorted(manifest["files"].items()):
-        path = step_dir / name
-        if not path.is_file():
-            return f"{step_dir.name}/{name} is missing"
-        size = path.stat().st_size
+        path, shown = step_dir / name, f"{step_dir.name}/{name}"
+        try:
+            if not path.is_file():
+                return f"{shown} is missing"
+            size = path.stat().st_size
+        except PermissionError:
+            return unreadable_text(step_dir, step_dir.name)
+        except OSError as err:
+            return f"{shown} cannot be read ({err.strerror or err})"
         if size != saved["bytes"]:
-            return (f"{step_dir.name}/{name} is truncated or changed "
-                    f"({size} of {saved['bytes']} bytes)")
-        if checksums and file_record(path)["crc32"] != saved["crc32"]:
-            return f"{step_dir.name}/{name} is corrupted (its CRC-32 differs from the save's)"
+            return f"{shown} is truncated or changed ({size} of {saved['bytes']} bytes)"
+        if not readable(path):
+            return unreadable_text(path, shown)
+        if checksums:
+            try:
+                crc = file_record(path)["crc32"]
+            except PermissionError:
+                return unreadable_text(path, shown)
+            except OSError as err:
+                return f"{shown} cannot be read ({err.strerror or err})"
+            if crc != saved["crc32"]:
+                return f"{shown} is corrupted (its CRC-32 differs from the save's)"
     return None
 
 

@@ -42,6 +42,7 @@ from recipes.config.validation import each_problem
 from trainer.checkpoint.format import (
     CHECKPOINT_MARKER,
     DCP_METADATA,
+    HF_IMPORT_SOURCE,
     IMPORT_CONFIG,
     ITER_PREFIX,
     LATEST_FILE,
@@ -51,6 +52,7 @@ from trainer.checkpoint.format import (
     RUN_CHECKPOINTS,
     TMP_INFIX,
     complete_steps,
+    damaged_newest,
     fallback_note,
     is_checkpoint,
     is_hf_import,
@@ -58,9 +60,12 @@ from trainer.checkpoint.format import (
     is_release,
     latest_name,
     newest_checkpoint,
+    step_damage,
     step_of,
     tracker_file,
     unfinished_saves,
+    unreadable_file,
+    unreadable_text,
 )
 from trainer.checkpoint.manifest import (
     damaged_file,
@@ -104,12 +109,20 @@ def _no_complete_step_message(load: str, root: Path) -> str:
             f"({', '.join(unfinished)}); {fix}")
 
 
+def _entries(path: Path) -> list[Path]:
+    """What a directory holds ([] where it cannot be listed)."""
+    try:
+        return sorted(path.iterdir())
+    except OSError:
+        return []
+
+
 def _other_format_message(load: str, path: Path) -> str | None:
     """A Megatron-LM checkpoint in a format other than torch_dist: which, and how to convert
     (looked for in `path` and in its steps under Megatron-LM's names)."""
-    steps = [path, *sorted(p for p in path.iterdir() if p.is_dir() and TMP_INFIX not in p.name
-                           and (p.name.startswith(ITER_PREFIX) or p.name == RELEASE_DIR))]
-    if any(p.name.startswith(LEGACY_PREFIX) for step in steps for p in step.iterdir()
+    steps = [path, *(p for p in _entries(path) if p.is_dir() and TMP_INFIX not in p.name
+                     and (p.name.startswith(ITER_PREFIX) or p.name == RELEASE_DIR))]
+    if any(p.name.startswith(LEGACY_PREFIX) for step in steps for p in _entries(step)
            if p.is_dir()):
         return (f"checkpoint.load={load} is a Megatron-LM checkpoint in the older torch format "
                 f"({LEGACY_PREFIX}* files); this project loads torch_dist: convert it with "
@@ -135,8 +148,62 @@ def _not_a_checkpoint_message(load: str, path: Path) -> str:
     )
 
 
+def damaged_step_problem(load: str, path: Path) -> str | None:
+    """A published step that is damaged where a resume would otherwise pass over it
+    (`format.step_damage`: not readable, or its `metadata.json` lost): `path` itself, or the
+    step a root would resume from were it whole (`format.damaged_newest`). The damage line
+    names it and the previous complete step; None otherwise."""
+    damage = step_damage(path)
+    if damage:
+        return _damage_message(load, path, damage)
+    if is_checkpoint(path):
+        return None
+    damaged = damaged_newest(path)
+    return None if damaged is None else _damage_message(load, damaged, step_damage(damaged))
+
+
+def unfinished_save_problem(load: str, path: Path) -> str | None:
+    """A `.tmp-` directory (or a file in one) named directly: a save in progress or one a crash
+    left, never a checkpoint, though it may hold every file of one. Refused, naming its root and
+    the root's newest complete step."""
+    tmp = next((p for p in (path, path.parent) if TMP_INFIX in p.name), None)
+    if tmp is None:
+        return None
+    root = tmp.parent
+    newest = newest_checkpoint(root)
+    fix = (f"set checkpoint.load={root} (its newest complete step is {newest.name})"
+           if newest is not None else
+           f"{root} holds no complete step; start without checkpoint.load")
+    return (f"checkpoint.load={load} is an unfinished save ({tmp.name}: a save still in "
+            f"progress or one a crash left, '{TMP_INFIX}' in its name), not a checkpoint; {fix}")
+
+
+def _step_holding(path: Path) -> Path | None:
+    """The checkpoint directory a file belongs to: a step's (or an import's) own file, or a
+    root's `latest` or tracker file; None for any other file."""
+    parent = path.parent
+    if path.name in (CHECKPOINT_MARKER, LATEST_FILE, MEGATRON_LM_TRACKER):
+        return parent
+    if step_of(parent.name) is not None or is_checkpoint(parent) or is_hf_import(parent):
+        return parent
+    if parent.name == HF_IMPORT_SOURCE and is_hf_import(parent.parent):
+        return parent.parent
+    return None
+
+
+def file_load_problem(load: str, path: Path) -> str | None:
+    """`checkpoint.load` names a file: the step directory (or root) it belongs to, else the
+    usual root, is what to set."""
+    if path.is_dir():
+        return None
+    holder = _step_holding(path)
+    fix = f"checkpoint.load={holder}" if holder else f"checkpoint.load={CHECKPOINT_EXAMPLE}"
+    return f"checkpoint.load={load} is a file, not a checkpoint directory; set {fix}"
+
+
 def _directory_problem(load: str, path: Path) -> str | None:
-    """A `checkpoint.load` directory: one checkpoint, or a root with a complete step."""
+    """A `checkpoint.load` directory: one checkpoint, or a root with a complete step (a
+    damaged one is `damaged_step_problem`'s, checked first)."""
     if is_checkpoint(path) or newest_checkpoint(path) is not None:
         return None
     other = _other_format_message(load, path)  # Megatron-LM's tracker is there in any format
@@ -155,15 +222,21 @@ def check_checkpoint_load_path(cfg: RunConfig) -> str | None:
         return None  # empty text is `check_empty_strings`'s message
     path = Path(load)
     tilde = " (~ is not expanded; write the full path)" if load.startswith("~") else ""
-    if not path.exists():
+    try:
+        exists = path.exists()
+    except OSError as err:  # in a directory this user may not enter: a step's, or any
+        return damaged_step_problem(load, path.parent) or (
+            f"checkpoint.load={load} cannot be read ({err.strerror}); fix its permissions or "
+            "point checkpoint.load elsewhere")
+    if not exists:
         return (
             f"checkpoint.load={load} does not exist{tilde}; point it at a saved checkpoint, "
             f"e.g. checkpoint.load={CHECKPOINT_EXAMPLE}, or set checkpoint.load=null"
         )
-    if not path.is_dir():
-        holder = path.parent if path.name in (CHECKPOINT_MARKER, LATEST_FILE) else None
-        fix = f"checkpoint.load={holder}" if holder else f"checkpoint.load={CHECKPOINT_EXAMPLE}"
-        return f"checkpoint.load={load} is a file, not a checkpoint directory; set {fix}"
+    problem = (unfinished_save_problem(load, path) or file_load_problem(load, path)
+               or damaged_step_problem(load, path))  # before listing it: it may be unreadable
+    if problem:
+        return problem
     try:
         empty = next(path.iterdir(), None) is None
     except OSError as err:
@@ -245,6 +318,10 @@ def _step_preflight(cfg: RunConfig, load: str, step_dir: Path) -> list[str]:
     if broken:  # without it none of the checks below could run
         raise ConfigError(_damage_message(load, step_dir, broken))
     manifest = read_manifest(step_dir)
+    unreadable = unreadable_file(step_dir) if manifest is None else None
+    if unreadable:  # a step without run.json: its files are not listed for `damaged_file`
+        raise ConfigError(_damage_message(load, step_dir, unreadable_text(
+            unreadable, f"{step_dir.name}/{unreadable.name}")))
     if manifest is None and is_hf_import(step_dir):
         return import_preflight(cfg, load, step_dir)
     if manifest is None:
@@ -392,7 +469,8 @@ def resolve_resume(cfg: RunConfig) -> tuple[RunConfig, str | None]:
         raise ConfigError(inside)
     run_dir = Path(cfg.run_dir).resolve()
     root = run_dir / RUN_CHECKPOINTS
-    if root.is_dir() and newest_checkpoint(root) is not None:
+    if root.is_dir() and (newest_checkpoint(root) is not None
+                          or damaged_newest(root) is not None):  # damage: refused as a load
         resumed = dataclasses.replace(checkpoint, resume=False, load=str(root))
         return dataclasses.replace(cfg, checkpoint=resumed), None
     fresh = dataclasses.replace(checkpoint, resume=False)
