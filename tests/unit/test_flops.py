@@ -10,6 +10,7 @@ import copy
 from types import SimpleNamespace
 
 import pytest
+import torch
 from megatron.training.training import num_floating_point_operations
 
 from recipes.models.gpt.flops import attention_score_flops
@@ -24,6 +25,7 @@ from recipes.plan.flops import (
     training_flops,
 )
 from recipes.registry import RECIPES, get_recipe
+from trainer.throughput import trained_sequences
 
 
 def _megatron_args(cfg) -> SimpleNamespace:
@@ -86,12 +88,22 @@ def test_mixtral_8x7b_equals_a_hand_count_of_its_published_shape():
 
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_planner_and_trainer_count_the_same_flops(name):
-    """The planner's FLOPs per token (its step time and GPU-hours) times a step's tokens are
-    the FLOPs the trainer divides by the step time for model TFLOP/s and MFU on full rows
-    (packed rows count their documents: tests/dist/test_prepared_data.py)."""
+    """The planner's FLOPs of a step (its step time and GPU-hours) are the FLOPs the trainer
+    divides by the step time for model TFLOP/s and MFU on full rows: `trainer/step_figures.py`
+    passes `training_flops` the world's sum of each replica's `trained_sequences` (tokens,
+    squared lengths) of its micro-batches (packed rows count their documents:
+    tests/dist/test_prepared_data.py)."""
     cfg = get_recipe(name)
     batch = make_plan(cfg, recipe_cluster(cfg)).batch
-    assert batch.flops_per_token * batch.tokens_per_step == step_flops(cfg)
+    layout, seq = cfg.layout, cfg.model.seq_length
+    # Unpacked micro-batches of full rows; only their shape is read, so one element expanded.
+    microbatch = {"tokens": torch.zeros((), dtype=torch.int8).expand(layout.micro_batch, seq)}
+    replicas = [trained_sequences([microbatch] * layout.microbatches)
+                for _ in range(layout.data_parallel)]
+    tokens, squares = map(sum, zip(*replicas, strict=True))
+    assert tokens == batch.tokens_per_step
+    trainer = training_flops(FlopsShape.from_config(cfg), tokens, squares)
+    assert batch.flops_per_token * batch.tokens_per_step == pytest.approx(trainer, rel=1e-12)
 
 
 def _shape(**changes) -> FlopsShape:
@@ -148,20 +160,38 @@ def test_every_mtp_depth_counts_its_layers_projection_and_logits():
     """The tiny Super (MEM*EME/*E/*E): two depths of attention + latent MoE, each with its
     2·hidden -> hidden projection and the logits once more; a shared layer still runs twice
     (Megatron-LM's hybrid formula counts the depths' layers and logits but not the projection,
-    `training.py:480-505, 853-858`)."""
+    `training.py:480-505, 853-858`). One depth counted by hand from the recipe's shape."""
     from recipes.config.overrides import apply_overrides
-    from recipes.models.gpt.flops import attention_projection_flops, logits_flops
-    from recipes.models.moe.flops import moe_flops
 
     cfg = get_recipe("super_tiny_dp1")
     main = apply_overrides(cfg, ["model.hybrid_layer_pattern=MEM*EME",
                                  "model.mtp_use_repeated_layer=false",
                                  "model.mtp_loss_scaling_factor=0.1"])
-    s = FlopsShape.from_config(cfg)
-    depth = (attention_projection_flops(s) + moe_flops(s) + 2 * (2 * 64) * 64 + logits_flops(s))
-    scores = attention_score_flops(s, 1) / s.attention_layers  # one attention layer, one pair
-    per_token = 3 * (2 * depth + 2 * scores * cfg.model.seq_length / 2)
+    m = cfg.model
+    hidden, heads, groups, seq, vocab = 64, 4, 2, 128, 256
+    head, topk, expert, latent, shared = 16, 2, 64, 32, 64
+    assert (m.hidden_size, m.num_attention_heads, m.num_query_groups, m.seq_length) == (
+        hidden, heads, groups, seq)
+    assert (m.hidden_size // m.num_attention_heads, cfg.layout.padded_vocab) == (head, vocab)
+    assert (m.moe_router_topk, m.moe_ffn_hidden_size, m.moe_latent_size,
+            m.moe_shared_expert_ffn_hidden_size, m.activation) == (
+        topk, expert, latent, shared, "squared_relu")
+    q, kv = heads * head, groups * head  # query width 64; K and V 32 wide each (GQA)
+    depth = (
+        2 * hidden * q  # Q projection
+        + 2 * (2 * hidden * kv)  # K and V projections
+        + 2 * q * hidden  # output projection
+        + 2 * seq / 2 * (2 * q)  # QK^T and PV, a token attending to half its row of 128
+        + topk * 2 * (2 * latent * expert)  # two routed experts at the latent width, 2 matrices
+        + 2 * hidden * latent + 2 * latent * hidden  # into and out of the latent width
+        + 2 * (2 * hidden * shared)  # the shared expert, two matrices (squared ReLU)
+        + 2 * (2 * hidden) * hidden  # the depth's projection of [embedding; hidden state]
+        + 2 * hidden * vocab  # the logits once more
+    )
+    assert depth == 131_072
+    per_token = 3 * 2 * depth  # forward and backward (x3), two depths
     assert model_flops_per_token(cfg) - model_flops_per_token(main) == pytest.approx(per_token)
+    s = FlopsShape.from_config(cfg)
     assert (s.attention_layers, s.moe_layers, s.mtp_depths) == (1 + 2, 3 + 2, 2)
 
 

@@ -117,12 +117,22 @@ def test_a_failing_writer_is_dropped_with_one_line_and_the_run_goes_on(tmp_path,
 
 
 def test_only_rank_zero_writes(monkeypatch, tmp_path):
-    monkeypatch.setattr("plugins.logging.plugin._is_rank_zero", lambda: False)
-    plugin = LoggingPlugin(LoggingConfig(tensorboard=True, wandb="offline"))
-    _start(plugin, tmp_path)
-    plugin.after_step(_metrics(step=1))
-    plugin.run_end({})
-    assert list(tmp_path.iterdir()) == []
+    def run(rank_zero: bool, run_dir: Path) -> list[str]:
+        """What one rank's plugin leaves in its run dir after a step and the run's end."""
+        run_dir.mkdir()
+        monkeypatch.setattr("plugins.logging.plugin._is_rank_zero", lambda: rank_zero)
+        plugin = LoggingPlugin(LoggingConfig(tensorboard=True, wandb="offline"))
+        _start(plugin, run_dir)
+        plugin.after_step(_metrics(step=1))
+        plugin.run_end({})
+        return sorted(path.name for path in run_dir.iterdir())
+
+    # The control: rank zero with the same config writes every file, so the writers exist.
+    zero = tmp_path / "rank0"
+    assert run(True, zero) == ["loss_curve.png", "tensorboard", "wandb"]
+    assert list((zero / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((zero / "wandb").glob("offline-run-*"))
+    assert run(False, tmp_path / "rank1") == []
 
 
 def test_the_loss_curve_is_drawn_at_run_end(tmp_path):

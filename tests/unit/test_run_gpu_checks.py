@@ -5,10 +5,8 @@ no index to resolve dependencies against)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
-import sys
 import venv
 import zipfile
 from pathlib import Path
@@ -48,13 +46,18 @@ def _wheel(folder: Path, name: str, requires: str) -> None:
 
 
 def test_a_gpu_machine_without_the_packages_fails_in_one_line(tmp_path):
-    missing = [name for name in PACKAGES if importlib.util.find_spec(name) is None]
-    env = _gpu_machine(tmp_path, sys.executable, None)
+    # An interpreter with the standard library only, so the three are missing on any machine
+    # (this one may have them all, and the script would go on to the GPU tier).
+    env_dir = tmp_path / "bare"
+    venv.create(env_dir, with_pip=False)
+    python = str(env_dir / "bin" / "python")
+    missing = [name for name in PACKAGES if subprocess.run(
+        [python, "-c", f"import {name}"], capture_output=True, timeout=HANG_S).returncode]
+    assert missing == list(PACKAGES)
+    env = _gpu_machine(tmp_path, python, None)
     done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
                           timeout=HANG_S)
-    if not missing:  # a machine with all three: the script goes on to the GPU tier
-        return
-    assert done.returncode == 1
+    assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.startswith(f"error: this GPU machine lacks {' '.join(missing)} ")
     assert len(done.stderr.strip().splitlines()) == 1
     assert "WHEELS=dir bash scripts/run_gpu_checks.sh" in done.stderr

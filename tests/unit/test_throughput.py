@@ -6,13 +6,16 @@ from collections import namedtuple
 
 import numpy as np
 import pytest
+import torch
+from megatron.core import parallel_state
 
 from plugins.protocol.packed_batch import packed_row
 from recipes.plan.flops import model_flops_utilisation
+from trainer.metrics import local_loss_sums
+from trainer.step import masked_token_loss
 from trainer.throughput import (
     PROFILE_STEPS,
     WARMUP_STEPS,
-    counts_loss_tokens,
     counts_trained_rows,
     exposed_time,
     gpu_hours_for_tokens,
@@ -28,39 +31,61 @@ from trainer.throughput import (
 ROW = [1, 1, 1, 1, 0, 0]  # 4 loss tokens, then 2 padding positions
 # What one rank computed in a step: its coordinates and its micro-batches' 0/1 loss masks.
 RankTokens = namedtuple("RankTokens", "tp_rank last_pipeline_stage loss_masks")
+LOSS = 2.0  # every loss token's loss; masked positions carry a loss that must not count
+MASKED_LOSS = 1000.0
 
 
-def effective_loss_tokens(ranks) -> int:
-    """The trainer's world count (trainer/metrics.py): each rank that `counts_loss_tokens`
-    adds the ones of its loss masks; the others add nothing."""
-    return sum(sum(map(sum, rank.loss_masks)) for rank in ranks
-               if counts_loss_tokens(rank.tp_rank, rank.last_pipeline_stage))
+def world_loss_sums(monkeypatch, ranks) -> tuple[float, int]:
+    """(loss sum, loss tokens) of the world as the trainer counts them: each fake rank's
+    micro-batch reports come from `trainer.step.masked_token_loss`, the rank's part from
+    `trainer.metrics.local_loss_sums` under that rank's TP rank and pipeline stage, and the
+    parts add up over the ranks (the all-reduce of `sum_over_world`)."""
+    total = torch.zeros(2, dtype=torch.float64)
+    for rank in ranks:
+        monkeypatch.setattr(parallel_state, "get_tensor_model_parallel_rank",
+                            lambda rank=rank: rank.tp_rank)
+        monkeypatch.setattr(parallel_state, "is_pipeline_last_stage",
+                            lambda *_, rank=rank, **__: rank.last_pipeline_stage)
+        reports = []
+        for mask in rank.loss_masks:
+            loss_mask = torch.tensor([mask])
+            per_token_loss = torch.where(loss_mask.bool(), LOSS, MASKED_LOSS)
+            reports.append(masked_token_loss(loss_mask, per_token_loss)[2])
+        total += local_loss_sums(reports).cpu()
+    loss_sum, tokens = total.tolist()
+    assert tokens == int(tokens)
+    return loss_sum, int(tokens)
 
 
-def test_padding_and_masked_positions_are_not_counted():
+def effective_loss_tokens(monkeypatch, ranks) -> int:
+    loss_sum, tokens = world_loss_sums(monkeypatch, ranks)
+    assert loss_sum == LOSS * tokens  # only loss tokens' losses, each once
+    return tokens
+
+
+def test_padding_and_masked_positions_are_not_counted(monkeypatch):
     rank = RankTokens(tp_rank=0, last_pipeline_stage=True, loss_masks=[ROW, [0, 1, 1, 0]])
-    assert effective_loss_tokens([rank]) == 6
+    assert world_loss_sums(monkeypatch, [rank]) == (6 * LOSS, 6)
 
 
-def test_each_dp_replica_adds_its_own_tokens_once():
+def test_each_dp_replica_adds_its_own_tokens_once(monkeypatch):
     replicas = [RankTokens(0, True, [ROW]), RankTokens(0, True, [[1, 1, 1]])]
-    assert effective_loss_tokens(replicas) == 7
+    assert effective_loss_tokens(monkeypatch, replicas) == 7
 
 
-def test_tp_and_pp_copies_of_the_same_tokens_are_not_counted_again():
+def test_tp_and_pp_copies_of_the_same_tokens_are_not_counted_again(monkeypatch):
     # TP2 x PP2 on one replica: four ranks see the same 4 loss tokens; only one reports them.
     copies = [RankTokens(tp, last, [ROW]) for tp in (0, 1) for last in (False, True)]
-    assert effective_loss_tokens(copies) == 4
-    assert [counts_loss_tokens(tp, last) for tp in (0, 1) for last in (False, True)] == [
-        False, True, False, False]
+    assert effective_loss_tokens(monkeypatch, copies) == 4
+    assert [effective_loss_tokens(monkeypatch, [copy]) for copy in copies] == [0, 4, 0, 0]
 
 
-def test_cp_chunks_add_up_to_the_original_sequence():
+def test_cp_chunks_add_up_to_the_original_sequence(monkeypatch):
     sequence = [1, 1, 1, 0, 1, 1, 1, 1]  # 7 loss tokens, one masked
     chunks = [sequence[:2] + sequence[6:], sequence[2:6]]  # Megatron's CP2 chunk pairs
     ranks = [RankTokens(0, True, [chunk]) for chunk in chunks]
     tp_copies = [RankTokens(1, True, [chunk]) for chunk in chunks]
-    assert effective_loss_tokens(ranks + tp_copies) == 7
+    assert effective_loss_tokens(monkeypatch, ranks + tp_copies) == 7
 
 
 def test_worked_example_8_to_16_gpus():

@@ -170,7 +170,7 @@ def test_wsd_schedule_holds_then_anneals_in_the_last_steps():
     ("recipe", "overlap", "batch"),
     [("tiny_pp2", False, True), ("tiny_pp2_vpp2", True, False)],
 )
-def test_interleaving_gets_overlapped_unbatched_p2p(recipe, overlap, batch):
+def test_only_an_interleaved_pipeline_overlaps_and_unbatches_its_p2p(recipe, overlap, batch):
     from trainer.mcore_translation import build_transformer_config
 
     config = build_transformer_config(get_recipe(recipe), cpu_initialization=True)

@@ -510,9 +510,11 @@ def test_layout_pads_vocab_like_megatron(vocab, divisible_by, tensor, padded) ->
     assert cfg.layout.padded_vocab == padded
 
 
-def test_interleaving_with_overlapped_unbatched_p2p_is_accepted() -> None:
+@pytest.mark.parametrize("overlap", [True, False])
+def test_interleaving_with_unbatched_p2p_is_accepted_overlapped_or_not(overlap) -> None:
     cfg = apply_overrides(
         get_recipe("tiny_pp2_vpp2"),
-        ["parallel.overlap_p2p_comm=false", "parallel.batch_p2p_comm=false"],
+        [f"parallel.overlap_p2p_comm={str(overlap).lower()}", "parallel.batch_p2p_comm=false"],
     )
+    assert (cfg.parallel.overlap_p2p_comm, cfg.parallel.batch_p2p_comm) == (overlap, False)
     validate(cfg)
