@@ -15,8 +15,10 @@ node of TP x PP x CP ranks, one replica).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import difflib
+import re
 import shlex
 import typing
 from collections.abc import Sequence
@@ -42,15 +44,21 @@ def megatron_parser() -> argparse.ArgumentParser:
     return megatron_lm_parser()
 
 
+class ArgumentList(list):
+    """A launch file's words and the file they came from: `read_argument_file`'s result, so
+    `config_from_megatron_args` names the file in its errors though its callers hand it only
+    the words (`trainer/entry/commands.py`: `config_from_megatron_args(read_argument_file(p))`)."""
+
+    def __init__(self, words: Sequence[str], source: str) -> None:
+        super().__init__(words)
+        self.source = source
+
+
 def read_argument_file(path: str) -> list[str]:
     """A launch script's arguments: shell words after the script name (line continuations and
     comments allowed); everything up to the script (`pretrain_gpt.py`), or else before the
     first `--flag`, is the launcher."""
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"megatron_args={path} does not exist; give a file holding the "
-                          "pretrain_gpt.py arguments (one shell line or several with \\)")
-    words = shlex.split(file.read_text(encoding="utf-8"), comments=True)
+    words = shell_words(path, file_text(path))
     script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
     first = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
     argv = words[script + 1:] if script is not None else words[first:]
@@ -58,7 +66,89 @@ def read_argument_file(path: str) -> list[str]:
         raise ConfigError(f"megatron_args={path} holds no pretrain_gpt.py flags (--num-layers "
                           "...); give a Megatron-LM launch line (a saved config.yaml goes in "
                           "config=)")
-    return argv
+    return ArgumentList(argv, path)
+
+
+WANTED = ("give a file holding the pretrain_gpt.py arguments (one shell line or several "
+          "with \\)")
+
+
+def file_text(path: str) -> str:
+    """The file's text, or one line that says why it cannot be read (a directory, missing,
+    unreadable, not UTF-8 text) and what to give instead, so no OSError or UnicodeDecodeError
+    traceback reaches the user."""
+    file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"megatron_args={path} is a directory; {WANTED}")
+    if not file.is_file():
+        raise ConfigError(f"megatron_args={path} does not exist; {WANTED}")
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"megatron_args={path} is not UTF-8 text (byte 0x"
+                          f"{error.object[error.start]:02x} at offset {error.start}); "
+                          f"{WANTED}") from None
+    except OSError as error:
+        raise ConfigError(f"megatron_args={path} cannot be read ({error.strerror}); "
+                          f"{WANTED}") from None
+
+
+def shell_words(path: str, text: str) -> list[str]:
+    """The text split as the shell would (shlex); an unmatched quote or a trailing escape (a
+    README or other prose given by mistake) is one line naming the file, not a ValueError."""
+    try:
+        return shlex.split(text, comments=True)
+    except ValueError as error:
+        raise ConfigError(f"megatron_args={path} is not a shell argument list ({error}); "
+                          f"{WANTED}") from None
+
+
+def quiet_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A copy of the shared (cached) Megatron-LM parser that raises `ArgumentError` instead of
+    printing its 660-line usage and exiting: `exit_on_error=False` covers a bad value
+    (`_parse_known_args` raises), the `error()` override the checks that call `error()` directly
+    (required arguments, ambiguous options: argparse 3.12 exits there whatever exit_on_error)."""
+    quiet = copy.copy(parser)
+    quiet.exit_on_error = False
+
+    def refuse(message: str) -> typing.NoReturn:
+        raise argparse.ArgumentError(None, message)
+
+    quiet.error = refuse  # type: ignore[method-assign]
+    return quiet
+
+
+def argument_error_line(error: argparse.ArgumentError, source: str | None) -> str:
+    """One line for a flag Megatron-LM's parser refused: the file, the flag, the value and the
+    fix (argparse's own message alone names neither the file nor what to type)."""
+    where = f"megatron_args={source}: " if source else ""
+    flag, message = error.argument_name, error.message
+    if flag is None:
+        return f"{where}{message}; fix the Megatron-LM arguments in the file"
+    bad = re.fullmatch(r"invalid (\w+) value: (.*)", message)
+    if bad:
+        kind = {"int": "a whole number", "float": "a number"}.get(bad[1], f"a {bad[1]} value")
+        return f"{where}{flag} {bad[2]} is not {kind}; give {flag} {kind}"
+    choice = re.fullmatch(r"invalid choice: (.*) \(choose from (.*)\)", message)
+    if choice:
+        return f"{where}{flag} {choice[1]} is not a choice; give {flag} one of {choice[2]}"
+    if message.startswith("expected"):
+        return (f"{where}{flag} has no value ({message}); put its value after it, "
+                f"e.g. {flag} VALUE, or remove the flag")
+    explicit = re.fullmatch(r"ignored explicit argument (.*)", message)
+    if explicit:
+        return f"{where}{flag} takes no value (given {explicit[1]}); write {flag} alone"
+    return f"{where}{flag}: {message}; fix {flag} in the file"
+
+
+def parse_megatron_argv(parser: argparse.ArgumentParser, argv: Sequence[str],
+                        source: str | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """Megatron-LM's parse of `argv` (the namespace and the words it does not know); a value
+    it refuses is a ConfigError of one line (`argument_error_line`), never argparse's usage."""
+    try:
+        return quiet_parser(parser).parse_known_args(list(argv))
+    except argparse.ArgumentError as error:
+        raise ConfigError(argument_error_line(error, source)) from None
 
 
 def _given_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> dict[str, str]:
@@ -147,7 +237,7 @@ def config_from_megatron_args(argv: Sequence[str], cluster: ClusterConfig | None
     """The run config a Megatron-LM argument list trains, and one note per flag typed that
     the config does not carry. Unknown and unsupported flags: ConfigError, one line each."""
     parser = megatron_parser()
-    namespace, unknown = parser.parse_known_args(list(argv))
+    namespace, unknown = parse_megatron_argv(parser, argv, getattr(argv, "source", None))
     given = _given_dests(parser, argv)
     carried, problems, notes = carried_dests(), _unknown_lines(parser, unknown), []
     for dest, option in given.items():
