@@ -398,6 +398,16 @@ class StageActivations:
                 + self.cuda_graphs + self.mtp)
 
 
+def recompute_inputs_kept(chunks: list[int], block: int) -> int:
+    """Block inputs full recompute keeps per micro-batch on a stage whose model chunks hold
+    `chunks` layers: Megatron Core's uniform method (the one the project runs) checkpoints
+    each chunk in blocks of `block` layers and cuts the last one short
+    (`megatron/core/recompute.py`: `min(layer_idx + recompute_num_layers,
+    num_layers_per_pipeline_rank)`), so a chunk keeps ceil(layers / block) inputs, not
+    layers / block: 3 for 8 layers in blocks of 3 (3, 3, 2), 1 for 8 in blocks of 100."""
+    return sum(-(-layers // block) for layers in chunks)
+
+
 def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
     """Each stage's activations at its peak (the first stage holds the most micro-batches)."""
     layout, t = cfg.layout, cfg.train
@@ -411,7 +421,8 @@ def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
         flight = layer_microbatches_in_flight(stage, layout.pipeline, layout.virtual_stages,
                                               layout.microbatches)
         if t.recompute == "full":
-            per_layer = checkpoint_bytes(cfg) / block
+            kept = recompute_inputs_kept(chunks, block)
+            per_layer = checkpoint_bytes(cfg) * kept / max(layers, 1)  # the stage's mean
             working = largest * min(block, max(chunks))
         else:
             per_layer, working = full, 0.0
