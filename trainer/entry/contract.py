@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import difflib
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +43,12 @@ from plugins.protocol.errors import (
     UserError,
     error_lines,
 )
-from recipes.config.arguments import convert, describe_type, split_argument
+from recipes.config.arguments import (
+    convert,
+    describe_type,
+    literal_options,
+    split_argument,
+)
 from recipes.resolve import ListRecipesRequested
 from trainer.entry.library_noise import quiet_known_noise
 
@@ -175,7 +181,52 @@ def _shown(value: Any) -> str:
 
 
 def _example(key: str, option: Option) -> str:
-    return f"{key}={_shown(option.default)}"
+    """A `key=value` a refusal shows: a real value where one is known (`real_example`), else
+    the default as typed."""
+    return real_example(key, option) or f"{key}={_shown(option.default)}"
+
+
+def real_example(key: str, option: Option) -> str | None:
+    """A `key=value` the option takes that sets something: its default when it has one; for a
+    null default (which an example would only restate as `key=null`, no help to someone who
+    typed `key=`) its first choice, an `e.g. N` its help gives, or the first file its help's
+    path pattern (`conf/cluster/*.yaml`) matches. None when none is known."""
+    if option.default is not None:
+        return f"{key}={_shown(option.default)}"
+    choices = [c for c in literal_options(option.type) if c is not None]
+    if choices:
+        return f"{key}={choices[0]}"
+    given = re.search(r"e\.g\. ([^\s,;)]+)", option.help)
+    if given and not isinstance(_quiet_convert(key, given[1], option), (str, type(None))):
+        return f"{key}={given[1]}"
+    pattern = next((w.rstrip(":,;") for w in option.help.split() if "*" in w or "<" in w), None)
+    if pattern and not pattern.startswith("/"):  # Path.glob takes relative patterns only
+        matches = sorted(SCRIPTS.parent.glob(re.sub(r"<[^>]*>", "*", pattern)))
+        if matches:
+            return f"{key}={matches[0].relative_to(SCRIPTS.parent)}"
+    return None
+
+
+def _quiet_convert(key: str, text: str, option: Option) -> Any:
+    """`text` as the option's type, or None where it is not one."""
+    from plugins.protocol.errors import ConfigError
+
+    try:
+        return convert(key, text, option.type, key)
+    except ConfigError:
+        return None
+
+
+def empty_value_line(key: str, option: Option) -> str:
+    """The refusal of `key=` with nothing after '=': a real value to give (not `key=null`,
+    which only restates the default) or, where none is known, what the option takes, and that
+    leaving the option out keeps the default."""
+    example = real_example(key, option)
+    kind = describe_type(option.type).removesuffix(" or null")
+    give = (f"give it a value, e.g. {example}" if example else
+            f"give it a value ({kind}: {option.help.split(' (')[0]})")
+    return (f"{key}= is empty; {give}, or leave {key}= out for the default "
+            f"({_shown(option.default)})")
 
 
 def _unknown(command: Command, text: str) -> str:
@@ -214,7 +265,7 @@ def _option_value(command: Command, key: str, text: str) -> Any:
     option = command.options[key]
     _, raw = split_argument(text, _example(key, option))
     if not raw.strip():
-        raise ConfigError(f"{key}= is empty; give it a value, e.g. {_example(key, option)}")
+        raise ConfigError(empty_value_line(key, option))
     value = convert(key, raw, option.type, _example(key, option))
     problem = option.check(key, value) if option.check else None
     if problem:
