@@ -96,11 +96,32 @@ def load_config(path: str | Path) -> RunConfig:
             f"{origin} is empty; pass a saved config with its sections (model:, train:, ...), "
             f"e.g. config=runs/<run>/{CONFIG_FILENAME}"
         )
+    problem = cluster_file_problem(list(loaded.keys()), origin, path)
+    if problem:
+        raise ConfigError(problem)
     loaded = carry_retired_keys(loaded)
     base = typing.cast(DictConfig, OmegaConf.structured(RunConfig))
     merged = merge_checked(base, loaded, origin, typed=lambda: _file_texts(path),
                            label="default")
     return to_run_config(merged, origin)
+
+
+def cluster_file_problem(keys: list, origin: str, path: Path) -> str | None:
+    """A cluster file (`conf/cluster/*.yaml`) given as `config=`: its keys (`nodes`,
+    `gpus_per_node`, ...) would each be refused as an unknown config key with a guess at a
+    `cluster.` field, where the fix is to pass the file as `cluster=`. None for anything else
+    (a run config has its sections: model:, train:, ...)."""
+    import dataclasses
+
+    from recipes.plan.cluster import ClusterSpec
+
+    sections = {f.name for f in dataclasses.fields(RunConfig)} - {"name"}
+    cluster_keys = {f.name for f in dataclasses.fields(ClusterSpec)} - sections - {"name"}
+    if sections.intersection(keys) or not cluster_keys.intersection(keys):
+        return None
+    return (f"{origin} is a cluster file (nodes:, gpus_per_node:, peak_tflops:), not a run "
+            f"config; pass it as cluster={path} (plan.py, launch.py) and name the run with "
+            f"recipe=NAME or a saved config=runs/<run>/{CONFIG_FILENAME}")
 
 
 def _duplicate_key(error: yaml.YAMLError) -> str | None:
