@@ -8,11 +8,13 @@ script's own options (`trainer/entry/contract.py`) use these and nothing else.
 
 Types are Python annotations: `int`, `float`, `bool`, `str`, `Literal["a", "b"]`, `list[T]`
 (`[1,2,4]` or `1,2,4`), and any of them `| None` (the value `null` or `none`). A float accepts
-`15e12`; an int accepts `1_000` and a float-looking whole number such as `15e12`.
+`15e12`; an int accepts `1_000` and a whole number written as a float, read exactly
+(`15e12`, `1e30` = 10**30; `1.5` is refused).
 """
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 import types
@@ -96,6 +98,26 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+# Digits an integer option may have: Python refuses to print an int of more than 4,300 digits
+# (sys.get_int_max_str_digits), and `1e999999999` would take minutes to build.
+MAX_INTEGER_DIGITS = 1000
+
+
+def exact_integer(text: str) -> int | None:
+    """`text` as the whole number it writes, exactly: `1_000`, `15e12` and `1.5e3` are whole
+    numbers, `1e30` is 10**30 (a float would make it 1,000,000,000,000,000,019,884,624,838,656);
+    None for a fraction (`1.5`), a non-number, or more than MAX_INTEGER_DIGITS digits."""
+    if re.fullmatch(r"[+-]?\d[\d_]*", text):
+        return int(text.replace("_", "")) if len(text) <= MAX_INTEGER_DIGITS else None
+    try:
+        number = decimal.Decimal(text)
+    except decimal.InvalidOperation:
+        return None
+    if not number.is_finite() or number.adjusted() >= MAX_INTEGER_DIGITS:
+        return None
+    return int(number) if number == number.to_integral_value() else None
+
+
 def convert(key: str, text: str, tp: Any, example: str) -> Any:
     """The text of `key=text` as type `tp`, or a one-line `ConfigError` naming the type and
     giving `example` (a whole `key=value`)."""
@@ -114,10 +136,7 @@ def convert(key: str, text: str, tp: Any, example: str) -> Any:
         value = True if text.lower() in TRUE_WORDS else False if text.lower() in FALSE_WORDS \
             else None
     elif base is int:
-        if re.fullmatch(r"[+-]?\d[\d_]*", text):
-            value = int(text.replace("_", ""))
-        elif (number := _number(text)) is not None and number.is_integer():
-            value = int(number)
+        value = exact_integer(text)
     elif base is float:
         value = _number(text)
     if value is None:

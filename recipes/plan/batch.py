@@ -12,7 +12,6 @@ takes more steps, while GPU-hours at a fixed MFU follow the tokens trained.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +22,12 @@ from recipes.plan.flops import model_flops_per_token
 
 def global_batch(micro_batch: int, data_parallel: int, accumulation: int) -> int:
     return micro_batch * data_parallel * accumulation
+
+
+def ceil_div(numerator: int, denominator: int) -> int:
+    """Steps a budget takes, in integers: `math.ceil(a / b)` goes through a float, which for a
+    budget beyond 2**53 tokens (`tokens=1e30`) is off by many steps."""
+    return -(-numerator // denominator)
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,7 @@ def batch_plan(cfg: Any, peak_tflops: float | None, mfu: float,
     steps, trained = None, None  # steps for the budget and the tokens they train on
     if token_budget:
         ramp_tokens = (ramp_samples or 0) * cfg.model.seq_length
-        rest = math.ceil(max(0, token_budget - ramp_tokens) / tokens)
+        rest = ceil_div(max(0, token_budget - ramp_tokens), tokens)
         steps, trained = (ramp_steps or 0) + rest, ramp_tokens + rest * tokens
     hours = None  # at a fixed MFU a step's time follows its tokens, so hours follow tokens
     if trained and peak_tflops:

@@ -11,41 +11,70 @@ import dataclasses
 from typing import Any
 
 from recipes.plan.build import Plan, StagePlan
-from recipes.plan.fit import GB, suggestions, summary_line
+from recipes.plan.fit import size_text, suggestions, summary_line
 
 MIB = 2**20
+SIZE_WIDTH = 10  # the widest size_text short of 1,000 PB: '999.99 GB', '866.35 kB', '3.20 PB'
 
 
-def _gb(value: float) -> str:
-    """GB with two decimals; small values keep three significant digits (tiny recipes)."""
-    return f"{value / GB:,.2f}" if value >= GB / 100 or value == 0 else f"{value / GB:.3g}"
+def duration_text(seconds: float) -> str:
+    """A step time: '12.34 s' as before for a real model; below 10 ms in ms with three
+    significant digits ('0.0467 ms'), so a tiny recipe's step does not read '0.00 s'."""
+    if seconds >= 0.01 or seconds == 0:
+        return f"{seconds:,.2f} s"
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def hours_text(hours: float) -> str:
+    """GPU-hours: whole hours from 100 up ('563,464', as the docs show), three significant
+    digits below ('1.23', '0.0456'), and '<0.01' for less (a few tokens of a tiny model),
+    never '0' for work that takes time; from 10**12 on '1.53e+19' (no made-up digits)."""
+    if hours >= 1e12:  # beyond a float's digits that mean anything here
+        return f"{hours:.3g}"
+    if hours >= 100:
+        return f"{hours:,.0f}"
+    return f"{hours:.3g}" if hours >= 0.01 else "<0.01"
+
+
+def plural(count: int, word: str) -> str:
+    """'1 step', '2 steps', '1,000 steps'."""
+    return f"{count:,} {word}" + ("" if count == 1 else "s")
+
+
+def cell_text(value: float) -> str:
+    """A table's size: `size_text`, except nothing held reads '0' (not '0.00 kB')."""
+    return size_text(value) if value else "0"
 
 
 def _stage_rows(plan: Plan) -> list[str]:
-    rows = ["stage  layers      params/rank    weights  grads  master  Adam   activ.  "
-            "peak GB  (in flight)"]
+    """One row per stage, every size through `size_text` (the one formatter, with its unit) so
+    a tiny recipe's '4.61 MB' and a large one's '51.23 GB' line up in the same columns."""
+    names = ("weights", "grads", "master", "Adam", "activ.", "peak")
+    rows = [f"{'stage':>5}  {'layers':<10}  {'params/rank':>13}  "
+            + "".join(f"{n:>{SIZE_WIDTH}}  " for n in names) + "(in flight)"]
     for s in plan.stages:
         st, a = s.state, s.activations
         layers = "+".join(str(n) for n in s.layers)
-        rows.append(
-            f"{s.stage:>5}  {layers:<10}  {s.params.total:>13,}  {_gb(st.weights):>7}  "
-            f"{_gb(st.grads):>5}  {_gb(st.master):>6}  {_gb(st.moments):>5}  "
-            f"{_gb(a.total):>6}  {_gb(s.peak):>7}  ({a.in_flight:g})")
+        sizes = (st.weights, st.grads, st.master, st.moments, a.total, s.peak)
+        rows.append(f"{s.stage:>5}  {layers:<10}  {s.params.total:>13,}  "
+                    + "".join(f"{cell_text(v):>{SIZE_WIDTH}}  " for v in sizes)
+                    + f"({a.in_flight:g})")
     return rows
 
 
 def _fit_lines(plan: Plan) -> list[str]:
     w = plan.worst
     verdict = "fits" if plan.fits else "does NOT fit"
-    lines = [f"worst rank: stage {w.stage}, peak {_gb(w.peak)} GB of "
-             f"{plan.cluster.gpu_memory_gb:.1f} GB: {verdict}", "  largest contributors:"]
-    lines += [f"    {name:<48} {_gb(size):>8} GB" for name, size in w.contributors()[:5]]
+    lines = [f"worst rank: stage {w.stage}, peak {size_text(w.peak)} of "
+             f"{size_text(plan.cluster.gpu_memory_bytes)}: {verdict}", "  largest contributors:"]
+    lines += [f"    {name:<48} {size_text(size):>{SIZE_WIDTH + 1}}"
+              for name, size in w.contributors()[:5]]
     if w.state.offloaded:
-        lines.append(f"  optimizer state offloaded to CPU: {_gb(w.state.offloaded)} GB")
+        lines.append(f"  optimizer state offloaded to CPU: {size_text(w.state.offloaded)}")
     lines.append(_save_line(plan))
     if not plan.fits:
         lines.append("  suggestions (each alone, validated and re-planned):")
-        lines += [f"    {s.change:<58} peak {_gb(s.peak)} GB{'  fits' if s.fits else ''}"
+        lines += [f"    {s.change:<58} peak {size_text(s.peak)}{'  fits' if s.fits else ''}"
                   for s in suggestions(plan)]
     return lines
 
@@ -58,17 +87,29 @@ def _save_line(plan: Plan) -> str:
                if host else " (no host_memory_gb in the cluster file)")
     fmt = ("Megatron FSDP's fsdp_dtensor" if plan.sharding not in ("none", "dist_opt") else
            f"checkpoint.optimizer_format={plan.cfg.checkpoint.optimizer_format}")
-    return (f"checkpoint save: {_gb(per_rank)} GB of CPU memory per rank ({fmt}), "
-            f"{_gb(plan.save_host_per_node)} GB per node{against}")
+    return (f"checkpoint save: {size_text(per_rank)} of CPU memory per rank ({fmt}), "
+            f"{size_text(plan.save_host_per_node)} per node{against}")
 
 
 def _traffic_lines(stage: StagePlan) -> list[str]:
-    lines = [f"communication per optimizer step, one rank of stage {stage.stage}:"]
+    """What one rank of the stage sends per step; a rank in no group of two or more (one GPU)
+    says so on the header's line rather than leaving the header with nothing under it."""
+    header = f"communication per optimizer step, one rank of stage {stage.stage}:"
+    if not stage.traffic:
+        return [f"{header} none (it shares no group with another rank)"]
+    lines = [header]
     for t in stage.traffic:
         where = "inter-node" if t.inter_node else "intra-node"
-        lines.append(f"  {t.group:<10} {t.operation:<34} {_gb(t.bytes_sent):>9} GB  "
-                     f"{where:<10} {t.seconds * 1e3:>9.1f} ms")
-    return lines or ["communication: none (one rank)"]
+        lines.append(f"  {t.group:<10} {t.operation:<34} {size_text(t.bytes_sent):>{SIZE_WIDTH}}"
+                     f"  {where:<10} {milliseconds_text(t.seconds):>9} ms")
+    return lines
+
+
+def milliseconds_text(seconds: float) -> str:
+    """A collective's time in ms: one decimal as before ('12.3'), two significant digits below
+    0.1 ms ('0.042'), so a tiny message does not read '0.0'."""
+    ms = seconds * 1e3
+    return f"{ms:,.1f}" if ms >= 0.1 or ms == 0 else f"{ms:.2g}"
 
 
 def _shorten(text: str, width: int = 92) -> str:
@@ -109,10 +150,10 @@ def _schedule_lines(plan: Plan) -> list[str]:
         lines.append(f"  ramp-up: {stages}; full batch after {b.ramp_steps:,} steps "
                      f"({b.ramp_samples:,} samples)")
     if b.step_seconds:
-        lines.append(f"  compute-bound step at {b.mfu:.0%} MFU: {b.step_seconds:.2f} s")
+        lines.append(f"  compute-bound step at {b.mfu:.0%} MFU: {duration_text(b.step_seconds)}")
     if b.steps:
-        hours = f", {b.gpu_hours:,.0f} GPU-hours" if b.gpu_hours else ""
-        lines.append(f"  {b.token_budget:,} tokens: {b.steps:,} steps{hours}")
+        hours = f", {hours_text(b.gpu_hours)} GPU-hours" if b.gpu_hours else ""
+        lines.append(f"  {plural(b.token_budget, 'token')}: {plural(b.steps, 'step')}{hours}")
     return lines
 
 
