@@ -124,6 +124,7 @@ def load_checkpoint(session, path: str | Path) -> RunState:
         chunk.load_state_dict(loaded[state_dicts.model_key(i, len(model))])
     megatron_fixes.adopt_hyperparameters(loaded["optimizer"],
                                          _this_runs_hyperparameters(session.cfg))
+    state_dicts.zero_step_where_missing(optimizer, loaded["optimizer"])
     with megatron_fixes.load_without_grad(), \
             megatron_fixes.keep_step_out_of_param_state(optimizer):
         optimizer.load_state_dict(loaded["optimizer"])
