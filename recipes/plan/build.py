@@ -165,9 +165,9 @@ def stage_traffics(cfg: Any, cluster: ClusterSpec, options: PlanOptions,
     (`stage_params`); `crossing` (`comm.crossing_kinds` of the layout) may be handed in by a
     caller that planned the same grid before (the layout search: at 16,384 ranks it is the
     slow part)."""
-    sharded = sharding_of(cfg, options.sharding) != "none"
+    sharding = sharding_of(cfg, options.sharding)
     crossing = crossing if crossing is not None else crossing_kinds(cfg.layout)
-    return [stage_traffic(cfg, cluster, crossing, stage, count, sharded, counts, low)
+    return [stage_traffic(cfg, cluster, crossing, stage, count, sharding, counts, low)
             for stage, (count, counts, low) in enumerate(zip(
                 params, stage_kinds(cfg), stage_low_precision_weights(cfg), strict=True))]
 

@@ -1,19 +1,23 @@
-"""Communication per optimizer step: bytes each rank sends per group type, and a time.
+"""Communication per optimizer step: bytes each rank sends per group type, how many collectives
+it starts, and a time.
 
 Ring collectives: an all-reduce over n ranks sends 2·(n-1)/n of the buffer from each rank, an
 all-gather or reduce-scatter (n-1)/n, an all-to-all (n-1)/n of what is exchanged. Per layer
 and micro-batch, TP does one all-reduce forward and one backward per sublayer (a GPT layer's
 attention and MLP, each layer of a hybrid model; with sequence parallel: an all-gather and a
-reduce-scatter in place of each, the same bytes); full recompute repeats the forward ones.
-PP sends one activation forward and one gradient back per stage boundary and
-micro-batch (per chunk when interleaved). DP reduces gradients once per step: all-reduce, or
-reduce-scatter plus the weights' all-gather with a sharded optimizer (FP8 parameters gathered
-in one byte each). CP passes K/V around its
-ring (and dK/dV back) in attention layers and, in Mamba layers, turns the mixer's inputs from
-sequence shards into head shards and its output back by all-to-all; EP exchanges routed tokens
-four times per MoE layer. A group whose
-ranks span nodes is timed at the inter-node bandwidth, else at the intra-node one; latency and
-overlap with compute are not modelled.
+reduce-scatter in place of each, the same bytes). PP sends one activation forward and one
+gradient back per stage boundary and micro-batch (per chunk when interleaved). DP reduces
+gradients and, with a sharded optimizer, gathers weights (FP8 parameters gathered in one byte
+each) as often as the sharding does (`dp_passes`: once a step, or per micro-batch under
+Megatron FSDP). CP passes K/V around its ring (and dK/dV back) in attention layers and, in
+Mamba layers, turns the mixer's inputs from sequence shards into head shards and its output
+back by all-to-all; EP exchanges routed tokens four times per MoE layer. A forward that is
+recomputed in the backward (`recomputed`) runs its collectives again: full recompute every
+layer's, selective recompute of `moe` the MoE layer's token exchange. Each figure is counted
+from the stage's layers by kind (`params.stage_kinds`), bytes and collectives together, so the
+step model's latency term counts what the table shows. A group whose ranks span nodes is
+timed at the inter-node bandwidth, else at the intra-node one; latency and overlap with
+compute are the step model's (`recipes/plan/steptime.py`).
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ from recipes.plan.params import ParamCount, stage_kinds
 
 @dataclass(frozen=True)
 class Traffic:
-    group: str  # 'tp', 'pp', 'dp', 'cp', 'ep', 'expert-dp'
+    group: str  # 'tp', 'pp', 'dp-cp', 'cp', 'ep', 'expert-dp'
     operation: str
     bytes_sent: float  # per rank per optimizer step
     inter_node: bool
     seconds: float
+    collectives: float = 0.0  # collectives (ring steps, p2p sends) one rank starts per step
+    passes: int = 1  # DP: times a step reduces (or gathers) the whole buffer
+    weights: bool = False  # DP: the weights' all-gather (else the gradients' reduce)
 
 
 def _ring(n: int) -> float:
@@ -46,53 +53,120 @@ def crossing_kinds(layout: Any) -> dict[str, bool]:
             for kind in ("tp", "pp", "dp-cp", "cp", "ep", "expert-dp")}
 
 
-def _tp(cfg: Any, d: int, tokens: float, sublayers: int) -> tuple[str, float]:
+def recomputed(cfg: Any, module: str | None = None) -> int:
+    """1 when the backward runs a layer's forward again, with the collectives inside it: every
+    layer's under full recompute; under selective recompute, `module`'s when
+    `train.recompute_modules` names it (None: the whole layer, which selective recompute never
+    reruns). Megatron reruns the forward as it ran (`tensor_parallel.checkpoint`), so a
+    recomputed MoE layer dispatches and combines again and a recomputed attention layer passes
+    its K/V round the CP ring again."""
+    t = cfg.train
+    if t.recompute == "full":
+        return 1
+    return int(t.recompute == "selective" and module is not None
+               and module in t.recompute_modules)
+
+
+def _tp(cfg: Any, d: int, tokens: float, sublayers: int) -> tuple[str, float, float]:
+    """(operation, bytes, collectives): per sublayer and micro-batch an all-reduce forward and
+    one backward (with SP an all-gather and a reduce-scatter each), again when recomputed."""
     layout, m = cfg.layout, cfg.model
-    collectives = 2 + (1 if cfg.train.recompute == "full" else 0)
+    passes = 2 + recomputed(cfg)
     buffer = tokens * m.hidden_size * d
     per = 2 * _ring(layout.tensor) * buffer
-    name = "all-gather + reduce-scatter (SP)" if layout.sequence_parallel else "all-reduce"
-    return name, collectives * per * sublayers * layout.microbatches
+    sp = layout.sequence_parallel
+    name = "all-gather + reduce-scatter (SP)" if sp else "all-reduce"
+    times = passes * sublayers * layout.microbatches
+    return name, times * per, times * (2 if sp else 1)
 
 
-def _pp(cfg: Any, d: int, tokens: float, stage: int) -> float:
+def _pp(cfg: Any, d: int, tokens: float, stage: int) -> tuple[float, float]:
+    """(bytes, collectives): the stage's sends; the collectives count its sends and receives
+    as two per micro-batch and chunk each way (what the step model has always priced)."""
     layout = cfg.layout
     split = layout.tensor if layout.sequence_parallel else 1
     buffer = tokens * cfg.model.hidden_size * d / split
     sends = (stage < layout.pipeline - 1) + (stage > 0)
     if layout.virtual_stages > 1:
         sends = 2  # interleaved chunks pass through every rank in both directions
-    return sends * buffer * layout.microbatches * layout.virtual_stages
+    chunks = layout.microbatches * layout.virtual_stages
+    return sends * buffer * chunks, 2 * 2 * chunks
 
 
-def _dp(cfg: Any, params: int, ranks: int, sharded: bool,
-        low: int = 0) -> tuple[str, float]:
-    """`low` of the parameters are gathered in the bytes a plugin stores them in (FP8
-    parameters: `gemm_weights.py`)."""
+def traffic_sharding(sharding: str) -> str:
+    """What of a sharding (`memory.SHARDINGS`) DP traffic depends on: the distributed optimizer
+    and Megatron FSDP's `optim` reduce and gather once a step alike (`dp_passes`), so a figure
+    memoised for one serves the other."""
+    return "dist_opt" if sharding == "optim" else sharding
+
+
+def dp_passes(sharding: str, microbatches: int) -> tuple[int, int]:
+    """(gradient reduces, weight gathers) of the whole buffer per step.
+
+    DDP all-reduces once, the distributed optimizer (and Megatron FSDP's `optim`) reduce-
+    scatters once and gathers the updated weights once. Megatron FSDP cannot keep whole
+    gradients between micro-batches once they are sharded: read in Megatron Core 0.19.2,
+    `distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py`, `MegatronFSDP._register_fsdp_hooks`:
+    `_process_post_backward_gradients` and `_root_post_backward` reduce-scatter on every
+    backward when `grad_reduce_every_bprop` (strategy `optim_grads` or `optim_grads_params`),
+    whatever `no_sync` / `is_last_microbatch` say (those gate only `optim` and `no_shard`). With
+    weights sharded too (`optim_grads_params`) `_pre_forward_param_unshard` gathers a layer's
+    weights before its forward and `_pre_backward_param_unshard` before its backward, and
+    `_post_forward` / `_post_backward_release_module` free them after each: two gathers per
+    micro-batch (a full recompute's forward reruns inside the backward and keeps its gather for
+    it, `_post_forward` with `lazy_release`, so it adds none). The first forward's gather is the
+    one the other shardings do after the optimizer step."""
+    if sharding == "none":
+        return 1, 0
+    reduces = microbatches if sharding in ("optim_grads", "optim_grads_params") else 1
+    gathers = 2 * microbatches if sharding == "optim_grads_params" else 1
+    return reduces, gathers
+
+
+def _dp(cfg: Any, params: int, ranks: int, sharding: str,
+        low: int = 0) -> list[tuple[str, float, int, bool]]:
+    """(operation, bytes, passes, weights) of each DP collective per step: the gradients'
+    reduce, and with sharding the weights' gather, each `dp_passes` times. `low` of the
+    parameters are gathered in the bytes a plugin stores them in (FP8 parameters:
+    `gemm_weights.py`)."""
     p = cfg.precision
     grad = 4 if (p.grad_reduce_in_fp32 or p.dtype == "fp32") else 2
+    reduces, gathers = dp_passes(sharding, cfg.layout.microbatches)
+    if sharding == "none":
+        return [("all-reduce", params * grad * 2 * _ring(ranks), reduces, False)]
     weight = _ACT_BYTES[p.dtype]
-    if sharded:
-        stored = cfg.plugins.gemm_weights(cfg) if low else None
-        gathered = params * weight - (low * (weight - stored.bytes_per_weight) if stored else 0)
-        return "reduce-scatter + all-gather", (params * grad + gathered) * _ring(ranks)
-    return "all-reduce", params * grad * 2 * _ring(ranks)
+    stored = cfg.plugins.gemm_weights(cfg) if low else None
+    gathered = params * weight - (low * (weight - stored.bytes_per_weight) if stored else 0)
+    return [(_times("reduce-scatter", reduces), reduces * params * grad * _ring(ranks),
+             reduces, False),
+            (_times("all-gather", gathers), gathers * gathered * _ring(ranks), gathers, True)]
 
 
-def _cp(cfg: Any, d: int, tokens: float, layers: int) -> float:
+def _times(operation: str, passes: int) -> str:
+    return operation if passes == 1 else f"{operation}, {passes} a step"
+
+
+def _cp(cfg: Any, d: int, tokens: float, layers: int) -> tuple[float, float]:
+    """(bytes, collectives): each of the CP - 1 ring steps hands a K/V chunk on; the backward
+    hands K/V on again plus dK/dV (three passes), a recomputed attention core a fourth."""
     layout, m = cfg.layout, cfg.model
     width = m.kv_channels or m.hidden_size // m.num_attention_heads
     kv = 2 * (m.num_query_groups or m.num_attention_heads) * width / layout.tensor
     forward = (layout.context - 1) * tokens * kv * d  # K/V chunk handed round the ring
-    return 3 * forward * layers * layout.microbatches  # backward: K/V again plus dK/dV
+    times = (3 + recomputed(cfg)) * layers * layout.microbatches
+    return times * forward, times * (layout.context - 1)
 
 
-def _mamba_cp(cfg: Any, d: int, tokens: float, layers: int) -> float:
+MAMBA_CP_ALL_TO_ALLS = 6  # z, x, B, C, dt in and y out (mamba_context_parallel.py:140-211)
+
+
+def _mamba_cp(cfg: Any, d: int, tokens: float, layers: int) -> tuple[float, float]:
     """Megatron's Mamba CP (`ssm/mamba_context_parallel.py:140-211`): before the conv and scan
     z, x, B, C and dt each go from this rank's sequence chunk to all of the sequence for
     1/CP of the TP rank's heads (B and C first repeated when the TP rank has fewer groups than
     CP ranks, l.119-125, 171-184), and after it y goes back; each all-to-all sends (n-1)/n of
-    its input, its backward the gradient's. Full recompute repeats the forward ones."""
+    its input, its backward the gradient's. Full recompute repeats the forward ones.
+    (bytes, collectives)."""
     layout, m = cfg.layout, cfg.model
     cp, tp = layout.context, layout.tensor
     heads, groups = hybrid.mamba_heads(m) / tp, m.mamba_num_groups / tp
@@ -100,60 +174,64 @@ def _mamba_cp(cfg: Any, d: int, tokens: float, layers: int) -> float:
     repeat = cp / groups if groups < cp else 1
     bc = 2 * groups * repeat * m.mamba_state_dim
     width = 2 * inner + bc + heads + inner  # z, x, B, C, dt in; y out
-    collectives = 2 + (1 if cfg.train.recompute == "full" else 0)
-    return collectives * _ring(cp) * tokens * width * d * layers * layout.microbatches
+    times = (2 + recomputed(cfg)) * layers * layout.microbatches
+    return times * _ring(cp) * tokens * width * d, times * MAMBA_CP_ALL_TO_ALLS
 
 
-def _ep(cfg: Any, d: int, tokens: float, layers: int) -> float:
-    """Dispatch and combine, forward and backward; selective recompute of the MoE layer
-    (`train.recompute_modules` moe) dispatches and combines its forward again."""
-    layout, m, t = cfg.layout, cfg.model, cfg.train
+def _ep(cfg: Any, d: int, tokens: float, layers: int) -> tuple[float, float]:
+    """Dispatch and combine, forward and backward, and again when the MoE layer's forward is
+    recomputed (full recompute, or selective recompute of `moe`). (bytes, collectives)."""
+    layout, m = cfg.layout, cfg.model
     routed = tokens * m.moe_router_topk * m.hidden_size * d / layout.tensor
-    again = 2 if t.recompute == "selective" and "moe" in t.recompute_modules else 0
-    return (4 + again) * _ring(layout.expert) * routed * layers * layout.microbatches
+    times = (4 + 2 * recomputed(cfg, "moe")) * layers * layout.microbatches
+    return times * _ring(layout.expert) * routed, times
 
 
 def _traffic(crossing: dict[str, bool], cluster: Any, kind: str, operation: str,
-             sent: float) -> Traffic:
+             sent: float, collectives: float, passes: int = 1,
+             weights: bool = False) -> Traffic:
     inter = crossing[kind]
     bandwidth = cluster.inter_node_gb_per_s if inter else cluster.intra_node_gb_per_s
-    return Traffic(kind, operation, sent, inter, sent / (bandwidth * 1e9))
+    return Traffic(kind, operation, sent, inter, sent / (bandwidth * 1e9), collectives,
+                   passes, weights)
 
 
 def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
-                  count: ParamCount, sharded: bool,
+                  count: ParamCount, sharding: str,
                   counts: dict[str, int] | None = None,
                   low: ParamCount | None = None) -> list[Traffic]:
-    """What one rank of `stage` sends in one optimizer step, per group type in use; `counts`
-    (its layers by kind, the stage's entry of `params.stage_kinds`) may be handed in by a
-    caller planning every stage, which works them out once; `low`: the stage's GEMM weights a
-    plugin gathers in fewer bytes (FP8 parameters)."""
+    """What one rank of `stage` sends in one optimizer step, per group type in use.
+    `sharding`: how DP shards the model state (`memory.SHARDINGS`; `memory.sharding_of` gives a
+    run's own, or the planner's `sharding=`); `counts` (its layers by kind, the stage's entry of
+    `params.stage_kinds`) may be handed in by a caller planning every stage, which works them
+    out once; `low`: the stage's GEMM weights a plugin gathers in fewer bytes (FP8 parameters)."""
     low = low or ParamCount()
     layout = cfg.layout
     dense_ranks, expert_ranks = layout.data_parallel * layout.context, layout.expert_data_parallel
     d = _ACT_BYTES[cfg.precision.dtype]
     tokens = cfg.train.micro_batch_size * cfg.model.seq_length / layout.context
     counts = counts if counts is not None else stage_kinds(cfg)[stage]
+    chunks = layout.virtual_stages  # each model chunk reduces (and gathers) its own buffer
     found = []
     if layout.tensor > 1:
-        name, sent = _tp(cfg, d, tokens, sum(counts.values()))
-        found.append(_traffic(crossing, cluster, "tp", name, sent))
+        name, sent, started = _tp(cfg, d, tokens, sum(counts.values()))
+        found.append(_traffic(crossing, cluster, "tp", name, sent, started))
     if layout.pipeline > 1:
         found.append(_traffic(crossing, cluster, "pp", "send/recv",
-                              _pp(cfg, d, tokens, stage)))
-    if dense_ranks > 1:
-        name, sent = _dp(cfg, count.dense, dense_ranks, sharded, low.dense)
-        found.append(_traffic(crossing, cluster, "dp-cp", name, sent))
-    if count.expert and expert_ranks > 1:
-        name, sent = _dp(cfg, count.expert, expert_ranks, sharded, low.expert)
-        found.append(_traffic(crossing, cluster, "expert-dp", name, sent))
+                              *_pp(cfg, d, tokens, stage)))
+    for group, params, ranks, fewer in (("dp-cp", count.dense, dense_ranks, low.dense),
+                                        ("expert-dp", count.expert, expert_ranks, low.expert)):
+        if params and ranks > 1:
+            for name, sent, passes, weights in _dp(cfg, params, ranks, sharding, fewer):
+                found.append(_traffic(crossing, cluster, group, name, sent, passes * chunks,
+                                      passes, weights))
     if layout.context > 1:
         found.append(_traffic(crossing, cluster, "cp", "K/V ring exchange",
-                              _cp(cfg, d, tokens, counts[kinds.ATTENTION])))
+                              *_cp(cfg, d, tokens, counts[kinds.ATTENTION])))
         if counts.get(kinds.MAMBA):
             found.append(_traffic(crossing, cluster, "cp", "Mamba all-to-all",
-                                  _mamba_cp(cfg, d, tokens, counts[kinds.MAMBA])))
+                                  *_mamba_cp(cfg, d, tokens, counts[kinds.MAMBA])))
     if layout.expert > 1 and cfg.model.num_moe_experts:
         found.append(_traffic(crossing, cluster, "ep", "all-to-all",
-                              _ep(cfg, d, tokens, counts[kinds.MOE])))
+                              *_ep(cfg, d, tokens, counts[kinds.MOE])))
     return found

@@ -57,7 +57,7 @@ from recipes.plan.build import (
     with_traffic,
 )
 from recipes.plan.cluster import ClusterSpec, gemm_peak_tflops
-from recipes.plan.comm import crossing_kinds
+from recipes.plan.comm import crossing_kinds, traffic_sharding
 from recipes.plan.memory import sharding_of
 from recipes.plan.params import stage_layer_counts, stage_params
 from recipes.plan.steptime import (
@@ -120,8 +120,9 @@ NEAR_MISS = 1.25  # a layout that lost on memory is shown if its peak is within 
 # recipe's, the same for every candidate): each stage's parameters on the model chunks it
 # holds; its activations on the chunks' layers and their widths (not EP), the tokens, the
 # micro-batches in flight, sequence parallel and recompute; its model state on its parameters
-# and the optimizer's sharding over DP x CP; its traffic on all but the sharding, of which only
-# whether there is one (`TRAFFIC_DEPENDS_ON` and `sharding_of`); one layer's products on the
+# and the optimizer's sharding over DP x CP; its traffic on all but offload and the sharding,
+# of which only how often DP reduces and gathers (`TRAFFIC_DEPENDS_ON` and
+# `comm.traffic_sharding`: Megatron FSDP's levels, `comm.dp_passes`); one layer's products on the
 # widths and tokens. tests/unit/test_search_fast.py varies every other field of each and
 # checks that the figure does not move.
 PARAMS_DEPEND_ON = ("tensor", "pipeline", "virtual", "first", "last", "expert", "expert_tensor")
@@ -424,9 +425,9 @@ class _Searcher:
             return layer_forward_seconds(cfg, self.peak * 1e12, self.fraction, self.half)
 
         if self.fast:
-            sharded = sharding_of(cfg, self.options.sharding) != "none"
+            sharding = traffic_sharding(sharding_of(cfg, self.options.sharding))
             traffics = _memo(self.memo["traffic"],
-                             (_fields(c, TRAFFIC_DEPENDS_ON), sharded), traffic)
+                             (_fields(c, TRAFFIC_DEPENDS_ON), sharding), traffic)
             layer = _memo(self.memo["forward"], _fields(c, FORWARD_DEPENDS_ON), forward)
         else:
             traffics, layer = traffic(), None

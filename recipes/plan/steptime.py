@@ -12,8 +12,9 @@ Communication is the planner's own (`recipes/plan/comm.py`: bytes per group at t
 bandwidths), with what overlaps taken out: TP and EP collectives sit between the GEMMs that
 need them (exposed); the CP ring overlaps the attention core it feeds (exposed beyond it);
 pipeline sends overlap compute except along the fill and drain; the DP gradient reduce
-overlaps the last micro-batch's backward (`optimizer.overlap_grad_reduce`) and the
-distributed optimizer's all-gather the first one's forward (`overlap_param_gather`). TP
+overlaps the last micro-batch's backward (`optimizer.overlap_grad_reduce`; under Megatron FSDP
+each micro-batch's reduce-scatter its own) and the distributed optimizer's all-gather the first
+one's forward (`overlap_param_gather`; ZeRO-3's other gathers the step's compute). TP
 communication overlap (`parallel.tp_comm_overlap`, Transformer Engine's userbuffers) hides TP's
 collectives behind the layer's GEMMs they are split with (exposed only beyond them), and EP
 overlap (`parallel.ep_comm_overlap`) the token exchange behind the other micro-batch's layer.
@@ -22,7 +23,8 @@ MoE layer's GEMMs; norms and activations cost no GEMM). The bubble is (PP - 1) /
 slowest stage's per-micro-batch time. Each collective also
 costs the cluster file's per-message latency (`collective_latency_us`, measured by
 `plan.py calibrate=true`; none when the file has none), counted per step by `collective_counts`
-and added, exposed, to its group's figure (the DP reduce's to what overlaps); and each kernel a
+(the traffic's own counts) and added, exposed, to its group's figure (the DP reduces' and
+gathers' to what overlaps); and each kernel a
 layer runs costs the file's `kernel_overhead_us` beyond its FLOPs (in compute): small layers
 cut into many micro-batches pay for their many small kernels.
 
@@ -48,6 +50,7 @@ from recipes.models.gpt.flops import (
     qkv_projection_flops,
 )
 from recipes.models.moe.flops import moe_flops
+from recipes.plan.comm import recomputed
 from recipes.plan.flops import FlopsShape
 
 # Kernels one layer's forward runs in Megatron's layers (norms, QKV, RoPE, the attention
@@ -170,28 +173,33 @@ def _traffic_seconds(stage: Any) -> dict[str, float]:
     return found
 
 
-def _dp_exposed(cfg: Any, seconds: float, backward: float, forward: float,
-                sharded: bool) -> float:
-    """The DP reduce (and sharded all-gather) less what hides behind one micro-batch.
+def _dp_exposed(cfg: Any, rows: list[Any], latency_s: float, backward: float,
+                forward: float) -> float:
+    """The DP reduces and gathers (`rows`: the stage's DP traffic, each row's seconds and
+    latency for its collectives) less what hides behind the compute.
 
-    Megatron FSDP cannot keep whole gradients between micro-batches: with gradients sharded
-    (`optim_grads`) each micro-batch reduce-scatters its own, hidden behind its backward; with
-    weights sharded too (`optim_grads_params`) each micro-batch also gathers the weights for
-    its forward and again for its backward: beyond the one a sharded optimizer does anyway,
-    those hide behind the whole step's compute."""
-    o, p = cfg.optimizer, cfg.precision
-    grad = 4 if (p.grad_reduce_in_fp32 or p.dtype == "fp32") else 2
-    weight = 4 if p.dtype == "fp32" else 2
-    reduce = seconds * (grad / (grad + weight)) if sharded else seconds
-    gather = seconds - reduce
+    Each gradient reduce hides behind one micro-batch's backward (`optimizer.
+    overlap_grad_reduce`): the last one's when a step reduces once; its own when Megatron FSDP
+    reduce-scatters every micro-batch's (`comm.dp_passes`). The first weight gather hides behind
+    the first micro-batch's forward (`overlap_param_gather`); the others Megatron FSDP's ZeRO-3
+    does (forward and backward of every micro-batch) behind the whole step's compute. The
+    split and the counts are the traffic's own, so FP8 weights gathered in one byte shrink the
+    gathers and not the reduces."""
+    o, micro = cfg.optimizer, cfg.layout.microbatches
+
+    def part(weights: bool) -> tuple[float, int]:
+        chosen = [t for t in rows if t.weights == weights]
+        return (sum(t.seconds + t.collectives * latency_s for t in chosen),
+                max((t.passes for t in chosen), default=0))
+
+    (reduce, reduces), (gather, gathers) = part(False), part(True)
     hidden_reduce = backward if o.overlap_grad_reduce else 0.0
     hidden_gather = forward if o.overlap_param_gather else 0.0
-    fsdp, micro = getattr(o, "fsdp", "none"), cfg.layout.microbatches
-    if fsdp != "none":
-        reduce, hidden_reduce = reduce * micro, hidden_reduce * micro
-    exposed = max(0.0, reduce - hidden_reduce) + max(0.0, gather - hidden_gather)
-    if fsdp == "optim_grads_params":  # the other 2 x micro - 1 gathers, behind the compute
-        exposed += max(0.0, (2 * micro - 1) * gather - (forward + backward) * micro)
+    exposed = max(0.0, reduce - reduces * hidden_reduce)
+    if gathers:
+        each = gather / gathers
+        exposed += max(0.0, each - hidden_gather)
+        exposed += max(0.0, (gathers - 1) * each - (forward + backward) * micro)
     return exposed
 
 
@@ -208,22 +216,16 @@ def _overlapped(cfg: Any, comm: dict[str, float], gemms: float,
     return found
 
 
-def collective_counts(cfg: Any, layers: int) -> dict[str, float]:
-    """Collectives one rank of a stage holding `layers` layers starts in one step, by group:
-    TP two per layer's forward (SP: two all-gathers and two reduce-scatters), as many in the
-    backward, again in a full recompute; CP's ring steps (CP - 1 per layer, three passes); EP's
-    dispatch and combine (forward and backward); PP's sends and receives (two per micro-batch
-    and chunk); DP's reduce (and gather) once per chunk."""
-    layout, p, t = cfg.layout, cfg.parallel, cfg.train
-    micro, passes = layout.microbatches, 3 if t.recompute == "full" else 2
-    tp = (4 if p.sequence_parallel else 2) * passes * layers * micro if layout.tensor > 1 else 0
-    cp = 3 * (layout.context - 1) * layers * micro
-    moe_layers = layers if cfg.model.num_moe_experts else 0
-    ep = 4 * moe_layers * micro if layout.expert > 1 else 0
-    chunks = layout.virtual_stages
-    pp = 2 * 2 * micro * chunks if layout.pipeline > 1 else 0
-    dp = chunks * (2 if cfg.optimizer.distributed else 1) if layout.data_parallel > 1 else 0
-    return {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp-cp": dp}
+def collective_counts(stage: Any) -> dict[str, float]:
+    """Collectives one rank of `stage` (a `build.StagePlan`) starts in one step, by group: its
+    traffic's own counts (`comm.stage_traffic`, from the stage's layers by kind), so the
+    latency term prices the collectives the communication table sends: TP per sublayer and
+    pass, CP's ring steps in attention layers and all-to-alls in Mamba layers, EP's dispatch
+    and combine in MoE layers, PP's sends and receives, DP's reduces and gathers."""
+    found = dict.fromkeys(("tp", "cp", "ep", "pp", "dp-cp", "expert-dp"), 0.0)
+    for t in stage.traffic:
+        found[t.group] = found.get(t.group, 0.0) + t.collectives
+    return found
 
 
 def host_cores_bound(rank_compute: list[float], exposed_comm: float,
@@ -283,16 +285,16 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
         comm = _overlapped(cfg, _traffic_seconds(stage), micro * layers * 3 * layer_forward,
                            micro * layers * 3 * (layer_forward + core_forward))
         waits = {group: count * latency_s
-                 for group, count in collective_counts(cfg, layers).items()}
+                 for group, count in collective_counts(stage).items()}
         comm["tp"] = comm.get("tp", 0.0) + waits["tp"]
         comm["ep"] = comm.get("ep", 0.0) + waits["ep"]
-        comm["dp-cp"] = comm.get("dp-cp", 0.0) + waits["dp-cp"]
-        cp = max(0.0, comm.get("cp", 0.0) - micro * layers * 3 * core_forward) + waits["cp"]
+        ring = micro * layers * (3 + recomputed(cfg)) * core_forward  # the cores it overlaps
+        cp = max(0.0, comm.get("cp", 0.0) - ring) + waits["cp"]
         busy = micro * per_micro + comm.get("tp", 0.0) + cp + comm.get("ep", 0.0)
         fill = (layout.pipeline - 1) / (micro * layout.virtual_stages)
         pp = comm.get("pp", 0.0) * min(1.0, fill) + waits["pp"]
-        dp = _dp_exposed(cfg, comm.get("dp-cp", 0.0) + comm.get("expert-dp", 0.0),
-                         2 * forward, forward, cfg.optimizer.distributed)
+        dp = _dp_exposed(cfg, [t for t in stage.traffic if t.group in ("dp-cp", "expert-dp")],
+                         latency_s, 2 * forward, forward)
         stage_compute[stage.stage] = micro * per_micro
         row = (busy, micro * per_micro, busy / micro, comm.get("tp", 0.0), cp,
                comm.get("ep", 0.0), pp, dp)

@@ -14,6 +14,7 @@ import pytest
 from recipes.plan.activations import stage_activations
 from recipes.plan.build import PlanOptions, attention_of, stage_states, stage_traffics
 from recipes.plan.cluster import apply_cluster, load_cluster
+from recipes.plan.comm import traffic_sharding
 from recipes.plan.memory import sharding_of
 from recipes.plan.params import stage_layer_counts, stage_params
 from recipes.plan.search import (
@@ -93,26 +94,31 @@ def test_with_no_layout_close_to_fitting_every_one_too_big_is_timed() -> None:
 def _memoised_figures(cfg, cluster, options):
     """Each memoised figure of a config, with the candidate fields it is memoised on."""
     params = stage_params(cfg)
-    sharded = sharding_of(cfg, options.sharding) != "none"
+    sharding = traffic_sharding(sharding_of(cfg, options.sharding))
     peak = cluster.peak_tflops[cfg.precision.dtype] * 1e12
     return {
         "params": (PARAMS_DEPEND_ON, (), lambda: (stage_layer_counts(cfg), params)),
         "activations": (ACTIVATIONS_DEPEND_ON, (),
                         lambda: stage_activations(cfg, attention_of(cluster, options))),
         "states": (STATES_DEPEND_ON, (), lambda: stage_states(cfg, options, params)),
-        "traffic": (TRAFFIC_DEPENDS_ON, (sharded,),
+        "traffic": (TRAFFIC_DEPENDS_ON, (sharding,),
                     lambda: stage_traffics(cfg, cluster, options, params)),
         "forward": (FORWARD_DEPENDS_ON, (),
                     lambda: layer_forward_seconds(cfg, peak, 0.75, 64.0)),
     }
 
 
-@pytest.mark.parametrize(("name", "cluster_file", "memory_gb"), PAIRS[:4],
-                         ids=[pair[0] for pair in PAIRS[:4]])
+MEMO_PAIRS = [*PAIRS[:4], ("tiny_dp2_bf16_offload", CPU, 0.005)]  # bf16: offload twins
+
+
+@pytest.mark.parametrize(("name", "cluster_file", "memory_gb"), MEMO_PAIRS,
+                         ids=[pair[0] for pair in MEMO_PAIRS])
 def test_each_memoised_figure_depends_on_its_fields_only(name, cluster_file,
                                                         memory_gb) -> None:
     """Any two layouts the exhaustive search planned that agree on a figure's fields get the
-    same figure, however they differ in the others (and for every figure some do)."""
+    same figure, however they differ in the others (and for every figure some do: traffic
+    depends on all but offload and the sharding's DP passes, so only a bf16 or fp16 run, whose
+    layouts come with an offload twin, has two layouts that share it)."""
     cfg, cluster = _setup(name, cluster_file, memory_gb)
     options = PlanOptions(listed_groups=0)
     result = search(cfg, cluster, top=1, exhaustive=True)
@@ -128,7 +134,8 @@ def test_each_memoised_figure_depends_on_its_fields_only(name, cluster_file,
         for c, value in members[1:]:
             assert value == first, (key, first_candidate, c)
             varied.add(key[0])
-    assert varied == {"params", "activations", "states", "traffic", "forward"}
+    shared_traffic = {"traffic"} if cfg.precision.dtype != "fp32" else set()
+    assert varied == {"params", "activations", "states", "forward", *shared_traffic}
 
 
 def test_a_different_ranking_is_named() -> None:

@@ -23,9 +23,14 @@ def _time(recipe: str, latency_s: float):
     return step_time(cfg, stages, cluster.peak_tflops["fp32"], latency_s=latency_s)
 
 
+def _counts(recipe: str) -> dict[str, float]:
+    cfg = resolve_config([f"recipe={recipe}"])
+    (stage,) = stage_plans(cfg, load_cluster(CPU), PlanOptions(listed_groups=0))
+    return collective_counts(stage)
+
+
 def test_counts_follow_the_layout():
-    tp = collective_counts(resolve_config(["recipe=tiny_tp2"]), 4)
-    dp = collective_counts(resolve_config(["recipe=tiny_dp2"]), 4)
+    tp, dp = _counts("tiny_tp2"), _counts("tiny_dp2")
     # TP2, 4 micro-batches of 4 layers: 2 forward + 2 backward all-reduces per layer
     assert tp["tp"] == 4 * 4 * 4 and tp["pp"] == tp["dp-cp"] == 0
     assert dp["tp"] == 0 and dp["dp-cp"] == 1
