@@ -235,3 +235,22 @@ def apply_cluster(cfg: Any, cluster: ClusterSpec) -> Any:
                                       gpus_per_node=cluster.gpus_per_node,
                                       gpu_memory_gib=cluster.gpu_memory_gb * 1e9 / 2**30)
     return dataclasses.replace(cfg, cluster=new_cluster)
+
+
+GPU_MEMORY_KEY = "cluster.gpu_memory_gib"
+
+
+def memory_given(rest: Any) -> bool:
+    """Whether the command line sets `cluster.gpu_memory_gib=` itself (the recipe's own value
+    does not count: a cluster file's memory wins over a recipe's)."""
+    return any(str(arg).partition("=")[0].strip() == GPU_MEMORY_KEY for arg in rest)
+
+
+def given_gpu_memory(cluster: ClusterSpec, cfg: Any, rest: Any) -> ClusterSpec:
+    """The cluster file with the command line's `cluster.gpu_memory_gib=` as each GPU's memory:
+    what is typed wins over a file, as every override wins over a recipe (a share of each GPU
+    left to another process, or a smaller card of the same network). `cfg` is the config
+    before `apply_cluster`, whose `cluster.gpu_memory_gib` is the typed value."""
+    if not memory_given(rest):
+        return cluster
+    return dataclasses.replace(cluster, gpu_memory_gb=cfg.cluster.gpu_memory_gib * 2**30 / 1e9)

@@ -20,8 +20,9 @@ from typing import Any
 
 from plugins.protocol.errors import ConfigError
 from recipes.plan.build import PlanOptions, make_plan
-from recipes.plan.cluster import apply_cluster, load_cluster, recipe_cluster
+from recipes.plan.cluster import apply_cluster, given_gpu_memory, load_cluster, recipe_cluster
 from recipes.plan.fit import what_if_problem
+from recipes.plan.memory import offload_option_note
 
 
 def plan_options(values: dict[str, Any]) -> PlanOptions:
@@ -107,21 +108,136 @@ Confirmer = Callable[[Any, list[tuple[int, Any]], int], list[str]]
 Calibrator = Callable[[Any, str, str, Any], list[str]]
 
 
-def search_option_problem(options: dict[str, Any]) -> str | None:
-    """`confirm=K` runs the search's layouts and `confirm_pick=spread` picks them: either one
-    without what it needs would be ignored, so it is refused."""
+# The defaults of the options below (trainer/entry/commands.py, PLAN, fills them in): an option
+# at its default was not given, or changes nothing.
+TOP_DEFAULT = 10
+CONFIRM_STEPS_DEFAULT = 6
+# The planner's what-ifs of one layout: the search varies the sharding and offload itself.
+WHAT_IFS = ("sharding", "offload", "fp8_weights")
+# What only the one-layout plan prints (steps and GPU-hours, its step estimate, its groups).
+PLAN_ONLY = {"tokens": "the plan's training steps and GPU-hours for a token budget",
+             "mfu": "the plan's compute-bound step estimate (the search times each layout "
+                    "with its own step model)",
+             "groups": "how many of the plan's process groups are written out (a search "
+                       "writes out none)"}
+PLAN_ONLY_DEFAULTS = {"mfu": PlanOptions.mfu}
+
+
+def _given(options: dict[str, Any], key: str, default: Any = None) -> bool:
+    """Whether `key` was given a value other than its default (False, None, 0 and the
+    default read as not given: the entry contract fills every option in)."""
+    value = options.get(key)
+    return value not in (None, False, 0, default)
+
+
+def confirm_needs_search(options: dict[str, Any]) -> str | None:
+    """`confirm=K` runs the search's layouts: without `search=true` there are none."""
     if options.get("confirm") and not options.get("search"):
         return (f"confirm={options['confirm']} runs the layout search's layouts; add "
                 "search=true")
+    return None
+
+
+def spread_needs_confirm(options: dict[str, Any]) -> str | None:
+    """`confirm_pick=spread` picks the layouts `confirm=K` runs: without it, nothing."""
     if options.get("confirm_pick") == "spread" and not options.get("confirm"):
         return "confirm_pick=spread picks the layouts confirm=K runs; add confirm=K, e.g. confirm=6"
+    return None
+
+
+def confirm_steps_needs_confirm(options: dict[str, Any]) -> str | None:
+    """`confirm_steps=N` is the length of each `confirm=K` run: without one it is ignored."""
+    if _given(options, "confirm_steps", CONFIRM_STEPS_DEFAULT) and not options.get("confirm"):
+        return (f"confirm_steps={options['confirm_steps']} is the steps of each confirm=K run; "
+                "add search=true confirm=K (e.g. confirm=6), or drop confirm_steps=")
+    return None
+
+
+def top_needs_search(options: dict[str, Any]) -> str | None:
+    """`top=N` is how many layouts the search lists: a plan of one layout lists none."""
+    if _given(options, "top", TOP_DEFAULT) and not options.get("search"):
+        return (f"top={options['top']} is how many layouts the layout search lists; add "
+                "search=true, or drop top=")
+    return None
+
+
+def calibrate_alone(options: dict[str, Any]) -> str | None:
+    """`calibrate=true` writes the cluster file and returns: a search or verify after it in the
+    same command would be skipped."""
     if options.get("calibrate") and (options.get("search") or options.get("verify")):
         other = "search=true" if options.get("search") else "verify=true"
         return (f"calibrate=true only measures this machine and writes the cluster file; run "
                 f"{other} in a second command, after it")
+    return None
+
+
+def verify_without_search(options: dict[str, Any]) -> str | None:
+    """`verify=true` builds the shards of the one layout planned; a search plans many."""
     if options.get("search") and options.get("verify"):
         return ("verify=true builds the shards of the one layout planned, not of a search's; "
                 "drop search=true, or verify the layout it picks in a second command")
+    return None
+
+
+def search_without_what_ifs(options: dict[str, Any]) -> str | None:
+    """`sharding=`, `offload=true` and `fp8_weights=true` price one layout as if it trained
+    so; the search would price every layout so yet label it and write its command with its
+    own sharding, training what was not priced. The search varies the sharding itself (the
+    distributed optimizer, Megatron FSDP's optim_grads and optim_grads_params at PP 1, offload
+    with bf16/fp16 weights: `search.shardings`), and prices a run's own FP8 parameters."""
+    if not options.get("search"):
+        return None
+    for key in WHAT_IFS:
+        if not _given(options, key):
+            continue
+        value = str(options[key]).lower()
+        if key == "fp8_weights":
+            return (f"fp8_weights={value} is a what-if of one layout, which the search's "
+                    "commands would not train; search the run's own FP8 parameters with "
+                    "plugins.fp8.param_gather=true (and plugins.fp8.format=...), or drop "
+                    "fp8_weights=")
+        return (f"{key}={value} prices one layout; search=true tries the sharding itself (the "
+                "distributed optimizer, Megatron FSDP's optim_grads and optim_grads_params at "
+                "PP 1, then offload) and writes each layout's optimizer.fsdp and "
+                f"optimizer.cpu_offload into its command: drop {key}=, or plan the layout it "
+                f"picks with {key}= in a second command")
+    return None
+
+
+def search_without_plan_only(options: dict[str, Any]) -> str | None:
+    """`tokens=`, `mfu=` and `groups=` change only what the one-layout plan prints; the
+    search prints none of it, so they would be ignored."""
+    if not options.get("search"):
+        return None
+    for key, what in PLAN_ONLY.items():
+        if _given(options, key, PLAN_ONLY_DEFAULTS.get(key)):
+            return (f"{key}={options[key]} sets {what}, which search=true does not print; drop "
+                    f"{key}=, or plan the layout it picks with {key}= in a second command")
+    return None
+
+
+SEARCH_OPTION_RULES = (confirm_needs_search, spread_needs_confirm, confirm_steps_needs_confirm,
+                       top_needs_search, calibrate_alone, verify_without_search,
+                       search_without_what_ifs, search_without_plan_only)
+
+
+def search_option_problem(options: dict[str, Any]) -> str | None:
+    """The first planner option that this command line would ignore, or whose plan would not
+    be the run it names (`SEARCH_OPTION_RULES`, one rule each); None when all apply."""
+    for rule in SEARCH_OPTION_RULES:
+        problem = rule(options)
+        if problem:
+            return problem
+    return None
+
+
+def dry_run_problem(cfg: Any) -> str | None:
+    """`dry_run=true` is `pretrain.py`'s: it builds the run on the meta device instead of
+    training. plan.py never trains, so it would be accepted and do nothing."""
+    if getattr(cfg, "dry_run", False):
+        return ("dry_run=true is pretrain.py's (build every rank on the meta device, no "
+                "training); plan.py never trains: drop it, or add verify=true to build every "
+                "distinct shard on the meta device and check the plan against them")
     return None
 
 
@@ -152,7 +268,11 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
         cfg = build_config(rest)
     else:
         cfg = resolve_config(rest)
-    cluster = load_cluster(cluster_file) if cluster_file else recipe_cluster(cfg)
+    problem = dry_run_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
+    cluster = (given_gpu_memory(load_cluster(cluster_file), cfg, rest) if cluster_file
+               else recipe_cluster(cfg))
     given = list(rest)  # the user's command line, which the search's pretrain command keeps
     if cluster_file:
         placed = apply_cluster(cfg, cluster)
@@ -173,6 +293,9 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
         return run_search(cfg, cluster, options, as_json=as_json, confirm=confirm,
                           given=given)
     plan = make_plan(cfg, cluster, plan_options(options))
+    note = offload_option_note(cfg, plan.options.offload)
+    if note:
+        plan = dataclasses.replace(plan, notes=[*plan.notes, note])
     verify = bool(options.get("verify"))
     if as_json:
         report = json_report(plan)
@@ -231,7 +354,7 @@ def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool
     from recipes.plan.search_report import json_search, text_search
 
     result = search(cfg, cluster, dataclasses.replace(plan_options(options), listed_groups=0),
-                    top=options.get("top") or 10)
+                    top=options.get("top") or TOP_DEFAULT)
     if not result.enumerated:
         raise no_layout_error(cfg)
     if not result.listed:
@@ -251,7 +374,7 @@ def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool
               + ("spread over" if options.get("confirm_pick") == "spread" else "the top of")
               + f" the {len(result.fitting)} that fit (search ranks "
               + ", ".join(str(rank) for rank, _ in picked) + ")", flush=True)
-        lines = confirm(cfg, picked, options.get("confirm_steps") or 6)
+        lines = confirm(cfg, picked, options.get("confirm_steps") or CONFIRM_STEPS_DEFAULT)
         print("\n".join(lines))
     return 0
 

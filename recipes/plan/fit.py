@@ -3,8 +3,9 @@
 A suggestion is a real, validated configuration planned again, not a rule of thumb: each
 candidate (recompute, distributed optimizer, ZeRO-3-style sharding, a smaller micro-batch, more
 TP inside the node, more PP) is applied to the config, checked by the project's validation
-rules (a candidate that breaks one is dropped) and re-planned; those that fit are listed with
-their peak. `check_fits` is what `pretrain.py` calls before launch.
+rules (a candidate that breaks one is dropped) and re-planned; those that lower the worst
+rank's peak are listed with it, the ones that fit first. `check_fits` is what `pretrain.py`
+calls before launch.
 """
 
 from __future__ import annotations
@@ -109,32 +110,64 @@ def what_if_config(cfg: Any, options: PlanOptions) -> Any:
     return _set(cfg, **fields) if options.sharding is not None or options.offload else cfg
 
 
-def what_if_problem(cfg: Any, options: PlanOptions) -> str | None:
-    """`sharding=` with `offload=true` (or offload of fp32 weights) that Megatron would refuse to
-    train: priced, it would be a figure of no run; None when the rules take it."""
-    from recipes.config.sharding_rules import (
-        check_offload_needs_distributed_optimizer,
-        check_offload_precision,
-        check_offload_with_fsdp,
-    )
+def what_if_words(options: PlanOptions) -> str:
+    """The planner's what-ifs as typed, e.g. 'sharding=optim_grads_params offload=true'."""
+    return " ".join(([f"sharding={options.sharding}"] if options.sharding else [])
+                    + (["offload=true"] if options.offload else [])
+                    + (["fp8_weights=true"] if options.fp8_weights else []))
+
+
+def sharding_what_if_problem(cfg: Any, options: PlanOptions) -> str | None:
+    """`sharding=` or `offload=true` whose run the project refuses to train (every rule of
+    `recipes/config/sharding_rules.py`: Megatron FSDP with PP or an async save, offload under
+    FSDP or of fp32 weights, ...): priced, it would be a figure of no run. Its words are the
+    rule's own, so the plan refuses what training refuses, as training says it."""
+    from recipes.config.sharding_rules import SHARDING_RULES
 
     if options.sharding is None and not options.offload:
         return None
-    asked = " ".join(([f"sharding={options.sharding}"] if options.sharding else [])
-                     + (["offload=true"] if options.offload else []))
     changed = what_if_config(cfg, options)
-    for rule in (check_offload_needs_distributed_optimizer, check_offload_with_fsdp,
-                 check_offload_precision):
+    for rule in SHARDING_RULES:
         problem = rule(changed)
         if problem:
+            asked = what_if_words(dataclasses.replace(options, fp8_weights=False))
             return f"{asked} plans a run Megatron refuses: {problem}"
     return None
 
 
+def fp8_weights_problem(cfg: Any, options: PlanOptions) -> str | None:
+    """`fp8_weights=true` prices FP8 weights refreshed from an FP32 master copy, which Megatron's
+    distributed optimizer keeps only for bf16/fp16 weights (`optimizer/distrib_optimizer.py:
+    401-462`); an fp32 run's optimizer steps the weights themselves (`:466-474`), so there is
+    no master to price and the FP8 weights would be all the weights there are."""
+    if not options.fp8_weights or cfg.precision.dtype != "fp32":
+        return None
+    return (f"fp8_weights=true with precision.dtype={cfg.precision.dtype}: FP8 weights are "
+            "refreshed from the FP32 master copy Megatron's optimizer keeps for bf16/fp16 "
+            "weights only (distrib_optimizer.py:401; fp32 weights are stepped in place, "
+            ":466); add precision.dtype=bf16, or drop fp8_weights=")
+
+
+WHAT_IF_RULES = (sharding_what_if_problem, fp8_weights_problem)
+
+
+def what_if_problem(cfg: Any, options: PlanOptions) -> str | None:
+    """The first of the planner's what-ifs (`sharding=`, `offload=true`, `fp8_weights=true`)
+    that would price a run Megatron or the project refuses (`WHAT_IF_RULES`); None when they
+    all describe a run that trains."""
+    for rule in WHAT_IF_RULES:
+        problem = rule(cfg, options)
+        if problem:
+            return problem
+    return None
+
+
 def suggestions(plan: Plan) -> list[Suggestion]:
-    """Single changes, validated and re-planned, fitting ones first, lowest peak first. The
-    planner's what-ifs are written into the config first, so a change of sharding or offload
-    is priced as the change, not overridden by them."""
+    """Single changes, validated and re-planned, that lower the worst rank's peak (one that
+    raises it, e.g. offload from ZeRO-3, whose weights and gradients return unsharded, is no
+    help, and is left out), fitting ones first, lowest peak first. The planner's what-ifs are
+    written into the config first, so a change of sharding or offload is priced as the
+    change, not overridden by them."""
     from recipes.config.validation import validate
 
     found = []
@@ -148,6 +181,8 @@ def suggestions(plan: Plan) -> list[Suggestion]:
             continue
         options = plain if sharding is None else _with_sharding(plain, sharding)
         peak = _worst_peak(candidate, plan.cluster, options)
+        if peak >= plan.worst.peak:
+            continue
         found.append(Suggestion(change, peak, peak <= plan.cluster.gpu_memory_bytes))
     return sorted(found, key=lambda s: (not s.fits, s.peak))
 

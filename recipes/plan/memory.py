@@ -113,6 +113,18 @@ def offload_share(cfg: Any, planner_offload: bool = False) -> float:
     return 1.0 if planner_offload else 0.0
 
 
+def offload_option_note(cfg: Any, planner_offload: bool) -> str | None:
+    """The planner's `offload=true` asks about moving all of the optimizer state; a run that
+    offloads already is priced at its own `optimizer.offload_fraction` (`offload_share`, as
+    docs/planner.md says), so when that is a part the plan says the option changed nothing."""
+    o = cfg.optimizer
+    if not planner_offload or not getattr(o, "cpu_offload", False) or o.offload_fraction >= 1:
+        return None
+    return (f"offload=true: priced at the run's own optimizer.offload_fraction="
+            f"{o.offload_fraction:g} (its optimizer.cpu_offload=true); add "
+            "optimizer.offload_fraction=1.0 to price all of the optimizer state in CPU memory")
+
+
 def model_state(params: float, shards: int, per: StateBytes, sharding: str,
                 offload: float = 0.0) -> ModelState:
     """Model state of `params` parameters whose data-parallel group has `shards` ranks; the
@@ -147,14 +159,31 @@ def save_host_bytes(cfg: Any, count: ParamCount, per: StateBytes, sharding: str)
     fully parallel save), and the distributed optimizer's `fully_reshardable` format first
     gathers the whole fp32 state of this rank's TP x PP share onto every rank
     (`optimizer/distrib_optimizer.py:1729-1738`, `get_parameter_state_dp_zero`);
-    `dp_reshardable` writes each rank's own slice."""
+    `dp_reshardable` writes each rank's own slice. Weights are copied at the run's dtype,
+    FP8 ones too (`fp8_weights_of`): the writer dequantizes a quantized GPU tensor before its
+    copy to the host (`dist_checkpointing/strategies/filesystem_async.py:146-161`)."""
     layout = cfg.layout
     dense_dp, expert_dp = layout.data_parallel * layout.context, layout.expert_data_parallel
-    weights = per.weight * (count.dense / dense_dp + count.expert / expert_dp)
+    weights = _SIZE[cfg.precision.dtype] * (count.dense / dense_dp + count.expert / expert_dp)
     own_state = OPTIMIZER_STATE_BYTES * (count.dense / dense_dp + count.expert / expert_dp)
     gathered = sharding == "dist_opt" and cfg.checkpoint.optimizer_format == "fully_reshardable"
     state = OPTIMIZER_STATE_BYTES * (count.dense + count.expert) if gathered else own_state
     return weights + state
+
+
+def fp8_weights_of(cfg: Any, count: ParamCount, low: ParamCount | None,
+                   per: StateBytes) -> tuple[ParamCount, float]:
+    """Which of a stage's parameters (one rank's, before sharding) are held below the run's
+    dtype on the GPU, and the bytes of each: the one answer for the planner's `fp8_weights=true`
+    (every weight at one byte, `state_bytes`, as docs/planner.md defines the what-if) and a
+    run's own FP8 or NVFP4 parameters (`plugins.fp8.param_gather`: the GEMM weights outside the
+    BF16 ends, at the plugin's bytes, `gemm_weights.py`); none otherwise."""
+    if per.weight < _SIZE[cfg.precision.dtype]:  # the planner's fp8_weights=true
+        return count, per.weight
+    stored = cfg.plugins.gemm_weights(cfg)
+    if stored is None or low is None:
+        return ParamCount(), per.weight
+    return low, stored.bytes_per_weight
 
 
 def rank_model_state(cfg: Any, count: ParamCount, per: StateBytes, sharding: str,
@@ -166,7 +195,8 @@ def rank_model_state(cfg: Any, count: ParamCount, per: StateBytes, sharding: str
                         offload)
     expert = model_state(count.expert, layout.expert_data_parallel, per, sharding, offload)
     state = add(dense, expert)
-    if low is None:
+    fp8, fp8_bytes = fp8_weights_of(cfg, count, low, per)
+    if fp8_bytes >= per.weight:  # none below what the state above priced them at
         return state
-    saved = weight_bytes_saved(cfg, low, per.weight, _SHARDED[sharding][2])
+    saved = weight_bytes_saved(cfg, fp8, per.weight, _SHARDED[sharding][2])
     return dataclasses.replace(state, weights=state.weights - saved)

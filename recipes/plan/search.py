@@ -358,6 +358,14 @@ def _fields(c: Candidate, names: tuple[str, ...]) -> tuple:
     return attrgetter(*names)(c)
 
 
+def own_sharding(options: PlanOptions) -> PlanOptions:
+    """`options` without the planner's `sharding=` and `offload=true`: each candidate names its
+    own sharding and offload (`Candidate.fsdp`, `.offload`), which its label and command say,
+    so they and not a what-if of one layout are what it is priced at (`scripts/plan.py` refuses
+    the what-ifs with search=true: `recipes.plan.command.search_without_what_ifs`)."""
+    return dataclasses.replace(options, sharding=None, offload=False)
+
+
 class _Searcher:
     """Plans candidates of one recipe on one cluster. `fast`: each candidate's layout is
     worked out once, and its stages' parameters, activations, model state and traffic and
@@ -367,7 +375,7 @@ class _Searcher:
 
     def __init__(self, cfg: Any, cluster: ClusterSpec, options: PlanOptions,
                  fast: bool = True) -> None:
-        self.cluster, self.options, self.fast = cluster, options, fast
+        self.cluster, self.options, self.fast = cluster, own_sharding(options), fast
         self.cfg = _Fixed(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
                           ) if fast else cfg
         self.crossing: dict[tuple, dict[str, bool]] = {}

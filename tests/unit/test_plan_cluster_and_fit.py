@@ -258,12 +258,11 @@ def _words(change: str) -> list[str]:
 
 
 @pytest.mark.parametrize("more", [
-    ["optimizer.distributed=true", "optimizer.fsdp=optim_grads_params"],
     ["optimizer.distributed=true", "optimizer.cpu_offload=true"]])
 def test_sharding_suggestions_name_every_field_and_train_as_priced(more):
-    """From ZeRO-3 the offload suggestion says optimizer.fsdp=none; from offload the ZeRO-3 one
-    says optimizer.cpu_offload=false: applied as written, each validates and plans to its
-    price."""
+    """From offload the ZeRO-3 suggestion says optimizer.cpu_offload=false: applied as written,
+    it validates and plans to its price. (From ZeRO-3, offload raises the peak and is not
+    suggested: tests/unit/test_plan_what_if_rules.py.)"""
     from recipes.config.validation import validate
 
     cfg, cluster = _eight_b(*more)
