@@ -13,9 +13,9 @@ Megatron FSDP). CP passes K/V around its ring (and dK/dV back) in attention laye
 Mamba layers, turns the mixer's inputs from sequence shards into head shards and its output
 back by all-to-all; EP exchanges routed tokens four times per MoE layer. A forward that is
 recomputed in the backward (`recomputed`) runs its collectives again: full recompute every
-layer's, selective recompute of `moe` the MoE layer's token exchange. Each figure is counted
-from the stage's layers by kind (`params.stage_kinds`), bytes and collectives together, so the
-step model's latency term counts what the table shows. A group whose ranks span nodes is
+layer's, selective recompute of `moe` the MoE layer's token exchange and of `core_attn` the CP
+ring. Each figure is counted from the stage's layers by kind (`params.stage_kinds`), bytes and
+collectives together, so the step model's latency term counts what the table shows. A group whose ranks span nodes is
 timed at the inter-node bandwidth, else at the intra-node one; latency and overlap with
 compute are the step model's (`recipes/plan/steptime.py`).
 """
@@ -148,12 +148,14 @@ def _times(operation: str, passes: int) -> str:
 
 def _cp(cfg: Any, d: int, tokens: float, layers: int) -> tuple[float, float]:
     """(bytes, collectives): each of the CP - 1 ring steps hands a K/V chunk on; the backward
-    hands K/V on again plus dK/dV (three passes), a recomputed attention core a fourth."""
+    hands K/V on again plus dK/dV (three passes), a recomputed attention core a fourth (full
+    recompute, or selective `core_attn`: `Attention._checkpointed_attention_forward` reruns the
+    core, its ring included)."""
     layout, m = cfg.layout, cfg.model
     width = m.kv_channels or m.hidden_size // m.num_attention_heads
     kv = 2 * (m.num_query_groups or m.num_attention_heads) * width / layout.tensor
     forward = (layout.context - 1) * tokens * kv * d  # K/V chunk handed round the ring
-    times = (3 + recomputed(cfg)) * layers * layout.microbatches
+    times = (3 + recomputed(cfg, "core_attn")) * layers * layout.microbatches
     return times * forward, times * (layout.context - 1)
 
 

@@ -288,7 +288,7 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
                  for group, count in collective_counts(stage).items()}
         comm["tp"] = comm.get("tp", 0.0) + waits["tp"]
         comm["ep"] = comm.get("ep", 0.0) + waits["ep"]
-        ring = micro * layers * (3 + recomputed(cfg)) * core_forward  # the cores it overlaps
+        ring = micro * layers * (3 + recomputed(cfg, "core_attn")) * core_forward  # overlapped
         cp = max(0.0, comm.get("cp", 0.0) - ring) + waits["cp"]
         busy = micro * per_micro + comm.get("tp", 0.0) + cp + comm.get("ep", 0.0)
         fill = (layout.pipeline - 1) / (micro * layout.virtual_stages)

@@ -41,3 +41,14 @@ def test_selective_recompute_of_the_moe_layer_repeats_only_its_token_exchange():
     assert moe_sent["ep"] == pytest.approx(none_sent["ep"] * 6 / 4)
     assert moe_counts["ep"] == none_counts["ep"] * 6 / 4
     assert moe_sent["cp"] == none_sent["cp"] and moe_counts["cp"] == none_counts["cp"]
+
+
+def test_selective_recompute_of_the_attention_core_repeats_only_its_ring():
+    """`core_attn` reruns the attention core in the backward
+    (`Attention._checkpointed_attention_forward`), and under CP the core is the ring."""
+    none_sent, none_counts = _stage()
+    core_sent, core_counts = _stage("train.recompute=selective",
+                                    "train.recompute_modules=[core_attn]")
+    assert core_sent["cp"] == pytest.approx(none_sent["cp"] * 4 / 3)
+    assert core_counts["cp"] == none_counts["cp"] * 4 / 3
+    assert core_sent["ep"] == none_sent["ep"] and core_counts["ep"] == none_counts["ep"]
