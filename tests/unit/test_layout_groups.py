@@ -23,11 +23,18 @@ from tests.unit.probes import split_probe
 COORDINATES = ("tp", "pp", "dp", "cp", "ep")
 
 
+def probe_cost(name: str) -> int:
+    """The probe's work on a recipe, for balancing its parts: each rank probed sets up
+    Megatron's groups of the whole world, so ranks probed x world size."""
+    world = get_recipe(name).cluster.world_size
+    return len(probed_ranks(world)) * world
+
+
 @pytest.fixture(scope="module")
 def megatron() -> dict:
     """{recipe: {"ranks": [per-rank groups and coordinates], "created": {kind: groups}}}."""
     start = time.perf_counter()
-    parts = split_probe("layout_groups_probe.py", list(RECIPES))
+    parts = split_probe("layout_groups_probe.py", list(RECIPES), probe_cost)
     print(f"\nlayout_groups_probe: {max(p['seconds'] for p in parts):.1f} s in parallel_state "
           f"(the longest of {len(parts)} parts), {time.perf_counter() - start:.1f} s with start-up")
     return {name: found for part in parts for name, found in part["recipes"].items()}
