@@ -5,6 +5,10 @@ run activates the CPU runtime's process-wide patches and fake process groups): e
 shard's real model on the meta device, and the same model unsharded. Both the dry-run checks
 (tests/unit/test_dry_run.py) and the planner's exact per-rank counts
 (tests/unit/test_plan_params.py) read it, so the 50-odd recipes are built once, not twice.
+
+`tiny_llama_import`: one successful `scripts/convert.py import` of the tiny Llama per session,
+whose output and printout the manifest, contents and digest tests each check (about 10 s an
+import; tests/unit/hf_tiny_import.py).
 """
 
 from __future__ import annotations
@@ -46,6 +50,15 @@ def dry_run_family(name: str) -> str:
 def dry_run_probes() -> dict:
     """The dry run of every recipe, split over the machine's cores (tests/unit/probes.py)."""
     found: dict = {}
-    for part in split_probe("dry_run_probe.py", list(RECIPES)):
+    for part in split_probe("dry_run_probe.py", list(RECIPES), dry_run_cost, dry_run_family):
         found.update(part)
     return found
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_import(tmp_path_factory):
+    """One `scripts/convert.py import` of the tiny Llama for the session, read by the manifest,
+    contents and digest tests alike (tests/unit/hf_tiny_import.py); don't write into it."""
+    from tests.unit.hf_tiny_import import import_once
+
+    return import_once(tmp_path_factory.mktemp("tiny_llama_import"))

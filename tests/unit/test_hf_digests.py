@@ -5,14 +5,13 @@ or the etag of a `--local-dir` download. Without a recorded digest nothing is co
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from plugins.protocol.errors import ConfigError
 from tests.dist.hf_runs import make_hf_model
+from tests.unit.hf_tiny_import import hub_cache, run_import
 from trainer.interop.hf_digests import (
     check_digests,
     digest_problem,
@@ -20,26 +19,12 @@ from trainer.interop.hf_digests import (
     recorded_sha256,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 SHARD = "model.safetensors"
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory) -> Path:
     return make_hf_model("llama", tmp_path_factory.mktemp("hf") / "llama")
-
-
-def _hub_cache(model: Path, root: Path) -> Path:
-    """The model as the hub cache holds it: blobs named by SHA-256, a snapshot of links."""
-    snapshot = root / "snapshots" / "0123abc"
-    snapshot.mkdir(parents=True)
-    (root / "blobs").mkdir()
-    for path in model.iterdir():
-        data = path.read_bytes()
-        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        (snapshot / path.name).symlink_to(Path("../..") / "blobs" / blob.name)
-    return snapshot
 
 
 def _local_dir(model: Path, root: Path) -> Path:
@@ -63,7 +48,7 @@ def _flip_a_tensor_byte(shard: Path) -> None:
     target.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("layout", [_hub_cache, _local_dir])
+@pytest.mark.parametrize("layout", [hub_cache, _local_dir])
 def test_the_recorded_digest_is_read_and_matches_an_intact_shard(llama, tmp_path, layout):
     model = layout(llama, tmp_path / "model")
     expected = hashlib.sha256((llama / SHARD).read_bytes()).hexdigest()
@@ -71,7 +56,7 @@ def test_the_recorded_digest_is_read_and_matches_an_intact_shard(llama, tmp_path
     assert check_digests([model / SHARD]) == 1
 
 
-@pytest.mark.parametrize("layout", [_hub_cache, _local_dir])
+@pytest.mark.parametrize("layout", [hub_cache, _local_dir])
 def test_a_byte_changed_inside_tensor_data_is_refused(llama, tmp_path, layout):
     model = layout(llama, tmp_path / "model")
     _flip_a_tensor_byte(model / SHARD)
@@ -108,23 +93,19 @@ def test_the_hash_is_read_in_chunks_and_reports_progress(tmp_path, monkeypatch):
     assert seen == [7, 7, 6]
 
 
-def _import(model: Path, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "scripts/convert.py", "import", f"hf={model}", f"out={out}",
-         "recipe=hf_tiny_llama"], cwd=REPO, capture_output=True, text=True, timeout=300)
-
-
-def test_the_import_checks_a_cached_model_and_says_so(llama, tmp_path):
-    done = _import(_hub_cache(llama, tmp_path / "model"), tmp_path / "out")
+def test_the_import_checks_a_cached_model_and_says_so(tiny_llama_import):
+    """The session's one import (tests/unit/conftest.py) is of a hub-cache snapshot."""
+    assert recorded_sha256(tiny_llama_import.model / SHARD) is not None
+    done = tiny_llama_import.done
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sha-256: 1 of 1 shards match the digests their download recorded" in done.stdout
 
 
 def test_the_import_refuses_a_damaged_cached_shard_before_writing(llama, tmp_path):
-    model = _hub_cache(llama, tmp_path / "model")
+    model = hub_cache(llama, tmp_path / "model")
     _flip_a_tensor_byte(model / SHARD)
     out = tmp_path / "out"
-    done = _import(model, out)
+    done = run_import(model, out)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().count("\n") == 0, done.stderr
     assert done.stderr.startswith(f"error: {model / SHARD} is damaged: its SHA-256 is ")

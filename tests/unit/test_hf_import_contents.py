@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
 
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
 from tests.dist.hf_runs import copy_model, hf_config, make_hf_model
+from tests.unit.hf_tiny_import import OLD_BUFFER, run_import, with_tensors
 from trainer.interop.hf_files import (
     JSON_SIDE_FILES,
     HFWeights,
@@ -35,7 +34,6 @@ from trainer.interop.importer import (
     unused_tensors,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 SHARD = "model.safetensors"
 EXTRA = "model.layers.4.mlp.up_proj.weight"  # the tiny Llama has num_hidden_layers=4
 
@@ -43,15 +41,6 @@ EXTRA = "model.layers.4.mlp.up_proj.weight"  # the tiny Llama has num_hidden_lay
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory) -> Path:
     return make_hf_model("llama", tmp_path_factory.mktemp("hf") / "llama")
-
-
-def _with_tensors(model: Path, to: Path, **changed: torch.Tensor) -> Path:
-    """A copy whose shard holds `changed` (names with `__` for `.`) besides or instead."""
-    copy = copy_model(model, to)
-    tensors = load_file(copy / SHARD)
-    tensors.update({name.replace("__", "."): t for name, t in changed.items()})
-    save_file(tensors, copy / SHARD, metadata={"format": "pt"})
-    return copy
 
 
 def _refusal(model: Path) -> str:
@@ -106,8 +95,8 @@ def test_the_skipped_names_are_those_of_the_installed_transformers(kind, family)
 
 
 def test_a_layer_more_in_the_shard_is_refused(llama, tmp_path) -> None:
-    model = _with_tensors(llama, tmp_path / "model",
-                          model__layers__4__mlp__up_proj__weight=torch.zeros(128, 64))
+    model = with_tensors(llama, tmp_path / "model",
+                         model__layers__4__mlp__up_proj__weight=torch.zeros(128, 64))
     assert _refusal(model) == (
         f"hf={model} holds 1 tensor that LlamaForCausalLM of config.json's sizes has no place "
         f"for ({EXTRA}); the weights do not match config.json: re-download the model")
@@ -124,9 +113,9 @@ def test_a_tensor_named_only_by_the_index_is_refused(llama, tmp_path) -> None:
 
 
 def test_old_rotary_buffers_are_skipped_as_transformers_skips_them(llama, tmp_path) -> None:
-    model = _with_tensors(llama, tmp_path / "model",
-                          model__rotary_emb__inv_freq=torch.ones(8),
-                          model__layers__0__self_attn__rotary_emb__inv_freq=torch.ones(8))
+    model = with_tensors(llama, tmp_path / "model",
+                         model__rotary_emb__inv_freq=torch.ones(8),
+                         model__layers__0__self_attn__rotary_emb__inv_freq=torch.ones(8))
     assert len(check_source(model, get_recipe("hf_tiny_llama")).plan) == 27
 
 
@@ -141,8 +130,8 @@ def test_a_dtype_that_is_not_floating_point_is_named() -> None:
 
 
 def test_an_int32_weight_is_refused_from_the_header(llama, tmp_path) -> None:
-    model = _with_tensors(llama, tmp_path / "model",
-                          model__norm__weight=torch.ones(64, dtype=torch.int32))
+    model = with_tensors(llama, tmp_path / "model",
+                         model__norm__weight=torch.ones(64, dtype=torch.int32))
     assert _refusal(model).startswith("hf tensor model.norm.weight is stored as I32, not a "
                                       "floating point dtype (")
 
@@ -186,27 +175,23 @@ def test_a_directory_without_tokenizer_files_gets_a_note(tmp_path) -> None:
     assert no_tokenizer_note(tmp_path, [generation, tmp_path / "tokenizer.model"]) is None
 
 
-def _import(model: Path, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "scripts/convert.py", "import", f"hf={model}", f"out={out}",
-         "recipe=hf_tiny_llama"], cwd=REPO, capture_output=True, text=True, timeout=300)
-
-
 def test_the_script_refuses_a_layer_more_in_one_line_and_writes_nothing(llama, tmp_path):
-    model = _with_tensors(llama, tmp_path / "model",
-                          model__layers__4__mlp__up_proj__weight=torch.zeros(128, 64))
+    model = with_tensors(llama, tmp_path / "model",
+                         model__layers__4__mlp__up_proj__weight=torch.zeros(128, 64))
     out = tmp_path / "out"
-    done = _import(model, out)
+    done = run_import(model, out)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().count("\n") == 0, done.stderr
     assert done.stderr.startswith(f"error: hf={model} holds 1 tensor that LlamaForCausalLM ")
     assert not out.exists() and not list(tmp_path.glob("out.tmp-*"))
 
 
-def test_the_script_imports_old_rotary_buffers_and_notes_no_tokenizer(llama, tmp_path):
-    model = _with_tensors(llama, tmp_path / "model", model__rotary_emb__inv_freq=torch.ones(8))
-    out = tmp_path / "out"
-    done = _import(model, out)
+def test_the_script_imports_old_rotary_buffers_and_notes_no_tokenizer(tiny_llama_import):
+    """The session's one import (tests/unit/conftest.py) is of a model holding the old buffer
+    and no tokenizer file."""
+    model, out, done = tiny_llama_import.model, tiny_llama_import.out, tiny_llama_import.done
+    with safe_open(model / SHARD, "pt") as shard:
+        assert OLD_BUFFER in shard.keys()
     assert done.returncode == 0, done.stderr[-2000:]
     note = re.escape(no_tokenizer_note(model, []))
     assert len(re.findall(f"^{note}$", done.stdout, re.MULTILINE)) == 1, done.stdout

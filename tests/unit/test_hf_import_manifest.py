@@ -9,22 +9,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
-from tests.dist.hf_runs import make_hf_model
 from trainer.checkpoint.manifest import damaged_file, format_problem, read_manifest
 from trainer.checkpoint.preflight import checkpoint_preflight
 from trainer.interop.export_step import checked_step
 from trainer.interop.import_manifest import file_records, import_manifest
 from trainer.one_rank import single_rank
 
-REPO = Path(__file__).resolve().parents[2]
 SHARD = "__0_0.distcp"
 
 
@@ -74,16 +70,12 @@ def test_the_record_names_the_format_the_import_wrote(tmp_path) -> None:
 
 
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory) -> tuple[Path, str]:
-    """The tiny Llama imported by the script: its directory and the import's stderr."""
-    base = tmp_path_factory.mktemp("import")
-    hf = make_hf_model("llama", base / "hf")
-    out = base / "ckpt"
-    done = subprocess.run(
-        [sys.executable, "scripts/convert.py", "import", f"hf={hf}", f"out={out}",
-         "recipe=hf_tiny_llama"], cwd=REPO, capture_output=True, text=True, timeout=600)
+def imported(tiny_llama_import) -> tuple[Path, str]:
+    """The tiny Llama imported by the script (the session's one import, tests/unit/conftest.py):
+    its directory and the import's stderr."""
+    done = tiny_llama_import.done
     assert done.returncode == 0, done.stderr
-    return out, done.stderr
+    return tiny_llama_import.out, done.stderr
 
 
 def test_an_import_carries_run_json_and_a_damaged_one_is_one_line(imported, tmp_path) -> None:
