@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -28,6 +29,8 @@ from tests.hang import HANG_S
 from tests.unit.dataset_fixtures import write_dataset
 from tests.unit.test_fast_path_rules import CASES as FAST_PATH_CASES
 from trainer.checkpoint.preflight import validate_paths
+from trainer.entry.commands import PRETRAIN
+from trainer.entry.contract import main
 
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = (
@@ -703,32 +706,45 @@ def test_directory_that_can_be_created_is_left_as_it_was(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "expected"),
+    ("args", "expected", "as_script"),
     [
         (["modle.hidden_size=8"], "error: override 'modle.hidden_size=8': there is no section "
-         "'modle' (nearest: model); did you mean model.hidden_size?"),
-        (["optimizer.lr=nan"], "error: optimizer.lr=nan must be a finite number"),
+         "'modle' (nearest: model); did you mean model.hidden_size?", True),
+        (["optimizer.lr=nan"], "error: optimizer.lr=nan must be a finite number", False),
         (["recipe=tiny_dp1", "optimizer.adam_beta1=1.5", "print=config"],
-         "error: optimizer.adam_beta1=1.5 must be in [0, 1)"),
+         "error: optimizer.adam_beta1=1.5 must be in [0, 1)", False),
         (["recipe=tiny_dp1", "model.num_layers=99999999999999999999", "dry_run=true"],
-         "error: dry run: the layout needs "),
+         "error: dry run: the layout needs ", True),
         (["recipe=tiny_dp1", "phases={}", "print=config"],
-         "error: override 'phases={}': phases is a list; write e.g. phases=[{name: general, "),
+         "error: override 'phases={}': phases is a list; write e.g. phases=[{name: general, ",
+         False),
         (["plugins.packing.enabled=true"], "error: override 'plugins.packing.enabled=true': "
-         "plugins.packing.enabled was removed: packing follows data.documents"),
+         "plugins.packing.enabled was removed: packing follows data.documents", False),
         (["checkpoint.load={tmp}/empty_dir"], "error: checkpoint.load={tmp}/empty_dir is an "
-         "empty directory"),
+         "empty directory", False),
     ],
 )
-def test_entry_point_prints_one_error_line_and_exits_2(args, expected, paths_dir) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("RANK", None)
-    done = subprocess.run(
-        [sys.executable, "scripts/pretrain.py", *_fill(args, paths_dir)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S,
-    )
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1, done.stderr
+def test_entry_point_prints_one_error_line_and_exits_2(args, expected, as_script, paths_dir,
+                                                       capsys, monkeypatch) -> None:
+    """Two cases run scripts/pretrain.py itself (a parse-time and a run-time refusal: the exit
+    code and stderr a shell sees); the others call the function it exits with, `main(PRETRAIN)`,
+    in this process: the same line and code, without an interpreter start each (1-2 s)."""
+    argv = _fill(args, paths_dir)
+    if as_script:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env.pop("RANK", None)
+        done = subprocess.run(
+            [sys.executable, "scripts/pretrain.py", *argv],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S,
+        )
+        code, out, err = done.returncode, done.stdout, done.stderr
+    else:
+        monkeypatch.delenv("RANK", raising=False)
+        with mock.patch.dict(os.environ):  # main sets the command's environment
+            code = main(PRETRAIN, argv)
+        out, err = capsys.readouterr()
+    assert code == 2, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
     assert lines[0].startswith(_fill([expected], paths_dir)[0])
-    assert "Traceback" not in done.stderr + done.stdout
+    assert "Traceback" not in err + out
