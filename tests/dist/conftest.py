@@ -74,6 +74,7 @@ class ForkServer:
             env=_child_environment(),
             text=True,
         )
+        self._in_flight = False  # a request written whose reply was not read
         self._reply()  # {"ready": true} once the imports are done
 
     def _reply(self) -> dict:
@@ -83,19 +84,27 @@ class ForkServer:
         return json.loads(line)
 
     def launch(self, request: dict) -> dict:
+        self._in_flight = True
         self._process.stdin.write(json.dumps(request) + "\n")
         self._process.stdin.flush()
-        return self._reply()
+        reply = self._reply()
+        self._in_flight = False
+        return reply
 
     def close(self) -> None:
-        """Ask the server to exit (end of its input); on a loaded machine its interpreter's
-        shutdown can outlast the grace period, and then it is stopped: its ranks are done."""
+        """End the server. Once every reply is read its ranks are all reaped (and their groups
+        stopped), so it is killed at once: waiting for its interpreter's shutdown (torch's and
+        Megatron's teardown, about 3 s at the end of every session) serves nothing. A launch
+        cut short (Ctrl-C while waiting) may still have ranks running: then the server gets the
+        end of its input and the grace period to stop them, as before."""
         self._process.stdin.close()
-        try:
-            self._process.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+        if self._in_flight:
+            try:
+                self._process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+        self._process.kill()  # no-op for an exited process
+        self._process.wait()
         self._log.close()
 
 
