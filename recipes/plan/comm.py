@@ -15,9 +15,9 @@ back by all-to-all; EP exchanges routed tokens four times per MoE layer. A forwa
 recomputed in the backward (`recomputed`) runs its collectives again: full recompute every
 layer's, selective recompute of `moe` the MoE layer's token exchange and of `core_attn` the CP
 ring. Each figure is counted from the stage's layers by kind (`params.stage_kinds`), bytes and
-collectives together, so the step model's latency term counts what the table shows. A group whose ranks span nodes is
-timed at the inter-node bandwidth, else at the intra-node one; latency and overlap with
-compute are the step model's (`recipes/plan/steptime.py`).
+collectives together, so the step model's latency term counts what the table shows. A group
+whose ranks span nodes is timed at the inter-node bandwidth, else at the intra-node one;
+latency and overlap with compute are the step model's (`recipes/plan/steptime.py`).
 """
 
 from __future__ import annotations
