@@ -1,4 +1,4 @@
-"""A run's processes end with the process that started them (trainer/launch/local.py
+"""A run's processes end with the process that started them (trainer/parent_watch.py
 `end_with_parent`): torch's launcher starts each rank in a session of its own, so a launcher
 killed with SIGKILL would leave its ranks training, and a rank killed so would leave what it
 forked (the asynchronous writer's results manager, a copy of the rank) running under init.

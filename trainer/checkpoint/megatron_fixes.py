@@ -243,7 +243,7 @@ def forked_results_queue() -> None:
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    from trainer.launch.local import end_with_parent
+    from trainer.parent_watch import end_with_parent
 
     if filesystem_async._results_queue is not None:
         return

@@ -458,7 +458,8 @@ def end_with_launcher() -> None:
     them training and publishing checkpoints. SIGKILL, not SIGTERM: a stop at a step boundary
     could wait forever on a store the dead launcher hosted. A process given LOCAL_RANK by
     anything else stays in its launcher's session and is left alone."""
-    from trainer.launch.local import LAUNCHER_PID_ENV, end_with_parent
+    from trainer.launch.local import LAUNCHER_PID_ENV
+    from trainer.parent_watch import end_with_parent
 
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return
