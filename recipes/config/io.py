@@ -113,10 +113,11 @@ def cluster_file_problem(keys: list, origin: str, path: Path) -> str | None:
     (a run config has its sections: model:, train:, ...)."""
     import dataclasses
 
-    from recipes.plan.cluster import ClusterSpec
+    from recipes.config.schema import ClusterConfig
 
+    # A cluster file's machine keys are the run's `cluster:` section's (nodes, gpus_per_node).
     sections = {f.name for f in dataclasses.fields(RunConfig)} - {"name"}
-    cluster_keys = {f.name for f in dataclasses.fields(ClusterSpec)} - sections - {"name"}
+    cluster_keys = {f.name for f in dataclasses.fields(ClusterConfig)} - sections - {"name"}
     if sections.intersection(keys) or not cluster_keys.intersection(keys):
         return None
     return (f"{origin} is a cluster file (nodes:, gpus_per_node:, peak_tflops:), not a run "
