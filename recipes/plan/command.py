@@ -193,9 +193,8 @@ def search_without_what_ifs(options: dict[str, Any]) -> str | None:
         value = str(options[key]).lower()
         if key == "fp8_weights":
             return (f"fp8_weights={value} is a what-if of one layout, which the search's "
-                    "commands would not train; search the run's own FP8 parameters with "
-                    "plugins.fp8.param_gather=true (and plugins.fp8.format=...), or drop "
-                    "fp8_weights=")
+                    "commands would not train; search a run that keeps FP8 parameters itself (the "
+                    "FP8 plugin's param_gather setting), or drop fp8_weights=")
         return (f"{key}={value} prices one layout; search=true tries the sharding itself (the "
                 "distributed optimizer, Megatron FSDP's optim_grads and optim_grads_params at "
                 "PP 1, then offload) and writes each layout's optimizer.fsdp and "
