@@ -105,7 +105,7 @@ def test_megatrons_own_parser_names_the_file_flag_and_value(tmp_path, flags, lin
     argv = " ".join(to_megatron_args(get_recipe("tiny_dp1")))
     path.write_text(f"torchrun pretrain_gpt.py {argv} {flags}\n")
     with pytest.raises(ConfigError) as caught:
-        config_from_megatron_args(read_argument_file(str(path)))
+        config_from_megatron_args(read_argument_file(str(path)), source=str(path))
     assert str(caught.value).startswith(f"megatron_args={path}: {line}")
 
 

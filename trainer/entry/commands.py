@@ -230,7 +230,7 @@ def run_plan(args: Arguments) -> int:
     def megatron_config(path, cluster):  # megatron_args=FILE: Megatron-LM's own parser
         from trainer.tools.megatron_args import config_from_megatron_args, read_argument_file
 
-        return config_from_megatron_args(read_argument_file(path), cluster)
+        return config_from_megatron_args(read_argument_file(path), cluster, source=path)
 
     def confirm(cfg, top, steps):  # search=true confirm=K: the scaling harness's short runs
         from trainer.tools.search_confirm import run_confirm

@@ -44,16 +44,6 @@ def megatron_parser() -> argparse.ArgumentParser:
     return megatron_lm_parser()
 
 
-class ArgumentList(list):
-    """A launch file's words and the file they came from: `read_argument_file`'s result, so
-    `config_from_megatron_args` names the file in its errors though its callers hand it only
-    the words (`trainer/entry/commands.py`: `config_from_megatron_args(read_argument_file(p))`)."""
-
-    def __init__(self, words: Sequence[str], source: str) -> None:
-        super().__init__(words)
-        self.source = source
-
-
 def read_argument_file(path: str) -> list[str]:
     """A launch script's arguments: shell words after the script name (line continuations and
     comments allowed); everything up to the script (`pretrain_gpt.py`), or else before the
@@ -66,7 +56,7 @@ def read_argument_file(path: str) -> list[str]:
         raise ConfigError(f"megatron_args={path} holds no pretrain_gpt.py flags (--num-layers "
                           "...); give a Megatron-LM launch line (a saved config.yaml goes in "
                           "config=)")
-    return ArgumentList(argv, path)
+    return argv
 
 
 WANTED = ("give a file holding the pretrain_gpt.py arguments (one shell line or several "
@@ -232,12 +222,13 @@ def _as_type_of(current: Any, value: Any) -> Any:
     return value
 
 
-def config_from_megatron_args(argv: Sequence[str], cluster: ClusterConfig | None = None
-                              ) -> tuple[RunConfig, list[str]]:
+def config_from_megatron_args(argv: Sequence[str], cluster: ClusterConfig | None = None,
+                              source: str | None = None) -> tuple[RunConfig, list[str]]:
     """The run config a Megatron-LM argument list trains, and one note per flag typed that
-    the config does not carry. Unknown and unsupported flags: ConfigError, one line each."""
+    the config does not carry. Unknown and unsupported flags: ConfigError, one line each
+    (naming `source`, the file the list was read from, when given)."""
     parser = megatron_parser()
-    namespace, unknown = parse_megatron_argv(parser, argv, getattr(argv, "source", None))
+    namespace, unknown = parse_megatron_argv(parser, argv, source)
     given = _given_dests(parser, argv)
     carried, problems, notes = carried_dests(), _unknown_lines(parser, unknown), []
     for dest, option in given.items():
