@@ -7,12 +7,13 @@ false (`--disable-bias-linear`), or a pair of functions for the fields Megatron-
 another way (the activation, the precision, recompute, the schedule, GQA, RoPE scaling, the
 data, the checkpoint format, a batch ramp-up: Megatron-LM 0.19.2 ignores `--rampup-batch-size`
 and ramps only through its step schedule, counted in samples); a plugin writes and reads its
-own flags (FP8's, through its config's `megatron_lm_args` / `from_megatron_lm`). Every field is
-written, since Megatron-LM's defaults are not ours (dropout 0.1, Adam beta2 0.999, linear
-decay...). The world size is not a flag (torchrun gives it) and the fields `no_flag_fields`
-names have no Megatron-LM flag; `scripts/pretrain.py print=megatron_args` lists them. Reading a
-command line back (`trainer/tools/megatron_args.py`) uses Megatron-LM's own parser and this
-same table, so the two directions cannot drift apart. No torch here.
+own flags (FP8's, through its config's `megatron_lm_args` / `from_megatron_lm`). Every field the
+model has is written, since Megatron-LM's defaults are not ours (dropout 0.1, Adam beta2 0.999,
+linear decay...); a dense model's line carries no MoE flag. The world size is not a flag
+(torchrun gives it) and the fields `no_flag_fields` names have no Megatron-LM flag;
+`scripts/pretrain.py print=megatron_args` lists them. Reading a command line back
+(`trainer/tools/megatron_args.py`) uses Megatron-LM's own parser and this same table, so the
+two directions cannot drift apart. No torch here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from plugins.registry import PluginsConfig
@@ -33,8 +35,10 @@ class Flag:
     flag: str  # Megatron-LM's option string
     dest: str = ""  # the attribute Megatron-LM's parser stores it in (default: argparse's)
     kind: str = VALUE  # VALUE, ON (store_true when the field is true), OFF (set when false)
-    # Written only for the models that have the field (`when(cfg)`); unwritten, Megatron-LM's
-    # default is the project's, so a line read back carries the same value.
+    # Written only for the models that have the field (`when(cfg)`). Read back, a flag the
+    # line does not type is left at the project's default where `when` fails on the fields
+    # read (`from_megatron_values`): Megatron-LM's default may differ (its dispatcher is
+    # allgather, ours alltoall) but trains nothing there; a flag typed is read all the same.
     when: Callable[[Any], bool] | None = None
 
     def __post_init__(self) -> None:
@@ -44,6 +48,11 @@ class Flag:
 
 def _moe(cfg: Any) -> bool:
     return cfg.model.num_moe_experts is not None
+
+
+def _flex(cfg: Any) -> bool:
+    """The flex dispatcher's backend is read by that dispatcher only."""
+    return _moe(cfg) and cfg.model.moe_token_dispatcher == "flex"
 
 
 def _hybrid(cfg: Any) -> bool:
@@ -76,11 +85,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("model.attention_dropout", "--attention-dropout"),
     Flag("model.init_method_std", "--init-method-std"),
     Flag("model.num_moe_experts", "--num-experts"),
-    Flag("model.moe_router_topk", "--moe-router-topk"),
-    Flag("model.moe_ffn_hidden_size", "--moe-ffn-hidden-size"),
-    Flag("model.moe_token_dispatcher", "--moe-token-dispatcher-type"),
-    Flag("model.moe_aux_loss_coeff", "--moe-aux-loss-coeff"),
-    # MoE routing (Nemotron 3, DeepSeek-V3): written for MoE models only.
+    # The experts and their routing (Nemotron 3, DeepSeek-V3): written for MoE models only.
+    Flag("model.moe_router_topk", "--moe-router-topk", when=_moe),
+    Flag("model.moe_ffn_hidden_size", "--moe-ffn-hidden-size", when=_moe),
+    Flag("model.moe_token_dispatcher", "--moe-token-dispatcher-type", when=_moe),
+    Flag("model.moe_aux_loss_coeff", "--moe-aux-loss-coeff", when=_moe),
     Flag("model.moe_load_balancing", "--moe-router-load-balancing-type", when=_moe),
     Flag("model.moe_router_score_function", "--moe-router-score-function", when=_moe),
     Flag("model.moe_router_expert_bias", "--moe-router-enable-expert-bias", kind=ON, when=_moe),
@@ -101,8 +110,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("parallel.pipeline", "--pipeline-model-parallel-size"),
     Flag("parallel.virtual_pipeline", "--num-virtual-stages-per-pipeline-rank"),
     Flag("parallel.context", "--context-parallel-size"),
-    Flag("parallel.expert", "--expert-model-parallel-size"),
-    Flag("parallel.expert_tensor", "--expert-tensor-parallel-size"),
+    Flag("parallel.expert", "--expert-model-parallel-size", when=_moe),
+    Flag("parallel.expert_tensor", "--expert-tensor-parallel-size", when=_moe),
     Flag("parallel.sequence_parallel", "--sequence-parallel", kind=ON),
     Flag("parallel.first_stage_layers", "--decoder-first-pipeline-num-layers"),
     Flag("parallel.last_stage_layers", "--decoder-last-pipeline-num-layers"),
@@ -141,18 +150,18 @@ FLAGS: tuple[Flag, ...] = (
     Flag("checkpoint.save_interval", "--save-interval"),
     Flag("checkpoint.load", "--load"),
     Flag("logging.log_interval", "--log-interval"),
-    # The GPU fast paths (recipes/config/fast_paths.py).
-    Flag("model.moe_grouped_gemm", "--moe-grouped-gemm", kind=ON),
-    Flag("model.moe_permute_fusion", "--moe-permute-fusion", kind=ON),
-    Flag("model.moe_router_fusion", "--moe-router-fusion", kind=ON),
-    Flag("model.moe_shared_expert_overlap", "--moe-shared-expert-overlap", kind=ON),
+    # The GPU fast paths (recipes/config/fast_paths.py); the experts' for MoE models only.
+    Flag("model.moe_grouped_gemm", "--moe-grouped-gemm", kind=ON, when=_moe),
+    Flag("model.moe_permute_fusion", "--moe-permute-fusion", kind=ON, when=_moe),
+    Flag("model.moe_router_fusion", "--moe-router-fusion", kind=ON, when=_moe),
+    Flag("model.moe_shared_expert_overlap", "--moe-shared-expert-overlap", kind=ON, when=_moe),
     Flag("model.moe_fused_squared_relu", "--use-fused-weighted-squared-relu",
-         "use_fused_weighted_squared_relu", ON),
+         "use_fused_weighted_squared_relu", ON, when=_moe),
     Flag("parallel.tp_comm_overlap", "--tp-comm-overlap", kind=ON),
     Flag("model.gradient_accumulation_fusion", "--no-gradient-accumulation-fusion",
          "gradient_accumulation_fusion", OFF),
     Flag("parallel.ep_comm_overlap", "--overlap-moe-expert-parallel-comm",
-         "overlap_moe_expert_parallel_comm", ON),
+         "overlap_moe_expert_parallel_comm", ON, when=_moe),
 )
 
 _STYLES = {"cosine": "cosine", "wsd": "WSD", "linear": "linear", "constant": "constant"}
@@ -166,6 +175,7 @@ class Spelled:
     dests: tuple[str, ...]  # what the reverse reads from Megatron-LM's parsed arguments
     to_args: Callable[[Any], list[str]]
     from_args: Callable[[Mapping[str, Any]], dict[str, Any]]
+    when: Callable[[Any], bool] | None = None  # as `Flag.when`, for all of `dests`
 
 
 def _activation_args(cfg: Any) -> list[str]:
@@ -643,9 +653,9 @@ SPELLED: tuple[Spelled, ...] = (
     Spelled(("model.hybrid_layer_pattern",), ("hybrid_layer_pattern", "hybrid_override_pattern"),
             _pattern_args, _pattern_from),
     Spelled(("model.moe_router_fp32",), ("moe_router_dtype",), _router_dtype_args,
-            _router_dtype_from),
+            _router_dtype_from, when=_moe),
     Spelled(("model.moe_flex_backend",), ("moe_flex_dispatcher_backend",), _flex_args,
-            _flex_from),
+            _flex_from, when=_flex),
     Spelled(("train.offload_modules",), ("fine_grained_activation_offloading",
                                          "offload_modules"), _activation_offload_args,
             _activation_offload_from),
@@ -711,7 +721,7 @@ def to_megatron_args(cfg: Any) -> list[str]:
     args: list[str] = []
     for f in FLAGS:
         value = _get(cfg, f.field)
-        if f.when is not None and not f.when(cfg):
+        if not _applies(f.when, cfg):
             continue
         if f.kind == ON:
             args += [f.flag] if value else []
@@ -720,7 +730,7 @@ def to_megatron_args(cfg: Any) -> list[str]:
         elif value is not None:
             args += [f.flag, _text(value)]
     for spelled in SPELLED:
-        args += spelled.to_args(cfg)
+        args += spelled.to_args(cfg) if _applies(spelled.when, cfg) else []
     for _, config in cfg.plugins.configs():  # a plugin's own flags (FP8's), when it is on
         args += config.megatron_lm_args()
     return args
@@ -728,18 +738,37 @@ def to_megatron_args(cfg: Any) -> list[str]:
 
 def from_megatron_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """Config fields ('section.name' -> value) from Megatron-LM's parsed arguments (its
-    `argparse.Namespace` as a mapping, with '__given__': the dests typed on the command line)."""
+    `argparse.Namespace` as a mapping, with '__given__': the dests typed on the command line).
+    An entry whose `when` fails on the fields read, and none of whose flags is typed, is left
+    out: the project's default stands, not Megatron-LM's (a dense line's dispatcher)."""
+    given = values.get("__given__", frozenset())
+    parts = [(f.when, (f.dest,), {f.field: values[f.dest]}) for f in FLAGS]
+    parts += [(s.when, s.dests, s.from_args(values)) for s in SPELLED]
+    read = _as_config({field: value for _, _, part in parts for field, value in part.items()})
     found: dict[str, Any] = {}
-    for f in FLAGS:
-        found[f.field] = values[f.dest]
-    for spelled in SPELLED:
-        found.update(spelled.from_args(values))
+    for when, dests, part in parts:
+        if _applies(when, read) or not given.isdisjoint(dests):
+            found.update(part)
     for name, config in PluginsConfig().configs():
         found.update({f"plugins.{name}.{key}": value
                       for key, value in config.from_megatron_lm(values).items()})
     if _inert_wsd_style(values, found):
         del found["scheduler.wsd_decay_style"]
     return found
+
+
+def _applies(when: Callable[[Any], bool] | None, cfg: Any) -> bool:
+    return when is None or when(cfg)
+
+
+def _as_config(fields: Mapping[str, Any]) -> Any:
+    """Fields read ('section.name' -> value) as the sections a `when` condition reads
+    (`cfg.model.num_moe_experts`)."""
+    sections: dict[str, dict[str, Any]] = {}
+    for dotted, value in fields.items():
+        section, name = dotted.split(".", 1)
+        sections.setdefault(section, {})[name] = value
+    return SimpleNamespace(**{name: SimpleNamespace(**v) for name, v in sections.items()})
 
 
 def _inert_wsd_style(values: Mapping[str, Any], found: Mapping[str, Any]) -> bool:

@@ -23,7 +23,7 @@ from recipes.config.megatron_args import (
 from recipes.config.schema import SchedulerConfig
 from recipes.config.validation import validate
 from recipes.plan.command import run_plan
-from recipes.registry import RECIPES, get_recipe
+from recipes.registry import DEFAULT_RECIPE, RECIPES, get_recipe
 from trainer.entry.commands import PRETRAIN
 from trainer.entry.contract import main
 from trainer.tools.megatron_args import config_from_megatron_args, read_argument_file
@@ -225,6 +225,55 @@ def test_a_gpt_line_carries_no_hybrid_or_routing_flag() -> None:
     args = to_megatron_args(get_recipe("tiny_dp1"))
     assert not [a for a in args if a.startswith(("--mamba", "--hybrid", "--moe-router-score"))]
     assert mixer_note(get_recipe("tiny_dp1")) is None
+
+
+# Flags that set up experts: on a dense model's line they would only mislead.
+MOE_ONLY = ("--moe-", "--num-experts", "--expert-model-parallel-size",
+            "--expert-tensor-parallel-size", "--use-fused-weighted-squared-relu",
+            "--overlap-moe-expert-parallel-comm")
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_only_an_moe_recipes_line_carries_moe_flags(name) -> None:
+    cfg = get_recipe(name)
+    cfg.phases = []
+    moe = [a for a in to_megatron_args(cfg) if a.startswith(MOE_ONLY)]
+    if cfg.model.num_moe_experts is None:
+        assert moe == []
+    else:
+        assert {"--num-experts", "--moe-router-topk", "--moe-token-dispatcher-type",
+                "--moe-aux-loss-coeff", "--expert-model-parallel-size"} <= set(moe)
+        flex = cfg.model.moe_token_dispatcher == "flex"
+        assert ("--moe-flex-dispatcher-backend" in moe) == flex  # read by that dispatcher only
+
+
+def test_the_default_recipes_printed_line_has_no_moe_flag(capsys) -> None:
+    assert get_recipe(DEFAULT_RECIPE).model.num_moe_experts is None  # the default is dense
+    assert main(PRETRAIN, ["print=megatron_args"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert not [w for w in line.split() if w.startswith(MOE_ONLY)]
+
+
+def test_a_dense_line_reads_the_moe_flags_it_types_and_the_projects_defaults_for_the_rest(
+) -> None:
+    from trainer.tools.megatron_args import megatron_parser
+
+    # Megatron-LM's own default differs from the project's: read, a dense line would carry it.
+    assert megatron_parser().get_default("moe_token_dispatcher_type") == "allgather"
+    back, _ = config_from_megatron_args(["--num-layers", "4"])
+    assert back.model.moe_token_dispatcher == "alltoall"
+    moe, _ = config_from_megatron_args(["--num-layers", "4", "--num-experts", "4"])
+    assert moe.model.moe_token_dispatcher == "allgather"  # what Megatron-LM trains there
+    cfg = get_recipe("tiny_dp1")
+    typed = [*to_megatron_args(cfg), "--moe-token-dispatcher-type", "allgather"]
+    back, _ = config_from_megatron_args(typed, cfg.cluster)
+    assert back.model.moe_token_dispatcher == "allgather"  # typed: read, never dropped
+    # A dense line printed with the MoE flags (as this project once did) reads back alike.
+    old = [*to_megatron_args(cfg), "--moe-router-topk", "2", "--moe-token-dispatcher-type",
+           "alltoall", "--moe-aux-loss-coeff", "0.0", "--expert-model-parallel-size", "1",
+           "--moe-flex-dispatcher-backend", "deepep"]
+    back, notes = config_from_megatron_args(old, cfg.cluster)
+    assert _differences(cfg, back) == [] and notes == []
 
 
 def test_the_mixer_defaults_are_megatron_cores() -> None:
