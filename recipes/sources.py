@@ -34,8 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from recipes.config.phases import PhaseConfig
-from recipes.config.schema import RunConfig
+from recipes.config.schema import PhaseConfig, RunConfig
 
 Kind = Literal["published", "unpublished", "differs", "ours"]
 KINDS: tuple[str, ...] = ("published", "unpublished", "differs", "ours")

@@ -6,12 +6,12 @@ layout differs. The single-rank reference runs 4 micro-batches per step.
 
 from __future__ import annotations
 
-from recipes.config.phases import PhaseConfig
 from recipes.config.schema import (
     ClusterConfig,
     LoggingConfig,
     ModelConfig,
     ParallelConfig,
+    PhaseConfig,
     PrecisionConfig,
     RunConfig,
     TrainConfig,

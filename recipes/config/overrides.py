@@ -25,8 +25,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from plugins.protocol.errors import ConfigError, config_error
 from plugins.registry import PluginsConfig
 from recipes.config.arguments import describe_type, split_argument
-from recipes.config.phases import PhaseConfig
-from recipes.config.schema import RunConfig
+from recipes.config.schema import PhaseConfig, RunConfig
 
 # Short names people type from habit; suggestions only, never accepted as keys.
 _HABITUAL_NAMES = {

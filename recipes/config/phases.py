@@ -25,35 +25,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from recipes.config.schema import RunConfig
 
 from recipes.config.rampup import check_rampup_shape, ramp_schedule, samples_after
+from recipes.config.schema import PhaseConfig, RunConfig
 
 SHARE_TOLERANCE = 1e-6  # token shares must add up to 1 within this
 # What a running world holds and a phase may change only with a new launch.
 LAUNCH_FIELDS = ("seq_length", "context", "documents", "micro_batch_size")
-
-
-@dataclass(kw_only=True)
-class PhaseConfig:
-    """One phase of a run; a field left null keeps the run's own value."""
-
-    name: str = "phase"  # its name in logs, the summary and the saved data positions
-    tokens: float | None = None  # where it ends: its share of the run's tokens (shares add to 1)
-    end_step: int | None = None  # or: the step it ends at (the last phase's is train.train_iters)
-    blend: str | None = None  # its blend file (data.source=blend); null = data.blend
-    global_batch_size: int | None = None  # its global batch; null = train.global_batch_size
-    seq_length: int | None = None  # its sequence length (relaunch); null = model.seq_length
-    context: int | None = None  # its context-parallel size (relaunch); null = parallel.context
-    # How its documents share a row (relaunch; null = data.documents): `packed` rows of whole
-    # documents, each attending to itself only, e.g. long rows of mixed document lengths.
-    documents: Literal["concatenate", "inter_document", "packed"] | None = None
-    micro_batch_size: int | None = None  # its micro-batch (relaunch); null = train.micro_batch_size
-    lr_decay: bool = False  # the WSD schedule's decay runs over this phase (scheduler.style=wsd)
-    relaunch: bool = False  # start it as a new launch from the previous phase's last checkpoint
 
 
 @dataclass(frozen=True)

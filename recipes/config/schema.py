@@ -13,7 +13,6 @@ from typing import Literal
 
 from plugins.registry import PluginsConfig
 from recipes.config.layout import Layout
-from recipes.config.phases import PhaseConfig
 
 
 @dataclass(kw_only=True)
@@ -391,6 +390,25 @@ class LoggingConfig:
     # behind compute (left out of tokens/s). Off by default: starting a profiler costs seconds
     # on CPU; the scaling harness turns it on.
     exposed_comm: bool = False
+
+
+@dataclass(kw_only=True)
+class PhaseConfig:
+    """One phase of a run; a field left null keeps the run's own value."""
+
+    name: str = "phase"  # its name in logs, the summary and the saved data positions
+    tokens: float | None = None  # where it ends: its share of the run's tokens (shares add to 1)
+    end_step: int | None = None  # or: the step it ends at (the last phase's is train.train_iters)
+    blend: str | None = None  # its blend file (data.source=blend); null = data.blend
+    global_batch_size: int | None = None  # its global batch; null = train.global_batch_size
+    seq_length: int | None = None  # its sequence length (relaunch); null = model.seq_length
+    context: int | None = None  # its context-parallel size (relaunch); null = parallel.context
+    # How its documents share a row (relaunch; null = data.documents): `packed` rows of whole
+    # documents, each attending to itself only, e.g. long rows of mixed document lengths.
+    documents: Literal["concatenate", "inter_document", "packed"] | None = None
+    micro_batch_size: int | None = None  # its micro-batch (relaunch); null = train.micro_batch_size
+    lr_decay: bool = False  # the WSD schedule's decay runs over this phase (scheduler.style=wsd)
+    relaunch: bool = False  # start it as a new launch from the previous phase's last checkpoint
 
 
 @dataclass(kw_only=True)

@@ -12,8 +12,7 @@ and a latent-MoE layer; `super_tiny_dp1` is the one-rank reference every layout 
 from __future__ import annotations
 
 from recipes.base_64gpu import RUN_64GPU
-from recipes.config.phases import PhaseConfig
-from recipes.config.schema import ParallelConfig, RunConfig
+from recipes.config.schema import ParallelConfig, PhaseConfig, RunConfig
 from recipes.nemotron.citations import (
     BRIDGE_OPTIMIZER,
     S3_BRIDGE,

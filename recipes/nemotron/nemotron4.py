@@ -12,9 +12,8 @@ is named beside them. `docs/nemotron.md` lists them all, generated from these ta
 from __future__ import annotations
 
 from recipes.base_64gpu import RUN_64GPU
-from recipes.config.phases import PhaseConfig
 from recipes.config.rampup import ramp_schedule, ramp_steps, samples_after
-from recipes.config.schema import ModelConfig
+from recipes.config.schema import ModelConfig, PhaseConfig
 from recipes.nemotron.citations import (
     BRIDGE_COMMON,
     BRIDGE_OPTIMIZER,

@@ -18,8 +18,7 @@ the Nemotron 3 way) and one batch, so their losses are comparable layout to layo
 from __future__ import annotations
 
 from recipes.base_64gpu import RUN_64GPU
-from recipes.config.phases import PhaseConfig
-from recipes.config.schema import ModelConfig, ParallelConfig, RunConfig
+from recipes.config.schema import ModelConfig, ParallelConfig, PhaseConfig, RunConfig
 from recipes.models.hybrid.pattern import layer_symbols
 from recipes.nemotron.citations import (
     BRIDGE_COMMON,

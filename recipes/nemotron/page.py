@@ -9,8 +9,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from recipes.config.phases import PhaseConfig
-from recipes.config.schema import RunConfig
+from recipes.config.schema import PhaseConfig, RunConfig
 from recipes.nemotron.citations import LABELS
 from recipes.registry import RECIPES
 from recipes.sources import settings_of
