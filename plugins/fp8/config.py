@@ -9,7 +9,8 @@ dtype, and Megatron's optimizer, DDP and Float16Module read it.
 The four FP8 presets are `plugins.fp8.recipe` values, trained on top of `precision.dtype=bf16`
 (Megatron's `Fp8Recipe`, megatron/core/enums.py:12-19; TE recipe objects chosen in
 megatron/core/fp8_utils.py:714-760). Megatron also accepts FP8 with fp32 or fp16 weights, so
-this plugin does not refuse them; the layers kept out of FP8 then run in that dtype.
+this plugin does not refuse them; the layers kept out of FP8 then run in that dtype. FP8
+parameters are the exception: with fp32 weights they have no fp32 master to be stepped from.
 
     delayed     per-tensor scale from an amax history (TE DelayedScaling: amax_history_len,
                 amax_compute_algo, margin are read only here, extensions/transformer_engine.py:3246)
@@ -110,8 +111,8 @@ class Fp8Config(PluginConfig):
             check_fp8_delayed_settings,
             check_fp8_scaling_values, check_fp8_bf16_layers_recipe, check_fp8_bf16_layers_range,
             check_fp8_bf16_layers_leave_fp8, check_fp8_shapes,
-            check_fp8_param_gather_distributed, check_fp8_delayed_recompute_modules,
-            check_fp8_param_gather_offload,
+            check_fp8_param_gather_distributed, check_fp8_param_gather_master,
+            check_fp8_delayed_recompute_modules, check_fp8_param_gather_offload,
         )
 
     def machine_problem(self, machine: Any, on_cpu: bool) -> str | None:
@@ -427,6 +428,21 @@ def check_fp8_param_gather_distributed(cfg: Any) -> str | None:
     return ("plugins.fp8.param_gather=true keeps the weights in FP8 and refreshes them from the "
             "distributed optimizer's fp32 shards, but optimizer.distributed=false; set "
             "optimizer.distributed=true or plugins.fp8.param_gather=false")
+
+
+def check_fp8_param_gather_master(cfg: Any) -> str | None:
+    """FP8 (NVFP4) parameters are stepped through an fp32 master shard that Megatron's
+    distributed optimizer keeps for bf16/fp16 weights only (`optimizer/distrib_optimizer.py:
+    401-462`). TE's quantized weights keep the dtype they are built in, so an fp32 run's are
+    fp32 tensors to the optimizer, whose shard is then a slice of the quantized weight itself
+    (:466-474): no master, the update rounded to FP8. Megatron-LM does not refuse it."""
+    fp8 = cfg.plugins.fp8
+    if fp8.format is None or not fp8.param_gather or cfg.precision.dtype != "fp32":
+        return None
+    return ("plugins.fp8.param_gather=true with precision.dtype=fp32: FP8 weights are refreshed "
+            "from the fp32 master copy Megatron's optimizer keeps for bf16/fp16 weights only "
+            "(fp32 weights are stepped in place); set precision.dtype=bf16 or "
+            "plugins.fp8.param_gather=false")
 
 
 def check_fp8_delayed_recompute_modules(cfg: Any) -> str | None:

@@ -96,7 +96,8 @@ def test_every_plugin_config_brings_its_rules():
         "check_fp4_format_and_recipe",
         "check_fp8_scaling_values", "check_fp8_bf16_layers_recipe", "check_fp8_bf16_layers_range",
         "check_fp8_bf16_layers_leave_fp8", "check_fp8_shapes", "check_fp8_param_gather_distributed",
-        "check_fp8_delayed_recompute_modules", "check_fp8_param_gather_offload",
+        "check_fp8_param_gather_master", "check_fp8_delayed_recompute_modules",
+        "check_fp8_param_gather_offload",
         "check_packing_micro_batch", "check_packing_context_parallel",
         "check_cp_hierarchical_sizes", "check_cp_a2a_heads", "check_profiler_counts",
         "check_profiler_window"}

@@ -177,6 +177,12 @@ RULE_CASES = [
      "plugins.fp8.param_gather=true keeps the weights in FP8 and refreshes them from the "
      "distributed optimizer's fp32 shards, but optimizer.distributed=false; set "
      "optimizer.distributed=true or plugins.fp8.param_gather=false"),
+    ("check_fp8_param_gather_master", ["precision.dtype=fp32", "plugins.fp8.format=hybrid",
+                                       "plugins.fp8.param_gather=true",
+                                       "optimizer.distributed=true"],
+     "plugins.fp8.param_gather=true with precision.dtype=fp32: FP8 weights are refreshed from "
+     "the fp32 master copy Megatron's optimizer keeps for bf16/fp16 weights only (fp32 weights "
+     "are stepped in place); set precision.dtype=bf16 or plugins.fp8.param_gather=false"),
     ("check_fp8_delayed_recompute_modules", [*FP8, "train.recompute=selective",
                                              "train.recompute_modules=[core_attn,layernorm]"],
      "train.recompute_modules has layernorm, which Megatron cannot recompute with "

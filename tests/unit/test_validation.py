@@ -238,10 +238,14 @@ RULE_CASES = [
      "train.recompute_modules has layernorm, which Megatron cannot recompute with "
      "plugins.fp8.recipe=delayed"),
     ("check_fp8_param_gather_distributed", "tiny_dp1",
-     ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise",
+     ["precision.dtype=bf16", "plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise",
       "plugins.fp8.param_gather=true"],
      "plugins.fp8.param_gather=true keeps the weights in FP8 and refreshes them from the "
      "distributed optimizer's fp32 shards, but optimizer.distributed=false"),
+    ("check_fp8_param_gather_master", "tiny_dp1",
+     ["plugins.fp8.format=hybrid", "plugins.fp8.param_gather=true", "optimizer.distributed=true"],
+     "plugins.fp8.param_gather=true with precision.dtype=fp32: FP8 weights are refreshed from "
+     "the fp32 master copy"),
     ("check_fp8_param_gather_offload", "tiny_dp2_bf16_offload",
      ["plugins.fp8.format=hybrid", "plugins.fp8.recipe=tensorwise",
       "plugins.fp8.param_gather=true"],
