@@ -22,6 +22,12 @@ from trainer.entry.pipeline import Training
 CONFIG_REST = "recipe=NAME | config=FILE, then section.field=value overrides"
 
 
+def scripts_taking(key: str) -> list[str]:
+    """The scripts whose own option `key=` is: a recipe command's lookup (`option_owners`) for
+    a word it would otherwise hand on as a config override (`pretrain.py search=true`)."""
+    return [command.script for command in COMMANDS if key in command.options]
+
+
 # --- training commands: a rank function each ------------------------------------------------
 
 def pretrain_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
@@ -167,6 +173,7 @@ def pretrain(args: Arguments) -> int:
 
 PRETRAIN = Command(
     script="pretrain.py", run=pretrain, rest=CONFIG_REST, takes_recipe=True,
+    option_owners=scripts_taking,
     options={"print": Option(None, "config: print the resolved config (every field, as YAML, "
                              "the form config=FILE reads) and start nothing; megatron_args: "
                              "print the Megatron-LM pretrain_gpt.py command line training the "
@@ -190,13 +197,14 @@ def at_least_pairs(key: str, value: int) -> str | None:
 
 BENCH_STEP = Command(
     script="bench_step.py", run=Training(bench_step_rank), rest=CONFIG_REST, takes_recipe=True,
+    option_owners=scripts_taking,
     options={"steps": Option(20, "measured rounds of each step (interleaved pairs, at least 5)",
                              check=at_least_pairs),
              "warmup": Option(3, "rounds discarded first", check=positive)})
 
 VALIDATE_RESUME = Command(
     script="validate_resume.py", run=Training(validate_resume_rank, check=check_resume_options),
-    rest=CONFIG_REST, takes_recipe=True,
+    rest=CONFIG_REST, takes_recipe=True, option_owners=scripts_taking,
     options={"steps": Option(6, "steps of each run", check=positive),
              "save_at": Option(3, "the step after which the checkpoint is saved",
                                check=positive)})
@@ -204,12 +212,12 @@ VALIDATE_RESUME = Command(
 CHECK_MEGATRON_PARITY = Command(
     script="check_megatron_parity.py", run=Training(megatron_parity_rank,
                                                     check=check_parity_recipe), rest=CONFIG_REST,
-    takes_recipe=True,
+    takes_recipe=True, option_owners=scripts_taking,
     options={"steps": Option(20, "steps of each run", check=positive)})
 
 BENCH_CHECKPOINT = Command(
     script="bench_checkpoint.py", run=Training(bench_checkpoint_rank, checkpoint_sizes),
-    rest=CONFIG_REST, takes_recipe=True,
+    rest=CONFIG_REST, takes_recipe=True, option_owners=scripts_taking,
     options={"size": Option("both", "tiny (the recipe), 100m (about 100M parameters) or both",
                             type=Literal["tiny", "100m", "both"]),
              "repeats": Option(3, "timed save+load rounds (the first is reported apart)",
@@ -262,6 +270,7 @@ def share_of_peak(key: str, value: float | None) -> str | None:
 
 PLAN = Command(
     script="plan.py", run=run_plan, rest=CONFIG_REST, takes_recipe=True, flags=("--json",),
+    option_owners=scripts_taking,
     options={
         "cluster": Option(None, "conf/cluster/*.yaml: GPUs per node, memory, bandwidths, peak "
                           "TFLOP/s (null: the recipe's cluster section, the H100 network)",
@@ -347,7 +356,7 @@ def run_launch(args: Arguments) -> int:
 
 
 LAUNCH = Command(script="launch.py", run=run_launch, rest=CONFIG_REST, takes_recipe=True,
-                 options=LAUNCH_OPTIONS, flags=LAUNCH_FLAGS)
+                 option_owners=scripts_taking, options=LAUNCH_OPTIONS, flags=LAUNCH_FLAGS)
 
 
 def _world_sizes(key, value):
@@ -387,7 +396,7 @@ def run_scaling(args: Arguments) -> int:
 
 SCALING = Command(
     script="scaling.py", run=run_scaling, rest=CONFIG_REST, takes_recipe=True,
-    flags=LAUNCH_FLAGS,
+    option_owners=scripts_taking, flags=LAUNCH_FLAGS,
     options={
         "scaling.world_sizes": Option([1, 2, 4], "rank counts to run", type=list[int],
                                       check=_world_sizes),
@@ -450,6 +459,7 @@ def hf_architectures() -> str:
 
 CONVERT = Command(
     script="convert.py", run=run_convert, takes_recipe=True, handles=hf_architectures,
+    option_owners=scripts_taking,
     rest="import|export, then (import) recipe=NAME | config=FILE and overrides",
     # The local layer spec names the weights: conversion runs on CPU, CUDA hidden.
     environment={"CUDA_VISIBLE_DEVICES": ""},
@@ -570,6 +580,7 @@ def run_bench_search(args: Arguments) -> int:
 
 BENCH_SEARCH = Command(
     script="bench_search.py", run=run_bench_search, rest=CONFIG_REST, takes_recipe=True,
+    option_owners=scripts_taking,
     options={"cluster": Option(None, "conf/cluster/*.yaml the search plans on (null: the "
                                "recipe's cluster section)", type=str | None),
              "top": Option(10, "layouts whose ranking both searches must agree on",

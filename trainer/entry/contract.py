@@ -111,6 +111,10 @@ class Command:
     # converts), computed when asked from the list the code itself uses, so it cannot drift.
     handles: Callable[[], str] | None = None
     environment: Mapping[str, str] = field(default_factory=dict)  # set before anything runs
+    # A recipe command's lookup of the scripts whose option a word is (`pretrain.py search=`:
+    # plan.py's), handed in where every command is known (trainer/entry/commands.py): this
+    # module knows no command but the one it runs.
+    option_owners: Callable[[str], Sequence[str]] | None = None
 
     @property
     def path(self) -> Path:
@@ -128,16 +132,14 @@ def _config_keys() -> frozenset[str]:
 
 def _misplaced_option(command: Command, key: str | None) -> str | None:
     """A word a recipe command would hand on as a config override though it is no config key:
-    another script's option (`pretrain.py search=true`, plan.py's), or one close to this
-    command's own (`plan.py clustr=`). The line that says so; None for anything else, which
-    the override's own check judges."""
+    another script's option (`pretrain.py search=true`, plan.py's: the command's
+    `option_owners` says whose), or one close to this command's own (`plan.py clustr=`). The
+    line that says so; None for anything else, which the override's own check judges."""
     if not command.takes_recipe or key is None or "." in key or key in _config_keys():
         return None
     if key in command.options:
         return None
-    from trainer.entry.commands import COMMANDS  # every script's (they import this module)
-
-    owners = [c.script for c in COMMANDS if key in c.options and c.script != command.script]
+    owners = list(command.option_owners(key)) if command.option_owners else []
     if owners:
         named = " and ".join(f"scripts/{s}" for s in owners[:2])
         more = f" (and {len(owners) - 2} more)" if len(owners) > 2 else ""
