@@ -15,7 +15,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from plugins.protocol.errors import ConfigError
@@ -108,10 +108,6 @@ Confirmer = Callable[[Any, list[tuple[int, Any]], int], list[str]]
 Calibrator = Callable[[Any, str, str, Any], list[str]]
 
 
-# The defaults of the options below (trainer/entry/commands.py, PLAN, fills them in): an option
-# at its default was not given, or changes nothing.
-TOP_DEFAULT = 10
-CONFIRM_STEPS_DEFAULT = 6
 # The planner's what-ifs of one layout: the search varies the sharding and offload itself.
 WHAT_IFS = ("sharding", "offload", "fp8_weights")
 # What only the one-layout plan prints (steps and GPU-hours, its step estimate, its groups).
@@ -120,50 +116,57 @@ PLAN_ONLY = {"tokens": "the plan's training steps and GPU-hours for a token budg
                     "with its own step model)",
              "groups": "how many of the plan's process groups are written out (a search "
                        "writes out none)"}
-PLAN_ONLY_DEFAULTS = {"mfu": PlanOptions.mfu}
 
 
-def _given(options: dict[str, Any], key: str, default: Any = None) -> bool:
-    """Whether `key` was given a value other than its default (False, None, 0 and the
-    default read as not given: the entry contract fills every option in)."""
-    value = options.get(key)
-    return value not in (None, False, 0, default)
+# The rules below take the planner's options (every one, the entry contract fills the defaults
+# in) and which of them the user gave: an option the command would ignore is refused when
+# given, at its default value as at any other, and never for a default filled in.
+Given = Collection[str]
 
 
-def confirm_needs_search(options: dict[str, Any]) -> str | None:
+def _as_written(value: Any) -> str:
+    """A value as the command line writes it (null, true/false), for a refusal to quote."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def confirm_needs_search(options: dict[str, Any], given: Given) -> str | None:
     """`confirm=K` runs the search's layouts: without `search=true` there are none."""
-    if options.get("confirm") and not options.get("search"):
+    if "confirm" in given and not options.get("search"):
         return (f"confirm={options['confirm']} runs the layout search's layouts; add "
                 "search=true")
     return None
 
 
-def spread_needs_confirm(options: dict[str, Any]) -> str | None:
-    """`confirm_pick=spread` picks the layouts `confirm=K` runs: without it, nothing."""
-    if options.get("confirm_pick") == "spread" and not options.get("confirm"):
-        return "confirm_pick=spread picks the layouts confirm=K runs; add confirm=K, e.g. confirm=6"
+def spread_needs_confirm(options: dict[str, Any], given: Given) -> str | None:
+    """`confirm_pick=` picks the layouts `confirm=K` runs: without them, nothing."""
+    if "confirm_pick" in given and not options.get("confirm"):
+        return (f"confirm_pick={options['confirm_pick']} picks the layouts confirm=K runs; add "
+                "confirm=K, e.g. confirm=6")
     return None
 
 
-def confirm_steps_needs_confirm(options: dict[str, Any]) -> str | None:
+def confirm_steps_needs_confirm(options: dict[str, Any], given: Given) -> str | None:
     """`confirm_steps=N` is the length of each `confirm=K` run: without one it is ignored."""
-    if _given(options, "confirm_steps", CONFIRM_STEPS_DEFAULT) and not options.get("confirm"):
+    if "confirm_steps" in given and not options.get("confirm"):
         return (f"confirm_steps={options['confirm_steps']} is the steps of each confirm=K run; "
                 "add search=true confirm=K (e.g. confirm=6), or drop confirm_steps=")
     return None
 
 
-def top_needs_search(options: dict[str, Any]) -> str | None:
+def top_needs_search(options: dict[str, Any], given: Given) -> str | None:
     """`top=N` is how many layouts the search lists: a plan of one layout lists none."""
-    if _given(options, "top", TOP_DEFAULT) and not options.get("search"):
+    if "top" in given and not options.get("search"):
         return (f"top={options['top']} is how many layouts the layout search lists; add "
                 "search=true, or drop top=")
     return None
 
 
-def calibrate_alone(options: dict[str, Any]) -> str | None:
+def calibrate_alone(options: dict[str, Any], given: Given) -> str | None:
     """`calibrate=true` writes the cluster file and returns: a search or verify after it in the
-    same command would be skipped."""
+    same command would be skipped. A value, not a given option, is refused: `calibrate=false`
+    or `search=false` skips nothing."""
     if options.get("calibrate") and (options.get("search") or options.get("verify")):
         other = "search=true" if options.get("search") else "verify=true"
         return (f"calibrate=true only measures this machine and writes the cluster file; run "
@@ -171,26 +174,28 @@ def calibrate_alone(options: dict[str, Any]) -> str | None:
     return None
 
 
-def verify_without_search(options: dict[str, Any]) -> str | None:
-    """`verify=true` builds the shards of the one layout planned; a search plans many."""
+def verify_without_search(options: dict[str, Any], given: Given) -> str | None:
+    """`verify=true` builds the shards of the one layout planned; a search plans many.
+    `verify=false` with a search asks for what it does (no shards built): not refused."""
     if options.get("search") and options.get("verify"):
         return ("verify=true builds the shards of the one layout planned, not of a search's; "
                 "drop search=true, or verify the layout it picks in a second command")
     return None
 
 
-def search_without_what_ifs(options: dict[str, Any]) -> str | None:
-    """`sharding=`, `offload=true` and `fp8_weights=true` price one layout as if it trained
-    so; the search would price every layout so yet label it and write its command with its
-    own sharding, training what was not priced. The search varies the sharding itself (the
-    distributed optimizer, Megatron FSDP's optim_grads and optim_grads_params at PP 1, offload
-    with bf16/fp16 weights: `search.shardings`), and prices a run's own FP8 parameters."""
+def search_without_what_ifs(options: dict[str, Any], given: Given) -> str | None:
+    """`sharding=`, `offload=` and `fp8_weights=` price one layout as if it trained so (at
+    their defaults too: the search tries offload whatever `offload=false` says); the search
+    would price every layout so yet label it and write its command with its own sharding,
+    training what was not priced. The search varies the sharding itself (the distributed
+    optimizer, Megatron FSDP's optim_grads and optim_grads_params at PP 1, offload with
+    bf16/fp16 weights: `search.shardings`), and prices a run's own FP8 parameters."""
     if not options.get("search"):
         return None
     for key in WHAT_IFS:
-        if not _given(options, key):
+        if key not in given:
             continue
-        value = str(options[key]).lower()
+        value = _as_written(options[key])
         if key == "fp8_weights":
             return (f"fp8_weights={value} is a what-if of one layout, which the search's "
                     "commands would not train; search a run that keeps FP8 parameters itself (the "
@@ -203,15 +208,16 @@ def search_without_what_ifs(options: dict[str, Any]) -> str | None:
     return None
 
 
-def search_without_plan_only(options: dict[str, Any]) -> str | None:
+def search_without_plan_only(options: dict[str, Any], given: Given) -> str | None:
     """`tokens=`, `mfu=` and `groups=` change only what the one-layout plan prints; the
     search prints none of it, so they would be ignored."""
     if not options.get("search"):
         return None
     for key, what in PLAN_ONLY.items():
-        if _given(options, key, PLAN_ONLY_DEFAULTS.get(key)):
-            return (f"{key}={options[key]} sets {what}, which search=true does not print; drop "
-                    f"{key}=, or plan the layout it picks with {key}= in a second command")
+        if key in given:
+            return (f"{key}={_as_written(options[key])} sets {what}, which search=true does not "
+                    f"print; drop {key}=, or plan the layout it picks with {key}= in a second "
+                    "command")
     return None
 
 
@@ -220,11 +226,13 @@ SEARCH_OPTION_RULES = (confirm_needs_search, spread_needs_confirm, confirm_steps
                        search_without_what_ifs, search_without_plan_only)
 
 
-def search_option_problem(options: dict[str, Any]) -> str | None:
+def search_option_problem(options: dict[str, Any], given: Given | None = None) -> str | None:
     """The first planner option that this command line would ignore, or whose plan would not
-    be the run it names (`SEARCH_OPTION_RULES`, one rule each); None when all apply."""
+    be the run it names (`SEARCH_OPTION_RULES`, one rule each); None when all apply. `given`:
+    the options the user typed (None: every one in `options`)."""
+    given = frozenset(options if given is None else given)
     for rule in SEARCH_OPTION_RULES:
-        problem = rule(options)
+        problem = rule(options, given)
         if problem:
             return problem
     return None
@@ -240,19 +248,20 @@ def dry_run_problem(cfg: Any) -> str | None:
     return None
 
 
-def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = False,
-             build_shards: Verifier | None = None,
+def run_plan(rest: Sequence[str], options: dict[str, Any], given: Given | None = None, *,
+             as_json: bool = False, build_shards: Verifier | None = None,
              read_megatron: MegatronReader | None = None,
              confirm: Confirmer | None = None, calibrate: Calibrator | None = None) -> int:
     """The whole planner command; every user mistake is a ConfigError (one line, exit 2).
     `rest` is the recipe or saved config and its overrides, `options` the planner's own
-    (`cluster`, `verify` and the `PlanOptions`). `build_shards` is the dry run (the torch side,
-    handed in by the command: recipes/ stays below trainer/)."""
+    (`cluster`, `verify` and the `PlanOptions`; `top` with `search`, `confirm_steps` with
+    `confirm`), `given` those the user typed (None: every one in `options`). `build_shards` is
+    the dry run (the torch side, handed in by the command: recipes/ stays below trainer/)."""
     from recipes.plan.report import json_report, text_report
     from recipes.resolve import resolve_config
 
     start = time.perf_counter()
-    problem = search_option_problem(options)
+    problem = search_option_problem(options, given)
     if problem:
         raise ConfigError(problem)
     cluster_file, notes = options.get("cluster"), []
@@ -272,12 +281,12 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
         raise ConfigError(problem)
     cluster = (given_gpu_memory(load_cluster(cluster_file), cfg, rest) if cluster_file
                else recipe_cluster(cfg))
-    given = list(rest)  # the user's command line, which the search's pretrain command keeps
+    argv = list(rest)  # the user's command line, which the search's pretrain command keeps
     if cluster_file:
         placed = apply_cluster(cfg, cluster)
         if placed.cluster.gpus_per_node != cfg.cluster.gpus_per_node:
-            given += [f"cluster.nodes={placed.cluster.nodes}",
-                      f"cluster.gpus_per_node={placed.cluster.gpus_per_node}"]
+            argv += [f"cluster.nodes={placed.cluster.nodes}",
+                     f"cluster.gpus_per_node={placed.cluster.gpus_per_node}"]
         cfg = placed
     if options.get("calibrate"):
         if calibrate is None or not cluster_file:
@@ -289,8 +298,7 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], *, as_json: bool = Fa
     if problem:
         raise ConfigError(problem)
     if options.get("search"):
-        return run_search(cfg, cluster, options, as_json=as_json, confirm=confirm,
-                          given=given)
+        return run_search(cfg, cluster, options, as_json=as_json, confirm=confirm, argv=argv)
     plan = make_plan(cfg, cluster, plan_options(options))
     note = offload_option_note(cfg, plan.options.offload)
     if note:
@@ -345,7 +353,7 @@ def no_fit_error(cfg: Any, cluster: Any) -> ConfigError:
 
 
 def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool,
-               confirm: Confirmer | None = None, given: Sequence[str] = ()) -> int:
+               confirm: Confirmer | None = None, argv: Sequence[str] = ()) -> int:
     """`search=true`: every accepted layout that fits, ranked by modeled step time; with
     `confirm=K` the top K (or K spread over the ranking) are run for a few steps each and
     re-ranked by measured time."""
@@ -353,17 +361,17 @@ def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool
     from recipes.plan.search_report import json_search, text_search
 
     result = search(cfg, cluster, dataclasses.replace(plan_options(options), listed_groups=0),
-                    top=options.get("top") or TOP_DEFAULT)
+                    top=options["top"])
     if not result.enumerated:
         raise no_layout_error(cfg)
     if not result.listed:
         raise no_fit_error(cfg, cluster)
     own = own_layout_line(cfg, cluster, result)
     if as_json:
-        json.dump({**json_search(cfg, cluster, result, given), "own_layout": own}, sys.stdout)
+        json.dump({**json_search(cfg, cluster, result, argv), "own_layout": own}, sys.stdout)
         print()
     else:
-        print(text_search(cfg, cluster, result, given))
+        print(text_search(cfg, cluster, result, argv))
         print(own)
     if options.get("confirm"):
         if confirm is None:
@@ -373,7 +381,7 @@ def run_search(cfg: Any, cluster: Any, options: dict[str, Any], *, as_json: bool
               + ("spread over" if options.get("confirm_pick") == "spread" else "the top of")
               + f" the {len(result.fitting)} that fit (search ranks "
               + ", ".join(str(rank) for rank, _ in picked) + ")", flush=True)
-        lines = confirm(cfg, picked, options.get("confirm_steps") or CONFIRM_STEPS_DEFAULT)
+        lines = confirm(cfg, picked, options["confirm_steps"])
         print("\n".join(lines))
     return 0
 

@@ -53,7 +53,7 @@ def test_memory_page_quotes_the_one_gpu_search(capsys):
 def test_search_page_quotes_the_no_fit_line():
     with pytest.raises(ConfigError) as error:
         run_plan(["recipe=llama31_405b_tp8_pp16_dp128", "cluster.nodes=2"],
-                 {"cluster": H100, "search": True})
+                 {"cluster": H100, "search": True, "top": 10})
     assert f"error: {error.value}" in page("search.md")
 
 

@@ -156,7 +156,7 @@ def test_published_layout_is_placed_among_the_fitting(tiny_search) -> None:
 def test_model_that_fits_nowhere_names_the_smallest_cluster(capsys) -> None:
     with pytest.raises(ConfigError) as error:
         run_plan(["recipe=llama31_405b_tp8_pp16_dp128", "cluster.nodes=2"],
-                 {"cluster": str(H100), "search": True})
+                 {"cluster": str(H100), "search": True, "top": 10})
     message = str(error.value)
     assert "\n" not in message
     assert "no layout of llama31_405b_tp8_pp16_dp128's model fits 16 GPUs" in message
@@ -169,7 +169,7 @@ def test_model_that_fits_nowhere_names_the_smallest_cluster(capsys) -> None:
 def test_a_world_no_layout_can_use_says_the_batch_not_a_bigger_cluster(nodes) -> None:
     with pytest.raises(ConfigError) as error:
         run_plan(["recipe=8b_tp8_pp4_dp2", f"cluster.nodes={nodes}"],
-                 {"cluster": str(H100), "search": True})
+                 {"cluster": str(H100), "search": True, "top": 10})
     assert str(error.value).startswith(
         f"no layout of llama3_8b_tp8_pp4_dp2's model can use {nodes * 8:,} GPUs with "
         "train.global_batch_size=32: the TP, PP, CP and EP sizes the model allows leave a "

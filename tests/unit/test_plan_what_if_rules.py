@@ -50,9 +50,9 @@ def _resolved(*args: str):
                                             ("sharding", "none"), ("offload", True),
                                             ("fp8_weights", True)])
 def test_search_refuses_what_ifs_of_one_layout(key, value) -> None:
-    problem = command.search_without_what_ifs({"search": True, key: value})
+    problem = command.search_without_what_ifs({"search": True, key: value}, {"search", key})
     assert problem.startswith(f"{key}={str(value).lower()} ")
-    assert command.search_without_what_ifs({key: value}) is None  # a plan of one layout
+    assert command.search_without_what_ifs({key: value}, {key}) is None  # a plan of one layout
     assert command.search_option_problem({"search": True, key: value}) == problem
 
 
@@ -60,12 +60,14 @@ def test_search_what_if_refusal_names_how_the_search_shards() -> None:
     """The search offers what the refusal says: FSDP's ZeRO-2/3 at PP 1 and offload (bf16)."""
     from recipes.plan.search import shardings
 
-    words = command.search_without_what_ifs({"search": True, "sharding": "optim_grads"})
+    words = command.search_without_what_ifs({"search": True, "sharding": "optim_grads"},
+                                             {"search", "sharding"})
     assert "optim_grads and optim_grads_params at PP 1, then offload" in words
     cfg = get_recipe("llama3_8b_tp8_dp8")
     assert shardings(cfg, 1) == [("none", False), ("optim_grads", False),
                                  ("optim_grads_params", False), ("none", True)]
-    fp8 = command.search_without_what_ifs({"search": True, "fp8_weights": True})
+    fp8 = command.search_without_what_ifs({"search": True, "fp8_weights": True},
+                                           {"search", "fp8_weights"})
     assert "param_gather setting" in fp8
 
 
@@ -175,18 +177,18 @@ def test_a_save_copies_fp8_weights_at_the_dtype_either_way() -> None:
     (command.search_without_plan_only, {"search": True, "groups": 2}, "groups=2 sets "),
 ])
 def test_options_that_would_be_ignored_are_refused(rule, options, expected) -> None:
-    assert rule(options).startswith(expected)
-    assert command.search_option_problem(options) == rule(options)
+    assert rule(options, set(options)).startswith(expected)
+    assert command.search_option_problem(options) == rule(options, set(options))
 
 
-@pytest.mark.parametrize("options", [
-    {"top": 10, "confirm_steps": 6, "mfu": 0.4},  # the defaults the entry contract fills in
-    {"search": True, "top": 5},
-    {"search": True, "confirm": 2, "confirm_steps": 3},
-    {"tokens": 10**6, "mfu": 0.5, "groups": 2},  # a plan of one layout prints them
+@pytest.mark.parametrize(("options", "typed"), [
+    ({"top": 10, "confirm_steps": 6, "mfu": 0.4}, ()),  # defaults the entry contract fills in
+    ({"search": True, "top": 5}, None),
+    ({"search": True, "confirm": 2, "confirm_steps": 3}, None),
+    ({"tokens": 10**6, "mfu": 0.5, "groups": 2}, None),  # a plan of one layout prints them
 ])
-def test_options_that_apply_pass(options) -> None:
-    assert command.search_option_problem(options) is None
+def test_options_that_apply_pass(options, typed) -> None:
+    assert command.search_option_problem(options, typed) is None
 
 
 def test_dry_run_is_refused_by_the_planner() -> None:

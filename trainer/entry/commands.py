@@ -250,7 +250,7 @@ def run_plan(args: Arguments) -> int:
 
         return calibrate_cluster_file(cluster, dtype, path, cfg)
 
-    return plan(list(args.rest), args.options, as_json="--json" in args.flags,
+    return plan(list(args.rest), args.options, args.given, as_json="--json" in args.flags,
                 build_shards=dry_run_shards, read_megatron=megatron_config, confirm=confirm,
                 calibrate=calibrate)
 

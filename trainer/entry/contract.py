@@ -84,12 +84,14 @@ def non_negative(key: str, value: Any) -> str | None:
 @dataclass(frozen=True)
 class Arguments:
     """A parsed command line: the options (every one, defaults filled in), the flags given,
-    and the rest in order."""
+    the rest in order, and which options were given: one typed at its default value is given
+    all the same (a command refusing an option it would ignore refuses it too)."""
 
     options: dict[str, Any]
     flags: frozenset[str] = frozenset()
     rest: tuple[str, ...] = ()
     script: Path = SCRIPTS / "pretrain.py"  # the script run (training commands relaunch it)
+    given: frozenset[str] = frozenset()
 
     def __getitem__(self, key: str) -> Any:
         return self.options[key]
@@ -316,7 +318,7 @@ def parse_arguments(command: Command, argv: Sequence[str]) -> Arguments:
     error = config_error(problems)
     if error is not None:
         raise error
-    return Arguments(values, frozenset(flags), tuple(rest), command.path)
+    return Arguments(values, frozenset(flags), tuple(rest), command.path, frozenset(given))
 
 
 def main(command: Command, argv: Sequence[str] | None = None) -> int:
