@@ -49,8 +49,7 @@ def _parsed(argv: list[str]):
 
 def _inapplicable(argv: list[str]) -> str | None:
     args = parse_arguments(SCALING, argv)
-    defaults = {key: option.default for key, option in SCALING.options.items()}
-    return inapplicable_problem(args.options, defaults, args.flags, args.rest)
+    return inapplicable_problem(args.options, args.given, args.flags, args.rest)
 
 
 def _nothing_runs(monkeypatch) -> None:
@@ -208,10 +207,9 @@ def test_a_damaged_sweep_json_is_one_line_naming_the_file(tmp_path, text, words)
 
 # --- 3. options that do not apply -------------------------------------------------------------
 
-def test_given_options_are_those_off_their_default():
-    defaults = {"account": None, "retries": 0, "executor": "slurm"}
-    assert given_options({"account": "a", "retries": 0, "executor": "local"}, defaults,
-                         list(defaults)) == ["account=", "executor="]
+def test_given_options_are_those_typed_at_their_default_too():
+    assert given_options({"account", "retries"}, ["account", "retries", "executor"]) == [
+        "account=", "retries="]
     assert rest_names(["recipe=tiny_dp2", "train.global_batch_size=8"]) == [
         "recipe=", "train.global_batch_size="]
 
@@ -242,6 +240,7 @@ def test_sweep_options_beside_scaling_report_are_refused():
      "recipe=, scaling.mode=, --dry-run do not apply to scaling.report=D"),
     (["scaling.report=D", "cluster=x", "scaling.cluster=y"],
      "scaling.cluster=, cluster= do not apply"),
+    (["recipe=tiny_dp1", "retries=0"], "retries= applies only to cluster jobs"),  # its default
     (["recipe=tiny_dp1", "scaling.world_sizes=[1,2]"], None),
     (["recipe=tiny_dp1", f"cluster={CPU_SLURM}", "account=foo", "--dry-run"], None),
     (["scaling.report=D"], None),

@@ -384,8 +384,7 @@ def run_scaling(args: Arguments) -> int:
     from trainer.tools.scaling.report import scaling_options
     from trainer.tools.scaling.sweep import run_scaling as sweep
 
-    defaults = {key: option.default for key, option in SCALING.options.items()}
-    problem = inapplicable_problem(args.options, defaults, args.flags, args.rest)
+    problem = inapplicable_problem(args.options, args.given, args.flags, args.rest)
     if problem:  # an option that would be ignored: said before anything runs
         raise ConfigError(problem)
     launch = None

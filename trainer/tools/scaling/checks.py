@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Any
 
 
-def given_options(values: Mapping[str, Any], defaults: Mapping[str, Any],
-                  keys: Sequence[str]) -> list[str]:
-    """`key=` for each of `keys` whose parsed value is not its default: what the command line
-    set (the parser fills every default in, so a value equal to it cannot be told apart, and
-    it changes nothing either)."""
-    return [f"{key}=" for key in keys if values.get(key) != defaults.get(key)]
+def given_options(given: Collection[str], keys: Sequence[str]) -> list[str]:
+    """`key=` for each of `keys` the command line typed (`Arguments.given`), at its default
+    value too: typed where it does nothing, it is refused all the same."""
+    return [f"{key}=" for key in keys if key in given]
 
 
 def _them(names: Sequence[str]) -> tuple[str, str]:
@@ -61,18 +59,19 @@ def rest_names(rest: Sequence[str]) -> list[str]:
     return [f"{arg.split('=', 1)[0]}=" for arg in rest]
 
 
-def inapplicable_problem(values: Mapping[str, Any], defaults: Mapping[str, Any],
+def inapplicable_problem(values: Mapping[str, Any], given: Collection[str],
                          flags: Collection[str], rest: Sequence[str]) -> str | None:
     """Options given where they do nothing: anything beside `scaling.report=`, or the
-    launcher's options without `cluster=` (SCALING's parsed `values` and option `defaults`)."""
-    launch = [key for key in defaults if not key.startswith("scaling.") and key != "cluster"]
+    launcher's options without `cluster=` (SCALING's parsed `values`, every option filled in,
+    and the options the user typed, `given`)."""
+    launch = [key for key in values if not key.startswith("scaling.") and key != "cluster"]
     flags_given = sorted(flags)  # SCALING's flags are the launcher's (--dry-run)
     if values.get("scaling.report") is not None:
-        sweep = [key for key in defaults if key.startswith("scaling.") and key != "scaling.report"]
-        given = [*rest_names(rest), *given_options(values, defaults, [*sweep, "cluster", *launch]),
+        sweep = [key for key in values if key.startswith("scaling.") and key != "scaling.report"]
+        named = [*rest_names(rest), *given_options(given, [*sweep, "cluster", *launch]),
                  *flags_given]
-        return report_only_problem(values["scaling.report"], given)
-    return cluster_only_problem([*given_options(values, defaults, launch), *flags_given],
+        return report_only_problem(values["scaling.report"], named)
+    return cluster_only_problem([*given_options(given, launch), *flags_given],
                                 values.get("cluster"))
 
 
