@@ -75,17 +75,18 @@ def test_fast_paths_train_and_report_their_speed(case, tmp_path, capsys):
         result = _train(tmp_path / name, recipe, overrides)
         assert result.returncode == 0, f"{case} {name}: {result.stderr[-3000:]}"
         runs[name] = (result.stdout, _records(tmp_path / name))
-    stdout, records = runs["with"]
-    assert "fast paths: " in stdout and "CUDA graphs (transformer_engine" in stdout
-    assert "CUDA graphs: captured" in stdout, stdout[-3000:]
-    assert "layers: Transformer Engine's; fusions on:" in stdout
     losses = {name: statistics.fmean(r["loss"] for r in recs[-10:])
               for name, (_, recs) in runs.items()}
-    # The same model and batches; grouped GEMM and the fused kernels only reorder sums.
-    assert losses["with"] == pytest.approx(losses["without"], rel=0.05)
     speed = {name: tokens_per_s(recs) for name, (_, recs) in runs.items()}
+    # The figures first, so a failed check below still shows what both runs measured.
     with capsys.disabled():
         print(f"\n{case}: {speed['without']:,.0f} tokens/s without the fast paths, "
               f"{speed['with']:,.0f} with them (x{speed['with'] / speed['without']:.2f}; "
               f"{' '.join(fast)}); last-10 loss {losses['without']:.4f} vs "
               f"{losses['with']:.4f}", flush=True)
+    stdout = runs["with"][0]
+    assert "fast paths: " in stdout and "CUDA graphs (transformer_engine" in stdout
+    assert "CUDA graphs: captured" in stdout, stdout[-3000:]
+    assert "layers: Transformer Engine's; fusions on:" in stdout
+    # The same model and batches; grouped GEMM and the fused kernels only reorder sums.
+    assert losses["with"] == pytest.approx(losses["without"], rel=0.05)
