@@ -11,10 +11,12 @@
 #          the directory the command is run in, the default from the repository root
 #   TORCH  the GPU machine's torch version (python3 -c 'import torch; print(torch.__version__)')
 #   ARCH   its GPUs' compute capability (nvidia-smi --query-gpu=compute_cap --format=csv)
-#   SLIM=1 keeps only ARCH's kernels in TE's core library (its wheel 277 MB -> 32 MB), for a
-#          machine the wheels reach through a size-limited transfer
+#   SLIM=1 keeps only ARCH's kernels in TE's core library (its wheel 277 MB -> 32 MB) and
+#          recompresses every wheel with LZMA, for a machine the wheels reach through a
+#          size-limited transfer
 #   TE=2.20.2 CAUSAL_CONV1D=1.7.0 MAMBA_SSM=2.3.2.post1 PYTHON=python3.12 WORK=<tmp> MAX_JOBS=2
-#   EXTRA="megatron-core==0.19.2 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3" (pure Python)
+#   EXTRA="megatron-core==0.19.2 omegaconf==2.4.0" (OmegaConf 2.3 cannot read the config's
+#          Literal fields)
 set -euo pipefail
 die() { echo "error: $*" >&2; exit 2; }
 usage() { sed -n '2,/^set /p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -38,7 +40,7 @@ arch=${ARCH:-}
 te=${TE:-2.20.2}
 causal_conv1d=${CAUSAL_CONV1D:-1.7.0}
 mamba_ssm=${MAMBA_SSM:-2.3.2.post1}
-extra=${EXTRA:-megatron-core==0.19.2 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3}
+extra=${EXTRA:-megatron-core==0.19.2 omegaconf==2.4.0}
 python=${PYTHON:-python3.12}
 slim=${SLIM:-0}
 export MAX_JOBS=${MAX_JOBS:-2}
@@ -92,8 +94,8 @@ export CPATH
 step "binary wheels: Transformer Engine $te core (CUDA $cuda_major), its Python needs, $extra"
 pip download -q --no-deps --only-binary :all: -d "$out" "transformer_engine==$te" \
   "transformer_engine_cu$cuda_major==$te" pydantic pydantic-core annotated-types \
-  typing-inspection nvdlfw-inspect
-# A wheel of each, built where the index has only a source archive (antlr4-python3-runtime 4.9).
+  typing-inspection nvdlfw-inspect "typing-extensions>=4.14"  # pydantic's Sentinel: 4.14 on
+# A wheel of each, built where the index has only a source archive.
 # shellcheck disable=SC2086  # EXTRA is a list of requirements
 pip wheel -q --no-deps -w "$out" $extra
 pip install -q --no-deps "$out"/transformer_engine-"$te"*.whl \
@@ -129,6 +131,13 @@ build_kernel() {  # name version FORCE_BUILD-variable
 }
 build_kernel causal-conv1d "$causal_conv1d" CAUSAL_CONV1D_FORCE_BUILD
 build_kernel mamba-ssm "$mamba_ssm" MAMBA_FORCE_BUILD
+
+if [ "$slim" = 1 ]; then
+  step "every wheel recompressed with LZMA (SLIM=1)"
+  for wheel in "$out"/*.whl; do
+    PYTHONPATH="$PWD" "$venv/bin/python" -m trainer.tools.gpu_wheels recompress "$wheel"
+  done
+fi
 
 step "done: $(find "$out" -name '*.whl' | wc -l) wheels, $(du -sh "$out" | cut -f1) in $out"
 ls -1 "$out"

@@ -122,3 +122,59 @@ def test_the_build_scripts_mistakes_are_one_line_before_any_download(tmp_path, e
     assert done.returncode == 2
     assert done.stderr.startswith(said) and done.stderr.count("\n") == 1, done.stderr
     assert not (tmp_path / "wheels").exists()
+
+
+def _tiny_wheel(folder: Path) -> Path:
+    """A pure-Python wheel of one module, deflate-compressed as pip's builders write them."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {"tinypkg.py": b"VALUE = 'kept'\n" * 200,
+             "tinypkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinypkg\n"
+                                               b"Version: 1.0\n",
+             "tinypkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\n"
+                                            b"Root-Is-Purelib: true\nTag: py3-none-any\n"}
+
+    def digest(data: bytes) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+    record = "".join(f"{name},sha256={digest(data)},{len(data)}\n" for name, data in files.items())
+    files["tinypkg-1.0.dist-info/RECORD"] = (record + "tinypkg-1.0.dist-info/RECORD,,\n").encode()
+    wheel = folder / "tinypkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return wheel
+
+
+def test_recompress_keeps_every_file_and_pip_installs_the_wheel(tmp_path):
+    import sys
+    import zipfile
+
+    from trainer.tools.gpu_wheels import recompress
+
+    wheel = _tiny_wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as archive:
+        before = [(i.filename, archive.read(i)) for i in archive.infolist()]
+    assert main(["recompress", str(wheel)]) == 0
+    with zipfile.ZipFile(wheel) as archive:
+        infos = archive.infolist()
+        assert [(i.filename, archive.read(i)) for i in infos] == before
+        assert {i.compress_type for i in infos} == {zipfile.ZIP_LZMA}
+    assert not list(tmp_path.glob("*.partial"))
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
+                           "--no-deps", "--target", str(tmp_path / "site"), str(wheel)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / "tinypkg.py").read_bytes() == b"VALUE = 'kept'\n" * 200
+    assert recompress(wheel)[0] == wheel.stat().st_size  # a second pass: the same archive size
+
+
+def test_recompress_of_a_file_that_is_no_wheel_is_one_line(tmp_path, capsys):
+    text = tmp_path / "notes.whl"
+    text.write_text("not a zip")
+    assert main(["recompress", str(text)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {text}: File is not a zip file; give a wheel file")
+    assert err.count("\n") == 1 and text.read_text() == "not a zip"

@@ -1,4 +1,4 @@
-"""Two edits `scripts/build_gpu_wheels.sh` makes to what it builds for one GPU architecture.
+"""The edits `scripts/build_gpu_wheels.sh` makes to what it builds for one GPU architecture.
 
 - `only_arch_gencode`: causal-conv1d's and mamba-ssm's `setup.py` hand nvcc a `-gencode` pair
   for every architecture from sm_75 on, whatever `TORCH_CUDA_ARCH_LIST` says; keeping the GPU's
@@ -8,16 +8,24 @@
   wheels reach through a size-limited transfer, the kernels of every other architecture are
   zeroed in place (their headers kept, so every offset stays valid and CUDA still finds the
   GPU's own), and the repacked wheel compresses from 277 MB to 32 MB.
+- `recompress`: a wheel is a zip archive, compressed with deflate; the same files compressed
+  with LZMA, which pip reads like any zip, take about a tenth less for the compiled wheels
+  (TE's slim core 32.4 -> 27.3 MB, causal-conv1d 25.4 -> 23.6 MB). With a transfer of 64 MiB a
+  call, that is what lets every wheel but mamba-ssm's travel in one call and mamba-ssm's in a
+  second. The files and RECORD's hashes (of the files, not of their compressed bytes) are kept.
 
 Standard library only: the build script runs it with its build environment's Python.
 Usage: python -m trainer.tools.gpu_wheels gencode|fatbin FILE ARCH   (ARCH: 9.0 or 90)
+       python -m trainer.tools.gpu_wheels recompress WHEEL
 """
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 import sys
+import zipfile
 from pathlib import Path
 
 GENCODE_PAIR = re.compile(r'cc_flag\.append\("-gencode"\)(\s*)'
@@ -94,10 +102,38 @@ def clear_other_archs(data: bytearray, arch: int) -> tuple[int, int]:
     return kept, cleared
 
 
+def recompress(wheel: Path) -> tuple[int, int]:
+    """Rewrite `wheel` in place with every file LZMA-compressed, in the same order, with the
+    same names, times and permissions. Returns (bytes before, bytes after)."""
+    before = wheel.stat().st_size
+    partial = wheel.with_name(wheel.name + ".partial")
+    with zipfile.ZipFile(wheel) as source, \
+            zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_LZMA) as target:
+        for info in source.infolist():
+            copy = zipfile.ZipInfo(info.filename, info.date_time)
+            copy.external_attr = info.external_attr
+            copy.compress_type = zipfile.ZIP_LZMA
+            target.writestr(copy, source.read(info))
+    os.replace(partial, wheel)
+    return before, wheel.stat().st_size
+
+
+def _usage() -> int:
+    print("\n".join(__doc__.strip().splitlines()[-2:]), file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "recompress":
+        try:
+            before, after = recompress(Path(argv[1]))
+        except (OSError, zipfile.BadZipFile) as error:
+            print(f"error: {argv[1]}: {error}; give a wheel file", file=sys.stderr)
+            return 2
+        print(f"{Path(argv[1]).name}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB (LZMA)")
+        return 0
     if len(argv) != 3 or argv[0] not in ("gencode", "fatbin"):
-        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
-        return 2
+        return _usage()
     what, path, arch = argv[0], Path(argv[1]), arch_number(argv[2])
     try:
         if what == "gencode":
