@@ -22,8 +22,9 @@ rows of the tensor), SwiGLU's fc1 as Megatron FSDP splits it, `<name>_w` (gate) 
 (up), and the optimizer state under `optimizer.`, which the export does not read.
 
 Beside DCP's files the run's own part is written as plain torch files, loaded weights-only:
-`run_state.pt` (scheduler and run state, rank 0) and `__<rank>_rng.pt` (each rank's streams,
-named as DCP names a rank's shards, so `run.json` checksums each rank's own files), and Megatron's
+`run_state.pt` (scheduler, run state and, with fp16, the loss scalers, which Megatron's
+fsdp_dtensor optimizer dict lacks; rank 0) and `__<rank>_rng.pt` (each rank's streams, named as
+DCP names a rank's shards, so `run.json` checksums each rank's own files), and Megatron's
 `metadata.json` marker naming the backend, written last: a step directory without it is not a
 checkpoint (`format.py`), and the pre-flight reads the format from it without torch.
 """
@@ -54,6 +55,34 @@ def _model_key(index: int, chunks: int) -> str:
     return "model" if chunks == 1 else f"model{index}"
 
 
+def _inner_optimizers(optimizer) -> list:
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _state_before_first_update(optimizer) -> None:
+    """fp16 with every step so far skipped by the loss scaler: Adam has no state yet, so the
+    save would hold none, while the resume's template asks DCP for every parameter's step and
+    moments (`sharded_param_state_fsdp_dtensor(is_loading=True)` first runs
+    `_init_optimizer_states_with_dummy_values`, optimizer/distrib_optimizer.py:1642-1643): a
+    `Missing key` on resume. The state the first update starts from is saved instead: Megatron's
+    `init_state_fn` (zero moments, optimizer/__init__.py:588-595) and, where torch's Adam keeps
+    one per parameter, the zero `step` its `_init_group` would make; the run continues exactly
+    as without it. What `state_dicts.optimizer_state_before_first_update` does for the other
+    formats, here for Megatron FSDP's optimizers (this module comes before that one)."""
+    for inner in _inner_optimizers(optimizer):
+        adam, init_state_fn = inner.optimizer, getattr(inner, "init_state_fn", None)
+        if init_state_fn is None or any(adam.state.values()):
+            continue
+        init_state_fn(adam, inner.config)
+        if not isinstance(adam, torch.optim.Adam | torch.optim.AdamW):
+            continue  # TE's and Apex's fused Adam keep the step in the param groups
+        for group in adam.param_groups:
+            on_device = group.get("capturable") or group.get("fused")
+            for param in group["params"]:
+                adam.state[param]["step"] = torch.zeros(
+                    (), dtype=torch.float32, device=param.device if on_device else "cpu")
+
+
 def _state_dict(session, *, loading: bool) -> dict:
     """The model chunks' and the optimizer's DTensor state dicts (what DCP writes and reads)."""
     model = session.model
@@ -61,6 +90,8 @@ def _state_dict(session, *, loading: bool) -> dict:
              for i, chunk in enumerate(model)}
     if loading:
         megatron_fixes.create_state_if_missing(session.optimizer)
+    else:
+        _state_before_first_update(session.optimizer)
     megatron_fixes.empty_shard_optimizer_state(session.optimizer)
     state["optimizer"] = session.optimizer.sharded_state_dict(
         state, is_loading=loading, metadata=dict(METADATA))
@@ -109,8 +140,37 @@ def write(session, state: RunState, path: Path) -> None:
     rng = None if state.rng is None else state.rng.as_dict()
     torch.save(rng, path / _rng_file(rank))
     if rank == 0:
-        torch.save({"scheduler": session.scheduler.state_dict(), "run_state": state.common()},
+        torch.save({"scheduler": session.scheduler.state_dict(), "run_state": state.common(),
+                    "grad_scalers": _grad_scaler_states(session.optimizer)},
                    path / RUN_STATE_FILE)
+
+
+def _scalers(optimizer) -> list:
+    """Each inner optimizer's fp16 loss scaler (None without one), in the chain's order."""
+    return [inner.grad_scaler for inner in _inner_optimizers(optimizer)]
+
+
+def _grad_scaler_states(optimizer) -> list:
+    """The loss scalers' states, which Megatron keeps under `grad_scaler` in the other formats'
+    optimizer dicts (`DistributedOptimizer.state_dict`, optimizer/distrib_optimizer.py:882-883)
+    but not in fsdp_dtensor's (`sharded_param_state_fsdp_dtensor` holds only the parameters'
+    state and groups, :1654; `load_state_dict` under Megatron FSDP returns before the scaler,
+    :916-925): without them an fp16 resume restarts the scale. Every rank's scaler is the same
+    (overflows are reduced over the ranks); the scale is kept on the CPU, so that the file
+    loads without a GPU."""
+    return [None if scaler is None else
+            {key: value.cpu() if isinstance(value, torch.Tensor) else value
+             for key, value in scaler.state_dict().items()}
+            for scaler in _scalers(optimizer)]
+
+
+def _restore_grad_scalers(optimizer, saved: list | None) -> None:
+    """The saved loss scalers into this run's (as Megatron's `load_state_dict` does for the
+    other formats, distrib_optimizer.py:1051-1060); a checkpoint without them, or a run or a
+    checkpoint without fp16, leaves this run's scalers as they start."""
+    for scaler, state in zip(_scalers(optimizer), saved or [], strict=False):
+        if scaler is not None and state is not None:
+            scaler.load_state_dict(state)
 
 
 def write_marker(path: Path) -> None:
@@ -165,6 +225,7 @@ def load(session, path: Path, hyperparameters: dict) -> RunState:
     session.optimizer.load_state_dict(raw_optimizer)
     megatron_fixes.give_each_param_its_own_step(session.optimizer)
     saved = _run_file(path)
+    _restore_grad_scalers(session.optimizer, saved.get("grad_scalers"))
     session.scheduler.load_state_dict(saved["scheduler"])
     world_size, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
     rng = None
