@@ -47,7 +47,7 @@ TINY = ["recipe=tiny_dp2", "data.source=synthetic"]
 
 def parse(argv: list[str]) -> LaunchArgs:
     args = parse_arguments(LAUNCH, argv)
-    return launch_args(args.options, args.flags, args.rest)
+    return launch_args(args.options, args.flags, args.rest, args.given)
 
 
 def one_line_refusal(argv: list[str], message: str) -> None:
@@ -204,6 +204,10 @@ def test_slurm_only_options_with_the_local_executor_are_refused_alone():
         "drop it or use executor=slurm")
     assert slurm_only_problem(parse([*TINY, "executor=local"])) is None
     assert slurm_only_problem(parse([*TINY, "partition=batch", "retries=3"])) is None
+    # Typed at its default, an option is typed all the same.
+    assert slurm_only_problem(parse([*TINY, "executor=local", "retries=0"])) == (
+        "retries= applies to Slurm jobs only; executor=local runs here and would ignore it: "
+        "drop it or use executor=slurm")
 
 
 def test_local_launch_with_slurm_options_is_refused(tmp_path):

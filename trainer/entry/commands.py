@@ -352,7 +352,7 @@ def run_launch(args: Arguments) -> int:
     from trainer.launch.cluster import launch_args
     from trainer.launch.cluster import run_launch as launch
 
-    return launch(launch_args(args.options, args.flags, args.rest))
+    return launch(launch_args(args.options, args.flags, args.rest, args.given))
 
 
 LAUNCH = Command(script="launch.py", run=run_launch, rest=CONFIG_REST, takes_recipe=True,
@@ -389,7 +389,7 @@ def run_scaling(args: Arguments) -> int:
         raise ConfigError(problem)
     launch = None
     if args["cluster"] is not None or set(args.flags) & set(LAUNCH_FLAGS):
-        launch = launch_args(args.options, args.flags, args.rest)
+        launch = launch_args(args.options, args.flags, args.rest, args.given)
     return sweep(scaling_options(args.options), launch, list(args.rest), preflight=preflight)
 
 

@@ -78,6 +78,7 @@ class LaunchArgs:
     rdzv_port: int | None = None  # c10d rendezvous port (None: derived at launch)
     text: dict[str, str] = field(default_factory=dict)  # account, partition, time, ...
     rest: list[str] = field(default_factory=list)  # recipe/config and overrides
+    given: frozenset[str] = frozenset()  # the options typed (at their default values too)
 
 
 def _job_path(path: str) -> str:
@@ -102,15 +103,17 @@ def check_port(key: str, value: int | None) -> str | None:
 DRY_RUN_FLAGS = ("--dry-run", "--dry_run")
 
 
-def launch_args(options: Mapping[str, Any], flags: Set[str], rest: Sequence[str]) -> LaunchArgs:
+def launch_args(options: Mapping[str, Any], flags: Set[str], rest: Sequence[str],
+                given: Set[str] = frozenset()) -> LaunchArgs:
     """The launch a parsed command line asks for (options as LAUNCH declares them in
-    trainer/entry/commands.py; the rest is the recipe and its overrides)."""
+    trainer/entry/commands.py, `given` those typed; the rest is the recipe and its
+    overrides)."""
     return LaunchArgs(
         cluster=options.get("cluster"), executor=options.get("executor") or "slurm",
         dry_run=bool(set(flags) & set(DRY_RUN_FLAGS)), retries=options.get("retries") or 0,
         rdzv_port=options.get("rdzv_port"),
         text={key: options[key] for key in TEXT_OPTIONS if options.get(key) is not None},
-        rest=list(rest))
+        rest=list(rest), given=frozenset(given))
 
 
 @dataclass(frozen=True)
@@ -202,15 +205,24 @@ def pretrain_dry_run_problem(cfg: Any) -> str | None:
             "print the job without submitting use --dry-run (drop dry_run=true)")
 
 
+SLURM_ONLY = ("account", "partition", "time", "retries", "rdzv_port", "container_mounts",
+              "container_python")
+
+
+def _typed(args: LaunchArgs, key: str) -> bool:
+    """Whether the command line set `key` (typed at its default too, as `retries=0`)."""
+    if key in args.given or key in args.text:
+        return True
+    return bool(args.retries) if key == "retries" else key == "rdzv_port" and (
+        args.rdzv_port is not None)
+
+
 def slurm_only_problem(args: LaunchArgs) -> str | None:
     """Options that only a Slurm job uses, given with executor=local: they would be ignored
     without a word, and the user believes the run has an account, a time limit or retries."""
     if args.executor != "local":
         return None
-    given = [f"{key}=" for key in ("account", "partition", "time") if key in args.text]
-    given += ["retries="] if args.retries else []
-    given += ["rdzv_port="] if args.rdzv_port is not None else []
-    given += [f"{key}=" for key in ("container_mounts", "container_python") if key in args.text]
+    given = [f"{key}=" for key in SLURM_ONLY if _typed(args, key)]
     if not given:
         return None
     return (f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to Slurm jobs "
