@@ -135,7 +135,7 @@ def confirm_needs_search(options: dict[str, Any], given: Given) -> str | None:
     """`confirm=K` runs the search's layouts: without `search=true` there are none."""
     if "confirm" in given and not options.get("search"):
         return (f"confirm={options['confirm']} runs the layout search's layouts; add "
-                "search=true")
+                "search=true, or drop confirm=")
     return None
 
 

@@ -144,7 +144,8 @@ def test_the_search_command_says_which_layouts_it_confirms(capsys) -> None:
 
 
 @pytest.mark.parametrize(("options", "expected"), [
-    ({"confirm": 3}, "confirm=3 runs the layout search's layouts; add search=true"),
+    ({"confirm": 3},
+     "confirm=3 runs the layout search's layouts; add search=true, or drop confirm="),
     ({"search": True, "confirm": 0, "confirm_pick": "spread"},
      "confirm_pick=spread picks the layouts confirm=K runs; add confirm=K, e.g. confirm=6"),
 ])
