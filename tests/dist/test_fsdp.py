@@ -163,6 +163,39 @@ def test_fsdp_resumes_bit_for_bit(launch_ranks, tmp_path, fsdp_saved):
     ("tiny_dp2_fsdp", 4, ["cluster.gpus_per_node=4"]),
     ("tiny_tp2_sp_dp2_distopt", 4, ["optimizer.fsdp=optim_grads"]),
 ], ids=["dp4", "tp2_dp2_zero2"])
+def _saved_adam_steps(step_dir) -> dict[str, float]:
+    """Every parameter's Adam `step` as DCP stored it (one rank's copy of each)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    reader = dcp.FileSystemReader(str(step_dir))
+    keys = [k for k in reader.read_metadata().state_dict_metadata if k.endswith(".step")]
+    steps = {key: torch.zeros(()) for key in keys}
+    dcp.load(steps, storage_reader=reader, no_dist=True)
+    return {key: float(value) for key, value in steps.items()}
+
+
+def test_fsdp_resumes_bit_for_bit_from_a_later_save(launch_ranks, tmp_path):
+    """A parameter whose shard on a rank is empty gets no update there: at every save its
+    `step` there must be refreshed (`empty_shard_optimizer_state`), or DCP may keep a copy
+    left from the earlier save, and the resume's bias correction drifts from the second
+    update after it on."""
+    steps, saves = 6, [2, 4]
+    checkpoints = tmp_path / "checkpoints"
+    common = {"recipe": "tiny_dp2_fsdp", "steps": steps}
+    continuous = launch_ranks(2, f"{RESUME}:continuous", {
+        **common, "run_dir": str(tmp_path / "continuous"), "save_at": saves,
+        "checkpoint_dir": str(checkpoints)})
+    later = checkpoints / f"step_{saves[-1]:07d}"
+    assert set(_saved_adam_steps(later).values()) == {float(saves[-1])}
+    resumed = launch_ranks(2, f"{RESUME}:resumed", {
+        **common, "run_dir": str(tmp_path / "resumed"),
+        "overrides": [f"checkpoint.load={later}"]})
+    for rank, (before, after) in enumerate(zip(continuous, resumed, strict=True)):
+        assert after["start"] == saves[-1]
+        assert after["records"] == before["records"][saves[-1]:], f"rank {rank}"
+
+
 def test_fsdp_resumes_in_another_layout(launch_ranks, tmp_path, fsdp_saved, recipe, ranks,
                                         overrides):
     after = launch_ranks(ranks, f"{RESUME}:resumed", {

@@ -59,30 +59,6 @@ def _inner_optimizers(optimizer) -> list:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
-def _state_before_first_update(optimizer) -> None:
-    """fp16 with every step so far skipped by the loss scaler: Adam has no state yet, so the
-    save would hold none, while the resume's template asks DCP for every parameter's step and
-    moments (`sharded_param_state_fsdp_dtensor(is_loading=True)` first runs
-    `_init_optimizer_states_with_dummy_values`, optimizer/distrib_optimizer.py:1642-1643): a
-    `Missing key` on resume. The state the first update starts from is saved instead: Megatron's
-    `init_state_fn` (zero moments, optimizer/__init__.py:588-595) and, where torch's Adam keeps
-    one per parameter, the zero `step` its `_init_group` would make; the run continues exactly
-    as without it. What `state_dicts.optimizer_state_before_first_update` does for the other
-    formats, here for Megatron FSDP's optimizers (this module comes before that one)."""
-    for inner in _inner_optimizers(optimizer):
-        adam, init_state_fn = inner.optimizer, getattr(inner, "init_state_fn", None)
-        if init_state_fn is None or any(adam.state.values()):
-            continue
-        init_state_fn(adam, inner.config)
-        if not isinstance(adam, torch.optim.Adam | torch.optim.AdamW):
-            continue  # TE's and Apex's fused Adam keep the step in the param groups
-        for group in adam.param_groups:
-            on_device = group.get("capturable") or group.get("fused")
-            for param in group["params"]:
-                adam.state[param]["step"] = torch.zeros(
-                    (), dtype=torch.float32, device=param.device if on_device else "cpu")
-
-
 def _state_dict(session, *, loading: bool) -> dict:
     """The model chunks' and the optimizer's DTensor state dicts (what DCP writes and reads)."""
     model = session.model
@@ -91,7 +67,7 @@ def _state_dict(session, *, loading: bool) -> dict:
     if loading:
         megatron_fixes.create_state_if_missing(session.optimizer)
     else:
-        _state_before_first_update(session.optimizer)
+        megatron_fixes.optimizer_state_before_first_update(session.optimizer)
     megatron_fixes.empty_shard_optimizer_state(session.optimizer)
     state["optimizer"] = session.optimizer.sharded_state_dict(
         state, is_loading=loading, metadata=dict(METADATA))

@@ -435,6 +435,45 @@ def _is_distributed(optimizer) -> bool:
     return hasattr(optimizer, "_init_optimizer_states_with_dummy_values")
 
 
+def keeps_step_per_parameter(torch_optimizer) -> bool:
+    """torch's Adam/AdamW (the CPU path, `HAVE_APEX_OR_TE = False`) keep a `step` tensor in
+    each parameter's state; TE's and Apex's fused Adam keep it in the param groups."""
+    return isinstance(torch_optimizer, torch.optim.Adam | torch.optim.AdamW)
+
+
+def optimizer_state_before_first_update(optimizer) -> None:
+    """Give an optimizer that has not updated yet (fp16: every step so far skipped by the loss
+    scaler) the state its first update starts from, so that it can be saved and resumed; the
+    save paths of every format call it (not a fix of its own: it only supplies what Megatron
+    itself makes at the first update).
+
+    Without state, the distributed optimizer's save fails (`DistributedOptimizer.state_dict`'s
+    `assert len(steps) == 1`, optimizer/distrib_optimizer.py:839), and a plain optimizer's or
+    Megatron FSDP's checkpoint lacks the Adam state its load template asks for (the template
+    comes from `sharded_state_dict(..., is_loading=True)`, which first makes dummy state:
+    `init_state_fn`, optimizer/optimizer.py:1145-1146 and :1361-1362, and
+    `_init_optimizer_states_with_dummy_values`, distrib_optimizer.py:1642-1643: a KeyError or
+    DCP's `Missing key` on resume). The state made here is Megatron's own `init_state_fn`
+    (optimizer/__init__.py:588-595: zero `exp_avg` and `exp_avg_sq` for each parameter without
+    state) and, where torch's Adam keeps one per parameter, a zero `step`: what
+    `Adam._init_group` would create at the first update, so the run (and a resume from the
+    save) continues exactly as without it. An optimizer with any state is left alone."""
+    for inner in _inner_optimizers(optimizer):
+        torch_optimizer = getattr(inner, "optimizer", None)
+        init_state_fn = getattr(inner, "init_state_fn", None)
+        if torch_optimizer is None or init_state_fn is None or any(
+                torch_optimizer.state.values()):
+            continue
+        init_state_fn(torch_optimizer, inner.config)
+        if not keeps_step_per_parameter(torch_optimizer):
+            continue
+        for group in torch_optimizer.param_groups:
+            for param in group["params"]:
+                state = torch_optimizer.state[param]
+                if state and "step" not in state:
+                    state["step"] = _adam_step(group, param, 0.0)
+
+
 @_fix("create_state_if_missing", self_test=LOAD_PATH_SELF_TEST,
       works_around="DistributedOptimizer.state_dict's `assert len(steps) == 1` "
                    "(optimizer/distrib_optimizer.py:839), reached from sharded_state_dict at "
@@ -511,9 +550,37 @@ def give_each_param_its_own_step(optimizer) -> None:
                 state["step"] = state["step"].detach().clone()
 
 
-def _empty_shards_without_state(torch_optimizer) -> list:
-    return [param for group in torch_optimizer.param_groups for param in group["params"]
-            if not torch_optimizer.state.get(param) and param.to_local().numel() == 0]
+def _shard_is_empty(param) -> bool:
+    return param.to_local().numel() == 0
+
+
+def _adam_step(group: dict, param, value: float) -> torch.Tensor:
+    """A `step` as torch's Adam keeps it (`Adam._init_group`): on the parameter's device when
+    capturable or fused, else a CPU scalar."""
+    device = param.device if group.get("capturable") or group.get("fused") else "cpu"
+    return torch.tensor(value, dtype=torch.float32, device=device)
+
+
+def _held_step(torch_optimizer) -> float:
+    """The step of this rank's parameters with a shard here (every one the same: they update
+    together), or -1 where this rank holds no shard with state."""
+    for group in torch_optimizer.param_groups:
+        for param in group["params"]:
+            state = torch_optimizer.state.get(param)
+            if state and "step" in state and not _shard_is_empty(param):
+                return float(state["step"])
+    return -1.0
+
+
+def _steps_over_ranks(torch_optimizers: list) -> list[float]:
+    """Each optimizer's step as the ranks holding a shard of it keep it (max over every rank;
+    0 before any holds state). A rank can hold no shard at all: a bucket's rows split into
+    equal, padded shards leaves the last ranks none once DP nears its row count."""
+    held = [_held_step(adam) for adam in torch_optimizers]
+    first = torch_optimizers[0].param_groups[0]["params"][0]
+    steps = torch.tensor(held, dtype=torch.float64, device=first.to_local().device)
+    torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MAX)
+    return [max(step, 0.0) for step in steps.tolist()]
 
 
 @_fix("empty_shard_optimizer_state", self_test="tests/dist/test_fsdp.py",
@@ -522,21 +589,28 @@ def _empty_shards_without_state(torch_optimizer) -> list:
                    "param_and_grad_buffer.py:3393-3394), so Adam keeps no state for it there, "
                    "and DistributedOptimizer._init_optimizer_states_with_dummy_values, which "
                    "skips it too (optimizer/distrib_optimizer.py:1430-1434)",
-      why="the fsdp_dtensor state dicts then differ between ranks, and the uneven-DTensor "
-          "metadata gathered per tensor in sorted key order (megatron_fsdp/uneven_dtensor.py:"
-          "51, :249-252) pairs different tensors' collectives: the save hangs")
+      why="the fsdp_dtensor state dicts then differ between ranks (the uneven-DTensor metadata, "
+          "megatron_fsdp/uneven_dtensor.py:51, :249-252, pairs different collectives: the save "
+          "hangs), and DCP may keep an empty shard's stale `step`: a resume drifts")
 def empty_shard_optimizer_state(optimizer) -> None:
     """Give every Megatron FSDP parameter whose shard on this rank is empty the (empty) Adam
-    state the others have, with the step they share, so every rank describes the same tensors."""
-    for inner in _inner_optimizers(optimizer):
-        if not getattr(getattr(inner, "ddp_config", None), "use_megatron_fsdp", False):
-            continue
-        torch_optimizer = inner.optimizer
-        steps = [state["step"] for state in torch_optimizer.state.values() if "step" in state]
-        for param in _empty_shards_without_state(torch_optimizer):
-            step = steps[0].detach().clone() if steps else torch.tensor(0.0)
-            torch_optimizer.state[param] = {"step": step, "exp_avg": torch.zeros_like(param),
-                                            "exp_avg_sq": torch.zeros_like(param)}
+    state the others have, so every rank describes the same tensors, and, at every save, the
+    step the ranks holding a shard have: DCP keeps one rank's copy of each `step`, and one left
+    from an earlier save would resume bias correction from the wrong step."""
+    inners = [inner for inner in _inner_optimizers(optimizer)
+              if getattr(getattr(inner, "ddp_config", None), "use_megatron_fsdp", False)]
+    if not inners:
+        return
+    adams = [inner.optimizer for inner in inners]
+    for adam, step in zip(adams, _steps_over_ranks(adams), strict=True):
+        for group in adam.param_groups:
+            for param in group["params"]:
+                if not _shard_is_empty(param):
+                    continue
+                if not adam.state.get(param):
+                    adam.state[param] = {"exp_avg": torch.zeros_like(param),
+                                         "exp_avg_sq": torch.zeros_like(param)}
+                adam.state[param]["step"] = _adam_step(group, param, step)
 
 
 class _ParameterLookup:

@@ -92,54 +92,6 @@ def megatron_lm_common(session, state: RunState) -> dict:
             "opt_param_scheduler": scheduler, "num_floating_point_operations_so_far": 0.0}
 
 
-def _wrapped_optimizers(optimizer) -> list:
-    """Megatron's optimizers under a `ChainedOptimizer` (or the one), each around a torch one."""
-    return [inner for inner in getattr(optimizer, "chained_optimizers", [optimizer])
-            if getattr(inner, "optimizer", None) is not None]
-
-
-def _keeps_step_per_parameter(torch_optimizer) -> bool:
-    """torch's Adam/AdamW (the CPU path, `HAVE_APEX_OR_TE = False`) keep a `step` tensor in
-    each parameter's state; TE's and Apex's fused Adam keep it in the param groups."""
-    return isinstance(torch_optimizer, torch.optim.Adam | torch.optim.AdamW)
-
-
-def _zero_step(group: dict, param: torch.Tensor) -> torch.Tensor:
-    """The `step` torch's Adam starts a parameter at (`Adam._init_group`)."""
-    if group.get("capturable") or group.get("fused"):
-        return torch.zeros((), dtype=torch.float32, device=param.device)
-    return torch.tensor(0.0, dtype=torch.float32)
-
-
-def optimizer_state_before_first_update(optimizer) -> None:
-    """Give an optimizer that has not updated yet (fp16: every step so far skipped by the loss
-    scaler) the state its first update starts from, so that it can be saved and resumed.
-
-    Without state, the distributed optimizer's save fails (`DistributedOptimizer.state_dict`'s
-    `assert len(steps) == 1`, optimizer/distrib_optimizer.py:839), and a plain optimizer's
-    checkpoint lacks the Adam moments its load template asks for (the template comes from
-    `sharded_state_dict(..., is_loading=True)`, which first calls `init_state_fn`,
-    optimizer/optimizer.py:1145-1146 and :1361-1362: a KeyError on resume). The state made
-    here is Megatron's own `init_state_fn` (optimizer/__init__.py:588-595: zero `exp_avg` and
-    `exp_avg_sq` for each parameter without state) and, where torch's Adam keeps one per
-    parameter, a zero `step`: what `Adam._init_group` would create at the first update, so the
-    run (and a resume from the save) continues exactly as without it. An optimizer with any
-    state is left alone."""
-    for inner in _wrapped_optimizers(optimizer):
-        torch_optimizer = inner.optimizer
-        init_state_fn = getattr(inner, "init_state_fn", None)
-        if init_state_fn is None or any(torch_optimizer.state.values()):
-            continue
-        init_state_fn(torch_optimizer, inner.config)
-        if not _keeps_step_per_parameter(torch_optimizer):
-            continue
-        for group in torch_optimizer.param_groups:
-            for param in group["params"]:
-                state = torch_optimizer.state[param]
-                if state and "step" not in state:
-                    state["step"] = _zero_step(group, param)
-
-
 def _per_inner_optimizer(optimizer, loaded) -> list:
     """The loaded optimizer dict split as `ChainedOptimizer.load_state_dict` splits it
     (optimizer/optimizer.py:1573-1586): the one's dict, or one per chained optimizer."""
@@ -152,17 +104,19 @@ def _per_inner_optimizer(optimizer, loaded) -> list:
 
 def zero_step_where_missing(optimizer, loaded) -> None:
     """Before the optimizer loads a save made before the first update
-    (`optimizer_state_before_first_update`): its zero Adam moments are in `loaded`, but not its
-    zero step, since Megatron keeps the common step only when it is nonzero (`if step:` in
-    `Float16OptimizerWithFloat16Params.sharded_state_dict`, optimizer/optimizer.py:1187, and
-    in `FP32Optimizer`'s, :1376), and torch's Adam refuses per-parameter state without a `step`
-    (KeyError in `Adam.__setstate__`). The zero step goes in as the `common_step` Megatron's own
-    `load_state_dict` gives every parameter (`_restore_common_per_param_step`, :1197-1199 and
-    :1345-1347). The distributed optimizer keeps its step in the param groups (step 0 there
-    loads as saved, distrib_optimizer.py:1024-1032): nothing to add."""
+    (`megatron_fixes.optimizer_state_before_first_update`): its zero Adam moments are in
+    `loaded`, but not its zero step, since Megatron keeps the common step only when it is
+    nonzero (`if step:` in `Float16OptimizerWithFloat16Params.sharded_state_dict`,
+    optimizer/optimizer.py:1187, and in `FP32Optimizer`'s, :1376), and torch's Adam refuses
+    per-parameter state without a `step` (KeyError in `Adam.__setstate__`). The zero step goes
+    in as the `common_step` Megatron's own `load_state_dict` gives every parameter
+    (`_restore_common_per_param_step`, :1197-1199 and :1345-1347). The distributed optimizer
+    keeps its step in the param groups (step 0 there loads as saved,
+    distrib_optimizer.py:1024-1032): nothing to add."""
     for inner, part in _per_inner_optimizer(optimizer, loaded):
         torch_optimizer = getattr(inner, "optimizer", None)
-        if not isinstance(part, dict) or not _keeps_step_per_parameter(torch_optimizer):
+        if not isinstance(part, dict) or not megatron_fixes.keeps_step_per_parameter(
+                torch_optimizer):
             continue
         holder = part.get("optimizer", part)  # Float16Optimizer's wraps torch's; FP32's is it
         state = holder.get("state") if isinstance(holder, dict) else None
@@ -180,7 +134,7 @@ def sharded_checkpoint(session, state: RunState, metadata: dict) -> dict:
     reads (`megatron_lm_common`), and the RNG streams in its PP x TP layout. Call it under
     `megatron_fixes.parameters_gathered`."""
     sharded = model_sharded_state_dict(session.model, metadata)
-    optimizer_state_before_first_update(session.optimizer)
+    megatron_fixes.optimizer_state_before_first_update(session.optimizer)
     with megatron_fixes.gc_frozen():
         sharded["optimizer"] = session.optimizer.sharded_state_dict(sharded, metadata=metadata)
     sharded["scheduler"] = session.scheduler.state_dict()
