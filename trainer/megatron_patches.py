@@ -14,7 +14,9 @@ out by name for its self-test:
 - the checkpoint paths (`trainer/checkpoint/megatron_fixes.py`, `skipping(...)`): defects and
   slow defaults of Megatron's save and load;
 - the GPU fast paths (`trainer/gpu_fast_paths.py`, `wgrad_fusion_without_apex(skip=True)`):
-  Transformer Engine's weight-gradient fusion without APEX.
+  Transformer Engine's weight-gradient fusion without APEX;
+- the training step on every device (`trainer/step_fixes.py`, `apply_step_fixes(skip=...)`):
+  Megatron defects that stop a step on GPUs and CPUs alike.
 
 `tests/unit/test_megatron_patches.py` holds the table to its homes and to its self-tests; the
 stories behind each are in docs/cpu-runtime.md and docs/checkpoints.md.
@@ -27,13 +29,14 @@ from trainer.cpu_runtime.megatron_lm import MEGATRON_LM_PATCHES
 from trainer.cpu_runtime.runtime import CPU_RUNTIME_PATCHES
 from trainer.gpu_fast_paths import GPU_PATCHES
 from trainer.patch import Patch
+from trainer.step_fixes import STEP_PATCHES
 
 
 def registry() -> dict[str, Patch]:
     """Every patch by name, from each of its homes (a name is one patch in the whole table)."""
     found: dict[str, Patch] = {}
     for patch in (*CPU_RUNTIME_PATCHES, *MEGATRON_LM_PATCHES,
-                  *(fix.patch for fix in FIXES.values()), *GPU_PATCHES):
+                  *(fix.patch for fix in FIXES.values()), *GPU_PATCHES, *STEP_PATCHES):
         if patch.name in found:
             raise ValueError(f"two patches are named {patch.name}")
         found[patch.name] = patch

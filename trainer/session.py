@@ -55,6 +55,7 @@ from trainer.model import (
     wrap_with_ddp,
 )
 from trainer.state import RngState, RunState
+from trainer.step_fixes import apply_step_fixes
 
 
 @dataclass
@@ -263,6 +264,7 @@ def build_session(
     model = wrap_with_ddp(wrap_for_precision(chunks, config), config, build_ddp_config(cfg))
     if fsdp_weights:
         load_fsdp_weights(cfg, load, model)
+    apply_step_fixes()  # Megatron's step defects, mended before its optimizer exists
     optimizer = get_megatron_optimizer(build_optimizer_config(cfg), model)
     scheduler = build_scheduler(cfg, optimizer)
     _wire_schedule_hooks(cfg, config, model, optimizer)

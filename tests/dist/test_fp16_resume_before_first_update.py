@@ -4,15 +4,16 @@ Until its first update Adam has no state: the distributed optimizer's save then 
 (`DistributedOptimizer.state_dict`'s `assert len(steps) == 1`), and a plain optimizer's
 checkpoint lacked the moments the resume's load template asks for (KeyError `optimizer.state.
 exp_avg...`). The save now gives such an optimizer the zero state its first update starts from
-(Megatron's `init_state_fn`, `state_dicts.optimizer_state_before_first_update`) and the load
-restores its zero step (`state_dicts.zero_step_where_missing`). Megatron FSDP's `fsdp_dtensor`
-save had the same gap (its resume asked DCP for a step and moments never written) and kept no
-loss scaler at all (`fsdp_dtensor._grad_scaler_states`). Here, for plain Adam on one rank, the
-distributed optimizer on two and Megatron FSDP on one: an uninterrupted run saves after its
-first SAVE_AFTER steps, all skipped, and a second run resumes from that save in fresh
-processes; every later step (losses, lr, grad norms, skips, the scaler's scale and trackers)
-equals the uninterrupted run bit for bit, through updates whose Adam moments and bias
-correction start from the resumed state.
+(Megatron's `init_state_fn`, `megatron_fixes.optimizer_state_before_first_update`) and the
+load restores its zero step (`state_dicts.zero_step_where_missing`). Megatron FSDP's
+`fsdp_dtensor` save had the same gap (its resume asked DCP for a step and moments never written)
+and kept no loss scaler at all (`fsdp_dtensor._grad_scaler_states`), and at DP2 stopped at the
+first step (the step fix `fsdp_empty_shard_unscaling`, on every device; self-tested last). Here,
+for plain Adam on one rank, the distributed optimizer on two and Megatron FSDP on one and on
+two: an uninterrupted run saves after its first SAVE_AFTER steps, all skipped, and a second run
+resumes from that save in fresh processes; every later step (losses, lr, grad norms, skips,
+the scaler's scale and trackers) equals the uninterrupted run bit for bit, through updates whose
+Adam moments and bias correction start from the resumed state.
 """
 
 from __future__ import annotations
@@ -34,13 +35,11 @@ FP16 = [
     f"train.train_iters={STEPS}", "scheduler.warmup_iters=2", "checkpoint.save=true",
     f"checkpoint.save_interval={SAVE_AFTER}",
 ]
-# Megatron FSDP on one rank: on two, an fp16 step stops in Megatron's unscaling before any save
-# (`_collect_main_grad_data_for_unscaling` reads the grad Megatron FSDP gives no parameter whose
-# shard on that rank is empty).
 LAYOUTS = {"plain_adam": ("tiny_dp1", 1, []),
            "distributed_optimizer": ("tiny_dp2_distopt", 2, []),
            "megatron_fsdp": ("tiny_dp1", 1, ["optimizer.distributed=true",
-                                             "optimizer.fsdp=optim_grads_params"])}
+                                             "optimizer.fsdp=optim_grads_params"]),
+           "megatron_fsdp_dp2": ("tiny_dp2_fsdp", 2, [])}
 
 
 def grad_norms(run_dir: Path) -> dict[int, str]:
@@ -80,3 +79,15 @@ def test_resume_from_a_save_before_the_first_update_continues_bit_for_bit(
         assert resumed[rank]["consumed"] == continuous[rank]["consumed"]
     later = {step: norm for step, norm in grad_norms(run_dir).items() if step > SAVE_AFTER}
     assert grad_norms(tmp_path) == later
+
+
+def test_fp16_megatron_fsdp_at_dp2_needs_the_unscaling_patch(launch_ranks, tmp_path):
+    """Without `fsdp_empty_shard_unscaling` the first fp16 step at DP2 stops in Megatron's
+    unscaling (`_collect_main_grad_data_for_unscaling` reads the gradient Megatron FSDP gives
+    no parameter whose shard on that rank is empty); with it, the run above trains."""
+    ranks = launch_ranks(2, "tests.dist.fsdp_fp16_runs:fp16_step_without_patch", {
+        "recipe": "tiny_dp2_fsdp", "run_dir": str(tmp_path), "overrides": FP16})
+    errors = [rank["error"] for rank in ranks]
+    assert any(errors), errors
+    assert all(error is None or "'NoneType' object has no attribute 'data'" in error
+               for error in errors), errors

@@ -16,13 +16,15 @@ from trainer.cpu_runtime.runtime import PATCH_NAMES
 from trainer.gpu_fast_paths import PATCH_NAMES as GPU_PATCH_NAMES
 from trainer.megatron_patches import registry
 from trainer.patch import Patch
+from trainer.step_fixes import PATCH_NAMES as STEP_PATCH_NAMES
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = registry()
 
 
 def test_the_table_holds_every_patch_each_home_applies_once():
-    homes = [*PATCH_NAMES, *megatron_lm.PATCH_NAMES, *FIX_NAMES, *GPU_PATCH_NAMES]
+    homes = [*PATCH_NAMES, *megatron_lm.PATCH_NAMES, *FIX_NAMES, *GPU_PATCH_NAMES,
+             *STEP_PATCH_NAMES]
     assert len(homes) == len(set(homes))
     assert set(TABLE) == set(homes)
 
