@@ -64,8 +64,9 @@ def recipe_description(name: str) -> str:
     return " ".join(doc.split("\n\n")[0].split())
 
 
-def format_recipe_list() -> str:
-    """The recipe part of `recipe=list` / `--help`: one line per recipe, default named."""
+def format_recipe_list(default: str | None = None) -> str:
+    """The recipe part of `recipe=list` / `--help`: one line per recipe, the default named
+    (`default`: a command's own, where it runs another than the project's)."""
     aliases_of: dict[str, list[str]] = {}
     for alias, target in ALIASES.items():
         aliases_of.setdefault(target, []).append(alias)
@@ -74,7 +75,7 @@ def format_recipe_list() -> str:
         for name in RECIPES
     }
     width = max(len(label) for label in labels.values())
-    lines = [f"recipes (default {DEFAULT_RECIPE}):"]
+    lines = [f"recipes (default {default or DEFAULT_RECIPE}):"]
     for name, label in labels.items():
         lines.append(f"  {label:<{width}}  {recipe_description(name)}")
     return "\n".join(lines)

@@ -356,3 +356,16 @@ def test_help_and_examples_write_defaults_as_the_command_line_does():
     assert "(true or false, default false)" in text and "default False" not in text
     with pytest.raises(ConfigError, match=r"e\.g\. verify=false"):
         parse_arguments(PLAN, ["verify="])
+
+
+def test_help_names_the_recipe_a_command_runs_when_none_is_named():
+    """bench_checkpoint.py runs tiny_dp2_distopt without recipe=: its --help says that recipe,
+    the other recipe commands the project's default."""
+    from recipes.registry import DEFAULT_RECIPE
+    from trainer.entry.commands import BENCH_CHECKPOINT, PRETRAIN, checkpoint_sizes
+
+    args = parse_arguments(BENCH_CHECKPOINT, ["size=tiny"])
+    assert checkpoint_sizes(args) == [[f"recipe={BENCH_CHECKPOINT.default_recipe}"]]
+    assert f"recipes (default {BENCH_CHECKPOINT.default_recipe}):" in help_text(BENCH_CHECKPOINT)
+    assert BENCH_CHECKPOINT.default_recipe != DEFAULT_RECIPE
+    assert f"recipes (default {DEFAULT_RECIPE}):" in help_text(PRETRAIN)

@@ -131,7 +131,7 @@ def bench_checkpoint_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int
     return rank(cfg, run_dir, args)
 
 
-BENCH_CHECKPOINT_RECIPE = "recipe=tiny_dp2_distopt"
+BENCH_CHECKPOINT_RECIPE = "tiny_dp2_distopt"  # 2 ranks, the distributed optimizer
 SIZE_100M = [
     "model.num_layers=12", "model.hidden_size=768", "model.ffn_hidden_size=3072",
     "model.num_attention_heads=12", "model.vocab_size=20480",
@@ -142,7 +142,7 @@ SIZE_100M = [
 def checkpoint_sizes(args: Arguments) -> list[list[str]]:
     """One launch per size asked for (each its own ranks): tiny is the recipe as it is."""
     named = any(arg.startswith(("recipe=", "config=")) for arg in args.rest)
-    recipe = [] if named else [BENCH_CHECKPOINT_RECIPE]
+    recipe = [] if named else [f"recipe={BENCH_CHECKPOINT_RECIPE}"]
     sizes = {"tiny": [[]], "100m": [SIZE_100M], "both": [[], SIZE_100M]}[args["size"]]
     return [[*recipe, *size] for size in sizes]
 
@@ -218,6 +218,7 @@ CHECK_MEGATRON_PARITY = Command(
 BENCH_CHECKPOINT = Command(
     script="bench_checkpoint.py", run=Training(bench_checkpoint_rank, checkpoint_sizes),
     rest=CONFIG_REST, takes_recipe=True, option_owners=scripts_taking,
+    default_recipe=BENCH_CHECKPOINT_RECIPE,
     options={"size": Option("both", "tiny (the recipe), 100m (about 100M parameters) or both",
                             type=Literal["tiny", "100m", "both"]),
              "repeats": Option(3, "timed save+load rounds (the first is reported apart)",

@@ -109,6 +109,8 @@ class Command:
     # (e.g. "recipe=NAME | config=FILE and section.field=value overrides"); None: nothing.
     rest: str | None = None
     takes_recipe: bool = False  # --help lists the recipes
+    # The recipe run when none is named, where it is not the project's default (--help says so).
+    default_recipe: str | None = None
     # --help: what the command handles besides the recipe list (e.g. the model families it
     # converts), computed when asked from the list the code itself uses, so it cannot drift.
     handles: Callable[[], str] | None = None
@@ -173,7 +175,7 @@ def help_text(command: Command) -> str:
     if command.takes_recipe:
         from recipes.registry import format_recipe_list
 
-        text += "\n" + format_recipe_list()
+        text += "\n" + format_recipe_list(command.default_recipe)
     return text.rstrip() + "\n"
 
 
