@@ -359,8 +359,8 @@ def test_help_and_examples_write_defaults_as_the_command_line_does():
 
 
 def test_help_names_the_recipe_a_command_runs_when_none_is_named():
-    """bench_checkpoint.py runs tiny_dp2_distopt without recipe=: its --help says that recipe,
-    the other recipe commands the project's default."""
+    """The checkpoint benchmark runs tiny_dp2_distopt without recipe=: its --help says that
+    recipe, the other recipe commands the project's default."""
     from recipes.registry import DEFAULT_RECIPE
     from trainer.entry.commands import BENCH_CHECKPOINT, PRETRAIN, checkpoint_sizes
 
