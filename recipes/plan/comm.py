@@ -11,13 +11,16 @@ gradients and, with a sharded optimizer, gathers weights (FP8 parameters gathere
 each) as often as the sharding does (`dp_passes`: once a step, or per micro-batch under
 Megatron FSDP). CP passes K/V around its ring (and dK/dV back) in attention layers and, in
 Mamba layers, turns the mixer's inputs from sequence shards into head shards and its output
-back by all-to-all; EP exchanges routed tokens four times per MoE layer. A forward that is
-recomputed in the backward (`recomputed`) runs its collectives again: full recompute every
-layer's, selective recompute of `moe` the MoE layer's token exchange and of `core_attn` the CP
-ring. Each figure is counted from the stage's layers by kind (`params.stage_kinds`), bytes and
-collectives together, so the step model's latency term counts what the table shows. A group
-whose ranks span nodes is timed at the inter-node bandwidth, else at the intra-node one;
-latency and overlap with compute are the step model's (`recipes/plan/steptime.py`).
+back by all-to-all; EP exchanges routed tokens four times per MoE layer the stage runs (the
+last stage's MTP depths' too), at the width the routed experts read (a latent MoE's latent
+width: Megatron projects tokens down before the dispatch and back up after the combine). A
+forward that is recomputed in the backward (`recomputed`) runs its collectives again: full
+recompute every layer's, selective recompute of `moe` the MoE layer's token exchange and of
+`core_attn` the CP ring. Each figure is counted from the stage's layers by kind
+(`params.stage_kinds`; for EP `moe_passes`), bytes and collectives together, so the step
+model's latency term counts what the table shows. A group whose ranks span nodes is timed at
+the inter-node bandwidth, else at the intra-node one; latency and overlap with compute are the
+step model's (`recipes/plan/steptime.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 
 from recipes.models import kinds
 from recipes.models.hybrid import pattern as hybrid
+from recipes.models.moe.params import expert_width
 from recipes.plan.activations import _ACT_BYTES
 from recipes.plan.params import ParamCount, stage_kinds
 
@@ -180,11 +184,28 @@ def _mamba_cp(cfg: Any, d: int, tokens: float, layers: int) -> tuple[float, floa
     return times * _ring(cp) * tokens * width * d, times * MAMBA_CP_ALL_TO_ALLS
 
 
+def moe_passes(cfg: Any, stage: int, counts: dict[str, int]) -> int:
+    """MoE layers one micro-batch's forward runs on `stage` (`counts`: its decoder layers by
+    kind), each dispatching and combining: the decoder's, and on the last stage every MTP
+    depth's (`hybrid.mtp_count`, as the FLOPs count them). The MTP block is built on the last
+    stage (`models/hybrid/hybrid_model.py:217-229`) and runs each depth's layers in turn
+    (`MultiTokenPredictionBlock.forward`), the one shared layer again at every depth under
+    `model.mtp_use_repeated_layer`."""
+    m = cfg.model
+    last = stage == cfg.layout.pipeline - 1
+    mtp = hybrid.mtp_count(m, kinds.MOE) if m.is_hybrid and last else 0
+    return counts.get(kinds.MOE, 0) + mtp
+
+
 def _ep(cfg: Any, d: int, tokens: float, layers: int) -> tuple[float, float]:
     """Dispatch and combine, forward and backward, and again when the MoE layer's forward is
-    recomputed (full recompute, or selective recompute of `moe`). (bytes, collectives)."""
+    recomputed (full recompute, or selective recompute of `moe`). Each token goes to top-k
+    experts at the width they read: a latent MoE projects its tokens down before the dispatch
+    and combines at the latent width (`transformer/moe/moe_layer.py`: `preprocess`,
+    `postprocess`), so its exchange is latent / hidden of the model-wide one.
+    (bytes, collectives)."""
     layout, m = cfg.layout, cfg.model
-    routed = tokens * m.moe_router_topk * m.hidden_size * d / layout.tensor
+    routed = tokens * m.moe_router_topk * expert_width(m) * d / layout.tensor
     times = (4 + 2 * recomputed(cfg, "moe")) * layers * layout.microbatches
     return times * _ring(layout.expert) * routed, times
 
@@ -235,5 +256,5 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
                                   *_mamba_cp(cfg, d, tokens, counts[kinds.MAMBA])))
     if layout.expert > 1 and cfg.model.num_moe_experts:
         found.append(_traffic(crossing, cluster, "ep", "all-to-all",
-                              *_ep(cfg, d, tokens, counts[kinds.MOE])))
+                              *_ep(cfg, d, tokens, moe_passes(cfg, stage, counts))))
     return found
