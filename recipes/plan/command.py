@@ -238,6 +238,18 @@ def search_option_problem(options: dict[str, Any], given: Given | None = None) -
     return None
 
 
+def phase_plans(cfg: Any, cluster: Any, options: PlanOptions, plan: Any) -> list[tuple]:
+    """Each launch of a run in phases with its plan (`plan`, the config's own, where the
+    launch trains in the config's layout), for the planner's line per phase."""
+    from recipes.plan.fit import phase_launches, same_memory_layout
+
+    found = []
+    for span, phase_cfg, end in phase_launches(cfg):
+        same = same_memory_layout(phase_cfg, cfg)
+        found.append((span, end, plan if same else make_plan(phase_cfg, cluster, options)))
+    return found
+
+
 def dry_run_problem(cfg: Any) -> str | None:
     """`dry_run=true` is `pretrain.py`'s: it builds the run on the meta device instead of
     training. plan.py never trains, so it would be accepted and do nothing."""
@@ -257,7 +269,7 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], given: Given | None =
     (`cluster`, `verify` and the `PlanOptions`; `top` with `search`, `confirm_steps` with
     `confirm`), `given` those the user typed (None: every one in `options`). `build_shards` is
     the dry run (the torch side, handed in by the command: recipes/ stays below trainer/)."""
-    from recipes.plan.report import json_report, text_report
+    from recipes.plan.report import json_report, phase_fit_lines, phase_fits_json, text_report
     from recipes.resolve import resolve_config
 
     start = time.perf_counter()
@@ -308,12 +320,15 @@ def run_plan(rest: Sequence[str], options: dict[str, Any], given: Given | None =
         report = json_report(plan)
         if verify:
             report["verify"] = _verify(plan, build_shards)
+        report["phases"] = phase_fits_json(phase_plans(cfg, cluster, plan.options, plan))
         report["megatron_args_notes"] = notes
         report["seconds"] = time.perf_counter() - start
         json.dump(report, sys.stdout)
         print()
         return 0
     print(text_report(plan))
+    for line in phase_fit_lines(phase_plans(cfg, cluster, plan.options, plan)):
+        print(line)  # a run in phases: whether each launch fits
     if verify:
         print("\n".join(_verify(plan, build_shards)))
     print(f"planned in {time.perf_counter() - start:.2f} s")

@@ -333,3 +333,56 @@ def check_fits(cfg: Any, cluster: ClusterSpec | None = None, attention: str | No
     if cfg.checkpoint.save and not plan.save_fits_host:
         raise ConfigError(save_refusal(plan))
     return plan
+
+
+# What a launch's memory depends on, beyond the model and the cluster: a phase that changes
+# one of these is planned and checked on its own.
+PHASE_MEMORY_FIELDS = (("model", "seq_length"), ("parallel", "context"), ("data", "documents"),
+                       ("train", "micro_batch_size"), ("train", "global_batch_size"))
+
+
+def same_memory_layout(one: Any, other: Any) -> bool:
+    """Whether two configs of one run take the same memory (`PHASE_MEMORY_FIELDS` equal)."""
+    return all(getattr(getattr(one, section), name) == getattr(getattr(other, section), name)
+               for section, name in PHASE_MEMORY_FIELDS)
+
+
+def phase_launches(cfg: Any, from_step: int = 0) -> list[tuple[Any, Any, int]]:
+    """A run in phases as its launches (the first phase's, then each relaunch phase's, which
+    scripts/launch.py submits as jobs of their own and pretrain.py starts one after the
+    other): (the phase that starts it, the config it trains with, the step it ends at), those
+    that end after `from_step` (a resume plans what is left). None without phases."""
+    from recipes.config.phases import launch_end, launch_starts, phase_config, phase_spans
+
+    if not cfg.phases:
+        return []
+    spans = phase_spans(cfg)
+    launches = [(span, phase_config(cfg, span), launch_end(spans, span.start_step))
+                for span in launch_starts(spans)]
+    return [launch for launch in launches if launch[2] > from_step]
+
+
+def phase_launch_name(cfg: Any, span: Any) -> str:
+    """`phases[2] (long_context_1m), the launch from step 993,404 with model.seq_length=...`:
+    the phase and the overrides its launch starts with."""
+    from recipes.config.phases import relaunch_overrides
+
+    return (f"phases[{span.index}] ({span.name}), the launch from step {span.start_step:,} "
+            f"with {' '.join(relaunch_overrides(span))}")
+
+
+def phase_fit_problems(cfg: Any, cluster: Any = None, attention: str | None = None,
+                       memory_of: str | None = None, from_step: int = 0) -> list[str]:
+    """A run's fit is each launch's: every launch of a run in phases whose layout is not the
+    config's own (already checked as `check_fits` checks it) is planned in its phase's
+    sequence, CP, micro-batch and batch, and one that cannot fit is one line naming the phase,
+    its worst rank against the memory and the planner's fix (`recipes.plan.fit.refusal`)."""
+    problems = []
+    for span, phase_cfg, _ in phase_launches(cfg, from_step):
+        if same_memory_layout(phase_cfg, cfg):
+            continue
+        try:
+            check_fits(phase_cfg, cluster, attention=attention, memory_of=memory_of)
+        except ConfigError as error:
+            problems.append(f"{phase_launch_name(cfg, span)} cannot fit: {error}")
+    return problems

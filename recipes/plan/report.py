@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from recipes.plan.build import Plan, StagePlan
-from recipes.plan.fit import size_text, suggestions, summary_line
+from recipes.plan.fit import refusal, size_text, suggestions, summary_line
 
 MIB = 2**20
 SIZE_WIDTH = 10  # the widest size_text short of 1,000 PB: '999.99 GB', '866.35 kB', '3.20 PB'
@@ -204,3 +204,31 @@ def json_report(plan: Plan) -> dict[str, Any]:
         "notes": plan.notes,
         "warnings": plan.warnings,
     }
+
+
+def phase_fit_lines(launches: list[tuple[Any, int, Plan]]) -> list[str]:
+    """A run in phases: one line per launch (its phase, steps and layout) saying whether its
+    worst rank fits, and for one that does not the planner's one-line refusal with its fix
+    (a run's fit is each launch's; scripts/launch.py and pretrain.py refuse it)."""
+    if not launches:
+        return []
+    count = len(launches)
+    lines = [f"phases: {count} launch{'' if count == 1 else 'es'}, each in its phase's layout:"]
+    for span, end, plan in launches:
+        verdict = "fits" if plan.fits else "does NOT fit"
+        lines.append(f"  {span.name} (steps {span.start_step:,}-{end:,}, seq "
+                     f"{span.seq_length:,}, CP{span.context}, micro-batch "
+                     f"{span.micro_batch_size}): worst rank {size_text(plan.worst.peak)} of "
+                     f"{size_text(plan.cluster.gpu_memory_bytes)}: {verdict}")
+        if not plan.fits:
+            lines.append(f"    {refusal(plan)}")
+    return lines
+
+
+def phase_fits_json(launches: list[tuple[Any, int, Plan]]) -> list[dict[str, Any]]:
+    """`phase_fit_lines` for tools: each launch's phase, steps, layout and worst rank."""
+    return [{"phase": span.name, "start_step": span.start_step, "end_step": end,
+             "seq_length": span.seq_length, "context": span.context,
+             "micro_batch_size": span.micro_batch_size, "peak_bytes": plan.worst.peak,
+             "gpu_memory_bytes": plan.cluster.gpu_memory_bytes, "fits": plan.fits}
+            for span, end, plan in launches]

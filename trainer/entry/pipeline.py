@@ -333,6 +333,7 @@ def preflight(cfg: RunConfig, machine) -> None:
     cluster, memory_of = cpu_rank_cluster(cfg, host_memory_bytes()) if on_cpu else (None, None)
     plan = check_fits(cfg, cluster, attention="explicit" if explicit else None,
                       memory_of=memory_of)
+    check_phase_fits(cfg, cluster, "explicit" if explicit else None, memory_of)
     print(summary_line(plan, memory_of), flush=True)
     for line in plan.warnings:  # TP or CP groups across nodes
         print(line, flush=True)
@@ -345,6 +346,19 @@ def preflight(cfg: RunConfig, machine) -> None:
         print(fast, flush=True)
     for line in checkpoint_preflight(cfg):
         print(f"resume: {line}", flush=True)
+
+
+def check_phase_fits(cfg: RunConfig, cluster, attention: str | None,
+                     memory_of: str | None) -> None:
+    """A run in phases fits when each launch it has left does (this one's layout is checked
+    already): a later phase whose layout cannot fit is refused before the first rank starts,
+    not at its relaunch (`recipes.plan.fit.phase_fit_problems`)."""
+    from recipes.plan.fit import phase_fit_problems
+
+    problems = phase_fit_problems(cfg, cluster, attention=attention, memory_of=memory_of,
+                                  from_step=resumed_step(cfg))
+    if problems:
+        raise ConfigError(problems[0])
 
 
 def choose_run_dir(cfg: RunConfig) -> Path:

@@ -329,20 +329,23 @@ def placement_problems(cfg: Any, cluster: Any, args: LaunchArgs) -> list[str]:
 def fit_problems(cfg: Any, cluster: Any) -> list[str]:
     """A layout that cannot fit the cluster file's GPUs (or a save its nodes' CPU memory) is
     said here, as `pretrain.py` would say it on the first step of the job, so an allocation is
-    never spent on it. CPU nodes are judged by the job itself, against the memory it finds."""
+    never spent on it. A run in phases fits when every one of its launches does: each phase
+    job's layout is checked too (`phase_fit_problems`), before the first job is submitted, not
+    found out at the relaunch. CPU nodes are judged by the job itself, against the memory it
+    finds."""
     from recipes.config.schema import uses_transformer_engine
     from recipes.plan.cluster import recipe_cluster
-    from recipes.plan.fit import check_fits
+    from recipes.plan.fit import check_fits, phase_fit_problems
 
     if cluster.device == "cpu":
         return []
     explicit = not uses_transformer_engine(cfg.model.transformer_impl, True)
+    attention, spec = "explicit" if explicit else None, recipe_cluster(cfg, network_of=cluster)
     try:
-        check_fits(cfg, recipe_cluster(cfg, network_of=cluster),
-                   attention="explicit" if explicit else None)
+        check_fits(cfg, spec, attention=attention)
     except ConfigError as error:
         return error_lines(error)
-    return []
+    return phase_fit_problems(cfg, spec, attention=attention)
 
 
 def launch_path_rules(absent: Sequence[Any]) -> tuple:
