@@ -156,6 +156,7 @@ def super_run(expert: int) -> Settings:
         "optimizer.adam_beta2": published(0.95, f"{S3_DOCS}:122; {S3_RECIPE}:108"),
         "optimizer.adam_eps": unpublished(1e-8, f"{S3_RECIPE}:109"),
         "optimizer.clip_grad": unpublished(1.0, f"{BRIDGE_OPTIMIZER}:118"),
+        "train.eval_interval": unpublished(1000, f"{S3_RECIPE}:77"),
         "precision.dtype": published("bf16", f"{S3_DOCS}:128 ('BF16 mixed (NVFP4 mixed for "
                                              "B200)')"),
         "plugins.fp8.format": differs(
@@ -201,7 +202,12 @@ def nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16() -> Settings:
     sequences, 16 a step, on TP2 x CP64 x EP64 (GB200), the second alternating 1M and 4K ones;
     their alternation is not published and Bridge cannot load it (the config's own note). Here
     both stages are 1M-token rows of the long-context blend; the layout is TP4 x CP16 on 64
-    GPUs. The blends (conf/data/nemotron*.yaml) are examples whose paths you replace.
+    GPUs, which does NOT fit 80-GB H100s (scripts/plan.py: 106.3 GB a rank), so
+    scripts/launch.py refuses this recipe on conf/cluster/h100_80gb_8x8.yaml. A phase cannot
+    change TP or the GPU count: train the long-context stages as a run of their own in
+    NVIDIA's layout on 128 GPUs (it plans at 76.9 GB a rank; `print=megatron_args` names the
+    overrides, plus parallel.tensor=2 parallel.context=64 cluster.nodes=16), or on GPUs with
+    more memory. The blends (conf/data/nemotron*.yaml) are examples whose paths you replace.
     """
     example = "published only as figures and categories: an example blend to replace"
     lc_end = SUPER_STEPS + SUPER_LC1_STEPS
@@ -230,8 +236,11 @@ def nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16() -> Settings:
                                          relaunch=True),
                              f"{SUPER_LC1}:31-51; {S3_DOCS}:160-176 (1M tokens, 16 a step, "
                              "34B tokens, 4.5e-6 constant, TP2 x CP64 x EP64)",
-                             "TP4 x CP16 x EP64 on 64 GPUs; the lr is the min lr WSD holds "
-                             "after its decay (4.5e-6)"),
+                             "TP4 x CP16 x EP64 on 64 GPUs, which does not fit 80-GB H100s "
+                             "(scripts/plan.py: 106.3 GB a rank; NVIDIA's TP2 x CP64 on 128 "
+                             "GPUs: 76.9 GB) and a phase cannot change TP or the GPU count: "
+                             "launch refuses it there; the lr is the min lr WSD holds after "
+                             "its decay (4.5e-6)"),
         "phases[3]": differs(PhaseConfig(name="long_context_mixed", end_step=lc_end
                                          + SUPER_LC2_STEPS, seq_length=SUPER_LC_SEQ, context=16,
                                          global_batch_size=SUPER_LC_BATCH,
