@@ -181,7 +181,7 @@ NEMOTRON_H_REFUSED = [
     ({"moe_latent_size": 16}, {}, "moe_latent_size=16 but model.moe_latent_size=null"),
     ({"num_nextn_predict_layers": 1}, {},
      "num_nextn_predict_layers=1 of layers '*E' but the recipe's pattern stores 0 MTP depth(s) "
-     "of '' (0 run); override model.hybrid_layer_pattern=M*-E/*E"),
+     "of '' (0 run); pick a recipe of this shape or override model.hybrid_layer_pattern=M*-E/*E"),
     ({"num_nextn_predict_layers": 1, "mtp_layers_block_type": ["full_attention", "swa"]}, {},
      "config.json mtp_layers_block_type block type swa is not mapped"),
     ({"mlp_hidden_act": "gelu"}, {}, "mlp_hidden_act=gelu is not mapped"),

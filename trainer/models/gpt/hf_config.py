@@ -14,7 +14,7 @@ any heavy import.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from plugins.protocol.errors import ConfigError
 from recipes.config.schema import ModelConfig
@@ -180,18 +180,20 @@ def compare_with_recipe(hf: dict, model: ModelConfig, recipe: str) -> None:
     refuse_differences(hf_values(hf), our_values(model), FIELD_NAMES, recipe)
 
 
-def refuse_differences(theirs: dict, ours: dict, names: dict[str, str], recipe: str) -> None:
+def refuse_differences(theirs: dict, ours: dict, names: dict[str, str], recipe: str, *,
+                       more: Sequence[str] = (), fixes: dict | None = None) -> None:
     """One line naming every field where the HF config (`theirs`) and the recipe differ, with
-    the overrides that make the recipe the HF model; nothing when they agree."""
-    diffs, fixes = [], []
-    for field, value in theirs.items():
-        if ours[field] != value:
-            diffs.append(f"{names[field]}={_text(value)} but model.{field}={_text(ours[field])}")
-            fixes.append(f"model.{field}={_text(value)}")
+    the overrides that make the recipe the HF model; nothing when they agree. A family adds
+    the differences its fields do not show (`more`: a hybrid's MTP depths) and, where the
+    differing fields' values are not the whole fix, the overrides (`fixes`, field -> value)."""
+    differing = {field: value for field, value in theirs.items() if ours[field] != value}
+    diffs = [f"{names[field]}={_text(value)} but model.{field}={_text(ours[field])}"
+             for field, value in differing.items()] + list(more)
     if diffs:
+        named = " ".join(f"model.{field}={_text(value)}"
+                         for field, value in (differing if fixes is None else fixes).items())
         raise ConfigError(f"the Hugging Face model does not match recipe {recipe}: "
-                          f"{'; '.join(diffs)}; pick a recipe of this shape or override "
-                          f"{' '.join(fixes)}")
+                          f"{'; '.join(diffs)}; pick a recipe of this shape or override {named}")
 
 
 def _rope_fields(model: ModelConfig) -> dict:

@@ -32,6 +32,7 @@ compared. No torch here: configs are checked before any heavy import.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from plugins.protocol.errors import ConfigError
@@ -42,6 +43,7 @@ from recipes.models.hybrid.pattern import (
     mamba_heads,
     mtp_built,
     mtp_depths,
+    mtp_parts,
     mtp_pattern,
 )
 from recipes.models.kinds import ATTENTION, MAMBA, MLP, MOE
@@ -78,6 +80,9 @@ FIELDS = {
 }
 FIELD_NAMES = {ours: theirs for kind in FIELDS.values() for ours, theirs in kind.items()}
 # What the NemotronH recipes fix and the mapping relies on (`recipes/nemotron/nemotron_h.py`).
+# The MTP settings and their schema defaults, which a model without MTP depths must keep.
+MTP_DEFAULTS = {field.name: field.default for field in dataclasses.fields(ModelConfig)
+                if field.name in ("mtp_loss_scaling_factor", "mtp_use_repeated_layer")}
 SHAPE = {"activation": "squared_relu", "normalization": "RMSNorm", "position_embedding": "none",
          "add_bias_linear": False, "layernorm_zero_centered_gamma": False}
 
@@ -271,27 +276,59 @@ def check_shaped(model: ModelConfig, where: str) -> None:
                           f"models with {fix} map to {ARCHITECTURE}")
 
 
-def mtp_difference(hf: dict, model: ModelConfig, recipe: str) -> str | None:
-    """The line naming how the release's MTP depths differ from the recipe's, or None."""
+def mtp_difference(hf: dict, model: ModelConfig) -> str | None:
+    """What differs between the release's MTP depths and the recipe's, or None."""
     stored, layers = read_values(hf_mtp, hf)
     built, ours = mtp_built(model), mtp_pattern(model.hybrid_layer_pattern)
     if (stored, layers) == (built, ours):
         return None
-    main = layer_symbols(model.hybrid_layer_pattern or "")
-    fix = main + "".join(MTP + layers for _ in range(stored))
-    return (f"the Hugging Face model does not match recipe {recipe}: num_nextn_predict_layers="
-            f"{stored} of layers '{layers}' but the recipe's pattern stores {built} MTP "
-            f"depth(s) of '{ours}' ({mtp_depths(model.hybrid_layer_pattern)} run); override "
-            f"model.hybrid_layer_pattern={fix} (with model.mtp_use_repeated_layer=true one "
-            "stored depth may run several times)")
+    return (f"num_nextn_predict_layers={stored} of layers '{layers}' but the recipe's pattern "
+            f"stores {built} MTP depth(s) of '{ours}' "
+            f"({mtp_depths(model.hybrid_layer_pattern)} run)")
+
+
+def _whole(pattern: str | None) -> str:
+    """A pattern's layers then its MTP depths, without stage cuts."""
+    return layer_symbols(pattern or "") + "".join(MTP + part for part in mtp_parts(pattern))
+
+
+def whole_pattern(hf: dict, model: ModelConfig) -> str:
+    """The pattern, MTP depths included, that makes the recipe the release: its layers, then
+    its stored depths; one stored depth that the recipe repeats keeps the recipe's run count."""
+    stored, layers = read_values(hf_mtp, hf)
+    runs = stored
+    if stored == 1 and model.mtp_use_repeated_layer:
+        runs = max(mtp_depths(model.hybrid_layer_pattern), 1)
+    return read_values(hf_pattern, hf) + (MTP + layers) * runs
+
+
+def overrides(hf: dict, model: ModelConfig) -> dict[str, object]:
+    """Every override the recipe needs to be the release, the pattern given whole (its layers
+    and MTP depths: one round of fixes)."""
+    theirs, ours = hf_values(hf), our_values(model)
+    fixes = {field: value for field, value in theirs.items() if ours[field] != value}
+    pattern = whole_pattern(hf, model)
+    if pattern != _whole(model.hybrid_layer_pattern):
+        fixes["hybrid_layer_pattern"] = pattern
+    return {**fixes, **_mtp_settings(read_values(hf_mtp, hf)[0], model)}
+
+
+def _mtp_settings(stored: int, model: ModelConfig) -> dict[str, object]:
+    """The MTP settings `stored` depths need: at their defaults without depths (validation
+    refuses them there), unshared unless exactly one depth is stored."""
+    if stored == 0:
+        return {name: MTP_DEFAULTS[name] for name in MTP_DEFAULTS
+                if getattr(model, name) != MTP_DEFAULTS[name]}
+    return {"mtp_use_repeated_layer": False} if stored > 1 and model.mtp_use_repeated_layer else {}
 
 
 def compare_with_recipe(hf: dict, model: ModelConfig, recipe: str) -> None:
-    """Refuse, in one line naming each differing field, a recipe that is not the HF model."""
+    """Refuse, in one line naming each differing field and every override, a recipe that is
+    not the HF model."""
     check_shaped(model, f"recipe {recipe}")
-    refuse_differences(hf_values(hf), our_values(model), FIELD_NAMES, recipe)
-    if problem := mtp_difference(hf, model, recipe):
-        raise ConfigError(problem)
+    mtp = mtp_difference(hf, model)
+    refuse_differences(hf_values(hf), our_values(model), FIELD_NAMES, recipe,
+                       more=[mtp] if mtp else [], fixes=overrides(hf, model))
 
 
 def _mtp_fields(model: ModelConfig, config: dict) -> dict:
