@@ -9,11 +9,11 @@ data, the checkpoint format, a batch ramp-up: Megatron-LM 0.19.2 ignores `--ramp
 and ramps only through its step schedule, counted in samples); a plugin writes and reads its
 own flags (FP8's, through its config's `megatron_lm_args` / `from_megatron_lm`). Every field the
 model has is written, since Megatron-LM's defaults are not ours (dropout 0.1, Adam beta2 0.999,
-linear decay...); a dense model's line carries no MoE flag. The world size is not a flag
-(torchrun gives it) and the fields `no_flag_fields` names have no Megatron-LM flag;
-`scripts/pretrain.py print=megatron_args` lists them. Reading a command line back
-(`trainer/tools/megatron_args.py`) uses Megatron-LM's own parser and this same table, so the
-two directions cannot drift apart. No torch here.
+linear decay...); a dense model's line carries no MoE flag, and a line without RoPE no RoPE
+flag. The world size is not a flag (torchrun gives it) and the fields `no_flag_fields` names
+have no Megatron-LM flag; `scripts/pretrain.py print=megatron_args` lists them. Reading a
+command line back (`trainer/tools/megatron_args.py`) uses Megatron-LM's own parser and this
+same table, so the two directions cannot drift apart. No torch here.
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ def _flex(cfg: Any) -> bool:
     return _moe(cfg) and cfg.model.moe_token_dispatcher == "flex"
 
 
+def _rope(cfg: Any) -> bool:
+    """RoPE's base, share and scaling are read by the rotary embedding only."""
+    return cfg.model.position_embedding == "rope"
+
+
 def _hybrid(cfg: Any) -> bool:
     return cfg.model.hybrid_layer_pattern is not None
 
@@ -76,8 +81,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("model.make_vocab_size_divisible_by", "--make-vocab-size-divisible-by"),
     Flag("model.normalization", "--normalization"),
     Flag("model.position_embedding", "--position-embedding-type"),
-    Flag("model.rotary_base", "--rotary-base"),
-    Flag("model.rotary_percent", "--rotary-percent"),
+    Flag("model.rotary_base", "--rotary-base", when=_rope),
+    Flag("model.rotary_percent", "--rotary-percent", when=_rope),
     Flag("model.layernorm_zero_centered_gamma", "--apply-layernorm-1p",
          "layernorm_zero_centered_gamma", ON),
     Flag("model.add_bias_linear", "--disable-bias-linear", "add_bias_linear", OFF),
@@ -626,7 +631,7 @@ SPELLED: tuple[Spelled, ...] = (
     Spelled(("model.num_query_groups",), ("group_query_attention", "num_query_groups"),
             _groups_args, _groups_from),
     Spelled(("model.rope_scaling_factor",), ("use_rope_scaling", "rope_scaling_factor"),
-            _rope_args, _rope_from),
+            _rope_args, _rope_from, when=_rope),
     Spelled(("model.share_embeddings_and_output_weights",),
             ("untie_embeddings_and_output_weights",), _tied_args, _tied_from),
     Spelled(("model.transformer_impl",), ("transformer_impl",), _impl_args, _impl_from),

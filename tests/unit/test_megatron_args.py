@@ -216,9 +216,27 @@ def test_a_hybrid_is_a_pretrain_hybrid_line_with_its_pattern_mamba_sizes_and_rou
                      "--moe-router-load-balancing-type": "seq_aux_loss",
                      "--moe-router-dtype": "fp32", "--moe-shared-expert-intermediate-size": "64"}
     assert "--moe-router-enable-expert-bias" in args
+    assert cfg.model.position_embedding == "none"  # no RoPE, so no flag of it
+    assert not [a for a in args if a.startswith(ROPE_ONLY)]
     listed = [n for n in no_flag_fields(cfg) if n.startswith("model.")]
     assert listed == ["model.mamba_conv_kernel", "model.mamba_chunk_size"]
     assert "model.mamba_chunk_size=32 (Megatron-LM: 128)" in text  # the mixer note
+
+
+# Flags the rotary embedding alone reads: beside `--position-embedding-type none` only noise.
+ROPE_ONLY = ("--rotary-", "--use-rope-scaling", "--rope-scaling-factor")
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_only_a_rope_recipes_line_carries_rope_flags(name) -> None:
+    cfg = get_recipe(name)
+    cfg.phases = []
+    rope = [a for a in to_megatron_args(cfg) if a.startswith(ROPE_ONLY)]
+    if cfg.model.position_embedding != "rope":
+        assert rope == []
+    else:
+        assert {"--rotary-base", "--rotary-percent"} <= set(rope)
+        assert ("--rope-scaling-factor" in rope) == (cfg.model.rope_scaling_factor is not None)
 
 
 def test_a_gpt_line_carries_no_hybrid_or_routing_flag() -> None:
