@@ -157,6 +157,11 @@ RULE_CASES = [
      ["train.micro_batch_size=1", "parallel.context=2", "cluster.gpus_per_node=2",
       "data.source=blend", "data.blend=x.yaml", "data.documents=packed"],
      "MTP depths with data.documents=packed (packed rows) and parallel.context=2"),
+    ("check_mtp_full_recompute_blocks", SUPER,
+     ["train.recompute=full", "train.recompute_num_layers=2"],
+     "train.recompute_num_layers=2 with train.recompute=full and MTP depths (model."
+     "hybrid_layer_pattern after '/'): Megatron recomputes MTP only one layer per block; set "
+     "train.recompute_num_layers=1"),
     ("check_moe_latent_size", SUPER, ["model.moe_latent_size=64"],
      "model.moe_latent_size=64 is not below model.hidden_size=64"),
     ("check_moe_settings_need_experts", "tiny_dp1", ["model.moe_latent_size=16"],

@@ -6,7 +6,8 @@ the one line naming the field, its value and the fix): the pattern's symbols and
 segments past PP x VPP), virtual stages without `|`, uneven stages beside `|`, experts and `E`
 layers together, positions, the Mamba heads and groups against TP and CP, and the MTP depths
 after `/` (identical, non-empty, no `|`; their settings only with depths; not with packed rows
-under CP, whose padded documents Megatron's MTP roll does not see).
+under CP, whose padded documents Megatron's MTP roll does not see; under full recompute only
+with one layer per recompute block, which Megatron asserts mid-run).
 
 MTP depths need no pipeline rule: Megatron builds them on the last stage's last virtual stage
 whatever the cut (`models/hybrid/hybrid_model.py:217-229`), with a copy of the embedding there
@@ -110,6 +111,21 @@ def check_mtp_packed_context_parallel(cfg: Any) -> str | None:
             f"parallel.context={p.context}: Megatron's MTP shifts packed tokens by the unpadded "
             "document lengths, which CP's padding breaks; set parallel.context=1, "
             "data.documents=concatenate, or remove the MTP depths")
+
+
+def check_mtp_full_recompute_blocks(cfg: Any) -> str | None:
+    """Full recompute checkpoints each MTP depth as one block, and Megatron asserts
+    `recompute_num_layers == 1` there (`transformer/multi_token_prediction.py:1415-1421`): a
+    larger block would build and then stop at the first training forward."""
+    m, t = cfg.model, cfg.train
+    if t.recompute != "full" or t.recompute_num_layers == 1:
+        return None
+    if not mtp_depths(m.hybrid_layer_pattern):
+        return None
+    return (f"train.recompute_num_layers={t.recompute_num_layers} with train.recompute=full and "
+            "MTP depths (model.hybrid_layer_pattern after '/'): Megatron recomputes MTP only "
+            "one layer per block; set train.recompute_num_layers=1, or train.recompute="
+            "selective, or remove the MTP depths")
 
 
 def check_hybrid_length(cfg: Any) -> str | None:
@@ -243,6 +259,7 @@ RULES = (
     check_mtp_settings_need_depths,
     check_mtp_loss_scale,
     check_mtp_packed_context_parallel,
+    check_mtp_full_recompute_blocks,
     check_hybrid_length,
     check_hybrid_segments,
     check_hybrid_virtual_needs_pipes,
