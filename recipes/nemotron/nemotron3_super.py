@@ -169,7 +169,7 @@ def super_run(expert: int) -> Settings:
         "parallel.expert_tensor": unpublished(1, f"{S3_RECIPE}:50"),
         "train.recompute": ours("full", "88 layers' activations of an 8k row (44.6 GB a rank at "
                                         "TP4 + SP) beside 48 GB of model state overflow an "
-                                        "80-GB GPU; full recompute keeps 7 GB (scripts/plan.py)"),
+                                        "80-GB GPU; full recompute keeps 5.6 GB (scripts/plan.py)"),
         "parallel.expert": differs(expert, f"{S3_DOCS}:174 (EP8, on B200); {S3_RECIPE}:51",
                                    "113B routed-expert weights over 8 ranks do not fit an "
                                    "80-GB GPU: over 64 here, as NVIDIA's long-context stage "
@@ -202,10 +202,10 @@ def nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16() -> Settings:
     sequences, 16 a step, on TP2 x CP64 x EP64 (GB200), the second alternating 1M and 4K ones;
     their alternation is not published and Bridge cannot load it (the config's own note). Here
     both stages are 1M-token rows of the long-context blend; the layout is TP4 x CP16 on 64
-    GPUs, which does NOT fit 80-GB H100s (scripts/plan.py: 106.3 GB a rank), so
+    GPUs, which does NOT fit 80-GB H100s (scripts/plan.py: 93.4 GB a rank), so
     scripts/launch.py refuses this recipe on conf/cluster/h100_80gb_8x8.yaml. A phase cannot
     change TP or the GPU count: train the long-context stages as a run of their own in
-    NVIDIA's layout on 128 GPUs (it plans at 76.9 GB a rank; `print=megatron_args` names the
+    NVIDIA's layout on 128 GPUs (it plans at 70.5 GB a rank; `print=megatron_args` names the
     overrides, plus parallel.tensor=2 parallel.context=64 cluster.nodes=16), or on GPUs with
     more memory. The blends (conf/data/nemotron*.yaml) are examples whose paths you replace.
     """
@@ -237,8 +237,8 @@ def nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16() -> Settings:
                              f"{SUPER_LC1}:31-51; {S3_DOCS}:160-176 (1M tokens, 16 a step, "
                              "34B tokens, 4.5e-6 constant, TP2 x CP64 x EP64)",
                              "TP4 x CP16 x EP64 on 64 GPUs, which does not fit 80-GB H100s "
-                             "(scripts/plan.py: 106.3 GB a rank; NVIDIA's TP2 x CP64 on 128 "
-                             "GPUs: 76.9 GB) and a phase cannot change TP or the GPU count: "
+                             "(scripts/plan.py: 93.4 GB a rank; NVIDIA's TP2 x CP64 on 128 "
+                             "GPUs: 70.5 GB) and a phase cannot change TP or the GPU count: "
                              "launch refuses it there; the lr is the min lr WSD holds after "
                              "its decay (4.5e-6)"),
         "phases[3]": differs(PhaseConfig(name="long_context_mixed", end_step=lc_end

@@ -15,8 +15,10 @@ the scan output and the gated norm's output (out_proj's input), FP32 dt and its 
 per head, and the FP32 state at every chunk boundary. A latent MoE's routed copies are
 latent-wide, and it keeps the input of each latent projection. A hybrid model's MTP depths
 (last stage) keep their layers' terms by kind, the inputs of their two norms and of their
-projection, and one more final norm, output-layer input and FP32 logits each. Differences from
-Megatron-LM's own estimator are deliberate and listed in docs/planner.md.
+projection, and one more final norm, output-layer input and FP32 logits each; under full
+recompute each depth keeps only its two inputs, its output-layer input and logits, and one
+depth is rebuilt at a time, like the decoder's blocks (`mtp_bytes`, `mtp_rebuild_bytes`).
+Differences from Megatron-LM's own estimator are deliberate and listed in docs/planner.md.
 
 Selective recompute by module (`train.recompute_modules`) and activation offloading
 (`train.offload_modules`) take named tensors off those terms (`dropped_per_token`): core_attn
@@ -359,22 +361,57 @@ def _stage_layer_bytes(cfg: Any, attention: Attention,
 
 
 def mtp_bytes(cfg: Any, attention: Attention) -> tuple[float, float]:
-    """A hybrid model's MTP block for one micro-batch on one rank of the last stage: (its
-    layers and projections, its logits and loss). Each depth keeps its layers' terms, the
-    inputs of the embedding and hidden-state norms and of the 2·hidden-wide projection, and
-    then a final norm, output-layer input and FP32 logits like the main head's
-    (`transformer/multi_token_prediction.py:1128-1153, 857-861`)."""
+    """A hybrid model's MTP block for one micro-batch on one rank of the last stage: (what it
+    keeps of its layers and projections, its output-layer inputs and logits).
+
+    Without recompute (or selective, which drops the same modules in an MTP depth's layers as
+    in the decoder's: they are the same layer classes on the same config) each depth keeps its
+    layers' terms, the inputs of the embedding and hidden-state norms and of the 2·hidden-wide
+    projection, its final norm's input, and an output-layer input and FP32 logits like the main
+    head's (`transformer/multi_token_prediction.py:1128-1153, 1227-1239, 840-861`).
+
+    Under full recompute (method uniform, the only one run here; Megatron's block method would
+    warn and run MTP unrecomputed, :1424-1444) a depth runs whole inside one checkpoint
+    (:1499-1500, 1415-1423; `_proj_and_transformer_layer`, :1155-1225: the norms, the
+    projection, the depth's layers and its final norm), which saves only its positional tensor
+    inputs (`tensor_parallel/random.py:606-618`): the depth's input hidden states and its token
+    embeddings, each tokens x hidden / TP under sequence parallel (the mask and the rotary
+    table are the decoder's). Its output is copied into the concatenation whose chunk the
+    output layer keeps as its input (:1845-1848), beside the logits; the rebuild is
+    `mtp_rebuild_bytes`."""
     m = cfg.model
     depths = hybrid.mtp_depths(m.hybrid_layer_pattern) if m.is_hybrid else 0
     if not depths:
         return 0.0, 0.0
-    layout = cfg.layout
-    d = _ACT_BYTES[cfg.precision.dtype]
-    split = layout.tensor if layout.sequence_parallel else 1
+    hidden = _hidden_bytes(cfg)
+    if cfg.train.recompute == "full":  # the final norm's input is rebuilt, not kept
+        return depths * 2 * hidden, depths * (output_bytes(cfg) - hidden)
     layers = sum(layer_bytes(cfg, attention, symbol=symbol, low=False)
                  for symbol in hybrid.mtp_pattern(m.hybrid_layer_pattern))
-    projection = _tokens(cfg) * 4 * d * m.hidden_size / split
-    return depths * (layers + projection), depths * output_bytes(cfg)
+    return depths * (layers + 4 * hidden), depths * output_bytes(cfg)
+
+
+def mtp_rebuild_bytes(cfg: Any, attention: Attention) -> float:
+    """Full recompute: what one MTP depth holds while the backward rebuilds it (one depth at a
+    time, as `CheckpointFunction.backward` reruns its forward, `tensor_parallel/random.py:
+    625-647`): its projection's 2·hidden-wide input, and, since its layers are a HybridStack
+    that checkpoints each layer again under the same settings (`models/hybrid/hybrid_block.py:
+    348-359`; one layer a block, `recompute_num_layers` 1 as Megatron asserts for MTP), one
+    input per layer and the final norm's input, beside the largest of its layers rebuilt in
+    full. The norms' inputs are the checkpoint's own. 0 without full recompute or MTP."""
+    m = cfg.model
+    depths = hybrid.mtp_depths(m.hybrid_layer_pattern) if m.is_hybrid else 0
+    if not depths or cfg.train.recompute != "full":
+        return 0.0
+    symbols = hybrid.mtp_pattern(m.hybrid_layer_pattern)
+    largest = max(layer_bytes(cfg, attention, symbol=symbol, low=False) for symbol in symbols)
+    return (2 + len(symbols) + 1) * _hidden_bytes(cfg) + largest
+
+
+def _hidden_bytes(cfg: Any) -> float:
+    """One micro-batch's hidden states on one rank: tokens x hidden, split by TP under SP."""
+    split = cfg.layout.tensor if cfg.layout.sequence_parallel else 1
+    return _tokens(cfg) * _ACT_BYTES[cfg.precision.dtype] * cfg.model.hidden_size / split
 
 
 @dataclass(frozen=True)
@@ -388,7 +425,7 @@ class StageActivations:
     layers_total: float
     embedding: float
     output: float
-    recompute_working: float  # full recompute: one block rebuilt during backward
+    recompute_working: float  # full recompute: one block (or MTP depth) rebuilt in backward
     cuda_graphs: float = 0.0  # CUDA graphs' static buffers
     mtp: float = 0.0  # the last stage's MTP depths: their layers in flight, logits and loss
 
@@ -424,6 +461,8 @@ def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
             kept = recompute_inputs_kept(chunks, block)
             per_layer = checkpoint_bytes(cfg) * kept / max(layers, 1)  # the stage's mean
             working = largest * min(block, max(chunks))
+            if stage == len(stages) - 1:  # one block rebuilt at a time: a decoder's or a depth's
+                working = max(working, mtp_rebuild_bytes(cfg, attention))
         else:
             per_layer, working = full, 0.0
         embedding = embedding_bytes(cfg) * flight if stage == 0 else 0.0

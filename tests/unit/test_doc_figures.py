@@ -65,3 +65,27 @@ def test_planner_page_quotes_the_405b_token_budget():
     quoted = (f"{batch.steps:,} steps of {batch.tokens_per_step / 1e6:.1f}M tokens, "
               f"{batch.gpu_hours / 1e6:.1f}M GPU-hours")
     assert quoted in page("planner.md")
+
+
+SUPER = "recipe=nemotron3_super_120b_a12b_tp4_sp_ep64_dp16"
+SUPER_1M = ["recipe=nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16", "phases=[]",
+            "data.blend=conf/data/nemotron3_super_long_context.yaml",
+            "train.global_batch_size=16", "model.seq_length=1048576",
+            "data.documents=concatenate", "train.micro_batch_size=1"]
+
+
+def test_super_recipes_quote_their_plans():
+    """Nemotron 3 Super's notes (its recipe, and the generated page) quote the 8k run's
+    activations with and without full recompute, and its 1M-token stage at TP4 x CP16 (its
+    phase) and in NVIDIA's TP2 x CP64 layout on 128 GPUs."""
+    full, none = worst([SUPER]), worst([SUPER, "train.recompute=none"])
+    phase = worst([*SUPER_1M, "parallel.context=16"])
+    nvidia = worst([*SUPER_1M, "parallel.tensor=2", "parallel.context=64", "cluster.nodes=16"])
+    assert phase.peak > 80e9 > nvidia.peak  # the note says the phase does not fit
+    text = page("nemotron.md")
+    for quoted in (f"8k row ({none.activations.total / 1e9:.1f} GB a rank at TP4 + SP)",
+                   f"full recompute keeps {full.activations.total / 1e9:.1f} GB",
+                   f"(scripts/plan.py: {phase.peak / 1e9:.1f} GB a rank)",
+                   f"it plans at {nvidia.peak / 1e9:.1f} GB a rank",
+                   f"NVIDIA's TP2 x CP64 on 128 GPUs: {nvidia.peak / 1e9:.1f} GB)"):
+        assert quoted in text

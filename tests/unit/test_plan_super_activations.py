@@ -1,6 +1,7 @@
 """The planner's activations of Nemotron 3 Super's two features: MTP depths are held on the last
 pipeline stage only, one depth's layers, projection and logits per depth; a latent MoE routes
-latent-wide copies and keeps the inputs of its two latent projections."""
+latent-wide copies and keeps the inputs of its two latent projections. Under full recompute an
+MTP depth keeps only its checkpoint's two inputs, and one depth is rebuilt at a time."""
 
 from __future__ import annotations
 
@@ -51,3 +52,42 @@ def test_a_latent_moe_routes_latent_wide_copies_and_keeps_the_projections_inputs
     saved = layer_bytes(latent, "flash", symbol="E") - layer_bytes(full, "flash", symbol="E")
     assert saved == pytest.approx(expected)
     assert layer_bytes(latent, "flash", symbol="E") < layer_bytes(full, "flash", symbol="E")
+
+
+def _full_recompute(name: str):
+    cfg = copy.deepcopy(get_recipe(name))
+    cfg.train.recompute = "full"
+    return cfg
+
+
+@pytest.mark.parametrize("name", ["super_tiny_dp1", "super_tiny_tp2_sp", "super_tiny_pp2"])
+def test_full_recompute_keeps_each_mtp_depths_two_inputs_and_its_logits(name):
+    """Under full recompute a depth runs inside one checkpoint that saves its two inputs (the
+    hidden states and the token embeddings); its output-layer input and logits stay."""
+    cfg = _full_recompute(name)
+    last = stage_activations(cfg, "flash")[-1]
+    m, layout = cfg.model, cfg.layout
+    d, split = 2 if cfg.precision.dtype == "bf16" else 4, (
+        layout.tensor if layout.sequence_parallel else 1)
+    tokens = cfg.train.micro_batch_size * m.seq_length // layout.context
+    hidden = tokens * d * m.hidden_size / split
+    logits = tokens * 4 * layout.padded_vocab / layout.tensor
+    assert last.mtp == pytest.approx(2 * 2 * hidden * last.in_flight + 2 * (hidden + logits))
+
+
+@pytest.mark.parametrize("name", ["super_tiny_dp1", "super_tiny_tp2_sp"])
+def test_full_recompute_rebuilds_one_mtp_depth_or_one_decoder_layer_at_a_time(name):
+    """One depth rebuilt holds its projection's 2h input, its two layers' checkpointed inputs,
+    its final norm's input and its largest layer in full; the decoder's blocks are rebuilt at
+    other moments of the backward, so the working set is the larger of the two."""
+    cfg = _full_recompute(name)
+    [stage] = stage_activations(cfg, "flash")
+    m, layout = cfg.model, cfg.layout
+    d, split = 2 if cfg.precision.dtype == "bf16" else 4, (
+        layout.tensor if layout.sequence_parallel else 1)
+    hidden = cfg.train.micro_batch_size * m.seq_length * d * m.hidden_size / split
+    depth = (2 + 2 + 1) * hidden + max(layer_bytes(cfg, "flash", symbol=s) for s in "*E")
+    decoder = max(layer_bytes(cfg, "flash", symbol=s) for s in "ME*")
+    assert stage.recompute_working == pytest.approx(max(depth, decoder))
+    assert depth > decoder  # the tiny Super's MoE is its largest layer: the depth is larger
+
