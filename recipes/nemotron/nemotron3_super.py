@@ -163,7 +163,11 @@ def super_run(expert: int) -> Settings:
             None, f"{S3_DOCS}:128 (BF16 mixed, NVFP4 mixed for B200), 132 (the 25T run: NVFP4 "
                   "on B200 throughout)",
             "NVIDIA's 25T run trained NVFP4 on B200, which these 80-GB H100s cannot run; on "
-            f"Blackwell add {' '.join(SUPER_NVFP4)} (Bridge's preset, {S3_PRECISION}:396-421)"),
+            f"Blackwell add {' '.join(SUPER_NVFP4)} (Bridge's preset, {S3_PRECISION}:396-421); "
+            "that still differs from the published run, which also kept the latent projections, "
+            f"the MTP layers (Bridge's keep_mtp_spec_in_bf16, {S3_RECIPE}:95) and the QKV and "
+            "attention projections in BF16 and Mamba's output projection in MXFP8 "
+            f"({S3_DOCS}:134-142): no plugins.fp8 field sets these"),
         "parallel.tensor": published(4, f"{S3_DOCS}:174; {S3_RECIPE}:44"),
         "parallel.sequence_parallel": published(True, f"{S3_RECIPE}:49"),
         "parallel.expert_tensor": unpublished(1, f"{S3_RECIPE}:50"),
@@ -186,7 +190,9 @@ def nemotron3_super_120b_a12b_tp4_sp_ep64_dp16() -> Settings:
 
     Published: NVFP4 on B200 with the last layers in BF16; this recipe trains in BF16 (NVIDIA's
     docs name both) on 80-GB H100s, which run no FP4 GEMMs: on Blackwell add
-    `plugins.fp8.format=e2m1 plugins.fp8.recipe=nvfp4 plugins.fp8.last_layers_bf16=14`.
+    `plugins.fp8.format=e2m1 plugins.fp8.recipe=nvfp4 plugins.fp8.last_layers_bf16=14`, which
+    still leaves in NVFP4 what the published run kept in BF16 (the latent projections, the MTP
+    layers, the QKV and attention projections) or MXFP8 (Mamba's output projection).
     """
     return super_run(expert=64)
 
