@@ -70,39 +70,62 @@ def check_finite(session: TrainingSession, metrics: StepMetrics) -> None:
         where = "NaN/inf gradients on all ranks"
     else:
         where = "NaN/inf gradients on rank " + ", ".join(map(str, ranks))
+    fix = "lower optimizer.lr or raise scheduler.warmup_iters"
+    if session.cfg.precision.dtype == "fp16":  # fp16's narrow range is a cause only there
+        fix = "lower optimizer.lr, raise scheduler.warmup_iters or use precision.dtype=bf16/fp32 " \
+            "instead of fp16"
     raise NonFiniteError(
         f"non-finite values at step {metrics.step}: loss {metrics.loss}, grad norm "
-        f"{metrics.grad_norm} ({where}); lower optimizer.lr, raise scheduler.warmup_iters or "
-        "use precision.dtype=bf16/fp32 instead of fp16"
+        f"{metrics.grad_norm} ({where}); {fix}"
     )
 
 
 def loss_scale(session: TrainingSession) -> float:
-    """The optimizer's current loss scale (1.0 without loss scaling)."""
+    """The optimizer's current loss scale (1.0 without loss scaling); a read from the device."""
     return float(session.optimizer.get_loss_scale())
 
 
+def as_megatron_keeps(scale: float) -> float:
+    """`scale` as Megatron keeps a loss scale and its floor: a float32 tensor
+    (`optimizer/grad_scaler.py`); 1e30 is 1.0000000150e30 there."""
+    return float(torch.tensor(scale, dtype=torch.float32))
+
+
+def cannot_go_lower(precision, scale: float) -> bool:
+    """Whether the loss scale `scale` cannot be lowered after another overflow: a static scale
+    never changes; a dynamic one stops at `precision.min_loss_scale`."""
+    return precision.loss_scale is not None or scale <= as_megatron_keeps(
+        precision.min_loss_scale)
+
+
 def record_skipped_update(
-    session: TrainingSession, reporter: RunReporter, step: int, scale_before: float
-) -> None:
-    """Count a step whose update the optimizer skipped and say so; stop when dynamic loss
-    scaling is stuck (gradients overflow even at `precision.min_loss_scale`), where Megatron
-    would skip every remaining step."""
+    session: TrainingSession, reporter: RunReporter, step: int, floored_before: bool
+) -> bool:
+    """Count a step whose update the optimizer skipped and say so; returns whether the scale
+    it left cannot go lower (`cannot_go_lower`). The scale is stuck, and the run stops, when a
+    step overflows right after one that overflowed and left it there: Megatron would skip
+    every remaining step (a static scale or a dynamic one at its floor overflows again)."""
     session.state.skip()
-    p = session.cfg.precision
+    p, scale = session.cfg.precision, loss_scale(session)
     reporter.print(
-        f"step {step}: gradients overflowed at loss scale {scale_before:g}; update "
-        f"skipped, loss scale now {loss_scale(session):g} "
+        f"step {step}: gradients overflowed; update skipped, loss scale now {scale:g} "
         f"({session.state.skipped_steps} skipped so far)"
     )
-    if session.cfg.train.exit_on_nonfinite and p.loss_scale is None and (
-        scale_before <= p.min_loss_scale
-    ):
-        raise NonFiniteError(
-            f"gradients overflow at step {step} even at "
-            f"precision.min_loss_scale={p.min_loss_scale:g}; lower optimizer.lr, raise "
-            "scheduler.warmup_iters or use precision.dtype=bf16 instead of fp16"
-        )
+    if session.cfg.train.exit_on_nonfinite and floored_before:
+        raise NonFiniteError(stuck_scale_message(p, step))
+    return cannot_go_lower(p, scale)
+
+
+def stuck_scale_message(precision, step: int) -> str:
+    """The one line of a run stopped because its loss scale cannot avoid the overflow."""
+    where, fix = (f"even at precision.min_loss_scale={precision.min_loss_scale:g}",
+                  "lower optimizer.lr, raise scheduler.warmup_iters")
+    if precision.loss_scale is not None:
+        where, fix = (f"at the static precision.loss_scale={precision.loss_scale:g}",
+                      "lower precision.loss_scale, set precision.loss_scale=null (dynamic "
+                      "scaling)")
+    return (f"gradients overflowed on steps {step - 1} and {step} {where}; {fix} or use "
+            "precision.dtype=bf16 instead of fp16")
 
 
 def _due(step: int, interval: int, total: int) -> bool:
@@ -260,15 +283,17 @@ def _steps(session: TrainingSession, reporter: RunReporter, collect, stop: StopR
     after their warm-up steps); their figures summed when `_figures_due`."""
     cfg = session.cfg
     pending: list[StepRecord] = []
+    floored = False  # the last step overflowed and left a loss scale that cannot go lower
     while session.state.step < total:
         graphs.before_step(session.state.step)
         announce_phase(session, reporter)
-        scale = loss_scale(session) if cfg.precision.dtype == "fp16" else 1.0  # no GPU sync
         stop.begin_step()
         record = run_step(session)
         stop.end_step()
-        if record.skipped:
-            record_skipped_update(session, reporter, record.step, scale)
+        # The scale is read only after a skipped step (the step already waited for its
+        # overflow flag): a read before every step would wait for the last step's kernels.
+        floored = record.skipped and record_skipped_update(session, reporter, record.step,
+                                                          floored)
         collect(record.step)
         session.plugins.after_update(record.step)
         reporter.reached(record.step)

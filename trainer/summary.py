@@ -103,6 +103,7 @@ def build_summary(session, history: RunHistory) -> dict:
         "global_batch_size": cfg.train.global_batch_size,
         "seq_length": cfg.model.seq_length,
         "precision": cfg.precision.dtype,
+        "skipped_steps": session.state.skipped_steps,  # fp16 overflows, the run so far
         **speed_summary(cfg, history),
         "first_train_loss": history.first_loss,
         "final_train_loss": history.final_loss,
@@ -140,6 +141,8 @@ def print_summary(summary: dict, console: Console) -> None:
     }
     for key, label in labels.items():
         table.add_row(label, _fmt(summary[key]))
+        if key == "steps" and summary.get("skipped_steps"):
+            table.add_row("updates skipped (fp16 overflow)", skipped_row(summary))
     total = sum(summary["source_tokens"].values())
     if len(summary["source_tokens"]) > 1:
         shares = ", ".join(f"{name} {tokens / total:.1%}"
@@ -148,6 +151,12 @@ def print_summary(summary: dict, console: Console) -> None:
     console.print(table)
     if len(summary["phases"]) > 1:
         print_phases(summary["phases"], console)
+
+
+def skipped_row(summary: dict) -> str:
+    """The steps whose update fp16's loss scaler skipped: the run's count (a resumed run's
+    includes those before the resume, as its saved state counts them)."""
+    return f"{summary['skipped_steps']:,} (the run so far; their lr did not advance)"
 
 
 def print_phases(rows: list[dict], console: Console) -> None:

@@ -470,28 +470,28 @@ def test_skipped_updates_are_counted_and_said() -> None:
 
     session, lines = _fp16_session(["precision.min_loss_scale=1"], 4.0), []
     reporter = _reporter(lines)
-    record_skipped_update(session, reporter, 3, scale_before=8.0)
+    assert record_skipped_update(session, reporter, 3, floored_before=False) is False
     assert session.state.skipped_steps == 1
-    assert lines == ["step 3: gradients overflowed at loss scale 8; update skipped, loss scale "
-                     "now 4 (1 skipped so far)"]
+    assert lines == ["step 3: gradients overflowed; update skipped, loss scale now 4 (1 "
+                     "skipped so far)"]
 
 
 @pytest.mark.parametrize(("overrides", "stops"), [
     (["precision.min_loss_scale=4", "precision.initial_loss_scale=64"], True),
     (["precision.min_loss_scale=4", "precision.initial_loss_scale=64",
       "train.exit_on_nonfinite=false"], False),
-    (["precision.loss_scale=4"], False),  # a static scale never adapts: Megatron skips, we count
 ])
 def test_overflow_at_the_minimum_loss_scale_stops_the_run(overrides, stops) -> None:
     from trainer.loop import NonFiniteError, record_skipped_update
 
     session = _fp16_session(overrides, 4.0)
+    assert record_skipped_update(session, _reporter([]), 2, False) is True  # at the floor now
     if stops:
-        with pytest.raises(NonFiniteError, match="gradients overflow at step 3 even at "
-                           "precision.min_loss_scale=4; lower optimizer.lr"):
-            record_skipped_update(session, _reporter([]), 3, 4.0)
+        with pytest.raises(NonFiniteError, match="gradients overflowed on steps 2 and 3 even "
+                           "at precision.min_loss_scale=4; lower optimizer.lr"):
+            record_skipped_update(session, _reporter([]), 3, True)
     else:
-        record_skipped_update(session, _reporter([]), 3, 4.0)
+        record_skipped_update(session, _reporter([]), 3, True)
 
 
 def test_skipped_steps_are_part_of_the_saved_run_state() -> None:
