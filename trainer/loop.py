@@ -12,7 +12,8 @@ publishing the background saves that every rank has finished writing, and the ru
 saves are published. Ctrl-C (and SIGTERM with `checkpoint.save_on_stop`) stops every rank
 together at the end of the first step that begins after the signal, saving it first when
 `checkpoint.save_on_stop` asks; the stop is recorded in metrics.jsonl, from which the
-launching process says it in one line.
+launching process says it in one line. A stop after the run's last step began stops nothing:
+the run ends as a finished one (its evaluation, save and summary).
 """
 
 from __future__ import annotations
@@ -219,8 +220,8 @@ def stop_signals(cfg) -> tuple[int, ...]:
 @contextlib.contextmanager
 def stops_between_steps(session: TrainingSession):
     """The stop signals become a `StopRequest` for the loop; on the way out the pending saves
-    are published and the signal then ends the process as it would have (its launcher says
-    the one line)."""
+    are published and the signal, unless the run has nothing left to do (`run_training`
+    clears it), then ends the process as it would have (its launcher says the one line)."""
     request = StopRequest()
     signals = stop_signals(session.cfg)
     previous = {signum: signal.signal(signum, request.note) for signum in signals}
@@ -240,7 +241,18 @@ def run_training(session: TrainingSession, reporter: RunReporter) -> RunHistory:
             stops_between_steps(session) as stop:
         history = _train(session, reporter, collect, stop)
         async_save.finish_saves(session, blocking=True)
+        if stop.signum and run_complete(session):
+            reporter.print(f"{signal.Signals(stop.signum).name} came after the last step "
+                           f"began: the run is complete ({session.state.step} steps) and ends "
+                           "as usual")
+            stop.signum = 0  # nothing is left to continue: not a stopped run
         return history
+
+
+def run_complete(session: TrainingSession) -> bool:
+    """Whether the run has trained its last step (a launch that ends where a later phase
+    starts a new launch has not)."""
+    return session.state.step >= session.cfg.train.train_iters
 
 
 def stop_here(session: TrainingSession, history: RunHistory, reporter: RunReporter,
@@ -312,7 +324,7 @@ def _steps(session: TrainingSession, reporter: RunReporter, collect, stop: StopR
             history.checkpoint = str(save_checkpoint(session, session.run_dir / "checkpoints"))
         if cfg.checkpoint.async_save:
             async_save.finish_saves(session, blocking=False)
-        if stop.agreed:
+        if stop.agreed and not run_complete(session):  # the last step: the run ends anyway
             stop_here(session, history, reporter, stop.agreed)
             return history
     if total < cfg.train.train_iters:

@@ -267,6 +267,8 @@ def start_local_ranks(cfg: RunConfig, run_dir: Path, args: Arguments, on_gpu: bo
     if code - 128 in STOP_SIGNALS:
         print(stopped_line(run_dir, cfg, signal.Signals(code - 128)), file=sys.stderr,
               flush=True)
+        if finished_run(_records(run_dir), cfg):  # the signal came too late to stop it
+            return 0
     return code
 
 
@@ -291,8 +293,13 @@ def _records(run_dir: Path) -> list[dict]:
 def stopped_line(run_dir: Path, cfg: RunConfig, signum: signal.Signals) -> str:
     """The one line a stopped run ends with: which signal, after which step (the ranks' own
     record of their stop, else the last step logged), the checkpoint to continue from and
-    the command that continues."""
+    the command that continues; or, when the ranks finished the run anyway, that it is
+    complete."""
     records = _records(run_dir)
+    if finished_run(records, cfg):
+        return (f"{SIGNAL_WORDS[signum]} came after the last step began: the run is complete "
+                f"(step {cfg.train.train_iters} of {cfg.train.train_iters}, its summary in "
+                f"{run_dir / 'metrics.jsonl'}); nothing to continue")
     stop = next((r for r in reversed(records) if r.get("kind") == "stopped"), None)
     steps = [r["step"] for r in records if r.get("kind") == "train"]
     step = stop["step"] if stop else (steps[-1] if steps else 0)
@@ -309,6 +316,14 @@ def stopped_line(run_dir: Path, cfg: RunConfig, signum: signal.Signals) -> str:
               f"run_dir={run_dir} checkpoint.resume=true" if newest is not None else "")
     return (f"stopped by {SIGNAL_WORDS[signum]} after step {step} of "
             f"{cfg.train.train_iters}; every rank ended; {where}{resume}")
+
+
+def finished_run(records: list[dict], cfg: RunConfig) -> bool:
+    """Whether the ranks finished the run despite the signal (it came after the last step
+    began): they trained its last step and wrote its summary."""
+    steps = [r["step"] for r in records if r.get("kind") == "train"]
+    summary = any(r.get("kind") == "summary" for r in records)
+    return summary and bool(steps) and steps[-1] >= cfg.train.train_iters
 
 
 def rank_arguments(run_dir: Path, args: Arguments) -> list[str]:
