@@ -327,6 +327,44 @@ def batch_outside_vocabulary(batch: MicroBatch, chunk: np.ndarray, source: Sampl
     return None
 
 
+def heldout_batch_problem(cfg: RunConfig, heldout: int, samples: int) -> str | None:
+    """The refusal of a held-out split of `heldout` samples (of `samples` in all) smaller
+    than one global batch, with the fix; None when one batch fits."""
+    batch = cfg.train.global_batch_size
+    if heldout >= batch:
+        return None
+    fix = ("give the blend more held-out data (its split or valid sources)"
+           if cfg.data.source == "blend" else
+           f"raise data.heldout_fraction to at least {fraction_for(batch, samples):g}")
+    return (f"the held-out split has {heldout} samples, fewer than one global batch "
+            f"({batch}); {fix}, or lower train.global_batch_size")
+
+
+def fraction_for(wanted: int, samples: int) -> float:
+    """The smallest `data.heldout_fraction` of two significant digits that keeps `wanted` of
+    `samples` held out (`in_memory_sources` rounds the share down)."""
+    digits = 1 - math.floor(math.log10(wanted / samples))  # decimals of two significant
+    fraction = round(math.ceil(wanted / samples * 10**digits) / 10**digits, digits)
+    while int(samples * fraction) < wanted:  # a float product just short of `wanted`
+        fraction = round(fraction + 10**-digits, digits)
+    return fraction
+
+
+def eval_batches_note(cfg: RunConfig, heldout: int, samples: int) -> str | None:
+    """The note of an evaluation cut to the whole global batches the held-out split has,
+    fewer than `train.eval_iters`; None when they all fit."""
+    t = cfg.train
+    batches = heldout // t.global_batch_size
+    if batches >= t.eval_iters:
+        return None
+    fix = ("give the blend more held-out data" if cfg.data.source == "blend" else
+           "raise data.heldout_fraction to at least "
+           f"{fraction_for(t.eval_iters * t.global_batch_size, samples):g}")
+    return (f"note: held-out evaluation uses {batches} of train.eval_iters={t.eval_iters} "
+            f"global batches: the held-out split has {heldout} samples, {t.global_batch_size} a "
+            f"batch; {fix} for all {t.eval_iters}")
+
+
 class GlobalBatches:
     """Yields, for each step, this DP rank's micro-batches of that step's global batch.
 

@@ -40,7 +40,13 @@ from trainer.checkpoint.load import (
     saved_as_fsdp_dtensor,
 )
 from trainer.cpu_runtime.runtime import runtime_for
-from trainer.data import GlobalBatches, PhasedBatches, build_sources
+from trainer.data import (
+    GlobalBatches,
+    PhasedBatches,
+    build_sources,
+    eval_batches_note,
+    heldout_batch_problem,
+)
 from trainer.mcore_translation import (
     build_ddp_config,
     build_optimizer_config,
@@ -220,7 +226,7 @@ def _data(cfg: RunConfig, run_dir: Path) -> tuple[PhasedBatches, GlobalBatches, 
     t, spans = cfg.train, phase_spans(cfg)
     dp_rank = parallel_state.get_data_parallel_rank()
     streams: dict[str, GlobalBatches] = {}
-    heldout_source, any_heldout = None, None
+    heldout_source, any_heldout = None, None  # each with its training source: (train, heldout)
     with patient_collectives(t.data_setup_timeout_minutes, t.distributed_timeout_minutes):
         for span in spans:
             key = PhasedBatches.stream_key(span)
@@ -230,15 +236,31 @@ def _data(cfg: RunConfig, run_dir: Path) -> tuple[PhasedBatches, GlobalBatches, 
             phase_cfg = phase_config(cfg, span)
             train_source, heldout = build_sources(phase_cfg, run_dir, samples)
             streams[key] = GlobalBatches(train_source, phase_cfg, dp_rank)
-            any_heldout = heldout if any_heldout is None else any_heldout
+            any_heldout = (train_source, heldout) if any_heldout is None else any_heldout
             if heldout_source is None and span.seq_length == cfg.model.seq_length:
-                heldout_source = heldout  # the first data at this launch's sequence length
+                # the first data at this launch's sequence length
+                heldout_source = (train_source, heldout)
     if heldout_source is None:  # a launch in another phase's layout is refused next
         heldout_source = any_heldout
     train = PhasedBatches(spans, streams, batch_ramp(cfg))
-    heldout_batches = GlobalBatches(heldout_source, cfg, dp_rank)
-    eval_steps = min(cfg.train.eval_iters, len(heldout_source) // cfg.train.global_batch_size)
+    heldout = checked_heldout(cfg, *heldout_source)
+    heldout_batches = GlobalBatches(heldout, cfg, dp_rank)
+    eval_steps = min(cfg.train.eval_iters, len(heldout) // cfg.train.global_batch_size)
     return train, heldout_batches, eval_steps
+
+
+def checked_heldout(cfg: RunConfig, train, heldout):
+    """The held-out source, refused in one line when it holds less than one global batch; an
+    evaluation it cuts short of `train.eval_iters` batches is noted once (rank 0): Megatron-LM
+    would evaluate them all, its validation set built for `eval_iters` batches."""
+    samples = len(train) + len(heldout)  # the data the held-out split was taken from
+    problem = heldout_batch_problem(cfg, len(heldout), samples)
+    if problem:
+        raise ConfigError(problem)
+    note = eval_batches_note(cfg, len(heldout), samples)
+    if note and torch.distributed.get_rank() == 0:
+        print(note, flush=True)
+    return heldout
 
 
 def build_session(
