@@ -170,7 +170,9 @@ class TrainConfig:
     # global batch from start by increment over the first `samples` samples (rampup.py).
     rampup_batch_size: list[int] | None = None
     train_iters: int = 100  # optimizer steps
-    eval_interval: int = 50  # steps between held-out evaluations (0 = only at the end)
+    # Steps between held-out evaluations; one also runs where the launch starts and at its
+    # last step (0 = only those two).
+    eval_interval: int = 50
     eval_iters: int = 4  # global batches per held-out evaluation
     seed: int = 1234  # seed for init, dropout and data order
     recompute: Literal["none", "full", "selective"] = "none"  # activation recomputation
