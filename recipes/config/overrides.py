@@ -78,6 +78,9 @@ RETIRED_KEYS = {
     "plugins.cpu_runtime.threads_per_rank": Retired(
         "moved to cluster.threads_per_rank; set that instead",
         lambda value: {"cluster.threads_per_rank": value}),
+    "logging.metrics_file": Retired(
+        "removed: every run writes metrics.jsonl, which its stop line, a resume's loss curve "
+        "and compare_runs read; drop it"),
 }
 # Examples of list values whose current value and default are both empty (core fields only:
 # a plugin's list is shown from its element type). Each is one the rules accept on a recipe.

@@ -387,7 +387,6 @@ class LoggingConfig:
 
     log_interval: int = 10  # steps between log lines
     progress_bar: bool = True  # rich progress bar on rank 0
-    metrics_file: bool = True  # write metrics.jsonl in the run directory
     # Run the 2 steps after warm-up under torch.profiler to measure communication not hidden
     # behind compute (left out of tokens/s). Off by default: starting a profiler costs seconds
     # on CPU; the scaling harness turns it on.

@@ -287,8 +287,10 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
     # logging
     (["logging.log_interval=0"], "logging.log_interval=0 must be at least 1"),
     (["logging.progress_bar=sometimes"], "logging.progress_bar expects true or false"),
-    (["logging.metrics=true"], "unknown config key 'logging.metrics'; did you mean "
-     "logging.metrics_file"),
+    (["logging.log_intervl=5"], "unknown config key 'logging.log_intervl'; did you mean "
+     "logging.log_interval"),
+    (["logging.metrics_file=false"], "logging.metrics_file was removed: every run writes "
+     "metrics.jsonl"),
     # cluster: where ranks compute
     (["cluster.threads_per_rank=0"], "cluster.threads_per_rank=0 must be at least 1"),
     (["cluster.device=maybe"], "cluster.device expects one of auto, gpu, cpu, got 'maybe'"),

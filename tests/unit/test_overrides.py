@@ -75,7 +75,7 @@ def test_no_overrides_gives_an_equal_config() -> None:
         ("foo.hidden_size=8", "there is no section 'foo'; did you mean model.hidden_size?"),
         ("modle=3", "unknown config key 'modle'; did you mean the section model?"),
         ("logging.zzz=1", "unknown config key 'logging.zzz'; section logging has log_interval, "
-         "progress_bar, metrics_file"),
+         "progress_bar, exposed_comm"),
         ("plugins.fp8.fromat=hybrid", "unknown config key 'plugins.fp8.fromat'; did you mean "
          "plugins.fp8.format"),
     ],
@@ -245,7 +245,7 @@ def test_every_retired_key_is_gone_from_the_schema_and_refused_in_one_line() -> 
     from recipes.config.overrides import retired_keys
 
     assert set(retired_keys()) >= {"plugins.packing.enabled", "plugins.moe.enabled",
-                                   "plugins.cpu_runtime.enabled"}
+                                   "plugins.cpu_runtime.enabled", "logging.metrics_file"}
     for key, retired in retired_keys().items():
         assert key not in config_keys(), key  # a live key must not be refused
         with pytest.raises(ConfigError) as caught:
@@ -272,3 +272,13 @@ def test_a_moved_key_is_one_table_line_even_where_its_section_is_gone(monkeypatc
     saved = tmp_path / "config.yaml"
     saved.write_text("name: old\nplugins:\n  gone:\n    enabled: 2\n")
     assert load_config(saved).cluster.gpus_per_node == 2
+
+
+def test_a_saved_config_with_the_retired_metrics_switch_still_loads(tmp_path) -> None:
+    """Every run wrote `logging.metrics_file: true` into its config.yaml while the switch
+    existed (it was never read): such a file loads, the key dropped."""
+    from recipes.config.io import load_config
+
+    saved = tmp_path / "config.yaml"
+    saved.write_text("name: old\nlogging:\n  log_interval: 5\n  metrics_file: true\n")
+    assert load_config(saved).logging.log_interval == 5
