@@ -159,10 +159,6 @@ def test_fsdp_resumes_bit_for_bit(launch_ranks, tmp_path, fsdp_saved):
         assert after["records"] == before[SAVE_AFTER:], f"rank {rank}"
 
 
-@pytest.mark.parametrize(("recipe", "ranks", "overrides"), [
-    ("tiny_dp2_fsdp", 4, ["cluster.gpus_per_node=4"]),
-    ("tiny_tp2_sp_dp2_distopt", 4, ["optimizer.fsdp=optim_grads"]),
-], ids=["dp4", "tp2_dp2_zero2"])
 def _saved_adam_steps(step_dir) -> dict[str, float]:
     """Every parameter's Adam `step` as DCP stored it (one rank's copy of each)."""
     import torch
@@ -196,6 +192,10 @@ def test_fsdp_resumes_bit_for_bit_from_a_later_save(launch_ranks, tmp_path):
         assert after["records"] == before["records"][saves[-1]:], f"rank {rank}"
 
 
+@pytest.mark.parametrize(("recipe", "ranks", "overrides"), [
+    ("tiny_dp2_fsdp", 4, ["cluster.gpus_per_node=4"]),
+    ("tiny_tp2_sp_dp2_distopt", 4, ["optimizer.fsdp=optim_grads"]),
+], ids=["dp4", "tp2_dp2_zero2"])
 def test_fsdp_resumes_in_another_layout(launch_ranks, tmp_path, fsdp_saved, recipe, ranks,
                                         overrides):
     after = launch_ranks(ranks, f"{RESUME}:resumed", {
