@@ -45,6 +45,10 @@ SUPER_PHASE1 = f"{SUPER_STAGE0}/phase1.yaml"
 SUPER_PHASE2 = f"{SUPER_STAGE0}/phase2.yaml"
 SUPER_LC1 = f"{SUPER_STAGE0}/long_context_1m.yaml"
 SUPER_LC2 = f"{SUPER_STAGE0}/long_context_mixed.yaml"
+# NVIDIA's per-dataset blend weights of each stage (conf/data/nemotron3_super_*.yaml carry them).
+SUPER_BLEND1 = f"{SUPER_STAGE0}/data_prep/data_blend_raw_phase1.json"
+SUPER_BLEND2 = f"{SUPER_STAGE0}/data_prep/data_blend_raw_phase2.json"
+SUPER_BLEND_LC = f"{SUPER_STAGE0}/data_prep/data_blend_raw_long_context.json"
 S3_DOCS = f"{NEMOTRON}:docs/nemotron/super3/pretrain.md"
 S3_PAPER = f"{NEMOTRON}:skills/nemotron-super3/paper/pretraining.md"  # NVIDIA's report summary
 S3_TINY = f"{NEMOTRON}:src/nemotron/recipes/super3/tiny_model.py"
@@ -83,7 +87,9 @@ LABELS: tuple[tuple[str, str], ...] = (
     ("MC", MEGATRON_CORE), ("NeMo-n4", NEMO_N4_TEMPLATE),
     ("N-nano3-docs", N3_DOCS), ("N-nano3-paper", N3_PAPER), ("N-nano3-arch", N3_ARCHITECTURE),
     ("N-super3-phase1", SUPER_PHASE1), ("N-super3-phase2", SUPER_PHASE2),
-    ("N-super3-lc1", SUPER_LC1), ("N-super3-lc2", SUPER_LC2), ("N-super3-docs", S3_DOCS),
+    ("N-super3-lc1", SUPER_LC1), ("N-super3-lc2", SUPER_LC2), ("N-super3-blend1", SUPER_BLEND1),
+    ("N-super3-blend2", SUPER_BLEND2), ("N-super3-blend-lc", SUPER_BLEND_LC),
+    ("N-super3-docs", S3_DOCS),
     ("N-super3-paper", S3_PAPER), ("N-super3-tiny", S3_TINY), ("B-s3", S3_RECIPE),
     ("B-s3-bridge", S3_BRIDGE), ("B-s3-mp", S3_PRECISION), ("hf-s3", S3_CONFIG),
     ("r-n4", N4_REPORT), ("r-340B", N340B_REPORT),

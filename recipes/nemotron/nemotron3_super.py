@@ -23,6 +23,9 @@ from recipes.nemotron.citations import (
     S3_PROVIDER,
     S3_RECIPE,
     S3_TINY,
+    SUPER_BLEND1,
+    SUPER_BLEND2,
+    SUPER_BLEND_LC,
     SUPER_LC1,
     SUPER_LC2,
     SUPER_PHASE1,
@@ -213,9 +216,11 @@ def nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16() -> Settings:
     change TP or the GPU count: train the long-context stages as a run of their own in
     NVIDIA's layout on 128 GPUs (it plans at 70.5 GB a rank; `print=megatron_args` names the
     overrides, plus parallel.tensor=2 parallel.context=64 cluster.nodes=16), or on GPUs with
-    more memory. The blends (conf/data/nemotron*.yaml) are examples whose paths you replace.
+    more memory. The blends (conf/data/nemotron3_super_*.yaml) carry NVIDIA's per-dataset
+    weights; their paths are where you prepare each dataset.
     """
-    example = "published only as figures and categories: an example blend to replace"
+    prepare = ("NVIDIA's per-dataset weights, the internal-only categories included; the paths "
+               "are where you prepare each dataset")
     lc_end = SUPER_STEPS + SUPER_LC1_STEPS
     return super_run(expert=64) | {
         "train.train_iters": published(
@@ -224,16 +229,17 @@ def nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16() -> Settings:
         "checkpoint.optimizer_format": ours("fully_reshardable", "the CP16 relaunch resumes "
                                                                  "the CP1 optimizer state"),
         "data.source": ours("blend", "prepared data named by the phases' blends"),
-        "data.blend": ours("conf/data/nemotron_h_general.yaml", example),
+        "data.blend": published("conf/data/nemotron3_super_phase1.yaml", SUPER_BLEND1, prepare),
         "phases[0]": published(PhaseConfig(name="diverse", end_step=SUPER_PHASE1_END,
                                            seq_length=SUPER_SEQ, documents="concatenate"),
                                f"{SUPER_PHASE1}:1-5; {S3_DOCS}:87-92; {S3_PAPER}:76-90: 20T "
-                               "tokens (80%), diversity", example),
+                               f"tokens (80%), diversity; its blend: {SUPER_BLEND1}", prepare),
         "phases[1]": published(PhaseConfig(name="quality", end_step=SUPER_STEPS,
                                            seq_length=SUPER_SEQ, documents="concatenate",
-                                           blend="conf/data/nemotron_h_quality.yaml"),
+                                           blend="conf/data/nemotron3_super_phase2.yaml"),
                                f"{SUPER_PHASE2}:1-4; {S3_DOCS}:87-92; {S3_PAPER}:92-106: 5T "
-                               "tokens (20%), high quality, during the decay", example),
+                               "tokens (20%), high quality, during the decay; its blend: "
+                               f"{SUPER_BLEND2}", prepare),
         "phases[2]": differs(PhaseConfig(name="long_context_1m", end_step=lc_end,
                                          seq_length=SUPER_LC_SEQ, context=16,
                                          global_batch_size=SUPER_LC_BATCH,
@@ -241,7 +247,8 @@ def nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16() -> Settings:
                                          blend="conf/data/nemotron3_super_long_context.yaml",
                                          relaunch=True),
                              f"{SUPER_LC1}:31-51; {S3_DOCS}:160-176 (1M tokens, 16 a step, "
-                             "34B tokens, 4.5e-6 constant, TP2 x CP64 x EP64)",
+                             "34B tokens, 4.5e-6 constant, TP2 x CP64 x EP64); its blend: "
+                             f"{SUPER_BLEND_LC}, the document QA at 20% ({S3_DOCS}:179)",
                              "TP4 x CP16 x EP64 on 64 GPUs, which does not fit 80-GB H100s "
                              "(scripts/plan.py: 93.4 GB a rank; NVIDIA's TP2 x CP64 on 128 "
                              "GPUs: 70.5 GB) and a phase cannot change TP or the GPU count: "

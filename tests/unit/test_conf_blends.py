@@ -62,3 +62,27 @@ def test_a_tokenizer_no_preparation_writes_is_found(tmp_path):
                      "tokenizer": "data_cache/python_stdlib/stdlib.tokenizer.json"}]}))
     written = prepared_files() | {"data_cache/b/b.json"}
     assert unmade(blend, written) == ["data_cache/python_stdlib/stdlib.tokenizer.json"]
+
+
+# --- Nemotron 3 Super's published blends ------------------------------------------------------
+
+def super_weights(stage: str, split: str = "train") -> dict[str, float]:
+    loaded = yaml.safe_load((REPO / "conf" / "data" / f"nemotron3_super_{stage}.yaml").read_text())
+    return {Path(entry["manifest"]).stem: entry["weight"] for entry in loaded[split]}
+
+
+@pytest.mark.parametrize("phase", ["phase1", "phase2"])
+def test_a_super_phase_blend_is_nvidias_shares_of_the_whole(phase):
+    """NVIDIA's weights are percentages of the internal blend: with the internal-only
+    categories listed, a phase's add up to 100 (a mistyped weight does not), and held-out data
+    is weighted as training is."""
+    assert sum(super_weights(phase).values()) == pytest.approx(100.0)
+    assert super_weights(phase, "valid") == super_weights(phase)
+
+
+def test_the_super_long_context_blend_is_one_fifth_document_qa_over_phase_2():
+    """NVIDIA's docs: 20% document QA, 80% phase-2 data, whose weights are phase 2's."""
+    weights = super_weights("long_context")
+    qa = weights.pop("long-context-doc-qa")
+    assert qa / (qa + sum(weights.values())) == pytest.approx(0.2)
+    assert weights == super_weights("phase2")

@@ -32,7 +32,7 @@ from recipes.sources import (
 REPO = Path(__file__).resolve().parents[2]
 NEMOTRON = [name for name in RECIPES if name.startswith("nemotron")]
 # owner/repo@commit:path[:lines], or the installed Megatron Core's path.
-CODE = re.compile(r"[\w.-]+/[\w.-]+@[0-9a-f]{7,40}:[\w./-]+\.(py|yaml|md)(:[\d, -]+)?"
+CODE = re.compile(r"[\w.-]+/[\w.-]+@[0-9a-f]{7,40}:[\w./-]+\.(py|yaml|md|json)(:[\d, -]+)?"
                   r"|megatron-core \d+\.\d+\.\d+:megatron/core/[\w./]+\.py:\d+")
 
 
