@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.arguments import convert, split_argument
+from recipes.config.arguments import as_written, convert, split_argument
 from recipes.config.dataset_files import TOKENIZER_FILE
 
 TRAIN_PREFIX = "train:"  # tokenizer=train:VOCAB trains a byte-level BPE on the corpus
@@ -157,7 +157,7 @@ def _example(key: str) -> str:
     if key in EXAMPLES:
         return EXAMPLES[key]
     default = next(f.default for f in dataclasses.fields(PrepareConfig) if f.name == key)
-    return "null" if default is None else str(default)
+    return as_written(default)
 
 
 def parse_args(argv: Sequence[str]) -> PrepareConfig:

@@ -9,7 +9,8 @@ script's own options (`trainer/entry/contract.py`) use these and nothing else.
 Types are Python annotations: `int`, `float`, `bool`, `str`, `Literal["a", "b"]`, `list[T]`
 (`[1,2,4]` or `1,2,4`), and any of them `| None` (the value `null` or `none`). A float accepts
 `15e12`; an int accepts `1_000` and a whole number written as a float, read exactly
-(`15e12`, `1e30` = 10**30; `1.5` is refused).
+(`15e12`, `1e30` = 10**30; `1.5` is refused). `as_written` is the way back: a value as a
+`key=value` word writes it, the one form every command line's messages quote.
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ from plugins.protocol.errors import ConfigError
 
 NULL_WORDS = ("null", "none")
 TRUE_WORDS, FALSE_WORDS = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def as_written(value: Any) -> str:
+    """A value as a `key=value` word writes it, for a message to quote: null for None,
+    true/false for a bool (the spelling the docs and --help use, not Python's True), anything
+    else as `str` prints it. Every command line's messages (overrides, the scripts' options,
+    data preparation's arguments, the planner's commands) quote values through this one."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def with_replaced(words: Sequence[str], replacements: Sequence[str]) -> list[str]:

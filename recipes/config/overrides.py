@@ -24,7 +24,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from plugins.protocol.errors import ConfigError, config_error
 from plugins.registry import PluginsConfig
-from recipes.config.arguments import describe_type, split_argument
+from recipes.config.arguments import as_written, describe_type, split_argument
 from recipes.config.schema import PhaseConfig, RunConfig
 
 # Short names people type from habit; suggestions only, never accepted as keys.
@@ -322,7 +322,7 @@ def wrong_value_message(key: str, given: str, origin: str, current: Any,
         return (f"{origin}: {key} expects {expected}, got '{given}'; write e.g. "
                 f"{list_example(element[0], origin)}")
     expected = describe_type(tp) if tp is not None else "a different value"
-    shown = _yaml_scalar(current)
+    shown = as_written(current)
     return f"{origin}: {key} expects {expected}, got '{given}' ({label} {key}={shown})"
 
 
@@ -362,7 +362,7 @@ def _flow_yaml(value: Any) -> str:
     """A value as one line of YAML flow style (`[1]`, `{a: 1}`, `null`)."""
     if isinstance(value, (dict, list)):
         return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
-    return _yaml_scalar(value)
+    return as_written(value)
 
 
 # The text a user wrote for each key, or a function that reads it (`merge_checked`).
@@ -402,7 +402,7 @@ def phase_field_message(err: OmegaConfBaseException, origin: str) -> str:
         hint = f"did you mean {near[0]}? " if near else ""
         return (f"{origin}: a phase has no field '{key}'; {hint}a phase has "
                 f"{', '.join(types_)}")
-    given = _yaml_scalar(getattr(err, "value", None))
+    given = as_written(getattr(err, "value", None))
     return f"{origin}: a phase's {key} expects {describe_type(types_[key])}, got '{given}'"
 
 
@@ -425,7 +425,7 @@ def _wrong_value(err: OmegaConfBaseException, base: DictConfig, update: DictConf
     if texts is not None and key in texts:
         given = texts[key]
     current = OmegaConf.select(base, key, default=None) if key else None
-    return wrong_value_message(key, _yaml_scalar(given), origin, current, label)
+    return wrong_value_message(key, as_written(given), origin, current, label)
 
 
 def _first_key(node: DictConfig) -> str:
@@ -441,14 +441,6 @@ def _user_key(update: DictConfig, missing: str) -> str:
         child = str(next(iter(value.keys())))
         missing, value = f"{missing}.{child}", value[child]
     return missing
-
-
-def _yaml_scalar(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
 
 
 def to_run_config(node: DictConfig, origin: str) -> RunConfig:
@@ -487,7 +479,7 @@ def empty_value_message(key: str, origin: str, current: Any) -> str:
     tp = field_type(key)
     message = f"{origin}: {key} is empty; give it a value"
     if current is not None:
-        message += f", e.g. {key}={_yaml_scalar(current)}"
+        message += f", e.g. {key}={as_written(current)}"
     else:
         message += f" ({describe_type(tp).removesuffix(' or null')})"
     if _nullable(tp):
@@ -522,7 +514,7 @@ def carry_retired_keys(node: DictConfig) -> DictConfig:
         section.pop(leaf)
         if parent.startswith("plugins.") and not section:
             node.plugins.pop(parent.split(".")[1])
-        carried += [f"{new}={_yaml_scalar(new_value)}"
+        carried += [f"{new}={as_written(new_value)}"
                     for new, new_value in retired.carries(value).items()]
     return OmegaConf.merge(node, OmegaConf.from_dotlist(carried)) if carried else node
 
@@ -540,7 +532,7 @@ def check_override_key(key: str, value: str, node: DictConfig, origin: str) -> N
         if prefix in config_keys():
             raise ConfigError(
                 f"{origin}: {prefix} is a value, not a section; set it directly, "
-                f"e.g. {prefix}={_yaml_scalar(OmegaConf.select(node, prefix))}"
+                f"e.g. {prefix}={as_written(OmegaConf.select(node, prefix))}"
             )
     if key not in config_keys():
         raise ConfigError(unknown_key_message(key, origin))

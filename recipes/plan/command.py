@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from plugins.protocol.errors import ConfigError
+from recipes.config.arguments import as_written
 from recipes.plan.build import PlanOptions, make_plan
 from recipes.plan.cluster import apply_cluster, given_gpu_memory, load_cluster, recipe_cluster
 from recipes.plan.fit import what_if_problem
@@ -124,13 +125,6 @@ PLAN_ONLY = {"tokens": "the plan's training steps and GPU-hours for a token budg
 Given = Collection[str]
 
 
-def _as_written(value: Any) -> str:
-    """A value as the command line writes it (null, true/false), for a refusal to quote."""
-    if value is None:
-        return "null"
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def confirm_needs_search(options: dict[str, Any], given: Given) -> str | None:
     """`confirm=K` runs the search's layouts: without `search=true` there are none."""
     if "confirm" in given and not options.get("search"):
@@ -195,7 +189,7 @@ def search_without_what_ifs(options: dict[str, Any], given: Given) -> str | None
     for key in WHAT_IFS:
         if key not in given:
             continue
-        value = _as_written(options[key])
+        value = as_written(options[key])
         if key == "fp8_weights":
             return (f"fp8_weights={value} is a what-if of one layout, which the search's "
                     "commands would not train; search a run that keeps FP8 parameters itself (the "
@@ -215,7 +209,7 @@ def search_without_plan_only(options: dict[str, Any], given: Given) -> str | Non
         return None
     for key, what in PLAN_ONLY.items():
         if key in given:
-            return (f"{key}={_as_written(options[key])} sets {what}, which search=true does not "
+            return (f"{key}={as_written(options[key])} sets {what}, which search=true does not "
                     f"print; drop {key}=, or plan the layout it picks with {key}= in a second "
                     "command")
     return None

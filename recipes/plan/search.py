@@ -41,6 +41,7 @@ from operator import attrgetter
 from typing import Any
 
 from plugins.protocol.errors import ConfigError
+from recipes.config.arguments import as_written
 from recipes.config.layout import Layout
 from recipes.config.schema import RunConfig
 from recipes.models import kinds
@@ -155,22 +156,20 @@ class Candidate:
 
     def overrides(self) -> list[str]:
         """What to type after the recipe to train this layout."""
-        def text(value: Any) -> str:
-            return "null" if value is None else str(value).lower()
         return [f"parallel.tensor={self.tensor}", f"parallel.pipeline={self.pipeline}",
-                f"parallel.virtual_pipeline={text(self.virtual)}",
-                f"parallel.first_stage_layers={text(self.first)}",
-                f"parallel.last_stage_layers={text(self.last)}",
+                f"parallel.virtual_pipeline={as_written(self.virtual)}",
+                f"parallel.first_stage_layers={as_written(self.first)}",
+                f"parallel.last_stage_layers={as_written(self.last)}",
                 f"parallel.context={self.context}", f"parallel.expert={self.expert}",
-                f"parallel.expert_tensor={text(self.expert_tensor)}",
-                f"parallel.sequence_parallel={text(self.sequence_parallel)}",
+                f"parallel.expert_tensor={as_written(self.expert_tensor)}",
+                f"parallel.sequence_parallel={as_written(self.sequence_parallel)}",
                 f"train.micro_batch_size={self.micro_batch}",
                 *_recompute_overrides(self.recompute),
-                f"optimizer.distributed={text(self.distributed)}",
+                f"optimizer.distributed={as_written(self.distributed)}",
                 f"optimizer.fsdp={self.fsdp}",
-                f"optimizer.cpu_offload={text(self.offload)}",
+                f"optimizer.cpu_offload={as_written(self.offload)}",
                 "optimizer.overlap_grad_reduce=true",
-                f"optimizer.overlap_param_gather={text(self.distributed)}"]
+                f"optimizer.overlap_param_gather={as_written(self.distributed)}"]
 
     def describe(self) -> str:
         parts = [f"TP{self.tensor}" + ("+SP" if self.sequence_parallel else "")]

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from plugins.protocol.errors import EXIT_FAULT, ConfigError
 from recipes.config.schema import RunConfig
@@ -26,6 +27,14 @@ def scripts_taking(key: str) -> list[str]:
     """The scripts whose own option `key=` is: a recipe command's lookup (`option_owners`) for
     a word it would otherwise hand on as a config override (`pretrain.py search=true`)."""
     return [command.script for command in COMMANDS if key in command.options]
+
+
+def recipe_command(script: str, run: Callable[[Arguments], int], **fields: Any) -> Command:
+    """A command that takes a recipe (or a saved config) and overrides: another script's option
+    given to it (`pretrain.py search=true`) is named as that script's (`scripts_taking`), not
+    handed on as an unknown config key. The contract knows no other command, so the lookup is
+    handed in here, once for every such command."""
+    return Command(script, run, takes_recipe=True, option_owners=scripts_taking, **fields)
 
 
 # --- training commands: a rank function each ------------------------------------------------
@@ -171,9 +180,8 @@ def pretrain(args: Arguments) -> int:
     return Training(pretrain_rank, phased=True)(args)
 
 
-PRETRAIN = Command(
-    script="pretrain.py", run=pretrain, rest=CONFIG_REST, takes_recipe=True,
-    option_owners=scripts_taking,
+PRETRAIN = recipe_command(
+    script="pretrain.py", run=pretrain, rest=CONFIG_REST,
     options={"print": Option(None, "config: print the resolved config (every field, as YAML, "
                              "the form config=FILE reads) and start nothing; megatron_args: "
                              "print the Megatron-LM pretrain_gpt.py command line training the "
@@ -195,30 +203,27 @@ def at_least_pairs(key: str, value: int) -> str | None:
     return None
 
 
-BENCH_STEP = Command(
-    script="bench_step.py", run=Training(bench_step_rank), rest=CONFIG_REST, takes_recipe=True,
-    option_owners=scripts_taking,
+BENCH_STEP = recipe_command(
+    script="bench_step.py", run=Training(bench_step_rank), rest=CONFIG_REST,
     options={"steps": Option(20, "measured rounds of each step (interleaved pairs, at least 5)",
                              check=at_least_pairs),
              "warmup": Option(3, "rounds discarded first", check=positive)})
 
-VALIDATE_RESUME = Command(
+VALIDATE_RESUME = recipe_command(
     script="validate_resume.py", run=Training(validate_resume_rank, check=check_resume_options),
-    rest=CONFIG_REST, takes_recipe=True, option_owners=scripts_taking,
+    rest=CONFIG_REST,
     options={"steps": Option(6, "steps of each run", check=positive),
              "save_at": Option(3, "the step after which the checkpoint is saved",
                                check=positive)})
 
-CHECK_MEGATRON_PARITY = Command(
+CHECK_MEGATRON_PARITY = recipe_command(
     script="check_megatron_parity.py", run=Training(megatron_parity_rank,
                                                     check=check_parity_recipe), rest=CONFIG_REST,
-    takes_recipe=True, option_owners=scripts_taking,
     options={"steps": Option(20, "steps of each run", check=positive)})
 
-BENCH_CHECKPOINT = Command(
+BENCH_CHECKPOINT = recipe_command(
     script="bench_checkpoint.py", run=Training(bench_checkpoint_rank, checkpoint_sizes),
-    rest=CONFIG_REST, takes_recipe=True, option_owners=scripts_taking,
-    default_recipe=BENCH_CHECKPOINT_RECIPE,
+    rest=CONFIG_REST, default_recipe=BENCH_CHECKPOINT_RECIPE,
     options={"size": Option("both", "tiny (the recipe), 100m (about 100M parameters) or both",
                             type=Literal["tiny", "100m", "both"]),
              "repeats": Option(3, "timed save+load rounds (the first is reported apart)",
@@ -269,9 +274,8 @@ def share_of_peak(key: str, value: float | None) -> str | None:
     return None
 
 
-PLAN = Command(
-    script="plan.py", run=run_plan, rest=CONFIG_REST, takes_recipe=True, flags=("--json",),
-    option_owners=scripts_taking,
+PLAN = recipe_command(
+    script="plan.py", run=run_plan, rest=CONFIG_REST, flags=("--json",),
     options={
         "cluster": Option(None, "conf/cluster/*.yaml: GPUs per node, memory, bandwidths, peak "
                           "TFLOP/s (null: the recipe's cluster section, the H100 network)",
@@ -356,8 +360,8 @@ def run_launch(args: Arguments) -> int:
     return launch(launch_args(args.options, args.flags, args.rest, args.given))
 
 
-LAUNCH = Command(script="launch.py", run=run_launch, rest=CONFIG_REST, takes_recipe=True,
-                 option_owners=scripts_taking, options=LAUNCH_OPTIONS, flags=LAUNCH_FLAGS)
+LAUNCH = recipe_command(script="launch.py", run=run_launch, rest=CONFIG_REST,
+                        options=LAUNCH_OPTIONS, flags=LAUNCH_FLAGS)
 
 
 def _world_sizes(key, value):
@@ -394,9 +398,8 @@ def run_scaling(args: Arguments) -> int:
     return sweep(scaling_options(args.options), launch, list(args.rest), preflight=preflight)
 
 
-SCALING = Command(
-    script="scaling.py", run=run_scaling, rest=CONFIG_REST, takes_recipe=True,
-    option_owners=scripts_taking, flags=LAUNCH_FLAGS,
+SCALING = recipe_command(
+    script="scaling.py", run=run_scaling, rest=CONFIG_REST, flags=LAUNCH_FLAGS,
     options={
         "scaling.world_sizes": Option([1, 2, 4], "rank counts to run", type=list[int],
                                       check=_world_sizes),
@@ -457,9 +460,8 @@ def hf_architectures() -> str:
     return "\n".join(lines)
 
 
-CONVERT = Command(
-    script="convert.py", run=run_convert, takes_recipe=True, handles=hf_architectures,
-    option_owners=scripts_taking,
+CONVERT = recipe_command(
+    script="convert.py", run=run_convert, handles=hf_architectures,
     rest="import|export, then (import) recipe=NAME | config=FILE and overrides",
     # The local layer spec names the weights: conversion runs on CPU, CUDA hidden.
     environment={"CUDA_VISIBLE_DEVICES": ""},
@@ -578,9 +580,8 @@ def run_bench_search(args: Arguments) -> int:
     return bench(list(args.rest), args["cluster"], args["top"], args["repeats"])
 
 
-BENCH_SEARCH = Command(
-    script="bench_search.py", run=run_bench_search, rest=CONFIG_REST, takes_recipe=True,
-    option_owners=scripts_taking,
+BENCH_SEARCH = recipe_command(
+    script="bench_search.py", run=run_bench_search, rest=CONFIG_REST,
     options={"cluster": Option(None, "conf/cluster/*.yaml the search plans on (null: the "
                                "recipe's cluster section)", type=str | None),
              "top": Option(10, "layouts whose ranking both searches must agree on",

@@ -44,6 +44,7 @@ from plugins.protocol.errors import (
     error_lines,
 )
 from recipes.config.arguments import (
+    as_written,
     convert,
     describe_type,
     literal_options,
@@ -116,8 +117,8 @@ class Command:
     handles: Callable[[], str] | None = None
     environment: Mapping[str, str] = field(default_factory=dict)  # set before anything runs
     # A recipe command's lookup of the scripts whose option a word is (`pretrain.py search=`:
-    # plan.py's), handed in where every command is known (trainer/entry/commands.py): this
-    # module knows no command but the one it runs.
+    # plan.py's), handed in where every command is known (trainer/entry/commands.py, whose
+    # `recipe_command` gives it to each): this module knows no command but the one it runs.
     option_owners: Callable[[str], Sequence[str]] | None = None
 
     @property
@@ -165,7 +166,7 @@ def help_text(command: Command) -> str:
     if command.options:
         lines.append("options:")
         for key, option in command.options.items():
-            default = _shown(option.default)
+            default = as_written(option.default)
             lines.append(f"  {key}=  {option.help} ({describe_type(option.type)}, default "
                          f"{default})")
         lines.append("")
@@ -179,17 +180,10 @@ def help_text(command: Command) -> str:
     return text.rstrip() + "\n"
 
 
-def _shown(value: Any) -> str:
-    """A default as the command line writes it: null, true/false, else as it prints."""
-    if value is None:
-        return "null"
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def _example(key: str, option: Option) -> str:
     """A `key=value` a refusal shows: a real value where one is known (`real_example`), else
     the default as typed."""
-    return real_example(key, option) or f"{key}={_shown(option.default)}"
+    return real_example(key, option) or f"{key}={as_written(option.default)}"
 
 
 def real_example(key: str, option: Option) -> str | None:
@@ -198,7 +192,7 @@ def real_example(key: str, option: Option) -> str | None:
     typed `key=`) its first choice, an `e.g. N` its help gives, or the first file its help's
     path pattern (`conf/cluster/*.yaml`) matches. None when none is known."""
     if option.default is not None:
-        return f"{key}={_shown(option.default)}"
+        return f"{key}={as_written(option.default)}"
     choices = [c for c in literal_options(option.type) if c is not None]
     if choices:
         return f"{key}={choices[0]}"
@@ -232,7 +226,7 @@ def empty_value_line(key: str, option: Option) -> str:
     give = (f"give it a value, e.g. {example}" if example else
             f"give it a value ({kind}: {option.help.split(' (')[0]})")
     return (f"{key}= is empty; {give}, or leave {key}= out for the default "
-            f"({_shown(option.default)})")
+            f"({as_written(option.default)})")
 
 
 def _unknown(command: Command, text: str) -> str:

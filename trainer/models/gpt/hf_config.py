@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from plugins.protocol.errors import ConfigError
+from recipes.config.arguments import as_written
 from recipes.config.schema import ModelConfig
 
 NORM_EPSILON = 1e-5  # Megatron Core's layernorm_epsilon default (the schema has no field)
@@ -167,11 +168,12 @@ def check_shaped(model: ModelConfig, where: str) -> None:
 
 
 def _text(value: object) -> str:
-    if value is None:
-        return "null"
+    """A compared value as an override writes it. `rotary_base` is compared as a float
+    (config.json writes rope_theta either way) though the schema's field is an integer, whose
+    override refuses `500000.0`: a whole float is written as the integer it is."""
     if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value).lower() if isinstance(value, bool) else str(value)
+        value = int(value)
+    return as_written(value)
 
 
 def compare_with_recipe(hf: dict, model: ModelConfig, recipe: str) -> None:
