@@ -2,8 +2,10 @@
 
 Effective tokens/s counts each loss token of the global batch once: tokens on different DP
 ranks (and CP chunks) add up; TP/PP ranks that work on the same tokens do not add again
-(definitions in `trainer/throughput.py`). The log line adds model TFLOP/s per GPU, MFU when
-the run names a peak, and where the step's time went.
+(definitions in `trainer/throughput.py`); a step's own figure (`StepMetrics.tokens_per_s`, in
+the log line and the train record) is that definition over a one-step window. The log line adds
+model TFLOP/s per GPU, MFU with the peak it divides by when the run names one, and where the
+step's time went.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from plugins.protocol.events import EvalResult, StepMetrics
 from trainer.device import compute_device
+from trainer.step_clock import RunPeak
 from trainer.throughput import counts_loss_tokens, counts_trained_rows
 
 
@@ -116,13 +119,15 @@ def max_over_world(values: list[float]) -> list[float]:
     return figures.tolist()
 
 
-def format_speed(metrics: StepMetrics) -> str:
+def format_speed(metrics: StepMetrics, peak: RunPeak | None = None) -> str:
     """Model TFLOP/s per GPU, MFU where the run knows its peak (left out otherwise: a CPU run
-    or one without `cluster.spec` has no peak to divide by), and the busiest rank's peak memory
-    where the step measured it."""
+    or one without `cluster.spec` has no peak to divide by) with the precision of that peak,
+    and the busiest rank's peak memory where the step measured it."""
     text = f"{metrics.model_tflops_per_gpu:.3g} TFLOP/s/GPU"
     if metrics.mfu is not None:
         text += f" | MFU {metrics.mfu:.1%}"
+        if peak is not None and peak.tflops is not None:
+            text += f" of {peak.precision} peak"
     if metrics.memory_gib is not None:
         text += f" | peak mem {metrics.memory_gib:.2f} GiB"
         if metrics.memory_reserved_gib is not None:
@@ -214,12 +219,17 @@ class RunReporter:
         if self.progress is not None:
             self.progress.update(self.task, completed=step)
 
-    def step(self, metrics: StepMetrics, total_steps: int) -> None:
+    def step(self, metrics: StepMetrics, total_steps: int, peak: RunPeak | None = None) -> None:
+        """Record the step (with the peak its MFU divides by: `peak_tflops` of
+        `peak_precision`, where the run has one), and show it at the log interval."""
         if not self.enabled:
             return
-        self.record("train", {**asdict(metrics), "tokens_per_s": metrics.tokens_per_s})
+        rate = metrics.tokens_per_s
+        divided_by = {} if peak is None or peak.tflops is None else {
+            "peak_tflops": peak.tflops, "peak_precision": peak.precision}
+        self.record("train", {**asdict(metrics), "tokens_per_s": rate, **divided_by})
         if self.progress is not None:
-            status = f"loss {metrics.loss:.4f}  {metrics.tokens_per_s:,.0f} tok/s"
+            status = f"loss {metrics.loss:.4f}  {rate:,.0f} tok/s"
             self.progress.update(self.task, status=status)
         if metrics.step % self.log_interval == 0 or metrics.step == total_steps:
             # Plugins' figures (`StepMetrics.extra`) follow the core ones, then speed and the
@@ -228,8 +238,8 @@ class RunReporter:
             self.print(
                 f"step {metrics.step:>5}/{total_steps} | loss {metrics.loss:.4f} | "
                 f"lr {metrics.lr:.3e} | grad norm {metrics.grad_norm:.3f} | "
-                f"{metrics.tokens_per_s:,.0f} tok/s | {metrics.step_time_s:.3f} s/step{extra} | "
-                f"{format_speed(metrics)} | {format_breakdown(metrics)}"
+                f"{rate:,.0f} tok/s | {metrics.step_time_s:.3f} s/step{extra} | "
+                f"{format_speed(metrics, peak)} | {format_breakdown(metrics)}"
             )
 
     def heldout(self, evaluation: EvalResult) -> None:

@@ -6,7 +6,9 @@ between phases), read when the step's figures are summed (`trainer/step_figures.
 long recorded. Exposed
 communication needs a profiler, which is too costly for every step: it runs only on the steps
 `trainer.throughput.profiled_steps` names, which throughput then leaves out. The definitions
-themselves live in the torch-free `trainer/throughput.py`.
+themselves live in the torch-free `trainer/throughput.py`. MFU divides by the planner's peak,
+the one for the precision the GEMMs compute in (FP8 under an FP8 plugin), so a run's logged
+MFU and its plan's are the same fraction of the same number.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
 import torch
 
+from recipes.plan.cluster import gemm_precision, load_cluster
 from trainer.throughput import exposed_time, profiled_steps, union_of
 
 PHASES = ("data_wait", "forward_backward", "optimizer")
@@ -151,17 +155,33 @@ def peak_memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def run_peak_tflops(cfg: Any) -> float | None:
-    """Peak dense TFLOP/s per GPU for the run's precision, from the cluster file the config
-    names (`cluster.spec`, a conf/cluster/*.yaml path); None when none is named, so MFU is
-    unknown rather than guessed."""
-    spec = cfg.cluster.spec
-    return cluster_peak_tflops(str(spec), cfg.precision.dtype) if spec else None
+@dataclass(frozen=True)
+class RunPeak:
+    """What MFU divides by: a cluster file's dense TFLOP/s per GPU for the precision the GEMMs
+    compute in, the planner's peak (`recipes.plan.cluster.gemm_precision`), or None and why."""
+
+    precision: str  # the cluster file's `peak_tflops` key (fp8 when an FP8 plugin is on)
+    tflops: float | None
+    unknown: str | None = None  # why there is no peak (None when there is one)
+
+
+def run_peak(cfg: Any) -> RunPeak:
+    """The run's peak from the cluster file the config names (`cluster.spec`). None without a
+    file, or where the file has no peak for the GEMMs' precision (FP4 on GPUs before
+    Blackwell): MFU is then unknown rather than guessed, and the run goes on (the planner
+    refuses such a file; a run only reports)."""
+    precision, spec = gemm_precision(cfg), cfg.cluster.spec
+    if not spec:
+        return RunPeak(precision, None, "no cluster file named "
+                                        "(cluster.spec=conf/cluster/<file>.yaml)")
+    tflops = cluster_peak_tflops(str(spec), precision)
+    if tflops is None:
+        return RunPeak(precision, None, f"{spec} gives no peak_tflops.{precision} for this "
+                                        f"run's {precision} GEMMs")
+    return RunPeak(precision, tflops)
 
 
 @functools.lru_cache(maxsize=8)
 def cluster_peak_tflops(path: str, precision: str) -> float | None:
     """A cluster file's peak for one precision (read once per process)."""
-    from recipes.plan.cluster import load_cluster
-
     return load_cluster(path).peak_tflops.get(precision)

@@ -21,7 +21,7 @@ from plugins.protocol.events import StepMetrics
 from recipes.config.phases import phase_config
 from recipes.plan.flops import FlopsShape, model_flops_utilisation, tflops_per_gpu, training_flops
 from trainer.metrics import max_over_world, sum_over_world
-from trainer.step_clock import StepClock, run_peak_tflops
+from trainer.step_clock import StepClock, run_peak
 
 
 @dataclass
@@ -95,7 +95,7 @@ def _metrics(cfg, record: StepRecord, step_time: float, memory: list[float],
         exposed_comm_s=record.profiled.get("exposed_comm_s"),
         model_flops=flops,
         model_tflops_per_gpu=tflops,
-        mfu=model_flops_utilisation(tflops, run_peak_tflops(cfg)),
+        mfu=model_flops_utilisation(tflops, run_peak(cfg).tflops),
         measured=record.measured,
         memory_gib=memory[0] if memory else None,
         memory_reserved_gib=memory[1] if len(memory) > 1 else None,

@@ -1,4 +1,4 @@
-"""Honest throughput: what counts as a trained token and a comparable second, and which steps
+"""Honest throughput: what counts as a loss token and a comparable second, and which steps
 of a run are measured.
 
 Torch-free, so the trainer, the scaling harness and the tests share one definition:
@@ -6,7 +6,10 @@ Torch-free, so the trainer, the scaling harness and the tests share one definiti
 - effective tokens/s: loss-contributing tokens of whole optimizer steps, each counted once
   (summed over DP replicas and CP chunks, never again for the TP/PP ranks that compute the same
   token; padding and masked positions carry no loss and are not counted), divided by the wall
-  time of those whole steps after warm-up, outside the profiled steps;
+  time of those whole steps after warm-up, outside the profiled steps (a step's own
+  `tokens_per_s` is the same over a one-step window);
+- tokens seen (the summary's `tokens_seen`, and per source `source_tokens`) are another count:
+  samples x sequence length of the batches taken, padding included; no rate divides them;
 - which steps count: the first `WARMUP_STEPS` of a process (allocator, first collectives) and
   the `PROFILE_STEPS` after them that the trainer runs under torch.profiler when the run
   measures exposed communication (`logging.exposed_comm`) are left out. torch runs one profiler
@@ -15,7 +18,9 @@ Torch-free, so the trainer, the scaling harness and the tests share one definiti
 - model FLOPs and MFU: the one definition in `recipes/plan/flops.py`, shared with the planner,
   over the sequences each step trained: a full row of n tokens is one sequence (n tokens, n²),
   a packed or inter-document row is its documents (their tokens, the sum of their squares:
-  attention stays inside a document), counted once per DP replica like loss tokens;
+  attention stays inside a document), counted once per DP replica like loss tokens; MFU
+  divides by the planner's peak, the cluster file's for the precision the GEMMs compute in
+  (`recipes.plan.cluster.gemm_precision`: FP8 under an FP8 plugin);
 - scaling efficiency against the smallest size that runs the model: T_G / ((G/G0) * T_G0).
 """
 

@@ -66,6 +66,8 @@ class StepMetrics:
 
     @property
     def tokens_per_s(self) -> float:
+        """This step's effective tokens/s: the trainer's definition (`trainer.throughput.
+        tokens_per_second`, which a plugin cannot import) over a one-step window."""
         return self.loss_tokens / self.step_time_s if self.step_time_s > 0 else 0.0
 
 

@@ -150,12 +150,19 @@ def _check_keys(path: str, data: dict) -> None:
             raise ConfigError(f"{path}: '{key}' is missing; add it (see conf/cluster/*.yaml)")
 
 
+def gemm_precision(cfg: Any) -> str:
+    """The precision this run's GEMMs compute in, the `peak_tflops` key that the planner's
+    step time and the trainer's MFU divide by: the one a plugin sets (FP8, FP4), else the
+    run's dtype."""
+    return cfg.plugins.gemm_precision() or cfg.precision.dtype
+
+
 def gemm_peak_tflops(cfg: Any, cluster: ClusterSpec) -> float | None:
-    """Peak dense TFLOP/s per GPU of the GEMMs as this run computes them: the precision a
-    plugin sets (FP8, FP4), else the run's dtype; a cluster file whose GPUs have no such peak
-    (FP4 before Blackwell) is refused in one line; the peaks lent to a recipe without a
-    cluster file (`peaks_assumed`) give None: the time is then unknown, not refused."""
-    precision = cfg.plugins.gemm_precision() or cfg.precision.dtype
+    """Peak dense TFLOP/s per GPU of the GEMMs as this run computes them (`gemm_precision`);
+    a cluster file whose GPUs have no such peak (FP4 before Blackwell) is refused in one line;
+    the peaks lent to a recipe without a cluster file (`peaks_assumed`) give None: the time is
+    then unknown, not refused."""
+    precision = gemm_precision(cfg)
     if precision not in cluster.peak_tflops and cluster.peaks_assumed:
         return None
     if precision not in cluster.peak_tflops:

@@ -176,7 +176,7 @@ def _finished(run_dir: Path) -> bool:
 
 def write_report(sweep_dir: Path) -> int:
     """Read every size's run from the sweep directory; write and print the report."""
-    from recipes.plan.cluster import load_cluster
+    from recipes.plan.cluster import gemm_precision, load_cluster
     from recipes.resolve import resolve_config
 
     sweep_dir = sweep_dir.resolve()
@@ -188,8 +188,8 @@ def write_report(sweep_dir: Path) -> int:
             f"(no summary in G{unfinished[0]}/metrics.jsonl); wait for its job or read its log, "
             "then run the same command again")
     cfg = resolve_config([f"config={sweep_dir / 'base_config.yaml'}"])
-    peak = load_cluster(options.cluster).peak_tflops.get(cfg.precision.dtype) \
-        if options.cluster else None
+    peak = load_cluster(options.cluster).peak_tflops.get(gemm_precision(cfg)) \
+        if options.cluster else None  # MFU's one peak: the GEMMs' precision (as a run's)
     results = [read_point(sweep_dir / f"G{point.gpus}", cfg, point, peak, state)
                for point, state in zip(points, states, strict=True)]
     report = build_report(cfg, options, results)
