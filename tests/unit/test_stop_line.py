@@ -38,13 +38,15 @@ def test_the_stop_line_names_the_signal_the_step_and_what_to_continue_from(tmp_p
     # not asked to save: the newest checkpoint, and how to get one at the stop
     run_dir = _run(tmp_path / "older", trained, steps=(5,))
     assert stopped_line(run_dir, CFG, signal.SIGTERM) == (
-        f"stopped by SIGTERM after step 7 of 50; every rank ended; the newest checkpoint is "
+        f"stopped by SIGTERM after step 7 or a later one (the last logged) of 50; every rank "
+        f"ended; the newest checkpoint is "
         f"{run_dir / 'checkpoints' / 'step_0000005'} (checkpoint.save_on_stop=true saves one "
         f"at a stop); continue with: python scripts/pretrain.py config="
         f"{run_dir / 'config.yaml'} run_dir={run_dir} checkpoint.resume=true")
     run_dir = _run(tmp_path / "none", trained[:2])
     assert stopped_line(run_dir, CFG, signal.SIGINT) == (
-        "stopped by Ctrl-C (SIGINT) after step 2 of 50; every rank ended; no checkpoint was "
+        "stopped by Ctrl-C (SIGINT) after step 2 or a later one (the last logged) of 50; every "
+        "rank ended; no checkpoint was "
         "saved (checkpoint.save_interval=N, or checkpoint.save_on_stop=true at a stop)")
 
 

@@ -292,9 +292,9 @@ def _records(run_dir: Path) -> list[dict]:
 
 def stopped_line(run_dir: Path, cfg: RunConfig, signum: signal.Signals) -> str:
     """The one line a stopped run ends with: which signal, after which step (the ranks' own
-    record of their stop, else the last step logged), the checkpoint to continue from and
-    the command that continues; or, when the ranks finished the run anyway, that it is
-    complete."""
+    record of their stop, else the last step logged, "or a later one"), the checkpoint to
+    continue from and the command that continues; or, when the ranks finished the run anyway,
+    that it is complete."""
     records = _records(run_dir)
     if finished_run(records, cfg):
         return (f"{SIGNAL_WORDS[signum]} came after the last step began: the run is complete "
@@ -314,7 +314,10 @@ def stopped_line(run_dir: Path, cfg: RunConfig, signum: signal.Signals) -> str:
                  "checkpoint.save_on_stop=true at a stop)")
     resume = (f"; continue with: python scripts/pretrain.py config={run_dir / CONFIG_FILENAME} "
               f"run_dir={run_dir} checkpoint.resume=true" if newest is not None else "")
-    return (f"stopped by {SIGNAL_WORDS[signum]} after step {step} of "
+    # Without the ranks' record the step is the last one logged: figures are summed and
+    # recorded at the log interval, so up to log_interval - 1 later steps may have run.
+    when = f"step {step}" if stop else f"step {step} or a later one (the last logged)"
+    return (f"stopped by {SIGNAL_WORDS[signum]} after {when} of "
             f"{cfg.train.train_iters}; every rank ended; {where}{resume}")
 
 
