@@ -169,7 +169,9 @@ class Candidate:
                 f"optimizer.fsdp={self.fsdp}",
                 f"optimizer.cpu_offload={as_written(self.offload)}",
                 "optimizer.overlap_grad_reduce=true",
-                f"optimizer.overlap_param_gather={as_written(self.distributed)}"]
+                f"optimizer.overlap_param_gather={as_written(self.distributed)}",
+                # interleaving cannot batch its sends (`apply_candidate`)
+                *(["parallel.batch_p2p_comm=false"] if self.virtual else [])]
 
     def describe(self) -> str:
         parts = [f"TP{self.tensor}" + ("+SP" if self.sequence_parallel else "")]

@@ -37,10 +37,12 @@ def test_a_value_as_written_reads_back_through_the_override_and_the_scripts_pars
     Candidate(1, 1, None, None, None, 1, 1, None, 1, False, "full", True),
     Candidate(2, 2, 2, 1, 1, 1, 1, None, 2, True, "selective", False, "none", True),
 ], ids=["nulls", "values"])
-def test_a_search_layouts_command_trains_the_layout_it_ranked(candidate):
+@pytest.mark.parametrize("batched", [False, True], ids=["p2p", "batched_p2p"])
+def test_a_search_layouts_command_trains_the_layout_it_ranked(candidate, batched):
     """What the search prints after the recipe (`Candidate.overrides`) builds the very config
-    it planned (`apply_candidate`): None as null, a bool as true/false."""
-    cfg = get_recipe("tiny_dp1")
+    it planned (`apply_candidate`): None as null, a bool as true/false; an interleaved layout
+    of a recipe that batches its pipeline sends turns that off, as the plan did."""
+    cfg = apply_overrides(get_recipe("tiny_dp1"), [f"parallel.batch_p2p_comm={batched}"])
     typed = apply_overrides(cfg, candidate.overrides())
     planned = apply_candidate(cfg, candidate)
     for section in ("parallel", "train", "optimizer"):
