@@ -300,6 +300,9 @@ def build_transformer_config(
         add_bias_linear=m.add_bias_linear,
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
+        # The local attention's softmax precision in bf16/fp16 (`fusions/fused_softmax.py`);
+        # nothing here sets apply_query_key_layer_scaling, the one setting that forces it on.
+        attention_softmax_in_fp32=m.attention_softmax_in_fp32,
         init_method_std=m.init_method_std,
         **sizes,
         num_layers_in_first_pipeline_stage=cfg.parallel.first_stage_layers,

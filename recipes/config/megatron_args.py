@@ -88,6 +88,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("model.add_bias_linear", "--disable-bias-linear", "add_bias_linear", OFF),
     Flag("model.hidden_dropout", "--hidden-dropout"),
     Flag("model.attention_dropout", "--attention-dropout"),
+    Flag("model.attention_softmax_in_fp32", "--attention-softmax-in-fp32", kind=ON),
     Flag("model.init_method_std", "--init-method-std"),
     Flag("model.num_moe_experts", "--num-experts"),
     # The experts and their routing (Nemotron 3, DeepSeek-V3): written for MoE models only.
@@ -300,8 +301,6 @@ ALWAYS_ON = (
     ("--calculate-per-token-loss", "calculate_per_token_loss",
      "every loss token of the global batch weighs alike; without the flag Megatron-LM "
      "averages each micro-batch's mean"),
-    ("--attention-softmax-in-fp32", "attention_softmax_in_fp32",
-     "attention scores are normalised in fp32; without the flag in bf16/fp16"),
 )
 
 

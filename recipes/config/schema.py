@@ -45,6 +45,12 @@ class ModelConfig:
     share_embeddings_and_output_weights: bool = True  # tie input embedding and output layer
     hidden_dropout: float = 0.0  # dropout after attention / MLP
     attention_dropout: float = 0.0  # dropout on attention probabilities
+    # Attention scores masked and normalised in fp32 in a bf16/fp16 run (Megatron Core's
+    # attention_softmax_in_fp32, Megatron-LM's --attention-softmax-in-fp32); false keeps them in
+    # the run's precision, as Megatron Bridge's Nemotron-H models do. True is this project's
+    # default (Megatron Core's too). Megatron Core's local attention reads it; Transformer
+    # Engine's is not given it.
+    attention_softmax_in_fp32: bool = True
     init_method_std: float = 0.02  # std of the normal weight init
     # Whose layers: auto = Transformer Engine's on GPU ranks (fused attention and kernels, FP8,
     # packed THD; refused before launch when TE is missing), Megatron Core's local ones on CPU

@@ -25,6 +25,9 @@ BRIDGE_WEIGHT_DECAY = (
     f"Megatron Bridge's recipes set 0.1 ({BRIDGE_OPTIMIZER}:108-123) but their scheduler applies "
     "0.033 every step (start/end_weight_decay, :162-173; megatron-core 0.19.2 "
     "optimizer_param_scheduler.py:184-202, 300)")
+# Megatron Bridge's providers keep attention scores in the run's precision (False); ours: True.
+SOFTMAX_NOTE = ("Megatron Core's default and this project's: True; Megatron Core's local "
+                "attention reads it, Transformer Engine's is not given it")
 # Megatron Bridge's communication overlap rules and its H100 performance configs (the fast
 # paths its benchmarks turn on).
 COMM_OVERLAP = f"{BRIDGE}@38b4a06:src/megatron/bridge/training/comm_overlap.py"
@@ -91,7 +94,8 @@ LABELS: tuple[tuple[str, str], ...] = (
     ("N-super3-blend2", SUPER_BLEND2), ("N-super3-blend-lc", SUPER_BLEND_LC),
     ("N-super3-docs", S3_DOCS),
     ("N-super3-paper", S3_PAPER), ("N-super3-tiny", S3_TINY), ("B-s3", S3_RECIPE),
-    ("B-s3-bridge", S3_BRIDGE), ("B-s3-mp", S3_PRECISION), ("hf-s3", S3_CONFIG),
+    ("B-s3-bridge", S3_BRIDGE), ("B-s3-prov", S3_PROVIDER), ("B-s3-mp", S3_PRECISION),
+    ("hf-s3", S3_CONFIG),
     ("r-n4", N4_REPORT), ("r-340B", N340B_REPORT),
     ("r-H", H_PAGE), ("card-H-4B", H_4B_CARD), ("card-H-47B", H_47B_CARD),
     ("card-v2-12B", NANO2_CARD), ("r-v2", NANO2_REPORT), ("card-n3", N3_CARD),

@@ -23,6 +23,7 @@ from recipes.nemotron.citations import (
     S3_PROVIDER,
     S3_RECIPE,
     S3_TINY,
+    SOFTMAX_NOTE,
     SUPER_BLEND1,
     SUPER_BLEND2,
     SUPER_BLEND_LC,
@@ -31,7 +32,7 @@ from recipes.nemotron.citations import (
     SUPER_PHASE1,
     SUPER_PHASE2,
 )
-from recipes.nemotron.nemotron_h import hybrid_tiny_base
+from recipes.nemotron.nemotron_h import SOFTMAX, hybrid_tiny_base
 from recipes.sources import Settings, differs, ours, published, sourced_recipe, unpublished
 
 # Nemotron 3 Super's 88 layers (40 Mamba-2, 40 latent MoE, 8 attention), from its config.json,
@@ -88,6 +89,7 @@ def super_shape() -> Settings:
         "model.share_embeddings_and_output_weights": published(False, f"{S3_DOCS}:63"),
         "model.hidden_dropout": published(0.0, f"{S3_DOCS}:63"),
         "model.attention_dropout": published(0.0, f"{S3_DOCS}:63"),
+        SOFTMAX: unpublished(False, f"{S3_BRIDGE}:281; {S3_PROVIDER}:43", SOFTMAX_NOTE),
         "model.init_method_std": unpublished(0.014, f"{S3_RECIPE}:128; {S3_TINY}:105",
                                              "the config.json's initializer_range 0.02 is not "
                                              "the pretraining value"),

@@ -23,6 +23,7 @@ from recipes.nemotron.citations import (
     N4_REPORT,
     N340B_REPORT,
     NEMO_N4_TEMPLATE,
+    SOFTMAX_NOTE,
 )
 from recipes.sources import (
     Settings,
@@ -64,6 +65,9 @@ def nemotron4_15b_shape() -> Settings:
             False, f"{N4_PROVIDER}:40; {N4_REPORT}, §2"),
         "model.hidden_dropout": published(0.0, f"{N4_PROVIDER}:43; {N4_REPORT}, §2"),
         "model.attention_dropout": published(0.0, f"{N4_PROVIDER}:44"),
+        "model.attention_softmax_in_fp32": unpublished(
+            False, f"{GPT_PROVIDER}:145 (Bridge's default, not overridden for Nemotron-4)",
+            SOFTMAX_NOTE),
         "model.init_method_std": unpublished(0.0134, f"{N4_PROVIDER}:131",
                                              "also NVIDIA's NeMo launcher config for 15B"),
     }

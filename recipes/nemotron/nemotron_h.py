@@ -47,6 +47,7 @@ from recipes.nemotron.citations import (
     N3_REPORT,
     NANO2_CARD,
     NANO2_REPORT,
+    SOFTMAX_NOTE,
     SUPER_PHASE1,
     V2_9B_CONFIG,
     V2_RECIPE,
@@ -75,6 +76,8 @@ NANO_V2_12B_PATTERN = "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M
 NEMOTRON3_NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
 SEQ = 8192  # every Nemotron-H, Nano v2 and Nemotron 3 Nano pretraining sequence
 LONG_SEQ = 524_288  # the long-context phases' 512k-token rows
+# Megatron Bridge's Nemotron-H providers normalise attention scores in the run's precision.
+SOFTMAX = "model.attention_softmax_in_fp32"
 
 
 # --- the Nemotron-H family's shape ----------------------------------------------------------
@@ -96,6 +99,7 @@ def nemotron_h_shape() -> Settings:
         "model.share_embeddings_and_output_weights": published(False, f"{MAMBA_PROVIDER}:145"),
         "model.hidden_dropout": published(0.0, f"{MAMBA_PROVIDER}:167"),
         "model.attention_dropout": published(0.0, f"{MAMBA_PROVIDER}:168"),
+        SOFTMAX: unpublished(False, f"{H_PROVIDER}:43", SOFTMAX_NOTE),
         "model.num_query_groups": published(8, f"{H_PROVIDER}:37"),
         "model.kv_channels": published(None, f"{H_PROVIDER} (not set: hidden / heads = 128)"),
         "model.mamba_head_dim": published(64, f"{H_PROVIDER}:36"),
@@ -118,8 +122,10 @@ def pattern(symbols: str, where: str) -> Settings:
 
 
 def nemotron_h_model(symbols: str, hidden: int, ffn: int, heads: int, **sizes) -> ModelConfig:
-    """A Nemotron-H-shaped model of these sizes (the tiny hybrids' too)."""
-    model = build(nemotron_h_shape()).model
+    """A Nemotron-H-shaped model of these sizes (the tiny hybrids'): the shape only; its
+    attention softmax stays at the project's default, as in the other tiny recipes."""
+    shape = {key: value for key, value in nemotron_h_shape().items() if key != SOFTMAX}
+    model = build(shape).model
     model.hybrid_layer_pattern, model.num_layers = symbols, len(layer_symbols(symbols))
     model.hidden_size, model.ffn_hidden_size, model.num_attention_heads = hidden, ffn, heads
     for name, value in sizes.items():
@@ -530,6 +536,7 @@ def nemotron3_nano() -> Settings:
         "model.kv_channels": published(128, f"{N3_PROVIDER}:162; {N3_ARCHITECTURE}:40"),
         "model.mamba_num_heads": published(64, f"{N3_PROVIDER}:161; {N3_ARCHITECTURE}:43"),
         "model.mamba_head_dim": published(64, f"{N3_PROVIDER}:166; {N3_ARCHITECTURE}:44"),
+        SOFTMAX: unpublished(False, f"{N3_PROVIDER}:43", SOFTMAX_NOTE),
         "model.seq_length": published(SEQ, f"{N3_PAPER}:13, 73; {N3_RECIPE}:133",
                                       "the model's context is 1M; 8k is the training length"),
         "model.mamba_state_dim": published(128, f"{N3_PROVIDER}:163; {N3_ARCHITECTURE}:41"),

@@ -152,10 +152,9 @@ def test_pretrain_prints_the_megatron_command_line(capsys) -> None:
 
 def test_what_this_trainer_always_does_is_on_every_command_line_and_missing_ones_noted() -> None:
     args = to_megatron_args(get_recipe("tiny_dp1"))
-    assert "--calculate-per-token-loss" in args and "--attention-softmax-in-fp32" in args
+    assert "--calculate-per-token-loss" in args
     _, notes = config_from_megatron_args(["--num-layers", "4"])
-    assert [n.split(" ")[0] for n in notes] == ["--calculate-per-token-loss",
-                                                "--attention-softmax-in-fp32"]
+    assert [n.split(" ")[0] for n in notes] == ["--calculate-per-token-loss"]
 
 
 def test_wsd_writes_its_resolved_anneal_and_reads_it_back_as_unset() -> None:

@@ -296,3 +296,11 @@ def test_decay_iterations_left_unset_are_not_a_change_of_their_own():
                                               "scheduler.decay_iters 4 -> 5"]
     same = flatten(_config(_cfg("train.train_iters=4", "scheduler.decay_iters=4")))
     assert stated_changes(saved, same) == []
+
+
+def test_a_resume_into_another_attention_softmax_precision_is_stated():
+    """A Nemotron checkpoint trained with the softmax in bf16, resumed by a recipe that keeps it
+    in fp32 (or the other way): the numerics change, so the change is said before launch."""
+    saved = flatten(_config(_cfg("model.attention_softmax_in_fp32=false")))
+    now = flatten(_config(_cfg()))
+    assert stated_changes(saved, now) == ["model.attention_softmax_in_fp32 false -> true"]

@@ -26,6 +26,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from recipes.config.arguments import as_written
 from recipes.models.hybrid.pattern import PIPE
 from trainer.checkpoint.format import (
     FSDP_DTENSOR,
@@ -56,7 +57,7 @@ STATED_FIELDS = (
     "scheduler.style", "scheduler.warmup_iters", "scheduler.decay_iters", "precision.dtype",
     "model.seq_length", "model.rotary_base", "model.rotary_percent", "model.rope_scaling_factor",
     "data.source",
-    "data.blend", "data.documents", "optimizer.fsdp",
+    "data.blend", "data.documents", "optimizer.fsdp", "model.attention_softmax_in_fp32",
 )
 LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "dp")
 
@@ -284,7 +285,8 @@ def stated_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`field a -> b` for every field a resume may change and this run did: set to another
     value, and so used with another. A field left unset in both that follows another (decay
     iterations follow train_iters) is not a change of its own: the other field is stated."""
-    return [f"{key} {_stated(saved, key)} -> {_stated(current, key)}" for key in STATED_FIELDS
+    return [f"{key} {as_written(_stated(saved, key))} -> {as_written(_stated(current, key))}"
+            for key in STATED_FIELDS
             if key in saved and saved[key] != current.get(key)
             and _stated(saved, key) != _stated(current, key)]
 

@@ -65,9 +65,6 @@ ALIGNMENTS: tuple[Alignment, ...] = (
     Alignment("per-token loss", "always (every loss token of the global batch weighs alike)",
               "off: each micro-batch's mean, averaged", (),
               "print=megatron_args writes --calculate-per-token-loss on every command line"),
-    Alignment("attention softmax in fp32", "True (Megatron Core's TransformerConfig default)",
-              "False", (), "print=megatron_args writes --attention-softmax-in-fp32; changes "
-              "numerics in bf16/fp16 only"),
     Alignment("WSD decay iterations", "a tenth of the decay iterations when unset",
               "none: Megatron-LM's WSD scheduler needs --lr-wsd-decay-iters", (),
               "print=megatron_args writes the resolved value (wsd recipes only)"),
