@@ -10,9 +10,7 @@ the CPU runtime, the first call decides and later ones change nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from trainer.patch import Patch
+from trainer.patch import Patch, PatchSet
 
 FSDP_UNSCALING = "fsdp_empty_shard_unscaling"
 STEP_PATCHES: tuple[Patch, ...] = (
@@ -47,19 +45,9 @@ def install_fsdp_unscaling() -> None:
     DistributedOptimizer._collect_main_grad_data_for_unscaling = without_empty_shards
 
 
-_INSTALLERS: dict[str, Callable[[], None]] = {FSDP_UNSCALING: install_fsdp_unscaling}
-_applied: frozenset[str] | None = None  # the fixes installed in this process, once decided
+_FIXES = PatchSet("step fixes", {FSDP_UNSCALING: install_fsdp_unscaling}, PATCH_NAMES)
 
 
 def apply_step_fixes(skip: frozenset[str] = frozenset()) -> None:
     """Install every step fix but those `skip` names; a second call is a no-op."""
-    global _applied
-    if _applied is not None:
-        return
-    unknown = set(skip) - set(PATCH_NAMES)
-    if unknown:
-        raise ValueError(f"unknown step fixes {sorted(unknown)}; known: {PATCH_NAMES}")
-    for name, install in _INSTALLERS.items():
-        if name not in skip:
-            install()
-    _applied = frozenset(PATCH_NAMES) - frozenset(skip)
+    _FIXES.install_once(skip)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from plugins.protocol.errors import UserError
-from trainer.patch import Patch
+from trainer.patch import Patch, refuse_unknown
 
 
 @dataclass(frozen=True)
@@ -81,10 +81,7 @@ def _fix(name: str, *, works_around: str, why: str, context: bool = False,
 def skipping(names: Iterable[str]) -> Iterator[None]:
     """Leave the named fixes out while active (self-tests only). A forked writer inherits it."""
     global _skipped
-    names = frozenset(names)
-    unknown = names - set(FIXES)
-    if unknown:
-        raise ValueError(f"unknown Megatron fixes {sorted(unknown)}; known: {sorted(FIXES)}")
+    names = refuse_unknown("Megatron fixes", names, sorted(FIXES))
     previous, _skipped = _skipped, _skipped | names
     try:
         yield
@@ -574,8 +571,10 @@ def _held_step(torch_optimizer) -> float:
 
 def _steps_over_ranks(torch_optimizers: list) -> list[float]:
     """Each optimizer's step as the ranks holding a shard of it keep it (max over every rank;
-    0 before any holds state). A rank can hold no shard at all: a bucket's rows split into
-    equal, padded shards leaves the last ranks none once DP nears its row count."""
+    0 before any holds state). A bucket's rows split into equal, padded shards leave the last
+    ranks none of it once DP nears its row count (tests/dist/test_fsdp_empty_rank.py: a rank
+    without the expert bucket); a rank holds no shard at all, and so no step of its own, once
+    DP passes the row count of every bucket, the embedding's included."""
     held = [_held_step(adam) for adam in torch_optimizers]
     first = torch_optimizers[0].param_groups[0]["params"][0]
     steps = torch.tensor(held, dtype=torch.float64, device=first.to_local().device)

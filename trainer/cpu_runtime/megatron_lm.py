@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import torch
 
-from trainer.patch import Patch
+from trainer.patch import Patch, refuse_unknown
 
 _SELF_TEST = "tests/unit/test_megatron_lm_on_cpu.py"
 _LOAD_SELF_TEST = "tests/dist/test_megatron_lm_checkpoints.py"
@@ -143,9 +143,7 @@ def megatron_lm_on_cpu(skip: frozenset[str] = frozenset()) -> Iterator[None]:
     import megatron.training.training as training
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    unknown = set(skip) - set(PATCH_NAMES)
-    if unknown:
-        raise ValueError(f"unknown Megatron-LM patches {sorted(unknown)}; known: {PATCH_NAMES}")
+    skip = refuse_unknown("Megatron-LM patches", skip, PATCH_NAMES)
     from megatron.core.optimizer import distrib_optimizer
 
     saved = (arguments.get_device_arch_version, training.initialize_megatron,

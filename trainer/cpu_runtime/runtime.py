@@ -28,7 +28,7 @@ from trainer.cpu_runtime.collectives import (
 from trainer.cpu_runtime.cuda_api import disable_dynamo, install_cpu_rng, install_cuda_stand_ins
 from trainer.cpu_runtime.device_mode import CudaToCpuMode
 from trainer.cpu_runtime.norm import SequenceParallelTorchNorm, adapt_local_layer_spec
-from trainer.patch import Patch
+from trainer.patch import Patch, PatchSet
 
 __all__ = [
     "PATCH_NAMES",
@@ -151,15 +151,18 @@ CPU_RUNTIME_PATCHES: tuple[Patch, ...] = (
           "(clip_grads.py:116), Found no NVIDIA driver (moe_utils.py:1326)", _UNIT),
 )
 
-# The patches applied in this process, or None before a successful activation.
-_active_patches: frozenset[str] | None = None
+# The patches applied in this process: `applied` is None before a successful activation.
+_PATCHES = PatchSet("CPU runtime patches", _INSTALLERS, PATCH_NAMES)
 # Kept referenced so the mode object outlives activation (it stays on the mode stack).
 _device_mode: CudaToCpuMode | None = None
 
 
 def _enter_device_mode(skip: frozenset[str]) -> None:
-    """Pushes the device mode onto this thread's torch-function mode stack for good."""
+    """Pushes the device mode onto this thread's torch-function mode stack for good, unless
+    every patch it carries is skipped."""
     global _device_mode
+    if not set(_MODE_PATCHES) - skip:
+        return
     _device_mode = CudaToCpuMode(
         redirect_devices="device_redirect" not in skip,
         cuda_type_names="cuda_type_names" not in skip,
@@ -176,27 +179,18 @@ def activate_cpu_runtime(threads_per_rank: int = 1, *,
     `torch.distributed.init_process_group` and before or after importing megatron.core both
     work. A second call is a no-op. `skip` names patches (from `PATCH_NAMES`) to leave out.
     """
-    global _active_patches
-    if _active_patches is not None:
-        return
-    unknown = set(skip) - set(PATCH_NAMES)
-    if unknown:
-        raise ValueError(f"unknown CPU runtime patches {sorted(unknown)}; known: {PATCH_NAMES}")
-    if threads_per_rank < 1:  # the config's rule refuses it before launch
-        raise ValueError(f"threads_per_rank={threads_per_rank} must be at least 1")
-    torch.set_num_threads(threads_per_rank)
-    skip = frozenset(skip)
-    for name, install in _INSTALLERS.items():
-        if name not in skip:
-            install()
-    if set(_MODE_PATCHES) - skip:
-        _enter_device_mode(skip)
-    _active_patches = frozenset(PATCH_NAMES) - skip
+
+    def set_threads() -> None:
+        if threads_per_rank < 1:  # the config's rule refuses it before launch
+            raise ValueError(f"threads_per_rank={threads_per_rank} must be at least 1")
+        torch.set_num_threads(threads_per_rank)
+
+    _PATCHES.install_once(skip, before=set_threads, after=_enter_device_mode)
 
 
 def cpu_runtime_active() -> bool:
     """Whether `activate_cpu_runtime` has applied the CPU runtime in this process."""
-    return _active_patches is not None
+    return _PATCHES.applied is not None
 
 
 def runtime_for(cluster: Any, *, dry_run: bool = False) -> RuntimeContext:
