@@ -324,13 +324,37 @@ def embedding_bytes(cfg: Any) -> float:
     return _tokens(cfg) * (8 + mask) / split
 
 
+def logits_bytes(cfg: Any) -> float:
+    """One head's logits for one micro-batch on one rank of the last stage, as its loss keeps
+    them: tokens x padded vocabulary / TP in FP32. Megatron's vocabulary-parallel cross entropy
+    (the fused one the project runs on GPUs, `cross_entropy_loss_fusion` with the native
+    implementation, and the unfused one on CPU alike; `calculate_per_token_loss` changes only
+    how the per-token losses are summed) casts the output layer's logits to FP32
+    (`VocabParallelCrossEntropy.calculate_logits_max`), takes their softmax in place and saves
+    it for the backward (`tensor_parallel/cross_entropy.py`, `fusions/fused_cross_entropy.py`).
+    The BF16 logits it cast are freed when the loss returns: they are held beside the FP32 copy
+    only while one head's loss runs (and its backward's cast back), as Megatron's estimator
+    also counts 4 bytes a logit (`theoretical_memory_usage.py`), so they are not counted."""
+    layout = cfg.layout
+    return _tokens(cfg) * 4 * layout.padded_vocab / layout.tensor
+
+
 def output_bytes(cfg: Any) -> float:
-    """Last stage, one micro-batch: final-norm and output-layer inputs, FP32 logits for the
-    vocabulary-parallel cross entropy (the vocabulary is split over TP)."""
-    layout, m = cfg.layout, cfg.model
+    """Last stage, one micro-batch: final-norm and output-layer inputs, and the FP32 logits the
+    vocabulary-parallel cross entropy keeps (`logits_bytes`; the vocabulary is split over
+    TP)."""
     d = _ACT_BYTES[cfg.precision.dtype]
-    split = layout.tensor if layout.sequence_parallel else 1
-    return _tokens(cfg) * (2 * d * m.hidden_size / split + 4 * layout.padded_vocab / layout.tensor)
+    split = cfg.layout.tensor if cfg.layout.sequence_parallel else 1
+    return _tokens(cfg) * 2 * d * cfg.model.hidden_size / split + logits_bytes(cfg)
+
+
+def mtp_logits_bytes(cfg: Any) -> float:
+    """Of a hybrid model's MTP block on the last stage (`mtp_bytes`), its depths' FP32 logits:
+    each depth computes its own through the output layer and keeps them for its loss
+    (`transformer/multi_token_prediction.py`, `process_mtp_loss`), whatever the recompute."""
+    m = cfg.model
+    depths = hybrid.mtp_depths(m.hybrid_layer_pattern) if m.is_hybrid else 0
+    return depths * logits_bytes(cfg)
 
 
 def _stage_layer_bytes(cfg: Any, attention: Attention,

@@ -11,16 +11,18 @@ gradients and, with a sharded optimizer, gathers weights (FP8 parameters gathere
 each) as often as the sharding does (`dp_passes`: once a step, or per micro-batch under
 Megatron FSDP). CP passes K/V around its ring (and dK/dV back) in attention layers and, in
 Mamba layers, turns the mixer's inputs from sequence shards into head shards and its output
-back by all-to-all; EP exchanges routed tokens four times per MoE layer the stage runs (the
-last stage's MTP depths' too), at the width the routed experts read (a latent MoE's latent
-width: Megatron projects tokens down before the dispatch and back up after the combine). A
-forward that is recomputed in the backward (`recomputed`) runs its collectives again: full
-recompute every layer's, selective recompute of `moe` the MoE layer's token exchange and of
-`core_attn` the CP ring. Each figure is counted from the stage's layers by kind
-(`params.stage_kinds`; for EP `moe_passes`), bytes and collectives together, so the step
-model's latency term counts what the table shows. A group whose ranks span nodes is timed at
-the inter-node bandwidth, else at the intra-node one; latency and overlap with compute are the
-step model's (`recipes/plan/steptime.py`).
+back by all-to-all; EP exchanges routed tokens four times per MoE layer the stage runs, at the
+width the routed experts read (a latent MoE's latent width: Megatron projects tokens down
+before the dispatch and back up after the combine). The last stage also runs a hybrid model's
+MTP depths (`mtp_kinds`): their layers send what the decoder's layers of their kinds send (TP,
+CP, EP), and each depth's input projection its own TP gathers (`_mtp_projection`). A forward
+that is recomputed in the backward (`recomputed`) runs its collectives again: full recompute
+every layer's (an MTP layer's twice, `mtp_recomputed`), selective recompute of `moe` the MoE
+layer's token exchange and of `core_attn` the CP ring. Each figure is counted from the stage's
+layers by kind (`params.stage_kinds`; for EP `moe_passes`), bytes and collectives together, so
+the step model's latency term counts what the table shows. A group whose ranks span nodes is
+timed at the inter-node bandwidth, else at the intra-node one; latency and overlap with compute
+are the step model's (`recipes/plan/steptime.py`).
 """
 
 from __future__ import annotations
@@ -71,17 +73,78 @@ def recomputed(cfg: Any, module: str | None = None) -> int:
                and module in t.recompute_modules)
 
 
-def _tp(cfg: Any, d: int, tokens: float, sublayers: int) -> tuple[str, float, float]:
+def mtp_recomputed(cfg: Any, module: str | None = None) -> int:
+    """Forwards of an MTP depth's layer that the backward runs again: under full recompute two,
+    for the depth runs whole inside one checkpoint (`MultiTokenPredictionLayer.
+    _checkpointed_forward`) whose rerun checkpoints each of its layers again (its HybridStack
+    under the same settings, `recompute.checkpointed_forward`), so the layer's own backward
+    reruns it once more; otherwise what a decoder layer reruns (`recomputed`: selective
+    recompute checkpoints the same modules in the same layer classes)."""
+    return 2 if cfg.train.recompute == "full" else recomputed(cfg, module)
+
+
+def mtp_kinds(cfg: Any, stage: int) -> dict[str, int]:
+    """Layers of each kind a hybrid model's MTP block runs on `stage` per micro-batch's forward:
+    on the last stage every depth's (`hybrid.mtp_count`, as the FLOPs count them; the block is
+    built there, `models/hybrid/hybrid_model.py:217-229`, and runs each depth in turn, the
+    one shared layer again at every depth under `model.mtp_use_repeated_layer`), elsewhere
+    none."""
+    m = cfg.model
+    if not m.is_hybrid or stage != cfg.layout.pipeline - 1:
+        return {}
+    found = {symbol: hybrid.mtp_count(m, symbol) for symbol in kinds.LAYER_SYMBOLS}
+    return {symbol: n for symbol, n in found.items() if n}
+
+
+def mtp_depths_on(cfg: Any, stage: int) -> int:
+    """MTP depths `stage` runs: all of them on the last stage of a hybrid model, else none."""
+    m = cfg.model
+    last = stage == cfg.layout.pipeline - 1
+    return hybrid.mtp_depths(m.hybrid_layer_pattern) if m.is_hybrid and last else 0
+
+
+def layer_passes(cfg: Any, decoder: int, mtp: int, once: int,
+                 module: str | None = None) -> int:
+    """Times a per-layer collective runs in one micro-batch over `decoder` decoder layers and
+    `mtp` MTP layers: `once` per layer without recompute (forward and backward), plus each
+    forward that recompute reruns (`recomputed`, `mtp_recomputed`; `module`: what selective
+    recompute names the collective's module by)."""
+    return (decoder * (once + recomputed(cfg, module))
+            + mtp * (once + mtp_recomputed(cfg, module)))
+
+
+def _tp(cfg: Any, d: int, tokens: float, passes: int) -> tuple[str, float, float]:
     """(operation, bytes, collectives): per sublayer and micro-batch an all-reduce forward and
-    one backward (with SP an all-gather and a reduce-scatter each), again when recomputed."""
+    one backward (with SP an all-gather and a reduce-scatter each), again when recomputed
+    (`passes`: `layer_passes` over the stage's sublayers, its MTP layers' included)."""
     layout, m = cfg.layout, cfg.model
-    passes = 2 + recomputed(cfg)
     buffer = tokens * m.hidden_size * d
     per = 2 * _ring(layout.tensor) * buffer
     sp = layout.sequence_parallel
     name = "all-gather + reduce-scatter (SP)" if sp else "all-reduce"
-    times = passes * sublayers * layout.microbatches
+    times = passes * layout.microbatches
     return name, times * per, times * (2 if sp else 1)
+
+
+def _mtp_projection(cfg: Any, d: int, tokens: float, depths: int) -> tuple[float, float]:
+    """(bytes, collectives) of the MTP depths' input projections (`eh_proj`, a column-parallel
+    linear from [embedding; hidden], 2·hidden wide, to hidden, whose output is gathered whole
+    and, under SP, split over the sequence again: `MultiTokenPredictionLayer.
+    _concat_embeddings`). With SP, forward: the 2·hidden-wide input all-gathered over the
+    sequence and the output all-gathered over its hidden shards; backward: the input's gradient
+    reduce-scattered and the output's all-gathered (the sequence split's backward). Without SP,
+    forward: the output's all-gather; backward: the input's gradient all-reduced (2·hidden
+    wide). Full recompute reruns the forward once (the depth's checkpoint holds the projection;
+    the inner, per-layer ones do not)."""
+    layout = cfg.layout
+    buffer = tokens * cfg.model.hidden_size * d
+    ring = _ring(layout.tensor)
+    forwards = 1 + recomputed(cfg)
+    if layout.sequence_parallel:  # each pass: 2·hidden and hidden wide, two collectives
+        sent, started = (forwards + 1) * 3 * ring * buffer, (forwards + 1) * 2
+    else:
+        sent, started = forwards * ring * buffer + 2 * ring * 2 * buffer, forwards + 1
+    return depths * layout.microbatches * sent, depths * layout.microbatches * started
 
 
 def _pp(cfg: Any, d: int, tokens: float, stage: int) -> tuple[float, float]:
@@ -150,29 +213,29 @@ def _times(operation: str, passes: int) -> str:
     return operation if passes == 1 else f"{operation}, {passes} a step"
 
 
-def _cp(cfg: Any, d: int, tokens: float, layers: int) -> tuple[float, float]:
+def _cp(cfg: Any, d: int, tokens: float, passes: int) -> tuple[float, float]:
     """(bytes, collectives): each of the CP - 1 ring steps hands a K/V chunk on; the backward
     hands K/V on again plus dK/dV (three passes), a recomputed attention core a fourth (full
     recompute, or selective `core_attn`: `Attention._checkpointed_attention_forward` reruns the
-    core, its ring included)."""
+    core, its ring included). `passes`: `layer_passes` over the stage's attention layers."""
     layout, m = cfg.layout, cfg.model
     width = m.kv_channels or m.hidden_size // m.num_attention_heads
     kv = 2 * (m.num_query_groups or m.num_attention_heads) * width / layout.tensor
     forward = (layout.context - 1) * tokens * kv * d  # K/V chunk handed round the ring
-    times = (3 + recomputed(cfg, "core_attn")) * layers * layout.microbatches
+    times = passes * layout.microbatches
     return times * forward, times * (layout.context - 1)
 
 
 MAMBA_CP_ALL_TO_ALLS = 6  # z, x, B, C, dt in and y out (mamba_context_parallel.py:140-211)
 
 
-def _mamba_cp(cfg: Any, d: int, tokens: float, layers: int) -> tuple[float, float]:
+def _mamba_cp(cfg: Any, d: int, tokens: float, passes: int) -> tuple[float, float]:
     """Megatron's Mamba CP (`ssm/mamba_context_parallel.py:140-211`): before the conv and scan
     z, x, B, C and dt each go from this rank's sequence chunk to all of the sequence for
     1/CP of the TP rank's heads (B and C first repeated when the TP rank has fewer groups than
     CP ranks, l.119-125, 171-184), and after it y goes back; each all-to-all sends (n-1)/n of
-    its input, its backward the gradient's. Full recompute repeats the forward ones.
-    (bytes, collectives)."""
+    its input, its backward the gradient's. Full recompute repeats the forward ones (`passes`:
+    `layer_passes` over the stage's Mamba layers). (bytes, collectives)."""
     layout, m = cfg.layout, cfg.model
     cp, tp = layout.context, layout.tensor
     heads, groups = hybrid.mamba_heads(m) / tp, m.mamba_num_groups / tp
@@ -180,33 +243,28 @@ def _mamba_cp(cfg: Any, d: int, tokens: float, layers: int) -> tuple[float, floa
     repeat = cp / groups if groups < cp else 1
     bc = 2 * groups * repeat * m.mamba_state_dim
     width = 2 * inner + bc + heads + inner  # z, x, B, C, dt in; y out
-    times = (2 + recomputed(cfg)) * layers * layout.microbatches
+    times = passes * layout.microbatches
     return times * _ring(cp) * tokens * width * d, times * MAMBA_CP_ALL_TO_ALLS
 
 
 def moe_passes(cfg: Any, stage: int, counts: dict[str, int]) -> int:
     """MoE layers one micro-batch's forward runs on `stage` (`counts`: its decoder layers by
     kind), each dispatching and combining: the decoder's, and on the last stage every MTP
-    depth's (`hybrid.mtp_count`, as the FLOPs count them). The MTP block is built on the last
-    stage (`models/hybrid/hybrid_model.py:217-229`) and runs each depth's layers in turn
-    (`MultiTokenPredictionBlock.forward`), the one shared layer again at every depth under
-    `model.mtp_use_repeated_layer`."""
-    m = cfg.model
-    last = stage == cfg.layout.pipeline - 1
-    mtp = hybrid.mtp_count(m, kinds.MOE) if m.is_hybrid and last else 0
-    return counts.get(kinds.MOE, 0) + mtp
+    depth's (`mtp_kinds`)."""
+    return counts.get(kinds.MOE, 0) + mtp_kinds(cfg, stage).get(kinds.MOE, 0)
 
 
-def _ep(cfg: Any, d: int, tokens: float, layers: int) -> tuple[float, float]:
+def _ep(cfg: Any, d: int, tokens: float, passes: int) -> tuple[float, float]:
     """Dispatch and combine, forward and backward, and again when the MoE layer's forward is
-    recomputed (full recompute, or selective recompute of `moe`). Each token goes to top-k
+    recomputed (full recompute, or selective recompute of `moe`; `passes`: `layer_passes` over
+    the stage's MoE layers, counting a dispatch and its combine once). Each token goes to top-k
     experts at the width they read: a latent MoE projects its tokens down before the dispatch
     and combines at the latent width (`transformer/moe/moe_layer.py`: `preprocess`,
     `postprocess`), so its exchange is latent / hidden of the model-wide one.
     (bytes, collectives)."""
     layout, m = cfg.layout, cfg.model
     routed = tokens * m.moe_router_topk * expert_width(m) * d / layout.tensor
-    times = (4 + 2 * recomputed(cfg, "moe")) * layers * layout.microbatches
+    times = 2 * passes * layout.microbatches
     return times * _ring(layout.expert) * routed, times
 
 
@@ -235,26 +293,37 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
     tokens = cfg.train.micro_batch_size * cfg.model.seq_length / layout.context
     counts = counts if counts is not None else stage_kinds(cfg)[stage]
     chunks = layout.virtual_stages  # each model chunk reduces (and gathers) its own buffer
+    mtp, depths = mtp_kinds(cfg, stage), mtp_depths_on(cfg, stage)
+
+    def passes(kind: str | None, once: int, module: str | None = None) -> int:
+        """`layer_passes` over the stage's layers of `kind` (None: every one)."""
+        decoder = sum(counts.values()) if kind is None else counts.get(kind, 0)
+        extra = sum(mtp.values()) if kind is None else mtp.get(kind, 0)
+        return layer_passes(cfg, decoder, extra, once, module)
+
     found = []
     if layout.tensor > 1:
-        name, sent, started = _tp(cfg, d, tokens, sum(counts.values()))
+        name, sent, started = _tp(cfg, d, tokens, passes(None, 2))
         found.append(_traffic(crossing, cluster, "tp", name, sent, started))
+        if depths:
+            found.append(_traffic(crossing, cluster, "tp", "MTP input projections",
+                                  *_mtp_projection(cfg, d, tokens, depths)))
     if layout.pipeline > 1:
         found.append(_traffic(crossing, cluster, "pp", "send/recv",
                               *_pp(cfg, d, tokens, stage)))
     for group, params, ranks, fewer in (("dp-cp", count.dense, dense_ranks, low.dense),
                                         ("expert-dp", count.expert, expert_ranks, low.expert)):
         if params and ranks > 1:
-            for name, sent, passes, weights in _dp(cfg, params, ranks, sharding, fewer):
-                found.append(_traffic(crossing, cluster, group, name, sent, passes * chunks,
-                                      passes, weights))
+            for name, sent, dp, weights in _dp(cfg, params, ranks, sharding, fewer):
+                found.append(_traffic(crossing, cluster, group, name, sent, dp * chunks,
+                                      dp, weights))
     if layout.context > 1:
         found.append(_traffic(crossing, cluster, "cp", "K/V ring exchange",
-                              *_cp(cfg, d, tokens, counts[kinds.ATTENTION])))
-        if counts.get(kinds.MAMBA):
+                              *_cp(cfg, d, tokens, passes(kinds.ATTENTION, 3, "core_attn"))))
+        if counts.get(kinds.MAMBA) or mtp.get(kinds.MAMBA):
             found.append(_traffic(crossing, cluster, "cp", "Mamba all-to-all",
-                                  *_mamba_cp(cfg, d, tokens, counts[kinds.MAMBA])))
+                                  *_mamba_cp(cfg, d, tokens, passes(kinds.MAMBA, 2))))
     if layout.expert > 1 and cfg.model.num_moe_experts:
         found.append(_traffic(crossing, cluster, "ep", "all-to-all",
-                              *_ep(cfg, d, tokens, moe_passes(cfg, stage, counts))))
+                              *_ep(cfg, d, tokens, passes(kinds.MOE, 2, "moe"))))
     return found

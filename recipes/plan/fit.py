@@ -197,6 +197,24 @@ def top_contributors(plan: Plan, n: int = 3) -> list[tuple[str, float]]:
     return plan.worst.contributors()[:n]
 
 
+MTP_DEPTHS = "MTP depths"  # the contributor `build.StagePlan.contributors` names so
+
+
+def logits_note(plan: Plan, name: str) -> str:
+    """What to say after a contributor's size: for the MTP depths, how much of them is their
+    FP32 logits (`activations.mtp_logits_bytes`; at a long sequence nearly all of it), where
+    the main head's are a contributor of their own ('logits and loss'); else nothing."""
+    from recipes.plan.activations import mtp_logits_bytes
+
+    logits = mtp_logits_bytes(plan.cfg) if name == MTP_DEPTHS else 0.0
+    return f" ({size_text(logits)} of it their FP32 logits)" if logits else ""
+
+
+def contributor_text(plan: Plan, name: str, size: float) -> str:
+    """A contributor in words: its name, its size and `logits_note`."""
+    return f"{name} {size_text(size)}{logits_note(plan, name)}"
+
+
 def cpu_rank_cluster(cfg: Any, host_bytes: int) -> tuple[ClusterSpec, str]:
     """The recipe's cluster with each rank given its share of this machine's memory (CPU ranks
     are processes on one host, not GPUs of `cluster.gpu_memory_gib`), and the words that say so."""
@@ -285,7 +303,8 @@ def refusal(plan: Plan, memory_of: str | None = None) -> str:
     leads with `model.seq_length`), else more model parallelism. A rank needing more than a
     64-bit process can address is said to fit no machine."""
     w, seq = plan.worst, plan.cfg.model.seq_length
-    parts = ", ".join(f"{name} {size_text(size)}" for name, size in top_contributors(plan))
+    parts = ", ".join(contributor_text(plan, name, size)
+                      for name, size in top_contributors(plan))
     holder = (f"a rank has {_memory_text(plan, memory_of)}" if memory_of else
               f"a GPU has {size_text(plan.cluster.gpu_memory_bytes)} (cluster.gpu_memory_gib)")
     if w.peak > ADDRESS_SPACE_BYTES:

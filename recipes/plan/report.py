@@ -11,7 +11,13 @@ import dataclasses
 from typing import Any
 
 from recipes.plan.build import Plan, StagePlan
-from recipes.plan.fit import refusal, size_text, suggestions, summary_line
+from recipes.plan.fit import (
+    logits_note,
+    refusal,
+    size_text,
+    suggestions,
+    summary_line,
+)
 
 MIB = 2**20
 SIZE_WIDTH = 10  # the widest size_text short of 1,000 PB: '999.99 GB', '866.35 kB', '3.20 PB'
@@ -67,7 +73,7 @@ def _fit_lines(plan: Plan) -> list[str]:
     verdict = "fits" if plan.fits else "does NOT fit"
     lines = [f"worst rank: stage {w.stage}, peak {size_text(w.peak)} of "
              f"{size_text(plan.cluster.gpu_memory_bytes)}: {verdict}", "  largest contributors:"]
-    lines += [f"    {name:<48} {size_text(size):>{SIZE_WIDTH + 1}}"
+    lines += [f"    {name:<48} {size_text(size):>{SIZE_WIDTH + 1}}{logits_note(plan, name)}"
               for name, size in w.contributors()[:5]]
     if w.state.offloaded:
         lines.append(f"  optimizer state offloaded to CPU: {size_text(w.state.offloaded)}")

@@ -4,9 +4,13 @@ Compute is the one FLOPs definition (`recipes/plan/flops.py`) split into the mat
 multiplies one rank runs, each timed at an efficiency that depends on its shape: a GEMM of
 [m, k] x [k, n] reaches `peak_fraction` x m/(m+h) x k/(k+h) x n/(n+h) of the GPU's peak, where
 h (`half_dim`) is the size at which a dimension halves the throughput. So TP that cuts the
-widths, CP that cuts the tokens, and small micro-batches all pay for thin GEMMs. The backward
-is twice the forward; full recompute adds one forward of every layer, selective recompute one
-forward of the attention core.
+widths, CP that cuts the tokens, and small micro-batches all pay for thin GEMMs. The products
+are each layer kind's (a Mamba2 layer's projections and scan; a latent MoE's routed experts at
+the latent width, its two projections and the shared experts at the model width) and add up to
+the definition's FLOPs; a hybrid model's MTP depths (their layers, projections and logits) run
+on the last stage, after the decoder, so they lengthen that stage alone. The backward is twice
+the forward; full recompute adds one forward of every layer (two of an MTP layer), selective
+recompute one forward of the modules it names.
 
 Communication is the planner's own (`recipes/plan/comm.py`: bytes per group at the cluster's
 bandwidths), with what overlaps taken out: TP and EP collectives sit between the GEMMs that
@@ -42,6 +46,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from recipes.models import kinds
 from recipes.models.gpt.flops import (
     attention_score_flops,
     logits_flops,
@@ -49,8 +54,10 @@ from recipes.models.gpt.flops import (
     output_projection_flops,
     qkv_projection_flops,
 )
+from recipes.models.hybrid import pattern as hybrid
+from recipes.models.hybrid.flops import mamba_flops, mtp_projection_flops
 from recipes.models.moe.flops import moe_flops
-from recipes.plan.comm import recomputed
+from recipes.plan.comm import mtp_recomputed, recomputed
 from recipes.plan.flops import FlopsShape
 
 # Kernels one layer's forward runs in Megatron's layers (norms, QKV, RoPE, the attention
@@ -78,6 +85,7 @@ class Gemm:
     m: float
     k: float
     n: float
+    module: str = ""  # the `train.recompute_modules` entry that reruns it ('mlp', 'moe')
 
 
 def gemm_efficiency(g: Gemm, peak_fraction: float, half_dim: float) -> float:
@@ -110,35 +118,120 @@ class StepTime:
                 "ep": self.ep, "pp": self.pp, "dp": self.dp, "cores": self.cores}
 
 
-def layer_gemms(cfg: Any) -> tuple[list[Gemm], Gemm]:
-    """One layer's products on one rank for one micro-batch (averaged over the layer kinds),
-    and its attention core apart (what CP overlaps and selective recompute repeats)."""
-    s, m, layout = FlopsShape.from_config(cfg), cfg.model, cfg.layout
-    layers, tp, cp = m.num_layers, layout.tensor, layout.context
+def _shape(cfg: Any, counts: dict[str, int], depths: int) -> FlopsShape:
+    """The model's FLOPs shape (`FlopsShape.from_config`) with only the layers `counts` names
+    by kind and `depths` MTP depths."""
+    return dataclasses.replace(
+        FlopsShape.from_config(cfg), attention_layers=counts.get(kinds.ATTENTION, 0),
+        dense_mlp_layers=counts.get(kinds.MLP, 0), moe_layers=counts.get(kinds.MOE, 0),
+        mamba_layers=counts.get(kinds.MAMBA, 0), mtp_depths=depths)
+
+
+def decoder_shape(cfg: Any) -> FlopsShape:
+    """The FLOPs shape of the decoder's layers alone, which the pipeline stages share out: a
+    hybrid model's MTP depths run on the last stage (`mtp_shape`)."""
+    s, m = FlopsShape.from_config(cfg), cfg.model
+    if not s.mtp_depths:
+        return s
+    return _shape(cfg, {symbol: hybrid.count(m, symbol) for symbol in kinds.LAYER_SYMBOLS}, 0)
+
+
+def mtp_shape(cfg: Any) -> FlopsShape | None:
+    """The FLOPs shape of a hybrid model's MTP block (every depth's layers by kind, as
+    `FlopsShape.from_config` adds them to the decoder's); None without MTP depths."""
+    s, m = FlopsShape.from_config(cfg), cfg.model
+    if not s.mtp_depths:
+        return None
+    return _shape(cfg, {symbol: hybrid.mtp_count(m, symbol) for symbol in kinds.LAYER_SYMBOLS},
+                  s.mtp_depths)
+
+
+def _moe_gemms(cfg: Any, s: FlopsShape, share: float, tokens: float) -> list[Gemm]:
+    """An MoE layer's products on one rank, `share` of them, its FLOPs `moe_flops` per token:
+    the routed experts at the width they read (a latent MoE's latent width: fc1 latent ->
+    expert width, fc2 back), each local expert fed the copies routed to it from its EP x
+    expert-TP group (tokens / TP each, as SP splits them, x top-k x EP x expert-TP / experts);
+    the latent projections (hidden -> latent -> hidden, whole on every TP rank, each over its
+    own tokens / TP); the shared experts, a dense MLP split over TP. The routed experts' FLOPs
+    are what `moe_flops` leaves after the other two, so the three add up to it."""
+    layout, tp, m = cfg.layout, cfg.layout.tensor, cfg.model
+    gate = 2 if s.gated else 1
+    total = share * tokens * moe_flops(s) / tp
+    gemms = []
+    if s.moe_shared_ffn_hidden_size:
+        width = s.moe_shared_ffn_hidden_size
+        gemms.append(Gemm(share * tokens * mlp_flops(s, width) / tp, tokens, s.hidden_size,
+                          width / tp * (gate + 1) / 2, "moe"))
+    if s.moe_latent_size:
+        own = tokens / tp
+        gemms.append(Gemm(share * own * 2 * 2 * s.hidden_size * s.moe_latent_size, own,
+                          s.hidden_size, s.moe_latent_size, "moe"))
+    width = s.moe_latent_size or s.hidden_size
+    routed = max(1.0, tokens / tp * s.moe_router_topk * layout.expert
+                 * layout.expert_tensor_size / m.num_moe_experts)
+    gemms.append(Gemm(total - sum(g.flops for g in gemms), routed, width,
+                      s.moe_ffn_hidden_size / layout.expert_tensor_size * (gate + 1) / 2, "moe"))
+    return gemms
+
+
+def _mamba_gemms(s: FlopsShape, share: float, tokens: float, tp: int) -> list[Gemm]:
+    """A Mamba2 layer's products on one rank, `share` of them, its FLOPs `mamba_flops` per
+    token: in_proj (hidden -> z, x, B, C, dt, split over TP), out_proj (d_inner / TP ->
+    hidden), and the chunked scan's small products, whose sizes are the chunk, the state and a
+    head's width (what `mamba_flops` leaves after the two projections)."""
+    h, inner = s.hidden_size, s.mamba_inner
+    width = 2 * inner + 2 * s.mamba_groups * s.mamba_state + s.mamba_heads
+    in_proj = Gemm(share * tokens * 2 * h * width / tp, tokens, h, width / tp)
+    out_proj = Gemm(share * tokens * 2 * inner * h / tp, tokens, inner / tp, h)
+    scan = share * tokens * mamba_flops(s) / tp - in_proj.flops - out_proj.flops
+    return [in_proj, out_proj,
+            Gemm(scan, s.mamba_chunk, s.mamba_state, inner / s.mamba_heads)]
+
+
+def _kind_gemms(cfg: Any, s: FlopsShape, per: int) -> tuple[list[Gemm], Gemm]:
+    """The products one rank runs for one micro-batch in the layers `s` counts by kind, over
+    `per` of them (the decoder's mean layer; 1: all of them), and the attention cores apart."""
+    m, layout = cfg.model, cfg.layout
+    tp, cp = layout.tensor, layout.context
     tokens = layout.micro_batch * m.seq_length / cp
     h, query = s.hidden_size, s.num_attention_heads * s.kv_channels
     kv = s.num_query_groups * s.kv_channels
-    share = s.attention_layers / layers
+    share = s.attention_layers / per
     gemms = [Gemm(share * tokens * qkv_projection_flops(s) / tp, tokens, h, (query + 2 * kv) / tp),
              Gemm(share * tokens * output_projection_flops(s) / tp, tokens, query / tp, h)]
     gate = 2 if s.gated else 1
+    if s.mamba_layers:
+        gemms += _mamba_gemms(s, s.mamba_layers / per, tokens, tp)
     if s.dense_mlp_layers:
         ffn = s.ffn_hidden_size / tp
-        gemms.append(Gemm(s.dense_mlp_layers / layers * tokens * mlp_flops(s, s.ffn_hidden_size)
-                          / tp, tokens, h, ffn * (gate + 1) / 2))
+        gemms.append(Gemm(s.dense_mlp_layers / per * tokens * mlp_flops(s, s.ffn_hidden_size)
+                          / tp, tokens, h, ffn * (gate + 1) / 2, "mlp"))
     if s.moe_layers:
-        experts = m.num_moe_experts
-        routed = max(1.0, tokens * s.moe_router_topk * layout.expert / experts)
-        gemms.append(Gemm(s.moe_layers / layers * tokens * moe_flops(s) / tp, routed, h,
-                          s.moe_ffn_hidden_size / layout.expert_tensor_size * (gate + 1) / 2))
+        gemms += _moe_gemms(cfg, s, s.moe_layers / per, tokens)
     pairs = layout.micro_batch * m.seq_length ** 2 / 2 / cp
-    core = Gemm(attention_score_flops(s, pairs) / layers / tp, tokens, s.kv_channels,
+    core = Gemm(attention_score_flops(s, pairs) / per / tp, tokens, s.kv_channels,
                 m.seq_length / cp)
     return gemms, core
 
 
+def layer_gemms(cfg: Any) -> tuple[list[Gemm], Gemm]:
+    """One decoder layer's products on one rank for one micro-batch (averaged over the layer
+    kinds), and its attention core apart (what CP overlaps and selective recompute repeats)."""
+    return _kind_gemms(cfg, decoder_shape(cfg), cfg.model.num_layers)
+
+
 def _seconds(g: Gemm, peak: float, fraction: float, half: float) -> float:
     return g.flops / (peak * gemm_efficiency(g, fraction, half)) if g.flops else 0.0
+
+
+def _selective(cfg: Any, gemms: list[Gemm], core: float, peak: float, fraction: float,
+               half: float) -> float:
+    """The forward seconds selective recompute repeats of `gemms` and their attention cores
+    (`core` seconds): the cores (core_attn), a dense MLP's GEMMs (mlp), an MoE layer's (moe:
+    routed experts, latent projections and shared experts, the whole `MoELayer`)."""
+    modules = set(cfg.train.recompute_modules)
+    extra = core if "core_attn" in modules else 0.0
+    return extra + sum(_seconds(g, peak, fraction, half) for g in gemms if g.module in modules)
 
 
 def selective_extra_seconds(cfg: Any, peak: float, fraction: float, half: float,
@@ -146,15 +239,51 @@ def selective_extra_seconds(cfg: Any, peak: float, fraction: float, half: float,
     """One layer's forward seconds that selective recompute repeats: the attention core
     (core_attn), a dense MLP's GEMMs (mlp) or an MoE layer's (moe), averaged over the layers as
     `layer_gemms` averages them."""
-    modules = set(cfg.train.recompute_modules)
-    extra = core_forward if "core_attn" in modules else 0.0
-    if not modules & {"mlp", "moe"}:
-        return extra
-    gemms = layer_gemms(cfg)[0][2:]  # the MLP's, then the MoE layer's (as layer_gemms adds them)
-    s = FlopsShape.from_config(cfg)
-    labels = ["mlp"] * bool(s.dense_mlp_layers) + ["moe"] * bool(s.moe_layers)
-    return extra + sum(_seconds(g, peak, fraction, half)
-                       for g, label in zip(gemms, labels, strict=True) if label in modules)
+    return _selective(cfg, layer_gemms(cfg)[0], core_forward, peak, fraction, half)
+
+
+@dataclass(frozen=True)
+class MtpSeconds:
+    """A hybrid model's MTP block on one rank of the last stage, for one micro-batch."""
+
+    forward: float  # every depth: its layers, its input projection, its logits
+    recompute: float  # what recompute runs again of it in the backward
+    gemms: float  # of `forward`, the layers' and projections' products (TP overlaps them)
+    core: float  # of `forward`, the attention cores (what the CP ring overlaps)
+    layers: int  # layers the depths run (their kernels)
+
+
+def mtp_seconds(cfg: Any, peak: float, fraction: float, half: float) -> MtpSeconds:
+    """The MTP depths' time on the last stage, where Megatron builds and runs them (after the
+    decoder, `models/hybrid/hybrid_model.py:217-229`): each depth's layers by kind, its
+    projection of [embedding; hidden] (2·hidden -> hidden, column-parallel) and its own logits,
+    the FLOPs `flops.py` counts for them. Full recompute reruns a depth's projection once and
+    its layers twice (`comm.mtp_recomputed`), not its logits (outside the checkpoint);
+    selective recompute the same modules as in a decoder layer."""
+    s = mtp_shape(cfg)
+    if s is None:
+        return MtpSeconds(0.0, 0.0, 0.0, 0.0, 0)
+    layout, tp = cfg.layout, cfg.layout.tensor
+    tokens = layout.micro_batch * cfg.model.seq_length / layout.context
+    gemms, core = _kind_gemms(cfg, s, 1)
+    depths, h = s.mtp_depths, s.hidden_size
+    projection = Gemm(depths * tokens * mtp_projection_flops(s) / tp, tokens, 2 * h, h / tp)
+    logits = Gemm(depths * tokens * logits_flops(s) / tp, tokens, h, layout.padded_vocab / tp)
+
+    def time(g: Gemm) -> float:
+        return _seconds(g, peak, fraction, half)
+
+    layers, core_s, proj = sum(time(g) for g in gemms), time(core), time(projection)
+    recompute = cfg.train.recompute
+    rerun = {"full": mtp_recomputed(cfg) * (layers + core_s) + proj,
+             "selective": _selective(cfg, gemms, core_s, peak, fraction, half)
+             if recompute == "selective" else 0.0}.get(recompute, 0.0)
+    count = len(hybrid.mtp_pattern(cfg.model.hybrid_layer_pattern)) * depths
+    return MtpSeconds(layers + core_s + proj + time(logits), rerun, layers + proj, core_s,
+                      count)
+
+
+NO_MTP = MtpSeconds(0.0, 0.0, 0.0, 0.0, 0)
 
 
 def layer_forward_seconds(cfg: Any, peak: float, fraction: float, half: float,
@@ -274,22 +403,29 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
                                                   core_forward)
              if t.recompute == "selective" else 0.0}
     micro = layout.microbatches
+    mtp = mtp_seconds(cfg, peak, peak_fraction, half_dim)
+    mtp_kernels = mtp.layers * KERNELS_PER_LAYER * (3 + mtp_recomputed(cfg)) * kernel_s
     worst: tuple[float, ...] = ()
     stage_compute: dict[int, float] = {}
     for stage in stages:
         layers = sum(stage.layers)
-        forward = layers * (layer_forward + core_forward)
-        if stage.stage == len(stages) - 1:
+        last = stage.stage == len(stages) - 1
+        head = mtp if last else NO_MTP  # the MTP depths run on the last stage alone
+        forward = layers * (layer_forward + core_forward) + head.forward
+        if last:
             forward += _seconds(logits, peak, peak_fraction, half_dim)
-        per_micro = (3 * forward + layers * extra[t.recompute]
-                     + layers * layer_kernels(t.recompute) * kernel_s)
-        comm = _overlapped(cfg, _traffic_seconds(stage), micro * layers * 3 * layer_forward,
-                           micro * layers * 3 * (layer_forward + core_forward))
+        per_micro = (3 * forward + layers * extra[t.recompute] + head.recompute
+                     + layers * layer_kernels(t.recompute) * kernel_s
+                     + (mtp_kernels if last else 0.0))
+        comm = _overlapped(cfg, _traffic_seconds(stage),
+                           micro * 3 * (layers * layer_forward + head.gemms),
+                           micro * 3 * (layers * (layer_forward + core_forward) + head.forward))
         waits = {group: count * latency_s
                  for group, count in collective_counts(stage).items()}
         comm["tp"] = comm.get("tp", 0.0) + waits["tp"]
         comm["ep"] = comm.get("ep", 0.0) + waits["ep"]
-        ring = micro * layers * (3 + recomputed(cfg, "core_attn")) * core_forward  # overlapped
+        ring = micro * (layers * (3 + recomputed(cfg, "core_attn")) * core_forward
+                        + (3 + mtp_recomputed(cfg, "core_attn")) * head.core)  # overlapped
         cp = max(0.0, comm.get("cp", 0.0) - ring) + waits["cp"]
         busy = micro * per_micro + comm.get("tp", 0.0) + cp + comm.get("ep", 0.0)
         fill = (layout.pipeline - 1) / (micro * layout.virtual_stages)
