@@ -534,6 +534,13 @@ def check_data_source(cfg: RunConfig) -> str | None:
     if d.documents != "concatenate" and d.source != "blend":
         return (f"data.documents={d.documents} needs prepared data (data.source=blend); set "
                 "data.source=blend data.blend=<file> or data.documents=concatenate")
+    return None
+
+
+def check_documents_keep_eod_mask(cfg: RunConfig) -> str | None:
+    """Rows of whole documents (inter-document or packed) must not train a label across a
+    document boundary: the end-of-document mask stays on."""
+    d = cfg.data
     if d.documents != "concatenate" and not d.eod_mask_loss:
         return (f"data.documents={d.documents} needs data.eod_mask_loss=true (no label may cross "
                 "a document boundary); set data.eod_mask_loss=true")
@@ -614,12 +621,13 @@ Rule = Callable[[RunConfig], str | None]
 
 def check_phase_layouts(cfg: RunConfig) -> str | None:
     """Each phase's batch, sequence, CP size, micro-batch and documents meet what the run's own
-    must (a phase's own config through the size rules and the plugins' rules: a phase of
-    packed rows meets the packing plugin's)."""
+    must (a phase's own config through the size rules, the data source's and the plugins'
+    rules: a phase of packed rows meets the packing plugin's and keeps the end-of-document
+    mask), before the first launch rather than at the phase's relaunch."""
     return check_each_phase(cfg, (
         check_world_size, check_sequence_divisible_by_context, check_sequence_divisible_by_tensor,
         check_micro_batch_within_global, check_batch_fills_data_parallel, check_global_batch,
-        check_interleaved_microbatches, *cfg.plugins.rules(),
+        check_interleaved_microbatches, check_documents_keep_eod_mask, *cfg.plugins.rules(),
     ))
 
 
@@ -666,6 +674,7 @@ RULES: tuple[Rule, ...] = (
     check_async_save_needs_saves,
     check_megatron_lm_format_needs_saves,
     check_data_source,
+    check_documents_keep_eod_mask,
     check_distributed_timeout,
     *PHASE_RULES,
     check_phase_layouts,

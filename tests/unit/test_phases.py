@@ -149,6 +149,9 @@ PHASE_RULE_CASES = [
     ("check_phase_layouts", [*BLEND, PACKED_PHASE.replace(", micro_batch_size: 1", "")],
      "phases[1] (long): data.documents=packed makes packed rows, which need "
      "train.micro_batch_size=1"),
+    # ... and keeps the end-of-document mask its packed rows need.
+    ("check_phase_layouts", [*BLEND, "data.eod_mask_loss=false", PACKED_PHASE],
+     "phases[1] (long): data.documents=packed needs data.eod_mask_loss=true"),
     ("check_phase_relaunch", [*BLEND, "phases=[{name: a, end_step: 10, documents: concatenate}, "
                               "{name: b, end_step: 20, documents: packed, micro_batch_size: 1}]"],
      "phases[1] (b): changing documents (concatenate -> packed) needs a new launch"),
