@@ -105,6 +105,13 @@ def nemotron4_15b_training() -> Settings:
         "optimizer.adam_eps": unpublished(1e-8, f"{BRIDGE_OPTIMIZER}:114"),
         "optimizer.clip_grad": unpublished(1.0, f"{BRIDGE_OPTIMIZER}:118",
                                            f"NeMo's template: 1.0 ({NEMO_N4_TEMPLATE})"),
+        "data.eod_mask_loss": unpublished(False, f"{BRIDGE_COMMON}:94",
+                                          "this project's default is true (no loss where the "
+                                          "input is the end-of-document token)"),
+        "train.eval_interval": unpublished(500, f"{BRIDGE_COMMON}:73",
+                                           f"NeMo's template: 2,000 ({NEMO_N4_TEMPLATE})"),
+        "train.eval_iters": unpublished(32, f"{BRIDGE_COMMON}:74",
+                                        f"NeMo's template: 32 too ({NEMO_N4_TEMPLATE})"),
         "precision.dtype": unpublished("bf16", f"{N4_PROVIDER}:64-67"),
         "plugins.fp8.format": unpublished(None, f"{N4_PROVIDER}:64-67 (bf16, no FP8)"),
         "parallel.tensor": published(8, f"{N4_REPORT}, Table 2 (8-way tensor parallelism)",

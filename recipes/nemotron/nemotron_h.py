@@ -152,13 +152,31 @@ def bridge_optimizer() -> Settings:
     }
 
 
-def bridge_run(recipe: str, batch: int, warmup: int, iters: int, precision: int,
+# Megatron Bridge's datasets keep the loss on the token after each end-of-document.
+EOD_NOTE = ("this project's default is true (no loss where the input is the end-of-document "
+            "token)")
+
+
+def bridge_eval_and_mask(interval: str) -> Settings:
+    """Bridge's held-out evaluation and loss mask for the Nemotron-H and Nano v2 recipes
+    (`_pretrain_common`; `interval` is the recipe's eval-interval line), none published."""
+    return {
+        "data.eod_mask_loss": unpublished(False, f"{BRIDGE_COMMON}:94", EOD_NOTE),
+        "train.eval_iters": unpublished(32, f"{BRIDGE_COMMON}:74"),
+        "train.eval_interval": differs(1000, f"{interval} (every 10 steps)",
+                                       "Bridge's demo evaluates 32 batches every 10 steps, more "
+                                       "forward passes than training; every 1,000 here"),
+    }
+
+
+def bridge_run(recipe: str, batch: int, warmup: int, iters: int, evaluation: int, precision: int,
                precision_name: str = "bf16_mixed") -> Settings:
     """A Bridge Nemotron-H / Nano v2 recipe's batch, warm-up, demo length and precision (lines
     of `recipe`): 768 x 8k tokens per step, 2,000 warm-up steps, 1,168,251 steps (7.35T
     tokens), BF16 (`precision_name`, Bridge's mixed-precision recipe at that line; an FP8 one
-    sets `plugins.fp8` through `nemotron_h_fp8`)."""
-    return bridge_optimizer() | {
+    sets `plugins.fp8` through `nemotron_h_fp8`); its evaluation (`evaluation`: the line setting
+    its interval) and loss mask."""
+    return bridge_optimizer() | bridge_eval_and_mask(f"{recipe}:{evaluation}") | {
         "precision.dtype": unpublished("bf16", f"{recipe}:{precision} ({precision_name})"),
         "plugins.fp8.format": unpublished(None, f"{recipe}:{precision} (bf16_mixed: no FP8)"),
         "train.global_batch_size": unpublished(768, f"{recipe}:{batch}"),
@@ -232,7 +250,7 @@ def nemotron_h_4b_tp1_dp64() -> Settings:
         "model.kv_channels": published(128, f"{H_PROVIDER}:67"),
         "model.mamba_num_heads": published(112, f"{H_PROVIDER}:66"),
         "model.mamba_state_dim": published(128, f"{H_PROVIDER}:68"),
-    } | bridge_run(H_RECIPE, 95, 104, 94, 128) | tensor_parallel(1, f"{H_RECIPE}:72", False) \
+    } | bridge_run(H_RECIPE, 95, 104, 94, 97, 128) | tensor_parallel(1, f"{H_RECIPE}:72", False) \
         | not_pretrained(94, H_RECIPE, f"{H_4B_CARD}: pruned and distilled from Nemotron-H 8B "
                                        "with 380B tokens")
 
@@ -250,7 +268,7 @@ def nemotron_h_8b_tp2_sp_dp32() -> Settings:
         "model.num_attention_heads": published(32, f"{H_PROVIDER}:83"),
         "model.mamba_num_heads": published(128, f"{H_PROVIDER}:81"),
         "model.mamba_state_dim": published(128, f"{H_PROVIDER}:80"),
-    } | bridge_run(H_RECIPE, 227, 236, 226, 260) | tensor_parallel(2, f"{H_RECIPE}:204, 209") \
+    } | bridge_run(H_RECIPE, 227, 236, 226, 229, 260) | tensor_parallel(2, f"{H_RECIPE}:204, 209") \
         | tp_overlap(f"{H_RECIPE}:273-276")
 
 
@@ -270,7 +288,7 @@ def nemotron_h_47b_tp8_sp_dp8() -> Settings:
         "model.num_attention_heads": published(64, f"{H_PROVIDER}:97"),
         "model.mamba_num_heads": published(256, f"{H_PROVIDER}:95"),
         "model.mamba_state_dim": published(256, f"{H_PROVIDER}:94"),
-    } | bridge_run(H_RECIPE, 363, 372, 362, 396, NEMOTRON_H_FP8_NAME) \
+    } | bridge_run(H_RECIPE, 363, 372, 362, 365, 396, NEMOTRON_H_FP8_NAME) \
         | tensor_parallel(8, f"{H_RECIPE}:340, 345") \
         | tp_overlap(f"{H_RECIPE}:409-412") \
         | nemotron_h_fp8(unpublished("tensorwise", f"{H_RECIPE}:396; {NEMOTRON_H_FP8}",
@@ -294,7 +312,7 @@ def nemotron_h_56b_tp8_sp_dp8() -> Settings:
         "model.num_attention_heads": published(64, f"{H_PROVIDER}:112"),
         "model.mamba_num_heads": published(256, f"{H_PROVIDER}:110"),
         "model.mamba_state_dim": published(256, f"{H_PROVIDER}:109"),
-    } | bridge_run(H_RECIPE, 500, 509, 499, 533, NEMOTRON_H_FP8_NAME) \
+    } | bridge_run(H_RECIPE, 500, 509, 499, 502, 533, NEMOTRON_H_FP8_NAME) \
         | tensor_parallel(8, f"{H_RECIPE}:477, 482") \
         | tp_overlap(f"{H_RECIPE}:546-549") | {
         "train.cuda_graphs": unpublished("transformer_engine", f"{H_PERF}:29-33, 68-72",
@@ -333,7 +351,7 @@ def nemotron_nano_v2_9b_tp2_sp_dp32() -> Settings:
         "model.seq_length": unpublished(SEQ, f"{V2_RECIPE}:89 (the dataset's rows)",
                                         f"the 9B provider's 131,072 ({H_PROVIDER}:129, "
                                         f"{V2_RECIPE}:49) is the context it serves"),
-    } | bridge_run(V2_RECIPE, 94, 103, 93, 127) | tensor_parallel(2, f"{V2_RECIPE}:71, 76") \
+    } | bridge_run(V2_RECIPE, 94, 103, 93, 96, 127) | tensor_parallel(2, f"{V2_RECIPE}:71, 76") \
         | tp_overlap(f"{V2_RECIPE}:140-143") \
         | not_pretrained(93, V2_RECIPE, f"{NANO2_REPORT}: pruned and distilled (Minitron) from "
                                         "the aligned Nano v2 12B")
@@ -395,7 +413,8 @@ def nano_v2_12b() -> Settings:
         "optimizer.clip_grad": unpublished(1.0, f"{BRIDGE_OPTIMIZER}:118"),
         "precision.dtype": published("bf16", f"{NANO2_REPORT}: BF16 beside FP8; "
                                              f"{V2_RECIPE}:262", secondary=True),
-    } | tensor_parallel(4, f"{V2_RECIPE}:206, 211") | fp8_settings(
+    } | bridge_eval_and_mask(f"{V2_RECIPE}:231") | tensor_parallel(4, f"{V2_RECIPE}:206, 211") \
+        | fp8_settings(
         published("e4m3", f"{NANO2_REPORT}: E4M3 for all tensors",
                   f"Bridge's nanov2 precision recipe: hybrid, E5M2 gradients ({NANO_V2_FP8})",
                   secondary=True),
@@ -578,6 +597,9 @@ def nemotron3_nano() -> Settings:
         "optimizer.adam_beta2": published(0.95, f"{N3_DOCS}:104; {N3_RECIPE}:233"),
         "optimizer.adam_eps": unpublished(1e-8, f"{N3_RECIPE}:234"),
         "optimizer.clip_grad": unpublished(1.0, f"{BRIDGE_OPTIMIZER}:118"),
+        "data.eod_mask_loss": unpublished(False, f"{N3_RECIPE}:272", EOD_NOTE),
+        "train.eval_interval": unpublished(1000, f"{N3_RECIPE}:134"),
+        "train.eval_iters": unpublished(32, f"{N3_RECIPE}:255"),
         "precision.dtype": unpublished("bf16", f"{N3_RECIPE}:101 (bf16_mixed)"),
         "plugins.fp8.format": unpublished(None, f"{N3_RECIPE}:101 (bf16_mixed: no FP8)"),
         "parallel.tensor": differs(4, f"{N3_DOCS}:364-370 (TP8, EP8)",
@@ -629,6 +651,9 @@ def nemotron3_nano_30b_a3b_phases_tp4_sp_ep8_dp16() -> Settings:
                                                                  "the CP1 optimizer state"),
         "data.source": ours("blend", "prepared data named by the phases' blends"),
         "data.blend": ours("conf/data/nemotron_h_general.yaml", example),
+        "data.eod_mask_loss": differs(True, f"{N3_RECIPE}:272 (false)",
+                                      "the long-context phase's packed rows need it (no label "
+                                      "may cross a document); one setting for every phase"),
         "phases[0]": published(PhaseConfig(name="general", end_step=general, seq_length=SEQ,
                                            documents="concatenate"),
                                f"{N3_PAPER}:40-52; {N3_DOCS}:74-91: 23.5T tokens for "

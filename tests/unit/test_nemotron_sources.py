@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from recipes.config.phases import phase_config, phase_spans
+from recipes.config.validation import check_documents_keep_eod_mask
 from recipes.nemotron.page import nemotron_page
 from recipes.registry import RECIPES
 from recipes.sources import (
@@ -56,6 +58,16 @@ def test_every_source_says_where_and_why(name) -> None:
             assert source.note.strip(), f"{key}: a difference or a choice says why"
         if "@" in source.where or "megatron-core" in source.where:
             assert CODE.search(source.where), f"{key}: {source.where}"
+
+
+@pytest.mark.parametrize("name", NEMOTRON)
+def test_every_phase_keeps_the_loss_mask_its_rows_need(name) -> None:
+    """Bridge keeps the loss on the token after each end-of-document, and the recipes follow
+    it; a phase whose rows pack whole documents must mask it (no label crosses a document),
+    which its relaunch is validated for: such a recipe keeps the mask and says it differs."""
+    cfg = RECIPES[name]()
+    for span in phase_spans(cfg):
+        assert check_documents_keep_eod_mask(phase_config(cfg, span)) is None, span.name
 
 
 def test_a_setting_without_a_source_fails() -> None:
