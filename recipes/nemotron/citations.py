@@ -61,6 +61,7 @@ S3_RECIPE = f"{BRIDGE}@53d40d1:src/megatron/bridge/recipes/nemotronh/nemotron_3_
 S3_BRIDGE = f"{BRIDGE}@53d40d1:src/megatron/bridge/models/nemotronh/nemotron_h_bridge.py"
 S3_PROVIDER = f"{BRIDGE}@53d40d1:src/megatron/bridge/models/nemotronh/nemotron_h_provider.py"
 S3_PRECISION = f"{BRIDGE}@53d40d1:src/megatron/bridge/training/mixed_precision.py"
+S3_COMMON = f"{BRIDGE}@53d40d1:src/megatron/bridge/recipes/common.py"
 # Reports and model cards.
 N4_REPORT = "Nemotron-4 15B technical report (arXiv 2402.16819; read through a summary)"
 N340B_REPORT = "Nemotron-4 340B technical report, continued training (read through a summary)"
@@ -95,6 +96,7 @@ LABELS: tuple[tuple[str, str], ...] = (
     ("N-super3-docs", S3_DOCS),
     ("N-super3-paper", S3_PAPER), ("N-super3-tiny", S3_TINY), ("B-s3", S3_RECIPE),
     ("B-s3-bridge", S3_BRIDGE), ("B-s3-prov", S3_PROVIDER), ("B-s3-mp", S3_PRECISION),
+    ("B-s3-common", S3_COMMON),
     ("hf-s3", S3_CONFIG),
     ("r-n4", N4_REPORT), ("r-340B", N340B_REPORT),
     ("r-H", H_PAGE), ("card-H-4B", H_4B_CARD), ("card-H-47B", H_47B_CARD),

@@ -16,6 +16,7 @@ from recipes.config.schema import ParallelConfig, PhaseConfig, RunConfig
 from recipes.nemotron.citations import (
     BRIDGE_OPTIMIZER,
     S3_BRIDGE,
+    S3_COMMON,
     S3_CONFIG,
     S3_DOCS,
     S3_PAPER,
@@ -32,7 +33,7 @@ from recipes.nemotron.citations import (
     SUPER_PHASE1,
     SUPER_PHASE2,
 )
-from recipes.nemotron.nemotron_h import SOFTMAX, hybrid_tiny_base
+from recipes.nemotron.nemotron_h import EOD_NOTE, SOFTMAX, hybrid_tiny_base
 from recipes.sources import Settings, differs, ours, published, sourced_recipe, unpublished
 
 # Nemotron 3 Super's 88 layers (40 Mamba-2, 40 latent MoE, 8 attention), from its config.json,
@@ -162,6 +163,8 @@ def super_run(expert: int) -> Settings:
         "optimizer.adam_eps": unpublished(1e-8, f"{S3_RECIPE}:109"),
         "optimizer.clip_grad": unpublished(1.0, f"{BRIDGE_OPTIMIZER}:118"),
         "train.eval_interval": unpublished(1000, f"{S3_RECIPE}:77"),
+        "train.eval_iters": unpublished(32, f"{S3_COMMON}:74"),
+        "data.eod_mask_loss": unpublished(False, f"{S3_COMMON}:94", EOD_NOTE),
         "precision.dtype": published("bf16", f"{S3_DOCS}:128 ('BF16 mixed (NVFP4 mixed for "
                                              "B200)')"),
         "plugins.fp8.format": differs(
@@ -176,9 +179,9 @@ def super_run(expert: int) -> Settings:
         "parallel.tensor": published(4, f"{S3_DOCS}:174; {S3_RECIPE}:44"),
         "parallel.sequence_parallel": published(True, f"{S3_RECIPE}:49"),
         "parallel.expert_tensor": unpublished(1, f"{S3_RECIPE}:50"),
-        "train.recompute": ours("full", "88 layers' activations of an 8k row (44.6 GB a rank at "
+        "train.recompute": ours("full", "88 layers' activations of an 8k row (45.1 GB a rank at "
                                         "TP4 + SP) beside 48 GB of model state overflow an "
-                                        "80-GB GPU; full recompute keeps 5.6 GB (scripts/plan.py)"),
+                                        "80-GB GPU; full recompute keeps 6.2 GB (scripts/plan.py)"),
         "parallel.expert": differs(expert, f"{S3_DOCS}:174 (EP8, on B200); {S3_RECIPE}:51",
                                    "113B routed-expert weights over 8 ranks do not fit an "
                                    "80-GB GPU: over 64 here, as NVIDIA's long-context stage "
@@ -213,10 +216,10 @@ def nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16() -> Settings:
     sequences, 16 a step, on TP2 x CP64 x EP64 (GB200), the second alternating 1M and 4K ones;
     their alternation is not published and Bridge cannot load it (the config's own note). Here
     both stages are 1M-token rows of the long-context blend; the layout is TP4 x CP16 on 64
-    GPUs, which does NOT fit 80-GB H100s (scripts/plan.py: 93.4 GB a rank), so
+    GPUs, which does NOT fit 80-GB H100s (scripts/plan.py: 97.7 GB a rank), so
     scripts/launch.py refuses this recipe on conf/cluster/h100_80gb_8x8.yaml. A phase cannot
     change TP or the GPU count: train the long-context stages as a run of their own in
-    NVIDIA's layout on 128 GPUs (it plans at 70.5 GB a rank; `print=megatron_args` names the
+    NVIDIA's layout on 128 GPUs (it plans at 72.6 GB a rank; `print=megatron_args` names the
     overrides, plus parallel.tensor=2 parallel.context=64 cluster.nodes=16), or on GPUs with
     more memory. The blends (conf/data/nemotron3_super_*.yaml) carry NVIDIA's per-dataset
     weights; their paths are where you prepare each dataset.
@@ -252,8 +255,8 @@ def nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16() -> Settings:
                              "34B tokens, 4.5e-6 constant, TP2 x CP64 x EP64); its blend: "
                              f"{SUPER_BLEND_LC}, the document QA at 20% ({S3_DOCS}:179)",
                              "TP4 x CP16 x EP64 on 64 GPUs, which does not fit 80-GB H100s "
-                             "(scripts/plan.py: 93.4 GB a rank; NVIDIA's TP2 x CP64 on 128 "
-                             "GPUs: 70.5 GB) and a phase cannot change TP or the GPU count: "
+                             "(scripts/plan.py: 97.7 GB a rank; NVIDIA's TP2 x CP64 on 128 "
+                             "GPUs: 72.6 GB) and a phase cannot change TP or the GPU count: "
                              "launch refuses it there; the lr is the min lr WSD holds after "
                              "its decay (4.5e-6)"),
         "phases[3]": differs(PhaseConfig(name="long_context_mixed", end_step=lc_end

@@ -17,7 +17,9 @@ latent-wide, and it keeps the input of each latent projection. A hybrid model's 
 (last stage) keep their layers' terms by kind, the inputs of their two norms and of their
 projection, and one more final norm, output-layer input and FP32 logits each; under full
 recompute each depth keeps only its two inputs, its output-layer input and logits, and one
-depth is rebuilt at a time, like the decoder's blocks (`mtp_bytes`, `mtp_rebuild_bytes`).
+depth is rebuilt at a time, like the decoder's blocks (`mtp_bytes`, `mtp_rebuild_bytes`). The
+last stage's peak is the main head's loss, when every head's FP32 logits are kept and the main
+head's BF16 logits are held beside the copy the loss casts (`cast_logits_bytes`).
 Differences from Megatron-LM's own estimator are deliberate and listed in docs/planner.md.
 
 Selective recompute by module (`train.recompute_modules`) and activation offloading
@@ -330,19 +332,35 @@ def logits_bytes(cfg: Any) -> float:
     (the fused one the project runs on GPUs, `cross_entropy_loss_fusion` with the native
     implementation, and the unfused one on CPU alike; `calculate_per_token_loss` changes only
     how the per-token losses are summed) casts the output layer's logits to FP32
-    (`VocabParallelCrossEntropy.calculate_logits_max`), takes their softmax in place and saves
-    it for the backward (`tensor_parallel/cross_entropy.py`, `fusions/fused_cross_entropy.py`).
-    The BF16 logits it cast are freed when the loss returns: they are held beside the FP32 copy
-    only while one head's loss runs (and its backward's cast back), as Megatron's estimator
-    also counts 4 bytes a logit (`theoretical_memory_usage.py`), so they are not counted."""
+    (`VocabParallelCrossEntropy.calculate_logits_max`, `tensor_parallel/cross_entropy.py:25`),
+    takes their softmax in place and saves it for the backward (:42-77, 181;
+    `fusions/fused_cross_entropy.py:93-119`). The BF16 logits it cast are `cast_logits_bytes`."""
     layout = cfg.layout
     return _tokens(cfg) * 4 * layout.padded_vocab / layout.tensor
 
 
+def cast_logits_bytes(cfg: Any) -> float:
+    """The main head's logits in the run's dtype, held beside the FP32 copy its loss makes, for
+    one micro-batch on one rank of the last stage: tokens x padded vocabulary / TP x 2 bytes.
+    The model's forward holds `logits` while `compute_language_model_loss` runs
+    (`models/hybrid/hybrid_model.py:613-631`, `models/gpt/gpt_model.py:762-794`) and the loss's
+    `.float()` makes the FP32 copy (`tensor_parallel/cross_entropy.py:25`), fused or not; its
+    backward makes the BF16 gradient beside the FP32 softmax again (the fused one's
+    `.to(torch.bfloat16)`, `fusions/fused_cross_entropy.py:82`; unfused, autograd casts the
+    FP32 gradient to the input's dtype). One head's alone: an MTP depth's BF16 logits are freed
+    when `process_mtp_loss` returns, before the main head's are made
+    (`transformer/multi_token_prediction.py:840-894`), while every depth's FP32 softmax stays
+    for the backward (`mtp_logits_bytes`). 0 for FP32 runs, whose `.float()` copies nothing."""
+    d = _ACT_BYTES[cfg.precision.dtype]
+    if d >= 4:
+        return 0.0
+    return _tokens(cfg) * d * cfg.layout.padded_vocab / cfg.layout.tensor
+
+
 def output_bytes(cfg: Any) -> float:
-    """Last stage, one micro-batch: final-norm and output-layer inputs, and the FP32 logits the
-    vocabulary-parallel cross entropy keeps (`logits_bytes`; the vocabulary is split over
-    TP)."""
+    """One head on the last stage, one micro-batch: final-norm and output-layer inputs, and the
+    FP32 logits the vocabulary-parallel cross entropy keeps (`logits_bytes`; the vocabulary is
+    split over TP). The main head's BF16 logits come beside it (`cast_logits_bytes`)."""
     d = _ACT_BYTES[cfg.precision.dtype]
     split = cfg.layout.tensor if cfg.layout.sequence_parallel else 1
     return _tokens(cfg) * 2 * d * cfg.model.hidden_size / split + logits_bytes(cfg)
@@ -448,7 +466,7 @@ class StageActivations:
     per_layer: float  # one layer, one micro-batch (what recompute leaves kept)
     layers_total: float
     embedding: float
-    output: float
+    output: float  # the main head: its inputs, FP32 logits and the BF16 ones they are cast from
     recompute_working: float  # full recompute: one block (or MTP depth) rebuilt in backward
     cuda_graphs: float = 0.0  # CUDA graphs' static buffers
     mtp: float = 0.0  # the last stage's MTP depths: their layers in flight, logits and loss
@@ -491,7 +509,7 @@ def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
             per_layer, working = full, 0.0
         embedding = embedding_bytes(cfg) * flight if stage == 0 else 0.0
         last = stage == len(stages) - 1
-        output = output_bytes(cfg) if last else 0.0
+        output = output_bytes(cfg) + cast_logits_bytes(cfg) if last else 0.0
         graphs = cuda_graph_static_bytes(cfg, counts[stage], layers)
         mtp_layers, mtp_logits = mtp_bytes(cfg, attention) if last else (0.0, 0.0)
         result.append(StageActivations(stage, layers, flight, per_layer,

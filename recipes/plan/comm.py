@@ -15,7 +15,9 @@ back by all-to-all; EP exchanges routed tokens four times per MoE layer the stag
 width the routed experts read (a latent MoE's latent width: Megatron projects tokens down
 before the dispatch and back up after the combine). The last stage also runs a hybrid model's
 MTP depths (`mtp_kinds`): their layers send what the decoder's layers of their kinds send (TP,
-CP, EP), and each depth's input projection its own TP gathers (`_mtp_projection`). A forward
+CP, EP), and each depth's input projection its own TP gathers (`_mtp_projection`). There the
+output layer and its vocabulary-parallel loss run once per head (the main one and each MTP
+depth's) and micro-batch, outside every recompute checkpoint (`_output_layers`). A forward
 that is recomputed in the backward (`recomputed`) runs its collectives again: full recompute
 every layer's (an MTP layer's twice, `mtp_recomputed`), selective recompute of `moe` the MoE
 layer's token exchange and of `core_attn` the CP ring. Each figure is counted from the stage's
@@ -30,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from recipes.config.schema import uses_transformer_engine
 from recipes.models import kinds
 from recipes.models.hybrid import pattern as hybrid
 from recipes.models.moe.params import expert_width
@@ -145,6 +148,41 @@ def _mtp_projection(cfg: Any, d: int, tokens: float, depths: int) -> tuple[float
     else:
         sent, started = forwards * ring * buffer + 2 * ring * 2 * buffer, forwards + 1
     return depths * layout.microbatches * sent, depths * layout.microbatches * started
+
+
+OUTPUT_LAYERS = "output layers and losses"  # the TP row `_output_layers` fills
+
+
+def _output_layers(cfg: Any, d: int, tokens: float, depths: int,
+                   fused: bool) -> tuple[float, float]:
+    """(bytes, collectives) of the last stage's output layer and loss, once for the main head
+    and once for each of `depths` MTP depths per micro-batch (`process_mtp_loss`,
+    `transformer/multi_token_prediction.py:840-855`); no checkpoint holds them, so recompute
+    reruns none.
+
+    The output layer is Megatron's `ColumnParallelLinear`
+    (`tensor_parallel/layers.py:525-700`, `LinearWithGradAccumulationAndAsyncCommunication`).
+    With SP it all-gathers its input (tokens x hidden) over the sequence in the forward, and in
+    the backward all-gathers it again for the weight gradient and reduce-scatters the input's
+    gradient: three collectives of the hidden states. Without SP the backward all-reduces the
+    input's gradient. The vocabulary-parallel cross entropy all-reduces each token's maximum,
+    target logit and sum of exponentials in FP32 (`tensor_parallel/cross_entropy.py:130-152`:
+    three all-reduces; the fused one, which TE ranks run, two, the last two batched in one,
+    `fusions/fused_cross_entropy.py:94, 112-114`). Each MTP depth also gathers its logits'
+    per-token maximum (the dtype) and its index (int64) from every TP rank for its acceptance
+    count (`_vocab_parallel_argmax`, :493-511)."""
+    layout = cfg.layout
+    ring, micro = _ring(layout.tensor), layout.microbatches
+    hidden = tokens * cfg.model.hidden_size * d
+    if layout.sequence_parallel:
+        sent, started = 3 * ring * hidden, 3
+    else:
+        sent, started = 2 * ring * hidden, 1
+    sent += 2 * ring * 3 * tokens * 4  # the loss's three FP32 values a token, all-reduced
+    started += 2 if fused else 3
+    argmax = (layout.tensor - 1) * tokens * (d + 8)  # each rank's maximum and its index
+    heads = 1 + depths
+    return micro * (heads * sent + depths * argmax), micro * (heads * started + depths * 2)
 
 
 def _pp(cfg: Any, d: int, tokens: float, stage: int) -> tuple[float, float]:
@@ -308,6 +346,11 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
         if depths:
             found.append(_traffic(crossing, cluster, "tp", "MTP input projections",
                                   *_mtp_projection(cfg, d, tokens, depths)))
+        if stage == layout.pipeline - 1:
+            fused = uses_transformer_engine(cfg.model.transformer_impl,
+                                            on_gpu=cluster.device != "cpu")
+            found.append(_traffic(crossing, cluster, "tp", OUTPUT_LAYERS,
+                                  *_output_layers(cfg, d, tokens, depths, fused)))
     if layout.pipeline > 1:
         found.append(_traffic(crossing, cluster, "pp", "send/recv",
                               *_pp(cfg, d, tokens, stage)))

@@ -198,16 +198,22 @@ def top_contributors(plan: Plan, n: int = 3) -> list[tuple[str, float]]:
 
 
 MTP_DEPTHS = "MTP depths"  # the contributor `build.StagePlan.contributors` names so
+LOGITS_AND_LOSS = "logits and loss"  # likewise: the main head's inputs and logits
 
 
 def logits_note(plan: Plan, name: str) -> str:
     """What to say after a contributor's size: for the MTP depths, how much of them is their
     FP32 logits (`activations.mtp_logits_bytes`; at a long sequence nearly all of it), where
-    the main head's are a contributor of their own ('logits and loss'); else nothing."""
-    from recipes.plan.activations import mtp_logits_bytes
+    the main head's are a contributor of their own ('logits and loss'), which names the BF16
+    logits held beside their FP32 copy while the loss runs (`activations.cast_logits_bytes`);
+    else nothing."""
+    from recipes.plan.activations import cast_logits_bytes, mtp_logits_bytes
 
-    logits = mtp_logits_bytes(plan.cfg) if name == MTP_DEPTHS else 0.0
-    return f" ({size_text(logits)} of it their FP32 logits)" if logits else ""
+    if name == MTP_DEPTHS:
+        logits = mtp_logits_bytes(plan.cfg)
+        return f" ({size_text(logits)} of it their FP32 logits)" if logits else ""
+    cast = cast_logits_bytes(plan.cfg) if name == LOGITS_AND_LOSS else 0.0
+    return f" ({size_text(cast)} of it the BF16 logits beside their FP32 copy)" if cast else ""
 
 
 def contributor_text(plan: Plan, name: str, size: float) -> str:

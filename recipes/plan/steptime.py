@@ -349,9 +349,10 @@ def collective_counts(stage: Any) -> dict[str, float]:
     """Collectives one rank of `stage` (a `build.StagePlan`) starts in one step, by group: its
     traffic's own counts (`comm.stage_traffic`, from the stage's layers by kind), so the
     latency term prices the collectives the communication table sends: TP per sublayer and
-    pass, CP's ring steps in attention layers and all-to-alls in Mamba layers, EP's dispatch
-    and combine in every MoE layer the stage runs (`comm.moe_passes`: the last stage's MTP
-    depths' too), PP's sends and receives, DP's reduces and gathers."""
+    pass (on the last stage each head's output layer and loss too, `comm.OUTPUT_LAYERS`), CP's
+    ring steps in attention layers and all-to-alls in Mamba layers, EP's dispatch and combine
+    in every MoE layer the stage runs (`comm.moe_passes`: the last stage's MTP depths' too),
+    PP's sends and receives, DP's reduces and gathers."""
     found = dict.fromkeys(("tp", "cp", "ep", "pp", "dp-cp", "expert-dp"), 0.0)
     for t in stage.traffic:
         found[t.group] = found.get(t.group, 0.0) + t.collectives

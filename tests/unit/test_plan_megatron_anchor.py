@@ -62,10 +62,14 @@ def _megatron_args(cfg) -> SimpleNamespace:
 
 @pytest.mark.parametrize(("pipeline", "virtual"), [(1, None), (4, None), (4, 2)])
 def test_first_stage_activations_equal_megatron(pipeline, virtual):
+    """Without pipelining the first stage is the last: Megatron's estimator counts the output
+    layer's inputs and FP32 logits (4 bytes a logit), the planner also the BF16 logits held
+    beside them while the loss casts them (2 bytes a logit, `activations.cast_logits_bytes`)."""
     cfg = _covered(pipeline, virtual)
     ours = stage_activations(cfg, "flash")[0].total
     theirs = compute_activation_memory(_megatron_args(cfg), cfg.layout.microbatches)
-    assert ours == pytest.approx(theirs, rel=1e-12)
+    bf16_logits = cfg.model.seq_length * 2 * cfg.layout.padded_vocab / cfg.layout.tensor
+    assert ours - theirs == pytest.approx(bf16_logits if pipeline == 1 else 0.0, abs=1.0)
 
 
 def test_per_layer_is_korthikanti_34_sbh_over_t():
