@@ -304,3 +304,19 @@ def test_a_resume_into_another_attention_softmax_precision_is_stated():
     saved = flatten(_config(_cfg("model.attention_softmax_in_fp32=false")))
     now = flatten(_config(_cfg()))
     assert stated_changes(saved, now) == ["model.attention_softmax_in_fp32 false -> true"]
+
+
+def test_a_run_saved_before_the_softmax_field_resumes_stating_what_it_trained_with():
+    """Runs saved before `model.attention_softmax_in_fp32` existed trained with it on: a
+    recipe that turns it off states the change; one that keeps it states nothing."""
+    saved = {key: value for key, value in flatten(_config(_cfg())).items()
+             if key != "model.attention_softmax_in_fp32"}
+    off = flatten(_config(_cfg("model.attention_softmax_in_fp32=false")))
+    assert stated_changes(saved, off) == ["model.attention_softmax_in_fp32 true -> false"]
+    assert stated_changes(saved, flatten(_config(_cfg()))) == []
+
+
+def test_a_resume_into_another_end_of_document_loss_mask_is_stated():
+    saved = flatten(_config(_cfg()))
+    unmasked = flatten(_config(_cfg("data.eod_mask_loss=false")))
+    assert stated_changes(saved, unmasked) == ["data.eod_mask_loss true -> false"]

@@ -57,7 +57,8 @@ STATED_FIELDS = (
     "scheduler.style", "scheduler.warmup_iters", "scheduler.decay_iters", "precision.dtype",
     "model.seq_length", "model.rotary_base", "model.rotary_percent", "model.rope_scaling_factor",
     "data.source",
-    "data.blend", "data.documents", "optimizer.fsdp", "model.attention_softmax_in_fp32",
+    "data.blend", "data.documents", "data.eod_mask_loss", "optimizer.fsdp",
+    "model.attention_softmax_in_fp32",
 )
 LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "dp")
 
@@ -272,10 +273,15 @@ def _tokenizer_text(identity: dict[str, Any]) -> str:
     return f"a prepared tokenizer ({ids}, tokenizer.json CRC-32 {identity.get('files_crc32')})"
 
 
+# What a run saved before a stated field existed trained with: its record lacks the key.
+BEFORE_THE_FIELD = {"model.attention_softmax_in_fp32": True}
+
+
 def _stated(flat: dict[str, Any], key: str) -> Any:
     """A stated field as the run uses it: unset decay iterations are the training iterations
-    (Megatron-LM saves them filled, `--lr-decay-iters` = `--train-iters`)."""
-    value = flat.get(key)
+    (Megatron-LM saves them filled, `--lr-decay-iters` = `--train-iters`); a field newer than
+    the record, what the run trained with then (`BEFORE_THE_FIELD`)."""
+    value = flat.get(key, BEFORE_THE_FIELD.get(key))
     if key == "scheduler.decay_iters" and value is None:
         return flat.get("train.train_iters")
     return value
@@ -287,7 +293,7 @@ def stated_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     iterations follow train_iters) is not a change of its own: the other field is stated."""
     return [f"{key} {as_written(_stated(saved, key))} -> {as_written(_stated(current, key))}"
             for key in STATED_FIELDS
-            if key in saved and saved[key] != current.get(key)
+            if (key in saved or key in BEFORE_THE_FIELD) and saved.get(key) != current.get(key)
             and _stated(saved, key) != _stated(current, key)]
 
 
