@@ -318,6 +318,17 @@ def missing_always_on(given: frozenset[str] | set[str]) -> list[str]:
             for flag, dest, why in ALWAYS_ON if dest not in given]
 
 
+def softmax_precision_note(given: frozenset[str] | set[str], dtype: str) -> list[str]:
+    """A bf16/fp16 command line without `--attention-softmax-in-fp32` normalises attention
+    scores in its own precision, as Megatron-LM does; this project's default is fp32, so the
+    reading says which it takes."""
+    if dtype == "fp32" or "attention_softmax_in_fp32" in given:
+        return []
+    return [f"--attention-softmax-in-fp32 is not given: the attention softmax trains in {dtype} "
+            "as Megatron-LM's does (model.attention_softmax_in_fp32=false; this project's "
+            "default is true)"]
+
+
 def _style_args(cfg: Any) -> list[str]:
     return ["--lr-decay-style", _STYLES[cfg.scheduler.style]]
 

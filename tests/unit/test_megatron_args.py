@@ -54,7 +54,10 @@ def test_recipe_to_megatron_args_and_back_is_the_recipe(name) -> None:
     cfg = get_recipe(name)
     cfg.phases = []  # Megatron-LM has no phases: a phased run's line is refused (below)
     back, notes = config_from_megatron_args(to_megatron_args(cfg), cfg.cluster)
-    assert _differences(cfg, back) == [] and notes == []
+    # a recipe that keeps the softmax in bf16 (the Nemotron ones) is read back so, and said
+    said = ["--attention-softmax-in-fp32"] if not cfg.model.attention_softmax_in_fp32 \
+        and cfg.precision.dtype != "fp32" else []
+    assert _differences(cfg, back) == [] and [n.split(" ")[0] for n in notes] == said
 
 
 FP8_CASES = {
@@ -155,6 +158,20 @@ def test_what_this_trainer_always_does_is_on_every_command_line_and_missing_ones
     assert "--calculate-per-token-loss" in args
     _, notes = config_from_megatron_args(["--num-layers", "4"])
     assert [n.split(" ")[0] for n in notes] == ["--calculate-per-token-loss"]
+
+
+@pytest.mark.parametrize(("line", "noted"), [
+    (["--bf16"], True), (["--bf16", "--attention-softmax-in-fp32"], False), ([], False)])
+def test_a_half_precision_line_without_the_softmax_flag_says_it_trains_the_softmax_so(
+        line, noted) -> None:
+    """Megatron-LM normalises attention scores in bf16 unless told; read back, such a line
+    trains so here too, and says it, since this project's default is fp32."""
+    cfg, notes = config_from_megatron_args(["--num-layers", "4", *line])
+    said = [n for n in notes if n.startswith("--attention-softmax-in-fp32")]
+    assert cfg.model.attention_softmax_in_fp32 is ("--attention-softmax-in-fp32" in line)
+    assert said == (["--attention-softmax-in-fp32 is not given: the attention softmax trains in "
+                     "bf16 as Megatron-LM's does (model.attention_softmax_in_fp32=false; this "
+                     "project's default is true)"] if noted else [])
 
 
 def test_wsd_writes_its_resolved_anneal_and_reads_it_back_as_unset() -> None:
@@ -374,7 +391,10 @@ def test_fast_paths_to_megatron_args_and_back(case) -> None:
     for flag in flags:
         assert flag in line
     back, notes = config_from_megatron_args(to_megatron_args(cfg), cfg.cluster)
-    assert _differences(cfg, back) == [] and notes == []
+    # a recipe that keeps the softmax in bf16 (the Nemotron ones) is read back so, and said
+    said = ["--attention-softmax-in-fp32"] if not cfg.model.attention_softmax_in_fp32 \
+        and cfg.precision.dtype != "fp32" else []
+    assert _differences(cfg, back) == [] and [n.split(" ")[0] for n in notes] == said
 
 
 @pytest.mark.parametrize(("flags", "message"), [

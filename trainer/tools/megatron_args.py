@@ -32,6 +32,7 @@ from recipes.config.megatron_args import (
     carried_dests,
     from_megatron_values,
     missing_always_on,
+    softmax_precision_note,
 )
 from recipes.config.schema import ClusterConfig, RunConfig
 
@@ -250,6 +251,7 @@ def config_from_megatron_args(argv: Sequence[str], cluster: ClusterConfig | None
     if problems:
         raise ConfigError("\nerror: ".join(problems))
     _apply(cfg, fields)
+    notes += softmax_precision_note(given, cfg.precision.dtype)
     p = cfg.parallel
     cfg.cluster = cluster or ClusterConfig(nodes=1,
                                            gpus_per_node=p.tensor * p.pipeline * p.context)
