@@ -431,14 +431,17 @@ def check_phase_positive(cfg: RunConfig) -> str | None:
 
 def check_each_phase(cfg: RunConfig, rules) -> str | None:
     """Every phase's own config (its batch, sequence, CP) passes the run's rules: a batch
-    that does not divide over DP, a sequence CP cannot split, are refused per phase."""
+    that does not divide over DP, a sequence CP cannot split, are refused per phase; a
+    phase's problem that is the run's own (a setting it inherits) is the run's rule's to say,
+    once."""
     if not _resolvable(cfg) or check_phase_lengths(cfg) is not None:
         return None
+    said = {rule: rule(cfg) for rule in rules}  # what the run's own rules already say
     for span in phase_spans(cfg):
         phase_cfg = phase_config(cfg, span)
         for rule in rules:
             message = rule(phase_cfg)
-            if message is not None:
+            if message is not None and message != said[rule]:
                 return f"{_named(span.index, cfg.phases[span.index])}: {message}"
     return None
 

@@ -11,7 +11,7 @@ import torch
 from plugins.protocol.errors import ConfigError
 from recipes.config.overrides import apply_overrides
 from recipes.config.phases import phase_spans, samples_at, schedule_samples
-from recipes.config.validation import failing_rules, validate
+from recipes.config.validation import failing_rules, rule_problems, validate
 from recipes.registry import get_recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,6 +173,17 @@ def test_phase_rule_fires_alone_with_its_message(rule, overrides, message) -> No
         validate(cfg)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("mistake", [
+    ["data.documents=packed", "train.micro_batch_size=1", "data.eod_mask_loss=false"],
+    ["train.global_batch_size=7"]], ids=["mask", "batch"])
+def test_a_mistake_the_phases_inherit_is_said_once_by_the_runs_rule(mistake) -> None:
+    """A run-level setting every phase inherits is the run's rule's to refuse: the phases'
+    check does not say it again for phase a."""
+    cfg = _cfg(*BLEND, *mistake, "phases=[{name: a, end_step: 10}, {name: b, end_step: 20}]")
+    problems = rule_problems(cfg)
+    assert len(problems) == 1 and not problems[0].startswith("phases[")
 
 
 def test_valid_phases_break_no_rule() -> None:
