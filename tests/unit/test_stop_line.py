@@ -12,6 +12,7 @@ from recipes.registry import get_recipe
 from trainer.entry.pipeline import stopped_line
 
 CFG = apply_overrides(get_recipe("tiny_dp2"), ["train.train_iters=50"])
+LATER = CFG.logging.log_interval - 1
 
 
 def _run(run_dir: Path, records: list[dict], steps: tuple[int, ...] = ()) -> Path:
@@ -38,16 +39,23 @@ def test_the_stop_line_names_the_signal_the_step_and_what_to_continue_from(tmp_p
     # not asked to save: the newest checkpoint, and how to get one at the stop
     run_dir = _run(tmp_path / "older", trained, steps=(5,))
     assert stopped_line(run_dir, CFG, signal.SIGTERM) == (
-        f"stopped by SIGTERM after step 7 or a later one (the last logged) of 50; every rank "
-        f"ended; the newest checkpoint is "
+        f"stopped by SIGTERM after step 7 of 50 (the last logged; up to {LATER} later steps may "
+        f"have run); every rank ended; the newest checkpoint is "
         f"{run_dir / 'checkpoints' / 'step_0000005'} (checkpoint.save_on_stop=true saves one "
         f"at a stop); continue with: python scripts/pretrain.py config="
         f"{run_dir / 'config.yaml'} run_dir={run_dir} checkpoint.resume=true")
     run_dir = _run(tmp_path / "none", trained[:2])
     assert stopped_line(run_dir, CFG, signal.SIGINT) == (
-        "stopped by Ctrl-C (SIGINT) after step 2 or a later one (the last logged) of 50; every "
-        "rank ended; no checkpoint was "
+        f"stopped by Ctrl-C (SIGINT) after step 2 of 50 (the last logged; up to {LATER} later "
+        "steps may have run); every rank ended; no checkpoint was "
         "saved (checkpoint.save_interval=N, or checkpoint.save_on_stop=true at a stop)")
+
+
+def test_a_run_stopped_before_it_logged_a_step_says_so(tmp_path):
+    assert stopped_line(_run(tmp_path / "early", []), CFG, signal.SIGTERM) == (
+        "stopped by SIGTERM before any of its 50 steps was logged; every rank ended; no "
+        "checkpoint was saved (checkpoint.save_interval=N, or checkpoint.save_on_stop=true at "
+        "a stop)")
 
 
 def test_sigterm_waits_for_the_step_boundary_only_when_something_is_saved_on_the_way_out():

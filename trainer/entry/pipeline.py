@@ -316,9 +316,15 @@ def stopped_line(run_dir: Path, cfg: RunConfig, signum: signal.Signals) -> str:
               f"run_dir={run_dir} checkpoint.resume=true" if newest is not None else "")
     # Without the ranks' record the step is the last one logged: figures are summed and
     # recorded at the log interval, so up to log_interval - 1 later steps may have run.
-    when = f"step {step}" if stop else f"step {step} or a later one (the last logged)"
-    return (f"stopped by {SIGNAL_WORDS[signum]} after {when} of "
-            f"{cfg.train.train_iters}; every rank ended; {where}{resume}")
+    total = cfg.train.train_iters
+    if stop:
+        when = f"after step {step} of {total}"
+    elif steps:
+        when = (f"after step {step} of {total} (the last logged; up to "
+                f"{cfg.logging.log_interval - 1} later steps may have run)")
+    else:
+        when = f"before any of its {total} steps was logged"
+    return f"stopped by {SIGNAL_WORDS[signum]} {when}; every rank ended; {where}{resume}"
 
 
 def finished_run(records: list[dict], cfg: RunConfig) -> bool:
