@@ -5,6 +5,8 @@ rather than leaving the page behind."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -15,6 +17,8 @@ from recipes.plan.build import PlanOptions, make_plan
 from recipes.plan.cluster import apply_cluster, load_cluster
 from recipes.plan.command import run_plan
 from recipes.plan.fit import size_text
+from recipes.plan.search import candidate_of, place, recompute_choices, search
+from recipes.plan.search_report import near_misses
 from recipes.resolve import resolve_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,10 +29,10 @@ def page(name: str) -> str:
     return " ".join((REPO / "docs" / name).read_text(encoding="utf-8").split())
 
 
-def worst(args: list[str]):
+def worst(args: list[str], **options):
     cluster = load_cluster(H100)
     return make_plan(apply_cluster(resolve_config(args), cluster), cluster,
-                     PlanOptions(listed_groups=0)).worst
+                     PlanOptions(listed_groups=0, **options)).worst
 
 
 def test_memory_page_quotes_the_fsdp_recipes_plan():
@@ -89,3 +93,105 @@ def test_super_recipes_quote_their_plans():
                    f"it plans at {nvidia.peak / 1e9:.1f} GB a rank",
                    f"NVIDIA's TP2 x CP64 on 128 GPUs: {nvidia.peak / 1e9:.1f} GB)"):
         assert quoted in text
+
+
+# docs/search.md's 70B and 8B figures. A search is the costly part (about a second for 70B):
+# each is run once here, and a published layout of the same model, world and batch is placed
+# in that ranking rather than searched again (the search sets every field their arguments
+# change, so its ranking is the same).
+LLAMA_70B = ("recipe=llama3_70b_tp4_pp4_cp2_vpp5_dp2",)
+BRIDGE_70B = (*LLAMA_70B, "train.micro_batch_size=1", "parallel.pipeline=8",
+              "parallel.context=1", "parallel.virtual_pipeline=5")
+BRIDGE_8B = ("recipe=llama3_8b_tp8_dp8", "cluster.nodes=1", "train.global_batch_size=128",
+             "train.micro_batch_size=1", "parallel.tensor=1", "parallel.sequence_parallel=false")
+
+
+def configured(args: tuple[str, ...]):
+    cluster = load_cluster(H100)
+    return apply_cluster(resolve_config(list(args)), cluster), cluster
+
+
+@functools.cache
+def searched(args: tuple[str, ...]):
+    """`scripts/plan.py ARGS cluster=h100_80gb_8x8.yaml search=true`'s ranking."""
+    return search(*configured(args), PlanOptions(listed_groups=0), top=10)
+
+
+def own_layout(args: tuple[str, ...], result):
+    """The search's `its own layout` figures: the layout as written (too big), and its rank
+    and plan with the least recompute that makes it fit."""
+    cfg, cluster = configured(args)
+    written = candidate_of(cfg)
+    _, as_written = place(cfg, cluster, result, written)
+    for choice in recompute_choices(cfg)[1:]:
+        rank, fitted = place(cfg, cluster, result, dataclasses.replace(written, recompute=choice))
+        if rank is not None:
+            return as_written, rank, fitted
+    raise AssertionError(f"{args}: fits with no recompute choice")
+
+
+def counts(result) -> tuple[str, str, str, str]:
+    return (f"{result.enumerated:,}", f"{result.enumerated - result.skipped:,}",
+            f"{result.timed:,}", f"{len(result.fitting):,}")
+
+
+def test_search_page_quotes_the_70b_search():
+    r = searched(LLAMA_70B)
+    top, missed = r.listed, near_misses(r, load_cluster(H100))[0]
+    layouts, planned, timed, fit = counts(r)
+    assert all(e.candidate.describe().startswith("TP8+SP") for e in top)
+    assert {e.candidate.fsdp for e in top[:3]} == {"optim_grads_params"}
+    assert {e.candidate.pipeline for e in top[3:]} == {2}
+    assert dataclasses.replace(missed.candidate, fsdp="optim_grads_params") == top[0].candidate
+    assert len({f"{e.peak / 1e9:.1f}" for e in top[:3]}) == 1  # one peak quoted for the three
+    lead = max(e.time.compute - top[0].time.compute for e in top[3:])
+    text = page("search.md")
+    for quoted in (f"| Llama-3-70B, 64 (8 x 8), 5 runs | {layouts} | {planned} | {timed} | {fit} |",
+                   f"Today the command prints {layouts} layouts ({planned} planned for memory, "
+                   f"{timed} timed), {fit} fit",
+                   f"{top[0].seconds:.3f} to {top[2].seconds:.3f} s, {top[0].peak / 1e9:.1f} GB; "
+                   f"ZeRO-2 of the same misses at {missed.peak / 1e9:.1f} GB",
+                   f"({top[3].seconds:.3f} to {top[9].seconds:.3f} s), each a compute term up to "
+                   f"{lead:.2f} s larger"):
+        assert quoted in text
+
+
+def test_search_page_quotes_bridges_70b_layout():
+    r = searched(LLAMA_70B)
+    best = r.listed[0]
+    as_written, rank, fitted = own_layout(BRIDGE_70B, r)
+    assert best.candidate.describe() == "TP8+SP mbs2 rc-none fsdp-optim_grads_params"
+    modules = fitted.candidate.recompute.removeprefix("selective:")
+    quoted = (f"| {rank:,} of {len(r.fitting):,} ({as_written.peak / 1e9:.1f} GB as written; "
+              f"selective `{modules}`) | {fitted.seconds:.3f} s | TP8+SP mbs2, no pipeline, "
+              f"Megatron FSDP ZeRO-3, no recompute | {best.seconds:.3f} s | compute "
+              f"+{fitted.time.compute - best.time.compute:.2f} s "
+              f"({fitted.time.compute - as_written.time.compute:.2f} s of it the recompute, since "
+              f"it misses 80 GB by {as_written.peak / 1e9 - 80:.1f} GB), bubble "
+              f"+{fitted.time.bubble - best.time.bubble:.2f} s |")
+    assert quoted in page("search.md")
+
+
+def test_search_page_quotes_bridges_8b_layout():
+    r = searched(BRIDGE_8B)
+    best = r.listed[0]
+    as_written, rank, fitted = own_layout(BRIDGE_8B, r)
+    fsdp = worst(list(BRIDGE_8B), sharding="optim_grads_params")
+    zero3 = (*BRIDGE_8B, "optimizer.distributed=true", "optimizer.fsdp=optim_grads_params")
+    cfg, cluster = configured(zero3)
+    zero3_rank, zero3_plan = place(cfg, cluster, r, candidate_of(cfg))
+    assert best.candidate.describe() == "TP1 mbs1 rc-none fsdp-optim_grads"
+    modules = fitted.candidate.recompute.removeprefix("selective:")
+    quoted = (f"| {rank:,} of {len(r.fitting):,} (with the distributed optimizer, as these "
+              f"arguments plan it: {as_written.peak / 1e9:.1f} GB as written, fits with "
+              f"selective `{modules}`; with Megatron FSDP, `sharding=optim_grads_params`, the "
+              f"planner puts it at {size_text(fsdp.peak)} without recompute) | "
+              f"{fitted.seconds:.3f} s | TP1 mbs1, no recompute, Megatron FSDP ZeRO-2 "
+              f"({best.peak / 1e9:.1f} GB): the published layout, at ZeRO-2 where Bridge runs "
+              f"ZeRO-3 | {best.seconds:.3f} s | compute "
+              f"+{fitted.time.compute - best.time.compute:.2f} s: the recompute the distributed "
+              "optimizer needs. With `optimizer.distributed=true "
+              f"optimizer.fsdp=optim_grads_params` added, it ranks {zero3_rank} of "
+              f"{len(r.fitting):,} at {zero3_plan.seconds:.3f} s |")
+    assert quoted in page("search.md")
+
