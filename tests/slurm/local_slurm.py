@@ -11,8 +11,10 @@ address they are given is 127.0.0.1). Two `slurmd -N nodeK` on one host make two
 The job credential lives `CRED_EXPIRE` seconds, the shortest Slurm accepts (`cred_expire` below
 5 is refused and replaced by the default 120): a requeued job waits it out (plus
 `sched_interval`) before it runs again, 155 s with Slurm's defaults and about 7 s here. A node
-whose slurmd stops answering is set DOWN a few `SLURMD_TIMEOUT`s later (29 s after the kill with
-SlurmdTimeout=10, measured). The partition `first` holds node1 alone, so that jobs kept off
+whose slurmd stops answering is set DOWN after three ping rounds, each of which waits up to
+`MESSAGE_TIMEOUT` for the dead slurmd (Slurm retries a refused connection once a second for that
+long): 25 s after the kill with Slurm's MessageTimeout=10, 15 s with 5 (measured, with
+SlurmdTimeout=5). The partition `first` holds node1 alone, so that jobs kept off
 node2 survive its loss; `held` holds node1 too but is DOWN, so a job submitted to it waits
 (what the cluster holds can change meanwhile) until a test sets it UP.
 """
@@ -35,6 +37,9 @@ DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
 NODES = ("node1", "node2")
 CRED_EXPIRE = 5  # seconds a job credential lives (Slurm's default is 120, its least 5)
 SLURMD_TIMEOUT = 5  # seconds without an answer before a node is not responding (default 300)
+# Seconds any Slurm message waits for its answer (default 10), and so each ping of a dead slurmd:
+# half the default, while the daemons here answer in milliseconds (a submit: about 0.3 ms).
+MESSAGE_TIMEOUT = 5
 # Seconds from a step's SIGTERM to its SIGKILL: Slurm's default, which the torchrun agent's way
 # out (its ranks stopped, then Slurm asked why) is made to fit; 5 s killed agents mid-line on a
 # loaded machine. Processes that end at once do not wait for it.
@@ -88,6 +93,7 @@ def slurm_conf(root: Path, host: str, ctld_port: int, node_ports: list[int]) -> 
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
         "SchedulerParameters=sched_interval=2", "ReturnToService=2", "JobRequeue=1",
         "MpiDefault=none", "SlurmctldTimeout=30", f"SlurmdTimeout={SLURMD_TIMEOUT}",
+        f"MessageTimeout={MESSAGE_TIMEOUT}",
         "InactiveLimit=0", f"KillWait={KILL_WAIT}", "MinJobAge=600",
         "SlurmdParameters=config_overrides",
     ]

@@ -2,8 +2,8 @@
 
 Four jobs are submitted side by side through the launcher as a user would (the script's own
 command lines, all in one interpreter: tests/slurm/launch_many.py), with the CPU cluster file (no
-GPU request, 2 CPUs per node's torchrun), while the same 16-step run trains locally, and each
-meets its faults while it runs:
+GPU request, 2 CPUs per node's torchrun), and each meets its faults while it runs; the same
+16-step run trains locally, the reference:
 
 - two nodes (one rank on each), `retries=1`: `scontrol requeue` by hand mid-run, then node2 lost
   in the next attempt (its slurmd killed and the job's processes there stopped, as a dead node
@@ -24,7 +24,8 @@ The one-node jobs take their partition from the cluster file (a site setting). A
 is one line with Slurm's own words (the command line's partition over the cluster file's). Job
 states are read as the launcher reads them (sacct, else squeue and scontrol). Everything runs
 at once, so the module costs about the two-node job's chain: two requeue waits (the credential
-lifetime) and the time Slurm takes to set a silent node down (`SLURMD_TIMEOUT`).
+lifetime) and the time Slurm takes to set a silent node down (`SLURMD_TIMEOUT` and
+`MESSAGE_TIMEOUT`), during which the local run trains.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -133,8 +135,11 @@ def reached(run_dir: Path, step: int) -> int:
     return until(last, f"step {step} in {run_dir}")
 
 
-def requeue_then_lose_node2(slurm, job: str, run_dir: Path, job_dir: Path) -> dict:
-    """`scontrol requeue` by hand, then node2 lost in the next attempt; the job's end."""
+def requeue_then_lose_node2(slurm, job: str, run_dir: Path, job_dir: Path,
+                            while_down=lambda: None) -> dict:
+    """`scontrol requeue` by hand, then node2 lost in the next attempt (`while_down()` called
+    then: the job waits for Slurm to notice and for its requeue, its ranks idle); the job's
+    end."""
     requeued_at = reached(run_dir, REQUEUE_AT)
     slurm.run("scontrol", "requeue", job)
     until(lambda: restarts(slurm, job) >= 1, "first requeue")
@@ -143,6 +148,7 @@ def requeue_then_lose_node2(slurm, job: str, run_dir: Path, job_dir: Path) -> di
     until(lambda: "resume: resuming from" in attempt_log(job_dir, job, 1), "the second attempt")
     lost_at = reached(run_dir, LOSE_NODE_AT)
     slurm.lose_node("node2", job)
+    while_down()
     until(lambda: restarts(slurm, job) >= 2, "the requeue after node2 was set down", every=0.5)
     on_node1 = process_states(job_processes(job, SLURMD_NODENAME="node1"))  # as Slurm stops them
     until(lambda: "got SIGTERM" in attempt_log(job_dir, job, 1), "node1's agent's line",
@@ -213,8 +219,10 @@ def train_locally(slurm, run_dir: Path) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def jobs(slurm, tmp_path_factory):
-    """The four jobs and a refused submit started side by side, the local run beside them;
-    each job's fault acted out on its own thread; all finished."""
+    """The five jobs and a refused submit started side by side; each job's fault acted out on
+    its own thread; all finished. The local run starts once node2 is lost, the two-node job's
+    longest wait (its ranks idle until Slurm sets the node down and requeues the job), not
+    beside the jobs' start-up, which already keeps both cores busy."""
     tmp = tmp_path_factory.mktemp("slurm_jobs")
     clusters = {"one rank per node": tmp / "cpu_slurm_2x1.yaml",
                 "first": tmp / "cpu_slurm_first.yaml", "two ranks per node": CPU_CLUSTER}
@@ -230,15 +238,18 @@ def jobs(slurm, tmp_path_factory):
           for name in names),
         # the command line's partition wins over the cluster file's
         launch_args(tmp / "refused", clusters["first"], "partition=nope")])
-    found, futures, local, local_dir = {}, {}, None, tmp / "local"
+    found, futures, local, local_dir = {}, {}, [], tmp / "local"
+    acts = {**{name: SCENARIOS[name][2] for name in names},
+            "two": partial(requeue_then_lose_node2,
+                           while_down=lambda: local.append(train_locally(slurm, local_dir)))}
     with ThreadPoolExecutor(len(SCENARIOS)) as pool:
         for name in names:  # each job's fault is acted out as soon as it is submitted
             found[name] = (*submitted(launched(launcher)), tmp / name)
-            futures[name] = pool.submit(SCENARIOS[name][2], slurm, *found[name])
-            local = local or train_locally(slurm, local_dir)  # once the longest chain started
+            futures[name] = pool.submit(acts[name], slurm, *found[name])
         refused = launched(launcher)
         launcher.wait(timeout=HANG_S)
         outcomes = {name: future.result() for name, future in futures.items()}
+    [local] = local
     output, _ = local.communicate(timeout=JOB_TIMEOUT_S)
     assert local.returncode == 0, output[-3000:]
     return {"local": local_dir, "refused": refused,
