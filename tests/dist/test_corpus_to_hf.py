@@ -14,6 +14,10 @@
   the export writes into config.json and generation_config.json tell transformers (its Llama
   and NemotronH defaults are eos 2). Every file of the export has one mode, and the export
   names the tokenizer it ships.
+
+Preparing a corpus and training a one-rank model each compute on one core, so the fixtures run
+the independent ones side by side, one per core (tests/side_by_side.py): the two BPEs trained
+together, then the families, while the tests check what is already done.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.hang import HANG_S
+from tests.side_by_side import selected_tests, side_by_side
 
 pytestmark = pytest.mark.dist
 
@@ -70,10 +75,12 @@ def corpora(tmp_path_factory) -> dict[str, Path]:
     """The user's corpus prepared with a BPE trained on it (300 ids at most); another corpus
     with a BPE of its own; a third prepared with the first one's tokenizer. Their manifests."""
     root = tmp_path_factory.mktemp("corpora")
-    words = prepare(root / "words", DOCUMENTS, "train:300", "pack_size=32")
-    return {"words": words,
-            "other": prepare(root / "other", ["alpha beta gamma", "delta epsilon"], "train:300"),
-            "same": prepare(root / "same", ["four three two one"], str(tokenizer_of(words)))}
+    with side_by_side() as pool:
+        words = pool.submit(prepare, root / "words", DOCUMENTS, "train:300", "pack_size=32")
+        other = pool.submit(prepare, root / "other", ["alpha beta gamma", "delta epsilon"],
+                            "train:300")
+        same = prepare(root / "same", ["four three two one"], str(tokenizer_of(words.result())))
+    return {"words": words.result(), "other": other.result(), "same": same}
 
 
 def tokenizer_of(manifest: Path) -> Path:
@@ -85,22 +92,32 @@ def blend(corpora, tmp_path_factory) -> Path:
     return blend_of(tmp_path_factory.mktemp("blend") / "words.yaml", corpora["words"])
 
 
-@pytest.fixture(scope="module")
-def trained(blend, tmp_path_factory):
-    """`trained(family)`: the run directory of the family's tiny model trained on the blend
-    (each trained once, when first asked for)."""
-    runs: dict[str, Path] = {}
+def train(blend: Path, family: str, run_dir: Path) -> Path:
+    """The family's tiny model trained on the blend: its run directory."""
+    run("pretrain.py", f"recipe=hf_tiny_{family}", "data.source=blend", f"data.blend={blend}",
+        f"train.train_iters={STEPS}", f"run_dir={run_dir}", "logging.progress_bar=false",
+        "plugins.logging.loss_curve=false", *FAMILIES[family])
+    return run_dir
 
-    def train(family: str) -> Path:
-        if family not in runs:
-            run_dir = tmp_path_factory.mktemp(family) / "run"
-            run("pretrain.py", f"recipe=hf_tiny_{family}", "data.source=blend",
-                f"data.blend={blend}", f"train.train_iters={STEPS}", f"run_dir={run_dir}",
-                "logging.progress_bar=false", "plugins.logging.loss_curve=false",
-                *FAMILIES[family])
-            runs[family] = run_dir
-        return runs[family]
-    return train
+
+def families_read(tests: set[str]) -> list[str]:
+    """The families the selected tests train (the resume test reads the Llama's checkpoint)."""
+    resume = "test_a_resume_on_another_tokenizers_data_names_both_and_the_setting" in tests
+    return [family for family in FAMILIES if (resume and family == "llama") or
+            f"test_a_trained_model_exports_and_generates_until_its_end_of_document[{family}]"
+            in tests]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def trained(request, blend, tmp_path_factory):
+    """`trained(family)`: the run directory of the family's tiny model trained on the blend.
+    Every family a selected test reads starts training with the module (autouse), one per core,
+    in the order the tests read them, beside the tests that need no model; each test waits
+    only for its own."""
+    with side_by_side() as pool:
+        runs = {family: pool.submit(train, blend, family, tmp_path_factory.mktemp(family) / "run")
+                for family in families_read(selected_tests(request))}
+        yield lambda family: runs[family].result()
 
 
 def refused(script: str, *args: str) -> list[str]:

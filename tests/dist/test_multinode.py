@@ -4,7 +4,9 @@ their losses equal one agent's two-rank run, step for step.
 
 This is how a Slurm job starts (one torchrun per node, `scripts/launch.py`), minus Slurm. The
 same two agents, run as scripts/agent/torchrun (trainer/launch/agent.py), show the faults of such a
-run ending in one line each: a node that never joins, a rank SIGKILLed mid-run.
+run ending in one line each: a node that never joins, a rank SIGKILLed mid-run. The fault cases
+mostly wait (a join timeout, a peer's grace period), so the module's fixture runs them side by
+side, each on its own port and in its own folder.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.hang import HANG_S
+from tests.side_by_side import selected_tests
 
 pytestmark = pytest.mark.dist
 
@@ -100,20 +104,16 @@ def error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("error: ")]
 
 
-def test_a_node_that_never_joins_is_counted_in_one_line(tmp_path):
+def lonely_agent(tmp_path: Path) -> tuple[int, subprocess.CompletedProcess]:
+    """One agent of two (scripts/agent/torchrun) whose other node never starts: its port and
+    its end."""
     port = free_port()
     args = ["torchrun", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=lonely",
             f"--rdzv-conf=join_timeout={JOIN_TIMEOUT_S}", SCRIPT, *TRAIN,
             f"run_dir={tmp_path}", "cluster.nodes=2", "cluster.gpus_per_node=1"]
-    agent = subprocess.run(args, cwd=REPO, env=agent_environment(), capture_output=True,
-                           text=True, timeout=HANG_S)
-    assert agent.returncode == 1, agent.stderr[-3000:]
-    assert "Traceback" not in agent.stderr + agent.stdout
-    assert error_lines(agent.stderr) == [
-        f"error: rendezvous at 127.0.0.1:{port} (id lonely) timed out after {JOIN_TIMEOUT_S} s: "
-        "1 of 2 nodes joined; start the missing node's torchrun (check its Slurm log) or raise "
-        "the wait with --rdzv-conf join_timeout=SECONDS"]
+    return port, subprocess.run(args, cwd=REPO, env=agent_environment(), capture_output=True,
+                                text=True, timeout=HANG_S)
 
 
 def agents_with_a_dying_rank(tmp_path: Path, **extra: str) -> list[tuple[int, str]]:
@@ -125,7 +125,7 @@ def agents_with_a_dying_rank(tmp_path: Path, **extra: str) -> list[tuple[int, st
     args = ["torchrun", *rendezvous, str(REPO / "tests" / "dist" / "die_at_step.py"), *TRAIN,
             f"run_dir={tmp_path / 'run'}", "cluster.nodes=2", "cluster.gpus_per_node=1",
             "cluster.device=cpu"]
-    stamp = tmp_path / "killed_at"
+    stamp = tmp_path / "killed_at"  # the `faults` fixture waits for it too
     env = agent_environment(DIE_RANK="1", DIE_AT_STEP="2", DIE_STAMP=str(stamp), **extra)
     logs = [tmp_path / f"agent{i}.log" for i in range(2)]
     agents = []
@@ -146,14 +146,60 @@ def agents_with_a_dying_rank(tmp_path: Path, **extra: str) -> list[tuple[int, st
     return results
 
 
+def dying_rank_case(survivor: str):
+    """The two agents of `agents_with_a_dying_rank`, rank 0 failing or left hanging."""
+    extra = {"HANG_RANK": "0"} if survivor == "hangs" else {}
+    return lambda tmp_path: agents_with_a_dying_rank(tmp_path, **extra)
+
+
+CASES = {  # test name: the fault case it checks, acted out in a fresh folder
+    "test_a_node_that_never_joins_is_counted_in_one_line": lonely_agent,
+    **{f"test_a_rank_that_dies_is_named_in_one_line[{survivor}]": dying_rank_case(survivor)
+       for survivor in ("fails", "hangs")},
+}
+
+
+HANGS = "test_a_rank_that_dies_is_named_in_one_line[hangs]"
+
+
+@pytest.fixture(scope="module")
+def faults(request, tmp_path_factory) -> dict:
+    """{test name: what its fault case ended with} for the selected fault tests, their agents
+    run side by side (each case's `HANG_S` wait is its own). The hanging case starts first; the
+    others once its rank 1 is killed, while its agents wait out the peer grace period idle, so
+    that their start-up does not stretch its own."""
+    wanted = [name for name in CASES if name in selected_tests(request)]
+    folders = {name: tmp_path_factory.mktemp("fault") for name in wanted}
+    with ThreadPoolExecutor(max(1, len(wanted))) as pool:
+        started = {}
+        if HANGS in wanted:
+            started[HANGS] = pool.submit(CASES[HANGS], folders[HANGS])
+            deadline = time.monotonic() + HANG_S
+            while not ((folders[HANGS] / "killed_at").exists() or started[HANGS].done()
+                       or time.monotonic() > deadline):
+                time.sleep(0.2)
+        started.update({name: pool.submit(CASES[name], folders[name])
+                        for name in wanted if name != HANGS})
+    return {name: future.result() for name, future in started.items()}
+
+
+def test_a_node_that_never_joins_is_counted_in_one_line(faults):
+    port, agent = faults["test_a_node_that_never_joins_is_counted_in_one_line"]
+    assert agent.returncode == 1, agent.stderr[-3000:]
+    assert "Traceback" not in agent.stderr + agent.stdout
+    assert error_lines(agent.stderr) == [
+        f"error: rendezvous at 127.0.0.1:{port} (id lonely) timed out after {JOIN_TIMEOUT_S} s: "
+        "1 of 2 nodes joined; start the missing node's torchrun (check its Slurm log) or raise "
+        "the wait with --rdzv-conf join_timeout=SECONDS"]
+
+
 @pytest.mark.parametrize("survivor", ["fails", "hangs"])
-def test_a_rank_that_dies_is_named_in_one_line(tmp_path, survivor):
+def test_a_rank_that_dies_is_named_in_one_line(faults, survivor):
     """gloo: the survivor's collective fails at once and rank 0 names rank 1 from the run's
     store. "hangs": rank 0 sleeps, as an NCCL rank waits for the collective timeout; its agent
     reads the other agent's report and stops it (left sleeping, it would wake after 120 s and
     kill itself: another line than the one asserted)."""
-    extra = {"HANG_RANK": "0"} if survivor == "hangs" else {}
-    results = agents_with_a_dying_rank(tmp_path, **extra)
+    results = faults[f"test_a_rank_that_dies_is_named_in_one_line[{survivor}]"]
     outputs = "\n".join(text for _, text in results)
     assert all(code != 0 for code, _ in results), outputs[-3000:]
     assert "Traceback" not in outputs
