@@ -6,6 +6,11 @@ shard's real model on the meta device, and the same model unsharded. Both the dr
 (tests/unit/test_dry_run.py) and the planner's exact per-rank counts
 (tests/unit/test_plan_params.py) read it, so the 50-odd recipes are built once, not twice.
 
+`layout_groups_probes`: Megatron Core's own process groups of every recipe, rank by rank, which
+tests/unit/test_layout_groups.py checks `Layout` against. A different computation from the dry
+run's, but the same interpreters run both (`recipe_probes`, tests/unit/recipe_probe.py): each
+part imports torch and Megatron Core once, not once per probe.
+
 `tiny_llama_import`: one successful `scripts/convert.py import` of the tiny Llama per session,
 whose output and printout the manifest, contents and digest tests each check (about 10 s an
 import; tests/unit/hf_tiny_import.py).
@@ -13,10 +18,12 @@ import; tests/unit/hf_tiny_import.py).
 
 from __future__ import annotations
 
+from itertools import zip_longest
+
 import pytest
 
 from recipes.registry import RECIPES, get_recipe
-from tests.unit.probes import split_probe
+from tests.unit.probes import balanced_parts, part_count, probe_parts
 
 
 def dry_run_cost(name: str) -> float:
@@ -46,13 +53,61 @@ def dry_run_family(name: str) -> str:
     return shard_signature(shard_world(get_recipe(name)))
 
 
+def layout_groups_cost(name: str) -> int:
+    """The groups probe's work on a recipe, for balancing its parts: each rank probed sets up
+    Megatron's groups of the whole world, so ranks probed x world size."""
+    from tests.unit.layout_groups_probe import probed_ranks
+
+    world = get_recipe(name).cluster.world_size
+    return len(probed_ranks(world)) * world
+
+
+def layout_groups_probed() -> dict[str, str]:
+    """{recipe: the recipe probed for it}: the first of those whose inputs to Megatron are equal
+    (world size and raw parallel sizes, `megatron_inputs`), which get equal groups."""
+    from tests.unit.layout_groups_probe import megatron_inputs
+
+    first: dict[tuple, str] = {}
+    return {name: first.setdefault(tuple(sorted(megatron_inputs(get_recipe(name)).items())),
+                                   name) for name in RECIPES}
+
+
+PROBES = ("layout_groups", "dry_run")  # `<kind>_probes` fixtures that read `recipe_probes`
+
+
 @pytest.fixture(scope="session")
-def dry_run_probes() -> dict:
-    """The dry run of every recipe, split over the machine's cores (tests/unit/probes.py)."""
-    found: dict = {}
-    for part in split_probe("dry_run_probe.py", list(RECIPES), dry_run_cost, dry_run_family):
-        found.update(part)
+def recipe_probes(request) -> dict:
+    """{kind: {recipe: what the probe found}} of each probe a selected test reads (through its
+    `<kind>_probes` fixture). Each probe's recipes are split over the cores on its own cost
+    estimate, and part i of one runs in the same interpreter as part i of the other
+    (tests/unit/probes.py, recipe_probe.py), so the parts stay balanced."""
+    wanted = {kind for item in request.session.items for kind in PROBES
+              if f"{kind}_probes" in item.fixturenames}
+    probed = layout_groups_probed() if "layout_groups" in wanted else {}
+    groups = balanced_parts(sorted(set(probed.values())), layout_groups_cost, part_count())
+    dry = (balanced_parts(list(RECIPES), dry_run_cost, part_count(), dry_run_family)
+           if "dry_run" in wanted else [])
+    parts = probe_parts("recipe_probe.py", [
+        [f"layout_groups:{name}" for name in g] + [f"dry_run:{name}" for name in d]
+        for g, d in zip_longest(groups, dry, fillvalue=[])])
+    found = {kind: {name: answer for part in parts for name, answer in part[kind].items()}
+             for kind in PROBES}
+    found["layout_groups"] = {name: found["layout_groups"][first]
+                              for name, first in probed.items()}
     return found
+
+
+@pytest.fixture(scope="session")
+def dry_run_probes(recipe_probes) -> dict:
+    """The dry run of every recipe, split over the machine's cores (tests/unit/probes.py)."""
+    return recipe_probes["dry_run"]
+
+
+@pytest.fixture(scope="session")
+def layout_groups_probes(recipe_probes) -> dict:
+    """{recipe: {"ranks": [per-rank groups and coordinates], "created": {kind: groups}}}:
+    Megatron's answer for the recipe's inputs (tests/unit/layout_groups_probe.py)."""
+    return recipe_probes["layout_groups"]
 
 
 @pytest.fixture(scope="session")

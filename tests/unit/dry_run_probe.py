@@ -1,16 +1,14 @@
-"""Subprocess body of the `dry_run_probes` fixture (tests/unit/conftest.py): dry-run recipes and
-print what test_dry_run.py and test_plan_params.py check, as JSON.
+"""The dry-run probe of the `dry_run_probes` fixture (tests/unit/conftest.py), run by
+recipe_probe.py: what test_dry_run.py and test_plan_params.py check of a recipe's dry run.
 
-Runs in its own process because the dry run activates the CPU runtime (process-wide patches)
-and creates fake process groups.
+Runs in a process of its own because the dry run activates the CPU runtime (process-wide
+patches) and creates fake process groups.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
-import json
-import sys
 
 from rich.console import Console
 
@@ -63,7 +61,3 @@ def probe(name: str) -> dict:
         "unsharded_total": model_parameters(reference),
         "report": report.getvalue(),
     }
-
-
-if __name__ == "__main__":
-    print(json.dumps({name: probe(name) for name in sys.argv[1:]}))

@@ -1,4 +1,5 @@
-"""Subprocess body for test_layout_groups.py: Megatron Core's own groups, rank by rank, as JSON.
+"""The groups probe for test_layout_groups.py, run by recipe_probe.py: Megatron Core's own
+groups, rank by rank.
 
 `recipes.config.layout.Layout` computes every process group itself, without torch. This probe
 is the independent answer it is checked against: for each recipe named on argv and for every
@@ -10,16 +11,13 @@ For rank 0 it also records every group Megatron creates, in creation order, by w
 `torch.distributed.new_group` (Megatron itself is not touched), so the test can compare whole
 group lists, order of groups included.
 
-It runs in its own process because it creates and destroys default process groups, which is
-process-wide state. Nothing here needs CUDA: no Gloo groups, no model, no collectives.
-Output: one JSON line, {"recipes": {name: {"ranks": [...], "created": {...}}}, "seconds": s}.
+It runs in a process of its own because it creates and destroys default process groups, which
+is process-wide state. Nothing here needs CUDA: no Gloo groups, no model, no collectives.
+`probe(name)`: {"ranks": [...], "created": {...}}.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-import time
 from unittest import mock
 
 import torch
@@ -82,15 +80,22 @@ def _record(rank: int) -> dict:
     return {"rank": rank, "groups": groups, "coordinates": coordinates}
 
 
-def _initialize(cfg) -> None:
+def megatron_inputs(cfg) -> dict:
+    """All that Megatron's groups are built from here: the recipe's world size and raw parallel
+    sizes (never `Layout`). Recipes with equal inputs get equal groups, so the test probes one
+    of them for all."""
     p = cfg.parallel
+    return {"world_size": cfg.cluster.world_size, "tensor_model_parallel_size": p.tensor,
+            "pipeline_model_parallel_size": p.pipeline,
+            "virtual_pipeline_model_parallel_size": p.virtual_pipeline,
+            "context_parallel_size": p.context, "expert_model_parallel_size": p.expert,
+            "expert_tensor_parallel_size": p.expert_tensor}
+
+
+def _initialize(cfg) -> None:
+    sizes = {key: value for key, value in megatron_inputs(cfg).items() if key != "world_size"}
     ps.initialize_model_parallel(
-        tensor_model_parallel_size=p.tensor,
-        pipeline_model_parallel_size=p.pipeline,
-        virtual_pipeline_model_parallel_size=p.virtual_pipeline,
-        context_parallel_size=p.context,
-        expert_model_parallel_size=p.expert,
-        expert_tensor_parallel_size=p.expert_tensor,
+        **sizes,
         create_gloo_process_groups=False,  # Gloo cannot run on the fake store
     )
 
@@ -102,7 +107,7 @@ def _megatron_rank(cfg, rank: int, created: dict | None = None) -> dict:
     for, in the order it asks (each rank creates all groups, members or not).
     """
     torch.distributed.init_process_group(
-        "fake", store=FakeStore(), rank=rank, world_size=cfg.cluster.world_size
+        "fake", store=FakeStore(), rank=rank, world_size=megatron_inputs(cfg)["world_size"]
     )
     try:
         if created is None:
@@ -137,9 +142,3 @@ def probe(name: str) -> dict:
         for rank in probed_ranks(cfg.cluster.world_size)
     ]
     return {"ranks": ranks, "created": created}
-
-
-if __name__ == "__main__":
-    start = time.perf_counter()
-    recipes = {name: probe(name) for name in sys.argv[1:]}
-    print(json.dumps({"recipes": recipes, "seconds": time.perf_counter() - start}))

@@ -1,12 +1,12 @@
 """Probe scripts run over the recipes in subprocesses, split over the machine's cores.
 
-A probe (tests/unit/dry_run_probe.py, layout_groups_probe.py) changes process-wide state
-(the CPU runtime's patches, fake process groups), so it runs apart from the test process; the
-suite runs one test at a time, so one probe process would leave the other cores idle. The parts
-are balanced by each caller's cost estimate, longest first (a split by name put the 405B and
-Nemotron 3 recipes all in one part: 29 s against 4 s). A family of recipes whose work the probe
-shares within one process (the dry run builds the three Llama 3.1 405B layouts' shards once)
-stays in one part and costs as its dearest member.
+A probe (tests/unit/dry_run_probe.py, layout_groups_probe.py, both run by recipe_probe.py)
+changes process-wide state (the CPU runtime's patches, fake process groups), so it runs apart
+from the test process; the suite runs one test at a time, so one probe process would leave the
+other cores idle. The parts are balanced by each caller's cost estimate, longest first (a split
+by name put the 405B and Nemotron 3 recipes all in one part: 29 s against 4 s). A family of
+recipes whose work the probe shares within one process (the dry run builds the three Llama 3.1
+405B layouts' shards once) stays in one part and costs as its dearest member.
 """
 
 from __future__ import annotations
@@ -47,11 +47,14 @@ def balanced_parts(names: list[str], cost: Callable[[str], float], parts: int,
     return [sorted(part) for part in split]
 
 
-def split_probe(script: str, names: list[str], cost: Callable[[str], float],
-                family: Callable[[str], object] = lambda name: name) -> list[dict]:
-    """`script` over `names`, one process per core at once, parts balanced by `cost` with each
-    `family` kept whole; each part's last stdout line as JSON, in the order of the parts."""
-    parts = balanced_parts(names, cost, min(cores(), MOST_PARTS), family)
+def part_count() -> int:
+    """How many parts a probe is split into: one per core, at most MOST_PARTS."""
+    return min(cores(), MOST_PARTS)
+
+
+def probe_parts(script: str, parts: list[list[str]]) -> list[dict]:
+    """`script` once per part (its names on argv), all at once; each part's last stdout line as
+    JSON, in the order of the parts."""
     processes = [start_probe(script, part) for part in parts]
     outputs = []
     for process in processes:

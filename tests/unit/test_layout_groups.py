@@ -6,38 +6,27 @@ order, CP folded into the wrong grid, expert DP miscounted), every placement and
 reports would be wrong while nothing crashed. The reference here is Megatron itself:
 `layout_groups_probe.py` runs `parallel_state.initialize_model_parallel` for every rank of every
 recipe on torch's fake backend, in subprocesses split over the cores (process groups are
-process-wide state).
+process-wide state), which also run the dry run's probe (`recipe_probes`, tests/unit/conftest.py).
+Recipes whose inputs to Megatron are equal (world size and raw parallel sizes:
+`megatron_inputs`) are probed once, and each is checked against that answer.
 """
 
 from __future__ import annotations
-
-import time
 
 import pytest
 
 from recipes.config.layout import GROUP_KINDS, Layout
 from recipes.registry import RECIPES, get_recipe
 from tests.unit.layout_groups_probe import probed_ranks
-from tests.unit.probes import split_probe
 
 COORDINATES = ("tp", "pp", "dp", "cp", "ep")
 
 
-def probe_cost(name: str) -> int:
-    """The probe's work on a recipe, for balancing its parts: each rank probed sets up
-    Megatron's groups of the whole world, so ranks probed x world size."""
-    world = get_recipe(name).cluster.world_size
-    return len(probed_ranks(world)) * world
-
-
 @pytest.fixture(scope="module")
-def megatron() -> dict:
-    """{recipe: {"ranks": [per-rank groups and coordinates], "created": {kind: groups}}}."""
-    start = time.perf_counter()
-    parts = split_probe("layout_groups_probe.py", list(RECIPES), probe_cost)
-    print(f"\nlayout_groups_probe: {max(p['seconds'] for p in parts):.1f} s in parallel_state "
-          f"(the longest of {len(parts)} parts), {time.perf_counter() - start:.1f} s with start-up")
-    return {name: found for part in parts for name, found in part["recipes"].items()}
+def megatron(layout_groups_probes) -> dict:
+    """{recipe: {"ranks": [per-rank groups and coordinates], "created": {kind: groups}}}
+    (tests/unit/conftest.py: probed once per session, beside the dry run)."""
+    return layout_groups_probes
 
 
 def group_mismatches(layout: Layout, records: list[dict]) -> list[str]:
