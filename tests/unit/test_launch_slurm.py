@@ -209,7 +209,7 @@ def test_the_local_executor_puts_our_agent_first_on_path():
      "git work tree: use a directory outside it, e.g. job_dir=/shared/jobs"),
     (["recipe=llama3_70b_tp4_pp4_cp2_vpp5_dp2", SYNTHETIC, f"cluster={H100}",
       "parallel.pipeline=1", "parallel.virtual_pipeline=null"],
-     "the layout needs 142.14 GB on a rank of pipeline stage 0 but a GPU has 80.00 GB"),
+     "the layout needs 142.40 GB on a rank of pipeline stage 0 but a GPU has 80.00 GB"),
 ])
 def test_launch_refusals_are_one_line(argv, message):
     with pytest.raises(ConfigError) as error:
