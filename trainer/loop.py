@@ -35,7 +35,6 @@ from trainer.metrics import LaterWorldSum, RunReporter
 from trainer.session import TrainingSession
 from trainer.state import RunHistory
 from trainer.step import evaluate, run_step
-from trainer.step_clock import run_peak
 from trainer.step_figures import StepRecord, settle_steps
 from trainer.throughput import trainer_profiled_steps
 
@@ -350,7 +349,7 @@ def _report_step(session: TrainingSession, reporter: RunReporter, history: RunHi
     history.record_step(metrics.loss, metrics.step_time_s, metrics.loss_tokens,
                         metrics.model_flops)
     session.plugins.after_step(metrics)  # plugins may add figures to metrics.extra
-    reporter.step(metrics, total, run_peak(session.cfg))
+    reporter.step(metrics, total)
 
 
 def announce_relaunch(session: TrainingSession, reporter: RunReporter, step: int) -> None:

@@ -162,8 +162,10 @@ def _recorded_before(record: dict, step: int) -> bool:
 class RunReporter:
     """Rank-0 output of a run: log lines, a progress bar and a JSONL metrics file."""
 
-    def __init__(self, run_dir: Path, total_steps: int, log_interval: int, progress_bar: bool):
+    def __init__(self, run_dir: Path, total_steps: int, log_interval: int, progress_bar: bool,
+                 peak: RunPeak | None = None):
         self.enabled = torch.distributed.get_rank() == 0
+        self.peak = peak  # what MFU divides by, named in records and log lines (one per run)
         # Log lines stay whole when output goes to a file or pipe (rich would wrap at 80).
         self.console = make_console()
         self.log_interval = max(1, log_interval)
@@ -219,11 +221,12 @@ class RunReporter:
         if self.progress is not None:
             self.progress.update(self.task, completed=step)
 
-    def step(self, metrics: StepMetrics, total_steps: int, peak: RunPeak | None = None) -> None:
+    def step(self, metrics: StepMetrics, total_steps: int) -> None:
         """Record the step (with the peak its MFU divides by: `peak_tflops` of
         `peak_precision`, where the run has one), and show it at the log interval."""
         if not self.enabled:
             return
+        peak = self.peak
         rate = metrics.tokens_per_s
         divided_by = {} if peak is None or peak.tflops is None else {
             "peak_tflops": peak.tflops, "peak_precision": peak.precision}

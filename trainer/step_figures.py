@@ -61,17 +61,20 @@ def settle_steps(session, records: list[StepRecord]) -> list[StepMetrics]:
         peak for record in records for peak in record.memory or ()]))
     step_times = [next(maxima) for _ in records]
     ranks = torch.distributed.get_world_size()
+    peak = run_peak(cfg).tflops  # once per sum, not per step
     settled = []
     for record, step_time, values in zip(records, step_times, summed, strict=True):
         tokens = int(values[1])
         session.state.count_tokens(tokens)
         memory = [next(maxima) for _ in record.memory or ()]
-        settled.append(_metrics(cfg, record, step_time, memory, values, tokens, depths, ranks))
+        settled.append(_metrics(cfg, record, step_time, memory, values, tokens, depths, ranks,
+                                peak))
     return settled
 
 
 def _metrics(cfg, record: StepRecord, step_time: float, memory: list[float],
-             values: list[float], tokens: int, depths: int, ranks: int) -> StepMetrics:
+             values: list[float], tokens: int, depths: int, ranks: int,
+             peak: float | None) -> StepMetrics:
     mean_phases = [value / ranks for value in values[2 + 2 * depths:2 + 2 * depths + 3]]
     mtp = {f"mtp_{d + 1}_loss": values[2 + 2 * d] / max(values[3 + 2 * d], 1.0)
            for d in range(depths)}
@@ -95,7 +98,7 @@ def _metrics(cfg, record: StepRecord, step_time: float, memory: list[float],
         exposed_comm_s=record.profiled.get("exposed_comm_s"),
         model_flops=flops,
         model_tflops_per_gpu=tflops,
-        mfu=model_flops_utilisation(tflops, run_peak(cfg).tflops),
+        mfu=model_flops_utilisation(tflops, peak),
         measured=record.measured,
         memory_gib=memory[0] if memory else None,
         memory_reserved_gib=memory[1] if len(memory) > 1 else None,

@@ -253,6 +253,9 @@ class MtpSeconds:
     layers: int  # layers the depths run (their kernels)
 
 
+NO_MTP = MtpSeconds(0.0, 0.0, 0.0, 0.0, 0)  # a model without MTP depths, or a stage but the last
+
+
 def mtp_seconds(cfg: Any, peak: float, fraction: float, half: float) -> MtpSeconds:
     """The MTP depths' time on the last stage, where Megatron builds and runs them (after the
     decoder, `models/hybrid/hybrid_model.py:217-229`): each depth's layers by kind, its
@@ -262,7 +265,7 @@ def mtp_seconds(cfg: Any, peak: float, fraction: float, half: float) -> MtpSecon
     selective recompute the same modules as in a decoder layer."""
     s = mtp_shape(cfg)
     if s is None:
-        return MtpSeconds(0.0, 0.0, 0.0, 0.0, 0)
+        return NO_MTP
     layout, tp = cfg.layout, cfg.layout.tensor
     tokens = layout.micro_batch * cfg.model.seq_length / layout.context
     gemms, core = _kind_gemms(cfg, s, 1)
@@ -282,8 +285,6 @@ def mtp_seconds(cfg: Any, peak: float, fraction: float, half: float) -> MtpSecon
     return MtpSeconds(layers + core_s + proj + time(logits), rerun, layers + proj, core_s,
                       count)
 
-
-NO_MTP = MtpSeconds(0.0, 0.0, 0.0, 0.0, 0)
 
 
 def layer_forward_seconds(cfg: Any, peak: float, fraction: float, half: float,

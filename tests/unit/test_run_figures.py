@@ -66,14 +66,16 @@ def test_an_fp8_runs_mfu_divides_by_the_fp8_peak_the_planner_times_it_by():
 
 
 def _step_metrics(cfg) -> StepMetrics:
-    """One step through `settle_steps`'s own arithmetic (`_metrics`), 1 rank."""
+    """One step through `settle_steps`'s own arithmetic (`_metrics`, given the peak
+    `settle_steps` reads once: `run_peak`), 1 rank."""
+    from trainer.step_clock import run_peak
     from trainer.step_figures import StepRecord, _metrics
 
     record = StepRecord(step=1, phase=phase_spans(cfg)[0], global_batch=8, lr=1e-3,
                         grad_norm=1.0, skipped=False, clock=None, losses=None,
                         sequences=(1024, 1024 * 128), measured=True)
     values = [2000.0, 1000.0, 0.1, 1.8, 0.1, 1024.0, 1024.0 * 128]
-    return _metrics(cfg, record, 2.0, [], values, 1000, 0, 1)
+    return _metrics(cfg, record, 2.0, [], values, 1000, 0, 1, run_peak(cfg).tflops)
 
 
 def test_each_steps_mfu_divides_by_the_gemm_precisions_peak():
@@ -104,9 +106,10 @@ def test_the_step_record_and_log_line_name_the_peak_mfu_divides_by(tmp_path, mon
     from trainer.step_clock import run_peak
 
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
-    reporter = RunReporter(tmp_path, total_steps=1, log_interval=1, progress_bar=False)
+    reporter = RunReporter(tmp_path, total_steps=1, log_interval=1, progress_bar=False,
+                           peak=run_peak(_cfg(*FP8, f"cluster.spec={H100}")))
     metrics = _step_metrics(_cfg(*FP8, f"cluster.spec={H100}"))
-    reporter.step(metrics, 1, run_peak(_cfg(*FP8, f"cluster.spec={H100}")))
+    reporter.step(metrics, 1)
     record = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert (record["peak_tflops"], record["peak_precision"]) == (1979.0, "fp8")
     assert f"| MFU {metrics.mfu:.1%} of fp8 peak |" in capsys.readouterr().out

@@ -46,11 +46,13 @@ def pretrain_rank(cfg: RunConfig, run_dir: Path, args: Arguments) -> int:
     from trainer.loop import run_training
     from trainer.metrics import RunReporter
     from trainer.session import start_session
+    from trainer.step_clock import run_peak
     from trainer.summary import build_summary, print_summary
 
     session = start_session(cfg, run_dir)
     log = cfg.logging
-    reporter = RunReporter(run_dir, cfg.train.train_iters, log.log_interval, log.progress_bar)
+    reporter = RunReporter(run_dir, cfg.train.train_iters, log.log_interval, log.progress_bar,
+                           run_peak(cfg))
     with reporter:
         history = run_training(session, reporter)
     summary = build_summary(session, history)
