@@ -9,15 +9,17 @@ import dataclasses
 import functools
 import json
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 
 from plugins.protocol.errors import ConfigError
+from recipes.config.validation import validate
 from recipes.plan.build import PlanOptions, make_plan
 from recipes.plan.cluster import apply_cluster, load_cluster
 from recipes.plan.command import run_plan
 from recipes.plan.fit import size_text
-from recipes.plan.search import candidate_of, place, recompute_choices, search
+from recipes.plan.search import apply_candidate, candidate_of, place, recompute_choices, search
 from recipes.plan.search_report import near_misses
 from recipes.resolve import resolve_config
 
@@ -195,3 +197,91 @@ def test_search_page_quotes_bridges_8b_layout():
               f"{len(r.fitting):,} at {zero3_plan.seconds:.3f} s |")
     assert quoted in page("search.md")
 
+
+# docs/search.md's three Llama 3.1 405B rows: each recipe's own layout placed in its own search.
+class Row405(NamedTuple):
+    result: Any
+    best: Any
+    fitted: Any
+    written: str  # "| `ARGS` | RANK of FIT (PEAK GB as written;"
+    modules: str  # the selective recompute that makes it fit
+    bubble: str  # "bubble +X s: M micro-batches over P stages"
+
+
+def row_405b(recipe: str) -> Row405:
+    args = (f"recipe={recipe}",)
+    r = searched(args)
+    best = r.listed[0]
+    as_written, rank, fitted = own_layout(args, r)
+    assert not as_written.fits  # the row's recompute is what makes it fit
+    layout = configured(args)[0].layout
+    written = (f"| `{args[0]}` | {rank:,} of {len(r.fitting):,} "
+               f"({as_written.peak / 1e9:.1f} GB as written;")
+    bubble = (f"bubble +{fitted.time.bubble - best.time.bubble:.2f} s: {layout.microbatches} "
+              f"micro-batches over {layout.pipeline} stages")
+    return Row405(r, best, fitted, written,
+                  fitted.candidate.recompute.removeprefix("selective:"), bubble)
+
+
+def ordinal(n: int) -> str:
+    suffix = "th" if 11 <= n % 100 <= 13 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def fastest_without_pipeline(recipe: str, result) -> int:
+    """The rank `top=` prints for the fastest fitting layout with PP 1 (a layout a validation
+    rule refuses is not printed and takes no rank)."""
+    cfg = configured((f"recipe={recipe}",))[0]
+    rank = 0
+    for e in result.fitting:
+        try:
+            validate(apply_candidate(cfg, e.candidate))
+        except ConfigError:
+            continue
+        rank += 1
+        if e.candidate.pipeline == 1:
+            return rank
+    raise AssertionError(f"{recipe}: no layout without a pipeline fits")
+
+
+def test_search_page_quotes_the_405b_8192_gpu_layout():
+    row = row_405b("llama31_405b_tp8_pp16_dp64")
+    best, fitted = row.best, row.fitted
+    assert best.candidate.describe() == "TP8+SP PP64(1/../1) CP8 mbs1 rc-none distopt"
+    quoted = (f"{row.written} fits with selective recompute of `{row.modules}`) | "
+              f"{fitted.seconds:.3f} s | TP8+SP PP64 (1/../1 layers) CP8, no recompute | "
+              f"{best.seconds:.3f} s | {row.bubble} (its compute is "
+              f"{best.time.compute - fitted.time.compute:.2f} s under the best's) |")
+    text = page("search.md")
+    assert quoted in text
+    pp1 = fastest_without_pipeline("llama31_405b_tp8_pp16_dp64", row.result)
+    assert (f"the fastest PP 1 layout ranks {ordinal(pp1)} on {row.result.world:,} GPUs and"
+            in text)
+
+
+def test_search_page_quotes_the_405b_16384_gpu_layout():
+    row = row_405b("llama31_405b_tp8_pp16_dp128")
+    best = row.best
+    assert best.candidate.describe() == "TP8+SP PP64(1/../1) CP8 mbs1 rc-none distopt"
+    quoted = (f"{row.written} selective `{row.modules}`) | {row.fitted.seconds:.3f} s | "
+              f"TP8+SP PP64 (1/../1) CP8, no recompute | {best.seconds:.3f} s | {row.bubble} |")
+    text = page("search.md")
+    assert quoted in text
+    pp1 = fastest_without_pipeline("llama31_405b_tp8_pp16_dp128", row.result)
+    assert f"GPUs and {ordinal(pp1)} on {row.result.world:,})" in text
+
+
+def test_search_page_quotes_the_405b_128k_layout():
+    row = row_405b("llama31_405b_128k_tp8_cp16_pp16_dp8")
+    best = row.best
+    assert best.candidate.describe() == "TP8+SP CP16 mbs1 rc-none fsdp-optim_grads_params"
+    assert best.time.bubble == 0  # "the best has none"
+    quoted = (f"{row.written} selective `{row.modules}`) | {row.fitted.seconds:.3f} s | "
+              "TP8+SP CP16, no pipeline, Megatron FSDP ZeRO-3, no recompute | "
+              f"{best.seconds:.3f} s | {row.bubble}; the best has none |")
+    text = page("search.md")
+    assert quoted in text
+    # the paragraph after the table: this best's step is its compute alone
+    exposed = best.time.total - best.time.compute
+    assert (f"(no bubble, the FSDP gathers and reduce-scatters all hidden: {exposed:.3f} s "
+            "exposed)" in text)
