@@ -265,6 +265,7 @@ def _cp(cfg: Any, d: int, tokens: float, passes: int) -> tuple[float, float]:
 
 
 MAMBA_CP_ALL_TO_ALLS = 6  # z, x, B, C, dt in and y out (mamba_context_parallel.py:140-211)
+KV_RING = "K/V ring exchange"  # the CP traffic the attention core overlaps
 
 
 def _mamba_cp(cfg: Any, d: int, tokens: float, passes: int) -> tuple[float, float]:
@@ -361,7 +362,7 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
                 found.append(_traffic(crossing, cluster, group, name, sent, dp * chunks,
                                       dp, weights))
     if layout.context > 1:
-        found.append(_traffic(crossing, cluster, "cp", "K/V ring exchange",
+        found.append(_traffic(crossing, cluster, "cp", KV_RING,
                               *_cp(cfg, d, tokens, passes(kinds.ATTENTION, 3, "core_attn"))))
         if counts.get(kinds.MAMBA) or mtp.get(kinds.MAMBA):
             found.append(_traffic(crossing, cluster, "cp", "Mamba all-to-all",

@@ -14,7 +14,9 @@ recompute one forward of the modules it names.
 
 Communication is the planner's own (`recipes/plan/comm.py`: bytes per group at the cluster's
 bandwidths), with what overlaps taken out: TP and EP collectives sit between the GEMMs that
-need them (exposed); the CP ring overlaps the attention core it feeds (exposed beyond it);
+need them (exposed); the CP ring overlaps the attention core it feeds (exposed beyond it),
+while a Mamba layer's CP all-to-alls are exposed (synchronous: `MambaContextParallel`'s
+`pre_conv_ssm` and `post_conv_ssm` wait on each around the conv and scan);
 pipeline sends overlap compute except along the fill and drain; the DP gradient reduce
 overlaps the last micro-batch's backward (`optimizer.overlap_grad_reduce`; under Megatron FSDP
 each micro-batch's reduce-scatter its own) and the distributed optimizer's all-gather the first
@@ -57,7 +59,7 @@ from recipes.models.gpt.flops import (
 from recipes.models.hybrid import pattern as hybrid
 from recipes.models.hybrid.flops import mamba_flops, mtp_projection_flops
 from recipes.models.moe.flops import moe_flops
-from recipes.plan.comm import mtp_recomputed, recomputed
+from recipes.plan.comm import KV_RING, mtp_recomputed, recomputed
 from recipes.plan.flops import FlopsShape
 
 # Kernels one layer's forward runs in Megatron's layers (norms, QKV, RoPE, the attention
@@ -428,7 +430,8 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
         comm["ep"] = comm.get("ep", 0.0) + waits["ep"]
         ring = micro * (layers * (3 + recomputed(cfg, "core_attn")) * core_forward
                         + (3 + mtp_recomputed(cfg, "core_attn")) * head.core)  # overlapped
-        cp = max(0.0, comm.get("cp", 0.0) - ring) + waits["cp"]
+        kv = sum(t.seconds for t in stage.traffic if t.operation == KV_RING)
+        cp = max(0.0, kv - ring) + comm.get("cp", 0.0) - kv + waits["cp"]
         busy = micro * per_micro + comm.get("tp", 0.0) + cp + comm.get("ep", 0.0)
         fill = (layout.pipeline - 1) / (micro * layout.virtual_stages)
         pp = comm.get("pp", 0.0) * min(1.0, fill) + waits["pp"]

@@ -3,7 +3,8 @@ depth's layers send their kinds' TP and CP collectives and its input projection 
 gathers, an MTP layer rerun twice under full recompute; the step model's products add up to the
 one FLOPs definition (`recipes/plan/flops.py`: Mamba layers, latent experts, MTP projections
 and logits included), time a latent MoE's routed experts at the latent width, and put the MTP
-depths' time on the last stage alone; a 1M-token plan says how much of the MTP depths' memory
+depths' time on the last stage alone, hide the CP ring behind the attention cores but not Mamba's
+CP all-to-alls; a 1M-token plan says how much of the MTP depths' memory
 is their FP32 logits (as docs/planner.md quotes)."""
 
 from __future__ import annotations
@@ -17,10 +18,15 @@ from recipes.models.hybrid import pattern as hybrid
 from recipes.plan.activations import mtp_logits_bytes
 from recipes.plan.build import PlanOptions, make_plan, stage_plans
 from recipes.plan.cluster import apply_cluster, load_cluster
-from recipes.plan.comm import OUTPUT_LAYERS
+from recipes.plan.comm import KV_RING, OUTPUT_LAYERS
 from recipes.plan.fit import refusal
 from recipes.plan.flops import FlopsShape, forward_flops_per_token
-from recipes.plan.steptime import layer_forward_seconds, layer_gemms, step_time
+from recipes.plan.steptime import (
+    collective_counts,
+    layer_forward_seconds,
+    layer_gemms,
+    step_time,
+)
 from recipes.resolve import resolve_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,3 +180,20 @@ def test_a_1m_token_plan_names_the_mtp_depths_fp32_logits():
     page = " ".join((REPO / "docs" / "planner.md").read_text(encoding="utf-8").split())
     mtp = plan.worst.activations.mtp
     assert f"at Super's 1M tokens a rank, {logits / 1e9:.2f} of {mtp / 1e9:.2f} GB" in page
+
+
+def test_the_cp_ring_hides_behind_attention_cores_and_mambas_all_to_alls_do_not():
+    """Super's 1M-token stage in NVIDIA's TP2 x CP64 layout: the attention cores are long
+    enough to hide the K/V ring whole, while the Mamba layers' all-to-alls, which Megatron waits
+    on around each conv and scan, stay in the step's CP term, with their latency."""
+    cluster = load_cluster(H100)
+    cfg = apply_cluster(_config(SUPER, "model.seq_length=1048576", "train.global_batch_size=16",
+                                "parallel.tensor=2", "parallel.context=64", "cluster.nodes=16"),
+                        cluster)
+    [stage] = stage_plans(cfg, cluster, PlanOptions(listed_groups=0))
+    seconds = {t.operation: t.seconds for t in stage.traffic if t.group == "cp"}
+    assert seconds[KV_RING] > 0
+    latency = 1e-5
+    step = step_time(cfg, [stage], 1000.0, latency_s=latency)
+    waits = collective_counts(stage)["cp"] * latency
+    assert step.cp == pytest.approx(seconds["Mamba all-to-all"] + waits, rel=1e-9)
