@@ -64,8 +64,9 @@ from recipes.plan.params import stage_layer_counts, stage_params
 from recipes.plan.steptime import (
     HALF_DIM,
     PEAK_FRACTION,
+    KindSeconds,
     StepTime,
-    layer_forward_seconds,
+    kind_forward_seconds,
     step_time,
 )
 
@@ -430,8 +431,8 @@ class _Searcher:
             return stage_traffics(cfg, self.cluster, self.options,
                                   [s.params for s in sized.stages], self._crossing(cfg))
 
-        def forward() -> tuple[float, float]:
-            return layer_forward_seconds(cfg, self.peak * 1e12, self.fraction, self.half)
+        def forward() -> dict[str, KindSeconds]:
+            return kind_forward_seconds(cfg, self.peak * 1e12, self.fraction, self.half)
 
         if self.fast:
             sharding = traffic_sharding(sharding_of(cfg, self.options.sharding))

@@ -7,7 +7,8 @@ h (`half_dim`) is the size at which a dimension halves the throughput. So TP tha
 widths, CP that cuts the tokens, and small micro-batches all pay for thin GEMMs. The products
 are each layer kind's (a Mamba2 layer's projections and scan; a latent MoE's routed experts at
 the latent width, its two projections and the shared experts at the model width) and add up to
-the definition's FLOPs; a hybrid model's MTP depths (their layers, projections and logits) run
+the definition's FLOPs, each stage timed by the layer kinds it holds (a hybrid's stages may
+hold different ones); a hybrid model's MTP depths (their layers, projections and logits) run
 on the last stage, after the decoder, so they lengthen that stage alone. The backward is twice
 the forward; full recompute adds one forward of every layer (two of an MTP layer), selective
 recompute one forward of the modules it names.
@@ -61,6 +62,7 @@ from recipes.models.hybrid.flops import mamba_flops, mtp_projection_flops
 from recipes.models.moe.flops import moe_flops
 from recipes.plan.comm import KV_RING, mtp_recomputed, recomputed
 from recipes.plan.flops import FlopsShape
+from recipes.plan.params import stage_kinds
 
 # Kernels one layer's forward runs in Megatron's layers (norms, QKV, RoPE, the attention
 # core's products, mask and softmax, projection, bias-dropout-adds, the MLP's two products and
@@ -217,8 +219,9 @@ def _kind_gemms(cfg: Any, s: FlopsShape, per: int) -> tuple[list[Gemm], Gemm]:
 
 
 def layer_gemms(cfg: Any) -> tuple[list[Gemm], Gemm]:
-    """One decoder layer's products on one rank for one micro-batch (averaged over the layer
-    kinds), and its attention core apart (what CP overlaps and selective recompute repeats)."""
+    """The decoder's mean layer's products on one rank for one micro-batch (averaged over the
+    layer kinds), and its attention core apart: what `calibrate=true` divides a measured
+    layer's time by (the step model sums each stage's kinds, `kind_forward_seconds`)."""
     return _kind_gemms(cfg, decoder_shape(cfg), cfg.model.num_layers)
 
 
@@ -236,12 +239,69 @@ def _selective(cfg: Any, gemms: list[Gemm], core: float, peak: float, fraction: 
     return extra + sum(_seconds(g, peak, fraction, half) for g in gemms if g.module in modules)
 
 
-def selective_extra_seconds(cfg: Any, peak: float, fraction: float, half: float,
-                            core_forward: float) -> float:
-    """One layer's forward seconds that selective recompute repeats: the attention core
-    (core_attn), a dense MLP's GEMMs (mlp) or an MoE layer's (moe), averaged over the layers as
-    `layer_gemms` averages them."""
-    return _selective(cfg, layer_gemms(cfg)[0], core_forward, peak, fraction, half)
+@dataclass(frozen=True)
+class KindSeconds:
+    """One decoder layer of one kind (`kinds.LAYER_SYMBOLS`) on one rank, one micro-batch's
+    forward."""
+
+    products: float  # its GEMMs
+    core: float  # its attention core (what the CP ring overlaps; an attention layer's alone)
+    modules: tuple[tuple[str, float], ...]  # of `products`, what each module selective names
+
+    def repeated(self, names: tuple[str, ...] | list[str]) -> float:
+        """What selective recompute of the modules `names` runs again: the attention core
+        (core_attn), a dense MLP's GEMMs (mlp), an MoE layer's (moe: routed experts, latent
+        projections and shared experts, the whole `MoELayer`)."""
+        core = self.core if "core_attn" in names else 0.0
+        return core + sum(seconds for module, seconds in self.modules if module in names)
+
+
+def kind_forward_seconds(cfg: Any, peak: float, fraction: float, half: float,
+                         ) -> dict[str, KindSeconds]:
+    """One layer of each kind the decoder has, in seconds on a device of `peak` FLOP/s: what
+    a pipeline stage sums over the layers it holds (a hybrid's stages hold different kinds)."""
+    found = {}
+    for symbol, count in _shape_counts(decoder_shape(cfg)).items():
+        if not count:
+            continue
+        gemms, core = _kind_gemms(cfg, _shape(cfg, {symbol: 1}, 0), 1)
+        modules: dict[str, float] = {}
+        for g in gemms:
+            if g.module:
+                modules[g.module] = modules.get(g.module, 0.0) + _seconds(g, peak, fraction, half)
+        found[symbol] = KindSeconds(sum(_seconds(g, peak, fraction, half) for g in gemms),
+                                    _seconds(core, peak, fraction, half), tuple(modules.items()))
+    return found
+
+
+def _shape_counts(s: FlopsShape) -> dict[str, int]:
+    return {kinds.ATTENTION: s.attention_layers, kinds.MLP: s.dense_mlp_layers,
+            kinds.MOE: s.moe_layers, kinds.MAMBA: s.mamba_layers}
+
+
+@dataclass(frozen=True)
+class StageSeconds:
+    """A stage's decoder layers on one rank, one micro-batch: their forward's GEMMs and
+    attention cores, and what recompute runs again of them in the backward."""
+
+    products: float
+    core: float
+    recompute: float
+
+
+def _stage_seconds(per_kind: dict[str, KindSeconds], counts: dict[str, int],
+                   train: Any) -> StageSeconds:
+    """The layers `counts` names by kind, each kind at its `per_kind` seconds: full recompute
+    reruns every forward, selective the modules it names."""
+    products = core = recompute = 0.0
+    for symbol, n in counts.items():
+        if n:
+            kind = per_kind[symbol]
+            products, core = products + n * kind.products, core + n * kind.core
+            recompute += n * {"full": kind.products + kind.core,
+                              "selective": kind.repeated(train.recompute_modules)
+                              }.get(train.recompute, 0.0)
+    return StageSeconds(products, core, recompute)
 
 
 @dataclass(frozen=True)
@@ -388,24 +448,21 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
               peak_fraction: float = PEAK_FRACTION, half_dim: float = HALF_DIM,
               latency_s: float = 0.0, kernel_s: float = 0.0,
               host_cores: int | None = None,
-              forward: tuple[float, float] | None = None) -> StepTime:
+              forward: dict[str, KindSeconds] | None = None) -> StepTime:
     """The modeled step of `cfg` whose stage plans (`recipes.plan.build.stage_plans`) are
     `stages`, on GPUs of `peak_tflops` dense TFLOP/s, each collective costing `latency_s`
     beyond its bytes, each node's ranks sharing `host_cores` CPU cores (None: one each).
-    `forward` (`layer_forward_seconds` of `cfg` at this peak, fraction and half) may be handed
-    in by a caller that holds it from a layout with the same layer products (the search)."""
+    `forward` (`kind_forward_seconds` of `cfg` at this peak, fraction and half) may be handed
+    in by a caller that holds it from a layout with the same layer products (the search).
+    Each stage's layers are timed by their kinds (`params.stage_kinds`)."""
     layout, t = cfg.layout, cfg.train
     peak = peak_tflops * 1e12
-    layer_forward, core_forward = forward or layer_forward_seconds(cfg, peak, peak_fraction,
-                                                                   half_dim)
+    per_kind = forward or kind_forward_seconds(cfg, peak, peak_fraction, half_dim)
+    held = stage_kinds(cfg)
     shape = FlopsShape.from_config(cfg)
     tokens = layout.micro_batch * cfg.model.seq_length / layout.context
     logits = Gemm(tokens * logits_flops(shape) / layout.tensor, tokens, shape.hidden_size,
                   layout.padded_vocab / layout.tensor)
-    extra = {"none": 0.0, "full": layer_forward + core_forward,
-             "selective": selective_extra_seconds(cfg, peak, peak_fraction, half_dim,
-                                                  core_forward)
-             if t.recompute == "selective" else 0.0}
     micro = layout.microbatches
     mtp = mtp_seconds(cfg, peak, peak_fraction, half_dim)
     mtp_kernels = mtp.layers * KERNELS_PER_LAYER * (3 + mtp_recomputed(cfg)) * kernel_s
@@ -415,20 +472,21 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
         layers = sum(stage.layers)
         last = stage.stage == len(stages) - 1
         head = mtp if last else NO_MTP  # the MTP depths run on the last stage alone
-        forward = layers * (layer_forward + core_forward) + head.forward
+        own = _stage_seconds(per_kind, held[stage.stage], t)
+        forward = own.products + own.core + head.forward
         if last:
             forward += _seconds(logits, peak, peak_fraction, half_dim)
-        per_micro = (3 * forward + layers * extra[t.recompute] + head.recompute
+        per_micro = (3 * forward + own.recompute + head.recompute
                      + layers * layer_kernels(t.recompute) * kernel_s
                      + (mtp_kernels if last else 0.0))
         comm = _overlapped(cfg, _traffic_seconds(stage),
-                           micro * 3 * (layers * layer_forward + head.gemms),
-                           micro * 3 * (layers * (layer_forward + core_forward) + head.forward))
+                           micro * 3 * (own.products + head.gemms),
+                           micro * 3 * (own.products + own.core + head.forward))
         waits = {group: count * latency_s
                  for group, count in collective_counts(stage).items()}
         comm["tp"] = comm.get("tp", 0.0) + waits["tp"]
         comm["ep"] = comm.get("ep", 0.0) + waits["ep"]
-        ring = micro * (layers * (3 + recomputed(cfg, "core_attn")) * core_forward
+        ring = micro * ((3 + recomputed(cfg, "core_attn")) * own.core
                         + (3 + mtp_recomputed(cfg, "core_attn")) * head.core)  # overlapped
         kv = sum(t.seconds for t in stage.traffic if t.operation == KV_RING)
         cp = max(0.0, kv - ring) + comm.get("cp", 0.0) - kv + waits["cp"]

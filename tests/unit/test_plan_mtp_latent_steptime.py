@@ -3,17 +3,18 @@ depth's layers send their kinds' TP and CP collectives and its input projection 
 gathers, an MTP layer rerun twice under full recompute; the step model's products add up to the
 one FLOPs definition (`recipes/plan/flops.py`: Mamba layers, latent experts, MTP projections
 and logits included), time a latent MoE's routed experts at the latent width, and put the MTP
-depths' time on the last stage alone, hide the CP ring behind the attention cores but not Mamba's
-CP all-to-alls; a 1M-token plan says how much of the MTP depths' memory
-is their FP32 logits (as docs/planner.md quotes)."""
+depths' time on the last stage alone, time each stage by the layer kinds it holds, hide the CP
+ring behind the attention cores but not Mamba's CP all-to-alls; a 1M-token plan says how much
+of the MTP depths' memory is their FP32 logits (as docs/planner.md quotes)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from recipes.models.gpt.flops import attention_score_flops
+from recipes.models.gpt.flops import attention_score_flops, logits_flops
 from recipes.models.hybrid import pattern as hybrid
 from recipes.plan.activations import mtp_logits_bytes
 from recipes.plan.build import PlanOptions, make_plan, stage_plans
@@ -197,3 +198,29 @@ def test_the_cp_ring_hides_behind_attention_cores_and_mambas_all_to_alls_do_not(
     step = step_time(cfg, [stage], 1000.0, latency_s=latency)
     waits = collective_counts(stage)["cp"] * latency
     assert step.cp == pytest.approx(seconds["Mamba all-to-all"] + waits, rel=1e-9)
+
+
+def _stage_forward_flops(cfg, counts: dict[str, int], last: bool) -> float:
+    """One micro-batch's forward FLOPs on one rank of a stage holding the layers `counts`
+    names by kind (and, on the last stage, the logits), from the FLOPs definition alone."""
+    s = dataclasses.replace(FlopsShape.from_config(cfg), attention_layers=counts.get("*", 0),
+                            dense_mlp_layers=0, moe_layers=counts.get("E", 0),
+                            mamba_layers=counts.get("M", 0), mtp_depths=0)
+    layout, m = cfg.layout, cfg.model
+    tokens = layout.micro_batch * m.seq_length / layout.context
+    pairs = layout.micro_batch * m.seq_length ** 2 / 2 / layout.context
+    per_token = forward_flops_per_token(s) - (0 if last else logits_flops(s))
+    return (tokens * per_token + attention_score_flops(s, pairs)) / layout.tensor
+
+
+@pytest.mark.parametrize("pattern", ["MEM*|EME", "M*M*|EEE", "EEEE|M*M"])
+def test_each_stage_is_timed_by_the_layer_kinds_it_holds(pattern):
+    """A hybrid's stages hold different kinds (`|` splits the pattern): the step's compute is
+    the slowest stage's own layers (and the last one's logits), not its layer count times the
+    model's mean layer."""
+    cfg = _config(TINY_PP, "train.recompute=none", *_depths(pattern, 0))
+    stages = [{kind: part.count(kind) for kind in "M*E"} for part in pattern.split("|")]
+    slowest = max(_stage_forward_flops(cfg, counts, last=i == len(stages) - 1)
+                  for i, counts in enumerate(stages))
+    expected = cfg.layout.microbatches * 3 * slowest / (PEAK * 1e12)
+    assert _compute(cfg, CPU) == pytest.approx(expected, rel=1e-9)

@@ -28,7 +28,7 @@ from recipes.plan.search import (
     search,
 )
 from recipes.plan.search_report import near_misses
-from recipes.plan.steptime import layer_forward_seconds
+from recipes.plan.steptime import kind_forward_seconds
 from recipes.registry import get_recipe
 from tests.unit.test_plan_search import CPU, H100
 from trainer.tools.benchmarks.search import first_difference, run_bench_search
@@ -104,7 +104,7 @@ def _memoised_figures(cfg, cluster, options):
         "traffic": (TRAFFIC_DEPENDS_ON, (sharding,),
                     lambda: stage_traffics(cfg, cluster, options, params)),
         "forward": (FORWARD_DEPENDS_ON, (),
-                    lambda: layer_forward_seconds(cfg, peak, 0.75, 64.0)),
+                    lambda: kind_forward_seconds(cfg, peak, 0.75, 64.0)),
     }
 
 
