@@ -310,6 +310,11 @@ class Evaluated:
     def seconds(self) -> float:
         return self.time.total if self.time else math.inf
 
+    def ranking(self) -> tuple[bool, float, float]:
+        """Where a fitting layout ranks: an offloaded one after every one that fits without it
+        (its CPU step is not modeled), then by modeled step, then by memory."""
+        return self.candidate.offload, self.seconds, self.peak
+
 
 @dataclass
 class SearchResult:
@@ -517,8 +522,7 @@ def search(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None,
         # nothing lost on memory by a little: the report shows the fastest of all of them
         result.too_big = [searcher.evaluate(c) for c in planner.far]
         result.timed, result.skipped = result.timed + len(planner.far), 0
-    # an offloaded layout after every one that fits without it (its CPU step is not modeled)
-    result.fitting.sort(key=lambda e: (e.candidate.offload, e.seconds, e.peak))
+    result.fitting.sort(key=Evaluated.ranking)
     result.too_big.sort(key=lambda e: (e.seconds, e.peak))
     for evaluated in result.fitting:
         if len(result.listed) >= top:
@@ -576,7 +580,7 @@ def place(cfg: Any, cluster: ClusterSpec, result: SearchResult,
     evaluated = _Searcher(cfg, cluster, PlanOptions(listed_groups=0)).evaluate(candidate)
     if not evaluated.fits:
         return None, evaluated
-    return 1 + sum(1 for e in result.fitting if e.seconds < evaluated.seconds), evaluated
+    return 1 + sum(1 for e in result.fitting if e.ranking() < evaluated.ranking()), evaluated
 
 
 @dataclass

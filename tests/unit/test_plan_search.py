@@ -267,3 +267,19 @@ def test_a_hybrid_search_lists_only_splits_its_pattern_allows(recipe):
         c = evaluated.candidate
         chunks = c.pipeline * (c.virtual or 1)
         assert chunks == pattern.count("|") + 1 if "|" in pattern else c.virtual is None
+
+
+def test_a_layout_is_placed_where_the_search_lists_it():
+    """The `its own layout` rank is the layout's place in the printed ranking, where an
+    offloaded layout comes after every one that fits without it however fast its modeled
+    step: a BF16 run on small GPUs has offloaded layouts faster than some that are not."""
+    cluster = dataclasses.replace(load_cluster(CPU), gpu_memory_gb=0.005)
+    cfg = get_recipe("tiny_dp2_bf16_offload")
+    result = search(cfg, cluster, top=1)
+    offloaded = [e.seconds for e in result.fitting if e.candidate.offload]
+    assert offloaded and min(offloaded) < max(e.seconds for e in result.fitting
+                                              if not e.candidate.offload)
+    for listed, evaluated in enumerate(result.fitting, start=1):
+        rank, placed = place(cfg, cluster, result, evaluated.candidate)
+        ahead = sum(1 for e in result.fitting[:listed - 1] if e.ranking() == placed.ranking())
+        assert rank == listed - ahead
