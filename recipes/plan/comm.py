@@ -22,9 +22,11 @@ that is recomputed in the backward (`recomputed`) runs its collectives again: fu
 every layer's (an MTP layer's twice, `mtp_recomputed`), selective recompute of `moe` the MoE
 layer's token exchange and of `core_attn` the CP ring. Each figure is counted from the stage's
 layers by kind (`params.stage_kinds`; for EP `moe_passes`), bytes and collectives together, so
-the step model's latency term counts what the table shows. A group whose ranks span nodes is
-timed at the inter-node bandwidth, else at the intra-node one; latency and overlap with compute
-are the step model's (`recipes/plan/steptime.py`).
+the step model's latency term counts what the table shows. A TP row also names what of it a
+column-parallel linear's backward launches asynchronously (`Hideable`), for the step model to
+hide behind that linear's GEMMs. A group whose ranks span nodes is timed at the inter-node
+bandwidth, else at the intra-node one; latency and overlap with compute are the step model's
+(`recipes/plan/steptime.py`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,20 @@ from recipes.plan.params import ParamCount, stage_kinds
 
 
 @dataclass(frozen=True)
+class Hideable:
+    """Of a TP row, what column-parallel linears' backward launches asynchronously
+    (`LinearWithGradAccumulationAndAsyncCommunication.backward`, `tensor_parallel/layers.py`):
+    the input's gradient all-reduced (`allreduce_dgrad`) or, with SP, reduce-scattered before the
+    weight-gradient GEMM, and with SP the input re-gathered before the input-gradient GEMM, each
+    collective running under one backward GEMM of `linear` (the step model's to time)."""
+
+    linear: str  # a layer kind (its column-parallel linear), OUTPUT_LAYERS or MTP_PROJECTIONS
+    bytes_sent: float
+    seconds: float
+    collectives: float
+
+
+@dataclass(frozen=True)
 class Traffic:
     group: str  # 'tp', 'pp', 'dp-cp', 'cp', 'ep', 'expert-dp'
     operation: str
@@ -50,6 +66,7 @@ class Traffic:
     collectives: float = 0.0  # collectives (ring steps, p2p sends) one rank starts per step
     passes: int = 1  # DP: times a step reduces (or gathers) the whole buffer
     weights: bool = False  # DP: the weights' all-gather (else the gradients' reduce)
+    hideable: tuple[Hideable, ...] = ()  # TP: of the above, the column-parallel backward's
 
 
 def _ring(n: int) -> float:
@@ -116,47 +133,70 @@ def layer_passes(cfg: Any, decoder: int, mtp: int, once: int,
             + mtp * (once + mtp_recomputed(cfg, module)))
 
 
-def _tp(cfg: Any, d: int, tokens: float, passes: int) -> tuple[str, float, float]:
-    """(operation, bytes, collectives): per sublayer and micro-batch an all-reduce forward and
-    one backward (with SP an all-gather and a reduce-scatter each), again when recomputed
-    (`passes`: `layer_passes` over the stage's sublayers, its MTP layers' included)."""
+# Layers whose TP sublayer opens with a column-parallel linear (QKV, FC1, a Mamba layer's
+# in_proj); an MoE layer's TP collectives are its token dispatcher's, synchronous.
+COLUMN_KINDS = (kinds.ATTENTION, kinds.MLP, kinds.MAMBA)
+Hidden = tuple[tuple[str, float, float], ...]  # (linear, bytes, collectives) of `Hideable`s
+
+
+def _tp(cfg: Any, d: int, tokens: float, passes: int,
+        backward: dict[str, int]) -> tuple[str, float, float, Hidden]:
+    """(operation, bytes, collectives, hideable): per sublayer and micro-batch an all-reduce
+    forward and one backward (with SP an all-gather and a reduce-scatter each), again when
+    recomputed (`passes`: `layer_passes` over the stage's sublayers, its MTP layers' included).
+    The forward's are the row-parallel linear's output reduce (and with SP the column-parallel
+    one's input gather); the backward's reduce is the column-parallel linear's input gradient
+    (`backward`: the stage's layers by `COLUMN_KINDS`), its gather with SP the row-parallel
+    one's output gradient (`_ReduceScatterToSequenceParallelRegion.backward`, synchronous). The
+    column-parallel backward's gather of its input again for the weight gradient (SP) is not
+    counted among these bytes (the output layer's is)."""
     layout, m = cfg.layout, cfg.model
     buffer = tokens * m.hidden_size * d
     per = 2 * _ring(layout.tensor) * buffer
     sp = layout.sequence_parallel
     name = "all-gather + reduce-scatter (SP)" if sp else "all-reduce"
-    times = passes * layout.microbatches
-    return name, times * per, times * (2 if sp else 1)
+    times, micro = passes * layout.microbatches, layout.microbatches
+    dgrad = per / 2 if sp else per  # the input's gradient, reduce-scattered or all-reduced
+    hidden = tuple((kind, n * micro * dgrad, n * micro) for kind, n in backward.items() if n)
+    return name, times * per, times * (2 if sp else 1), hidden
 
 
-def _mtp_projection(cfg: Any, d: int, tokens: float, depths: int) -> tuple[float, float]:
-    """(bytes, collectives) of the MTP depths' input projections (`eh_proj`, a column-parallel
-    linear from [embedding; hidden], 2·hidden wide, to hidden, whose output is gathered whole
-    and, under SP, split over the sequence again: `MultiTokenPredictionLayer.
+MTP_PROJECTIONS = "MTP input projections"  # the TP row `_mtp_projection` fills
+
+
+def _mtp_projection(cfg: Any, d: int, tokens: float,
+                    depths: int) -> tuple[float, float, Hidden]:
+    """(bytes, collectives, hideable) of the MTP depths' input projections (`eh_proj`, a
+    column-parallel linear from [embedding; hidden], 2·hidden wide, to hidden, whose output is
+    gathered whole and, under SP, split over the sequence again: `MultiTokenPredictionLayer.
     _concat_embeddings`). With SP, forward: the 2·hidden-wide input all-gathered over the
     sequence and the output all-gathered over its hidden shards; backward: the input's gradient
     reduce-scattered and the output's all-gathered (the sequence split's backward). Without SP,
     forward: the output's all-gather; backward: the input's gradient all-reduced (2·hidden
     wide). Full recompute reruns the forward once (the depth's checkpoint holds the projection;
-    the inner, per-layer ones do not)."""
+    the inner, per-layer ones do not). The input's gradient is the column-parallel backward's
+    (hideable); its input gathered again for the weight gradient (SP) is not counted."""
     layout = cfg.layout
     buffer = tokens * cfg.model.hidden_size * d
     ring = _ring(layout.tensor)
     forwards = 1 + recomputed(cfg)
-    if layout.sequence_parallel:  # each pass: 2·hidden and hidden wide, two collectives
-        sent, started = (forwards + 1) * 3 * ring * buffer, (forwards + 1) * 2
+    sp = layout.sequence_parallel
+    dgrad = (1 if sp else 2) * ring * 2 * buffer  # reduce-scattered (SP) or all-reduced
+    if sp:  # each forward: 2·hidden and hidden wide, two collectives; the backward's output
+        sent, started = forwards * 3 * ring * buffer + ring * buffer + dgrad, forwards * 2 + 2
     else:
-        sent, started = forwards * ring * buffer + 2 * ring * 2 * buffer, forwards + 1
-    return depths * layout.microbatches * sent, depths * layout.microbatches * started
+        sent, started = forwards * ring * buffer + dgrad, forwards + 1
+    times = depths * layout.microbatches
+    return times * sent, times * started, ((MTP_PROJECTIONS, times * dgrad, times),)
 
 
 OUTPUT_LAYERS = "output layers and losses"  # the TP row `_output_layers` fills
 
 
 def _output_layers(cfg: Any, d: int, tokens: float, depths: int,
-                   fused: bool) -> tuple[float, float]:
-    """(bytes, collectives) of the last stage's output layer and loss, once for the main head
-    and once for each of `depths` MTP depths per micro-batch (`process_mtp_loss`,
+                   fused: bool) -> tuple[float, float, Hidden]:
+    """(bytes, collectives, hideable) of the last stage's output layer and loss, once for the
+    main head and once for each of `depths` MTP depths per micro-batch (`process_mtp_loss`,
     `transformer/multi_token_prediction.py:840-855`); no checkpoint holds them, so recompute
     reruns none.
 
@@ -165,24 +205,25 @@ def _output_layers(cfg: Any, d: int, tokens: float, depths: int,
     With SP it all-gathers its input (tokens x hidden) over the sequence in the forward, and in
     the backward all-gathers it again for the weight gradient and reduce-scatters the input's
     gradient: three collectives of the hidden states. Without SP the backward all-reduces the
-    input's gradient. The vocabulary-parallel cross entropy all-reduces each token's maximum,
-    target logit and sum of exponentials in FP32 (`tensor_parallel/cross_entropy.py:130-152`:
-    three all-reduces; the fused one, which TE ranks run, two, the last two batched in one,
-    `fusions/fused_cross_entropy.py:94, 112-114`). Each MTP depth also gathers its logits'
-    per-token maximum (the dtype) and its index (int64) from every TP rank for its acceptance
-    count (`_vocab_parallel_argmax`, :493-511)."""
+    input's gradient. The backward's launch asynchronously (hideable). The vocabulary-parallel
+    cross entropy all-reduces each token's maximum, target logit and sum of exponentials in FP32
+    (`tensor_parallel/cross_entropy.py:130-152`: three all-reduces; the fused one, which TE
+    ranks run, two, the last two batched in one, `fusions/fused_cross_entropy.py:94, 112-114`).
+    Each MTP depth also gathers its logits' per-token maximum (the dtype) and its index (int64)
+    from every TP rank for its acceptance count (`_vocab_parallel_argmax`, :493-511)."""
     layout = cfg.layout
     ring, micro = _ring(layout.tensor), layout.microbatches
     hidden = tokens * cfg.model.hidden_size * d
-    if layout.sequence_parallel:
-        sent, started = 3 * ring * hidden, 3
-    else:
-        sent, started = 2 * ring * hidden, 1
+    sp = layout.sequence_parallel
+    backward, asynchronous = 2 * ring * hidden, 2 if sp else 1  # same bytes either way
+    sent = backward + (ring * hidden if sp else 0.0)
+    started = asynchronous + (1 if sp else 0)
     sent += 2 * ring * 3 * tokens * 4  # the loss's three FP32 values a token, all-reduced
     started += 2 if fused else 3
     argmax = (layout.tensor - 1) * tokens * (d + 8)  # each rank's maximum and its index
     heads = 1 + depths
-    return micro * (heads * sent + depths * argmax), micro * (heads * started + depths * 2)
+    return (micro * (heads * sent + depths * argmax), micro * (heads * started + depths * 2),
+            ((OUTPUT_LAYERS, micro * heads * backward, micro * heads * asynchronous),))
 
 
 def _pp(cfg: Any, d: int, tokens: float, stage: int) -> tuple[float, float]:
@@ -308,12 +349,14 @@ def _ep(cfg: Any, d: int, tokens: float, passes: int) -> tuple[float, float]:
 
 
 def _traffic(crossing: dict[str, bool], cluster: Any, kind: str, operation: str,
-             sent: float, collectives: float, passes: int = 1,
+             sent: float, collectives: float, hidden: Hidden = (), passes: int = 1,
              weights: bool = False) -> Traffic:
     inter = crossing[kind]
-    bandwidth = cluster.inter_node_gb_per_s if inter else cluster.intra_node_gb_per_s
-    return Traffic(kind, operation, sent, inter, sent / (bandwidth * 1e9), collectives,
-                   passes, weights)
+    bandwidth = (cluster.inter_node_gb_per_s if inter else cluster.intra_node_gb_per_s) * 1e9
+    hideable = tuple(Hideable(linear, part, part / bandwidth, started)
+                     for linear, part, started in hidden)
+    return Traffic(kind, operation, sent, inter, sent / bandwidth, collectives, passes, weights,
+                   hideable)
 
 
 def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
@@ -342,10 +385,11 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
 
     found = []
     if layout.tensor > 1:
-        name, sent, started = _tp(cfg, d, tokens, passes(None, 2))
-        found.append(_traffic(crossing, cluster, "tp", name, sent, started))
+        column = {kind: counts.get(kind, 0) + mtp.get(kind, 0) for kind in COLUMN_KINDS}
+        found.append(_traffic(crossing, cluster, "tp",
+                              *_tp(cfg, d, tokens, passes(None, 2), column)))
         if depths:
-            found.append(_traffic(crossing, cluster, "tp", "MTP input projections",
+            found.append(_traffic(crossing, cluster, "tp", MTP_PROJECTIONS,
                                   *_mtp_projection(cfg, d, tokens, depths)))
         if stage == layout.pipeline - 1:
             fused = uses_transformer_engine(cfg.model.transformer_impl,
@@ -360,7 +404,7 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
         if params and ranks > 1:
             for name, sent, dp, weights in _dp(cfg, params, ranks, sharding, fewer):
                 found.append(_traffic(crossing, cluster, group, name, sent, dp * chunks,
-                                      dp, weights))
+                                      passes=dp, weights=weights))
     if layout.context > 1:
         found.append(_traffic(crossing, cluster, "cp", KV_RING,
                               *_cp(cfg, d, tokens, passes(kinds.ATTENTION, 3, "core_attn"))))

@@ -15,15 +15,19 @@ recompute one forward of the modules it names.
 
 Communication is the planner's own (`recipes/plan/comm.py`: bytes per group at the cluster's
 bandwidths), with what overlaps taken out: TP and EP collectives sit between the GEMMs that
-need them (exposed); the CP ring overlaps the attention core it feeds (exposed beyond it),
-while a Mamba layer's CP all-to-alls are exposed (synchronous: `MambaContextParallel`'s
+need them (exposed), but for a column-parallel linear's backward (QKV, FC1, in_proj, the output
+layer, an MTP depth's projection), which launches its input-gradient reduce and, with SP, its
+input's re-gather asynchronously, each hidden behind one of the linear's backward GEMMs and
+exposed beyond it (`column_hidden`); the CP ring overlaps the attention core it feeds (exposed
+beyond it), while a Mamba layer's CP all-to-alls are exposed (synchronous: `MambaContextParallel`'s
 `pre_conv_ssm` and `post_conv_ssm` wait on each around the conv and scan);
 pipeline sends overlap compute except along the fill and drain; the DP gradient reduce
 overlaps the last micro-batch's backward (`optimizer.overlap_grad_reduce`; under Megatron FSDP
 each micro-batch's reduce-scatter its own) and the distributed optimizer's all-gather the first
 one's forward (`overlap_param_gather`; ZeRO-3's other gathers the step's compute). TP
 communication overlap (`parallel.tp_comm_overlap`, Transformer Engine's userbuffers) hides TP's
-collectives behind the layer's GEMMs they are split with (exposed only beyond them), and EP
+collectives behind the layer's GEMMs they are split with (exposed only beyond them; in place of
+the column-parallel backward's overlap, which it covers), and EP
 overlap (`parallel.ep_comm_overlap`) the token exchange behind the other micro-batch's layer.
 Selective recompute repeats the forward of its modules (the attention core, a dense MLP's or an
 MoE layer's GEMMs; norms and activations cost no GEMM). The bubble is (PP - 1) / VPP of the
@@ -60,7 +64,13 @@ from recipes.models.gpt.flops import (
 from recipes.models.hybrid import pattern as hybrid
 from recipes.models.hybrid.flops import mamba_flops, mtp_projection_flops
 from recipes.models.moe.flops import moe_flops
-from recipes.plan.comm import KV_RING, mtp_recomputed, recomputed
+from recipes.plan.comm import (
+    KV_RING,
+    MTP_PROJECTIONS,
+    OUTPUT_LAYERS,
+    mtp_recomputed,
+    recomputed,
+)
 from recipes.plan.flops import FlopsShape
 from recipes.plan.params import stage_kinds
 
@@ -90,6 +100,7 @@ class Gemm:
     k: float
     n: float
     module: str = ""  # the `train.recompute_modules` entry that reruns it ('mlp', 'moe')
+    column: float = 0.0  # share of its FLOPs a column-parallel linear's (QKV, FC1, in_proj)
 
 
 def gemm_efficiency(g: Gemm, peak_fraction: float, half_dim: float) -> float:
@@ -185,7 +196,7 @@ def _mamba_gemms(s: FlopsShape, share: float, tokens: float, tp: int) -> list[Ge
     head's width (what `mamba_flops` leaves after the two projections)."""
     h, inner = s.hidden_size, s.mamba_inner
     width = 2 * inner + 2 * s.mamba_groups * s.mamba_state + s.mamba_heads
-    in_proj = Gemm(share * tokens * 2 * h * width / tp, tokens, h, width / tp)
+    in_proj = Gemm(share * tokens * 2 * h * width / tp, tokens, h, width / tp, column=1.0)
     out_proj = Gemm(share * tokens * 2 * inner * h / tp, tokens, inner / tp, h)
     scan = share * tokens * mamba_flops(s) / tp - in_proj.flops - out_proj.flops
     return [in_proj, out_proj,
@@ -201,7 +212,8 @@ def _kind_gemms(cfg: Any, s: FlopsShape, per: int) -> tuple[list[Gemm], Gemm]:
     h, query = s.hidden_size, s.num_attention_heads * s.kv_channels
     kv = s.num_query_groups * s.kv_channels
     share = s.attention_layers / per
-    gemms = [Gemm(share * tokens * qkv_projection_flops(s) / tp, tokens, h, (query + 2 * kv) / tp),
+    gemms = [Gemm(share * tokens * qkv_projection_flops(s) / tp, tokens, h, (query + 2 * kv) / tp,
+                  column=1.0),
              Gemm(share * tokens * output_projection_flops(s) / tp, tokens, query / tp, h)]
     gate = 2 if s.gated else 1
     if s.mamba_layers:
@@ -209,7 +221,8 @@ def _kind_gemms(cfg: Any, s: FlopsShape, per: int) -> tuple[list[Gemm], Gemm]:
     if s.dense_mlp_layers:
         ffn = s.ffn_hidden_size / tp
         gemms.append(Gemm(s.dense_mlp_layers / per * tokens * mlp_flops(s, s.ffn_hidden_size)
-                          / tp, tokens, h, ffn * (gate + 1) / 2, "mlp"))
+                          / tp, tokens, h, ffn * (gate + 1) / 2, "mlp",
+                          gate / (gate + 1)))  # FC1: gate x ffn of the (gate + 1) x ffn
     if s.moe_layers:
         gemms += _moe_gemms(cfg, s, s.moe_layers / per, tokens)
     pairs = layout.micro_batch * m.seq_length ** 2 / 2 / cp
@@ -247,6 +260,7 @@ class KindSeconds:
     products: float  # its GEMMs
     core: float  # its attention core (what the CP ring overlaps; an attention layer's alone)
     modules: tuple[tuple[str, float], ...]  # of `products`, what each module selective names
+    column: float = 0.0  # of `products`, its column-parallel linear's (`Gemm.column`)
 
     def repeated(self, names: tuple[str, ...] | list[str]) -> float:
         """What selective recompute of the modules `names` runs again: the attention core
@@ -270,7 +284,9 @@ def kind_forward_seconds(cfg: Any, peak: float, fraction: float, half: float,
             if g.module:
                 modules[g.module] = modules.get(g.module, 0.0) + _seconds(g, peak, fraction, half)
         found[symbol] = KindSeconds(sum(_seconds(g, peak, fraction, half) for g in gemms),
-                                    _seconds(core, peak, fraction, half), tuple(modules.items()))
+                                    _seconds(core, peak, fraction, half), tuple(modules.items()),
+                                    sum(g.column * _seconds(g, peak, fraction, half)
+                                        for g in gemms))
     return found
 
 
@@ -313,6 +329,7 @@ class MtpSeconds:
     gemms: float  # of `forward`, the layers' and projections' products (TP overlaps them)
     core: float  # of `forward`, the attention cores (what the CP ring overlaps)
     layers: int  # layers the depths run (their kernels)
+    projection: float = 0.0  # of `gemms`, one depth's input projection
 
 
 NO_MTP = MtpSeconds(0.0, 0.0, 0.0, 0.0, 0)  # a model without MTP depths, or a stage but the last
@@ -345,7 +362,7 @@ def mtp_seconds(cfg: Any, peak: float, fraction: float, half: float) -> MtpSecon
              if recompute == "selective" else 0.0}.get(recompute, 0.0)
     count = len(hybrid.mtp_pattern(cfg.model.hybrid_layer_pattern)) * depths
     return MtpSeconds(layers + core_s + proj + time(logits), rerun, layers + proj, core_s,
-                      count)
+                      count, proj / depths)
 
 
 
@@ -395,14 +412,28 @@ def _dp_exposed(cfg: Any, rows: list[Any], latency_s: float, backward: float,
     return exposed
 
 
-def _overlapped(cfg: Any, comm: dict[str, float], gemms: float,
-                compute: float) -> dict[str, float]:
+def column_hidden(stage: Any, behind: dict[str, float]) -> float:
+    """TP seconds of `stage` (a `build.StagePlan`) that column-parallel linears' backward hides
+    (`comm.Hideable`): Megatron launches the input's gradient reduce (`allreduce_dgrad`, or
+    the SP reduce-scatter) before the weight-gradient GEMM and, with SP, the input's re-gather
+    before the input-gradient GEMM, both asynchronous
+    (`LinearWithGradAccumulationAndAsyncCommunication.backward`), so each collective hides
+    behind one of the linear's backward GEMMs: one forward GEMM's seconds here, as the backward
+    is twice the forward (`behind`, by `Hideable.linear`), and is exposed beyond it."""
+    return sum(min(h.seconds, h.collectives * behind.get(h.linear, 0.0))
+               for t in stage.traffic for h in t.hideable)
+
+
+def _overlapped(cfg: Any, comm: dict[str, float], gemms: float, compute: float,
+                column: float) -> dict[str, float]:
     """TP traffic less what its overlap hides behind the layers' GEMMs (`gemms`: forward and
-    backward of every micro-batch); EP traffic less what its overlap hides behind the other
-    micro-batch's layers (`compute`)."""
+    backward of every micro-batch), or without it less what the column-parallel linears'
+    backward hides (`column`, `column_hidden`: the userbuffers overlap covers those
+    collectives too); EP traffic less what its overlap hides behind the other micro-batch's
+    layers (`compute`)."""
     p, found = cfg.parallel, dict(comm)
-    if p.tp_comm_overlap and "tp" in found:
-        found["tp"] = max(0.0, found["tp"] - gemms)
+    if "tp" in found:
+        found["tp"] = max(0.0, found["tp"] - (gemms if p.tp_comm_overlap else column))
     if p.ep_comm_overlap and "ep" in found:
         found["ep"] = max(0.0, found["ep"] - compute)
     return found
@@ -465,6 +496,9 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
                   layout.padded_vocab / layout.tensor)
     micro = layout.microbatches
     mtp = mtp_seconds(cfg, peak, peak_fraction, half_dim)
+    behind = {symbol: kind.column for symbol, kind in per_kind.items()}
+    behind[OUTPUT_LAYERS] = _seconds(logits, peak, peak_fraction, half_dim)
+    behind[MTP_PROJECTIONS] = mtp.projection
     mtp_kernels = mtp.layers * KERNELS_PER_LAYER * (3 + mtp_recomputed(cfg)) * kernel_s
     worst: tuple[float, ...] = ()
     stage_compute: dict[int, float] = {}
@@ -481,7 +515,8 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
                      + (mtp_kernels if last else 0.0))
         comm = _overlapped(cfg, _traffic_seconds(stage),
                            micro * 3 * (own.products + head.gemms),
-                           micro * 3 * (own.products + own.core + head.forward))
+                           micro * 3 * (own.products + own.core + head.forward),
+                           column_hidden(stage, behind))
         waits = {group: count * latency_s
                  for group, count in collective_counts(stage).items()}
         comm["tp"] = comm.get("tp", 0.0) + waits["tp"]
