@@ -5,7 +5,8 @@ Ring collectives: an all-reduce over n ranks sends 2·(n-1)/n of the buffer from
 all-gather or reduce-scatter (n-1)/n, an all-to-all (n-1)/n of what is exchanged. Per layer
 and micro-batch, TP does one all-reduce forward and one backward per sublayer (a GPT layer's
 attention and MLP, each layer of a hybrid model; with sequence parallel: an all-gather and a
-reduce-scatter in place of each, the same bytes). PP sends one activation forward and one
+reduce-scatter in place of each, the same bytes, and a column-parallel linear's backward
+gathers its input again for the weight gradient). PP sends one activation forward and one
 gradient back per stage boundary and micro-batch (per chunk when interleaved). DP reduces
 gradients and, with a sharded optimizer, gathers weights (FP8 parameters gathered in one byte
 each) as often as the sharding does (`dp_passes`: once a step, or per micro-batch under
@@ -147,18 +148,24 @@ def _tp(cfg: Any, d: int, tokens: float, passes: int,
     The forward's are the row-parallel linear's output reduce (and with SP the column-parallel
     one's input gather); the backward's reduce is the column-parallel linear's input gradient
     (`backward`: the stage's layers by `COLUMN_KINDS`), its gather with SP the row-parallel
-    one's output gradient (`_ReduceScatterToSequenceParallelRegion.backward`, synchronous). The
-    column-parallel backward's gather of its input again for the weight gradient (SP) is not
-    counted among these bytes (the output layer's is)."""
+    one's output gradient (`_ReduceScatterToSequenceParallelRegion.backward`, synchronous). With
+    SP the column-parallel backward also gathers its input again for the weight gradient
+    (`LinearWithGradAccumulationAndAsyncCommunication.backward`), once per backward, however
+    often the forward reruns: a further ring x tokens x hidden per column sublayer and
+    micro-batch. The column backward's collectives are the hideable part."""
     layout, m = cfg.layout, cfg.model
     buffer = tokens * m.hidden_size * d
     per = 2 * _ring(layout.tensor) * buffer
     sp = layout.sequence_parallel
     name = "all-gather + reduce-scatter (SP)" if sp else "all-reduce"
     times, micro = passes * layout.microbatches, layout.microbatches
-    dgrad = per / 2 if sp else per  # the input's gradient, reduce-scattered or all-reduced
-    hidden = tuple((kind, n * micro * dgrad, n * micro) for kind, n in backward.items() if n)
-    return name, times * per, times * (2 if sp else 1), hidden
+    launched = 2 if sp else 1  # collectives a pass starts
+    regathers = sum(backward.values()) * micro if sp else 0  # once a column backward
+    # A column backward's hideable part: its input's gradient all-reduced, or (SP) reduce-
+    # scattered and its input re-gathered: the same bytes (`per`), one or two collectives.
+    hidden = tuple((kind, n * micro * per, n * micro * launched)
+                   for kind, n in backward.items() if n)
+    return name, times * per + regathers * per / 2, times * launched + regathers, hidden
 
 
 MTP_PROJECTIONS = "MTP input projections"  # the TP row `_mtp_projection` fills
@@ -174,20 +181,24 @@ def _mtp_projection(cfg: Any, d: int, tokens: float,
     reduce-scattered and the output's all-gathered (the sequence split's backward). Without SP,
     forward: the output's all-gather; backward: the input's gradient all-reduced (2·hidden
     wide). Full recompute reruns the forward once (the depth's checkpoint holds the projection;
-    the inner, per-layer ones do not). The input's gradient is the column-parallel backward's
-    (hideable); its input gathered again for the weight gradient (SP) is not counted."""
+    the inner, per-layer ones do not). The column-parallel backward's input gradient and, with
+    SP, its 2·hidden-wide input gathered again for the weight gradient, once per backward, are
+    the hideable part."""
     layout = cfg.layout
     buffer = tokens * cfg.model.hidden_size * d
     ring = _ring(layout.tensor)
     forwards = 1 + recomputed(cfg)
     sp = layout.sequence_parallel
-    dgrad = (1 if sp else 2) * ring * 2 * buffer  # reduce-scattered (SP) or all-reduced
+    # The column backward's: with SP the input's gradient reduce-scattered and the input
+    # re-gathered (2·hidden wide each), without it the gradient all-reduced; the same bytes.
+    column, launched = 2 * ring * 2 * buffer, 2 if sp else 1
     if sp:  # each forward: 2·hidden and hidden wide, two collectives; the backward's output
-        sent, started = forwards * 3 * ring * buffer + ring * buffer + dgrad, forwards * 2 + 2
+        sent, started = forwards * 3 * ring * buffer + ring * buffer, forwards * 2 + 1
     else:
-        sent, started = forwards * ring * buffer + dgrad, forwards + 1
+        sent, started = forwards * ring * buffer, forwards
     times = depths * layout.microbatches
-    return times * sent, times * started, ((MTP_PROJECTIONS, times * dgrad, times),)
+    return (times * (sent + column), times * (started + launched),
+            ((MTP_PROJECTIONS, times * column, times * launched),))
 
 
 OUTPUT_LAYERS = "output layers and losses"  # the TP row `_output_layers` fills

@@ -62,16 +62,31 @@ def _depths(main: str, depths: int) -> tuple[str, ...]:
     return pattern, "model.mtp_loss_scaling_factor=0.1", "model.mtp_use_repeated_layer=false"
 
 
+def _hidden_states(recipe: str, *overrides: str) -> tuple[int, float]:
+    """(micro-batches, ring x B): what one TP rank sends of a micro-batch's hidden states B in a
+    ring all-gather or reduce-scatter, (n-1)/n of them."""
+    cfg = _config(recipe, *overrides)
+    layout, m = cfg.layout, cfg.model
+    tokens = cfg.train.micro_batch_size * m.seq_length / layout.context
+    size = tokens * m.hidden_size * {"fp32": 4, "bf16": 2}[cfg.precision.dtype]
+    return layout.microbatches, (layout.tensor - 1) / layout.tensor * size
+
+
 def test_each_mtp_depth_sends_its_layers_and_its_projections_tp_collectives():
-    """MEM*EME: 7 sublayers. A `*E` depth adds 2 more and its projection, whose forward gathers
-    a 2·hidden-wide input and a hidden-wide output and whose backward reduce-scatters and
-    gathers the same: 3/2 of a sublayer's bytes, as many collectives."""
+    """MEM*EME on TP2 + SP: each of its 7 sublayers gathers and reduce-scatters forward and
+    backward (4 x ring x B, 4 collectives), and the backward of its 4 column-parallel ones (M's
+    in_proj, *'s QKV) gathers their input again for the weight gradient (ring x B, 1). A `*E`
+    depth adds 2 sublayers, one column-parallel, and its projection, whose forward gathers a
+    2·hidden-wide input and a hidden-wide output (3 x ring x B, 2) and whose backward
+    reduce-scatters the input's gradient, gathers the input again (2·hidden wide each) and
+    gathers the output's gradient (5 x ring x B, 3)."""
     (none, none_started), (one, one_started), (two, two_started) = (
         _group(TINY_TP, "tp", *_depths("MEM*EME", d), skip=OUTPUT_LAYERS)[0] for d in (0, 1, 2))
-    layer, layer_started = none / 7, none_started / 7
-    assert none > 0
-    assert one - none == pytest.approx(two - one) == pytest.approx((2 + 3 / 2) * layer)
-    assert one_started - none_started == two_started - one_started == 3 * layer_started
+    micro, rb = _hidden_states(TINY_TP)
+    assert none == pytest.approx(micro * (7 * 4 + 4) * rb) and none_started == micro * 32
+    depth, depth_started = 2 * 4 + 1 + 3 + 5, 2 * 4 + 1 + 2 + 3
+    assert one - none == pytest.approx(two - one) == pytest.approx(micro * depth * rb)
+    assert one_started - none_started == two_started - one_started == micro * depth_started
 
 
 def test_only_the_last_stage_sends_the_mtp_depths_tp_collectives():
@@ -95,15 +110,18 @@ def test_each_mtp_depth_passes_its_k_v_round_the_cp_ring():
 def test_full_recompute_reruns_an_mtp_layers_collectives_twice():
     """A depth runs in one checkpoint whose rerun checkpoints each of its layers again: a
     decoder MoE layer's 4 all-to-alls become 6, an MTP one's 8; a decoder sublayer's TP passes
-    2 become 3, an MTP one's 4, and the projection's forward reruns once (3 of 2 passes)."""
+    (SP: a gather and a reduce-scatter, 2 x ring x B) 2 become 3, an MTP one's 4, while a
+    column-parallel backward still gathers its input again once (ring x B); the projection's
+    forward (3 x ring x B) reruns once, its backward (5 x ring x B) does not."""
     full = "train.recompute=full"
     [(decoder, _)] = _group("super_tiny_ep2_dp2", "ep", full, *_depths("MEM*EME", 0))
     [(with_one, _)] = _group("super_tiny_ep2_dp2", "ep", full, *_depths("MEM*EME", 1))
     assert (with_one - decoder) / (decoder / 3) == pytest.approx(8 / 6)  # 3 MoE layers
     [(none, _)] = _group(TINY_TP, "tp", full, *_depths("MEM*EME", 0), skip=OUTPUT_LAYERS)
     [(one, _)] = _group(TINY_TP, "tp", full, *_depths("MEM*EME", 1), skip=OUTPUT_LAYERS)
-    layer = none / 7  # 3 passes of a sublayer; the projection's 3 move 3/2 as much
-    assert one - none == pytest.approx(2 * layer * 4 / 3 + layer * 3 / 2)
+    micro, rb = _hidden_states(TINY_TP, full)
+    assert none == pytest.approx(micro * (7 * 3 * 2 + 4) * rb)
+    assert one - none == pytest.approx(micro * (2 * 4 * 2 + 1 + 2 * 3 + 5) * rb)
 
 
 def _forward_flops_per_rank(cfg) -> float:

@@ -59,7 +59,9 @@ def test_with_long_gemms_only_the_forward_row_backward_and_recomputed_collective
     all-reduce, or with SP a gather and a reduce-scatter: 2 x ring x B), a recomputed forward
     again; its backward's all-reduce is the column-parallel linear's (hidden), with SP its
     gather the row-parallel one's (exposed: ring x B) and its reduce-scatter the column one's
-    (hidden). The head's forward gathers its input (SP) and its loss all-reduces: exposed."""
+    (hidden), which also gathers its input again for the weight gradient (hidden: once a
+    backward, however often the forward reruns). The head's forward gathers its input (SP)
+    and its loss all-reduces: exposed."""
     cfg, stage, bandwidth = _plan("tiny_tp2", f"parallel.sequence_parallel={sp}".lower(),
                                   f"train.recompute={recompute}")
     tokens, size, ring = _sizes(cfg)
@@ -76,8 +78,9 @@ def test_with_long_gemms_only_the_forward_row_backward_and_recomputed_collective
 def test_with_short_gemms_each_collective_hides_only_one_gemms_time(sp):
     """Each column-parallel collective hides behind one forward GEMM's time of its linear (the
     backward's input- and weight-gradient GEMMs each take that long): per layer and
-    micro-batch QKV's and FC1's gradient reduce, per head the output layer's (with SP its
-    input's re-gather too)."""
+    micro-batch QKV's and FC1's gradient reduce, per head the output layer's; with SP each of
+    these linears also re-gathers its input (Megatron launches it before the input-gradient
+    GEMM, the reduce-scatter before the weight-gradient one), so two GEMMs' time each."""
     cfg, stage, bandwidth = _plan("tiny_tp2", f"parallel.sequence_parallel={sp}".lower())
     s, layout = FlopsShape.from_config(cfg), cfg.layout
     tokens, size, ring = _sizes(cfg)
@@ -89,8 +92,8 @@ def test_with_short_gemms_each_collective_hides_only_one_gemms_time(sp):
     qkv, fc1, logits = (flops / tp / peak for flops in (qkv, fc1, logits))
     reduce = (1 if sp else 2) * ring * size / bandwidth  # a reduce-scatter or an all-reduce
     assert max(qkv, fc1, logits) < reduce  # every GEMM is shorter than what it hides
-    head = 2 * logits if sp else logits  # re-gather and reduce-scatter, or the all-reduce
-    hidden = layout.microbatches * (cfg.model.num_layers * (qkv + fc1) + head)
+    each = 2 if sp else 1  # re-gather and reduce-scatter, or the all-reduce
+    hidden = layout.microbatches * each * (cfg.model.num_layers * (qkv + fc1) + logits)
     total, tp = _tp(cfg, stage, SHORT)
     assert total - tp == pytest.approx(hidden, rel=1e-9)
 
@@ -99,10 +102,12 @@ def test_a_hybrid_hides_its_in_proj_qkv_projection_and_heads_but_not_its_moe_lay
     """super_tiny_tp2_sp: MEM*EME and two `*E` MTP depths on TP2 + SP, one stage. Mamba and
     attention sublayers expose their forward's gather and reduce-scatter and the row-parallel
     backward's gather (3 x ring x B); an MoE layer's TP collectives are its dispatcher's, all
-    four exposed; a depth's input projection exposes its forward (a 2·hidden-wide gather and
-    the output's: 3 x ring x B) and its output's gradient gather (ring x B), hiding the
-    2·hidden-wide input gradient's reduce-scatter; each of the three heads exposes its input's
-    gather and its loss, and each depth its acceptance count's gathers of max and index."""
+    four exposed; Mamba's in_proj and QKV hide their input gradient's reduce-scatter and their
+    input's re-gather; a depth's input projection exposes its forward (a 2·hidden-wide gather
+    and the output's: 3 x ring x B) and its output's gradient gather (ring x B), hiding the
+    2·hidden-wide input gradient's reduce-scatter and input's re-gather; each of the three
+    heads exposes its input's gather and its loss, and each depth its acceptance count's
+    gathers of max and index."""
     cfg, stage, bandwidth = _plan("super_tiny_tp2_sp")
     m = cfg.model
     tokens, size, ring = _sizes(cfg)

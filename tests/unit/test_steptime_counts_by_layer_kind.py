@@ -27,9 +27,10 @@ def test_nemotron3_nano_counts_its_sublayers_and_moe_layers():
     assert (layers[kinds.MAMBA], layers[kinds.ATTENTION], layers[kinds.MOE], micro) == (
         23, 6, 23, 96)
     # SP: an all-gather and a reduce-scatter forward and backward, per layer (one sublayer);
-    # then the output layer's gather, re-gather and reduce-scatter, and the fused loss's two
-    # all-reduces (TE ranks), once per micro-batch
-    assert counts["tp"] == 2 * 2 * 52 * 96 + (3 + 2) * 96 == 20_448
+    # a Mamba or attention layer's column-parallel backward (in_proj, QKV) gathers its input
+    # again; then the output layer's gather, re-gather and reduce-scatter, and the fused loss's
+    # two all-reduces (TE ranks), once per micro-batch
+    assert counts["tp"] == 2 * 2 * 52 * 96 + (23 + 6) * 96 + (3 + 2) * 96 == 23_232
     # selective recompute of `moe` dispatches and combines again: 6 per MoE layer
     assert cfg.train.recompute_modules == ["moe", "layernorm"]
     assert counts["ep"] == 6 * 23 * 96
