@@ -33,7 +33,6 @@ and memoises nothing: the reference `scripts/bench_search.py` times the search a
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -325,7 +324,7 @@ class SearchResult:
     skipped: int = 0  # of those, not planned: less sharded than one too big by over NEAR_MISS
     timed: int = 0  # of those planned (for memory), planned in full: traffic and step time
     pruned_blocks: int = 0
-    dominated: int = 0  # DDP twins of planned layouts (never faster, never smaller)
+    dominated: int = 0  # SP-off and DDP twins of planned layouts (never faster, never smaller)
     fitting: list[Evaluated] = field(default_factory=list)
     too_big: list[Evaluated] = field(default_factory=list)  # timed ones (see `search`)
     listed: list[Evaluated] = field(default_factory=list)
@@ -501,6 +500,7 @@ def search(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None,
     result = SearchResult(layout.world_size, layout.gpus_per_node)
     planner = _Planner(searcher, result, None if exhaustive else
                        NEAR_MISS * cluster.gpu_memory_bytes)
+    moe = bool(cfg.model.num_moe_experts)
     for tp, pp, first, last, vpps, cp, ep, etp in _blocks(cfg, layout.world_size):
         dp = layout.world_size // (tp * pp * cp)
         cheapest = [Candidate(tp, pp, None, first, last, cp, ep, etp, 1, tp > 1, "full", True,
@@ -509,14 +509,15 @@ def search(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None,
         if not any(searcher.evaluate(c, timed=False).fits for c in cheapest):
             result.pruned_blocks += 1
             continue
-        # Plain DDP is counted, not planned: it has the same compute and no less communication
-        # than the distributed optimizer (the DP reduce-scatter and all-gather send 3/4 of an
-        # all-reduce's bytes and both overlap) and needs more memory, so it never ranks above
-        # its twin. Sequence parallel off is planned: it holds more activations but exposes
-        # less TP traffic (`steptime.column_hidden`).
-        for vpp, sp in itertools.product(vpps, sequence_parallel_choices(cfg, tp)):
-            result.dominated += _micro_batches(
-                planner, cfg, dp, (tp, pp, vpp, first, last, cp, ep, etp), sp, True)
+        # Sequence parallel off and plain DDP are counted, not planned: each has the same
+        # compute and no less communication than SP on / the distributed optimizer (the DP
+        # reduce-scatter and all-gather send 3/4 of an all-reduce's bytes and both overlap)
+        # and needs more memory, so it never ranks above its twin.
+        twins = (2 if tp > 1 and not moe else 1) * 2
+        for vpp in vpps:
+            planned = _micro_batches(planner, cfg, dp, (tp, pp, vpp, first, last, cp, ep, etp),
+                                     tp > 1, True)
+            result.dominated += planned * (twins - 1)
     if planner.far and not result.too_big:
         # nothing lost on memory by a little: the report shows the fastest of all of them
         result.too_big = [searcher.evaluate(c) for c in planner.far]
@@ -623,16 +624,6 @@ class _Planner:
         self.result.skipped += len(variants) - len(smallest)
         self.far += variants
         return True
-
-
-def sequence_parallel_choices(cfg: Any, tp: int) -> tuple[bool, ...]:
-    """SP on, and off where the project accepts it: with TP, a dense model without TP
-    communication overlap (an MoE layer with TP and the userbuffers overlap need SP)."""
-    if tp == 1:
-        return (False,)
-    if cfg.model.num_moe_experts or cfg.parallel.tp_comm_overlap:
-        return (True,)
-    return True, False
 
 
 def _micro_batches(planner: _Planner, cfg: Any, dp: int, grid: tuple, sp: bool,

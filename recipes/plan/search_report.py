@@ -72,7 +72,7 @@ def _head(cfg: Any, cluster: Any, r: SearchResult) -> list[str]:
             f"{cfg.train.global_batch_size} x {m.seq_length}, {cfg.precision.dtype}",
             f"  {r.enumerated:,} layouts: {r.enumerated - r.skipped:,} planned for memory, "
             f"{r.timed:,} of them timed ({r.skipped:,} less sharded twins of one too big by "
-            f"over {NEAR_MISS - 1:.0%} and {r.dominated:,} DDP twins counted, not "
+            f"over {NEAR_MISS - 1:.0%} and {r.dominated:,} SP-off and DDP twins counted, not "
             f"planned; {r.pruned_blocks:,} TP/PP/CP/EP blocks skipped whole: their smallest "
             f"variant does not fit), {len(r.fitting):,} fit, searched in {r.seconds:.1f} s",
             "  modeled step time, seconds (compute at GEMM-shape efficiency; exposed "

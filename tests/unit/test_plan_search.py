@@ -30,11 +30,9 @@ from recipes.plan.search import (
     place,
     recompute_choices,
     search,
-    sequence_parallel_choices,
 )
 from recipes.plan.steptime import step_time
 from recipes.registry import get_recipe
-from recipes.resolve import resolve_config
 from tests.hang import HANG_S
 
 REPO = Path(__file__).resolve().parents[2]
@@ -285,33 +283,3 @@ def test_a_layout_is_placed_where_the_search_lists_it():
         rank, placed = place(cfg, cluster, result, evaluated.candidate)
         ahead = sum(1 for e in result.fitting[:listed - 1] if e.ranking() == placed.ranking())
         assert rank == listed - ahead
-
-
-@pytest.mark.parametrize(("recipe", "overrides", "tp", "expected"), [
-    ("tiny_tp2_pp2", [], 1, (False,)),
-    ("tiny_tp2_pp2", [], 2, (True, False)),
-    ("tiny_tp2_pp2", ["parallel.sequence_parallel=true", "parallel.tp_comm_overlap=true"], 2,
-     (True,)),  # userbuffers need SP
-    ("mixtral_tiny_ep4_dp4", [], 2, (True,)),  # an MoE layer with TP needs SP
-])
-def test_the_search_tries_sequence_parallel_off_where_it_is_accepted(recipe, overrides, tp,
-                                                                    expected):
-    cfg = get_recipe(recipe)
-    if overrides:
-        cfg = resolve_config([f"recipe={recipe}", *overrides])
-    assert sequence_parallel_choices(cfg, tp) == expected
-
-
-def test_sequence_parallel_off_is_timed_and_can_rank_first():
-    """Llama 3 8B on 64 H100s: its best SP layout's SP-off twin fits and exposes less TP
-    traffic (the column-parallel backward's all-reduce hides behind the weight-gradient GEMM;
-    SP's row-parallel gather does not), so the search, which plans it, ranks it higher."""
-    cluster = load_cluster(H100)
-    cfg = apply_cluster(get_recipe("llama3_8b_tp8_dp8"), cluster)
-    result = search(cfg, cluster, top=1)
-    best_sp = next(e for e in result.fitting if e.candidate.sequence_parallel)
-    twin = dataclasses.replace(best_sp.candidate, sequence_parallel=False)
-    rank, off = place(cfg, cluster, result, twin)
-    assert rank is not None and off.time.tp < best_sp.time.tp
-    assert off.candidate in {e.candidate for e in result.fitting}
-    assert rank < 1 + result.fitting.index(best_sp)
