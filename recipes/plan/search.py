@@ -324,7 +324,7 @@ class SearchResult:
     skipped: int = 0  # of those, not planned: less sharded than one too big by over NEAR_MISS
     timed: int = 0  # of those planned (for memory), planned in full: traffic and step time
     pruned_blocks: int = 0
-    dominated: int = 0  # SP-off and DDP twins of planned layouts (never faster, never smaller)
+    dominated: int = 0  # SP-off and DDP twins of planned layouts, counted (see `search`)
     fitting: list[Evaluated] = field(default_factory=list)
     too_big: list[Evaluated] = field(default_factory=list)  # timed ones (see `search`)
     listed: list[Evaluated] = field(default_factory=list)
@@ -509,15 +509,18 @@ def search(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None,
         if not any(searcher.evaluate(c, timed=False).fits for c in cheapest):
             result.pruned_blocks += 1
             continue
-        # Sequence parallel off and plain DDP are counted, not planned: each has the same
-        # compute and no less communication than SP on / the distributed optimizer (the DP
-        # reduce-scatter and all-gather send 3/4 of an all-reduce's bytes and both overlap)
-        # and needs more memory, so it never ranks above its twin.
-        twins = (2 if tp > 1 and not moe else 1) * 2
+        # Counted, not planned: plain DDP, one for each micro-batch and recompute choice
+        # planned (the same compute and no less communication than the distributed optimizer,
+        # whose reduce-scatter and all-gather send 3/4 of an all-reduce's bytes and overlap,
+        # and more memory); with TP on a dense model, sequence parallel off, each variant
+        # planned and its DDP twin (more memory, and every TP rank repeats the norms, residual
+        # adds and dropouts on all tokens, work the step model does not price, while its
+        # exposed TP saving, the row-parallel backward's gather, is of that size).
+        sp_off = tp > 1 and not moe
         for vpp in vpps:
-            planned = _micro_batches(planner, cfg, dp, (tp, pp, vpp, first, last, cp, ep, etp),
-                                     tp > 1, True)
-            result.dominated += planned * (twins - 1)
+            planned, pairs = _micro_batches(
+                planner, cfg, dp, (tp, pp, vpp, first, last, cp, ep, etp), tp > 1, True)
+            result.dominated += (planned if sp_off else 0) + pairs * (2 if sp_off else 1)
     if planner.far and not result.too_big:
         # nothing lost on memory by a little: the report shows the fastest of all of them
         result.too_big = [searcher.evaluate(c) for c in planner.far]
@@ -627,11 +630,12 @@ class _Planner:
 
 
 def _micro_batches(planner: _Planner, cfg: Any, dp: int, grid: tuple, sp: bool,
-                   distributed: bool) -> int:
-    """Plan the micro-batches and recompute choices of one grid; returns how many it planned."""
+                   distributed: bool) -> tuple[int, int]:
+    """Plan the micro-batches and recompute choices of one grid; returns how many layouts it
+    planned (each sharding variant) and how many (micro-batch, recompute) pairs."""
     tp, pp, vpp, first, last, cp, ep, etp = grid
     per_replica = cfg.train.global_batch_size // dp
-    planned = 0
+    planned = pairs = 0
     for mbs in MICRO_BATCHES:
         if per_replica % mbs:
             break
@@ -641,13 +645,13 @@ def _micro_batches(planner: _Planner, cfg: Any, dp: int, grid: tuple, sp: bool,
         for recompute in recompute_choices(cfg):
             sharding = _first_fitting_sharding(planner, (
                 tp, pp, vpp, first, last, cp, ep, etp, mbs, sp, recompute, distributed))
-            planned += sharding[1]
+            planned, pairs = planned + sharding[1], pairs + 1
             fitted = fitted or sharding[0] is not None
             if sharding[0] == "none":
                 break  # more recompute only adds compute
         if not fitted:
             break
-    return planned
+    return planned, pairs
 
 
 def _first_fitting_sharding(planner: _Planner, fields: tuple) -> tuple[str | None, int]:

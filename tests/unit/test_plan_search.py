@@ -283,3 +283,19 @@ def test_a_layout_is_placed_where_the_search_lists_it():
         rank, placed = place(cfg, cluster, result, evaluated.candidate)
         ahead = sum(1 for e in result.fitting[:listed - 1] if e.ranking() == placed.ranking())
         assert rank == listed - ahead
+
+
+def test_the_counted_twins_are_each_choices_ddp_layout_and_the_sp_off_variants():
+    """What the report counts, not planned: one plain-DDP layout for each micro-batch and
+    recompute choice planned, and with TP each planned variant with SP off, and its DDP one."""
+    cluster = dataclasses.replace(load_cluster(CPU), gpu_memory_gb=0.004)
+    result = search(get_recipe("tiny_tp2_pp2"), cluster, top=1, exhaustive=True)
+    planned = {e.candidate for e in result.fitting + result.too_big}
+    assert len(planned) == result.timed
+
+    def ddp(c: Candidate) -> Candidate:
+        return dataclasses.replace(c, distributed=False, fsdp="none", offload=False)
+
+    sp_off = {dataclasses.replace(c, sequence_parallel=False) for c in planned if c.tensor > 1}
+    assert sp_off and {c.tensor for c in planned} > {2}
+    assert result.dominated == len({ddp(c) for c in planned | sp_off}) + len(sp_off)
