@@ -17,8 +17,9 @@ Communication is the planner's own (`recipes/plan/comm.py`: bytes per group at t
 bandwidths), with what overlaps taken out: TP and EP collectives sit between the GEMMs that
 need them (exposed), but for a column-parallel linear's backward (QKV, FC1, in_proj, the output
 layer, an MTP depth's projection), which launches its input-gradient reduce and, with SP, its
-input's re-gather asynchronously, each hidden behind one of the linear's backward GEMMs and
-exposed beyond it (`column_hidden`); the CP ring overlaps the attention core it feeds (exposed
+input's re-gather asynchronously, each hidden (its latency too) behind one of the linear's
+backward GEMMs and exposed beyond it (`column_hidden`; not under Megatron FSDP, whose runs lack
+the one-queue ordering it relies on); the CP ring overlaps the attention core it feeds (exposed
 beyond it), while a Mamba layer's CP all-to-alls are exposed (synchronous: `MambaContextParallel`'s
 `pre_conv_ssm` and `post_conv_ssm` wait on each around the conv and scan);
 pipeline sends overlap compute except along the fill and drain; the DP gradient reduce
@@ -412,16 +413,22 @@ def _dp_exposed(cfg: Any, rows: list[Any], latency_s: float, backward: float,
     return exposed
 
 
-def column_hidden(stage: Any, behind: dict[str, float]) -> float:
+def column_hidden(stage: Any, behind: dict[str, float],
+                  latency_s: float = 0.0) -> tuple[float, float]:
     """TP seconds of `stage` (a `build.StagePlan`) that column-parallel linears' backward hides
     (`comm.Hideable`): Megatron launches the input's gradient reduce (`allreduce_dgrad`, or
     the SP reduce-scatter) before the weight-gradient GEMM and, with SP, the input's re-gather
     before the input-gradient GEMM, both asynchronous
     (`LinearWithGradAccumulationAndAsyncCommunication.backward`), so each collective hides
     behind one of the linear's backward GEMMs: one forward GEMM's seconds here, as the backward
-    is twice the forward (`behind`, by `Hideable.linear`), and is exposed beyond it."""
-    return sum(min(h.seconds, h.collectives * behind.get(h.linear, 0.0))
-               for t in stage.traffic for h in t.hideable)
+    is twice the forward (`behind`, by `Hideable.linear`), and is exposed beyond it. A
+    collective's time is its bytes' and its `latency_s`; (bytes' seconds hidden, latency's)."""
+    sent = waited = 0.0
+    for h in (h for t in stage.traffic for h in t.hideable):
+        window = h.collectives * behind.get(h.linear, 0.0)
+        hidden = min(h.seconds, window)
+        sent, waited = sent + hidden, waited + min(h.collectives * latency_s, window - hidden)
+    return sent, waited
 
 
 def _overlapped(cfg: Any, comm: dict[str, float], gemms: float, compute: float,
@@ -497,6 +504,11 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
     micro = layout.microbatches
     mtp = mtp_seconds(cfg, peak, peak_fraction, half_dim)
     behind = {symbol: kind.column for symbol, kind in per_kind.items()}
+    # The column backward's overlap relies on CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's
+    # comments in `LinearWithGradAccumulationAndAsyncCommunication.backward`), which runs
+    # are launched without under Megatron FSDP (Megatron-LM refuses the two together): there a
+    # later GEMM may overtake the collective, so nothing is hidden.
+    ordered = cfg.optimizer.fsdp == "none"
     behind[OUTPUT_LAYERS] = _seconds(logits, peak, peak_fraction, half_dim)
     behind[MTP_PROJECTIONS] = mtp.projection
     mtp_kernels = mtp.layers * KERNELS_PER_LAYER * (3 + mtp_recomputed(cfg)) * kernel_s
@@ -513,13 +525,14 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
         per_micro = (3 * forward + own.recompute + head.recompute
                      + layers * layer_kernels(t.recompute) * kernel_s
                      + (mtp_kernels if last else 0.0))
+        column, column_waits = (column_hidden(stage, behind, latency_s) if ordered
+                                and not cfg.parallel.tp_comm_overlap else (0.0, 0.0))
         comm = _overlapped(cfg, _traffic_seconds(stage),
                            micro * 3 * (own.products + head.gemms),
-                           micro * 3 * (own.products + own.core + head.forward),
-                           column_hidden(stage, behind))
+                           micro * 3 * (own.products + own.core + head.forward), column)
         waits = {group: count * latency_s
                  for group, count in collective_counts(stage).items()}
-        comm["tp"] = comm.get("tp", 0.0) + waits["tp"]
+        comm["tp"] = comm.get("tp", 0.0) + waits["tp"] - column_waits
         comm["ep"] = comm.get("ep", 0.0) + waits["ep"]
         ring = micro * ((3 + recomputed(cfg, "core_attn")) * own.core
                         + (3 + mtp_recomputed(cfg, "core_attn")) * head.core)  # overlapped

@@ -141,3 +141,29 @@ def test_userbuffers_overlap_keeps_its_own_model_without_the_column_backwards_on
     on = step_time(on_cfg, [stage], SHORT, peak_fraction=1.0, half_dim=0.0).tp
     assert 0.0 < on == pytest.approx(total - gemms, rel=1e-9)
     assert off < total
+
+
+def test_under_megatron_fsdp_the_column_backward_hides_nothing():
+    """Megatron FSDP runs without CUDA_DEVICE_MAX_CONNECTIONS=1, the ordering the column
+    backward's overlap relies on: every TP collective is exposed."""
+    cfg, stage, _ = _plan("tiny_tp2", "parallel.sequence_parallel=true",
+                          "optimizer.distributed=true", "optimizer.fsdp=optim_grads_params")
+    total, tp = _tp(cfg, stage, LONG)
+    assert tp == pytest.approx(total, rel=1e-12)
+
+
+def test_a_hidden_collectives_latency_hides_with_it():
+    """With a per-collective latency, a column collective's time is its bytes' and its
+    latency, and with long GEMMs both hide: the TP term grows by the latency of the exposed
+    collectives only (all of them less the column backward's)."""
+    cfg, stage, _ = _plan("tiny_tp2", "parallel.sequence_parallel=true")
+    latency = 1e-4
+    plain = step_time(cfg, [stage], LONG, peak_fraction=1.0, half_dim=0.0).tp
+    timed = step_time(cfg, [stage], LONG, peak_fraction=1.0, half_dim=0.0,
+                      latency_s=latency).tp
+    started = sum(t.collectives for t in stage.traffic if t.group == "tp")
+    # a layer's QKV and FC1 each reduce-scatter their input's gradient and re-gather their
+    # input, the head's output layer likewise: 4 a layer and 2 a micro-batch
+    hidden = cfg.layout.microbatches * (4 * cfg.model.num_layers + 2)
+    assert 0 < hidden < started
+    assert timed - plain == pytest.approx((started - hidden) * latency, rel=1e-9)

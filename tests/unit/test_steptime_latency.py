@@ -39,7 +39,9 @@ def test_counts_follow_the_layout():
 
 def test_latency_is_added_per_collective_and_off_without_the_figure():
     none, priced = _time("tiny_tp2", 0.0), _time("tiny_tp2", 1e-3)
-    assert priced.tp - none.tp == pytest.approx(80 * 1e-3)
+    # 80 collectives; the column-parallel backward's 36 (QKV's and FC1's of 4 layers and the
+    # output layer's, 4 micro-batches) hide their latency too, as far as their GEMMs last
+    assert (80 - 36) * 1e-3 < priced.tp - none.tp < 80 * 1e-3
     assert dataclasses.replace(priced, tp=none.tp) == none
     # TP2 starts 80 collectives a step, DP2 one: with latency DP2 ranks ahead
     assert _time("tiny_dp2", 1e-3).total < priced.total
