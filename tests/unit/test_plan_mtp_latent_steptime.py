@@ -24,7 +24,7 @@ from recipes.plan.fit import refusal
 from recipes.plan.flops import FlopsShape, forward_flops_per_token
 from recipes.plan.steptime import (
     collective_counts,
-    layer_forward_seconds,
+    kind_forward_seconds,
     layer_gemms,
     step_time,
 )
@@ -154,8 +154,8 @@ def test_the_step_models_products_add_up_to_the_flops_definition(recipe, cluster
 
 def test_the_mtp_depths_time_is_the_last_stages_alone():
     """ME | M*EME: the two MTP depths' FLOPs (the model's with them less the model's without)
-    lengthen the last stage, the slowest, by all of their time; the decoder's mean layer, which
-    every stage runs, does not change."""
+    lengthen the last stage, the slowest, by all of their time; the decoder's layer kinds, which
+    the stages sum, do not change."""
     with_mtp = _config(TINY_PP, "train.recompute=none", *_depths("ME|M*EME", 2))
     without = _config(TINY_PP, "train.recompute=none", *_depths("ME|M*EME", 0))
     mtp = _forward_flops_per_rank(with_mtp) - _forward_flops_per_rank(without)
@@ -163,8 +163,8 @@ def test_the_mtp_depths_time_is_the_last_stages_alone():
     micro = with_mtp.layout.microbatches
     grown = _compute(with_mtp, CPU) - _compute(without, CPU)
     assert grown == pytest.approx(micro * 3 * mtp / (PEAK * 1e12), rel=1e-9)
-    assert (layer_forward_seconds(with_mtp, 1e14, 0.75, 64.0)
-            == layer_forward_seconds(without, 1e14, 0.75, 64.0))
+    assert (kind_forward_seconds(with_mtp, 1e14, 0.75, 64.0)
+            == kind_forward_seconds(without, 1e14, 0.75, 64.0))
 
 
 def test_a_latent_moes_routed_experts_are_timed_at_the_latent_width():
