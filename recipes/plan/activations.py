@@ -18,8 +18,11 @@ latent-wide, and it keeps the input of each latent projection. A hybrid model's 
 projection, and one more final norm, output-layer input and FP32 logits each; under full
 recompute each depth keeps only its two inputs, its output-layer input and logits, and one
 depth is rebuilt at a time, like the decoder's blocks (`mtp_bytes`, `mtp_rebuild_bytes`). The
-last stage's peak is the main head's loss, when every head's FP32 logits are kept and the main
-head's BF16 logits are held beside the copy the loss casts (`cast_logits_bytes`).
+last stage's heads are at their largest at the main head's loss, when every head's FP32 logits
+are kept and the main head's BF16 logits are held beside the copy the loss casts
+(`cast_logits_bytes`). Under full recompute its peak is the larger of two phases of the
+backward (`StageActivations.total`): the heads' (their memory, an MTP depth rebuilt beside it)
+and the decoder's block rebuild, which comes after every head's backward has freed its logits.
 Differences from Megatron-LM's own estimator are deliberate and listed in docs/planner.md.
 
 Selective recompute by module (`train.recompute_modules`) and activation offloading
@@ -467,14 +470,34 @@ class StageActivations:
     layers_total: float
     embedding: float
     output: float  # the main head: its inputs, FP32 logits and the BF16 ones they are cast from
-    recompute_working: float  # full recompute: one block (or MTP depth) rebuilt in backward
+    recompute_working: float  # full recompute: one decoder block rebuilt in backward
     cuda_graphs: float = 0.0  # CUDA graphs' static buffers
     mtp: float = 0.0  # the last stage's MTP depths: their layers in flight, logits and loss
+    mtp_rebuild: float = 0.0  # full recompute: one MTP depth rebuilt in backward
+
+    @property
+    def heads(self) -> float:
+        """The heads' phase of the backward: both heads' memory and an MTP depth rebuilt."""
+        return self.output + self.mtp + self.mtp_rebuild
 
     @property
     def total(self) -> float:
-        return (self.layers_total + self.embedding + self.output + self.recompute_working
-                + self.cuda_graphs + self.mtp)
+        """The decoder's output (its final norm runs after the checkpointed blocks,
+        `transformer/transformer_block.py:625-694`, `models/hybrid/hybrid_block.py:347-394`)
+        feeds every head (`GPTModel._postprocess`, `models/gpt/gpt_model.py:666-794`;
+        `HybridModel.forward`, `models/hybrid/hybrid_model.py:515-633`), so autograd runs the
+        heads' backward (loss, output layer, final norm; each MTP depth's loss, output layer,
+        layers and projection) before any decoder block's. The schedule keeps no graph
+        (`pipeline_parallel/schedules.py:199-226`): a node frees its saved tensors once run, and
+        the vocabulary-parallel cross entropy turns its saved softmax into the logits' gradient
+        in place (`_VocabParallelCrossEntropy.backward`, `tensor_parallel/cross_entropy.py:
+        186-210`; :82-116). So when `CheckpointFunction.backward` (`tensor_parallel/random.py:
+        625-660`) rebuilds the decoder's last block, the heads' logits and inputs are gone. An
+        MTP depth's rebuild may run while another head's logits are held (their order is
+        autograd's), so it is counted with them. Off the last stage, or without full recompute,
+        one phase is 0."""
+        return (self.layers_total + self.embedding + self.cuda_graphs
+                + max(self.recompute_working, self.heads))
 
 
 def recompute_inputs_kept(chunks: list[int], block: int) -> int:
@@ -503,8 +526,6 @@ def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
             kept = recompute_inputs_kept(chunks, block)
             per_layer = checkpoint_bytes(cfg) * kept / max(layers, 1)  # the stage's mean
             working = largest * min(block, max(chunks))
-            if stage == len(stages) - 1:  # one block rebuilt at a time: a decoder's or a depth's
-                working = max(working, mtp_rebuild_bytes(cfg, attention))
         else:
             per_layer, working = full, 0.0
         embedding = embedding_bytes(cfg) * flight if stage == 0 else 0.0
@@ -512,7 +533,8 @@ def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
         output = output_bytes(cfg) + cast_logits_bytes(cfg) if last else 0.0
         graphs = cuda_graph_static_bytes(cfg, counts[stage], layers)
         mtp_layers, mtp_logits = mtp_bytes(cfg, attention) if last else (0.0, 0.0)
+        rebuild = mtp_rebuild_bytes(cfg, attention) if last else 0.0
         result.append(StageActivations(stage, layers, flight, per_layer,
                                        per_layer * layers * flight, embedding, output, working,
-                                       graphs, mtp_layers * flight + mtp_logits))
+                                       graphs, mtp_layers * flight + mtp_logits, rebuild))
     return result

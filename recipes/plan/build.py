@@ -68,11 +68,19 @@ class StagePlan:
         items = {**self.state.items(),
                  f"activations ({a.layers} layers x {a.in_flight:g} micro-batches)":
                      a.layers_total,
-                 "embedding inputs": a.embedding, "logits and loss": a.output,
-                 "full-recompute working set": a.recompute_working,
-                 "CUDA graphs' static buffers": a.cuda_graphs,
-                 "MTP depths": a.mtp}
+                 "embedding inputs": a.embedding,
+                 "CUDA graphs' static buffers": a.cuda_graphs, **backward_phase(a)}
         return sorted(((k, v) for k, v in items.items() if v > 0), key=lambda kv: -kv[1])
+
+
+def backward_phase(a: StageActivations) -> dict[str, float]:
+    """The phase of the backward that sets the peak (`StageActivations.total`): full
+    recompute's decoder block rebuild, or the heads' (the main head's logits and loss, the MTP
+    depths, and one depth rebuilt beside them); the two never coexist."""
+    if a.recompute_working > a.heads:
+        return {"full-recompute block rebuilt (decoder's phase)": a.recompute_working}
+    return {"logits and loss": a.output, "MTP depths": a.mtp,
+            "full-recompute MTP depth rebuilt (heads' phase)": a.mtp_rebuild}
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,8 @@ def test_full_recompute_keeps_each_mtp_depths_two_inputs_and_its_logits(name):
 @pytest.mark.parametrize("name", ["super_tiny_dp1", "super_tiny_tp2_sp"])
 def test_full_recompute_rebuilds_one_mtp_depth_or_one_decoder_layer_at_a_time(name):
     """One depth rebuilt holds its projection's 2h input, its two layers' checkpointed inputs,
-    its final norm's input and its largest layer in full; the decoder's blocks are rebuilt at
-    other moments of the backward, so the working set is the larger of the two."""
+    its final norm's input and its largest layer in full; the decoder's blocks are rebuilt after
+    every head's backward, so each is its own field and the peak holds the larger phase."""
     cfg = _full_recompute(name)
     [stage] = stage_activations(cfg, "flash")
     m, layout = cfg.model, cfg.layout
@@ -88,6 +88,9 @@ def test_full_recompute_rebuilds_one_mtp_depth_or_one_decoder_layer_at_a_time(na
     hidden = cfg.train.micro_batch_size * m.seq_length * d * m.hidden_size / split
     depth = (2 + 2 + 1) * hidden + max(layer_bytes(cfg, "flash", symbol=s) for s in "*E")
     decoder = max(layer_bytes(cfg, "flash", symbol=s) for s in "ME*")
-    assert stage.recompute_working == pytest.approx(max(depth, decoder))
+    assert stage.mtp_rebuild == pytest.approx(depth)
+    assert stage.recompute_working == pytest.approx(decoder)
     assert depth > decoder  # the tiny Super's MoE is its largest layer: the depth is larger
+    assert stage.total == pytest.approx(stage.layers_total + stage.embedding + stage.cuda_graphs
+                                        + max(decoder, stage.output + stage.mtp + depth))
 
