@@ -280,14 +280,14 @@ def kind_forward_seconds(cfg: Any, peak: float, fraction: float, half: float,
         if not count:
             continue
         gemms, core = _kind_gemms(cfg, _shape(cfg, {symbol: 1}, 0), 1)
+        timed = [(g, _seconds(g, peak, fraction, half)) for g in gemms]
         modules: dict[str, float] = {}
-        for g in gemms:
+        for g, seconds in timed:
             if g.module:
-                modules[g.module] = modules.get(g.module, 0.0) + _seconds(g, peak, fraction, half)
-        found[symbol] = KindSeconds(sum(_seconds(g, peak, fraction, half) for g in gemms),
+                modules[g.module] = modules.get(g.module, 0.0) + seconds
+        found[symbol] = KindSeconds(sum(seconds for _, seconds in timed),
                                     _seconds(core, peak, fraction, half), tuple(modules.items()),
-                                    sum(g.column * _seconds(g, peak, fraction, half)
-                                        for g in gemms))
+                                    sum(g.column * seconds for g, seconds in timed))
     return found
 
 
