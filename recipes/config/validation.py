@@ -9,6 +9,7 @@ first message. Plugins keep their rules beside their code in the same form.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -34,18 +35,30 @@ def _layout(cfg: RunConfig) -> Layout:
     return Layout.from_config(cfg)
 
 
-def _leaves(section: Any, prefix: str = "") -> Iterator[tuple[str, Any, Any, bool]]:
-    """(dotted key, value, schema default, nullable) of every value field, plugins included."""
-    hints = typing.get_type_hints(type(section))
-    for f in dataclasses.fields(section):
-        value = getattr(section, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from _leaves(value, f"{prefix}{f.name}.")
-            continue
+@functools.cache
+def _fields(section_type: type) -> tuple[tuple[str, Any, bool, bool], ...]:
+    """(name, schema default, nullable, is a section) of a section's fields, worked out once
+    per class: its string annotations compile on each resolution, and the layout search
+    validates thousands of configs."""
+    hints = typing.get_type_hints(section_type)
+    found = []
+    for f in dataclasses.fields(section_type):
         tp = hints[f.name]
         union = isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
         nullable = union and type(None) in typing.get_args(tp)
-        yield f"{prefix}{f.name}", value, f.default, nullable
+        found.append((f.name, f.default, nullable,
+                      isinstance(tp, type) and dataclasses.is_dataclass(tp)))
+    return tuple(found)
+
+
+def _leaves(section: Any, prefix: str = "") -> Iterator[tuple[str, Any, Any, bool]]:
+    """(dotted key, value, schema default, nullable) of every value field, plugins included."""
+    for name, default, nullable, is_section in _fields(type(section)):
+        value = getattr(section, name)
+        if is_section:
+            yield from _leaves(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", value, default, nullable
 
 
 def check_finite_numbers(cfg: RunConfig) -> str | None:
