@@ -402,7 +402,7 @@ def confirm_layouts(cfg: Any, result: Any, k: int, pick: str | None) -> list[tup
     from recipes.plan.search import spread
 
     if pick == "spread":
-        return spread(cfg, result, k)
+        return spread(result, k)
     rank = {id(e): i + 1 for i, e in enumerate(result.fitting)}
     return [(rank[id(e)], e) for e in result.listed[:k]]
 

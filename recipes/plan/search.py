@@ -171,8 +171,10 @@ class Candidate:
                 f"optimizer.cpu_offload={as_written(self.offload)}",
                 "optimizer.overlap_grad_reduce=true",
                 f"optimizer.overlap_param_gather={as_written(self.distributed)}",
-                # interleaving cannot batch its sends (`apply_candidate`)
-                *(["parallel.batch_p2p_comm=false"] if self.virtual else [])]
+                # interleaving cannot batch its sends, and TP overlap needs sequence parallel
+                # (`apply_candidate`)
+                *(["parallel.batch_p2p_comm=false"] if self.virtual else []),
+                *([] if self.sequence_parallel else ["parallel.tp_comm_overlap=false"])]
 
     def describe(self) -> str:
         parts = [f"TP{self.tensor}" + ("+SP" if self.sequence_parallel else "")]
@@ -201,7 +203,8 @@ def apply_candidate(cfg: Any, c: Candidate) -> Any:
         cfg.parallel, tensor=c.tensor, pipeline=c.pipeline, virtual_pipeline=c.virtual,
         first_stage_layers=c.first, last_stage_layers=c.last, context=c.context, expert=c.expert,
         expert_tensor=c.expert_tensor, sequence_parallel=c.sequence_parallel,
-        batch_p2p_comm=False if c.virtual else cfg.parallel.batch_p2p_comm)
+        batch_p2p_comm=False if c.virtual else cfg.parallel.batch_p2p_comm,
+        tp_comm_overlap=cfg.parallel.tp_comm_overlap and c.sequence_parallel)
     train = dataclasses.replace(cfg.train, micro_batch_size=c.micro_batch,
                                 **recompute_fields(c.recompute))
     optimizer = dataclasses.replace(cfg.optimizer, distributed=c.distributed, fsdp=c.fsdp,
@@ -328,7 +331,8 @@ class SearchResult:
     fitting: list[Evaluated] = field(default_factory=list)
     too_big: list[Evaluated] = field(default_factory=list)  # timed ones (see `search`)
     listed: list[Evaluated] = field(default_factory=list)
-    invalid: list[Evaluated] = field(default_factory=list)
+    invalid: list[Evaluated] = field(default_factory=list)  # refused, ranked before a listed one
+    refused: int = 0  # fit, but a validation rule refuses them (not in `fitting`)
     seconds: float = 0.0
 
 
@@ -491,8 +495,6 @@ def search(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None,
     grid, the reference the fast search must agree with exactly (`scripts/bench_search.py`)."""
     import time
 
-    from recipes.config.validation import validate
-
     start = time.perf_counter()
     options = options or PlanOptions(listed_groups=0)
     searcher = _Searcher(cfg, cluster, options, fast=not exhaustive)
@@ -527,18 +529,30 @@ def search(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None,
         result.timed, result.skipped = result.timed + len(planner.far), 0
     result.fitting.sort(key=Evaluated.ranking)
     result.too_big.sort(key=lambda e: (e.seconds, e.peak))
+    _set_aside_refused(cfg, result, top)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _set_aside_refused(cfg: Any, result: SearchResult, top: int) -> None:
+    """Layouts that fit but that a validation rule refuses (one the axes cannot see, such as a
+    plugin's, or a phase's own sizes) leave the ranking, so that a rank, a count of those that
+    fit, `confirm=` and the recipe's own place count only what can be trained; those ahead of
+    the last listed one are kept to show with their rule's line."""
+    from recipes.config.validation import validate
+
+    trainable = []
     for evaluated in result.fitting:
-        if len(result.listed) >= top:
-            break
         try:
             validate(apply_candidate(cfg, evaluated.candidate))
         except ConfigError as error:
             evaluated.invalid = str(error)
-            result.invalid.append(evaluated)
+            result.refused += 1
+            if len(trainable) < top:
+                result.invalid.append(evaluated)
             continue
-        result.listed.append(evaluated)
-    result.seconds = time.perf_counter() - start
-    return result
+        trainable.append(evaluated)
+    result.fitting, result.listed = trainable, trainable[:top]
 
 
 def candidate_of(cfg: Any) -> Candidate:
@@ -550,31 +564,15 @@ def candidate_of(cfg: Any) -> Candidate:
                      cfg.optimizer.distributed, cfg.optimizer.fsdp, cfg.optimizer.cpu_offload)
 
 
-def spread(cfg: Any, result: SearchResult, k: int) -> list[tuple[int, Evaluated]]:
+def spread(result: SearchResult, k: int) -> list[tuple[int, Evaluated]]:
     """`k` fitting layouts spread evenly over the search's ranking, fastest and slowest
     included, each with its rank (from 1) among those that fit. The top K of a small model can
     lie closer together than one machine's step times vary from run to run; layouts across the
-    whole range test whether the step model orders what it predicts. Each passes validation:
-    one a rule refuses gives way to the nearest one not already picked (the faster of two)."""
-    from recipes.config.validation import validate
-
-    fitting = result.fitting
-
-    def valid(i: int) -> bool:
-        try:
-            validate(apply_candidate(cfg, fitting[i].candidate))
-        except ConfigError:
-            return False
-        return True
-
-    n, picked = len(fitting), []
-    for slot in range(min(k, n)):
-        target = round(slot * (n - 1) / max(min(k, n) - 1, 1))
-        for i in sorted(range(n), key=lambda i: (abs(i - target), i > target)):
-            if i not in picked and valid(i):
-                picked.append(i)
-                break
-    return [(i + 1, fitting[i]) for i in sorted(picked)]
+    whole range test whether the step model orders what it predicts. Each passes validation
+    (`_set_aside_refused`)."""
+    n = len(result.fitting)
+    picked = sorted({round(slot * (n - 1) / max(min(k, n) - 1, 1)) for slot in range(min(k, n))})
+    return [(i + 1, result.fitting[i]) for i in picked]
 
 
 def place(cfg: Any, cluster: ClusterSpec, result: SearchResult,

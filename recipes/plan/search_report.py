@@ -74,7 +74,9 @@ def _head(cfg: Any, cluster: Any, r: SearchResult) -> list[str]:
             f"{r.timed:,} of them timed ({r.skipped:,} less sharded twins of one too big by "
             f"over {NEAR_MISS - 1:.0%} and {r.dominated:,} SP-off and DDP twins counted, not "
             f"planned; {r.pruned_blocks:,} TP/PP/CP/EP blocks skipped whole: their smallest "
-            f"variant does not fit), {len(r.fitting):,} fit, searched in {r.seconds:.1f} s",
+            f"variant does not fit), {len(r.fitting):,} fit"
+            + (f" ({r.refused:,} more that a validation rule refuses, not ranked)"
+               if r.refused else "") + f", searched in {r.seconds:.1f} s",
             "  modeled step time, seconds (compute at GEMM-shape efficiency; exposed "
             "communication; bubble):"]
 
@@ -125,7 +127,8 @@ def json_search(cfg: Any, cluster: Any, r: SearchResult,
             "cluster": cluster.name, "layouts": r.enumerated,
             "planned": r.enumerated - r.skipped, "timed": r.timed, "skipped": r.skipped,
             "pruned_blocks": r.pruned_blocks,
-            "dominated": r.dominated, "fitting": len(r.fitting), "seconds": r.seconds,
+            "dominated": r.dominated, "fitting": len(r.fitting),
+            "fitting_refused": r.refused, "seconds": r.seconds,
             "top": [{**_evaluated_json(e), "lost_by": lost_by(e, best)} for e in r.listed],
             "too_big": [_evaluated_json(e) for e in near_misses(r, cluster)],
             "refused": [_evaluated_json(e) for e in r.invalid[:LOSERS_SHOWN]]}

@@ -250,6 +250,32 @@ def test_a_sample_of_listed_layouts_builds_in_the_dry_run() -> None:
             assert "parameters of plan and real model: equal" in row["verify"], (name, row)
 
 
+@pytest.mark.parametrize("recipe", ["llama3_8b_fsdp_dp8", "nemotron_h_4b_tp1_dp64"])
+def test_the_ranking_holds_only_layouts_validation_accepts(recipe):
+    """Some rules see what the search's axes do not (the FP8 plugin's parameter gather against
+    offload; Mamba heads per TP rank over CP): layouts that fit and that such a rule refuses
+    leave the ranking, so that ranks and counts are of layouts that can be trained."""
+    cluster = load_cluster(H100)
+    cfg = apply_cluster(get_recipe(recipe), cluster)
+    found = search(cfg, cluster, top=5)
+    assert found.refused > 0 and found.fitting
+    for evaluated in found.fitting:
+        validate(apply_candidate(cfg, evaluated.candidate))
+
+
+def test_a_layout_without_sequence_parallel_drops_tp_comm_overlap():
+    """TP overlap needs sequence parallel: a TP1 layout of a recipe that overlaps is offered with
+    the overlap off (in the config and in the command that trains it), not refused."""
+    cluster = load_cluster(H100)
+    cfg = apply_cluster(get_recipe("llama3_70b_tp4_pp4_cp2_vpp5_dp2"), cluster)
+    assert cfg.parallel.tp_comm_overlap
+    tp1 = Candidate(1, 8, None, None, None, 1, 1, None, 1, False, "full", True)
+    validate(apply_candidate(cfg, tp1))
+    assert "parallel.tp_comm_overlap=false" in tp1.overrides()
+    assert not any(o.startswith("parallel.tp_comm_overlap") for o in
+                   dataclasses.replace(tp1, tensor=8, sequence_parallel=True).overrides())
+
+
 @pytest.mark.parametrize("recipe", ["hybrid_tiny_pp2_vpp2", "hybrid_tiny_pp2_pipes",
                                     "hybrid_tiny_pp2"])
 def test_a_hybrid_search_lists_only_splits_its_pattern_allows(recipe):
@@ -261,7 +287,7 @@ def test_a_hybrid_search_lists_only_splits_its_pattern_allows(recipe):
     cfg = get_recipe(recipe)
     cluster = load_cluster("conf/cluster/cpu_local.yaml")
     found = search(apply_cluster(cfg, cluster), cluster, top=50)
-    assert found.fitting and not found.invalid
+    assert found.fitting and not found.refused
     pattern = cfg.model.hybrid_layer_pattern
     for evaluated in found.fitting:
         c = evaluated.candidate

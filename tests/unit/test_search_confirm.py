@@ -79,7 +79,7 @@ def test_spread_runs_k_layouts_over_the_whole_ranking_fastest_and_slowest_includ
     from recipes.plan.search import apply_candidate, spread
 
     cfg, result = _tiny_search()
-    picked = spread(cfg, result, 6)
+    picked = spread(result, 6)
     found = [rank for rank, _ in picked]
     n = len(result.fitting)
     assert n > 12 and len(found) == 6 and found[0] == 1 and found[-1] == n
@@ -90,26 +90,31 @@ def test_spread_runs_k_layouts_over_the_whole_ranking_fastest_and_slowest_includ
         validate(apply_candidate(cfg, evaluated.candidate))
 
 
-def test_spread_skips_a_layout_a_rule_refuses_for_its_nearest_neighbour(monkeypatch) -> None:
+def test_a_layout_a_rule_refuses_leaves_the_ranking_its_count_and_the_spread(
+        monkeypatch) -> None:
     import recipes.config.validation as validation
     from plugins.protocol.errors import ConfigError
     from recipes.plan.search import spread
 
-    cfg, result = _tiny_search()
-    slowest = result.fitting[-1].candidate
+    cfg, before = _tiny_search()
+    slowest = before.fitting[-1].candidate
     real = validation.validate
 
     def refuse_the_slowest(run):
-        if run.parallel.tensor == slowest.tensor and \
-                run.train.micro_batch_size == slowest.micro_batch and \
-                run.parallel.context == slowest.context and \
-                run.parallel.pipeline == slowest.pipeline:
+        if (run.parallel.tensor, run.parallel.pipeline, run.parallel.context,
+                run.train.micro_batch_size, run.train.recompute) == (
+                slowest.tensor, slowest.pipeline, slowest.context, slowest.micro_batch,
+                slowest.recompute):
             raise ConfigError("refused")
         return real(run)
 
     monkeypatch.setattr(validation, "validate", refuse_the_slowest)
-    found = [rank for rank, _ in spread(cfg, result, 6)]
-    assert found[-1] == len(result.fitting) - 1 and len(found) == 6
+    cfg, result = _tiny_search()
+    assert result.refused >= 1
+    assert len(result.fitting) == len(before.fitting) - result.refused
+    assert all(e.candidate != slowest for e in result.fitting)
+    found = [rank for rank, _ in spread(result, 6)]
+    assert found[-1] == len(result.fitting) and len(found) == 6
 
 
 def test_confirm_pick_top_keeps_the_listed_layouts_and_their_ranks() -> None:
