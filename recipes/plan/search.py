@@ -534,24 +534,31 @@ def search(cfg: Any, cluster: ClusterSpec, options: PlanOptions | None = None,
     return result
 
 
+def refusal(cfg: Any, c: Candidate) -> str | None:
+    """The line of the first validation rule that refuses `cfg` in layout `c`, or None."""
+    from recipes.config.validation import validate
+
+    try:
+        validate(apply_candidate(cfg, c))
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
 def _set_aside_refused(cfg: Any, result: SearchResult, top: int) -> None:
     """Layouts that fit but that a validation rule refuses (one the axes cannot see, such as a
     plugin's, or a phase's own sizes) leave the ranking, so that a rank, a count of those that
     fit, `confirm=` and the recipe's own place count only what can be trained; those ahead of
     the last listed one are kept to show with their rule's line."""
-    from recipes.config.validation import validate
-
     trainable = []
     for evaluated in result.fitting:
-        try:
-            validate(apply_candidate(cfg, evaluated.candidate))
-        except ConfigError as error:
-            evaluated.invalid = str(error)
-            result.refused += 1
-            if len(trainable) < top:
-                result.invalid.append(evaluated)
+        evaluated.invalid = refusal(cfg, evaluated.candidate)
+        if evaluated.invalid is None:
+            trainable.append(evaluated)
             continue
-        trainable.append(evaluated)
+        result.refused += 1
+        if len(trainable) < top:
+            result.invalid.append(evaluated)
     result.fitting, result.listed = trainable, trainable[:top]
 
 

@@ -6,11 +6,12 @@ for the GPU, or refused by a validation rule), then the command that trains the 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
 from recipes.config.arguments import with_replaced
-from recipes.plan.search import NEAR_MISS, Evaluated, SearchResult
+from recipes.plan.search import NEAR_MISS, Evaluated, SearchResult, refusal
 
 TERMS = ("compute", "bubble", "tp", "cp", "ep", "pp", "dp", "cores")
 LOSERS_SHOWN = 3
@@ -25,11 +26,12 @@ def lost_by(e: Evaluated, best: Evaluated) -> str:
     return f"{term} {mine[term] - theirs[term]:+.3g} s"
 
 
-def near_misses(r: SearchResult, cluster: Any) -> list[Evaluated]:
+def near_misses(cfg: Any, r: SearchResult, cluster: Any) -> list[Evaluated]:
     """The fastest layouts that do not fit, among those within a quarter of the GPU's memory
-    (all of them when none is that close)."""
+    (all of them when none is that close), leaving out any a validation rule refuses."""
     close = [e for e in r.too_big if e.peak <= NEAR_MISS * cluster.gpu_memory_bytes]
-    return (close or r.too_big)[:LOSERS_SHOWN]
+    trainable = (e for e in close or r.too_big if refusal(cfg, e.candidate) is None)
+    return list(itertools.islice(trainable, LOSERS_SHOWN))
 
 
 def shown_terms(cluster: Any) -> tuple[str, ...]:
@@ -98,7 +100,7 @@ def text_search(cfg: Any, cluster: Any, r: SearchResult, given: Sequence[str] = 
     best = r.listed[0] if r.listed else None
     lines += [_row(i + 1, e, best, terms_shown) for i, e in enumerate(r.listed)]
     lines.append("best of what lost:")
-    for e in near_misses(r, cluster):
+    for e in near_misses(cfg, r, cluster):
         lines.append(f"  {e.candidate.describe():<44} {e.seconds:>8.3f} s modeled, but peak "
                      f"{e.peak / 1e9:.1f} GB > {cluster.gpu_memory_gb:g} GB")
     for e in r.invalid[:LOSERS_SHOWN]:
@@ -130,5 +132,5 @@ def json_search(cfg: Any, cluster: Any, r: SearchResult,
             "dominated": r.dominated, "fitting": len(r.fitting),
             "fitting_refused": r.refused, "seconds": r.seconds,
             "top": [{**_evaluated_json(e), "lost_by": lost_by(e, best)} for e in r.listed],
-            "too_big": [_evaluated_json(e) for e in near_misses(r, cluster)],
+            "too_big": [_evaluated_json(e) for e in near_misses(cfg, r, cluster)],
             "refused": [_evaluated_json(e) for e in r.invalid[:LOSERS_SHOWN]]}

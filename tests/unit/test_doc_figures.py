@@ -139,7 +139,7 @@ def counts(result) -> tuple[str, str, str, str]:
 
 def test_search_page_quotes_the_70b_search():
     r = searched(LLAMA_70B)
-    top, missed = r.listed, near_misses(r, load_cluster(H100))[0]
+    top, missed = r.listed, near_misses(configured(LLAMA_70B)[0], r, load_cluster(H100))[0]
     layouts, planned, timed, fit = counts(r)
     assert all(e.candidate.describe().startswith("TP8+SP") for e in top)
     assert {e.candidate.fsdp for e in top[:3]} == {"optim_grads_params"}

@@ -29,6 +29,7 @@ from recipes.plan.search import (
     pipeline_splits,
     place,
     recompute_choices,
+    refusal,
     search,
 )
 from recipes.plan.steptime import step_time
@@ -261,6 +262,22 @@ def test_the_ranking_holds_only_layouts_validation_accepts(recipe):
     assert found.refused > 0 and found.fitting
     for evaluated in found.fitting:
         validate(apply_candidate(cfg, evaluated.candidate))
+
+
+def test_what_lost_on_memory_shows_only_layouts_validation_accepts():
+    """The phased Nano's fastest near misses are Megatron FSDP layouts its fully reshardable
+    checkpoint format refuses: the report's `best of what lost` passes over them."""
+    from recipes.plan.search_report import LOSERS_SHOWN, near_misses
+
+    cluster = load_cluster(H100)
+    cfg = apply_cluster(get_recipe("nemotron3_nano_30b_a3b_phases_tp4_sp_ep8_dp16"), cluster)
+    found = search(cfg, cluster, top=5)
+    shown = near_misses(cfg, found, cluster)
+    assert len(shown) == LOSERS_SHOWN
+    for evaluated in shown:
+        validate(apply_candidate(cfg, evaluated.candidate))
+    fastest = found.too_big[:LOSERS_SHOWN]
+    assert any(refusal(cfg, e.candidate) for e in fastest)
 
 
 def test_a_layout_without_sequence_parallel_drops_tp_comm_overlap():

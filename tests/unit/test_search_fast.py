@@ -66,8 +66,8 @@ def test_fast_search_answers_as_the_exhaustive_one(name, cluster_file, memory_gb
     assert [_figures(e) for e in fast.listed] == [_figures(e) for e in reference.listed]
     assert [_figures(e) for e in fast.fitting] == [_figures(e) for e in reference.fitting]
     assert [_figures(e) for e in fast.invalid] == [_figures(e) for e in reference.invalid]
-    assert ([_figures(e) for e in near_misses(fast, cluster)]
-            == [_figures(e) for e in near_misses(reference, cluster)])
+    assert ([_figures(e) for e in near_misses(cfg, fast, cluster)]
+            == [_figures(e) for e in near_misses(cfg, reference, cluster)])
     close = NEAR_MISS * cluster.gpu_memory_bytes
     assert ([_figures(e) for e in fast.too_big]
             == [_figures(e) for e in reference.too_big if e.peak <= close])
