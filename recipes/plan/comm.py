@@ -6,7 +6,10 @@ all-gather or reduce-scatter (n-1)/n, an all-to-all (n-1)/n of what is exchanged
 and micro-batch, TP does one all-reduce forward and one backward per sublayer (a GPT layer's
 attention and MLP, each layer of a hybrid model; with sequence parallel: an all-gather and a
 reduce-scatter in place of each, the same bytes, and a column-parallel linear's backward
-gathers its input again for the weight gradient). PP sends one activation forward and one
+gathers its input again for the weight gradient). An MoE sublayer is one only through its
+shared experts, a TP-split MLP: its routed experts split over expert TP, whose token
+dispatcher gathers the routed tokens after the exchange and reduce-scatters them before the
+combine (`_expert_tp`; none at expert TP 1). PP sends one activation forward and one
 gradient back per stage boundary and micro-batch (per chunk when interleaved). DP reduces
 gradients and, with a sharded optimizer, gathers weights (FP8 parameters gathered in one byte
 each) as often as the sharding does (`dp_passes`: once a step, or per micro-batch under
@@ -59,7 +62,7 @@ class Hideable:
 
 @dataclass(frozen=True)
 class Traffic:
-    group: str  # 'tp', 'pp', 'dp-cp', 'cp', 'ep', 'expert-dp'
+    group: str  # 'tp', 'pp', 'dp-cp', 'cp', 'ep', 'expert-tp', 'expert-dp'
     operation: str
     bytes_sent: float  # per rank per optimizer step
     inter_node: bool
@@ -77,7 +80,7 @@ def _ring(n: int) -> float:
 def crossing_kinds(layout: Any) -> dict[str, bool]:
     """Whether any group of each kind spans nodes (computed once per plan)."""
     return {kind: layout.any_group_crosses_nodes(kind)
-            for kind in ("tp", "pp", "dp-cp", "cp", "ep", "expert-dp")}
+            for kind in ("tp", "pp", "dp-cp", "cp", "ep", "expert-tp", "expert-dp")}
 
 
 def recomputed(cfg: Any, module: str | None = None) -> int:
@@ -134,9 +137,16 @@ def layer_passes(cfg: Any, decoder: int, mtp: int, once: int,
             + mtp * (once + mtp_recomputed(cfg, module)))
 
 
-# Layers whose TP sublayer opens with a column-parallel linear (QKV, FC1, a Mamba layer's
-# in_proj); an MoE layer's TP collectives are its token dispatcher's, synchronous.
-COLUMN_KINDS = (kinds.ATTENTION, kinds.MLP, kinds.MAMBA)
+def tp_kinds(m: Any) -> tuple[str, ...]:
+    """Layer kinds with a TP sublayer, each opening with a column-parallel linear (QKV, FC1, a
+    Mamba layer's in_proj, the shared experts' FC1): all but an MoE layer without shared
+    experts, whose tokens reach its routed experts split over TP (sequence parallel, which
+    Megatron's `MoELayer` requires with TP) and leave the same way; its expert-TP collectives
+    are the token dispatcher's (`_expert_tp`)."""
+    moe = (kinds.MOE,) if m.moe_shared_expert_ffn_hidden_size else ()
+    return (kinds.ATTENTION, kinds.MLP, kinds.MAMBA, *moe)
+
+
 Hidden = tuple[tuple[str, float, float], ...]  # (linear, bytes, collectives) of `Hideable`s
 
 
@@ -147,7 +157,7 @@ def _tp(cfg: Any, d: int, tokens: float, passes: int,
     recomputed (`passes`: `layer_passes` over the stage's sublayers, its MTP layers' included).
     The forward's are the row-parallel linear's output reduce (and with SP the column-parallel
     one's input gather); the backward's reduce is the column-parallel linear's input gradient
-    (`backward`: the stage's layers by `COLUMN_KINDS`), its gather with SP the row-parallel
+    (`backward`: the stage's layers by `tp_kinds`), its gather with SP the row-parallel
     one's output gradient (`_ReduceScatterToSequenceParallelRegion.backward`, synchronous). With
     SP the column-parallel backward also gathers its input again for the weight gradient
     (`LinearWithGradAccumulationAndAsyncCommunication.backward`), once per backward, however
@@ -169,6 +179,7 @@ def _tp(cfg: Any, d: int, tokens: float, passes: int,
 
 
 MTP_PROJECTIONS = "MTP input projections"  # the TP row `_mtp_projection` fills
+EXPERT_TP = "all-gather + reduce-scatter"  # the expert-TP row `_expert_tp` fills
 
 
 def _mtp_projection(cfg: Any, d: int, tokens: float,
@@ -345,6 +356,21 @@ def moe_passes(cfg: Any, stage: int, counts: dict[str, int]) -> int:
     return counts.get(kinds.MOE, 0) + mtp_kinds(cfg, stage).get(kinds.MOE, 0)
 
 
+def _expert_tp(cfg: Any, d: int, tokens: float, passes: int) -> tuple[float, float]:
+    """The token dispatcher's expert-TP collectives (`MoEAlltoAllTokenDispatcher`, over
+    `expt_tp`): after the exchange each rank gathers the routed tokens its expert-TP peers
+    received (`token_dispatch`), and reduce-scatters the experts' output before the combine
+    (`token_combine`); the backward mirrors both; again when the MoE layer's forward is
+    recomputed (`passes` as `_ep`'s). Each rank holds its own tokens / TP (sequence parallel),
+    top-k copies each at the experts' width after the exchange, so a collective moves an
+    expert-TP times larger buffer. (bytes, collectives)"""
+    layout, m = cfg.layout, cfg.model
+    etp = layout.expert_tensor_size
+    routed = tokens * m.moe_router_topk * expert_width(m) * d / layout.tensor
+    times = 2 * passes * layout.microbatches
+    return times * _ring(etp) * etp * routed, times
+
+
 def _ep(cfg: Any, d: int, tokens: float, passes: int) -> tuple[float, float]:
     """Dispatch and combine, forward and backward, and again when the MoE layer's forward is
     recomputed (full recompute, or selective recompute of `moe`; `passes`: `layer_passes` over
@@ -388,17 +414,18 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
     chunks = layout.virtual_stages  # each model chunk reduces (and gathers) its own buffer
     mtp, depths = mtp_kinds(cfg, stage), mtp_depths_on(cfg, stage)
 
-    def passes(kind: str | None, once: int, module: str | None = None) -> int:
-        """`layer_passes` over the stage's layers of `kind` (None: every one)."""
-        decoder = sum(counts.values()) if kind is None else counts.get(kind, 0)
-        extra = sum(mtp.values()) if kind is None else mtp.get(kind, 0)
+    def passes(of: tuple[str, ...], once: int, module: str | None = None) -> int:
+        """`layer_passes` over the stage's layers of the kinds `of`."""
+        decoder = sum(counts.get(kind, 0) for kind in of)
+        extra = sum(mtp.get(kind, 0) for kind in of)
         return layer_passes(cfg, decoder, extra, once, module)
 
     found = []
     if layout.tensor > 1:
-        column = {kind: counts.get(kind, 0) + mtp.get(kind, 0) for kind in COLUMN_KINDS}
+        sublayers = tp_kinds(cfg.model)
+        column = {kind: counts.get(kind, 0) + mtp.get(kind, 0) for kind in sublayers}
         found.append(_traffic(crossing, cluster, "tp",
-                              *_tp(cfg, d, tokens, passes(None, 2), column)))
+                              *_tp(cfg, d, tokens, passes(sublayers, 2), column)))
         if depths:
             found.append(_traffic(crossing, cluster, "tp", MTP_PROJECTIONS,
                                   *_mtp_projection(cfg, d, tokens, depths)))
@@ -418,11 +445,14 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
                                       passes=dp, weights=weights))
     if layout.context > 1:
         found.append(_traffic(crossing, cluster, "cp", KV_RING,
-                              *_cp(cfg, d, tokens, passes(kinds.ATTENTION, 3, "core_attn"))))
+                              *_cp(cfg, d, tokens, passes((kinds.ATTENTION,), 3, "core_attn"))))
         if counts.get(kinds.MAMBA) or mtp.get(kinds.MAMBA):
             found.append(_traffic(crossing, cluster, "cp", "Mamba all-to-all",
-                                  *_mamba_cp(cfg, d, tokens, passes(kinds.MAMBA, 2))))
+                                  *_mamba_cp(cfg, d, tokens, passes((kinds.MAMBA,), 2))))
+    moe = passes((kinds.MOE,), 2, "moe")
+    if layout.expert_tensor_size > 1 and moe:
+        found.append(_traffic(crossing, cluster, "expert-tp", EXPERT_TP,
+                              *_expert_tp(cfg, d, tokens, moe)))
     if layout.expert > 1 and cfg.model.num_moe_experts:
-        found.append(_traffic(crossing, cluster, "ep", "all-to-all",
-                              *_ep(cfg, d, tokens, passes(kinds.MOE, 2, "moe"))))
+        found.append(_traffic(crossing, cluster, "ep", "all-to-all", *_ep(cfg, d, tokens, moe)))
     return found

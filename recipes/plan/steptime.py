@@ -15,11 +15,12 @@ recompute one forward of the modules it names.
 
 Communication is the planner's own (`recipes/plan/comm.py`: bytes per group at the cluster's
 bandwidths), with what overlaps taken out: TP and EP collectives sit between the GEMMs that
-need them (exposed), but for a column-parallel linear's backward (QKV, FC1, in_proj, the output
-layer, an MTP depth's projection), which launches its input-gradient reduce and, with SP, its
-input's re-gather asynchronously, each hidden (its latency too) behind one of the linear's
-backward GEMMs and exposed beyond it (`column_hidden`; not under Megatron FSDP, whose runs lack
-the one-queue ordering it relies on); the CP ring overlaps the attention core it feeds (exposed
+need them (exposed), but for a column-parallel linear's backward (QKV, FC1, in_proj, the
+shared experts' FC1, the output layer, an MTP depth's projection), which launches its
+input-gradient reduce and, with SP, its input's re-gather asynchronously, each hidden (its
+latency too) behind one of the linear's backward GEMMs and exposed beyond it
+(`column_hidden`; not under Megatron FSDP, whose runs lack the one-queue ordering it relies
+on); the CP ring overlaps the attention core it feeds (exposed
 beyond it), while a Mamba layer's CP all-to-alls are exposed (synchronous: `MambaContextParallel`'s
 `pre_conv_ssm` and `post_conv_ssm` wait on each around the conv and scan);
 pipeline sends overlap compute except along the fill and drain; the DP gradient reduce
@@ -29,7 +30,8 @@ one's forward (`overlap_param_gather`; ZeRO-3's other gathers the step's compute
 communication overlap (`parallel.tp_comm_overlap`, Transformer Engine's userbuffers) hides TP's
 collectives behind the layer's GEMMs they are split with (exposed only beyond them; in place of
 the column-parallel backward's overlap, which it covers), and EP
-overlap (`parallel.ep_comm_overlap`) the token exchange behind the other micro-batch's layer.
+overlap (`parallel.ep_comm_overlap`) the token exchange (with its expert-TP gathers, timed as
+EP) behind the other micro-batch's layer.
 Selective recompute repeats the forward of its modules (the attention core, a dense MLP's or an
 MoE layer's GEMMs; norms and activations cost no GEMM). The bubble is (PP - 1) / VPP of the
 slowest stage's per-micro-batch time. Each collective also
@@ -177,7 +179,8 @@ def _moe_gemms(cfg: Any, s: FlopsShape, share: float, tokens: float) -> list[Gem
     if s.moe_shared_ffn_hidden_size:
         width = s.moe_shared_ffn_hidden_size
         gemms.append(Gemm(share * tokens * mlp_flops(s, width) / tp, tokens, s.hidden_size,
-                          width / tp * (gate + 1) / 2, "moe"))
+                          width / tp * (gate + 1) / 2, "moe",
+                          gate / (gate + 1)))  # FC1, column-parallel, as a dense MLP's
     if s.moe_latent_size:
         own = tokens / tp
         gemms.append(Gemm(share * own * 2 * 2 * s.hidden_size * s.moe_latent_size, own,
@@ -377,9 +380,12 @@ def layer_forward_seconds(cfg: Any, peak: float, fraction: float, half: float,
 
 
 def _traffic_seconds(stage: Any) -> dict[str, float]:
+    """Seconds by group; the token dispatcher's expert-TP gathers are timed with its exchange
+    (EP), which its overlap schedules with them (`token_dispatch`, `token_combine`)."""
     found: dict[str, float] = {}
     for t in stage.traffic:
-        found[t.group] = found.get(t.group, 0.0) + t.seconds
+        group = "ep" if t.group == "expert-tp" else t.group
+        found[group] = found.get(group, 0.0) + t.seconds
     return found
 
 
@@ -454,7 +460,7 @@ def collective_counts(stage: Any) -> dict[str, float]:
     ring steps in attention layers and all-to-alls in Mamba layers, EP's dispatch and combine
     in every MoE layer the stage runs (`comm.moe_passes`: the last stage's MTP depths' too),
     PP's sends and receives, DP's reduces and gathers."""
-    found = dict.fromkeys(("tp", "cp", "ep", "pp", "dp-cp", "expert-dp"), 0.0)
+    found = dict.fromkeys(("tp", "cp", "ep", "pp", "dp-cp", "expert-tp", "expert-dp"), 0.0)
     for t in stage.traffic:
         found[t.group] = found.get(t.group, 0.0) + t.collectives
     return found
@@ -533,7 +539,7 @@ def step_time(cfg: Any, stages: list[Any], peak_tflops: float, *,
         waits = {group: count * latency_s
                  for group, count in collective_counts(stage).items()}
         comm["tp"] = comm.get("tp", 0.0) + waits["tp"] - column_waits
-        comm["ep"] = comm.get("ep", 0.0) + waits["ep"]
+        comm["ep"] = comm.get("ep", 0.0) + waits["ep"] + waits["expert-tp"]
         ring = micro * ((3 + recomputed(cfg, "core_attn")) * own.core
                         + (3 + mtp_recomputed(cfg, "core_attn")) * head.core)  # overlapped
         kv = sum(t.seconds for t in stage.traffic if t.operation == KV_RING)

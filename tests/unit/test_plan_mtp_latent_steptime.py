@@ -73,18 +73,19 @@ def _hidden_states(recipe: str, *overrides: str) -> tuple[int, float]:
 
 
 def test_each_mtp_depth_sends_its_layers_and_its_projections_tp_collectives():
-    """MEM*EME on TP2 + SP: each of its 7 sublayers gathers and reduce-scatters forward and
-    backward (4 x ring x B, 4 collectives), and the backward of its 4 column-parallel ones (M's
-    in_proj, *'s QKV) gathers their input again for the weight gradient (ring x B, 1). A `*E`
-    depth adds 2 sublayers, one column-parallel, and its projection, whose forward gathers a
-    2·hidden-wide input and a hidden-wide output (3 x ring x B, 2) and whose backward
-    reduce-scatters the input's gradient, gathers the input again (2·hidden wide each) and
-    gathers the output's gradient (5 x ring x B, 3)."""
+    """MEM*EME on TP2 + SP: each of its 7 sublayers (an E through its shared experts, a
+    TP-split MLP) gathers and reduce-scatters forward and backward (4 x ring x B, 4
+    collectives), and the backward of each, column-parallel first (M's in_proj, *'s QKV, E's
+    shared FC1), gathers its input again for the weight gradient (ring x B, 1). A `*E` depth
+    adds 2 such sublayers and its projection, whose forward gathers a 2·hidden-wide input and a
+    hidden-wide output (3 x ring x B, 2) and whose backward reduce-scatters the input's
+    gradient, gathers the input again (2·hidden wide each) and gathers the output's gradient
+    (5 x ring x B, 3)."""
     (none, none_started), (one, one_started), (two, two_started) = (
         _group(TINY_TP, "tp", *_depths("MEM*EME", d), skip=OUTPUT_LAYERS)[0] for d in (0, 1, 2))
     micro, rb = _hidden_states(TINY_TP)
-    assert none == pytest.approx(micro * (7 * 4 + 4) * rb) and none_started == micro * 32
-    depth, depth_started = 2 * 4 + 1 + 3 + 5, 2 * 4 + 1 + 2 + 3
+    assert none == pytest.approx(micro * (7 * 4 + 7) * rb) and none_started == micro * 35
+    depth, depth_started = 2 * 4 + 2 + 3 + 5, 2 * 4 + 2 + 2 + 3
     assert one - none == pytest.approx(two - one) == pytest.approx(micro * depth * rb)
     assert one_started - none_started == two_started - one_started == micro * depth_started
 
@@ -110,8 +111,9 @@ def test_each_mtp_depth_passes_its_k_v_round_the_cp_ring():
 def test_full_recompute_reruns_an_mtp_layers_collectives_twice():
     """A depth runs in one checkpoint whose rerun checkpoints each of its layers again: a
     decoder MoE layer's 4 all-to-alls become 6, an MTP one's 8; a decoder sublayer's TP passes
-    (SP: a gather and a reduce-scatter, 2 x ring x B) 2 become 3, an MTP one's 4, while a
-    column-parallel backward still gathers its input again once (ring x B); the projection's
+    (SP: a gather and a reduce-scatter, 2 x ring x B) 2 become 3, an MTP one's 4, while each
+    sublayer's column-parallel backward still gathers its input again once (ring x B); the
+    projection's
     forward (3 x ring x B) reruns once, its backward (5 x ring x B) does not."""
     full = "train.recompute=full"
     [(decoder, _)] = _group("super_tiny_ep2_dp2", "ep", full, *_depths("MEM*EME", 0))
@@ -120,8 +122,8 @@ def test_full_recompute_reruns_an_mtp_layers_collectives_twice():
     [(none, _)] = _group(TINY_TP, "tp", full, *_depths("MEM*EME", 0), skip=OUTPUT_LAYERS)
     [(one, _)] = _group(TINY_TP, "tp", full, *_depths("MEM*EME", 1), skip=OUTPUT_LAYERS)
     micro, rb = _hidden_states(TINY_TP, full)
-    assert none == pytest.approx(micro * (7 * 3 * 2 + 4) * rb)
-    assert one - none == pytest.approx(micro * (2 * 4 * 2 + 1 + 2 * 3 + 5) * rb)
+    assert none == pytest.approx(micro * (7 * 3 * 2 + 7) * rb)
+    assert one - none == pytest.approx(micro * (2 * 4 * 2 + 2 + 2 * 3 + 5) * rb)
 
 
 def _forward_flops_per_rank(cfg) -> float:

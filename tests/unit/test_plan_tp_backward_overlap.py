@@ -98,12 +98,14 @@ def test_with_short_gemms_each_collective_hides_only_one_gemms_time(sp):
     assert total - tp == pytest.approx(hidden, rel=1e-9)
 
 
-def test_a_hybrid_hides_its_in_proj_qkv_projection_and_heads_but_not_its_moe_layers():
-    """super_tiny_tp2_sp: MEM*EME and two `*E` MTP depths on TP2 + SP, one stage. Mamba and
-    attention sublayers expose their forward's gather and reduce-scatter and the row-parallel
-    backward's gather (3 x ring x B); an MoE layer's TP collectives are its dispatcher's, all
-    four exposed; Mamba's in_proj and QKV hide their input gradient's reduce-scatter and their
-    input's re-gather; a depth's input projection exposes its forward (a 2·hidden-wide gather
+def test_a_hybrid_hides_its_in_proj_qkv_shared_fc1_projection_and_heads():
+    """super_tiny_tp2_sp: MEM*EME and two `*E` MTP depths on TP2 + SP, one stage. Mamba,
+    attention and MoE sublayers (an MoE layer's through its shared experts, a TP-split MLP;
+    its routed experts' expert-TP collectives are the dispatcher's, not TP's) expose their
+    forward's gather and reduce-scatter and the row-parallel backward's gather (3 x ring x B);
+    Mamba's in_proj, QKV
+    and the shared experts' FC1 hide their input gradient's reduce-scatter and their input's
+    re-gather; a depth's input projection exposes its forward (a 2·hidden-wide gather
     and the output's: 3 x ring x B) and its output's gradient gather (ring x B), hiding the
     2·hidden-wide input gradient's reduce-scatter and input's re-gather; each of the three
     heads exposes its input's gather and its loss, and each depth its acceptance count's
@@ -112,12 +114,13 @@ def test_a_hybrid_hides_its_in_proj_qkv_projection_and_heads_but_not_its_moe_lay
     m = cfg.model
     tokens, size, ring = _sizes(cfg)
     depths = hybrid.mtp_depths(m.hybrid_layer_pattern)
-    column = sum(hybrid.count(m, k) + hybrid.mtp_count(m, k) for k in "M*")
-    moe = hybrid.count(m, "E") + hybrid.mtp_count(m, "E")
-    assert (column, moe, depths) == (6, 5, 2)
+    column = sum(hybrid.count(m, k) + hybrid.mtp_count(m, k) for k in "M*E")
+    assert (column, depths) == (11, 2) and m.moe_shared_expert_ffn_hidden_size
+    # the routed experts' expert-TP gathers are the dispatcher's, timed with EP
+    assert any(t.group == "expert-tp" for t in stage.traffic)
     rb = ring * size
     argmax = (cfg.layout.tensor - 1) * tokens * (WIDTH[cfg.precision.dtype] + 8)
-    per_micro = (column * 3 * rb + moe * 4 * rb + depths * (3 * rb + rb)
+    per_micro = (column * 3 * rb + depths * (3 * rb + rb)
                  + (1 + depths) * (rb + _loss(tokens, ring)) + depths * argmax)
     total, tp = _tp(cfg, stage, LONG)
     assert tp == pytest.approx(cfg.layout.microbatches * per_micro / bandwidth, rel=1e-12)

@@ -26,11 +26,13 @@ def test_nemotron3_nano_counts_its_sublayers_and_moe_layers():
     micro = cfg.layout.microbatches
     assert (layers[kinds.MAMBA], layers[kinds.ATTENTION], layers[kinds.MOE], micro) == (
         23, 6, 23, 96)
-    # SP: an all-gather and a reduce-scatter forward and backward, per layer (one sublayer);
-    # a Mamba or attention layer's column-parallel backward (in_proj, QKV) gathers its input
-    # again; then the output layer's gather, re-gather and reduce-scatter, and the fused loss's
-    # two all-reduces (TE ranks), once per micro-batch
-    assert counts["tp"] == 2 * 2 * 52 * 96 + (23 + 6) * 96 + (3 + 2) * 96 == 23_232
+    # SP: an all-gather and a reduce-scatter forward and backward, per layer (one sublayer, an
+    # MoE layer's its shared experts); each layer's column-parallel backward (in_proj, QKV,
+    # the shared experts' FC1) gathers its input again; then the output layer's gather,
+    # re-gather and reduce-scatter, and the fused loss's two all-reduces (TE ranks), once per
+    # micro-batch; expert TP 1: the dispatcher sends nothing over expert TP
+    assert counts["tp"] == 2 * 2 * 52 * 96 + 52 * 96 + (3 + 2) * 96 == 25_440
+    assert cfg.layout.expert_tensor_size == 1 and counts["expert-tp"] == 0
     # selective recompute of `moe` dispatches and combines again: 6 per MoE layer
     assert cfg.train.recompute_modules == ["moe", "layernorm"]
     assert counts["ep"] == 6 * 23 * 96
