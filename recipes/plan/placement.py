@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Group kinds the planner reports, in the order a reader meets them.
-PLAN_GROUPS = ("tp", "cp", "dp", "dp-cp", "pp", "ep", "expert-dp")
+PLAN_GROUPS = ("tp", "cp", "dp", "dp-cp", "pp", "ep", "expert-tp", "expert-dp")
 DRAWN_NODES = 8  # the drawing shows this many nodes, then a count of the rest
 
 
@@ -30,7 +30,8 @@ def group_summaries(layout: Any, listed: int | None = None,
     CP); `listed` caps how many groups of each kind are written out."""
     result = []
     for kind in PLAN_GROUPS:
-        if (kind in ("ep", "expert-dp") and not moe) or (kind == "dp-cp" and layout.context == 1):
+        expert = kind in ("ep", "expert-tp", "expert-dp")
+        if (expert and not moe) or (kind == "dp-cp" and layout.context == 1):
             continue
         groups = layout.groups(kind)
         if not groups or len(groups[0]) == 1:

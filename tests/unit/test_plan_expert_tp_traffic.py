@@ -89,3 +89,12 @@ def test_the_step_model_times_expert_tp_with_the_token_exchange():
     exchange = sum(t.seconds for t in stage.traffic if t.group in ("ep", "expert-tp"))
     assert any(t.group == "expert-tp" for t in stage.traffic)
     assert step_time(cfg, [stage], 1.0).ep == pytest.approx(exchange)
+
+
+def test_the_plan_places_the_expert_tp_groups_it_sends_over():
+    from recipes.plan.placement import group_summaries
+
+    kinds = {etp: [g.kind for g in group_summaries(_plan(f"parallel.expert_tensor={etp}")[0]
+                                                   .layout, moe=True)]
+             for etp in ("null", "1")}
+    assert "expert-tp" in kinds["null"] and "expert-tp" not in kinds["1"]
