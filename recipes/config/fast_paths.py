@@ -296,9 +296,10 @@ def check_cuda_graph_module_pairs(cfg: Any) -> str | None:
 
 def check_cuda_graph_modules_match_layers(cfg: Any) -> str | None:
     """A graphed module the model lacks: Megatron refuses moe scopes on a dense model and mlp on
-    an all-MoE GPT model (transformer_config.py:2495-2507); attn or mamba without such layers
-    would graph nothing. The whole MoE layer is graphed only with token dropping, which this
-    project does not train (:2508-2513)."""
+    a model with experts (transformer_config.py:2495-2507: it reads `moe_layer_freq`, 1 here,
+    so a hybrid pattern's dense MLP layers beside MoE ones do not count); attn or mamba without
+    such layers would graph nothing. The whole MoE layer is graphed only with token dropping,
+    which this project does not train (:2508-2513)."""
     t, symbols = cfg.train, _symbols(cfg)
     if t.cuda_graphs == "none":
         return None
@@ -308,6 +309,10 @@ def check_cuda_graph_modules_match_layers(cfg: Any) -> str | None:
         if module == "moe" and "moe_router" not in t.cuda_graph_modules:  # else: the pair rule
             return ("train.cuda_graph_modules has moe, which Megatron graphs only for MoE with "
                     "token dropping and padding (not trained here); use moe_router")
+        if module == "mlp" and cfg.model.num_moe_experts and kinds.MLP in symbols:
+            return ("train.cuda_graph_modules has mlp, which Megatron 0.19.2 refuses in a model "
+                    "with experts even beside its dense MLP layers (it takes every layer for "
+                    "MoE); remove mlp, or graph the experts' router with moe_router")
         kind = needs.get(module)
         if kind is not None and kind not in symbols:
             return (f"train.cuda_graph_modules has {module}, but the model has no "
