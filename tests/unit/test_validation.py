@@ -12,7 +12,7 @@ from tests.unit.test_fast_path_rules import CASES as FAST_PATH_RULE_CASES
 from tests.unit.test_phases import PHASE_RULE_CASES
 from tests.unit.test_rampup import RAMPUP_RULE_CASES
 
-MOE_NO_BIAS = ["model.add_bias_linear=false", "model.moe_router_topk=1"]
+MOE_NO_BIAS = ["model.add_bias_linear=false", "model.moe_router_topk=2"]
 HYBRID = "hybrid_tiny_dp1"  # M*-ME-: Mamba heads 8 x 16 in 2 groups, 4 experts
 SUPER = "super_tiny_dp1"  # MEM*EME/*E/*E: latent MoE (32 of 64), two shared MTP depths
 NO_MTP = ["model.mtp_use_repeated_layer=false", "model.mtp_loss_scaling_factor=0.1"]
@@ -206,6 +206,8 @@ RULE_CASES = [
      "Mamba groups per TP rank (6) and parallel.context=4 must divide one another"),
     ("check_expert_bias", HYBRID, ["model.moe_router_score_function=softmax"],
      "model.moe_router_expert_bias=true needs model.moe_router_score_function=sigmoid"),
+    ("check_single_expert_softmax", "mixtral_tiny_ep2_dp2", ["model.moe_router_topk=1"],
+     "model.moe_router_topk=1 with model.moe_router_score_function=softmax gives the router"),
     ("check_router_scaling", HYBRID, ["model.moe_router_topk_scaling_factor=0"],
      "model.moe_router_topk_scaling_factor=0 must be positive"),
     ("check_moe_settings_need_experts", "tiny_dp1", ["model.moe_router_expert_bias=true",

@@ -76,6 +76,18 @@ def check_expert_bias(cfg: Any) -> str | None:
     return None
 
 
+def check_single_expert_softmax(cfg: Any) -> str | None:
+    """A softmax over one selected score is 1 with zero gradient, so Megatron takes top-1
+    softmax routing only with the softmax before the top-k (`moe_router_pre_softmax`, which
+    this project does not set: `transformer/transformer_config.py:2328-2336`)."""
+    m = cfg.model
+    if m.num_moe_experts and m.moe_router_topk == 1 and m.moe_router_score_function == "softmax":
+        return ("model.moe_router_topk=1 with model.moe_router_score_function=softmax gives the "
+                "router no gradient (Megatron refuses it without a pre-top-k softmax); set "
+                "model.moe_router_topk=2 or more, or moe_router_score_function=sigmoid")
+    return None
+
+
 def check_router_scaling(cfg: Any) -> str | None:
     """The top-k weights are multiplied by the scaling factor: it must be positive."""
     factor = cfg.model.moe_router_topk_scaling_factor
@@ -132,6 +144,7 @@ RULES = (
     check_router_topk,
     check_moe_bias,
     check_expert_bias,
+    check_single_expert_softmax,
     check_router_scaling,
     check_moe_settings_need_experts,
     check_moe_latent_size,
