@@ -86,6 +86,8 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
      "model.moe_latent_size=128 is not below model.hidden_size=64"),
     (["recipe=tiny_dp1", "model.moe_latent_size=32"],
      "model.moe_latent_size=32 needs an MoE model"),
+    (["recipe=mixtral_tiny_ep2_dp2", "model.moe_router_topk=1"],
+     "model.moe_router_topk=1 with model.moe_router_score_function=softmax gives the router"),
     (["recipe=hybrid_tiny_dp1", "model.num_layers=8"],
      "model.hybrid_layer_pattern has 6 layers but model.num_layers=8"),
     (["recipe=hybrid_tiny_pp2_pipes", "parallel.pipeline=1", "cluster.gpus_per_node=1"],
