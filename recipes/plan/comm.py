@@ -356,6 +356,13 @@ def moe_passes(cfg: Any, stage: int, counts: dict[str, int]) -> int:
     return counts.get(kinds.MOE, 0) + mtp_kinds(cfg, stage).get(kinds.MOE, 0)
 
 
+def _routed(cfg: Any, d: int, tokens: float) -> float:
+    """Bytes of the top-k routed copies of one rank's tokens (tokens / TP under sequence
+    parallel) at the width the routed experts read."""
+    m = cfg.model
+    return tokens * m.moe_router_topk * expert_width(m) * d / cfg.layout.tensor
+
+
 def _expert_tp(cfg: Any, d: int, tokens: float, passes: int) -> tuple[float, float]:
     """The token dispatcher's expert-TP collectives (`MoEAlltoAllTokenDispatcher`, over
     `expt_tp`): after the exchange each rank gathers the routed tokens its expert-TP peers
@@ -364,11 +371,10 @@ def _expert_tp(cfg: Any, d: int, tokens: float, passes: int) -> tuple[float, flo
     recomputed (`passes` as `_ep`'s). Each rank holds its own tokens / TP (sequence parallel),
     top-k copies each at the experts' width after the exchange, so a collective moves an
     expert-TP times larger buffer. (bytes, collectives)"""
-    layout, m = cfg.layout, cfg.model
+    layout = cfg.layout
     etp = layout.expert_tensor_size
-    routed = tokens * m.moe_router_topk * expert_width(m) * d / layout.tensor
     times = 2 * passes * layout.microbatches
-    return times * _ring(etp) * etp * routed, times
+    return times * _ring(etp) * etp * _routed(cfg, d, tokens), times
 
 
 def _ep(cfg: Any, d: int, tokens: float, passes: int) -> tuple[float, float]:
@@ -379,10 +385,9 @@ def _ep(cfg: Any, d: int, tokens: float, passes: int) -> tuple[float, float]:
     and combines at the latent width (`transformer/moe/moe_layer.py`: `preprocess`,
     `postprocess`), so its exchange is latent / hidden of the model-wide one.
     (bytes, collectives)."""
-    layout, m = cfg.layout, cfg.model
-    routed = tokens * m.moe_router_topk * expert_width(m) * d / layout.tensor
+    layout = cfg.layout
     times = 2 * passes * layout.microbatches
-    return times * _ring(layout.expert) * routed, times
+    return times * _ring(layout.expert) * _routed(cfg, d, tokens), times
 
 
 def _traffic(crossing: dict[str, bool], cluster: Any, kind: str, operation: str,
