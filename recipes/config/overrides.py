@@ -96,7 +96,7 @@ _DATA_PARALLEL_NAMES = ("dp", "data_parallel", "data_parallel_size", "parallel.d
 
 
 @cache
-def _field_types(cls: type) -> Mapping[str, Any]:
+def class_field_types(cls: type) -> Mapping[str, Any]:
     """A config dataclass's field types, resolved once per class: `typing.get_type_hints`
     evaluates every annotation anew (700 calls per config loaded, most of its time)."""
     hints = typing.get_type_hints(cls)
@@ -109,7 +109,7 @@ def config_keys() -> tuple[str, ...]:
 
     def walk(cls: type, prefix: str) -> list[str]:
         keys = []
-        for name, tp in _field_types(cls).items():
+        for name, tp in class_field_types(cls).items():
             if dataclasses.is_dataclass(tp):
                 keys.extend(walk(tp, f"{prefix}{name}."))
             else:
@@ -136,7 +136,7 @@ def field_type(key: str) -> Any | None:
     for part in key.split("."):
         if not dataclasses.is_dataclass(tp):
             return None
-        tp = _field_types(tp).get(part)
+        tp = class_field_types(tp).get(part)
         if tp is None:
             return None
     return tp
@@ -236,7 +236,8 @@ def unknown_key_message(key: str, origin: str) -> str:
     if missing is not None:
         return missing_section_message(key, missing, origin)
     section = key.rpartition(".")[0]
-    children = list(_field_types(field_type(section))) if section and is_section(section) else []
+    children = (list(class_field_types(field_type(section)))
+                if section and is_section(section) else [])
     if section and is_section(section) and not children:
         return f"{origin}: unknown config key '{key}'; section {section} has no settings"
     near = closest_keys(key)
@@ -264,7 +265,7 @@ def _list_type(key: str) -> Any | None:
 def _element_words(element: Any) -> str:
     """What one element of a list field is, in words."""
     if element is PhaseConfig:
-        return f"a phase, a mapping of its fields ({', '.join(_field_types(PhaseConfig))})"
+        return f"a phase, a mapping of its fields ({', '.join(class_field_types(PhaseConfig))})"
     return describe_type(element)
 
 
@@ -396,7 +397,7 @@ def merge_checked(base: DictConfig, update: DictConfig, origin: str,
 def phase_field_message(err: OmegaConfBaseException, origin: str) -> str:
     """One line for a phase entry with an unknown field or a value of the wrong type."""
     key = str(getattr(err, "key", "") or "")
-    types_ = _field_types(PhaseConfig)
+    types_ = class_field_types(PhaseConfig)
     if key not in types_:
         near = difflib.get_close_matches(key, list(types_), n=1, cutoff=0.6)
         hint = f"did you mean {near[0]}? " if near else ""

@@ -19,6 +19,7 @@ from typing import Any
 from plugins.protocol.errors import ConfigError, config_error
 from recipes.config import fast_paths
 from recipes.config.layout import Layout
+from recipes.config.overrides import class_field_types
 from recipes.config.phases import PHASE_RULES, check_each_phase
 from recipes.config.rampup import RAMPUP_RULES
 from recipes.config.schema import RunConfig
@@ -38,9 +39,8 @@ def _layout(cfg: RunConfig) -> Layout:
 @functools.cache
 def _fields(section_type: type) -> tuple[tuple[str, Any, bool, bool], ...]:
     """(name, schema default, nullable, is a section) of a section's fields, worked out once
-    per class: its string annotations compile on each resolution, and the layout search
-    validates thousands of configs."""
-    hints = typing.get_type_hints(section_type)
+    per class (the layout search validates thousands of configs)."""
+    hints = class_field_types(section_type)
     found = []
     for f in dataclasses.fields(section_type):
         tp = hints[f.name]
