@@ -34,8 +34,9 @@ them in BF16 as NVIDIA did (Bridge's `keep_mtp_spec_in_bf16`).
 `param_gather` keeps the GEMM weights in FP8 alone (TE's fp8_model_init; no BF16 copy) and
 all-gathers them over data parallel in FP8, as NVIDIA pretrained Nemotron-H and Nano v2.
 
-Every refusal here is a pure function: config rules take the run config, machine rules take this
-config, the machine description and whether the ranks run on CPU. Each returns None or one line.
+Every refusal here is a pure function: config rules take the run config, machine rules take the
+run config, the machine description and whether the ranks run on CPU. Each returns None or one
+line.
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ DELAYED_ONLY = ("amax_history_len", "amax_compute_algo", "margin")
 # `quantize_param_shard` (which writes the optimizer's fp32 shards into the FP8 parameters after
 # each step) handles delayed scaling's Float8Tensor only (fp8_utils.py:372-420 against :420-510).
 PARAM_GATHER_MIN_TE = "2.2"
+# Lowest TE for FP8 experts, and for FP8 experts in grouped GEMMs (transformer_config.py:
+# 2294-2305); for recomputing these modules under FP8 (:1821-1833, spelled "2.6.0dev0" there).
+FP8_MOE_MIN_TE, FP8_GROUPED_GEMM_MIN_TE = "1.7.0.dev0", "1.11.0"
+FP8_RECOMPUTE_TE_MODULES, FP8_RECOMPUTE_MIN_TE = ("moe_act", "layernorm"), "2.6.0.dev0"
 
 
 @dataclass(kw_only=True)
@@ -115,11 +120,11 @@ class Fp8Config(PluginConfig):
             check_fp8_delayed_recompute_modules, check_fp8_param_gather_offload,
         )
 
-    def machine_problem(self, machine: Any, on_cpu: bool) -> str | None:
+    def machine_problem(self, cfg: Any, machine: Any, on_cpu: bool) -> str | None:
         if self.format is None:
             return None
         for check in MACHINE_CHECKS:
-            if problem := check(self, machine, on_cpu):
+            if problem := check(cfg, machine, on_cpu):
                 return problem
         return None
 
@@ -451,7 +456,7 @@ def check_fp8_delayed_recompute_modules(cfg: Any) -> str | None:
     fp8, t = cfg.plugins.fp8, cfg.train
     if fp8.format is None or fp8.recipe != "delayed" or t.recompute != "selective":
         return None
-    found = [m for m in ("moe_act", "layernorm") if m in t.recompute_modules]
+    found = [m for m in FP8_RECOMPUTE_TE_MODULES if m in t.recompute_modules]
     if not found:
         return None
     return (f"train.recompute_modules has {found[0]}, which Megatron cannot recompute with "
@@ -510,7 +515,18 @@ def check_fp8_shapes(cfg: Any) -> str | None:
 # ---- machine rules (this config, the machine description, whether ranks run on CPU) ---------
 
 
-def fp8_needs_cuda(fp8: Fp8Config, machine: Any, on_cpu: bool) -> str | None:
+def _te_below(found: str | None, needed: str) -> bool:
+    """Whether the installed TE `found` is parseably older than `needed`: an absent TE is the
+    TE check's, and 'unknown' or a local build's own version scheme is left to TE at run
+    time."""
+    try:
+        return found is not None and Version(found) < Version(needed)
+    except InvalidVersion:
+        return False
+
+
+def fp8_needs_cuda(cfg: Any, machine: Any, on_cpu: bool) -> str | None:
+    fp8 = cfg.plugins.fp8
     if not on_cpu and machine.gpus > 0:
         return None
     found = f"found {machine.gpus} GPU{'' if machine.gpus == 1 else 's'}"
@@ -523,22 +539,21 @@ def fp8_needs_cuda(fp8: Fp8Config, machine: Any, on_cpu: bool) -> str | None:
     )
 
 
-def fp8_needs_transformer_engine(fp8: Fp8Config, machine: Any, on_cpu: bool) -> str | None:
+def fp8_needs_transformer_engine(cfg: Any, machine: Any, on_cpu: bool) -> str | None:
     if machine.transformer_engine is not None:
         return None
     return (
-        f"plugins.fp8.format={fp8.format} needs Transformer Engine, which is not installed here "
-        "(without it Megatron silently trains without FP8); install it with pip install "
-        "--no-build-isolation 'transformer_engine[pytorch]' or set plugins.fp8.format=null"
+        f"plugins.fp8.format={cfg.plugins.fp8.format} needs Transformer Engine, which is not "
+        "installed here (without it Megatron silently trains without FP8); install it with pip "
+        "install --no-build-isolation 'transformer_engine[pytorch]' or set "
+        "plugins.fp8.format=null"
     )
 
 
-def fp8_transformer_engine_version(fp8: Fp8Config, machine: Any, on_cpu: bool) -> str | None:
+def fp8_transformer_engine_version(cfg: Any, machine: Any, on_cpu: bool) -> str | None:
+    fp8 = cfg.plugins.fp8
     found, needed = machine.transformer_engine, MIN_TE_VERSION[fp8.recipe]
-    try:
-        if found is None or Version(found) >= Version(needed):
-            return None
-    except InvalidVersion:  # 'unknown' or a local build's own scheme: TE decides at run time
+    if not _te_below(found, needed):
         return None
     return (
         f"plugins.fp8.recipe={fp8.recipe} needs Transformer Engine >= {needed} (Megatron refuses "
@@ -547,7 +562,45 @@ def fp8_transformer_engine_version(fp8: Fp8Config, machine: Any, on_cpu: bool) -
     )
 
 
-def fp8_compute_capability(fp8: Fp8Config, machine: Any, on_cpu: bool) -> str | None:
+def fp8_moe_transformer_engine(cfg: Any, machine: Any, on_cpu: bool) -> str | None:
+    """FP8 experts need TE >= 1.7 (experts that receive no token), and >= 1.11 in grouped
+    GEMMs (`transformer_config.py:2294-2305`): below every recipe's own floor but delayed's."""
+    m, found = cfg.model, machine.transformer_engine
+    if not m.num_moe_experts:
+        return None
+    grouped = m.moe_grouped_gemm
+    needed = FP8_GROUPED_GEMM_MIN_TE if grouped else FP8_MOE_MIN_TE
+    if not _te_below(found, needed):
+        return None
+    what = "in grouped GEMMs (model.moe_grouped_gemm=true)" if grouped else "on experts"
+    also = " or model.moe_grouped_gemm=false" if grouped and not _te_below(
+        found, FP8_MOE_MIN_TE) else ""
+    return (
+        f"model.num_moe_experts={m.num_moe_experts} with plugins.fp8.format="
+        f"{cfg.plugins.fp8.format}: FP8 {what} needs Transformer Engine >= {needed}, found "
+        f"{found}; upgrade Transformer Engine or set plugins.fp8.format=null{also}"
+    )
+
+
+def fp8_recompute_transformer_engine(cfg: Any, machine: Any, on_cpu: bool) -> str | None:
+    """Recomputing the MoE activation or the norms under FP8 needs TE >= 2.6
+    (`transformer_config.py:1821-1833`; with delayed scaling never, a config rule)."""
+    t, found = cfg.train, machine.transformer_engine
+    if t.recompute != "selective":
+        return None
+    modules = [m for m in FP8_RECOMPUTE_TE_MODULES if m in t.recompute_modules]
+    if not modules or not _te_below(found, FP8_RECOMPUTE_MIN_TE):
+        return None
+    return (
+        f"train.recompute_modules has {modules[0]}, which Megatron recomputes under "
+        f"plugins.fp8.format={cfg.plugins.fp8.format} only with Transformer Engine >= "
+        f"{FP8_RECOMPUTE_MIN_TE}, found {found}; upgrade Transformer Engine or remove "
+        f"{modules[0]}"
+    )
+
+
+def fp8_compute_capability(cfg: Any, machine: Any, on_cpu: bool) -> str | None:
+    fp8 = cfg.plugins.fp8
     found = machine.compute_capability
     needed = MIN_COMPUTE_CAPABILITY[fp8.recipe]
     if found is None or tuple(found) >= needed:
@@ -567,15 +620,10 @@ def fp8_compute_capability(fp8: Fp8Config, machine: Any, on_cpu: bool) -> str | 
     )
 
 
-def fp8_param_gather_transformer_engine(fp8: Fp8Config, machine: Any,
-                                        on_cpu: bool) -> str | None:
-    found = machine.transformer_engine
-    if not fp8.param_gather or fp8.recipe == "delayed" or found is None:
-        return None
-    try:
-        if Version(found) >= Version(PARAM_GATHER_MIN_TE):
-            return None
-    except InvalidVersion:
+def fp8_param_gather_transformer_engine(cfg: Any, machine: Any, on_cpu: bool) -> str | None:
+    fp8, found = cfg.plugins.fp8, machine.transformer_engine
+    if not fp8.param_gather or fp8.recipe == "delayed" or not _te_below(
+            found, PARAM_GATHER_MIN_TE):
         return None
     return (
         f"plugins.fp8.param_gather=true with plugins.fp8.recipe={fp8.recipe} needs Transformer "
@@ -587,5 +635,6 @@ def fp8_param_gather_transformer_engine(fp8: Fp8Config, machine: Any,
 
 MACHINE_CHECKS = (
     fp8_needs_cuda, fp8_needs_transformer_engine, fp8_transformer_engine_version,
+    fp8_moe_transformer_engine, fp8_recompute_transformer_engine,
     fp8_compute_capability, fp8_param_gather_transformer_engine,
 )

@@ -34,7 +34,7 @@ class LoggingConfig(PluginConfig):
 
         return LoggingPlugin(self)
 
-    def machine_problem(self, machine: Any, on_cpu: bool) -> str | None:
+    def machine_problem(self, cfg: Any, machine: Any, on_cpu: bool) -> str | None:
         if self.wandb != "off" and importlib.util.find_spec("wandb") is None:
             return (f"plugins.logging.wandb={self.wandb} needs the wandb package, which is not "
                     "installed; install it with `pip install -e '.[wandb]'` or set "

@@ -214,10 +214,11 @@ class PluginConfig:
         none); the trainer refuses an overlap with its own profiled steps before launch."""
         return None
 
-    def machine_problem(self, machine: Any, on_cpu: bool) -> str | None:
-        """What this machine lacks for this plugin as configured, as one line naming the field,
-        its value and the fix, or None. `machine` is the machine check's description (GPUs,
-        compute capability, Transformer Engine version; `recipes/config/machine.py`) and
+    def machine_problem(self, cfg: Any, machine: Any, on_cpu: bool) -> str | None:
+        """What this machine lacks for this plugin as configured in the run config `cfg` (a
+        need may depend on other sections, e.g. the layers recomputed), as one line naming the
+        field, its value and the fix, or None. `machine` is the machine check's description
+        (GPUs, compute capability, Transformer Engine version; `recipes/config/machine.py`) and
         `on_cpu` whether the ranks will run on CPU; asked before any rank starts."""
         return None
 

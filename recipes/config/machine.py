@@ -346,7 +346,7 @@ def check_plugin_needs(cfg: RunConfig, machine: MachineInfo) -> None:
     """The first plugin (registry order) that finds this machine lacking raises its line."""
     on_cpu = ranks_on_cpu(cfg.cluster, machine.gpus)
     for _, plugin_config in cfg.plugins.configs():
-        if problem := plugin_config.machine_problem(machine, on_cpu):
+        if problem := plugin_config.machine_problem(cfg, machine, on_cpu):
             raise ConfigError(problem)
 
 

@@ -49,7 +49,7 @@ def needs_more_ranks(cfg: RunConfig) -> bool:
     """More nodes than one, or more ranks than the CPU runtime starts on one machine, or a
     plugin that needs GPUs (FP8, through Transformer Engine)."""
     return cfg.cluster.nodes > 1 or cfg.cluster.world_size > CPU_RANK_CAP or any(
-        config.machine_problem(CPU_MACHINE, True) for _, config in cfg.plugins.configs())
+        config.machine_problem(cfg, CPU_MACHINE, True) for _, config in cfg.plugins.configs())
 
 
 def short_run(cfg: RunConfig, output_dir: Path) -> list[str]:

@@ -173,10 +173,10 @@ def test_logging_config_is_built_only_when_something_is_on_and_names_missing_pac
     assert not LoggingConfig(loss_curve=False).active(cfg) and LoggingConfig().active(cfg)
     assert isinstance(LoggingConfig().build(), LoggingPlugin)
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
-    assert LoggingConfig(wandb="auto").machine_problem(None, True) == (
+    assert LoggingConfig(wandb="auto").machine_problem(None, None, True) == (
         "plugins.logging.wandb=auto needs the wandb package, which is not installed; install "
         "it with `pip install -e '.[wandb]'` or set plugins.logging.wandb=off")
-    assert LoggingConfig().machine_problem(None, True) is None
+    assert LoggingConfig().machine_problem(None, None, True) is None
 
 
 def _write_run(run_dir: Path, losses: list[float]) -> Path:

@@ -315,14 +315,56 @@ MACHINE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("check", "overrides", "machine", "message"), MACHINE_CASES,
-                         ids=[f"{c[0]}:{' '.join(c[1])}" for c in MACHINE_CASES])
-def test_machine_need_fires_alone_before_launch(check, overrides, machine, message) -> None:
-    cfg = apply_overrides(get_recipe("tiny_dp1"), overrides)
+
+def _te(version: str) -> MachineInfo:
+    return MachineInfo(gpus=8, launched_world_size=None, compute_capability=(9, 0),
+                       transformer_engine=version)
+
+
+TENSORWISE = [*FP8, "plugins.fp8.recipe=tensorwise"]
+RECOMPUTE = ["train.recompute=selective", "train.recompute_modules=[core_attn,layernorm]"]
+# Needs that depend on the rest of the run (experts, recomputed modules): the check, the recipe
+# and its overrides, a TE it refuses and the floor it lets through (the plugin's constant).
+RUN_MACHINE_CASES = [
+    ("fp8_recompute_transformer_engine", "tiny_dp1", [*TENSORWISE, *RECOMPUTE], "2.5.0",
+     fp8_config.FP8_RECOMPUTE_MIN_TE,
+     "train.recompute_modules has layernorm, which Megatron recomputes under "
+     "plugins.fp8.format=hybrid only with Transformer Engine >= 2.6.0.dev0, found 2.5.0; "
+     "upgrade Transformer Engine or remove layernorm"),
+    ("fp8_recompute_transformer_engine", "mixtral_tiny_ep1",
+     [*TENSORWISE, "model.moe_grouped_gemm=true", "train.recompute=selective",
+      "train.recompute_modules=[moe_act]"], "2.2.0", fp8_config.FP8_RECOMPUTE_MIN_TE,
+     "train.recompute_modules has moe_act, which Megatron recomputes under"),
+    ("fp8_moe_transformer_engine", "mixtral_tiny_ep1", FP8, "1.6.0", fp8_config.FP8_MOE_MIN_TE,
+     "model.num_moe_experts=4 with plugins.fp8.format=hybrid: FP8 on experts needs Transformer "
+     "Engine >= 1.7.0.dev0, found 1.6.0; upgrade Transformer Engine or set "
+     "plugins.fp8.format=null"),
+    ("fp8_moe_transformer_engine", "mixtral_tiny_ep1", [*FP8, "model.moe_grouped_gemm=true"],
+     "1.10.0", fp8_config.FP8_GROUPED_GEMM_MIN_TE,
+     "FP8 in grouped GEMMs (model.moe_grouped_gemm=true) needs Transformer Engine >= 1.11.0, "
+     "found 1.10.0; upgrade Transformer Engine or set plugins.fp8.format=null or "
+     "model.moe_grouped_gemm=false"),
+]
+
+
+def test_run_machine_needs_pass_at_their_floor() -> None:
+    for _, recipe, overrides, _, floor, _ in RUN_MACHINE_CASES:
+        check_machine(apply_overrides(get_recipe(recipe), overrides), _te(floor))
+
+
+@pytest.mark.parametrize(
+    ("check", "recipe", "overrides", "machine", "message"),
+    [*[(c, "tiny_dp1", *rest) for c, *rest in MACHINE_CASES],
+     *[(c, recipe, overrides, _te(refused), message)
+       for c, recipe, overrides, refused, _, message in RUN_MACHINE_CASES]],
+    ids=[f"{c[0]}:{' '.join(c[1])}" for c in MACHINE_CASES]
+    + [f"{c[0]}:{c[1]} {' '.join(c[2])}" for c in RUN_MACHINE_CASES])
+def test_machine_need_fires_alone_before_launch(check, recipe, overrides, machine,
+                                               message) -> None:
+    cfg = apply_overrides(get_recipe(recipe), overrides)
     assert failing(cfg) == []
-    fp8 = cfg.plugins.fp8
     on_cpu = ranks_on_cpu(cfg.cluster, machine.gpus)
-    fired = [c.__name__ for c in fp8_config.MACHINE_CHECKS if c(fp8, machine, on_cpu)]
+    fired = [c.__name__ for c in fp8_config.MACHINE_CHECKS if c(cfg, machine, on_cpu)]
     assert fired == [check]
     with pytest.raises(ConfigError) as caught:
         check_machine(cfg, machine)
@@ -389,6 +431,34 @@ def test_fp8_plugin_turns_what_megatron_refuses_into_one_line(monkeypatch) -> No
     assert str(caught.value).startswith(
         "plugins.fp8.format=hybrid with plugins.fp8.recipe=tensorwise: Megatron refuses this "
         "transformer config: Only transformer-engine>=1.7.0 supports MoE FP8 training")
+
+
+@pytest.mark.parametrize("case", RUN_MACHINE_CASES, ids=[c[0] + ":" + c[1] + " " + " ".join(c[2])
+                                                         for c in RUN_MACHINE_CASES])
+def test_run_machine_needs_are_megatrons_floors(case, monkeypatch) -> None:
+    """Megatron's TransformerConfig, at a staged TE version, refuses each case's run at the
+    version the machine check refuses and builds it at the floor the check lets through."""
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.transformer import transformer_config
+    from packaging.version import Version
+
+    from plugins.protocol.errors import UserError
+    from trainer.mcore_translation import build_transformer_config
+
+    monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", lambda *args: None)  # TE's
+    _, recipe, overrides, too_old, floor, _ = case
+    for staged, refused in ((too_old, True), (floor, False)):
+        monkeypatch.setattr(transformer_config, "get_te_version", lambda v=staged: Version(v))
+        monkeypatch.setattr(transformer_config, "is_te_min_version",
+                            lambda needed, check_equality=True, v=staged:
+                            Version(v) >= Version(needed))
+        cfg = apply_overrides(get_recipe(recipe), overrides)
+        config = build_transformer_config(cfg, cpu_initialization=False, transformer_engine=True)
+        if refused:
+            with pytest.raises(UserError, match="Megatron refuses this transformer config"):
+                cfg.plugins.fp8.build().transformer_config(config)
+        else:
+            cfg.plugins.fp8.build().transformer_config(config)
 
 
 # ---- the GPU check (scripts/gpu_check_precision.py, trainer/tools/gpu_check.py) ---------------
