@@ -17,7 +17,9 @@ Megatron FSDP). CP passes K/V around its ring (and dK/dV back) in attention laye
 Mamba layers, turns the mixer's inputs from sequence shards into head shards and its output
 back by all-to-all; EP exchanges routed tokens four times per MoE layer the stage runs, at the
 width the routed experts read (a latent MoE's latent width: Megatron projects tokens down
-before the dispatch and back up after the combine). The last stage also runs a hybrid model's
+before the dispatch and back up after the combine); the allgather dispatcher instead gathers
+every token of the expert-TP x EP group and reduce-scatters the output
+(`_allgather_dispatch`). The last stage also runs a hybrid model's
 MTP depths (`mtp_kinds`): their layers send what the decoder's layers of their kinds send (TP,
 CP, EP), and each depth's input projection its own TP gathers (`_mtp_projection`). There the
 output layer and its vocabulary-parallel loss run once per head (the main one and each MTP
@@ -180,6 +182,7 @@ def _tp(cfg: Any, d: int, tokens: float, passes: int,
 
 MTP_PROJECTIONS = "MTP input projections"  # the TP row `_mtp_projection` fills
 EXPERT_TP = "all-gather + reduce-scatter"  # the expert-TP row `_expert_tp` fills
+ALLGATHER_DISPATCH = "token all-gather + reduce-scatter"  # `_allgather_dispatch`'s EP row
 
 
 def _mtp_projection(cfg: Any, d: int, tokens: float,
@@ -390,6 +393,28 @@ def _ep(cfg: Any, d: int, tokens: float, passes: int) -> tuple[float, float]:
     return times * _ring(layout.expert) * _routed(cfg, d, tokens), times
 
 
+def _allgather_dispatch(cfg: Any, d: int, tokens: float, passes: int,
+                        layers: int) -> tuple[float, float]:
+    """The allgather token dispatcher (`MoEAllGatherTokenDispatcher`): no exchange of routed
+    copies, but every rank gathers all tokens of its expert-TP x EP group and picks its
+    experts' ones (`token_dispatch`: the routing map, the probabilities, then the hidden
+    states at the experts' width), and reduce-scatters the experts' output over the same group
+    in the probabilities' dtype (`token_combine`). The backward reduce-scatters the gathered
+    hidden states' and probabilities' gradients and gathers the combine's; the map (a bool per
+    expert) has none. `passes` as `_ep`'s, `layers` the MoE layers it runs over: the forwards
+    are `passes - layers`. Probabilities are in the router's dtype (fp32 with
+    `moe_router_fp32`, `router.py:103-108`, kept by `moe_utils.py:875`). (bytes, collectives)"""
+    m, layout = cfg.model, cfg.layout
+    group = layout.expert_tensor_size * layout.expert
+    p = 4 if m.moe_router_fp32 else d
+    local = tokens / layout.tensor * (group - 1)  # tokens the other ranks' shards hold
+    width, experts = expert_width(m), m.num_moe_experts
+    per_pass = local * (width * d + experts * p + width * p)  # hidden, probabilities, combine
+    forwards = passes - layers
+    sent = layout.microbatches * (passes * per_pass + forwards * local * experts)
+    return sent, layout.microbatches * (3 * passes + forwards)
+
+
 def _traffic(crossing: dict[str, bool], cluster: Any, kind: str, operation: str,
              sent: float, collectives: float, hidden: Hidden = (), passes: int = 1,
              weights: bool = False) -> Traffic:
@@ -455,6 +480,12 @@ def stage_traffic(cfg: Any, cluster: Any, crossing: dict[str, bool], stage: int,
             found.append(_traffic(crossing, cluster, "cp", "Mamba all-to-all",
                                   *_mamba_cp(cfg, d, tokens, passes((kinds.MAMBA,), 2))))
     moe = passes((kinds.MOE,), 2, "moe")
+    if cfg.model.moe_token_dispatcher == "allgather":
+        if moe and layout.expert_tensor_size * layout.expert > 1:
+            spans = {"ep": crossing["ep"] or crossing["expert-tp"]}  # the expert-TP x EP group
+            found.append(_traffic(spans, cluster, "ep", ALLGATHER_DISPATCH, *_allgather_dispatch(
+                cfg, d, tokens, moe, moe_passes(cfg, stage, counts))))
+        return found
     if layout.expert_tensor_size > 1 and moe:
         found.append(_traffic(crossing, cluster, "expert-tp", EXPERT_TP,
                               *_expert_tp(cfg, d, tokens, moe)))

@@ -89,3 +89,51 @@ def test_the_moe_page_quotes_supers_ep_traffic():
     quoted = (f"sends {size_text(latent)} of EP all-to-all a rank per step (40 decoder and 2 MTP "
               f"MoE passes); with `model.moe_latent_size=null`, {size_text(wide)}.")
     assert quoted in page
+
+
+def _allgather_rows(*overrides: str):
+    cfg = resolve_config(["recipe=mixtral_tiny_ep2_dp2", "model.moe_token_dispatcher=allgather",
+                          *overrides])
+    (stage,) = stage_plans(cfg, load_cluster(CPU), PlanOptions(listed_groups=0))
+    return cfg, stage, [t for t in stage.traffic if t.group in ("ep", "expert-tp")]
+
+
+@pytest.mark.parametrize("overrides", [
+    (), ("precision.dtype=bf16",), ("precision.dtype=bf16", "model.moe_router_fp32=true"),
+    ("parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.expert_tensor=null",
+     "cluster.gpus_per_node=8"),
+    ("train.recompute=selective", "train.recompute_modules=[moe]"),
+])
+def test_the_allgather_dispatcher_gathers_every_token_of_its_group(overrides):
+    """`MoEAllGatherTokenDispatcher`: each rank gathers the routing map (a bool per expert),
+    the probabilities and the hidden states of every token its expert-TP x EP peers hold
+    (tokens / TP each), and reduce-scatters the output in the probabilities' dtype; the
+    backward reduce-scatters the hidden states' and probabilities' gradients and gathers the
+    combine's. One row, no all-to-all and no separate expert-TP collectives."""
+    cfg, stage, rows = _allgather_rows(*overrides)
+    layout, m = cfg.layout, cfg.model
+    (row,) = rows
+    assert row.group == "ep" and row.operation == "token all-gather + reduce-scatter"
+    d = {"fp32": 4, "bf16": 2}[cfg.precision.dtype]
+    p = 4 if m.moe_router_fp32 else d  # probabilities: the router's dtype
+    assert layout.expert_tensor_size == (2 if "parallel.tensor=2" in overrides else 1)
+    others = cfg.train.micro_batch_size * m.seq_length / layout.tensor * (
+        layout.expert_tensor_size * layout.expert - 1)
+    h, e = m.hidden_size, m.num_moe_experts
+    forward = others * (e + e * p + h * d + h * p)
+    backward = others * (h * d + e * p + h * p)
+    forwards = 2 if "train.recompute_modules=[moe]" in overrides else 1
+    per_layer = forwards * forward + backward
+    assert row.bytes_sent == pytest.approx(layout.microbatches * m.num_layers * per_layer)
+    assert row.collectives == layout.microbatches * m.num_layers * (4 * forwards + 3)
+
+
+def test_the_allgather_dispatcher_sends_more_than_the_exchange_at_top_2_of_4():
+    """At EP2 with top-2 of 4 experts the exchange sends each token's two copies half the time;
+    the gather takes every peer token whole, and the routing figures besides."""
+    _, _, [gathered] = _allgather_rows()
+    cfg = resolve_config(["recipe=mixtral_tiny_ep2_dp2"])
+    (stage,) = stage_plans(cfg, load_cluster(CPU), PlanOptions(listed_groups=0))
+    [exchanged] = [t for t in stage.traffic if t.group == "ep"]
+    assert exchanged.operation == "all-to-all"
+    assert gathered.bytes_sent > exchanged.bytes_sent
