@@ -64,6 +64,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from recipes.config.schema import uses_transformer_engine
 from recipes.models import kinds
 from recipes.models.hybrid import pattern as hybrid
 from recipes.plan.gemm_weights import in_low_precision, stage_layer_numbers
@@ -195,13 +196,18 @@ def _recomputed(cfg: Any, recompute: str | None = None) -> set[str]:
 
 
 def _attention_dropped(m: Any, d: int, tp: int, recomputed: set[str],
-                       offloaded: set[str], q: float | None = None) -> LayerTerms:
+                       offloaded: set[str], q: float | None = None,
+                       te_layers: bool = True) -> LayerTerms:
     heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
     width = m.kv_channels or m.hidden_size // heads
     query, key_value = heads * width, 2 * groups * width
     h, i = m.hidden_size, d if q is None else q
-    replicated = d * h * ("attn_norm" in offloaded)  # the norm's input
-    replicated += i * h * bool({"layernorm"} & recomputed or {"qkv_linear"} & offloaded)
+    # TE's QKV linear holds the norm: offloading it moves the norm's input too, and there is
+    # no norm module to recompute or offload on its own (`fused_norms`)
+    norm = "qkv_linear" if te_layers else "attn_norm"
+    replicated = d * h * (norm in offloaded)  # the norm's input
+    recompute_norm = "layernorm" in recomputed and not te_layers
+    replicated += i * h * bool(recompute_norm or "qkv_linear" in offloaded)
     split = d * (query + key_value) / tp * ("core_attn" in offloaded)  # Q, K, V
     if q is not None:  # quantized, the projection's input is two tensors: core attention's
         split += d * query / tp * ("core_attn" in offloaded)  # output, and
@@ -210,11 +216,14 @@ def _attention_dropped(m: Any, d: int, tp: int, recomputed: set[str],
 
 
 def _mlp_dropped(m: Any, d: int, layout: Any, recomputed: set[str],
-                 offloaded: set[str], q: float | None = None) -> LayerTerms:
+                 offloaded: set[str], q: float | None = None,
+                 te_layers: bool = True) -> LayerTerms:
     h, gate = m.hidden_size, 2 if m.activation == "swiglu" else 1
     i = d if q is None else q  # a TE linear's saved input
     norm_out = d if m.num_moe_experts else i  # a dense MLP's fc1 input; the MoE router's input
-    replicated = d * h * ("mlp_norm" in offloaded) + norm_out * h * ("layernorm" in recomputed)
+    apart = bool(m.num_moe_experts) or not te_layers  # a dense MLP's TE FC1 holds its norm
+    replicated = apart * (d * h * ("mlp_norm" in offloaded)
+                          + norm_out * h * ("layernorm" in recomputed))
     if not m.num_moe_experts:
         inner = (d * m.ffn_hidden_size * gate + i * m.ffn_hidden_size) / layout.tensor
         return LayerTerms(split=inner * ("mlp" in recomputed), replicated=replicated,
@@ -233,12 +242,27 @@ def _mlp_dropped(m: Any, d: int, layout: Any, recomputed: set[str],
     return LayerTerms(split=routed / layout.tensor, replicated=replicated, scores=0.0)
 
 
+def fused_norms(cfg: Any, on_gpu: bool) -> bool:
+    """Whether the ranks build Transformer Engine's layers, which fuse the attention norm into
+    the QKV projection and a dense MLP's norm into FC1 (`TELayerNormColumnParallelLinear`; the
+    layer's `input_layernorm` and a dense layer's `pre_mlp_layernorm` are `IdentityOp`:
+    models/gpt/gpt_layer_specs.py:138-157, models/hybrid/hybrid_layer_specs.py:122-135,
+    197-213). There `layernorm` recompute and `attn_norm` / `mlp_norm` offloading reach only an
+    MoE layer's own pre-MLP norm (transformer/transformer_layer.py:450-456, 1439-1450), and
+    offloading `qkv_linear` moves the norm's input the fused linear saves beside its own
+    (Transformer Engine's `_LayerNormLinear` marks both, module/layernorm_linear.py:489-490).
+    Megatron's local layers (CPU ranks) keep every norm a module of its own."""
+    return uses_transformer_engine(cfg.model.transformer_impl, on_gpu)
+
+
 def dropped_per_token(cfg: Any, symbol: str | None = None,
-                      recompute: str | None = None, low: bool = True) -> LayerTerms:
+                      recompute: str | None = None, low: bool = True,
+                      te_layers: bool = True) -> LayerTerms:
     """Bytes per token one layer (of kind `symbol`; a GPT layer: attention and its MLP or MoE)
     no longer keeps on the GPU: selective recompute's modules and activation offloading's, the
     scores apart (`layer_bytes` drops them for core_attn), each at the size the layer holds it
-    (`low`: quantized where a linear saves its input quantized)."""
+    (`low`: quantized where a linear saves its input quantized; `te_layers`: the norms fused,
+    `fused_norms`)."""
     m, layout = cfg.model, cfg.layout
     d, q = _ACT_BYTES[cfg.precision.dtype], saved_input_bytes(cfg, low)
     recomputed, offloaded = _recomputed(cfg, recompute), set(cfg.train.offload_modules)
@@ -248,12 +272,12 @@ def dropped_per_token(cfg: Any, symbol: str | None = None,
     split = replicated = 0.0
     for kind in symbols:
         if kind == kinds.ATTENTION:
-            part = _attention_dropped(m, d, layout.tensor, recomputed, offloaded, q)
+            part = _attention_dropped(m, d, layout.tensor, recomputed, offloaded, q, te_layers)
         elif kind == kinds.MLP:
             part = _mlp_dropped(dataclasses.replace(m, num_moe_experts=None), d, layout,
-                                recomputed, offloaded, q)
+                                recomputed, offloaded, q, te_layers)
         elif kind == kinds.MOE:
-            part = _mlp_dropped(m, d, layout, recomputed, offloaded, q)
+            part = _mlp_dropped(m, d, layout, recomputed, offloaded, q, te_layers)
         else:
             continue  # a Mamba layer: neither recomputed by module nor offloaded
         split, replicated = split + part.split, replicated + part.replicated
@@ -261,14 +285,15 @@ def dropped_per_token(cfg: Any, symbol: str | None = None,
 
 
 def layer_bytes(cfg: Any, attention: Attention, recompute: str | None = None,
-                symbol: str | None = None, low: bool = True) -> float:
+                symbol: str | None = None, low: bool = True, te_layers: bool = True) -> float:
     """Bytes one layer (of a hybrid model: of kind `symbol`) keeps for one micro-batch on one
     rank (no recompute, or selective by module), less what activation offloading moves to
-    host memory; `low`: a layer of the plugin's FP8/FP4 region (False: a BF16 end layer)."""
+    host memory; `low`: a layer of the plugin's FP8/FP4 region (False: a BF16 end layer);
+    `te_layers`: Transformer Engine's layers, whose norms are fused (`fused_norms`)."""
     layout, t = cfg.layout, cfg.train
     terms = (layer_bytes_per_token(cfg, attention, low) if symbol is None
              else symbol_bytes_per_token(cfg, symbol, attention, low))
-    dropped = dropped_per_token(cfg, symbol, recompute, low)
+    dropped = dropped_per_token(cfg, symbol, recompute, low, te_layers)
     tokens = t.micro_batch_size * cfg.model.seq_length // layout.context
     replicated = (terms.replicated - dropped.replicated) / (
         layout.tensor if layout.sequence_parallel else 1)
@@ -378,8 +403,8 @@ def mtp_logits_bytes(cfg: Any) -> float:
     return depths * logits_bytes(cfg)
 
 
-def _stage_layer_bytes(cfg: Any, attention: Attention,
-                       layers: list[int]) -> list[tuple[float, float]]:
+def _stage_layer_bytes(cfg: Any, attention: Attention, layers: list[int],
+                       te_layers: bool) -> list[tuple[float, float]]:
     """Per stage (holding `layers` layers), (mean, largest) bytes of one of its layers for one
     micro-batch: every GPT layer alike, a hybrid model's by kind; with a plugin that quantizes
     the linears' saved inputs, by kind and by whether the layer is in its FP8/FP4 region."""
@@ -388,24 +413,24 @@ def _stage_layer_bytes(cfg: Any, attention: Attention,
         found = []
         for stage, count in zip(stage_layer_numbers(cfg), layers, strict=True):
             keys = [(symbol, in_low_precision(cfg, number, kept)) for number, symbol in stage]
-            sizes = {key: layer_bytes(cfg, attention, symbol=key[0], low=key[1])
-                     for key in set(keys)}
+            sizes = {key: layer_bytes(cfg, attention, symbol=key[0], low=key[1],
+                                      te_layers=te_layers) for key in set(keys)}
             found.append((sum(sizes[key] for key in keys) / max(count, 1),
                           max(sizes.values(), default=0.0)))
         return found
     if not cfg.model.is_hybrid:
-        full = layer_bytes(cfg, attention)
+        full = layer_bytes(cfg, attention, te_layers=te_layers)
         return [(full, full)] * len(layers)
     found = []
     for counts, count in zip(stage_kinds(cfg), layers, strict=True):
-        sizes = {symbol: layer_bytes(cfg, attention, symbol=symbol)
+        sizes = {symbol: layer_bytes(cfg, attention, symbol=symbol, te_layers=te_layers)
                  for symbol, n in counts.items() if n}
         total = sum(counts[symbol] * size for symbol, size in sizes.items())
         found.append((total / max(count, 1), max(sizes.values(), default=0.0)))
     return found
 
 
-def mtp_bytes(cfg: Any, attention: Attention) -> tuple[float, float]:
+def mtp_bytes(cfg: Any, attention: Attention, te_layers: bool = True) -> tuple[float, float]:
     """A hybrid model's MTP block for one micro-batch on one rank of the last stage: (what it
     keeps of its layers and projections, its output-layer inputs and logits).
 
@@ -431,12 +456,12 @@ def mtp_bytes(cfg: Any, attention: Attention) -> tuple[float, float]:
     hidden = _hidden_bytes(cfg)
     if cfg.train.recompute == "full":  # the final norm's input is rebuilt, not kept
         return depths * 2 * hidden, depths * (output_bytes(cfg) - hidden)
-    layers = sum(layer_bytes(cfg, attention, symbol=symbol, low=False)
+    layers = sum(layer_bytes(cfg, attention, symbol=symbol, low=False, te_layers=te_layers)
                  for symbol in hybrid.mtp_pattern(m.hybrid_layer_pattern))
     return depths * (layers + 4 * hidden), depths * output_bytes(cfg)
 
 
-def mtp_rebuild_bytes(cfg: Any, attention: Attention) -> float:
+def mtp_rebuild_bytes(cfg: Any, attention: Attention, te_layers: bool = True) -> float:
     """Full recompute: what one MTP depth holds while the backward rebuilds it (one depth at a
     time, as `CheckpointFunction.backward` reruns its forward, `tensor_parallel/random.py:
     625-647`): its projection's 2·hidden-wide input, and, since its layers are a HybridStack
@@ -449,7 +474,8 @@ def mtp_rebuild_bytes(cfg: Any, attention: Attention) -> float:
     if not depths or cfg.train.recompute != "full":
         return 0.0
     symbols = hybrid.mtp_pattern(m.hybrid_layer_pattern)
-    largest = max(layer_bytes(cfg, attention, symbol=symbol, low=False) for symbol in symbols)
+    largest = max(layer_bytes(cfg, attention, symbol=symbol, low=False, te_layers=te_layers)
+                  for symbol in symbols)
     return (2 + len(symbols) + 1) * _hidden_bytes(cfg) + largest
 
 
@@ -510,13 +536,16 @@ def recompute_inputs_kept(chunks: list[int], block: int) -> int:
     return sum(-(-layers // block) for layers in chunks)
 
 
-def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
-    """Each stage's activations at its peak (the first stage holds the most micro-batches)."""
+def stage_activations(cfg: Any, attention: Attention,
+                      te_layers: bool) -> list[StageActivations]:
+    """Each stage's activations at its peak (the first stage holds the most micro-batches), on
+    Transformer Engine's layers or Megatron's local ones (`te_layers`, `fused_norms`)."""
     layout, t = cfg.layout, cfg.train
     stages = stage_layer_counts(cfg)
     block = t.recompute_num_layers
     result = []
-    per_stage = _stage_layer_bytes(cfg, attention, [sum(chunks) for chunks in stages])
+    per_stage = _stage_layer_bytes(cfg, attention, [sum(chunks) for chunks in stages],
+                                   te_layers)
     counts = stage_kinds(cfg) if cfg.model.is_hybrid else [None] * len(stages)
     for stage, (chunks, (full, largest)) in enumerate(zip(stages, per_stage, strict=True)):
         layers = sum(chunks)
@@ -532,8 +561,8 @@ def stage_activations(cfg: Any, attention: Attention) -> list[StageActivations]:
         last = stage == len(stages) - 1
         output = output_bytes(cfg) + cast_logits_bytes(cfg) if last else 0.0
         graphs = cuda_graph_static_bytes(cfg, counts[stage], layers)
-        mtp_layers, mtp_logits = mtp_bytes(cfg, attention) if last else (0.0, 0.0)
-        rebuild = mtp_rebuild_bytes(cfg, attention) if last else 0.0
+        mtp_layers, mtp_logits = mtp_bytes(cfg, attention, te_layers) if last else (0.0, 0.0)
+        rebuild = mtp_rebuild_bytes(cfg, attention, te_layers) if last else 0.0
         result.append(StageActivations(stage, layers, flight, per_layer,
                                        per_layer * layers * flight, embedding, output, working,
                                        graphs, mtp_layers * flight + mtp_logits, rebuild))

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from recipes.plan.activations import StageActivations, stage_activations
+from recipes.plan.activations import StageActivations, fused_norms, stage_activations
 from recipes.plan.batch import BatchPlan, batch_plan
 from recipes.plan.cluster import ClusterSpec, gemm_peak_tflops
 from recipes.plan.comm import Traffic, crossing_kinds, stage_traffic
@@ -125,6 +125,12 @@ def attention_of(cluster: ClusterSpec, options: PlanOptions) -> str:
     return options.attention or cluster.attention
 
 
+def te_layers_on(cfg: Any, cluster: ClusterSpec) -> bool:
+    """Whether the run's ranks on this cluster build Transformer Engine's layers (GPU nodes,
+    unless the recipe asks for the local ones): what fuses the norms (`fused_norms`)."""
+    return fused_norms(cfg, on_gpu=cluster.device != "cpu")
+
+
 def _notes(cfg: Any, cluster: ClusterSpec) -> list[str]:
     layout, notes = cfg.layout, []
     if layout.nodes > cluster.nodes:
@@ -162,7 +168,8 @@ def stage_memory(cfg: Any, cluster: ClusterSpec, options: PlanOptions) -> list[S
     check needs."""
     params = stage_params(cfg)
     return assemble_stages(stage_layer_counts(cfg), params,
-                           stage_activations(cfg, attention_of(cluster, options)),
+                           stage_activations(cfg, attention_of(cluster, options),
+                                             te_layers_on(cfg, cluster)),
                            stage_states(cfg, options, params))
 
 

@@ -410,6 +410,7 @@ def confirm_layouts(cfg: Any, result: Any, k: int, pick: str | None) -> list[tup
 def own_layout_line(cfg: Any, cluster: Any, result: Any) -> str:
     """Where the recipe's (or the Megatron-LM script's) own layout ranks in the search."""
     from recipes.config.validation import validate
+    from recipes.plan.build import te_layers_on
     from recipes.plan.search import _recompute_overrides, candidate_of, place, recompute_choices
     from recipes.plan.search_report import lost_by
 
@@ -420,7 +421,7 @@ def own_layout_line(cfg: Any, cluster: Any, result: Any) -> str:
         return f"its own layout ({candidate.describe()}): refused here ({error})"
     rank, evaluated = place(cfg, cluster, result, candidate)
     written, written_peak, changed = candidate.describe(), evaluated.peak, ""
-    choices = recompute_choices(cfg)
+    choices = recompute_choices(cfg, te_layers_on(cfg, cluster))
     after = choices.index(candidate.recompute) + 1 if candidate.recompute in choices else (
         choices.index("full") if "full" in choices else len(choices))
     for more in choices[after:]:

@@ -11,24 +11,27 @@ import dataclasses
 from typing import Any
 
 from recipes.config.fast_paths import fast_paths_on, off_on_cpu
-from recipes.plan.activations import stage_activations
+from recipes.plan.activations import fused_norms, stage_activations
 from recipes.plan.fit import size_text
 
 
-def _activations(cfg: Any, attention: str, stage: int, **train: Any) -> float:
+def _activations(cfg: Any, attention: str, stage: int, te_layers: bool, **train: Any) -> float:
     changed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train))
-    return stage_activations(changed, attention)[stage].total
+    return stage_activations(changed, attention, te_layers)[stage].total
 
 
-def memory_effects(cfg: Any, attention: str, stage: int) -> dict[str, float]:
+def memory_effects(cfg: Any, attention: str, stage: int, te_layers: bool) -> dict[str, float]:
     """Bytes each fast path changes on one rank of `stage` (negative: saved): selective
-    recompute against none, offloading against keeping its inputs, CUDA graphs' buffers."""
+    recompute against none, offloading against keeping its inputs, CUDA graphs' buffers;
+    `te_layers`: on Transformer Engine's layers (`activations.fused_norms`)."""
     t, found = cfg.train, {}
-    now = stage_activations(cfg, attention)[stage]
+    now = stage_activations(cfg, attention, te_layers)[stage]
     if t.recompute == "selective":
-        found["recompute"] = now.total - _activations(cfg, attention, stage, recompute="none")
+        found["recompute"] = now.total - _activations(cfg, attention, stage, te_layers,
+                                                      recompute="none")
     if t.offload_modules:
-        found["offload"] = now.total - _activations(cfg, attention, stage, offload_modules=[])
+        found["offload"] = now.total - _activations(cfg, attention, stage, te_layers,
+                                                    offload_modules=[])
     if t.cuda_graphs != "none":
         found["graphs"] = now.cuda_graphs
     return found
@@ -48,7 +51,7 @@ def _effect(name: str, effects: dict[str, float]) -> str:
 def fast_path_line(cfg: Any, attention: str, stage: int, on_gpu: bool) -> str:
     """One line: the fast paths on, with their memory on the worst rank (`stage`), and on CPU
     ranks those left off there."""
-    effects = memory_effects(cfg, attention, stage)
+    effects = memory_effects(cfg, attention, stage, fused_norms(cfg, on_gpu))
     names = [_effect(name, effects) for name in fast_paths_on(cfg)]
     stored = cfg.plugins.gemm_weights(cfg)
     if stored is not None:

@@ -55,6 +55,7 @@ from recipes.plan.build import (
     stage_memory,
     stage_states,
     stage_traffics,
+    te_layers_on,
     with_traffic,
 )
 from recipes.plan.cluster import ClusterSpec, gemm_peak_tflops
@@ -73,16 +74,19 @@ from recipes.plan.steptime import (
 RECOMPUTE = ("none", "selective", "full")
 
 
-def recompute_choices(cfg: Any) -> tuple[str, ...]:
+def recompute_choices(cfg: Any, te_layers: bool) -> tuple[str, ...]:
     """The recompute the search tries, by memory saved: none; selective as Megatron's default
     (the attention core), then with the norms, then with a dense MLP's or the MoE layer's
     activation or the whole MoE layer (`selective:<modules>`, `train.recompute_modules`); full.
-    Left out: what the run's CUDA graphs or EP overlap refuse (recipes/config/fast_paths.py)."""
+    Left out: what the run's CUDA graphs or EP overlap refuse (recipes/config/fast_paths.py),
+    and the norms where none is a module of its own (`te_layers` of a model without MoE
+    layers: Transformer Engine fuses them, `activations.fused_norms`)."""
     m, t, p = cfg.model, cfg.train, cfg.parallel
     symbols = set(kinds.gpt_layer_kinds(m)) if not m.is_hybrid else set(
         layer_symbols(m.hybrid_layer_pattern))
-    base = "selective:core_attn,layernorm"
-    choices = ["none", "selective", base]
+    norms = not te_layers or kinds.MOE in symbols
+    base = "selective:core_attn,layernorm" if norms else "selective:core_attn"
+    choices = ["none", "selective", *([base] if norms else [])]
     if kinds.MLP in symbols:
         choices.append(base + ",mlp")
     if kinds.MOE in symbols:
@@ -425,7 +429,8 @@ class _Searcher:
         layers, params = _memo(memo["params"], _fields(c, PARAMS_DEPEND_ON), lambda: (
             stage_layer_counts(config()), stage_params(config())))
         activations = _memo(memo["activations"], _fields(c, ACTIVATIONS_DEPEND_ON), lambda: (
-            stage_activations(config(), attention_of(self.cluster, self.options))))
+            stage_activations(config(), attention_of(self.cluster, self.options),
+                              te_layers_on(self.cfg, self.cluster))))
         states = _memo(memo["states"], _fields(c, STATES_DEPEND_ON),
                        lambda: stage_states(config(), self.options, params))
         stages = assemble_stages(layers, params, activations, states)
@@ -647,7 +652,7 @@ def _micro_batches(planner: _Planner, cfg: Any, dp: int, grid: tuple, sp: bool,
         if vpp and (per_replica // mbs) % pp:
             continue
         fitted = False
-        for recompute in recompute_choices(cfg):
+        for recompute in recompute_choices(cfg, te_layers_on(cfg, planner.searcher.cluster)):
             sharding = _first_fitting_sharding(planner, (
                 tp, pp, vpp, first, last, cp, ep, etp, mbs, sp, recompute, distributed))
             planned, pairs = planned + sharding[1], pairs + 1

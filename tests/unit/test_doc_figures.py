@@ -15,7 +15,7 @@ import pytest
 
 from plugins.protocol.errors import ConfigError
 from recipes.config.validation import validate
-from recipes.plan.build import PlanOptions, make_plan
+from recipes.plan.build import PlanOptions, make_plan, te_layers_on
 from recipes.plan.cluster import apply_cluster, load_cluster
 from recipes.plan.command import run_plan
 from recipes.plan.fit import size_text
@@ -125,7 +125,7 @@ def own_layout(args: tuple[str, ...], result):
     cfg, cluster = configured(args)
     written = candidate_of(cfg)
     _, as_written = place(cfg, cluster, result, written)
-    for choice in recompute_choices(cfg)[1:]:
+    for choice in recompute_choices(cfg, te_layers_on(cfg, cluster))[1:]:
         rank, fitted = place(cfg, cluster, result, dataclasses.replace(written, recompute=choice))
         if rank is not None:
             return as_written, rank, fitted
@@ -183,10 +183,12 @@ def test_search_page_quotes_bridges_8b_layout():
     cfg, cluster = configured(zero3)
     zero3_rank, zero3_plan = place(cfg, cluster, r, candidate_of(cfg))
     assert best.candidate.describe() == "TP1 mbs1 rc-none fsdp-optim_grads"
-    modules = fitted.candidate.recompute.removeprefix("selective:")
+    choice = fitted.candidate.recompute
+    recompute = (f"selective `{choice.removeprefix('selective:')}`"
+                 if choice.startswith("selective") else f"{choice} recompute")
     quoted = (f"| {rank:,} of {len(r.fitting):,} (with the distributed optimizer, as these "
               f"arguments plan it: {as_written.peak / 1e9:.1f} GB as written, fits with "
-              f"selective `{modules}`; with Megatron FSDP, `sharding=optim_grads_params`, the "
+              f"{recompute}; with Megatron FSDP, `sharding=optim_grads_params`, the "
               f"planner puts it at {size_text(fsdp.peak)} without recompute) | "
               f"{fitted.seconds:.3f} s | TP1 mbs1, no recompute, Megatron FSDP ZeRO-2 "
               f"({best.peak / 1e9:.1f} GB): the published layout, at ZeRO-2 where Bridge runs "
@@ -248,10 +250,10 @@ def test_search_page_quotes_the_405b_8192_gpu_layout():
     row = row_405b("llama31_405b_tp8_pp16_dp64")
     best, fitted = row.best, row.fitted
     assert best.candidate.describe() == "TP8+SP PP64(1/../1) CP8 mbs1 rc-none distopt"
+    less = best.time.compute - fitted.time.compute
     quoted = (f"{row.written} fits with selective recompute of `{row.modules}`) | "
               f"{fitted.seconds:.3f} s | TP8+SP PP64 (1/../1 layers) CP8, no recompute | "
-              f"{best.seconds:.3f} s | {row.bubble} (its compute is "
-              f"{best.time.compute - fitted.time.compute:.2f} s under the best's) |")
+              f"{best.seconds:.3f} s | {row.bubble}, compute {-less:+.2f} s |")
     text = page("search.md")
     assert quoted in text
     pp1 = fastest_without_pipeline("llama31_405b_tp8_pp16_dp64", row.result)

@@ -21,20 +21,46 @@ def _with(name: str, *overrides: str):
     return apply_overrides(get_recipe(name), list(overrides))
 
 
-def _drop(name: str, *overrides: str, symbol=None) -> float:
-    base = layer_bytes(get_recipe(name), "flash", symbol=symbol)
-    return base - layer_bytes(_with(name, *overrides), "flash", symbol=symbol)
+def _drop(name: str, *overrides: str, symbol=None, te_layers: bool = True) -> float:
+    base = layer_bytes(get_recipe(name), "flash", symbol=symbol, te_layers=te_layers)
+    return base - layer_bytes(_with(name, *overrides), "flash", symbol=symbol,
+                              te_layers=te_layers)
 
 
 TOKENS = 2 * 8192  # micro-batch x sequence
+NORMS = ("train.recompute=selective", "train.recompute_modules=[core_attn,layernorm]")
 
 
-def test_layernorm_recompute_drops_both_norms_outputs():
-    """The QKV input and the MLP input, 2 bytes x 4096 each per token, split by SP over TP8."""
-    dropped = _drop(LLAMA, "train.recompute=selective",
-                    "train.recompute_modules=[core_attn,layernorm]")
+def test_layernorm_recompute_drops_the_norms_outputs_where_they_are_modules():
+    """Megatron's local layers: the QKV input and the MLP input, 2 bytes x 4096 each per token,
+    split by SP over TP8. Transformer Engine's layers fuse both norms into the next linear, and
+    Megatron recomputes neither (`input_layernorm` / `pre_mlp_layernorm` are IdentityOp)."""
     scores = _drop(LLAMA, "train.recompute=selective")  # core_attn alone: the FP32 LSE
-    assert dropped - scores == pytest.approx(TOKENS * 2 * 2 * 4096 / 8)
+    assert _drop(LLAMA, *NORMS, te_layers=False) - scores == pytest.approx(
+        TOKENS * 2 * 2 * 4096 / 8)
+    assert _drop(LLAMA, *NORMS) == scores
+
+
+def test_layernorm_recompute_on_te_layers_drops_an_moe_layers_own_norm():
+    """Mixtral's MoE layers keep their pre-MLP norm a module (TENorm): its output, the
+    router's input, 2 bytes x 4096 per token, is recomputed; the attention norm is fused."""
+    name = "mixtral_8x7b_tp1_pp4_ep8_dp16"
+    scores = _drop(name, "train.recompute=selective")
+    assert _drop(name, *NORMS) - scores == pytest.approx(4096 * 2 * 4096)
+    assert _drop(name, *NORMS, te_layers=False) - scores == pytest.approx(4096 * 2 * 2 * 4096)
+
+
+def test_norm_offloading_follows_the_norm_modules():
+    """qkv_linear moves the QKV input and, on TE's layers, the input of the norm it holds; there
+    attn_norm and a dense layer's mlp_norm name no module and move nothing."""
+    qkv = _drop(LLAMA, "train.offload_modules=[qkv_linear]")
+    assert qkv == pytest.approx(TOKENS * 2 * 2 * 4096 / 8)
+    assert _drop(LLAMA, "train.offload_modules=[qkv_linear]", te_layers=False) == (
+        pytest.approx(qkv / 2))
+    assert _drop(LLAMA, "train.offload_modules=[attn_norm]") == 0
+    assert _drop(LLAMA, "train.offload_modules=[mlp_norm]") == 0
+    name = "mixtral_8x7b_tp1_pp4_ep8_dp16"  # an MoE layer's TENorm: its input moves
+    assert _drop(name, "train.offload_modules=[mlp_norm]") == pytest.approx(4096 * 2 * 4096)
 
 
 def test_mlp_recompute_drops_the_inner_activations():
@@ -86,11 +112,11 @@ def test_cuda_graphs_add_static_buffers_per_graphed_layer_and_captured_micro_bat
     mamba = cfg.model.hybrid_layer_pattern.count("M")
     per_graph = 4 * 8192 * 8192 * 2 / 8
     assert cuda_graph_static_bytes(cfg, {"M": mamba, "-": 10}, mamba + 10) == mamba * per_graph
-    stage = stage_activations(cfg, "flash")[0]
+    stage = stage_activations(cfg, "flash", te_layers=True)[0]
     assert stage.cuda_graphs == mamba * per_graph
     assert stage.total == pytest.approx(
         stage_activations(_with(cfg.name, "train.cuda_graphs=none",
-                                "train.cuda_graph_modules=[]"), "flash")[0].total
+                                "train.cuda_graph_modules=[]"), "flash", te_layers=True)[0].total
         + mamba * per_graph)
     gpt = _with("llama3_8b_tp8_pp4_dp2", "train.cuda_graphs=transformer_engine",
                 "train.cuda_graph_modules=[attn]")
@@ -100,7 +126,7 @@ def test_cuda_graphs_add_static_buffers_per_graphed_layer_and_captured_micro_bat
 
 def test_the_plan_line_names_each_fast_path_with_its_memory():
     cfg = get_recipe("nemotron3_nano_30b_a3b_tp4_sp_ep8_dp16")
-    effects = memory_effects(cfg, "flash", 0)
+    effects = memory_effects(cfg, "flash", 0, te_layers=True)
     assert effects["recompute"] < 0 < effects["graphs"]
     line = fast_path_line(cfg, "flash", 0, on_gpu=True)
     assert line.startswith("fast paths: flex dispatcher (hybridep); grouped gemm; permute "

@@ -69,7 +69,7 @@ def test_nvfp4_holds_less_than_fp8() -> None:
 
 def test_bf16_end_layers_are_priced_in_bf16() -> None:
     ends = ["plugins.fp8.first_layers_bf16=1", "plugins.fp8.last_layers_bf16=1"]
-    (stage,) = stage_activations(_gpt(*TENSORWISE, *ends), "flash")
+    (stage,) = stage_activations(_gpt(*TENSORWISE, *ends), "flash", te_layers=True)
     assert stage.layers == 4
     assert stage.layers_total == pytest.approx(
         stage.in_flight * TOKENS * (2 * BF16_LAYER + 2 * _fp8_layer(1)))
@@ -80,31 +80,36 @@ def test_a_stage_counts_its_own_fp8_layers() -> None:
     # tiny_pp2 (tiny_dp1's model on PP2): two layers a stage, the first layer in BF16: stage 0
     # holds one FP8 layer, stage 1 two; each its layers' bytes times its micro-batches in flight.
     pp2 = [*TENSORWISE, "plugins.fp8.first_layers_bf16=1"]
-    first, last = stage_activations(_gpt(*pp2, recipe="tiny_pp2"), "flash")
+    first, last = stage_activations(_gpt(*pp2, recipe="tiny_pp2"), "flash", te_layers=True)
     assert first.layers_total == pytest.approx(
         first.in_flight * TOKENS * (BF16_LAYER + _fp8_layer(1)))
     assert last.layers_total == pytest.approx(last.in_flight * TOKENS * 2 * _fp8_layer(1))
-    bf16_first, bf16_last = stage_activations(_gpt(*BF16, recipe="tiny_pp2"), "flash")
+    bf16_first, bf16_last = stage_activations(_gpt(*BF16, recipe="tiny_pp2"), "flash",
+                                              te_layers=True)
     assert bf16_first.layers_total == bf16_first.in_flight * TOKENS * 2 * BF16_LAYER
     assert bf16_last.layers_total == bf16_last.in_flight * TOKENS * 2 * BF16_LAYER
 
 
-def test_layernorm_recompute_drops_the_quantized_norm_outputs() -> None:
+def test_layernorm_recompute_reaches_only_norms_of_their_own() -> None:
+    """Transformer Engine's QKV and fc1 linears hold a dense layer's norms (the FP8 layers are
+    TE's): `layernorm` recomputes nothing there; Megatron's local layers drop both norms'
+    outputs, the QKV and fc1 inputs."""
     recompute = ["train.recompute=selective", "train.recompute_modules=[layernorm]"]
-    fp8 = layer_bytes(_gpt(*TENSORWISE, *recompute), "flash")
-    assert fp8 == TOKENS * (_fp8_layer(1) - 1 * (H + H))  # QKV and fc1 inputs, one byte each
-    bf16 = layer_bytes(_gpt(*BF16, *recompute), "flash")
+    fp8 = layer_bytes(_gpt(*TENSORWISE, *recompute), "flash", te_layers=True)
+    assert fp8 == layer_bytes(_gpt(*TENSORWISE), "flash", te_layers=True) == TOKENS * (
+        _fp8_layer(1))
+    bf16 = layer_bytes(_gpt(*BF16, *recompute), "flash", te_layers=False)
     assert bf16 == TOKENS * (BF16_LAYER - D * (H + H))
 
 
 def test_offloading_attention_moves_what_it_holds() -> None:
     # core_attn: Q, K, V and its own BF16 output; attn_proj: the projection's FP8 copy;
-    # qkv_linear: the QKV linear's FP8 input.
+    # qkv_linear: the QKV linear's FP8 input and the BF16 input of the norm it holds.
     offload = ["train.offload_modules=[qkv_linear,core_attn,attn_proj]"]
     fp8 = layer_bytes(_gpt(*TENSORWISE, *offload), "flash")
-    kept = _fp8_layer(1) - (1 * H + D * (QUERY + KV) + D * QUERY + 1 * QUERY)
+    kept = _fp8_layer(1) - (D * H + 1 * H + D * (QUERY + KV) + D * QUERY + 1 * QUERY)
     assert fp8 == TOKENS * kept
-    assert kept == D * H + 4 * 4 + D * H + 1 * H + D * FFN + 1 * FFN  # what stays on the GPU
+    assert kept == 4 * 4 + D * H + 1 * H + D * FFN + 1 * FFN  # what stays on the GPU
 
 
 def test_hybrid_layers_by_kind() -> None:

@@ -40,20 +40,20 @@ def test_the_last_stage_holds_the_main_heads_bf16_logits_beside_their_fp32_copy(
     """2 bytes a logit more on the last stage, once: MTP depths' FP32 logits stay in their own
     term, their BF16 ones are freed before the main head's are made."""
     cfg = _config(recipe, BF16)
-    first, last = stage_activations(cfg, "flash")
+    first, last = stage_activations(cfg, "flash", te_layers=True)
     assert first.output == 0.0
     assert last.output == pytest.approx(output_bytes(cfg) + _logits(cfg, 2))
     if cfg.model.is_hybrid:  # two MTP depths: the same one BF16 copy as without them
         without_mtp = _config(recipe, BF16, "model.hybrid_layer_pattern=MEM*|EME",
                               "model.mtp_loss_scaling_factor=0.1",
                               "model.mtp_use_repeated_layer=false")
-        assert stage_activations(without_mtp, "flash")[1].output == last.output
+        assert stage_activations(without_mtp, "flash", te_layers=True)[1].output == last.output
 
 
 def test_an_fp32_run_casts_no_copy():
     cfg = _config("tiny_tp2_pp2")
     assert cfg.precision.dtype == "fp32"
-    assert stage_activations(cfg, "flash")[1].output == output_bytes(cfg)
+    assert stage_activations(cfg, "flash", te_layers=True)[1].output == output_bytes(cfg)
 
 
 SUPER_1M = ["recipe=nemotron3_super_120b_a12b_phases_tp4_sp_ep64_dp16", "phases=[]",

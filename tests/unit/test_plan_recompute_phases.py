@@ -44,7 +44,7 @@ def _stages(cfg):
 @pytest.mark.parametrize("name", ["tiny_dp1", "tiny_pp2"])
 def test_a_gpt_last_stage_holds_its_head_or_a_rebuilt_block_not_both(name):
     cfg = _full(name)
-    *_, last = stage_activations(cfg, "flash")
+    *_, last = stage_activations(cfg, "flash", te_layers=True)
     head = output_bytes(cfg) + cast_logits_bytes(cfg)
     block = layer_bytes(cfg, "flash")  # one layer a block, rebuilt in full
     assert (last.output, last.recompute_working, last.mtp) == (head, block, 0.0)
@@ -60,7 +60,7 @@ def test_the_heads_phase_holds_both_heads_and_one_depth_rebuilt():
     """Tiny Super, one layer a block: the heads' phase (two depths' logits beside the main
     head's, one depth rebuilt) is larger than one decoder block rebuilt."""
     cfg = _full("super_tiny_dp1")
-    [stage] = stage_activations(cfg, "flash")
+    [stage] = stage_activations(cfg, "flash", te_layers=True)
     kept, logits = mtp_bytes(cfg, "flash")
     heads = (output_bytes(cfg) + cast_logits_bytes(cfg) + kept * stage.in_flight + logits
              + mtp_rebuild_bytes(cfg, "flash"))
@@ -77,7 +77,7 @@ def test_the_decoder_phase_holds_no_logits_when_its_blocks_are_larger():
     """Tiny Super in blocks of three layers: rebuilding one outweighs the heads' phase, which is
     over by then, so the peak leaves out every head's logits the old sum added on top."""
     cfg = _full("super_tiny_dp1", block=3)
-    [stage] = stage_activations(cfg, "flash")
+    [stage] = stage_activations(cfg, "flash", te_layers=True)
     block = 3 * max(layer_bytes(cfg, "flash", symbol=s) for s in "ME*")
     assert stage.recompute_working == pytest.approx(block) and block > stage.heads
     assert stage.total == pytest.approx(_kept(stage) + block)

@@ -17,7 +17,7 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.io import save_config
 from recipes.config.layout import GROUP_KINDS, Layout
 from recipes.config.validation import validate
-from recipes.plan.build import PlanOptions, stage_plans
+from recipes.plan.build import PlanOptions, stage_plans, te_layers_on
 from recipes.plan.cluster import apply_cluster, load_cluster
 from recipes.plan.command import run_plan
 from recipes.plan.search import (
@@ -57,12 +57,13 @@ def test_every_listed_layout_fits_and_validates(tiny_search) -> None:
     assert seconds == sorted(seconds)
 
 
-def _every_variant(cfg, world):
+def _every_variant(cfg, world, te_layers):
     """Brute force: every block, VPP, micro-batch, SP, optimizer (and its sharding) and
     recompute (by module too), no pruning."""
     for tp, pp, first, last, vpps, cp, ep, etp in _blocks(cfg, world):
         for vpp, mbs, sp, dist, rc in itertools.product(
-                vpps, (1, 2, 4, 8), (False, True), (False, True), recompute_choices(cfg)):
+                vpps, (1, 2, 4, 8), (False, True), (False, True),
+                recompute_choices(cfg, te_layers)):
             if sp and tp == 1:
                 continue
             for fsdp in ("none", "optim_grads", "optim_grads_params") if dist else ("none",):
@@ -76,7 +77,7 @@ def test_pruning_loses_no_faster_valid_layout(name) -> None:
     result = search(cfg, cluster, top=1)
     searcher = _Searcher(cfg, cluster, PlanOptions(listed_groups=0))
     best = None
-    for c in _every_variant(cfg, cfg.layout.world_size):
+    for c in _every_variant(cfg, cfg.layout.world_size, te_layers_on(cfg, cluster)):
         if apply_candidate(cfg, c).layout.microbatches == 0:  # refused by validation anyway
             continue
         e = searcher.evaluate(c)
@@ -220,7 +221,7 @@ def test_own_layout_line_gives_the_peak_as_written_not_of_a_recompute_tried() ->
     peak = make_plan(cfg, cluster, PlanOptions(listed_groups=0)).worst.peak
     line = own_layout_line(cfg, cluster, result)
     assert f"peak {peak / 1e9:.1f} GB of 80 GB as written, fits with " \
-           "train.recompute=selective train.recompute_modules=[core_attn,layernorm]" in line
+           "train.recompute=selective train.recompute_modules=[core_attn,mlp]" in line
 
 
 @pytest.mark.parametrize("gpn,world", [(8, 64), (8, 48), (6, 36), (4, 32)])

@@ -22,7 +22,8 @@ def _with_depths(name: str, depths: int):
 
 @pytest.mark.parametrize("name", ["super_tiny_dp1", "super_tiny_pp2", "super_tiny_pp2_vpp2"])
 def test_mtp_depths_are_held_on_the_last_stage_only_one_depth_at_a_time(name):
-    none, one, two = (stage_activations(_with_depths(name, d), "flash") for d in (0, 1, 2))
+    none, one, two = (stage_activations(_with_depths(name, d), "flash", te_layers=True)
+                      for d in (0, 1, 2))
     assert [s.mtp for s in none] == [0.0] * len(none)
     assert [s.mtp for s in one[:-1]] == [s.mtp for s in two[:-1]] == [0.0] * (len(one) - 1)
     assert two[-1].mtp == pytest.approx(2 * one[-1].mtp) and one[-1].mtp > 0
@@ -32,7 +33,7 @@ def test_mtp_depths_are_held_on_the_last_stage_only_one_depth_at_a_time(name):
 
 def test_each_mtp_depth_keeps_its_layers_projection_and_a_heads_logits():
     cfg = _with_depths("super_tiny_dp1", 1)
-    [stage] = stage_activations(cfg, "flash")
+    [stage] = stage_activations(cfg, "flash", te_layers=True)
     layers = layer_bytes(cfg, "flash", symbol="*") + layer_bytes(cfg, "flash", symbol="E")
     d, tokens = 2 if cfg.precision.dtype == "bf16" else 4, (
         cfg.train.micro_batch_size * cfg.model.seq_length)
@@ -65,7 +66,7 @@ def test_full_recompute_keeps_each_mtp_depths_two_inputs_and_its_logits(name):
     """Under full recompute a depth runs inside one checkpoint that saves its two inputs (the
     hidden states and the token embeddings); its output-layer input and logits stay."""
     cfg = _full_recompute(name)
-    last = stage_activations(cfg, "flash")[-1]
+    last = stage_activations(cfg, "flash", te_layers=True)[-1]
     m, layout = cfg.model, cfg.layout
     d, split = 2 if cfg.precision.dtype == "bf16" else 4, (
         layout.tensor if layout.sequence_parallel else 1)
@@ -81,7 +82,7 @@ def test_full_recompute_rebuilds_one_mtp_depth_or_one_decoder_layer_at_a_time(na
     its final norm's input and its largest layer in full; the decoder's blocks are rebuilt after
     every head's backward, so each is its own field and the peak holds the larger phase."""
     cfg = _full_recompute(name)
-    [stage] = stage_activations(cfg, "flash")
+    [stage] = stage_activations(cfg, "flash", te_layers=True)
     m, layout = cfg.model, cfg.layout
     d, split = 2 if cfg.precision.dtype == "bf16" else 4, (
         layout.tensor if layout.sequence_parallel else 1)

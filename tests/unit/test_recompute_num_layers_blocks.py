@@ -22,6 +22,6 @@ def test_each_chunk_keeps_its_blocks_rounded_up(chunks, block, kept) -> None:
 def test_an_8_layer_stage_is_priced_at_the_inputs_megatron_keeps(block, kept) -> None:
     cfg = resolve_config(["recipe=llama3_8b_tp8_pp4_dp2", "train.recompute=full",
                           f"train.recompute_num_layers={block}"])
-    stage = stage_activations(cfg, "flash")[0]
+    stage = stage_activations(cfg, "flash", te_layers=True)[0]
     assert stage.layers == 8
     assert stage.layers_total == pytest.approx(kept * checkpoint_bytes(cfg) * stage.in_flight)

@@ -12,7 +12,13 @@ from collections import defaultdict
 import pytest
 
 from recipes.plan.activations import stage_activations
-from recipes.plan.build import PlanOptions, attention_of, stage_states, stage_traffics
+from recipes.plan.build import (
+    PlanOptions,
+    attention_of,
+    stage_states,
+    stage_traffics,
+    te_layers_on,
+)
 from recipes.plan.cluster import apply_cluster, load_cluster
 from recipes.plan.comm import traffic_sharding
 from recipes.plan.memory import sharding_of
@@ -99,7 +105,8 @@ def _memoised_figures(cfg, cluster, options):
     return {
         "params": (PARAMS_DEPEND_ON, (), lambda: (stage_layer_counts(cfg), params)),
         "activations": (ACTIVATIONS_DEPEND_ON, (),
-                        lambda: stage_activations(cfg, attention_of(cluster, options))),
+                        lambda: stage_activations(cfg, attention_of(cluster, options),
+                                                  te_layers_on(cfg, cluster))),
         "states": (STATES_DEPEND_ON, (), lambda: stage_states(cfg, options, params)),
         "traffic": (TRAFFIC_DEPENDS_ON, (sharding,),
                     lambda: stage_traffics(cfg, cluster, options, params)),
