@@ -43,6 +43,11 @@ def _symbols(cfg: Any) -> set[str]:
     return {kinds.ATTENTION, kinds.MOE if m.num_moe_experts else kinds.MLP}
 
 
+def has_moe_layers(cfg: Any) -> bool:
+    """Whether the model has MoE layers (a hybrid pattern's `E`, or a GPT model's experts)."""
+    return kinds.MOE in _symbols(cfg)
+
+
 def _on_local_layers(cfg: Any) -> bool:
     return cfg.model.transformer_impl == "local"
 
@@ -254,6 +259,70 @@ def check_offload_modules_match_layers(cfg: Any) -> str | None:
     return None
 
 
+def _router_graph_keeps_norm(cfg: Any) -> bool:
+    """Whether Megatron leaves an MoE layer's pre-MLP norm out of selective recompute because
+    Transformer Engine's graph of the router returns the norm's output: the router graphed
+    without `moe_preprocess`, or with it but neither the alltoall dispatcher nor a latent MoE,
+    or beside the shared-expert overlap (`transformer/transformer_layer.py:458-505`)."""
+    t, m = cfg.train, cfg.model
+    if t.cuda_graphs != "transformer_engine" or "moe_router" not in t.cuda_graph_modules:
+        return False
+    if m.moe_shared_expert_ffn_hidden_size and m.moe_shared_expert_overlap:
+        return True
+    return not ("moe_preprocess" in t.cuda_graph_modules and (
+        m.moe_latent_size or m.moe_token_dispatcher == "alltoall"))
+
+
+def check_offload_fused_norms(cfg: Any) -> str | None:
+    """Offloading runs on Transformer Engine's layers, whose QKV and dense FC1 linears hold
+    their norms (`TELayerNormColumnParallelLinear`; `input_layernorm` and a dense layer's
+    `pre_mlp_layernorm` are IdentityOp, models/gpt/gpt_layer_specs.py:138-157): `attn_norm`
+    names no module there, nor `mlp_norm` without MoE layers, whose own norm Megatron does not
+    offload under a graph of attention or of the router (transformer_layer.py:1442-1492)."""
+    t = cfg.train
+    if _on_local_layers(cfg):
+        return None  # offloading itself is refused there
+    if "attn_norm" in t.offload_modules:
+        return ("train.offload_modules has attn_norm, but Transformer Engine's QKV linear holds "
+                "the attention norm (Megatron offloads nothing for it); use qkv_linear, which "
+                "moves the norm's input with its own, or remove attn_norm")
+    if "mlp_norm" not in t.offload_modules:
+        return None
+    if not has_moe_layers(cfg):
+        return ("train.offload_modules has mlp_norm, but Transformer Engine's FC1 holds a dense "
+                "MLP's norm and the model has no MoE layer (Megatron offloads nothing for it); "
+                "remove mlp_norm")
+    graphed = t.cuda_graph_modules if t.cuda_graphs != "none" else []
+    blocker = next((module for module in ("attn", "moe_router") if module in graphed), None)
+    if blocker:
+        return (f"train.offload_modules has mlp_norm, which Megatron does not offload in an MoE "
+                f"layer while train.cuda_graph_modules has {blocker}; remove mlp_norm")
+    return None
+
+
+def check_layernorm_recompute_under_graphs(cfg: Any) -> str | None:
+    """CUDA graphs run on Transformer Engine's layers (`check_cuda_graphs_need_transformer_
+    engine`), where only an MoE layer's pre-MLP norm is a module to recompute (the others are
+    fused into the next linear, `check_offload_fused_norms`), and Megatron leaves it alone
+    inside a graph of the router but for alltoall or latent MoE with `moe_preprocess` graphed
+    too (transformer_layer.py:450-505)."""
+    t = cfg.train
+    if (t.recompute != "selective" or "layernorm" not in t.recompute_modules
+            or t.cuda_graphs == "none" or _on_local_layers(cfg)):
+        return None
+    if not has_moe_layers(cfg):
+        return ("train.recompute_modules has layernorm, but with train.cuda_graphs="
+                f"{t.cuda_graphs} the layers are Transformer Engine's, whose QKV and FC1 "
+                "linears hold the norms, and the model has no MoE layer with a norm of its own "
+                "(Megatron recomputes nothing); remove layernorm")
+    if _router_graph_keeps_norm(cfg):
+        return ("train.recompute_modules has layernorm, which Megatron does not recompute in "
+                "an MoE layer whose router is graphed (train.cuda_graph_modules has moe_router "
+                "without moe_preprocess, or the alltoall dispatcher or a latent MoE, or with "
+                "the shared-expert overlap); remove layernorm or moe_router")
+    return None
+
+
 def check_offload_needs_transformer_engine(cfg: Any) -> str | None:
     """Megatron-LM asserts Transformer Engine's layers (training/arguments.py:1854-1856)."""
     if not cfg.train.offload_modules or not _on_local_layers(cfg):
@@ -450,7 +519,8 @@ RULES = (
     check_recompute_modules_match_layers, check_moe_act_recompute_needs_grouped_gemm,
     check_offload_modules_known, check_offload_attention_projection,
     check_offload_inside_recomputed_moe, check_offload_modules_match_layers,
-    check_offload_needs_transformer_engine,
+    check_offload_needs_transformer_engine, check_offload_fused_norms,
+    check_layernorm_recompute_under_graphs,
     check_cuda_graph_modules_known, check_cuda_graph_modules_need_graphs,
     check_cuda_graph_module_pairs, check_cuda_graph_modules_match_layers,
     check_cuda_graphs_with_full_recompute, check_cuda_graphs_with_recompute_modules,

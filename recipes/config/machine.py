@@ -224,6 +224,29 @@ def check_machine(
     check_mamba_packed_context_parallel(cfg, machine)
     check_zero_centered_gamma_norm(cfg, machine)
     check_latent_moe_transformer_engine(cfg, machine)
+    check_layernorm_recompute_on_fused_norms(cfg, machine)
+
+
+def _te_layers_on_gpus(cfg: RunConfig, machine: MachineInfo) -> bool:
+    return not ranks_on_cpu(cfg.cluster, machine.gpus) and uses_transformer_engine(
+        cfg.model.transformer_impl, on_gpu=True)
+
+
+def check_layernorm_recompute_on_fused_norms(cfg: RunConfig, machine: MachineInfo) -> None:
+    """On Transformer Engine's layers the QKV and dense FC1 linears hold the norms, so
+    `layernorm` recompute reaches only an MoE layer's own pre-MLP norm
+    (`transformer/transformer_layer.py:450-456, 499-505`): on GPU ranks of a model without one
+    it would recompute nothing. CPU ranks' local layers recompute every norm."""
+    from recipes.config.fast_paths import has_moe_layers
+
+    t = cfg.train
+    if (t.recompute != "selective" or "layernorm" not in t.recompute_modules
+            or has_moe_layers(cfg) or not _te_layers_on_gpus(cfg, machine)):
+        return
+    raise ConfigError(
+        "train.recompute_modules has layernorm, but on GPU ranks Transformer Engine's QKV and "
+        "FC1 linears hold the norms and the model has no MoE layer with a norm of its own "
+        "(Megatron recomputes nothing); remove layernorm, or recompute mlp to free more")
 
 
 def check_latent_moe_transformer_engine(cfg: RunConfig, machine: MachineInfo) -> None:

@@ -75,6 +75,26 @@ CASES = [
     ("check_offload_needs_transformer_engine", DENSE,
      ["train.offload_modules=[core_attn]", "model.transformer_impl=local"],
      "train.offload_modules needs Transformer Engine's layers"),
+    ("check_offload_fused_norms", DENSE, ["train.offload_modules=[attn_norm]"],
+     "train.offload_modules has attn_norm, but Transformer Engine's QKV linear holds the "
+     "attention norm"),
+    ("check_offload_fused_norms", DENSE, ["train.offload_modules=[mlp_norm]"],
+     "train.offload_modules has mlp_norm, but Transformer Engine's FC1 holds a dense MLP's norm"),
+    ("check_offload_fused_norms", MIXTRAL, ["train.cuda_graphs=transformer_engine",
+                                            "train.cuda_graph_modules=[attn]",
+                                            "train.offload_modules=[mlp_norm]"],
+     "train.offload_modules has mlp_norm, which Megatron does not offload in an MoE layer while "
+     "train.cuda_graph_modules has attn"),
+    ("check_layernorm_recompute_under_graphs", DENSE,
+     ["train.cuda_graphs=transformer_engine", "train.recompute=selective",
+      "train.recompute_modules=[core_attn,layernorm]"],
+     "train.recompute_modules has layernorm, but with train.cuda_graphs=transformer_engine the "
+     "layers are Transformer Engine's"),
+    ("check_layernorm_recompute_under_graphs", MIXTRAL,
+     ["train.cuda_graphs=transformer_engine", "train.cuda_graph_modules=[moe_router]",
+      "train.recompute=selective", "train.recompute_modules=[core_attn,layernorm]"],
+     "train.recompute_modules has layernorm, which Megatron does not recompute in an MoE layer "
+     "whose router is graphed"),
     ("check_cuda_graph_modules_known", DENSE, ["train.cuda_graphs=transformer_engine",
                                                "train.cuda_graph_modules=[embedding]"],
      "train.cuda_graph_modules has 'embedding', not one of"),
@@ -189,3 +209,16 @@ def test_a_valid_combination_passes_every_rule():
         "activation offloading (core_attn, attn_proj)"]
     assert fast_paths.off_on_cpu(cfg, on_gpu=True) == []
 
+
+
+def test_an_moe_layers_own_norm_may_be_recomputed_and_offloaded():
+    """The MoE layer's pre-MLP norm is a module of its own on Transformer Engine's layers:
+    recomputed beside a graphed router when the preprocess is graphed too with the alltoall
+    dispatcher (transformer_layer.py:479-487), offloaded when no graph holds attention or the
+    router."""
+    graphed = ["train.cuda_graphs=transformer_engine",
+               "train.cuda_graph_modules=[moe_router,moe_preprocess]"]
+    recompute = ["train.recompute=selective", "train.recompute_modules=[core_attn,layernorm]"]
+    assert failing_rules(apply_overrides(get_recipe(MIXTRAL), [*graphed, *recompute])) == []
+    assert failing_rules(apply_overrides(get_recipe(MIXTRAL), [
+        *recompute, "train.offload_modules=[mlp_norm,qkv_linear]"])) == []

@@ -383,3 +383,22 @@ def test_the_flex_backends_are_read_from_deepeps_package_without_importing_it(
     (package / "__init__.py").write_text(source + "raise ImportError('needs CUDA')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert flex_backends() == found
+
+
+def test_layernorm_recompute_of_fused_norms_is_refused_on_gpu_ranks_only():
+    """On a GPU node Transformer Engine's QKV and FC1 linears hold a dense model's norms:
+    `layernorm` would recompute nothing there (one line); CPU ranks' local layers recompute
+    them, and a model with MoE layers has a norm of its own to recompute."""
+    norms = ["train.recompute=selective", "train.recompute_modules=[core_attn,layernorm]"]
+    dense = apply_overrides(get_recipe("tiny_dp2"), norms)
+    node = dataclasses.replace(GPU_NODE, transformer_engine="2.8.0")
+    with pytest.raises(ConfigError) as caught:
+        check_machine(dense, node)
+    assert str(caught.value) == (
+        "train.recompute_modules has layernorm, but on GPU ranks Transformer Engine's QKV and "
+        "FC1 linears hold the norms and the model has no MoE layer with a norm of its own "
+        "(Megatron recomputes nothing); remove layernorm, or recompute mlp to free more")
+    check_machine(dense, MachineInfo(gpus=0, launched_world_size=None))
+    check_machine(apply_overrides(dense, ["model.transformer_impl=local"]), node)
+    check_machine(apply_overrides(get_recipe("mixtral_tiny_ep4_dp4"), norms), node)
+

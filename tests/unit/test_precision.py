@@ -326,7 +326,7 @@ RECOMPUTE = ["train.recompute=selective", "train.recompute_modules=[core_attn,la
 # Needs that depend on the rest of the run (experts, recomputed modules): the check, the recipe
 # and its overrides, a TE it refuses and the floor it lets through (the plugin's constant).
 RUN_MACHINE_CASES = [
-    ("fp8_recompute_transformer_engine", "tiny_dp1", [*TENSORWISE, *RECOMPUTE], "2.5.0",
+    ("fp8_recompute_transformer_engine", "mixtral_tiny_ep1", [*TENSORWISE, *RECOMPUTE], "2.5.0",
      fp8_config.FP8_RECOMPUTE_MIN_TE,
      "train.recompute_modules has layernorm, which Megatron recomputes under "
      "plugins.fp8.format=hybrid only with Transformer Engine >= 2.6.0.dev0, found 2.5.0; "
