@@ -225,6 +225,7 @@ def check_machine(
     check_zero_centered_gamma_norm(cfg, machine)
     check_latent_moe_transformer_engine(cfg, machine)
     check_layernorm_recompute_on_fused_norms(cfg, machine)
+    check_offload_in_graph_transformer_engine(cfg, machine)
 
 
 def _te_layers_on_gpus(cfg: RunConfig, machine: MachineInfo) -> bool:
@@ -247,6 +248,33 @@ def check_layernorm_recompute_on_fused_norms(cfg: RunConfig, machine: MachineInf
         "train.recompute_modules has layernorm, but on GPU ranks Transformer Engine's QKV and "
         "FC1 linears hold the norms and the model has no MoE layer with a norm of its own "
         "(Megatron recomputes nothing); remove layernorm, or recompute mlp to free more")
+
+
+# Lowest Transformer Engine for offloading inside a graph of attention (Megatron asserts it in
+# every layer's constructor, transformer/transformer_layer.py:1495-1513).
+OFFLOAD_IN_GRAPH_MIN_TE = "2.14.0"
+OFFLOADED_IN_ATTENTION_GRAPH = ("qkv_linear", "core_attn", "attn_proj")
+
+
+def check_offload_in_graph_transformer_engine(cfg: RunConfig, machine: MachineInfo) -> None:
+    """Transformer Engine's graph of attention that holds an offloaded module needs TE 2.14."""
+    from packaging.version import InvalidVersion, Version
+
+    t, found = cfg.train, machine.transformer_engine
+    inside = [m for m in OFFLOADED_IN_ATTENTION_GRAPH if m in t.offload_modules]
+    if (t.cuda_graphs != "transformer_engine" or "attn" not in t.cuda_graph_modules
+            or not inside or found is None or not _te_layers_on_gpus(cfg, machine)):
+        return
+    try:
+        if Version(found) >= Version(OFFLOAD_IN_GRAPH_MIN_TE):
+            return
+    except InvalidVersion:
+        return
+    raise ConfigError(
+        f"train.offload_modules has {inside[0]} inside Transformer Engine's graph of attention "
+        f"(train.cuda_graph_modules has attn), which needs Transformer Engine >= "
+        f"{OFFLOAD_IN_GRAPH_MIN_TE}, found {found}; upgrade Transformer Engine, or remove attn "
+        f"from train.cuda_graph_modules or {inside[0]} from train.offload_modules")
 
 
 def check_latent_moe_transformer_engine(cfg: RunConfig, machine: MachineInfo) -> None:

@@ -402,3 +402,20 @@ def test_layernorm_recompute_of_fused_norms_is_refused_on_gpu_ranks_only():
     check_machine(apply_overrides(dense, ["model.transformer_impl=local"]), node)
     check_machine(apply_overrides(get_recipe("mixtral_tiny_ep4_dp4"), norms), node)
 
+
+def test_offloading_inside_a_graph_of_attention_needs_te_2_14():
+    """transformer_layer.py:1495-1513 asserts TE 2.14 in every layer's constructor when a
+    graph of attention holds an offloaded module; graphs of the rest, or TE 2.14, pass."""
+    graphed = ["train.cuda_graphs=transformer_engine", "train.cuda_graph_modules=[attn]",
+               "train.offload_modules=[core_attn]"]
+    cfg = apply_overrides(get_recipe("tiny_dp2"), graphed)
+    node = dataclasses.replace(GPU_NODE, transformer_engine="2.13.0")
+    with pytest.raises(ConfigError) as caught:
+        check_machine(cfg, node)
+    assert str(caught.value) == (
+        "train.offload_modules has core_attn inside Transformer Engine's graph of attention "
+        "(train.cuda_graph_modules has attn), which needs Transformer Engine >= 2.14.0, found "
+        "2.13.0; upgrade Transformer Engine, or remove attn from train.cuda_graph_modules or "
+        "core_attn from train.offload_modules")
+    check_machine(cfg, dataclasses.replace(node, transformer_engine="2.14.0"))
+    check_machine(apply_overrides(cfg, ["train.cuda_graph_modules=[mlp]"]), node)
