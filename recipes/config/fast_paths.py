@@ -259,7 +259,7 @@ def check_offload_modules_match_layers(cfg: Any) -> str | None:
     return None
 
 
-def _router_graph_keeps_norm(cfg: Any) -> bool:
+def router_graph_keeps_norm(cfg: Any) -> bool:
     """Whether Megatron leaves an MoE layer's pre-MLP norm out of selective recompute because
     Transformer Engine's graph of the router returns the norm's output: the router graphed
     without `moe_preprocess`, or with it but neither the alltoall dispatcher nor a latent MoE,
@@ -315,7 +315,7 @@ def check_layernorm_recompute_under_graphs(cfg: Any) -> str | None:
                 f"{t.cuda_graphs} the layers are Transformer Engine's, whose QKV and FC1 "
                 "linears hold the norms, and the model has no MoE layer with a norm of its own "
                 "(Megatron recomputes nothing); remove layernorm")
-    if _router_graph_keeps_norm(cfg):
+    if router_graph_keeps_norm(cfg):
         return ("train.recompute_modules has layernorm, which Megatron does not recompute in "
                 "an MoE layer whose router is graphed (train.cuda_graph_modules has moe_router "
                 "without moe_preprocess, or the alltoall dispatcher or a latent MoE, or with "

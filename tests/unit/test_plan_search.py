@@ -343,3 +343,21 @@ def test_the_counted_twins_are_each_choices_ddp_layout_and_the_sp_off_variants()
     sp_off = {dataclasses.replace(c, sequence_parallel=False) for c in planned if c.tensor > 1}
     assert sp_off and {c.tensor for c in planned} > {2}
     assert result.dominated == len({ddp(c) for c in planned | sp_off}) + len(sp_off)
+
+
+def test_recompute_choices_try_the_norms_only_where_megatron_recomputes_one():
+    """Local layers recompute every norm; Transformer Engine's layers only an MoE layer's own,
+    and not where TE's graph of the router returns its output."""
+    from recipes.config.overrides import apply_overrides
+
+    norms = "selective:core_attn,layernorm"
+    dense, moe = get_recipe("tiny_dp1"), get_recipe("mixtral_tiny_ep2_dp2")
+    assert norms in recompute_choices(dense, te_layers=False)
+    assert not any("layernorm" in c for c in recompute_choices(dense, te_layers=True))
+    assert norms in recompute_choices(moe, te_layers=True)
+    graphed = apply_overrides(moe, ["train.cuda_graphs=transformer_engine",
+                                    "train.cuda_graph_modules=[moe_router]"])
+    assert not any("layernorm" in c for c in recompute_choices(graphed, te_layers=True))
+    with_preprocess = apply_overrides(graphed, ["train.cuda_graph_modules=[moe_router,"
+                                                "moe_preprocess]"])
+    assert norms in recompute_choices(with_preprocess, te_layers=True)
