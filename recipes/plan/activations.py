@@ -28,8 +28,10 @@ Differences from Megatron-LM's own estimator are deliberate and listed in docs/p
 Selective recompute by module (`train.recompute_modules`) and activation offloading
 (`train.offload_modules`) take named tensors off those terms (`dropped_per_token`): core_attn
 the scores, layernorm the norms' outputs (QKV and MLP inputs), mlp a dense MLP's inner
-activations, moe an MoE layer's routed copies and router logits, moe_act the expert activation's
-output; offloading moves the inputs of its modules to host memory until the backward. CUDA
+activations (and its FC1's input where Transformer Engine's FC1 holds the norm), moe an MoE
+layer's routed copies and router logits, moe_act the expert activation's output; offloading
+moves the inputs of its modules to host memory until the backward. On Transformer Engine's
+layers the attention and dense MLP norms are fused into the next linear (`fused_norms`). CUDA
 graphs add their static buffers (`cuda_graph_static_bytes`).
 
 FP8 and FP4 (a plugin's `GemmInputs`, `saved_input_bytes`): under Transformer Engine's autocast a
@@ -226,6 +228,9 @@ def _mlp_dropped(m: Any, d: int, layout: Any, recomputed: set[str],
                           + norm_out * h * ("layernorm" in recomputed))
     if not m.num_moe_experts:
         inner = (d * m.ffn_hidden_size * gate + i * m.ffn_hidden_size) / layout.tensor
+        # TE's FC1 holds the norm, so `mlp`'s checkpoint starts at the norm's input and drops
+        # FC1's input (the norm's output) too (transformer_layer.py:882-898)
+        replicated += i * h * ("mlp" in recomputed and te_layers)
         return LayerTerms(split=inner * ("mlp" in recomputed), replicated=replicated,
                           scores=0.0)
     ffn = m.moe_ffn_hidden_size or m.ffn_hidden_size
