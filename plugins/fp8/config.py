@@ -44,8 +44,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from packaging.version import InvalidVersion, Version
-
 from plugins.protocol.hooks import GemmInputs, GemmWeights, Plugin, PluginConfig, Rule
 
 FP8_MULTIPLE = 16  # TE FP8 GEMMs need every matrix dimension divisible by 16
@@ -515,16 +513,6 @@ def check_fp8_shapes(cfg: Any) -> str | None:
 # ---- machine rules (this config, the machine description, whether ranks run on CPU) ---------
 
 
-def _te_below(found: str | None, needed: str) -> bool:
-    """Whether the installed TE `found` is parseably older than `needed`: an absent TE is the
-    TE check's, and 'unknown' or a local build's own version scheme is left to TE at run
-    time."""
-    try:
-        return found is not None and Version(found) < Version(needed)
-    except InvalidVersion:
-        return False
-
-
 def fp8_needs_cuda(cfg: Any, machine: Any, on_cpu: bool) -> str | None:
     fp8 = cfg.plugins.fp8
     if not on_cpu and machine.gpus > 0:
@@ -553,7 +541,7 @@ def fp8_needs_transformer_engine(cfg: Any, machine: Any, on_cpu: bool) -> str | 
 def fp8_transformer_engine_version(cfg: Any, machine: Any, on_cpu: bool) -> str | None:
     fp8 = cfg.plugins.fp8
     found, needed = machine.transformer_engine, MIN_TE_VERSION[fp8.recipe]
-    if not _te_below(found, needed):
+    if not machine.transformer_engine_below(needed):
         return None
     return (
         f"plugins.fp8.recipe={fp8.recipe} needs Transformer Engine >= {needed} (Megatron refuses "
@@ -570,11 +558,11 @@ def fp8_moe_transformer_engine(cfg: Any, machine: Any, on_cpu: bool) -> str | No
         return None
     grouped = m.moe_grouped_gemm
     needed = FP8_GROUPED_GEMM_MIN_TE if grouped else FP8_MOE_MIN_TE
-    if not _te_below(found, needed):
+    if not machine.transformer_engine_below(needed):
         return None
     what = "in grouped GEMMs (model.moe_grouped_gemm=true)" if grouped else "on experts"
-    also = " or model.moe_grouped_gemm=false" if grouped and not _te_below(
-        found, FP8_MOE_MIN_TE) else ""
+    also = " or model.moe_grouped_gemm=false" if grouped and not (
+        machine.transformer_engine_below(FP8_MOE_MIN_TE)) else ""
     return (
         f"model.num_moe_experts={m.num_moe_experts} with plugins.fp8.format="
         f"{cfg.plugins.fp8.format}: FP8 {what} needs Transformer Engine >= {needed}, found "
@@ -589,7 +577,7 @@ def fp8_recompute_transformer_engine(cfg: Any, machine: Any, on_cpu: bool) -> st
     if t.recompute != "selective":
         return None
     modules = [m for m in FP8_RECOMPUTE_TE_MODULES if m in t.recompute_modules]
-    if not modules or not _te_below(found, FP8_RECOMPUTE_MIN_TE):
+    if not modules or not machine.transformer_engine_below(FP8_RECOMPUTE_MIN_TE):
         return None
     return (
         f"train.recompute_modules has {modules[0]}, which Megatron recomputes under "
@@ -622,8 +610,8 @@ def fp8_compute_capability(cfg: Any, machine: Any, on_cpu: bool) -> str | None:
 
 def fp8_param_gather_transformer_engine(cfg: Any, machine: Any, on_cpu: bool) -> str | None:
     fp8, found = cfg.plugins.fp8, machine.transformer_engine
-    if not fp8.param_gather or fp8.recipe == "delayed" or not _te_below(
-            found, PARAM_GATHER_MIN_TE):
+    if not fp8.param_gather or fp8.recipe == "delayed" or not (
+            machine.transformer_engine_below(PARAM_GATHER_MIN_TE)):
         return None
     return (
         f"plugins.fp8.param_gather=true with plugins.fp8.recipe={fp8.recipe} needs Transformer "

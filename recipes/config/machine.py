@@ -40,6 +40,18 @@ class MachineInfo:
     # The flex MoE dispatcher's libraries installed here: deepep, hybridep (DeepEP's).
     flex_backends: tuple[str, ...] = ()
 
+    def transformer_engine_below(self, needed: str) -> bool:
+        """Whether the installed Transformer Engine is parseably older than `needed`: an absent
+        one is the TE check's, and 'unknown' or a local build's own version scheme is left to
+        TE at run time."""
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            return self.transformer_engine is not None and (
+                Version(self.transformer_engine) < Version(needed))
+        except InvalidVersion:
+            return False
+
 
 MAMBA_KERNEL_PACKAGES = {"mamba_ssm": "mamba-ssm", "causal_conv1d": "causal-conv1d"}
 
@@ -258,17 +270,11 @@ OFFLOADED_IN_ATTENTION_GRAPH = ("qkv_linear", "core_attn", "attn_proj")
 
 def check_offload_in_graph_transformer_engine(cfg: RunConfig, machine: MachineInfo) -> None:
     """Transformer Engine's graph of attention that holds an offloaded module needs TE 2.14."""
-    from packaging.version import InvalidVersion, Version
-
     t, found = cfg.train, machine.transformer_engine
     inside = [m for m in OFFLOADED_IN_ATTENTION_GRAPH if m in t.offload_modules]
     if (t.cuda_graphs != "transformer_engine" or "attn" not in t.cuda_graph_modules
-            or not inside or found is None or not _te_layers_on_gpus(cfg, machine)):
-        return
-    try:
-        if Version(found) >= Version(OFFLOAD_IN_GRAPH_MIN_TE):
-            return
-    except InvalidVersion:
+            or not inside or not _te_layers_on_gpus(cfg, machine)
+            or not machine.transformer_engine_below(OFFLOAD_IN_GRAPH_MIN_TE)):
         return
     raise ConfigError(
         f"train.offload_modules has {inside[0]} inside Transformer Engine's graph of attention "
@@ -344,11 +350,9 @@ def check_fast_path_kernels(cfg: RunConfig, machine: MachineInfo) -> None:
     """GPU ranks on Transformer Engine's layers need the kernels their fast paths call: the flex
     dispatcher's DeepEP or HybridEP, and a TE recent enough for the fused MoE kernels. CPU ranks
     run without them (the plan line names what is off)."""
-    from packaging.version import InvalidVersion, Version
 
     m = cfg.model
-    if ranks_on_cpu(cfg.cluster, machine.gpus) or not m.num_moe_experts or (
-            not uses_transformer_engine(m.transformer_impl, on_gpu=True)):
+    if not m.num_moe_experts or not _te_layers_on_gpus(cfg, machine):
         return
     if m.moe_token_dispatcher == "flex" and m.moe_flex_backend not in machine.flex_backends:
         raise ConfigError(
@@ -356,17 +360,11 @@ def check_fast_path_kernels(cfg: RunConfig, machine: MachineInfo) -> None:
             f"needs DeepEP's {'HybridEP ' if m.moe_flex_backend == 'hybridep' else ''}kernels, "
             "which are not installed here; install DeepEP (docs/fast-paths.md) or set "
             "model.moe_token_dispatcher=alltoall")
-    found = machine.transformer_engine
     for name, needed in FUSED_MOE_MIN_TE.items():
-        if not getattr(m, name) or found is None:
-            continue
-        try:
-            old = Version(found) < Version(needed)
-        except InvalidVersion:
-            old = False
-        if old:
+        if getattr(m, name) and machine.transformer_engine_below(needed):
             raise ConfigError(f"model.{name}=true needs Transformer Engine >= {needed}, found "
-                              f"{found}; upgrade Transformer Engine or set model.{name}=false")
+                              f"{machine.transformer_engine}; upgrade Transformer Engine or set "
+                              f"model.{name}=false")
 
 
 def check_transformer_engine(

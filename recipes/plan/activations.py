@@ -198,8 +198,7 @@ def _recomputed(cfg: Any, recompute: str | None = None) -> set[str]:
 
 
 def _attention_dropped(m: Any, d: int, tp: int, recomputed: set[str],
-                       offloaded: set[str], q: float | None = None,
-                       te_layers: bool = True) -> LayerTerms:
+                       offloaded: set[str], q: float | None, te_layers: bool) -> LayerTerms:
     heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
     width = m.kv_channels or m.hidden_size // heads
     query, key_value = heads * width, 2 * groups * width
@@ -218,8 +217,7 @@ def _attention_dropped(m: Any, d: int, tp: int, recomputed: set[str],
 
 
 def _mlp_dropped(m: Any, d: int, layout: Any, recomputed: set[str],
-                 offloaded: set[str], q: float | None = None,
-                 te_layers: bool = True) -> LayerTerms:
+                 offloaded: set[str], q: float | None, te_layers: bool) -> LayerTerms:
     h, gate = m.hidden_size, 2 if m.activation == "swiglu" else 1
     i = d if q is None else q  # a TE linear's saved input
     norm_out = d if m.num_moe_experts else i  # a dense MLP's fc1 input; the MoE router's input
