@@ -85,6 +85,43 @@ def test_a_step_without_a_readable_run_json_is_refused_with_the_fallback(tmp_pat
                                        "checkpoint.load_model_only=true"))
 
 
+@pytest.mark.parametrize(("key", "value", "said"), [
+    ("step", "abc", 'its step is "abc", not a whole number'),
+    ("step", None, "its step is null, not a whole number"),
+    ("consumed_samples", 3.5, "its consumed_samples is 3.5, not a whole number"),
+    ("consumed_tokens", -1, "its consumed_tokens is -1, not a whole number"),
+    ("versions", [], "its versions is [], not a mapping of package to version"),
+    ("files", [1], "its files is [1], not a mapping of file to its bytes and crc32"),
+    ("files", {"__0_0.distcp": 5}, "its files entry __0_0.distcp is 5, not a mapping of file "
+                                   "to its bytes and crc32"),
+    ("world_size", 0, "its world_size is 0, not a whole number of ranks"),
+    ("padded_vocab_size", "x", 'its padded_vocab_size is "x", not a whole number'),
+    ("layout", {"tp": "x"}, 'its layout is {"tp": "x"}, not a mapping of tp, pp, vpp, cp, ep, '
+                            "dp to sizes"),
+    ("tokenizer", "x", 'its tokenizer is "x", not a mapping'),
+    ("config", "x", "its config is \"x\", not a mapping of the run's settings"),
+])
+def test_a_run_json_edited_to_another_kind_of_value_is_refused(tmp_path, key, value, said):
+    """Each field the pre-flight reads holds what the save writes, or the step is refused as
+    damaged (not met by a check that expects a number and finds text)."""
+    step = _step(tmp_path / "step_0000004", _cfg())
+    manifest = json.loads((step / "run.json").read_text())
+    manifest[key] = value
+    (step / "run.json").write_text(json.dumps(manifest))
+    assert manifest_problem(step) == (f"step_0000004/run.json cannot be read ({said}: edited "
+                                       "since the save?)")
+
+
+def test_a_run_json_of_an_older_save_may_lack_or_null_what_it_did_not_record(tmp_path):
+    step = _step(tmp_path / "step_0000004", _cfg())
+    manifest = json.loads((step / "run.json").read_text())
+    for key in ("layout", "tokenizer", "config", "padded_vocab_size"):
+        manifest[key] = None
+    del manifest["world_size"]
+    (step / "run.json").write_text(json.dumps(manifest))
+    assert manifest_problem(step) is None
+
+
 def test_only_this_projects_step_names_need_a_run_json(tmp_path):
     """Megatron-LM's `iter_NNNNNNN` and a checkpoint of any other name hold none by design:
     they load as before (without run checks when nothing describes them)."""

@@ -144,6 +144,55 @@ def manifest_problem(step_dir: Path) -> str | None:
                if not isinstance(manifest, dict) or key not in manifest]
     if missing:
         return f"{name} cannot be read (it has no {', '.join(missing)})"
+    wrong = shape_problem(manifest)
+    return f"{name} cannot be read ({wrong}: edited since the save?)" if wrong else None
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _file_list(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(entry, dict) and _count(entry.get("bytes")) and _count(entry.get("crc32"))
+        for entry in value.values())
+
+
+def _layout(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        _count(value.get(key, 1)) and value.get(key, 1) >= 1 for key in LAYOUT_KEYS)
+
+
+# What each field of `run.json` that the pre-flight reads must hold (those after the required
+# ones are absent, or null, in older saves): a file edited by hand is refused here, in one line,
+# rather than met by a check that expects a number and finds text.
+MANIFEST_SHAPES: dict[str, tuple[Any, str]] = {
+    "step": (_count, "a whole number"),
+    "consumed_samples": (_count, "a whole number"),
+    "consumed_tokens": (_count, "a whole number"),
+    "versions": (lambda value: isinstance(value, dict), "a mapping of package to version"),
+    "files": (_file_list, "a mapping of file to its bytes and crc32"),
+    "world_size": (lambda value: _count(value) and value >= 1, "a whole number of ranks"),
+    "padded_vocab_size": (lambda value: _count(value) and value >= 1, "a whole number"),
+    "layout": (_layout, f"a mapping of {', '.join(LAYOUT_KEYS)} to sizes"),
+    "tokenizer": (lambda value: isinstance(value, dict), "a mapping"),
+    "config": (lambda value: isinstance(value, dict), "a mapping of the run's settings"),
+}
+
+
+def shape_problem(manifest: dict[str, Any]) -> str | None:
+    """The first field of a `run.json` whose value is not what the save writes there, or None."""
+    for key, (fits, what) in MANIFEST_SHAPES.items():
+        optional = key not in MANIFEST_KEYS
+        if key in manifest and not fits(manifest[key]) and not (optional and manifest[key] is None):
+            value = manifest[key]
+            if key == "files" and isinstance(value, dict):  # name the entry, not the whole list
+                name, entry = next((name, entry) for name, entry in value.items()
+                                   if not _file_list({name: entry}))
+                key, value = f"files entry {name}", entry
+            shown = json.dumps(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            return f"its {key} is {shown}, not {what}"
     return None
 
 
