@@ -23,10 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from plugins.protocol.errors import ConfigError, config_error
-from recipes.config.blend import prepare_entry_name, prepare_list_problem
+from recipes.config.blend import blend_document, prepare_entry_name, prepare_list_problem
 from recipes.config.blend import prepare_problems as blend_prepare_problems
 from recipes.config.schema import RunConfig
 
@@ -34,10 +32,7 @@ BUILT_IN_CORPORA = ("python_stdlib", "synthetic")
 
 
 def _read_blend(blend_path: str) -> dict[str, Any]:
-    try:
-        loaded = yaml.safe_load(Path(blend_path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return {}  # the path rules report an unreadable blend in their own words
+    loaded = blend_document(blend_path)  # None where unreadable: the path rules say why
     return loaded if isinstance(loaded, dict) else {}
 
 

@@ -599,14 +599,24 @@ def empty_split_problem(blend: Blend) -> str | None:
     return None
 
 
+def blend_document(path: str) -> Any:
+    """The YAML document of a blend file, or None where it cannot be read here (missing, not
+    UTF-8, not YAML): for readers that only look into a blend, the path rules refusing it in
+    their own words."""
+    try:
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):  # ValueError: not UTF-8
+        return None
+
+
 def named_paths(path: str) -> list[str]:
     """Every file and folder a blend file names, read without checking any of them: the blend
     itself, its manifests and prefixes (with their folders' tokenizer folders, from manifests
     that can be read here), its named tokenizer. What a container must mount for the blend to
     be read where the job runs; a blend that cannot be read here names only itself."""
     try:
-        loaded = _megatron_form(path, yaml.safe_load(Path(path).read_text(encoding="utf-8")))
-    except (OSError, yaml.YAMLError, ConfigError):
+        loaded = _megatron_form(path, blend_document(path))
+    except ConfigError:
         return [path]
     if not isinstance(loaded, dict):
         return [path]

@@ -168,3 +168,20 @@ def test_check_paths_names_a_misspelt_prepare_key(tmp_path):
     cfg = resolve_config(["recipe=tiny_dp1", "data.source=blend", f"data.blend={blend}"])
     assert any("prepare[0] (output=" in line and "unknown key 'num_shardz'; did you mean "
                "num_shards" in line for line in path_problems(cfg))
+
+
+def test_a_blend_that_is_not_utf8_is_left_to_the_path_rules_by_what_only_looks_into_it(
+        tmp_path, monkeypatch):
+    """The preparation and the list of paths a container mounts read a blend only to look into
+    it: bytes that are not UTF-8 are not theirs to refuse (the path rules name them in one
+    line), so neither raises, and nothing is prepared."""
+    from recipes.config.blend import named_paths
+
+    prepared = []
+    monkeypatch.setattr(blend_prepare, "_prepare", lambda *args: prepared.append(args))
+    blend = tmp_path / "blend.yaml"
+    blend.write_bytes(b"\xf1\x00garbage\xff")
+    prepare_missing_data(run_config(str(blend)))
+    assert prepared == [] and named_paths(str(blend)) == [str(blend)]
+    with pytest.raises(ConfigError, match=r"blend.yaml is not UTF-8 text \(byte 0\); save it"):
+        load_blend(str(blend))

@@ -230,3 +230,16 @@ def test_a_steps_index_is_read_once_per_preflight_and_again_when_rewritten(tmp_p
     os.utime(step / ".metadata", ns=(0, 0))  # the same bytes written again: read again
     checkpoint_preflight(cfg)
     assert reads.count(True) == 2
+
+
+@pytest.mark.parametrize("content", [b"\xf1\x00 not UTF-8", b"tensor_model_parallel_size: [\n",
+                                     b"- a list\n"])
+def test_a_bridge_run_config_that_cannot_be_read_describes_nothing(tmp_path, content):
+    """Megatron Bridge's `run_config.yaml` is read only to describe the step (its layout and
+    settings for the pre-flight's checks); one that is not UTF-8, not YAML or not a mapping
+    describes nothing rather than ending the launch in a traceback."""
+    from trainer.checkpoint.format import BRIDGE_RUN_CONFIG
+    from trainer.checkpoint.megatron_lm import _bridge_config
+
+    (tmp_path / BRIDGE_RUN_CONFIG).write_bytes(content)
+    assert _bridge_config(tmp_path) == {}

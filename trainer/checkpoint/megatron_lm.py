@@ -307,7 +307,7 @@ def _bridge_config(step_dir: Path) -> dict[str, Any]:
 
     try:
         loaded = yaml.safe_load((step_dir / BRIDGE_RUN_CONFIG).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+    except (OSError, ValueError, yaml.YAMLError):  # ValueError: not UTF-8
         return {}
     return loaded if isinstance(loaded, dict) else {}
 
