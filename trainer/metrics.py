@@ -23,7 +23,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from plugins.protocol.events import EvalResult, StepMetrics
+from plugins.protocol.metrics_file import record_lines
 from trainer.device import compute_device
+from trainer.run_dir import METRICS_FILE
 from trainer.step_clock import RunPeak
 from trainer.throughput import counts_loss_tokens, counts_trained_rows
 
@@ -169,7 +171,7 @@ class RunReporter:
         # Log lines stay whole when output goes to a file or pipe (rich would wrap at 80).
         self.console = make_console()
         self.log_interval = max(1, log_interval)
-        self.metrics_path = run_dir / "metrics.jsonl"
+        self.metrics_path = run_dir / METRICS_FILE
         self.progress = None
         if self.enabled and progress_bar:
             self.progress = Progress(
@@ -204,10 +206,13 @@ class RunReporter:
         belongs to the attempt that wrote it and goes too. Written beside, then renamed."""
         if not self.enabled or not self.metrics_path.exists():
             return
-        kept = [line for line in self.metrics_path.read_text().splitlines()
-                if line.strip() and _recorded_before(json.loads(line), step)]
+        # A last line cut short by a killed rank is dropped; damage before it was refused
+        # before launch (`run_dir.metrics_problem`).
+        lines, _ = record_lines(self.metrics_path, self.metrics_path.read_bytes(),
+                                "move the file aside and run again")
+        kept = [raw for raw, record in lines if _recorded_before(record, step)]
         fresh = self.metrics_path.with_name(f"{self.metrics_path.name}.tmp-{os.getpid()}")
-        fresh.write_text("".join(f"{line}\n" for line in kept))
+        fresh.write_bytes(b"".join(raw + b"\n" for raw in kept))
         os.replace(fresh, self.metrics_path)
 
     def record(self, kind: str, values: dict) -> None:

@@ -12,8 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plugins.logging.metrics_file import PASS_RUNS, parse_metrics
 from plugins.protocol.errors import UserError
+from plugins.protocol.metrics_file import PASS_RUNS, parse_metrics
 
 
 @dataclass

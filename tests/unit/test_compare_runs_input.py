@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from plugins.logging.curves import read_run
-from plugins.logging.metrics_file import (
+from plugins.protocol.errors import EXIT_USER_ERROR, ConfigError
+from plugins.protocol.metrics_file import (
     is_cut_short,
     number_problem,
     parse_line,
@@ -22,7 +23,6 @@ from plugins.logging.metrics_file import (
     step_problem,
     tokens_problem,
 )
-from plugins.protocol.errors import EXIT_USER_ERROR, ConfigError
 from trainer.entry.commands import COMPARE_RUNS
 from trainer.entry.contract import main
 from trainer.tools.compare_runs import check_distinct, run_labels

@@ -66,13 +66,20 @@ def test_a_continued_run_drops_what_an_earlier_attempt_recorded_past_its_start(t
     from trainer.metrics import RunReporter
 
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
-    records = [{"kind": "heldout", "step": 0}, *({"kind": "train", "step": s} for s in (1, 2, 3)),
-               {"kind": "heldout", "step": 2}, {"kind": "train", "step": 4},
+    def held(step):
+        return {"kind": "heldout", "step": step, "loss": 5.0}
+
+    def train(step):
+        return {"kind": "train", "step": step, "loss": 5.0, "lr": 1e-3}
+
+    records = [held(0), train(1), train(2), train(3), held(2), train(4),
                {"kind": "summary", "steps": 4}]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    reporter = RunReporter(tmp_path, total_steps=6, log_interval=1, progress_bar=False)
-    reporter.continue_from(2)  # resumed from the checkpoint of step 2: 3, 4 are trained again
-    kept = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert kept == [{"kind": "heldout", "step": 0}, {"kind": "train", "step": 1},
-                    {"kind": "train", "step": 2}]  # the held-out loss at 2 is measured again
-    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    for cut_short in ("", '{"kind": "train", "st'):  # a rank killed mid-write leaves the second
+        (tmp_path / "metrics.jsonl").write_text(text + cut_short)
+        reporter = RunReporter(tmp_path, total_steps=6, log_interval=1, progress_bar=False)
+        reporter.continue_from(2)  # resumed from the checkpoint of step 2: 3, 4 trained again
+        kept = (tmp_path / "metrics.jsonl").read_text()
+        assert kept == "".join(json.dumps(r) + "\n" for r in (held(0), train(1), train(2)))
+        # (the held-out loss at 2 is measured again)
+        assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]

@@ -51,6 +51,7 @@ from recipes.resolve import resolve_config
 from trainer.checkpoint.format import RUN_CHECKPOINTS, newest_checkpoint, step_of
 from trainer.checkpoint.preflight import checkpoint_preflight, resumed_step, validate_paths
 from trainer.entry.contract import Arguments, print_once
+from trainer.run_dir import RUN_LOCK, check_run_dir
 from trainer.throughput import RUN_RULES
 
 # Set for self-launched ranks: the launching process already ran the checkpoint's pre-flight.
@@ -407,6 +408,7 @@ def prepare_run_dir(cfg: RunConfig, lock: bool = False) -> tuple[RunConfig, Path
     except OSError as err:  # checked before launch; a rank of an outside launch meets it here
         raise ConfigError(f"the run directory {run_dir} cannot be created ({err.strerror}); "
                           "set output_dir or run_dir to a writable directory") from None
+    check_run_dir(run_dir)
     if lock:
         hold_run_lock(run_dir)
     if os.environ.get("RANK", "0") == "0":
@@ -414,7 +416,6 @@ def prepare_run_dir(cfg: RunConfig, lock: bool = False) -> tuple[RunConfig, Path
     return dataclasses.replace(cfg, run_dir=str(run_dir)), run_dir
 
 
-RUN_LOCK = ".run.lock"  # in the run directory (and a checkpoint root elsewhere): who runs in it
 _held_locks: dict[Path, object] = {}  # lock file -> its open handle, for the whole process
 
 

@@ -1,6 +1,6 @@
 """Several runs' loss curves in one picture (`scripts/compare_runs.py` is the usage), drawn with
 the logging plugin's own curve code from each run's metrics.jsonl, every line checked
-(`plugins/logging/metrics_file.py`). The same directory given twice is refused; runs whose
+(`plugins/protocol/metrics_file.py`). The same directory given twice is refused; runs whose
 folder names collide are labelled by the shortest path suffix that tells them apart
 (`sweepA/G1`).
 """

@@ -1,5 +1,6 @@
 """metrics.jsonl read back, every line checked: what `scripts/compare_runs.py` and the logging
-plugin's end-of-run picture draw from.
+plugin's end-of-run picture draw from, and what a resume continues (`trainer/metrics.py`); here,
+below both, as the loop writes the file and plugins read it.
 
 A run writes one JSON object a line; a file edited, copied in part or damaged on disk must not
 end in a traceback where a picture was asked for. Damage is one line naming the file and line:
@@ -23,14 +24,22 @@ JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool
               type(None): "null"}
 
 
-def parse_metrics(path: Path, data: bytes) -> tuple[list[dict], str | None]:
+def parse_metrics(path: Path, data: bytes, fix: str = PASS_RUNS) -> tuple[list[dict], str | None]:
     """The records of a metrics.jsonl's bytes, and the note when its last line was cut short
-    and skipped; a damaged line is a ConfigError naming `path:line`."""
+    and skipped; a damaged line is a ConfigError naming `path:line` and ending with `fix`."""
+    lines, note = record_lines(path, data, fix)
+    return [record for _, record in lines], note
+
+
+def record_lines(path: Path, data: bytes, fix: str) -> tuple[list[tuple[bytes, dict]], str | None]:
+    """Each whole line of a metrics.jsonl's bytes with its record (a resume keeps the lines as
+    written), and the note when the last line was cut short and skipped; a damaged line is a
+    ConfigError naming `path:line` and ending with `fix`."""
     lines = data.split(b"\n")
     whole = lines[-1] == b""  # the file ends with its newline
     if whole:
         lines.pop()
-    records, note = [], None
+    found, note = [], None
     for number, raw in enumerate(lines, start=1):
         try:
             value = parse_line(raw)
@@ -39,14 +48,12 @@ def parse_metrics(path: Path, data: bytes) -> tuple[list[dict], str | None]:
                 note = (f"note: {path}: its last line is cut short (a run stopped "
                         "mid-write); compared without it")
                 continue
-            raise ConfigError(f"{path}:{number} is not a metrics record ({error}); "
-                              f"{PASS_RUNS}") from None
+            raise ConfigError(f"{path}:{number} is not a metrics record ({error}); {fix}") from None
         problem = record_problem(value)
         if problem:
-            raise ConfigError(f"{path}:{number} is not a metrics record ({problem}); "
-                              f"{PASS_RUNS}")
-        records.append(value)
-    return records, note
+            raise ConfigError(f"{path}:{number} is not a metrics record ({problem}); {fix}")
+        found.append((raw, value))
+    return found, note
 
 
 def parse_line(raw: bytes) -> object:
