@@ -161,7 +161,8 @@ def _example(key: str) -> str:
 
 
 def parse_args(argv: Sequence[str]) -> PrepareConfig:
-    """`key=value` words -> `PrepareConfig` (a later word wins over an earlier one)."""
+    """`key=value` words -> `PrepareConfig` (a later word wins over an earlier one of the same
+    spelling, as an appended override does; one field under both of its spellings is refused)."""
     types_by_key = field_types()
     values: dict[str, Any] = {}
     typed: dict[str, str] = {}
@@ -174,6 +175,8 @@ def parse_args(argv: Sequence[str]) -> PrepareConfig:
         example = f"{key}={_example(name)}"
         if not value.strip():
             raise ConfigError(f"{key} is empty; give it a value, e.g. {example}")
+        if name in typed and typed[name] != key:  # one field under two spellings
+            raise ConfigError(f"{typed[name]}= and {key}= set the same field; keep one")
         values[name] = convert(key, value, types_by_key[name], example)
         typed[name] = key
     missing = [key for key in REQUIRED if key not in values]

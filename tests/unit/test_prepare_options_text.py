@@ -110,6 +110,15 @@ def test_both_spellings_set_the_same_fields(spelling) -> None:
     assert (key_name(cfg, "pack_size"), key_name(cfg, "pad_multiple")) == spelling
 
 
+def test_one_field_under_both_spellings_is_refused_and_a_repeat_of_one_wins() -> None:
+    """`pack_size=64 packing.seq_length=128` names one field twice (which was meant?); the same
+    spelling again is an appended override, the later one standing."""
+    with pytest.raises(ConfigError, match=r"^pack_size= and packing.seq_length= set the same "
+                                          r"field; keep one$"):
+        parse_args([*REQUIRED, "pack_size=64", "packing.seq_length=128"])
+    assert parse_args([*REQUIRED, "pack_size=64", "pack_size=128"]).pack_size == 128
+
+
 def test_key_name_of_a_library_caller_is_the_field_name() -> None:
     cfg = PrepareConfig(input="a", output="b", tokenizer="c", pack_size=130, pad_multiple=4)
     assert key_name(cfg, "pack_size") == "pack_size"
