@@ -83,23 +83,50 @@ def _nearest_existing(path: Path) -> tuple[Path, bool]:
     return Path(path.anchor), True
 
 
-def directory_problem(key: str, value: str, fix: str) -> str | None:
-    """`value` is a directory this process can write, or one it can create: tried for real,
-    before any rank starts (and nothing is left behind). `fix` ends the message."""
-    path = Path(value).absolute()
+def _unwritable(path: Path) -> str | None:
+    """Why the directory `path` can be neither written nor created, as the end of a line
+    ("is a file, not a directory", "cannot be created: /x is a file", ...); None when it can:
+    tried for real, and nothing is left behind."""
     existing, is_dir = _nearest_existing(path)
     if existing == path and not is_dir:
-        return f"{key}={value} is a file, not a directory; {fix}"
+        return "is a file, not a directory"
     missing = existing != path
     if not is_dir:
-        return f"{key}={value} cannot be created: {existing} is a file; {fix}"
+        return f"cannot be created: {existing} is a file"
     err = try_create_directory(path)
     if err is None:
         return None
     where = "it" if not missing else f"under {existing}"
     verb = "written" if not missing else "created"
     reason = err.strerror or type(err).__name__
-    return f"{key}={value} cannot be {verb} ({where}: {reason}); {fix}"
+    return f"cannot be {verb} ({where}: {reason})"
+
+
+def directory_problem(key: str, value: str, fix: str) -> str | None:
+    """`value` is a directory this process can write, or one it can create: tried for real,
+    before any rank starts (and nothing is left behind). `fix` ends the message."""
+    reason = _unwritable(Path(value).absolute())
+    return None if reason is None else f"{key}={value} {reason}; {fix}"
+
+
+def output_file_problem(key: str, value: str, fix: str) -> str | None:
+    """`value` is a file this process can write: not a directory, an existing file open for
+    writing, and its folder one it can write or create (`_unwritable`, tried for real and left
+    as it was). Checked before the work that ends in writing it. `fix` ends the message."""
+    path = Path(value).absolute()
+    if path.is_dir():
+        return f"{key}={value} is a directory, not a file; {fix}"
+    reason = _unwritable(path.parent)
+    if reason is not None:
+        return f"{key}={value} cannot be written: its folder {path.parent} {reason}; {fix}"
+    if path.is_file():  # a regular one only: opening a FIFO would wait for its reader
+        try:
+            with path.open("ab"):  # appends nothing: the file is left as it was
+                pass
+        except OSError as err:
+            return (f"{key}={value} cannot be written ({err.strerror or type(err).__name__}); "
+                    f"{fix}")
+    return None
 
 
 def check_output_dir(cfg: RunConfig) -> str | None:

@@ -477,9 +477,21 @@ CONVERT = recipe_command(
     })
 
 
+def picture_out_problem(key: str, value: str) -> str | None:
+    """compare_runs.py's `out=` is a file it can write (`output_file_problem`): said before any
+    run is read or drawn, not as matplotlib's traceback at the save."""
+    from recipes.config.path_rules import output_file_problem
+
+    return output_file_problem(key, value, f"name a .png file in a folder you can write, e.g. "
+                                           f"{key}={Path.cwd() / 'compare_runs.png'}")
+
+
 def run_compare_runs(args: Arguments) -> int:
     from trainer.tools.compare_runs import compare_runs
 
+    problem = picture_out_problem("out", args["out"])  # the default's folder too
+    if problem:
+        raise ConfigError(problem)
     print(f"wrote {compare_runs(args.rest, args['out'])}")
     return 0
 

@@ -98,7 +98,21 @@ def make_request(words: Sequence[str], given: Mapping[str, Any]) -> Request:
     if request.paths["out"].exists():  # before any heavy import; checked again before writing
         raise ConfigError(f"out={request.paths['out']} already exists; choose a new directory "
                           "or remove it")
+    problem = out_problem(request.command, request.paths["out"])
+    if problem:
+        raise ConfigError(problem)
     return request
+
+
+def out_problem(command: str, out: Path) -> str | None:
+    """The new `out=` directory can be made, tried for real (`directory_problem`, nothing left
+    behind): a parent that is a file or cannot be created is one line here, before torch and
+    the ranks, not an OSError in rank 0 at its temporary directory (`hf_files.temporary_dir`,
+    beside `out`, so the same folder)."""
+    from recipes.config.path_rules import directory_problem
+
+    return directory_problem("out", str(out), f"name a new directory in a folder you can "
+                                              f"write, e.g. out={Path.cwd() / (command + 'ed')}")
 
 
 def import_config(request: Request):
