@@ -11,7 +11,8 @@ would offer `override model.num_attention_heads=0` for a broken file. So before 
 each rule below refuses one kind of broken config.json in one line naming the key and value:
 `architectures` not a list of names (`listed_architectures`); no `architectures`, where the
 architecture is the one `model_type` names, as transformers' AutoConfig picks the class, if
-exactly one does (`architecture_of_model_type`); a value of the wrong JSON type
+exactly one does (`architecture_of_model_type`); a field read inside of that is not an object
+or list (`"rope_scaling": "x"`, `wrong_shape`); a value of the wrong JSON type
 (`wrong_type`); a size no model has, 0 or negative (`impossible_size`); and a recipe of another
 architecture of the same family, Mixtral for Llama, named before any field differs
 (`other_architecture`).
@@ -38,6 +39,11 @@ ARCHITECTURES = {"LlamaForCausalLM": ("llama", gpt), "MixtralForCausalLM": ("mix
 FAMILIES = tuple({id(module): module for _, module in ARCHITECTURES.values()}.values())
 SCALARS = {key: kind for family in FAMILIES for key, kind in family.HF_SCALARS.items()}
 NULLABLE = set().union(*(family.HF_NULLABLE for family in FAMILIES))
+# The config.json fields the mappings read inside of (`rope_scaling.factor`, each block type
+# of `layers_block_type`), by the JSON shape each must have (`HF_NESTED`); null is absent.
+NESTED = {key: shape for family in FAMILIES for key, shape in family.HF_NESTED.items()}
+SHAPE_WORDS = {"object": "an object ({...})", "list": "a list ([...])",
+               "names": "a list of names ([\"...\", ...])"}
 LEAST = {"size": 1, "count": 0}  # the smallest value a model has, by kind
 KIND_WORDS = {"size": "an integer", "count": "an integer", "number": "a number",
               "flag": "true or false"}
@@ -116,12 +122,46 @@ def _kind(value: object) -> str:
 
 
 def _lookup(hf: dict, key: str) -> tuple[bool, object]:
-    """(present, value) of a key, `rope_scaling.factor` inside its object."""
+    """(present, value) of a key, `rope_scaling.factor` inside its object; absent inside
+    anything else (`wrong_shape` names an outer value that is not an object)."""
     outer, _, inner = key.partition(".")
     if not inner:
         return key in hf, hf.get(key)
     nested = hf.get(outer)
-    return isinstance(nested, dict) and inner in nested, (nested or {}).get(inner)
+    if not isinstance(nested, dict):
+        return False, None
+    return inner in nested, nested.get(inner)
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """A value as config.json writes it, cut at `limit` characters (a long list of blocks)."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
+def _shape_miss(value: object, shape: str) -> str | None:
+    """What `value` is where `shape` is wanted ("a string", "a list holding 3, an integer");
+    None when it has that shape."""
+    if shape == "object":
+        return None if isinstance(value, dict) else _kind(value)
+    if not isinstance(value, list):
+        return _kind(value)
+    odd = [item for item in value if not isinstance(item, str)] if shape == "names" else []
+    return f"a list holding {_shown(odd[0], 20)}, {_kind(odd[0])}" if odd else None
+
+
+def wrong_shape(hf: dict) -> str | None:
+    """The line naming the first field the mappings read inside of (`NESTED`) whose value has
+    the wrong JSON shape (`"rope_scaling": "x"`, a string where an object is read); None when
+    every one is right or null. Checked before any value inside is looked up."""
+    for key, shape in NESTED.items():
+        value = hf.get(key)
+        miss = None if value is None else _shape_miss(value, shape)
+        if miss:
+            words = SHAPE_WORDS[shape]
+            return (f"config.json {key}={_shown(value)} is {miss}, not {words}; write it as "
+                    f"{words} or null, or re-download the model's config.json")
+    return None
 
 
 def wrong_type(hf: dict) -> str | None:
@@ -153,8 +193,11 @@ def impossible_size(hf: dict) -> str | None:
 
 
 def check_values(hf: dict) -> None:
-    """Refuse a config.json value of the wrong type or an impossible size, in one line."""
-    for problem in (wrong_type(hf), impossible_size(hf)):
+    """Refuse a config.json field of the wrong shape, a value of the wrong type or an
+    impossible size, in one line (the first rule that finds one; each reads only what the
+    ones before it passed)."""
+    for rule in (wrong_shape, wrong_type, impossible_size):
+        problem = rule(hf)
         if problem:
             raise ConfigError(problem)
 

@@ -39,6 +39,9 @@ HF_SCALARS = {
     **dict.fromkeys(("tie_word_embeddings", "attention_bias", "mlp_bias"), "flag"),
 }
 HF_NULLABLE = {"num_key_value_heads", "head_dim"}
+# The config.json fields this mapping reads inside of, by the JSON shape each must have (an
+# object; `trainer/interop/hf_config.py` refuses another before any is read); null is absent.
+HF_NESTED = dict.fromkeys(("rope_parameters", "rope_scaling"), "object")
 
 
 def _rope(hf: dict) -> dict:

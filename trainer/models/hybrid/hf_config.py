@@ -106,6 +106,11 @@ HF_SCALARS = {
                     "flag"),
 }
 HF_NULLABLE = {"num_key_value_heads", "head_dim", "moe_latent_size", "num_nextn_predict_layers"}
+# The config.json fields this mapping reads inside of, by the JSON shape each must have (block
+# type names, or a list), as `trainer/models/gpt/hf_config.py` states its own; null is absent.
+HF_NESTED = {**dict.fromkeys(("layers_block_type", "layer_types", "mtp_layers_block_type"),
+                             "names"),
+             **dict.fromkeys(("time_step_limit", "mamba_dt_limit"), "list")}
 
 
 def _get(hf: dict, name: str, default: object = KeyError):
