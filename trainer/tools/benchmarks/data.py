@@ -2,9 +2,10 @@
 documents, in one process (`scripts/bench_data.py` is the usage). The process is pinned to one
 core with the tokenizer's thread pool off (the command sets TOKENIZERS_PARALLELISM and
 RAYON_NUM_THREADS before anything is imported), so both figures are per core. A `tokenizer=`
-that cannot be read, a `megatron_lm=` that is no file, a `vocab=` below a byte-level BPE's
-smallest or `format=` without `memory=true` is one `error:` line before anything is written or
-timed (`check_options`). The corpus is cut at `max_mb` MiB exactly (the stdlib's last source
+that cannot be read, a `megatron_lm=` that is not a Megatron-LM checkout's
+tools/preprocess_data.py (`megatron_lm_problem`), a `vocab=` below a byte-level BPE's smallest
+or `format=` without `memory=true` is one `error:` line before anything is written or timed
+(`check_options`). The corpus is cut at `max_mb` MiB exactly (the stdlib's last source
 file is cut short), so the size printed is the size asked for.
 """
 
@@ -42,6 +43,35 @@ def bench_tokenizer(spec: str | None) -> Path | None:
     return file
 
 
+MEGATRON_TOOL = Path("tools") / "preprocess_data.py"
+CLONE = "git clone https://github.com/NVIDIA/Megatron-LM"
+
+
+def megatron_lm_problem(tool: str | None) -> str | None:
+    """`megatron_lm=` names Megatron-LM's tools/preprocess_data.py: a file (in a checkout, or
+    alone: the installed megatron-core ships the `megatron` it imports) that parses as Python.
+    Else the one line, said before the benchmark runs rather than as the tool's failure after
+    it (a checkout's folder is answered with its tool's path)."""
+    if not tool:
+        return None
+    path = Path(tool).expanduser()
+    if path.is_dir():
+        inside = path / MEGATRON_TOOL
+        fix = (f"name its tool: megatron_lm={inside}" if inside.is_file()
+               else f"name tools/preprocess_data.py of a Megatron-LM checkout ({CLONE})")
+        return f"megatron_lm={tool} is a folder, not Megatron-LM's {MEGATRON_TOOL}; {fix}"
+    if not path.is_file():
+        return (f"megatron_lm={tool}: no such file; name {MEGATRON_TOOL} of a Megatron-LM "
+                f"checkout ({CLONE}), or leave megatron_lm unset")
+    try:
+        compile(path.read_bytes(), str(path), "exec")
+    except (OSError, SyntaxError, ValueError) as err:
+        return (f"megatron_lm={tool} is not Megatron-LM's {MEGATRON_TOOL} (it cannot be read "
+                f"as Python: {type(err).__name__}: {getattr(err, 'msg', None) or err}); name "
+                f"that file of a Megatron-LM checkout ({CLONE}), or leave megatron_lm unset")
+    return None
+
+
 MIN_VOCAB = 257  # a byte-level BPE: the 256 byte symbols and <|endoftext|> (hf_tokenizer.py)
 
 
@@ -53,11 +83,9 @@ def check_options(options: dict) -> Path | None:
     if not options.get("memory") and options.get("format", "jsonl") != "jsonl":
         raise ConfigError(f"format={options['format']} applies only with memory=true (the "
                           "memory benchmark's corpus files); add memory=true or drop format=")
-    tool = options.get("megatron_lm")
-    if tool and not Path(tool).expanduser().is_file():
-        raise ConfigError(f"megatron_lm={tool}: no such file; name tools/preprocess_data.py of "
-                          "a Megatron-LM checkout (git clone https://github.com/NVIDIA/"
-                          "Megatron-LM), or leave megatron_lm unset")
+    problem = megatron_lm_problem(options.get("megatron_lm"))
+    if problem:
+        raise ConfigError(problem)
     named = bench_tokenizer(options.get("tokenizer"))
     vocab = options.get("vocab")
     if named is None and vocab is not None and int(vocab) < MIN_VOCAB:
