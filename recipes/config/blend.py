@@ -49,7 +49,7 @@ import yaml
 
 from plugins.protocol.errors import ConfigError
 from recipes.config import dataset_files
-from recipes.config.yaml_file import read_yaml
+from recipes.config.yaml_file import not_a_file, read_yaml
 
 MANIFEST_SPLIT = "#"  # <manifest>.json#<split>: a manifest's shards of a split, as one dataset
 BLEND_KEYS = ("train", "valid", "split", "eod_id", "vocab_size", "tokenizer", "prepare")
@@ -140,7 +140,7 @@ def unknown_key_problem(keys: Any, known: tuple[str, ...], where: str) -> str | 
 def _read_yaml(path: str) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
-        raise ConfigError(f"data.blend={path} does not exist; name a blend file, e.g. "
+        raise ConfigError(f"data.blend={path} {not_a_file(path)}; name a blend file, e.g. "
                           "data.blend=conf/data/python_stdlib.yaml")
     loaded = _megatron_form(path, read_yaml(file, f"data.blend={path}"))
     if not isinstance(loaded, dict) or "train" not in loaded:

@@ -25,6 +25,7 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.blend import Blend, empty_split_problem, load_blend
 from recipes.config.phases import phase_config, phase_spans
 from recipes.config.schema import RunConfig
+from recipes.config.yaml_file import not_a_file
 
 
 def _missing_parts(path: Path) -> list[Path]:
@@ -238,7 +239,7 @@ def check_cluster_spec(cfg: RunConfig) -> str | None:
     spec = cfg.cluster.spec
     if spec is None or Path(spec).is_file():
         return None
-    return (f"cluster.spec={spec} does not exist; name a cluster file, e.g. "
+    return (f"cluster.spec={spec} {not_a_file(spec)}; name a cluster file, e.g. "
             "cluster.spec=conf/cluster/h100_80gb_8x8.yaml, or cluster.spec=null")
 
 

@@ -73,6 +73,12 @@ def scalar_texts(text: str) -> dict[str, str]:
     return found
 
 
+def not_a_file(path: str | Path) -> str:
+    """What a path that is not a readable file is, for a line naming it: a folder where a file
+    is wanted is not "missing"."""
+    return "is a folder, not a file" if Path(path).is_dir() else "does not exist"
+
+
 def read_yaml(path: str | Path, origin: str) -> Any:
     """The YAML document in `path`; `origin` (e.g. 'cluster=conf/cluster/x.yaml') starts each
     error line. The caller checks that the file exists and what the document must hold."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.yaml_file import read_yaml
+from recipes.config.yaml_file import not_a_file, read_yaml
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 # Peaks a cluster file gives only where its GPUs have them: FP4 GEMMs exist on Blackwell only.
@@ -188,8 +188,9 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     file = Path(path)
     if not file.is_file():
         found = sorted(p.name for p in CLUSTER_DIR.glob("*.yaml"))
-        raise ConfigError(f"cluster={path} does not exist; use one of conf/cluster/"
-                          f"{{{','.join(found)}}}" if found else f"cluster={path} does not exist")
+        what = not_a_file(path)
+        raise ConfigError(f"cluster={path} {what}; use one of conf/cluster/"
+                          f"{{{','.join(found)}}}" if found else f"cluster={path} {what}")
     data = read_yaml(file, f"cluster={path}")
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping of keys to values (see conf/cluster/)")

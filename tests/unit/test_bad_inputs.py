@@ -254,6 +254,10 @@ BAD_INPUTS: list[tuple[list[str], str]] = [
      "checkpoint.load={tmp}/ckpt"),
     (["checkpoint.load={tmp}/empty_dir"], "checkpoint.load={tmp}/empty_dir is an empty "
      "directory"),
+    (["cluster.spec={tmp}/empty_dir"], "cluster.spec={tmp}/empty_dir is a folder, not a file; "
+     "name a cluster file"),
+    (["recipe=tiny_dp1", "data.source=blend", "data.blend={tmp}/empty_dir"],
+     "data.blend={tmp}/empty_dir is a folder, not a file; name a blend file"),
     (["cluster.spec={tmp}/missing.yaml"], "cluster.spec={tmp}/missing.yaml does not exist; name "
      "a cluster file"),
     (["checkpoint.load={tmp}/not_ckpt"], "checkpoint.load={tmp}/not_ckpt is not a Megatron "

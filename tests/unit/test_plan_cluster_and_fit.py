@@ -240,6 +240,14 @@ def test_a_cluster_file_that_is_not_utf8_is_one_line(tmp_path: Path):
         load_cluster(bad)
 
 
+def test_a_cluster_file_that_is_a_folder_or_missing_is_named_so(tmp_path: Path):
+    with pytest.raises(ConfigError, match=rf"^cluster={tmp_path} is a folder, not a file; use "
+                                          r"one of conf/cluster/\{"):
+        load_cluster(tmp_path)
+    with pytest.raises(ConfigError, match=r"nope.yaml does not exist; use one of conf/cluster/"):
+        load_cluster(tmp_path / "nope.yaml")
+
+
 EIGHT_B_ON_ONE_NODE = ["recipe=llama3_8b_tp8_dp8", "cluster.nodes=1", "parallel.tensor=1",
                        "parallel.sequence_parallel=false", "precision.grad_reduce_in_fp32=false",
                        "train.global_batch_size=16"]
