@@ -46,8 +46,16 @@ A packing for a pad multiple m > 1 is a different packing, so its files are name
 `P.pack<pack_size>.pad<m>.*` and its JSON records `pad_multiple`; an m = 1 index keeps the plain
 name and has no such key, so indexes written before pad multiples existed stay valid. A damaged
 index is found when a rank opens it (the checks before launch read no pack index: which one a
-run reads depends on its sequence length and context parallelism) and is a one-line `UserError`
-naming the user's fix (`REPAIR`): the same prepare_data command rewrites every index.
+run reads depends on its sequence length and context parallelism) and is a one-line
+`ConfigError` naming the file and the user's fix (`REPAIR`): the same prepare_data command
+rewrites every index. Opening one checks all it holds, since a garbled body behind an intact
+numpy header maps without complaint and would fail only at the step that reads it (a document
+id beyond the dataset, a pack longer than a row): the three files are regular files of the sizes
+their headers and the JSON say; the offsets start at 0, rise by at least one piece a pack and end
+at the piece count; every piece is a non-empty span inside its document (given the dataset's
+document lengths) and every pack, padded pieces included, fits the pack size; the token and
+piece counts agree with the JSON's statistics. That is one pass over the pieces, in chunks, on
+opening (about 24 bytes a piece), nothing per step.
 """
 
 from __future__ import annotations
@@ -60,7 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plugins.protocol.errors import UserError
+from plugins.protocol.errors import ConfigError
 from plugins.protocol.packed_batch import padded_length
 
 LONG_DOCUMENT_POLICIES = ("split", "truncate")
@@ -505,16 +513,27 @@ class PackIndex:
     is asked for. Pickling (e.g. into data-loader workers) carries only the paths and the
     metadata; the arrays are mapped again on first use. `pack` gives real piece lengths; a row
     built from an index with `pad_multiple` m > 1 pads each piece to a multiple of m
-    (`packed_row(..., pad_multiple=index.pad_multiple)`), which the packing left room for."""
+    (`packed_row(..., pad_multiple=index.pad_multiple)`), which the packing left room for.
 
-    def __init__(self, prefix: str | os.PathLike, pack_size: int, pad_multiple: int = 1):
+    Opening it checks everything it holds (`index_problem`), against `document_lengths` (the
+    dataset's tokens per document) when given, so a damaged index is refused in one line
+    (`ConfigError`) before the first step rather than failing at the step that reads it."""
+
+    def __init__(self, prefix: str | os.PathLike, pack_size: int, pad_multiple: int = 1,
+                 document_lengths: np.ndarray | None = None):
         self.pieces_path, self.offsets_path, self.json_path = pack_index_paths(
             prefix, pack_size, pad_multiple)
         self.meta = _read_index_meta(self.json_path, pack_size, pad_multiple)
         self.pad_multiple = pad_multiple
         self.stats = PackingStats(**self.meta["stats"])
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None
-        self._mapped()  # fail now, not in the middle of training
+        pieces, offsets = self._mapped()  # fail now, not in the middle of training
+        problem = index_problem(pieces, offsets, pack_size, self.stats, pad_multiple,
+                                document_lengths)
+        if problem:
+            blamed, what = problem
+            path = self.pieces_path if blamed == "pieces" else self.offsets_path
+            raise ConfigError(f"pack index file {path} {what}; {REPAIR}")
 
     def __len__(self) -> int:
         return self.meta["packs"]
@@ -530,11 +549,6 @@ class PackIndex:
         if self._arrays is None:
             pieces = _map_array(self.pieces_path, (self.meta["pieces"], 3))
             offsets = _map_array(self.offsets_path, (self.meta["packs"] + 1,))
-            if offsets[0] != 0 or offsets[-1] != len(pieces):
-                raise UserError(
-                    f"pack index file {self.offsets_path} does not span its "
-                    f"{len(pieces)} pieces; {REPAIR}"
-                )
             self._arrays = pieces, offsets
         return self._arrays
 
@@ -548,56 +562,181 @@ REPAIR = ("re-run scripts/prepare_data.py with the same arguments (it rewrites t
           "delete the pack index files beside it and the trainer builds them on first use")
 
 
+class PackIndexFileMissing(ConfigError, FileNotFoundError):
+    """A pack index file that is not there: one line like every damaged index (a
+    `ConfigError`), and still the `FileNotFoundError` callers of the library catch."""
+
+
+def _refuse_unless_file(path: Path) -> None:
+    """Refuse a pack index file that is missing, or a folder (or anything not a regular file)
+    standing where it goes: prepare_data would refuse to write over a folder, so it goes first."""
+    if path.is_file():
+        return
+    if not path.exists():
+        raise PackIndexFileMissing(f"pack index file {path} is missing; {REPAIR}")
+    raise ConfigError(
+        f"pack index file {path} is not a regular file (a folder, or something else, stands "
+        f"where the file goes); remove it, then {REPAIR}"
+    )
+
+
 def _read_index_meta(path: Path, pack_size: int, pad_multiple: int) -> dict:
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"pack index file {path} is missing; {REPAIR}"
-        )
+    _refuse_unless_file(path)
     try:
         meta = json.loads(path.read_text())
         names = {f.name for f in fields(PackingStats)}
         valid = (
             meta["format"] == INDEX_FORMAT
-            and int(meta["pieces"]) >= 0
-            and int(meta["packs"]) >= 0
+            and _is_int(meta["pack_size"])
+            and int(meta["pieces"]) >= int(meta["packs"]) >= 1  # no pack is empty
             and set(meta["stats"]) == names
+            and all(isinstance(v, int | float) and not isinstance(v, bool)
+                    for v in meta["stats"].values())
             and int(meta.get("pad_multiple", 1)) >= 1
         )
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, OSError):
         valid = False
     if not valid:
-        raise UserError(f"pack index file {path} is not a valid {INDEX_FORMAT!r} file; {REPAIR}")
-    if meta["pack_size"] != pack_size:
-        raise ValueError(
-            f"pack index file {path} is for pack size {meta['pack_size']}, not {pack_size}; "
-            f"open it with pack_size={meta['pack_size']}"
+        raise ConfigError(
+            f"pack index file {path} is not a valid {INDEX_FORMAT!r} file; {REPAIR}")
+    if meta["pack_size"] != pack_size:  # the file's name says pack_size: edited or renamed
+        raise ConfigError(
+            f"pack index file {path} is for pack size {meta['pack_size']}, not {pack_size}, "
+            f"which its name says: it was edited or renamed; {REPAIR}"
         )
     stored = meta.get("pad_multiple", 1)
     if stored != pad_multiple:
-        raise ValueError(
+        raise ConfigError(
             f"pack index file {path} pads documents to multiples of {stored}, not "
-            f"{pad_multiple}; open it with pad_multiple={stored}"
+            f"{pad_multiple}; open it with pad_multiple={stored}, or, if its name is right, it "
+            f"was edited or renamed: {REPAIR}"
         )
     return meta
 
 
 def _map_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"pack index file {path} is missing; {REPAIR}"
-        )
+    _refuse_unless_file(path)
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as error:
-        raise UserError(
-            f"pack index file {path} is corrupt or truncated ({error}); {REPAIR}"
+    except (ValueError, OSError, EOFError) as error:
+        raise ConfigError(
+            f"pack index file {path} is corrupt or truncated ({error or 'it is empty'}); "
+            f"{REPAIR}"
         ) from None
     if array.dtype != np.int64 or array.shape != shape:
-        raise UserError(
+        raise ConfigError(
             f"pack index file {path} holds {array.dtype} {array.shape}, expected int64 {shape}; "
             f"{REPAIR}"
         )
+    size = path.stat().st_size
+    if isinstance(array, np.memmap) and array.offset + array.nbytes != size:
+        raise ConfigError(
+            f"pack index file {path} is {size:,} bytes, but its header says "
+            f"{array.offset + array.nbytes:,}: something was written after it; {REPAIR}"
+        )
     return array
+
+
+# Pieces checked at a time on opening: bounds the memory of the check (a few arrays of this
+# many int64) whatever the index's size.
+CHECK_ROWS = 1 << 20
+
+
+def index_problem(pieces: np.ndarray, offsets: np.ndarray, pack_size: int, stats: PackingStats,
+                  pad_multiple: int = 1, document_lengths: np.ndarray | None = None,
+                  rows: int = CHECK_ROWS) -> tuple[str, str] | None:
+    """The first inconsistency of a pack index's arrays (pieces [n, 3]: document, start,
+    length; offsets [packs + 1]) with each other, with its statistics and with the dataset's
+    `document_lengths` (when given), as (the file to blame: "pieces" or "offsets", what is
+    wrong with it, a predicate: "is damaged: ..."); None when there is none. Reads the
+    pieces `rows` at a time."""
+    if problem := offsets_problem(offsets, len(pieces), stats.max_pieces_per_pack):
+        return "offsets", problem
+    tokens = 0
+    for first, last in pack_ranges(offsets, rows):
+        lo, hi = int(offsets[first]), int(offsets[last])
+        chunk = np.asarray(pieces[lo:hi])
+        problem = (pieces_problem(chunk, lo, pack_size, document_lengths)
+                   or fill_problem(chunk[:, 2], np.asarray(offsets[first:last]) - lo, first,
+                                   pack_size, pad_multiple))
+        if problem:
+            return "pieces", f"is damaged: {problem}"
+        tokens += int(chunk[:, 2].sum())
+    if tokens != stats.tokens:
+        return "pieces", (f"is damaged: its pieces hold {tokens:,} tokens, its JSON says "
+                          f"{stats.tokens:,}")
+    return None
+
+
+def offsets_problem(offsets: np.ndarray, pieces: int, max_pieces: int) -> str | None:
+    """What is wrong with pack offsets over `pieces` pieces, whose largest pack the JSON says
+    holds `max_pieces` (a predicate); None when nothing is. They must start at 0, end at
+    `pieces` and rise by at least one piece a pack (no pack is empty)."""
+    offsets = np.asarray(offsets)
+    if offsets[0] != 0 or offsets[-1] != pieces:
+        return (f"does not span its {pieces:,} pieces: its packs run from piece "
+                f"{int(offsets[0]):,} to {int(offsets[-1]):,}, not from 0 to {pieces:,}")
+    sizes = np.diff(offsets)
+    if sizes.min() < 1:
+        pack = int(sizes.argmin())
+        return (f"is damaged: pack {pack:,} runs from piece {int(offsets[pack]):,} to "
+                f"{int(offsets[pack + 1]):,}, and each pack holds at least one piece")
+    if sizes.max() != max_pieces:
+        return (f"is damaged: its largest pack holds {int(sizes.max()):,} pieces, its JSON says "
+                f"{max_pieces:,}")
+    return None
+
+
+def pack_ranges(offsets: np.ndarray, rows: int):
+    """Consecutive pack ranges [first, last) of about `rows` pieces each (at least one pack),
+    over offsets already known to rise."""
+    packs = len(offsets) - 1
+    first = 0
+    while first < packs:
+        last = int(np.searchsorted(offsets, int(offsets[first]) + rows, side="right")) - 1
+        last = min(max(last, first + 1), packs)
+        yield first, last
+        first = last
+
+
+def pieces_problem(chunk: np.ndarray, first_row: int, pack_size: int,
+                   document_lengths: np.ndarray | None = None) -> str | None:
+    """What is wrong with pieces (rows: document, start, length; the first is piece
+    `first_row`): a document id outside the dataset (or negative without `document_lengths`),
+    a start below 0, a length outside 1..pack_size, or a span past its document's end."""
+    doc, start, size = chunk[:, 0], chunk[:, 1], chunk[:, 2]
+    documents = len(document_lengths) if document_lengths is not None else None
+    outside = (doc < 0) if documents is None else (doc < 0) | (doc >= documents)
+    if outside.any():
+        row = int(outside.argmax())
+        among = ("" if documents is None else
+                 f", the dataset has {documents:,} (0..{documents - 1:,})")
+        return f"piece {first_row + row:,} names document {int(doc[row]):,}{among}"
+    bad = (start < 0) | (size < 1) | (size > pack_size)
+    if document_lengths is not None and not bad.any():
+        own = np.asarray(document_lengths[doc], dtype=np.int64)
+        bad = start > own - size  # start + size > own, without overflow
+    if bad.any():
+        row = int(bad.argmax())
+        d, s, n = int(doc[row]), int(start[row]), int(size[row])
+        has = "" if document_lengths is None else f", which has {int(document_lengths[d]):,} tokens"
+        return (f"piece {first_row + row:,} takes {n:,} tokens from token {s:,} of document "
+                f"{d:,}{has} (a piece is 1..{pack_size:,} tokens inside its document)")
+    return None
+
+
+def fill_problem(sizes: np.ndarray, starts: np.ndarray, first_pack: int, pack_size: int,
+                 pad_multiple: int = 1) -> str | None:
+    """A pack whose pieces (`sizes`, each padded to a multiple of `pad_multiple`) exceed the
+    pack size; `starts` are the packs' first rows in `sizes` (rising, the first 0), the first
+    pack being pack `first_pack`. Sizes are already known to be 1..pack_size."""
+    fills = np.add.reduceat(padded_length(sizes, pad_multiple), starts)
+    if fills.max() <= pack_size:
+        return None
+    pack = int(fills.argmax())
+    padded = f" (each piece padded to a multiple of {pad_multiple})" if pad_multiple > 1 else ""
+    return (f"pack {first_pack + pack:,} holds {int(fills[pack]):,} tokens{padded}, more than "
+            f"the pack size {pack_size:,}")
 
 
 def build_pack_index(prefix: str | os.PathLike, pack_size: int, *, seed: int = 0,

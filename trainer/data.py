@@ -227,7 +227,9 @@ class PackedSamples:
 
 def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int):
     """The pack index of one prepared dataset for this pad multiple, built beside it on first
-    use (rank 0)."""
+    use (rank 0). Opening it checks every piece against the dataset's documents, so a damaged
+    index is one `error:` line (a `ConfigError`, the same on every rank) before the first step,
+    not an IndexError at the step that reads a garbled piece."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     from data_prep.packing import PackIndex, build_pack_index, pack_index_paths
@@ -236,7 +238,9 @@ def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int):
     if torch.distributed.get_rank() == 0 and not found:
         build_pack_index(prefix, seq_length, seed=seed, pad_multiple=pad_multiple)
     torch.distributed.barrier()
-    return IndexedDataset(prefix), PackIndex(prefix, seq_length, pad_multiple)
+    dataset = IndexedDataset(prefix)
+    return dataset, PackIndex(prefix, seq_length, pad_multiple,
+                              document_lengths=dataset.sequence_lengths)
 
 
 def weighted_pack_order(counts: Sequence[int], weights: Sequence[float]) -> list[tuple[int, int]]:
