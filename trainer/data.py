@@ -168,8 +168,12 @@ def megatron_sources(cfg: RunConfig, blend: Blend, cache: Path, eval_samples: in
     )
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 
+    from trainer.data_index_cache import check_data_index_cache
     from trainer.sharded_dataset import ShardedGPTDataset
 
+    check_data_index_cache(cache)  # a damaged cache file: one line, not a pickle traceback
+    if torch.distributed.is_initialized():  # rank 0 writes the cache only once all have read it
+        torch.distributed.barrier()
     inter_document = cfg.data.documents == "inter_document"
     per_split = None if blend.valid is None else [
         blend.weights(blend.train), blend.weights(blend.valid), None]
