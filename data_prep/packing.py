@@ -68,6 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.npy_file import npy_problem
 from plugins.protocol.errors import ConfigError
 from plugins.protocol.packed_batch import padded_length
 
@@ -616,23 +617,16 @@ def _read_index_meta(path: Path, pack_size: int, pad_multiple: int) -> dict:
 
 def _map_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
     _refuse_unless_file(path)
+    if problem := npy_problem(path):
+        raise ConfigError(f"pack index file {path} {problem}; {REPAIR}")
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as error:
-        raise ConfigError(
-            f"pack index file {path} is corrupt or truncated ({error or 'it is empty'}); "
-            f"{REPAIR}"
-        ) from None
+    except (ValueError, OSError) as error:
+        raise ConfigError(f"pack index file {path} cannot be mapped ({error}); {REPAIR}") from None
     if array.dtype != np.int64 or array.shape != shape:
         raise ConfigError(
             f"pack index file {path} holds {array.dtype} {array.shape}, expected int64 {shape}; "
             f"{REPAIR}"
-        )
-    size = path.stat().st_size
-    if isinstance(array, np.memmap) and array.offset + array.nbytes != size:
-        raise ConfigError(
-            f"pack index file {path} is {size:,} bytes, but its header says "
-            f"{array.offset + array.nbytes:,}: something was written after it; {REPAIR}"
         )
     return array
 

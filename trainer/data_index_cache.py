@@ -7,10 +7,10 @@ without a look at what they hold (`datasets/gpt_dataset.py`, `safe_numpy_load`).
 header was written over then ends the ranks in an `UnpicklingError` traceback, one cut short in
 `EOF: reading array header`, and one cut short after its header in numpy's `mmap length is
 greater than file size`. Megatron writes these files only from arrays of integers, so a file is
-whole when numpy's own header reader (`numpy.lib.format`) reads its header, the header
-describes an array of plain numbers, and the file is exactly the header plus shape x item size
-bytes long. The fix is always the same: delete the folder, and Megatron builds the same indexes
-again (they follow from the data, the seed and the sample counts) at the next start.
+whole by `data_prep.npy_file.npy_problem` (header readable, plain numbers, the size its
+header says), the rule the pack index uses too. The fix is always the same: delete the folder,
+and Megatron builds the same indexes again (they follow from the data, the seed and the sample
+counts) at the next start.
 
 Only headers and sizes are read (a few hundred bytes a file), so the check costs nothing beside
 building the datasets; a file damaged inside its body with its size intact is not found here.
@@ -18,38 +18,10 @@ building the datasets; a file damaged inside its body with its size intact is no
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import numpy as np
-from numpy.lib import format as npy_format
-
+from data_prep.npy_file import npy_problem
 from plugins.protocol.errors import ConfigError
-
-
-def npy_problem(path: Path) -> str | None:
-    """What is wrong with the `.npy` file at `path` as a cached index (unreadable header, an
-    array of Python objects, a size other than its header says), or None when it is whole."""
-    try:
-        with open(path, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
-            version = npy_format.read_magic(file)
-            read_header = (npy_format.read_array_header_1_0 if version == (1, 0)
-                           else npy_format.read_array_header_2_0)
-            shape, _, dtype = read_header(file)
-            offset = file.tell()
-    except OSError as error:
-        return f"cannot be read ({error.strerror or error})"
-    except (ValueError, SyntaxError, TypeError, UnicodeDecodeError) as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        return f"is damaged: its numpy header cannot be read ({reason})"
-    if dtype.hasobject:
-        return f"is damaged: it holds Python objects ({dtype}), not the integers Megatron writes"
-    expected = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if size != expected:
-        return (f"is damaged: it is {size:,} bytes, but its header ({dtype} {tuple(shape)}) "
-                f"says {expected:,} (cut short or written over)")
-    return None
 
 
 def cache_entry_problem(path: Path) -> str | None:

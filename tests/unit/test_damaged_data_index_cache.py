@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from data_prep.npy_file import npy_problem
 from plugins.protocol.errors import ConfigError
 from trainer.data_index_cache import (
     cache_entry_problem,
     check_data_index_cache,
     damaged_cache_message,
-    npy_problem,
 )
 
 NAME = "353bbf5977aa798cae82588bdf4ff783-ShardedGPTDataset-valid-document_index.npy"
@@ -88,8 +88,8 @@ def test_bytes_after_the_array_are_refused(tmp_path):
 def test_an_array_of_python_objects_is_refused_unread(tmp_path):
     _, path = _cache(tmp_path)
     np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    assert npy_problem(path) == ("is damaged: it holds Python objects (object), not the "
-                                 "integers Megatron writes")
+    assert npy_problem(path) == ("is damaged: it holds Python objects (object), not plain "
+                                 "numbers")
 
 
 def test_a_folder_named_like_an_index_file_is_refused(tmp_path):

@@ -186,7 +186,7 @@ def test_an_empty_offsets_file(tmp_path):
     offsets = pack_index_paths(prefix, PACK)[1]
     offsets.write_bytes(b"")
     assert _refused(prefix, lengths).startswith(
-        f"pack index file {offsets} is corrupt or truncated (")
+        f"pack index file {offsets} is damaged: its numpy header cannot be read (")
 
 
 def test_a_missing_pieces_file_is_one_line_and_still_file_not_found(tmp_path):
@@ -214,8 +214,8 @@ def test_bytes_after_an_array(tmp_path):
     whole = pieces.read_bytes()
     pieces.write_bytes(whole + b"\0" * 24)
     assert _refused(prefix, lengths).startswith(
-        f"pack index file {pieces} is {len(whole) + 24:,} bytes, but its header says "
-        f"{len(whole):,}")
+        f"pack index file {pieces} is damaged: it is {len(whole) + 24:,} bytes, but its header "
+        f"(int64 (")
 
 
 def test_an_edited_pack_size_in_the_json(tmp_path):

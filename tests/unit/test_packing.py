@@ -265,7 +265,7 @@ def test_truncated_or_missing_index_files_give_one_line_errors(tmp_path):
     pieces, offsets, meta = pack_index_paths(prefix, 1024)
     whole = pieces.read_bytes()
     pieces.write_bytes(whole[: len(whole) // 2])
-    with pytest.raises(ValueError, match=f"pack index file {pieces} is corrupt or truncated"):
+    with pytest.raises(ValueError, match=f"pack index file {pieces} is damaged: it is .* bytes"):
         PackIndex(prefix, 1024)
     pieces.write_bytes(whole)
     PackIndex(prefix, 1024)

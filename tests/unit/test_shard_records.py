@@ -62,7 +62,7 @@ def test_a_damaged_pack_index_names_the_rerun_which_repairs_it(tmp_path) -> None
     prefix = tmp_path / "out" / "x_train_00000"
     pieces = tmp_path / "out" / "x_train_00000.pack16.pieces.npy"
     pieces.write_bytes(pieces.read_bytes()[:100])
-    with pytest.raises(UserError, match=r"is corrupt or truncated .*; re-run "
+    with pytest.raises(UserError, match=r"is damaged: .*; re-run "
                                         r"scripts/prepare_data.py with the same arguments"):
         PackIndex(prefix, 16)
     prepare(cfg, progress=False)
