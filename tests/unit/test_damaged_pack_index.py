@@ -92,16 +92,6 @@ def test_a_problem_in_a_later_chunk_names_its_piece_and_pack():
 # ------------------------------------------------------------------------------ the pieces
 
 
-def test_a_garbled_pieces_body_is_refused_on_opening(tmp_path):
-    """The reproduction: random bytes after an intact header (an IndexError mid-training)."""
-    prefix, lengths, _ = _written(tmp_path)
-    pieces = pack_index_paths(prefix, PACK)[0]
-    data = bytearray(pieces.read_bytes())
-    data[200:600] = np.random.default_rng(1).bytes(400)
-    pieces.write_bytes(bytes(data))
-    assert _refused(prefix, lengths).startswith(f"pack index file {pieces} is damaged: piece ")
-
-
 def test_a_document_id_beyond_the_dataset():
     problem = pieces_problem(np.array([[0, 0, 5], [9, 0, 5]]), 10, PACK, np.array([5, 5]))
     assert problem == "piece 11 names document 9, the dataset has 2 (0..1)"
@@ -168,14 +158,17 @@ def test_offsets_whose_largest_pack_disagrees_with_the_json():
         "is damaged: its largest pack holds 4 pieces, its JSON says 3")
 
 
-def test_a_garbled_offsets_body_is_refused_on_opening(tmp_path):
-    """The reproduction: a pack of 43,646 tokens reached `packed_row` mid-training."""
+# Random bytes after an intact header: before, a pieces body ended training in an IndexError and an
+# offsets body sent a pack of 43,646 tokens to `packed_row`, mid-training.
+@pytest.mark.parametrize(("which", "said"), [(0, "is damaged: piece "), (1, "")],
+                         ids=["pieces", "offsets"])
+def test_a_garbled_body_is_refused_on_opening(tmp_path, which, said):
     prefix, lengths, _ = _written(tmp_path)
-    offsets = pack_index_paths(prefix, PACK)[1]
-    data = bytearray(offsets.read_bytes())
-    data[200:400] = np.random.default_rng(2).bytes(200)
-    offsets.write_bytes(bytes(data))
-    assert _refused(prefix, lengths).startswith(f"pack index file {offsets} ")
+    path = pack_index_paths(prefix, PACK)[which]
+    data = bytearray(path.read_bytes())
+    data[200:400] = np.random.default_rng(which + 1).bytes(200)
+    path.write_bytes(bytes(data))
+    assert _refused(prefix, lengths).startswith(f"pack index file {path} {said}")
 
 
 # --------------------------------------------------------------------------- the files
