@@ -34,6 +34,7 @@ from plugins.protocol.packed_batch import document_pad_multiple, packed_row
 from recipes.config.blend import Blend, load_blend
 from recipes.config.phases import span_at
 from recipes.config.schema import RunConfig
+from trainer.run_dir import DATA_INDEX
 
 MicroBatch = dict[str, torch.Tensor]
 
@@ -307,7 +308,7 @@ def build_sources(cfg: RunConfig, run_dir: Path,
     eval_samples = max(1, cfg.train.eval_iters) * cfg.train.global_batch_size
     if train_samples is None:
         train_samples = cfg.train.train_iters * cfg.train.global_batch_size
-    return megatron_sources(cfg, blend, run_dir / "data_index", eval_samples, train_samples)
+    return megatron_sources(cfg, blend, run_dir / DATA_INDEX, eval_samples, train_samples)
 
 
 def batch_outside_vocabulary(batch: MicroBatch, chunk: np.ndarray, source: SampleSource,

@@ -29,6 +29,7 @@ import torch
 from plugins.protocol.events import RunStart, StepMetrics
 from recipes.config.phases import continue_overrides, launch_stop
 from trainer.checkpoint import async_save
+from trainer.checkpoint.format import RUN_CHECKPOINTS
 from trainer.checkpoint.save import save_checkpoint
 from trainer.gpu_fast_paths import CudaGraphs
 from trainer.metrics import LaterWorldSum, RunReporter
@@ -263,7 +264,7 @@ def stop_here(session: TrainingSession, history: RunHistory, reporter: RunReport
     saved = history.checkpoint if history.checkpoint and history.checkpoint.endswith(
         f"step_{step:07d}") else None
     if cfg.checkpoint.save_on_stop and saved is None:
-        saved = str(save_checkpoint(session, session.run_dir / "checkpoints"))
+        saved = str(save_checkpoint(session, session.run_dir / RUN_CHECKPOINTS))
         history.checkpoint = saved
     reporter.record("stopped", {"step": step, "signal": signal.Signals(signum).name,
                                 "checkpoint": saved})
@@ -321,7 +322,7 @@ def _steps(session: TrainingSession, reporter: RunReporter, collect, stop: StopR
             _evaluate(session, history, reporter)
         # After the whole optimizer step: the only place a run saves (docs/checkpoints.md).
         if save_now:
-            history.checkpoint = str(save_checkpoint(session, session.run_dir / "checkpoints"))
+            history.checkpoint = str(save_checkpoint(session, session.run_dir / RUN_CHECKPOINTS))
         if cfg.checkpoint.async_save:
             async_save.finish_saves(session, blocking=False)
         if stop.agreed and not run_complete(session):  # the last step: the run ends anyway

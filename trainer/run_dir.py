@@ -13,11 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from plugins.protocol.errors import ConfigError
-from plugins.protocol.metrics_file import record_lines
+from plugins.protocol.metrics_file import METRICS_FILE, record_lines
 from recipes.config.io import CONFIG_FILENAME
 from trainer.checkpoint.format import RUN_CHECKPOINTS
 
-METRICS_FILE = "metrics.jsonl"
 RUN_LOCK = ".run.lock"  # in the run directory (and a checkpoint root elsewhere): who runs in it
 DATA_INDEX = "data_index"  # Megatron's cached dataset indices
 # Each entry the run writes, whether it is a folder, and what it holds.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from plugins.protocol.errors import UserError
-from plugins.protocol.metrics_file import PASS_RUNS, parse_metrics
+from plugins.protocol.metrics_file import METRICS_FILE, PASS_RUNS, parse_metrics
 
 
 @dataclass
@@ -54,9 +54,9 @@ def read_run(run_dir: Path, label: str | None = None) -> Curves:
     """A run's curves from `<run_dir>/metrics.jsonl`, named `label` (default: the folder's
     name); every line checked (`metrics_file.py`): damage is one line, a last line cut short
     by a killed run is skipped with a note on stderr."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
-        raise UserError(f"{run_dir} has no metrics.jsonl; {PASS_RUNS} (runs/<recipe>-<time>)")
+        raise UserError(f"{run_dir} has no {METRICS_FILE}; {PASS_RUNS} (runs/<recipe>-<time>)")
     try:
         data = path.read_bytes()
     except OSError as error:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from plugins.protocol.errors import ConfigError
 
+METRICS_FILE = "metrics.jsonl"  # in a run directory: one JSON record a line
 PASS_RUNS = "pass run directories written by scripts/pretrain.py"
 PLOTTED_KINDS = ("train", "heldout")
 JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "true/false",

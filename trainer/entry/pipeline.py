@@ -51,7 +51,7 @@ from recipes.resolve import resolve_config
 from trainer.checkpoint.format import RUN_CHECKPOINTS, newest_checkpoint, step_of
 from trainer.checkpoint.preflight import checkpoint_preflight, resumed_step, validate_paths
 from trainer.entry.contract import Arguments, print_once
-from trainer.run_dir import RUN_LOCK, check_run_dir
+from trainer.run_dir import METRICS_FILE, RUN_LOCK, check_run_dir
 from trainer.throughput import RUN_RULES
 
 # Set for self-launched ranks: the launching process already ran the checkpoint's pre-flight.
@@ -280,7 +280,7 @@ SIGNAL_WORDS = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
 def _records(run_dir: Path) -> list[dict]:
     import json
 
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS_FILE
     lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
     records = []
     for line in lines:
@@ -300,7 +300,7 @@ def stopped_line(run_dir: Path, cfg: RunConfig, signum: signal.Signals) -> str:
     if finished_run(records, cfg):
         return (f"{SIGNAL_WORDS[signum]} came after the last step began: the run is complete "
                 f"(step {cfg.train.train_iters} of {cfg.train.train_iters}, its summary in "
-                f"{run_dir / 'metrics.jsonl'}); nothing to continue")
+                f"{run_dir / METRICS_FILE}); nothing to continue")
     stop = next((r for r in reversed(records) if r.get("kind") == "stopped"), None)
     steps = [r["step"] for r in records if r.get("kind") == "train"]
     step = stop["step"] if stop else (steps[-1] if steps else 0)

@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plugins.protocol.metrics_file import METRICS_FILE
 from plugins.registry import PluginsConfig
 from recipes.config.machine import detect_machine
 
@@ -196,7 +197,7 @@ def cannot_run(install_te: bool) -> str | None:
 
 
 def _train_records(run_dir: Path) -> list[dict]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
     return [r for r in records if r["kind"] == "train"]
 
 
@@ -356,7 +357,7 @@ def multi_gpu_runs(gpus: int, steps: int, out: Path, fp8_one_gpu: Path) -> tuple
     if gpus < 2:
         return [f"needs 2 GPUs, not checked on this {gpus}-GPU machine: {item}"
                 for item in NEEDS_TWO_GPUS], True
-    if not (fp8_one_gpu / "metrics.jsonl").exists():
+    if not (fp8_one_gpu / METRICS_FILE).exists():
         return ["fp8_current_tp2_sp: not run (the one-GPU FP8 run did not train)"], False
     one = RunResult("fp8_current", 0, *read_metrics(fp8_one_gpu)[:2])
     tp2 = train("fp8_current_tp2_sp", planned_runs()["fp8_current_tp2_sp"], steps, out)

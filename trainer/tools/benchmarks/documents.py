@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from plugins.protocol.metrics_file import METRICS_FILE
+
 REPO = Path(__file__).resolve().parents[3]
 
 MODES = {
@@ -85,7 +87,7 @@ def step_figures(recipe: str, blend: str, steps: int, mode: str,
         if result.returncode != 0:
             raise run_failure(result.returncode, result.stderr)
         records = [json.loads(line) for line in
-                   (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+                   (Path(run_dir) / METRICS_FILE).read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"][2:]
     return (statistics.median(r["step_time_s"] for r in train),
             statistics.median(r["tokens_per_s"] for r in train))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from plugins.protocol.errors import ConfigError
+from plugins.protocol.metrics_file import METRICS_FILE
 from recipes.plan.flops import model_flops_utilisation
 from trainer.throughput import (
     PROFILE_STEPS,
@@ -132,7 +133,7 @@ def plan_points(cfg: Any, options: ScalingOptions, report_dir: Path) -> list[Poi
 # --- reading a finished run ---------------------------------------------------------------
 
 def _records(run_dir: Path) -> tuple[list[dict], dict]:
-    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    lines = (run_dir / METRICS_FILE).read_text(encoding="utf-8").splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
     train = [r for r in records if r["kind"] == "train"]
     summary = next(r for r in records if r["kind"] == "summary")

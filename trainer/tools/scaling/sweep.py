@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from plugins.protocol.errors import ConfigError, config_error, error_lines
+from plugins.protocol.metrics_file import METRICS_FILE
 from trainer.tools.scaling.checks import (
     damaged_sweep_line,
     field_names,
@@ -170,7 +171,7 @@ def load_sweep(sweep_dir: Path) -> tuple[ScalingOptions, list[Point], list[float
 
 
 def _finished(run_dir: Path) -> bool:
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / METRICS_FILE
     return metrics.is_file() and '"kind": "summary"' in metrics.read_text(encoding="utf-8")
 
 
