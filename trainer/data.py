@@ -31,7 +31,7 @@ from data_prep.byte_tokenizer import ByteTokenizer
 from data_prep.corpus import corpus_documents
 from plugins.protocol.errors import ConfigError, RankUserError
 from plugins.protocol.packed_batch import document_pad_multiple, packed_row
-from recipes.config.blend import Blend, load_blend
+from recipes.config.blend import Blend, load_blend, preparation_seed
 from recipes.config.phases import span_at
 from recipes.config.schema import RunConfig
 from trainer.run_dir import DATA_INDEX
@@ -230,18 +230,28 @@ class PackedSamples:
                                      pad_multiple=self.pad_multiple))
 
 
+def pack_seed(prefix: str, train_seed: int) -> int:
+    """The seed of a pack index the trainer builds: the `seed=` of the preparation that made the
+    dataset (its manifest records it), so an index deleted and rebuilt, or one for another row
+    length or pad multiple, packs as `scripts/prepare_data.py` would have; `train.seed` for a
+    dataset no manifest lists."""
+    seed = preparation_seed(prefix)
+    return train_seed if seed is None else seed
+
+
 def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int):
     """The pack index of one prepared dataset for this pad multiple, built beside it on first
-    use (rank 0). Opening it checks every piece against the dataset's documents, so a damaged
-    index is one `error:` line (a `ConfigError`, the same on every rank) before the first step,
-    not an IndexError at the step that reads a garbled piece."""
+    use (rank 0, seeded by `pack_seed`). Opening it checks every piece against the dataset's
+    documents, so a damaged index is one `error:` line (a `ConfigError`, the same on every rank)
+    before the first step, not an IndexError at the step that reads a garbled piece."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     from data_prep.packing import PackIndex, build_pack_index, pack_index_paths
 
     found = pack_index_paths(prefix, seq_length, pad_multiple)[2].exists()
     if torch.distributed.get_rank() == 0 and not found:
-        build_pack_index(prefix, seq_length, seed=seed, pad_multiple=pad_multiple)
+        build_pack_index(prefix, seq_length, seed=pack_seed(prefix, seed),
+                         pad_multiple=pad_multiple)
     torch.distributed.barrier()
     dataset = IndexedDataset(prefix)
     return dataset, PackIndex(prefix, seq_length, pad_multiple,

@@ -247,6 +247,16 @@ def _manifest_beside(prefix: str) -> tuple[str, dict[str, Any], dict[str, Any]] 
     return None
 
 
+def preparation_seed(prefix: str) -> int | None:
+    """The `seed=` that `scripts/prepare_data.py` ran with for the dataset at `prefix`, from the
+    manifest beside it that lists it (it seeds the pack order of the indexes it writes); None
+    for a dataset no manifest lists, or a manifest that does not record one."""
+    found = _manifest_beside(prefix)
+    settings = found[1].get("settings") if found else None
+    seed = settings.get("seed") if isinstance(settings, dict) else None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 else None
+
+
 @dataclass
 class _Found:
     """What reading the sources learned: the manifests, and the bare prefixes' indexes."""

@@ -1,0 +1,62 @@
+"""A pack index the trainer builds is seeded as `scripts/prepare_data.py` seeded the dataset's own
+(its manifest records `seed=`), so deleting a damaged index, as the repair message offers, gives
+back the index prepare_data wrote; a dataset no manifest lists is packed with `train.seed`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from data_prep.config import PrepareConfig
+from data_prep.packing import build_pack_index, pack_index_paths
+from data_prep.prepare import prepare
+from recipes.config.blend import preparation_seed
+from tests.word_tokenizer import word_tokenizer
+from trainer.data import pack_seed
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning"),
+    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+]
+TRAIN_SEED = 1234
+
+
+def _prepared(tmp_path: Path, seed: int) -> Path:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"{'alpha beta gamma ' * (i % 9 + 1)}\n" for i in range(400)))
+    prepare(PrepareConfig(input=str(corpus), output=str(tmp_path / "out" / "x"), seed=seed,
+                          tokenizer=str(word_tokenizer(tmp_path)), pack_size=16), progress=False)
+    return tmp_path / "out" / "x_corpus"
+
+
+def test_an_index_deleted_and_rebuilt_is_the_one_prepare_data_wrote(tmp_path):
+    prefix = _prepared(tmp_path, seed=7)
+    assert preparation_seed(str(prefix)) == 7
+    assert pack_seed(str(prefix), TRAIN_SEED) == 7
+    paths = pack_index_paths(prefix, 16)
+    written = [path.read_bytes() for path in paths]
+    for path in paths:
+        path.unlink()
+    build_pack_index(prefix, 16, seed=pack_seed(str(prefix), TRAIN_SEED))
+    assert [path.read_bytes() for path in paths] == written
+    build_pack_index(prefix, 16, seed=TRAIN_SEED)  # what the trainer built before
+    assert [path.read_bytes() for path in paths] != written
+
+
+def test_a_dataset_no_manifest_lists_is_packed_with_the_train_seed(tmp_path):
+    prefix = _prepared(tmp_path, seed=7)
+    (tmp_path / "out" / "x.json").unlink()
+    assert preparation_seed(str(prefix)) is None
+    assert pack_seed(str(prefix), TRAIN_SEED) == TRAIN_SEED
+
+
+@pytest.mark.parametrize("seed", ["7", -1, True, None])
+def test_a_manifest_seed_edited_to_a_non_seed_is_not_used(tmp_path, seed):
+    prefix = _prepared(tmp_path, seed=7)
+    manifest = tmp_path / "out" / "x.json"
+    facts = json.loads(manifest.read_text())
+    facts["settings"]["seed"] = seed
+    manifest.write_text(json.dumps(facts))
+    assert pack_seed(str(prefix), TRAIN_SEED) == TRAIN_SEED
