@@ -179,7 +179,7 @@ def pretrain(args: Arguments) -> int:
         from trainer.entry.pipeline import check_paths
 
         return check_paths(args)
-    return Training(pretrain_rank, phased=True)(args)
+    return Training(pretrain_rank, phased=True, dry_runs=True)(args)
 
 
 PRETRAIN = recipe_command(

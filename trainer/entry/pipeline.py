@@ -71,9 +71,14 @@ class Training:
     launches: Callable[[Arguments], list[list[str]]] | None = None
     check: Callable[[Arguments], None] | None = None
     phased: bool = False
+    # Whether `dry_run=true` is this command's own (pretrain: build on meta, train nothing); a
+    # command that measures by training refuses it rather than exit 0 having measured nothing.
+    dry_runs: bool = False
 
     def __call__(self, args: Arguments) -> int:
         quiet_library_noise()
+        if not self.dry_runs and (problem := dry_run_problem(args)):
+            raise ConfigError(problem)
         if self.check is not None:
             self.check(args)
         if launched_as_rank():
@@ -83,6 +88,16 @@ class Training:
             if code != 0:
                 return code
         return 0
+
+
+def dry_run_problem(args: Arguments) -> str | None:
+    """Why `dry_run=true` (given, or in the config) is refused by a command that trains to
+    measure (bench_step, validate_resume, check_megatron_parity, bench_checkpoint), or None."""
+    if not resolve_config(list(args.rest)).dry_run:
+        return None
+    return (f"dry_run=true: scripts/{args.script.name} trains to measure what it reports, and a "
+            "dry run trains nothing; drop dry_run=true (scripts/pretrain.py with the same "
+            "arguments and dry_run=true checks the layout without training)")
 
 
 def launched_as_rank() -> bool:
