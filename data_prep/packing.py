@@ -55,7 +55,8 @@ their headers and the JSON say; the offsets start at 0, rise by at least one pie
 at the piece count; every piece is a non-empty span inside its document (given the dataset's
 document lengths) and every pack, padded pieces included, fits the pack size; the token and
 piece counts agree with the JSON's statistics. That is one pass over the pieces, in chunks, on
-opening (about 24 bytes a piece), nothing per step.
+opening (about 24 bytes a piece), nothing per step; the trainer makes it on rank 0 alone and
+tells the other ranks what it found (`trainer/data.py`), so a run reads the pieces once.
 """
 
 from __future__ import annotations
@@ -518,10 +519,13 @@ class PackIndex:
 
     Opening it checks everything it holds (`index_problem`), against `document_lengths` (the
     dataset's tokens per document) when given, so a damaged index is refused in one line
-    (`ConfigError`) before the first step rather than failing at the step that reads it."""
+    (`ConfigError`) before the first step rather than failing at the step that reads it. With
+    `check_pieces=False` only the JSON and the files' headers and sizes are checked: the
+    trainer's other ranks, once rank 0 has read the whole index (one pass over the pieces per
+    run, not per rank, on a shared file system)."""
 
     def __init__(self, prefix: str | os.PathLike, pack_size: int, pad_multiple: int = 1,
-                 document_lengths: np.ndarray | None = None):
+                 document_lengths: np.ndarray | None = None, check_pieces: bool = True):
         self.pieces_path, self.offsets_path, self.json_path = pack_index_paths(
             prefix, pack_size, pad_multiple)
         self.meta = _read_index_meta(self.json_path, pack_size, pad_multiple)
@@ -529,8 +533,8 @@ class PackIndex:
         self.stats = PackingStats(**self.meta["stats"])
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None
         pieces, offsets = self._mapped()  # fail now, not in the middle of training
-        problem = index_problem(pieces, offsets, pack_size, self.stats, pad_multiple,
-                                document_lengths)
+        problem = check_pieces and index_problem(pieces, offsets, pack_size, self.stats,
+                                                 pad_multiple, document_lengths)
         if problem:
             blamed, what = problem
             path = self.pieces_path if blamed == "pieces" else self.offsets_path

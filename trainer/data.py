@@ -241,21 +241,31 @@ def pack_seed(prefix: str, train_seed: int) -> int:
 
 def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int):
     """The pack index of one prepared dataset for this pad multiple, built beside it on first
-    use (rank 0, seeded by `pack_seed`). Opening it checks every piece against the dataset's
-    documents, so a damaged index is one `error:` line (a `ConfigError`, the same on every rank)
-    before the first step, not an IndexError at the step that reads a garbled piece."""
+    use (rank 0, seeded by `pack_seed`). Rank 0 checks every piece against the dataset's
+    documents and tells the others what it found, so a damaged index is one `error:` line (a
+    `ConfigError`, the same on every rank) before the first step, not an IndexError at the step
+    that reads a garbled piece; the other ranks check the index's JSON, headers and sizes only
+    (the pieces are read once per run, not once per rank)."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     from data_prep.packing import PackIndex, build_pack_index, pack_index_paths
 
-    found = pack_index_paths(prefix, seq_length, pad_multiple)[2].exists()
-    if torch.distributed.get_rank() == 0 and not found:
-        build_pack_index(prefix, seq_length, seed=pack_seed(prefix, seed),
-                         pad_multiple=pad_multiple)
-    torch.distributed.barrier()
-    dataset = IndexedDataset(prefix)
-    return dataset, PackIndex(prefix, seq_length, pad_multiple,
+    dataset, index, problem = IndexedDataset(prefix), None, [None]
+    if torch.distributed.get_rank() == 0:
+        try:
+            if not pack_index_paths(prefix, seq_length, pad_multiple)[2].exists():
+                build_pack_index(prefix, seq_length, seed=pack_seed(prefix, seed),
+                                 pad_multiple=pad_multiple)
+            index = PackIndex(prefix, seq_length, pad_multiple,
                               document_lengths=dataset.sequence_lengths)
+        except ConfigError as error:
+            problem = [str(error)]
+    torch.distributed.broadcast_object_list(problem, src=0)
+    if problem[0] is not None:
+        raise ConfigError(problem[0])
+    if index is None:  # not rank 0: rank 0 read the pieces
+        index = PackIndex(prefix, seq_length, pad_multiple, check_pieces=False)
+    return dataset, index
 
 
 def weighted_pack_order(counts: Sequence[int], weights: Sequence[float]) -> list[tuple[int, int]]:

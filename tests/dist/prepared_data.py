@@ -89,3 +89,20 @@ def train_and_hold_out(payload: dict) -> dict:
     result = evaluate(session)
     _finish()
     return {"records": records, "heldout": heldout, "eval_loss": result.loss}
+
+
+def open_pack_index(payload: dict) -> dict:
+    """Rank entry: the trainer's `_pack_index` on `payload['prefix']` (row length
+    `payload['seq']`); what this rank was told (the one-line error, or the packs it sees) and how
+    many times it read the index's pieces (`index_problem`), counted in this process only."""
+    from data_prep import packing
+    from plugins.protocol.errors import ConfigError
+    from trainer import data
+
+    reads, check = [], packing.index_problem
+    packing.index_problem = lambda *args: reads.append(1) or check(*args)
+    try:
+        _, index = data._pack_index(payload["prefix"], payload["seq"], 1234, 1)
+    except ConfigError as error:
+        return {"error": str(error), "reads": len(reads)}
+    return {"packs": len(index), "first": index.pack(0)[2].tolist(), "reads": len(reads)}
