@@ -263,6 +263,8 @@ class _Found:
 
     manifests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     bare: list[dataset_files.IndexFacts] = field(default_factory=list)
+    # Each manifest entry's first shard, scanned for ids past the vocabulary (`_id_checks`).
+    first_shards: list[tuple[str, dataset_files.IndexFacts]] = field(default_factory=list)
     made: frozenset[Path] = frozenset()  # manifests the blend's prepare: entries write
 
 
@@ -341,8 +343,10 @@ def _sources(path: str, entries: Any, found: _Found,
         prefixes = []
         for shard in manifest_shards(manifest, split):
             prefix = str(folder / shard["prefix"])
-            _check_prefix(path, prefix)
+            facts = _check_prefix(path, prefix)
             _check_recorded(path, prefix, shard, name)
+            if not prefixes:
+                found.first_shards.append((name, facts))
             prefixes.append(prefix)
         sources.append(BlendSource(manifest_dataset(name, split), weight, tuple(prefixes)))
     if sum(s.weight for s in sources) <= 0:
@@ -437,6 +441,17 @@ def _declared_against_manifests(path: str, loaded: dict[str, Any], found: _Found
                           f"eod_id {eod}; set eod_id: {eod} (or remove it)")
 
 
+def _manifest_id_checks(path: str, loaded: dict[str, Any], found: _Found, vocab: int) -> None:
+    """Each manifest's first shard (the bytes its fingerprint reads, `dataset_files.largest_id`)
+    holds no id past the vocabulary the blend takes from the manifests: their vocab_size is
+    otherwise trusted, and one edited smaller would pass here only to be advised as the
+    model's size."""
+    declared = "vocab_size" in loaded  # then no smaller than the manifests' (checked before)
+    for name, facts in found.first_shards:
+        if problem := dataset_files.manifest_vocabulary_problem(name, facts, vocab, declared):
+            raise _fail(path, problem)
+
+
 def _bare_checks(path: str, loaded: dict[str, Any], found: _Found, eod: int,
                  vocab: int) -> tuple[str, ...]:
     """Bare prefixes no manifest describes: a bounded scan of their ids, their documents'
@@ -496,6 +511,7 @@ def load_blend(path: str) -> Blend:
     valid = (_sources(path, loaded["valid"], found, "valid")
              if loaded.get("valid") is not None else None)
     eod, vocab = _token_facts(path, loaded, found)
+    _manifest_id_checks(path, loaded, found, vocab)
     notes = _bare_checks(path, loaded, found, eod, vocab)
     named = _named_tokenizers(loaded, found)
     return Blend(path=path, train=train, valid=valid, split=_split(path, loaded), eod_id=eod,

@@ -196,16 +196,18 @@ def recorded_problem(prefix: str, shard: dict, manifest: str) -> str | None:
 
 
 def _tokens(facts: IndexFacts, start: int, count: int) -> np.ndarray:
-    mapped = np.memmap(bin_path(facts.prefix), dtype=facts.dtype, mode="r")
-    return np.asarray(mapped[start:start + count])
+    """Tokens `start` to `start + count` (fewer at the end), read, not mapped."""
+    count = max(0, min(count, facts.tokens - start))
+    itemsize = np.dtype(facts.dtype).itemsize
+    return np.fromfile(bin_path(facts.prefix), facts.dtype, count, offset=start * itemsize)
 
 
-def largest_id(facts: IndexFacts) -> tuple[int, int]:
-    """(largest id, tokens looked at) over the first and last SCAN_TOKENS tokens."""
+def largest_id(facts: IndexFacts, window: int = SCAN_TOKENS) -> tuple[int, int]:
+    """(largest id, tokens looked at) over the first and last `window` tokens."""
     if facts.tokens == 0:
         return -1, 0
-    head = _tokens(facts, 0, SCAN_TOKENS)
-    tail = _tokens(facts, max(SCAN_TOKENS, facts.tokens - SCAN_TOKENS), SCAN_TOKENS)
+    head = _tokens(facts, 0, window)
+    tail = _tokens(facts, max(window, facts.tokens - window), window)
     seen = np.concatenate([head, tail])
     return int(seen.max()), int(seen.size)
 
@@ -232,6 +234,25 @@ def vocabulary_problem(facts: IndexFacts, vocab_size: int, where: str) -> str | 
             f"looked at), but {where} vocab_size is {vocab_size:,}; the data was made with a "
             f"larger tokenizer: set vocab_size: {top + 1} or more in the blend (and "
             f"model.vocab_size to match), or prepare the data with this tokenizer")
+
+
+def manifest_vocabulary_problem(manifest: str, facts: IndexFacts, vocab_size: int,
+                                declared: bool = False) -> str | None:
+    """A manifest's shard holding an id past the blend's vocabulary: the manifest's own
+    vocab_size (prepare_data records its tokenizer's size, so the manifest was edited), or the
+    larger one the blend `declared`. Only the bytes the manifest's fingerprint reads anyway
+    (`sample_crc32`: SAMPLE_BYTES at each end) are looked at, so it costs no further reading."""
+    top, seen = largest_id(facts, SAMPLE_BYTES // np.dtype(facts.dtype).itemsize)
+    if top < vocab_size:
+        return None
+    found = (f"its shard {facts.prefix} holds token id {top:,} (largest of {seen:,} tokens "
+             "looked at)")
+    if declared:
+        return (f"declares vocab_size: {vocab_size} but manifest {manifest}'s data goes past it: "
+                f"{found}; set vocab_size: {top + 1} or more (or remove it)")
+    return (f"manifest {manifest} says vocab_size {vocab_size:,}, but {found}: the manifest was "
+            "edited since scripts/prepare_data.py wrote it; re-run that preparation (it "
+            f"rewrites the manifest), or set vocab_size: {top + 1} or more in the blend")
 
 
 def eod_problem(facts: IndexFacts, eod_id: int) -> str | None:

@@ -265,3 +265,21 @@ def test_a_model_vocabulary_much_larger_than_the_tokenizers_is_warned_alone(tmp_
         cfg.model.vocab_size = fits
         assert vocabulary_much_larger(cfg, blend) is None and vocabulary_too_small(
             cfg, blend) is None
+
+
+def test_a_manifest_edited_to_a_smaller_vocabulary_is_refused_not_advised(tmp_path):
+    """Before, a manifest whose vocab_size was edited to 3 (its data holds id 3) passed, and
+    the run's vocabulary warning then advised model.vocab_size=3."""
+    manifest = _manifest(tmp_path, {"a": 5, "b": 5}, vocab=3)
+    path = _blend(tmp_path, f"train:\n  - {{manifest: {manifest}}}\n")
+    with pytest.raises(ConfigError) as error:
+        load_blend(path)
+    assert str(error.value) == (
+        f"data.blend={path}: manifest {manifest} says vocab_size 3, but its shard {tmp_path / 'a'} "
+        "holds token id 3 (largest of 5 tokens looked at): the manifest was edited since "
+        "scripts/prepare_data.py wrote it; re-run that preparation (it rewrites the manifest), "
+        "or set vocab_size: 4 or more in the blend")
+    assert load_blend(_blend(tmp_path, f"train:\n  - {{manifest: {manifest}}}\n"
+                                       "vocab_size: 4\n")).vocab_size == 4  # the way out
+    with pytest.raises(ConfigError, match=r"declares vocab_size: 3 but manifest .* goes past it"):
+        load_blend(_blend(tmp_path, f"train:\n  - {{manifest: {manifest}}}\nvocab_size: 3\n"))

@@ -192,7 +192,7 @@ def test_a_bare_prefix_listed_by_a_manifest_beside_it_is_checked_as_the_manifest
 
 def test_the_checks_read_the_index_not_the_tokens(tmp_path, monkeypatch) -> None:
     """A manifest's shards are checked without mapping their tokens (the fingerprint reads at
-    most 2 x 64 KiB of each .bin)."""
+    most 2 x 64 KiB of each .bin, and the first shard's ids are looked at in those bytes)."""
     manifest = _manifest(tmp_path)
     path = _blend(tmp_path, f"train:\n  - {{manifest: {manifest}}}\n")
     real = np.memmap
