@@ -443,7 +443,12 @@ def _overlapped(cfg: Any, comm: dict[str, float], gemms: float, compute: float,
     backward of every micro-batch), or without it less what the column-parallel linears'
     backward hides (`column`, `column_hidden`: the userbuffers overlap covers those
     collectives too); EP traffic less what its overlap hides behind the other micro-batch's
-    layers (`compute`)."""
+    layers (`compute`). Each is bounded by the compute alone, not by what the other already
+    hides behind it: the two run on streams of their own (userbuffers or NCCL for TP, the
+    dispatcher's all-to-alls for EP) beside one compute stream, so the same GEMM can hide both.
+    What this leaves out is their competing for one link when TP and EP share a node's NVLink
+    and for the SMs their kernels take; with both overlaps on, the modeled step is a lower
+    bound in that respect."""
     p, found = cfg.parallel, dict(comm)
     if "tp" in found:
         found["tp"] = max(0.0, found["tp"] - (gemms if p.tp_comm_overlap else column))
