@@ -26,6 +26,7 @@ from typing import Any, Literal
 from plugins.protocol.errors import ConfigError
 from recipes.config.arguments import as_written, convert, split_argument
 from recipes.config.dataset_files import TOKENIZER_FILE
+from recipes.config.links import resolved
 
 TRAIN_PREFIX = "train:"  # tokenizer=train:VOCAB trains a byte-level BPE on the corpus
 MIN_TRAIN_VOCAB = 257  # 256 byte symbols + the end-of-document token
@@ -337,8 +338,8 @@ def output_files(output: str) -> tuple[Path, ...]:
 
 
 def _written(path: Path, skip: frozenset[Path]) -> bool:
-    resolved = path.resolve()
-    return resolved in skip or any(parent in skip for parent in resolved.parents)
+    real = resolved(path)
+    return real in skip or any(parent in skip for parent in real.parents)
 
 
 def _expand(part: str, skip: frozenset[Path]) -> list[Path]:
@@ -369,7 +370,7 @@ def _expand(part: str, skip: frozenset[Path]) -> list[Path]:
 def resolve_inputs(spec: str, output: str | None = None) -> list[Path]:
     """Every input file `input=` names, in order (sorted within a folder or glob), each
     checked to be a non-empty file of a known format and not one `output` would write."""
-    written = frozenset(p.resolve() for p in output_files(output)) if output else frozenset()
+    written = frozenset(resolved(p) for p in output_files(output)) if output else frozenset()
     files: list[Path] = []
     for part in (p.strip() for p in spec.split(",")):
         if part:
@@ -396,10 +397,10 @@ def shard_names(files: Sequence[Path]) -> list[str]:
     """One dataset name per input file: its path below the files' common folder, without
     the suffixes, '/' -> '_' (`a/part-0.jsonl`, `b/part-0.jsonl` -> a_part-0, b_part-0), so
     independent jobs on different files of one corpus never collide."""
-    resolved = [p.resolve() for p in files]
-    root = Path(os.path.commonpath([p.parent for p in resolved]))
+    real = [resolved(p) for p in files]
+    root = Path(os.path.commonpath([p.parent for p in real]))
     names = []
-    for path in resolved:
+    for path in real:
         relative = path.relative_to(root)
         stem = relative.name.split(".")[0] or relative.stem
         text = "_".join([*relative.parent.parts, stem])

@@ -98,6 +98,7 @@ from data_prep.shards import (
 )
 from plugins.protocol.errors import ConfigError
 from recipes.config.dataset_files import RECORD_KEYS
+from recipes.config.links import resolved
 
 MAP_BATCH = 1000  # documents per batch the BPE trainer reads
 
@@ -617,7 +618,7 @@ def _finish(cfg: PrepareConfig, output: Path, work: Path, prepared: PreparedToke
         data_args=output_path(output, "data_args"),
         per_split_args=output_path(output, "per_split_args"),
     )
-    folder = output.parent.resolve()
+    folder = resolved(output.parent)
     train = megatron_blend(shards, folder, "train")
     _write_file(result.data_args, " ".join(map(str, train)) + "\n", work)
     per_split = {split: megatron_blend(shards, folder, split) for split in SPLITS}

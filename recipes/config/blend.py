@@ -49,6 +49,7 @@ import yaml
 
 from plugins.protocol.errors import ConfigError
 from recipes.config import dataset_files
+from recipes.config.links import resolved
 from recipes.config.yaml_file import not_a_file, read_yaml
 
 MANIFEST_SPLIT = "#"  # <manifest>.json#<split>: a manifest's shards of a split, as one dataset
@@ -539,7 +540,7 @@ def prepare_entry_name(index: int, entry: dict[str, Any]) -> str:
 
 
 def _resolved(path: str) -> Path:
-    return Path(path).expanduser().resolve()
+    return resolved(Path(path).expanduser())
 
 
 def makes(output: str, named: str) -> bool:

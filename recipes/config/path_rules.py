@@ -88,7 +88,10 @@ def _unwritable(path: Path) -> str | None:
     """Why the directory `path` can be neither written nor created, as the end of a line
     ("is a file, not a directory", "cannot be created: /x is a file", ...); None when it can:
     tried for real, and nothing is left behind."""
-    existing, is_dir = _nearest_existing(path)
+    try:
+        existing, is_dir = _nearest_existing(path)
+    except OSError as err:  # a symbolic link that loops, a folder this user may not search
+        return f"cannot be used ({err.strerror or type(err).__name__}: {err.filename})"
     if existing == path and not is_dir:
         return "is a file, not a directory"
     missing = existing != path

@@ -31,6 +31,7 @@ from pathlib import Path
 from data_prep.blend_prepare import check_prepare_entries
 from plugins.protocol.errors import ConfigError, config_error
 from recipes.config.io import CONFIG_FILENAME
+from recipes.config.links import resolved
 from recipes.config.path_rules import (
     DIRECTORY_RULES,
     INPUT_RULES,
@@ -467,7 +468,7 @@ def resolve_resume(cfg: RunConfig) -> tuple[RunConfig, str | None]:
     inside = run_dir_in_checkpoints(cfg)
     if inside:
         raise ConfigError(inside)
-    run_dir = Path(cfg.run_dir).resolve()
+    run_dir = resolved(cfg.run_dir)
     root = run_dir / RUN_CHECKPOINTS
     if root.is_dir() and (newest_checkpoint(root) is not None
                           or damaged_newest(root) is not None):  # damage: refused as a load

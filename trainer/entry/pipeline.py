@@ -44,6 +44,7 @@ from plugins.protocol.errors import (
     error_lines,
 )
 from recipes.config.io import CONFIG_FILENAME, save_config
+from recipes.config.links import resolved
 from recipes.config.machine import check_machine, detect_machine, ranks_on_cpu
 from recipes.config.schema import RunConfig
 from recipes.plan.fit import local_attention_cost
@@ -248,7 +249,7 @@ def lock_existing_run_dir(cfg: RunConfig) -> None:
     """Take the run's lock before any check or data preparation when its directory exists
     already (only then can another run hold it): a run refused for a directory in use is
     refused at once, before the plan's lines. `prepare_run_dir` takes it otherwise."""
-    run_dir = choose_run_dir(cfg).resolve()
+    run_dir = resolved(choose_run_dir(cfg))
     if run_dir.is_dir():
         hold_run_lock(run_dir)
 
@@ -417,7 +418,7 @@ def prepare_run_dir(cfg: RunConfig, lock: bool = False) -> tuple[RunConfig, Path
     The saved file leaves `run_dir` unset, so `config=<that file>` reproduces the run into a
     new directory; the ranks of this run get the directory as an explicit override.
     """
-    run_dir = choose_run_dir(cfg).resolve()
+    run_dir = resolved(choose_run_dir(cfg))
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # checked before launch; a rank of an outside launch meets it here
@@ -443,8 +444,8 @@ def hold_run_lock(run_dir: Path) -> None:
     names the directory and the holder's pid."""
     roots = [run_dir]
     checkpoints = run_dir / RUN_CHECKPOINTS
-    if checkpoints.is_dir() and checkpoints.resolve() != checkpoints.absolute():
-        roots.append(checkpoints.resolve())
+    if checkpoints.is_dir() and resolved(checkpoints) != checkpoints.absolute():
+        roots.append(resolved(checkpoints))
     for root in roots:
         take_lock(root / RUN_LOCK, run_dir)
 

@@ -54,6 +54,7 @@ from typing import Any
 
 from plugins.protocol.errors import ConfigError, UserError, config_error, error_lines
 from recipes.config.arguments import with_replaced
+from recipes.config.links import resolved
 from trainer.launch.agent import FAILED_ATTEMPTS_ENV, SIGNALLED_EXIT
 from trainer.launch.environment import gpu_environment, shell_exports
 
@@ -84,11 +85,11 @@ class LaunchArgs:
 def _job_path(path: str) -> str:
     """The cluster file as the job sees it: relative to the checkout the job runs in when it
     lies inside it (the checkout is linked into the job), else absolute."""
-    resolved = Path(path).resolve()
+    resolved_path = resolved(path)
     try:
-        return str(resolved.relative_to(REPO))
+        return str(resolved_path.relative_to(REPO))
     except ValueError:
-        return str(resolved)
+        return str(resolved_path)
 
 
 def check_port(key: str, value: int | None) -> str | None:
@@ -177,7 +178,7 @@ def _cluster(args: LaunchArgs, problems: list[str]) -> Any:
 def job_dir_problem(value: str | None, repo: Path = REPO) -> str | None:
     """`job_dir` lies outside this checkout: NeMo-Run packages the code from the git work tree
     and mangles job paths inside it (and a job's logs would land among the sources)."""
-    if value is None or not Path(value).resolve().is_relative_to(repo):
+    if value is None or not resolved(value).is_relative_to(repo):
         return None
     return (f"job_dir={value} is inside this checkout ({repo}); NeMo-Run mangles job paths in a "
             "git work tree: use a directory outside it, e.g. job_dir=/shared/jobs")
@@ -467,7 +468,7 @@ def job_dir(args: LaunchArgs) -> str:
     NeMo-Run's own home (`$NEMORUN_HOME`, else ~/.nemo_run)."""
     from nemo_run.config import get_nemorun_home
 
-    return str(Path(args.text.get("job_dir") or get_nemorun_home()).resolve())
+    return str(resolved(args.text.get("job_dir") or get_nemorun_home()))
 
 
 def default_rdzv_port(experiment: str, now: datetime) -> int:
@@ -543,7 +544,7 @@ def pin_local_run(plan: LaunchPlan, args: LaunchArgs, now: datetime) -> LaunchPl
     torchrun's run id (TORCHELASTIC_RUN_ID, which NeMo-Run's local torchrun sets)."""
     run_dir = Path(plan.cfg.run_dir or "")
     if not plan.cfg.run_dir:
-        base = Path(plan.cfg.output_dir).resolve() / f"{plan.cfg.name}-{now:%Y%m%d-%H%M%S}"
+        base = resolved(plan.cfg.output_dir) / f"{plan.cfg.name}-{now:%Y%m%d-%H%M%S}"
         run_dir = new_run_dir(base, create=not args.dry_run)
         plan = dataclasses.replace(plan, script_args=[*plan.script_args, f"run_dir={run_dir}"])
     print(f"run directory: {run_dir}", flush=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes.config.blend import named_paths
+from recipes.config.links import resolved
 
 REPO = Path(__file__).resolve().parents[2]
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def container_mounts(cfg: Any, job_dir: str, run_dir: str | None,
     if run_dir:
         needed.append(on_the_job(run_dir))  # a relative one lies in this checkout, mounted
     needed += [named.folder for named in config_paths(cfg)]
-    needed += [on_the_job(file).resolve().parent for file in files]
+    needed += [resolved(on_the_job(file)).parent for file in files]
     if python and python.startswith("/"):
         needed.append(Path(python).parent.parent)  # <env>/bin/python: the environment
     kept: list[Path] = []

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from plugins.logging.curves import plot_curves, read_run
 from plugins.protocol.errors import ConfigError
+from recipes.config.links import resolved
 
 
 def compare_runs(run_dirs: Sequence[str], out: str) -> Path:
@@ -37,7 +38,7 @@ def check_distinct(run_dirs: Sequence[str]) -> None:
     """Refuse a run directory given twice (under any spelling: `runs/a`, `./runs/a/`, a link)."""
     seen: dict[Path, str] = {}
     for run_dir in run_dirs:
-        key = Path(run_dir).resolve()
+        key = resolved(run_dir)
         if key in seen:
             again = "" if seen[key] == run_dir else f" (again as {run_dir})"
             raise ConfigError(f"{seen[key]} is given twice{again}; give each run directory once")

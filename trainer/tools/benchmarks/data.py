@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from recipes.config.links import resolved
+
 BATCH = 1000
 
 
@@ -220,7 +222,7 @@ def wall_clock(options: dict, corpus: Path, tokenizer_file: Path, folder: Path,
     scale.scaling(corpus, hf_folder, folder / "scaling", tokens, repeats)
     if options.get("megatron_lm"):
         (folder / "megatron_lm").mkdir()
-        scale.against_megatron_lm(Path(options["megatron_lm"]).resolve(), corpus, hf_folder,
+        scale.against_megatron_lm(resolved(options["megatron_lm"]), corpus, hf_folder,
                                   folder / "megatron_lm", tokens, repeats,
                                   int(options["workers"]))
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from plugins.protocol.errors import ConfigError, config_error, error_lines
 from plugins.protocol.metrics_file import METRICS_FILE
+from recipes.config.links import resolved
 from trainer.tools.scaling.checks import (
     damaged_sweep_line,
     field_names,
@@ -133,9 +134,9 @@ def model_state_gib(cfg: Any) -> float:
 
 def _report_dir(cfg: Any, options: ScalingOptions) -> Path:
     if options.out:
-        return Path(options.out).resolve()
+        return resolved(options.out)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return (Path(cfg.output_dir) / f"scaling-{cfg.name}-{options.mode}-{stamp}").resolve()
+    return resolved(Path(cfg.output_dir) / f"scaling-{cfg.name}-{options.mode}-{stamp}")
 
 
 # --- the sweep directory ----------------------------------------------------------------------
@@ -180,7 +181,7 @@ def write_report(sweep_dir: Path) -> int:
     from recipes.plan.cluster import gemm_precision, load_cluster
     from recipes.resolve import resolve_config
 
-    sweep_dir = sweep_dir.resolve()
+    sweep_dir = resolved(sweep_dir)
     options, points, states = load_sweep(sweep_dir)
     unfinished = [p.gpus for p in points if not _finished(sweep_dir / f"G{p.gpus}")]
     if unfinished:
