@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import errno
 import os
 import re
 import sys
@@ -346,11 +347,29 @@ def _main(command: Command, argv: Sequence[str] | None) -> int:
         for line in error_lines(error):  # several mistakes found together: one line each
             print_once(f"error: {line}", every_rank=isinstance(error, RankUserError))
         return EXIT_USER_ERROR
+    except OSError as error:
+        if error.errno != errno.ENAMETOOLONG:
+            raise
+        # Python 3.12's Path.exists()/is_dir() raise it where every other answer is False, so
+        # any rule that looks at such a path meets it: one line here, naming the argument.
+        print_once(f"error: {name_too_long_line(str(error.filename or ''), argv)}")
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:  # Ctrl-C outside a run's steps (which stop at a boundary)
         if "LOCAL_RANK" not in os.environ:  # a rank's launcher says it
             print(f"stopped by Ctrl-C (SIGINT): {command.script} ended", file=sys.stderr,
                   flush=True)
         return EXIT_INTERRUPTED
+
+
+def name_too_long_line(filename: str, argv: Sequence[str]) -> str:
+    """The line for a path the file system refused as too long (ENAMETOOLONG): the argument
+    that names it (its value the path, or a folder the path lies in) and its longest name."""
+    longest = max((len(part.encode()) for part in Path(filename).parts), default=0)
+    named = next((arg for arg in argv if (value := arg.partition("=")[2] or arg)
+                  and (os.path.abspath(filename) + os.sep).startswith(
+                      os.path.abspath(value) + os.sep)), filename)
+    return (f"{named}: the file system refuses {filename} as too long (its longest name is "
+            f"{longest:,} bytes; most allow 255 a name and 4,095 a path); shorten it")
 
 
 def print_once(line: str, every_rank: bool = False) -> None:
