@@ -8,6 +8,7 @@ rather look at than read. matplotlib draws with its Agg backend (no display need
 from __future__ import annotations
 
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,6 +133,11 @@ def plot_curves(runs: list[Curves], path: Path, title: str) -> Path:
     lr_axis.grid(alpha=0.3)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
+    partial = path.with_name(f".{path.name}.partial")  # a full disk leaves no half picture
+    try:
+        figure.savefig(partial, dpi=100, format="png")
+        os.replace(partial, path)
+    finally:
+        pyplot.close(figure)
+        partial.unlink(missing_ok=True)
     return path

@@ -183,3 +183,27 @@ def test_two_sweeps_g1_runs_are_told_apart(tmp_path, monkeypatch, capsys):
                         lambda runs, path, title: seen.append(title) or path)
     assert main(COMPARE_RUNS, ["sweepA/G1", "sweepB/G1", "out=g.png"]) == 0
     assert seen == ["sweepA/G1 vs sweepB/G1"]
+
+
+def test_a_disk_that_fills_while_the_picture_is_written_leaves_none(tmp_path, monkeypatch,
+                                                                    capsys):
+    """Before: an OSError traceback, and the PNG left half written under its name."""
+    import errno
+    import os
+
+    from plugins.logging import curves
+
+    monkeypatch.chdir(tmp_path)
+    _run(tmp_path / "a")
+    (tmp_path / "a.png").write_bytes(b"an older picture")
+
+    def full(source, target):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(curves.os, "replace", full)
+    assert main(COMPARE_RUNS, ["a", "out=a.png"]) == EXIT_USER_ERROR
+    assert capsys.readouterr().err == (
+        "error: out=a.png could not be written (No space left on device); free space there, or "
+        "name a .png file on another file system\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a", "a.png"]
+    assert (tmp_path / "a.png").read_bytes() == b"an older picture"

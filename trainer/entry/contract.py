@@ -348,17 +348,30 @@ def _main(command: Command, argv: Sequence[str] | None) -> int:
             print_once(f"error: {line}", every_rank=isinstance(error, RankUserError))
         return EXIT_USER_ERROR
     except OSError as error:
-        if error.errno != errno.ENAMETOOLONG:
+        line = os_error_line(error, argv, command.script)
+        if line is None:
             raise
-        # Python 3.12's Path.exists()/is_dir() raise it where every other answer is False, so
-        # any rule that looks at such a path meets it: one line here, naming the argument.
-        print_once(f"error: {name_too_long_line(str(error.filename or ''), argv)}")
+        print_once(f"error: {line}")
         return EXIT_USER_ERROR
     except KeyboardInterrupt:  # Ctrl-C outside a run's steps (which stop at a boundary)
         if "LOCAL_RANK" not in os.environ:  # a rank's launcher says it
             print(f"stopped by Ctrl-C (SIGINT): {command.script} ended", file=sys.stderr,
                   flush=True)
         return EXIT_INTERRUPTED
+
+
+def os_error_line(error: OSError, argv: Sequence[str], script: str) -> str | None:
+    """The one line for an OSError no rule of the command turned into its own: a path too long
+    for the file system (Python 3.12's Path.exists() and is_dir() raise it where they answer
+    False for any other missing path, so any rule looking at one meets it) or a file system
+    that filled (or a quota reached) while the command wrote; None for any other error."""
+    if error.errno == errno.ENAMETOOLONG:
+        return name_too_long_line(str(error.filename or ""), argv)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {error.filename}" if error.filename else ""
+        return (f"scripts/{script} could not finish: {error.strerror}{where}; free space there (or "
+                "raise the quota), or point its output at another file system, and run it again")
+    return None
 
 
 def name_too_long_line(filename: str, argv: Sequence[str]) -> str:

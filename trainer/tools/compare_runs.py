@@ -31,7 +31,11 @@ def compare_runs(run_dirs: Sequence[str], out: str) -> Path:
     runs = [read_run(Path(run_dir), label)
             for run_dir, label in zip(run_dirs, run_labels(run_dirs), strict=True)]
     title = " vs ".join(run.name for run in runs)
-    return plot_curves(runs, Path(out), title if len(title) < 90 else f"{len(runs)} runs")
+    try:
+        return plot_curves(runs, Path(out), title if len(title) < 90 else f"{len(runs)} runs")
+    except OSError as error:  # checked writable before; a disk that filled since, a quota
+        raise ConfigError(f"out={out} could not be written ({error.strerror or error}); free "
+                          "space there, or name a .png file on another file system") from None
 
 
 def check_distinct(run_dirs: Sequence[str]) -> None:

@@ -1,0 +1,70 @@
+"""OSErrors that are the user's to mend are one line, exit 2, in every command
+(`trainer/entry/contract.py`, `os_error_line`): a path with a name longer than the file system
+allows names the argument it came from (Python 3.12's `Path.exists()` and `is_dir()` raise
+`OSError(ENAMETOOLONG)` where they answer False for every other missing path, so any rule that
+looked at one met a traceback), and a disk that fills or a quota reached while the command
+writes names the command."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from trainer.entry.commands import COMPARE_RUNS, PLAN, PREPARE_DATA, PRETRAIN
+from trainer.entry.contract import Command, main, name_too_long_line
+
+NAME = "a" * 300
+
+
+def test_the_line_names_the_argument_whose_path_it_is():
+    line = name_too_long_line(f"/x/{NAME}/run-1/config.yaml",
+                              ["recipe=tiny_dp1", f"output_dir=/x/{NAME}"])
+    assert line == (f"output_dir=/x/{NAME}: the file system refuses /x/{NAME}/run-1/config.yaml "
+                    "as too long (its longest name is 300 bytes; most allow 255 a name and "
+                    "4,095 a path); shorten it")
+    assert name_too_long_line(f"/x/{NAME}", ["out=/x/a"]).startswith(f"/x/{NAME}: ")  # no match
+
+
+@pytest.mark.parametrize(("command", "rest", "named"), [
+    (PRETRAIN, ["recipe=tiny_dp1", "output_dir={long}"], "output_dir={long}"),
+    (PRETRAIN, ["config={long}"], "config={long}"),
+    (PRETRAIN, ["recipe=tiny_dp1", "data.source=blend", "data.blend={long}"],
+     "data.blend={long}"),
+    (COMPARE_RUNS, ["{long}"], "{long}"),
+    (PREPARE_DATA, ["input={long}", "output={tmp}/o/x", "tokenizer=train:300"], "input={long}"),
+    (PLAN, ["megatron_args={long}"], "megatron_args={long}"),
+], ids=["output_dir", "config", "blend", "compare_runs", "prepare_data", "plan"])
+def test_a_name_too_long_is_one_line_naming_its_argument(command, rest, named, tmp_path,
+                                                         capsys):
+    long = str(tmp_path / NAME)
+    assert main(command, [part.format(long=long, tmp=tmp_path) for part in rest]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {named.format(long=long)}: the file system refuses ")
+    assert err.count("\n") == 1, err
+
+
+def _failing_with(code: int, filename: str | None = None) -> Command:
+    def run(args):
+        raise OSError(code, os.strerror(code), *([filename] if filename else []))
+
+    return Command(script="compare_runs.py", run=run)
+
+
+def test_a_disk_that_fills_while_a_command_writes_is_one_line(capsys):
+    """What no rule of the command turned into its own line (compare_runs' out= has its own):
+    a full file system or a reached quota, met while writing."""
+    assert main(_failing_with(errno.ENOSPC, "/data/x.png"), []) == 2
+    assert capsys.readouterr().err == (
+        "error: scripts/compare_runs.py could not finish: No space left on device writing "
+        "/data/x.png; free space there (or raise the quota), or point its output at another "
+        "file system, and run it again\n")
+    assert main(_failing_with(errno.EDQUOT), []) == 2
+    assert capsys.readouterr().err.startswith(
+        "error: scripts/compare_runs.py could not finish: Disk quota exceeded; free space")
+
+
+def test_other_os_errors_are_not_taken_for_user_mistakes():
+    with pytest.raises(OSError, match="Input/output error"):
+        main(_failing_with(errno.EIO), [])
