@@ -216,9 +216,13 @@ class RunReporter:
         os.replace(fresh, self.metrics_path)
 
     def record(self, kind: str, values: dict) -> None:
-        if self.enabled:
+        if not self.enabled:
+            return
+        try:
             with self.metrics_path.open("a") as handle:
                 handle.write(json.dumps({"kind": kind, **values}) + "\n")
+        except OSError as error:  # a write names no file: a full disk's line names this one
+            raise OSError(error.errno, error.strerror, str(self.metrics_path)) from None
 
     def reached(self, step: int) -> None:
         """The bar moves with every step; its loss and tokens/s follow when a step's figures

@@ -68,3 +68,25 @@ def test_a_disk_that_fills_while_a_command_writes_is_one_line(capsys):
 def test_other_os_errors_are_not_taken_for_user_mistakes():
     with pytest.raises(OSError, match="Input/output error"):
         main(_failing_with(errno.EIO), [])
+
+
+def test_the_metrics_log_names_itself_when_the_disk_fills(tmp_path, monkeypatch):
+    """A write names no file: the run's line (above) then says which one could not be written."""
+    import torch
+
+    from trainer.metrics import RunReporter
+
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    reporter = RunReporter(tmp_path, total_steps=1, log_interval=1, progress_bar=False)
+    real_open = type(tmp_path).open
+
+    def full(path, mode="r", *args, **kwargs):
+        if mode == "a":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(type(tmp_path), "open", full)
+    with pytest.raises(OSError) as error:
+        reporter.record("train", {"step": 1})
+    assert (error.value.errno, error.value.filename) == (errno.ENOSPC,
+                                                         str(tmp_path / "metrics.jsonl"))
