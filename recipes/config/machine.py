@@ -112,6 +112,27 @@ def launched_world_size(environ: Mapping[str, str]) -> int | None:
         ) from None
 
 
+# What torch's env:// rendezvous reads besides LOCAL_RANK and WORLD_SIZE (torchrun sets all).
+RENDEZVOUS_ENV = ("RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def half_launched_problem(environ: Mapping[str, str]) -> str | None:
+    """LOCAL_RANK and WORLD_SIZE say this process is a launched rank, but what torch's env://
+    rendezvous also reads is missing (a shell that exported some of torchrun's variables, a
+    launcher wrapper that set only those): torch would fail with a ValueError traceback."""
+    if "LOCAL_RANK" not in environ or "WORLD_SIZE" not in environ:
+        return None
+    missing = [name for name in RENDEZVOUS_ENV if not environ.get(name, "").strip()]
+    port = environ.get("MASTER_PORT", "").strip()
+    if not missing and port.isdigit():
+        return None
+    what = (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set" if missing
+            else f"MASTER_PORT={port!r} is not a port number")
+    return (f"LOCAL_RANK and WORLD_SIZE are set, so this process runs as one rank of a launched "
+            f"run, but {what}; start it with torchrun (which sets them all), or unset "
+            "LOCAL_RANK and WORLD_SIZE for the script to launch its own ranks")
+
+
 def refuse_plain_srun(environ: Mapping[str, str]) -> None:
     """Several tasks of one `srun` step without torchrun would each self-launch a whole world.
 
@@ -195,6 +216,8 @@ def detect_machine(environ: Mapping[str, str] | None = None) -> MachineInfo:
     and Transformer Engine (no torch import)."""
     env = os.environ if environ is None else environ
     refuse_plain_srun(env)
+    if problem := half_launched_problem(env):
+        raise ConfigError(problem)
     gpus = count_gpus(visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
     return MachineInfo(
         gpus=gpus,

@@ -11,6 +11,7 @@ from recipes.config.machine import (
     check_machine,
     count_gpus,
     detect_machine,
+    half_launched_problem,
     launched_world_size,
     process_on_cpu,
     ranks_on_cpu,
@@ -166,3 +167,31 @@ def test_plain_srun_tasks_are_refused_with_the_torchrun_command() -> None:
     assert detect_machine({"SLURM_STEP_NUM_TASKS": "1"}).launched_world_size is None
     launched = {"SLURM_STEP_NUM_TASKS": "2", "WORLD_SIZE": "16", "CUDA_VISIBLE_DEVICES": ""}
     assert detect_machine(launched).launched_world_size == 16
+
+
+TORCHRUN_ENV = {"LOCAL_RANK": "0", "WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "node1",
+                "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize(("drop", "change", "said"), [
+    (("RANK",), {}, "RANK is not set"),
+    (("RANK", "MASTER_ADDR", "MASTER_PORT"), {}, "RANK, MASTER_ADDR, MASTER_PORT are not set"),
+    ((), {"MASTER_ADDR": " "}, "MASTER_ADDR is not set"),
+    ((), {"MASTER_PORT": "port"}, "MASTER_PORT='port' is not a port number"),
+])
+def test_a_half_launched_rank_is_one_line_not_torchs_traceback(drop, change, said) -> None:
+    """Before: LOCAL_RANK and WORLD_SIZE exported in a shell without RANK ended the script in
+    torch's `ValueError: Error initializing torch.distributed using env:// rendezvous`."""
+    environ = {k: v for k, v in {**TORCHRUN_ENV, **change}.items() if k not in drop}
+    assert half_launched_problem(environ) == (
+        f"LOCAL_RANK and WORLD_SIZE are set, so this process runs as one rank of a launched "
+        f"run, but {said}; start it with torchrun (which sets them all), or unset LOCAL_RANK "
+        "and WORLD_SIZE for the script to launch its own ranks")
+    with pytest.raises(ConfigError, match="^LOCAL_RANK and WORLD_SIZE are set"):
+        detect_machine({**environ, "CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_what_torchrun_sets_and_an_unlaunched_process_pass() -> None:
+    assert half_launched_problem(TORCHRUN_ENV) is None
+    assert half_launched_problem({"WORLD_SIZE": "8"}) is None  # no LOCAL_RANK: not a rank
+    assert half_launched_problem({}) is None
