@@ -351,7 +351,8 @@ def _main(command: Command, argv: Sequence[str] | None) -> int:
         line = os_error_line(error, argv, command.script)
         if line is None:
             raise
-        print_once(f"error: {line}")
+        # A full disk may meet one rank alone (its own files); a name too long meets them all.
+        print_once(f"error: {line}", every_rank=error.errno != errno.ENAMETOOLONG)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:  # Ctrl-C outside a run's steps (which stop at a boundary)
         if "LOCAL_RANK" not in os.environ:  # a rank's launcher says it
