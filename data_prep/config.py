@@ -233,6 +233,19 @@ def check_executor(cfg: PrepareConfig) -> str | None:
     if cfg.ray_address is not None and cfg.executor != "ray":
         return (f"ray_address={cfg.ray_address} is used by executor=ray only; add executor=ray "
                 "or leave ray_address unset")
+    return ray_address_problem("ray_address", cfg.ray_address)
+
+
+def ray_address_problem(key: str, address: str | None) -> str | None:
+    """`address` is one Ray takes (`auto`, `local`, `ray://HOST:PORT` for Ray Client,
+    `HOST:PORT` for a head's GCS): anything else ended in Ray's ValueError traceback."""
+    if address is None or address in ("auto", "local"):
+        return None
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if colon and host and "/" not in host and port.isdigit() and 0 < int(port) < 65536:
+        return None
+    return (f"{key}={address} is not a Ray address; give ray://HOST:PORT (Ray Client, e.g. "
+            "ray://head:10001), HOST:PORT (the head's GCS, e.g. head:6379) or auto")
 
 
 def check_pad_multiple(cfg: PrepareConfig) -> str | None:

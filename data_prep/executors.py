@@ -21,6 +21,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
+from data_prep.config import ray_address_problem
 from data_prep.shards import Report, TaskSpec, run_task
 from plugins.protocol.errors import ConfigError
 
@@ -117,11 +119,36 @@ def _ray() -> Any:
     return ray
 
 
+# Seconds a head's GCS port is given to answer before the run is refused: Ray itself retries
+# an unreachable GCS for minutes, printing warnings, before it gives up.
+GCS_CONNECT_S = 5.0
+
+
+def gcs_unreachable(key: str, address: str | None,
+                    timeout: float = GCS_CONNECT_S) -> str | None:
+    """Why a `HOST:PORT` (a head's GCS) takes no connection within `timeout`, or None (for
+    Ray Client's `ray://`, `auto` and `local`, Ray's own error is prompt)."""
+    if address is None or address in ("auto", "local") or address.startswith("ray://"):
+        return None
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        return (f"{key}={address}: no Ray head answers there ({reason} within "
+                f"{timeout:g} s); check the address and that `ray start --head` runs there, or "
+                "leave ray_address and RAY_ADDRESS unset for a local Ray")
+    return None
+
+
 def run_ray(specs: Sequence[TaskSpec], workers: int, address: str | None, done: Done) -> None:
     ray = _ray()
     started = not ray.is_initialized()
     if started:
-        address = address or os.environ.get("RAY_ADDRESS") or None
+        given, address = address, address or os.environ.get("RAY_ADDRESS") or None
+        key = "ray_address" if address == given else "RAY_ADDRESS"
+        if problem := (ray_address_problem(key, address) or gcs_unreachable(key, address)):
+            raise ConfigError(problem)
         root = str(Path(__file__).resolve().parents[1])
         env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH"))
                                             if p), "TOKENIZERS_PARALLELISM": "false"}

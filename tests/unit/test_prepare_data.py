@@ -278,6 +278,10 @@ BAD = [
     ({"held_out_fraction": 0.5}, "held_out_fraction=0.5 must be in (0, 1/3]"),
     ({"ray_address": "ray://head:10001"}, "ray_address=ray://head:10001 is used by "
      "executor=ray only"),
+    ({"executor": "ray", "ray_address": "garbage"}, "ray_address=garbage is not a Ray address; "
+     "give ray://HOST:PORT (Ray Client, e.g. ray://head:10001), HOST:PORT"),
+    ({"executor": "ray", "ray_address": "head:99999"}, "ray_address=head:99999 is not a Ray "
+     "address"),
 ]
 
 

@@ -112,6 +112,28 @@ def test_ray_runs_each_shard_as_a_task_with_the_same_bytes(made, tmp_path, monke
     assert not ray.is_initialized()
 
 
+def test_a_ray_head_that_does_not_answer_is_one_line_in_seconds(monkeypatch) -> None:
+    """Before: Ray retried an unreachable GCS address for minutes, printing warnings."""
+    import socket
+
+    from data_prep.executors import gcs_unreachable, run_ray
+    from plugins.protocol.errors import ConfigError
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    port = listening.getsockname()[1]
+    assert gcs_unreachable("ray_address", f"127.0.0.1:{port}") is None
+    listening.close()  # nothing listens there now: refused at once
+    assert gcs_unreachable("ray_address", f"127.0.0.1:{port}", timeout=1) == (
+        f"ray_address=127.0.0.1:{port}: no Ray head answers there (Connection refused within "
+        "1 s); check the address and that `ray start --head` runs there, or leave ray_address "
+        "and RAY_ADDRESS unset for a local Ray")
+    assert gcs_unreachable("ray_address", "ray://head:10001") is None  # Ray Client: Ray's own
+    pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_ADDRESS", "junk")
+    with pytest.raises(ConfigError, match="^RAY_ADDRESS=junk is not a Ray address"):
+        run_ray([], 1, None, lambda record: None)
+
+
 def _records(output: Path) -> dict[str, int]:
     folder = output.with_name(output.name + ".shards")
     return {p.name: p.stat().st_mtime_ns for p in folder.glob("*.json")} if folder.is_dir() else {}
