@@ -31,7 +31,7 @@ from data_prep.byte_tokenizer import ByteTokenizer
 from data_prep.corpus import corpus_documents
 from plugins.protocol.errors import ConfigError, RankUserError
 from plugins.protocol.packed_batch import document_pad_multiple, packed_row
-from recipes.config.blend import Blend, load_blend, preparation_seed
+from recipes.config.blend import Blend, load_blend, manifest_split, preparation_seed
 from recipes.config.phases import span_at
 from recipes.config.schema import RunConfig
 from trainer.run_dir import DATA_INDEX
@@ -230,16 +230,17 @@ class PackedSamples:
                                      pad_multiple=self.pad_multiple))
 
 
-def pack_seed(prefix: str, train_seed: int) -> int:
+def pack_seed(prefix: str, train_seed: int, manifest: str | None = None) -> int:
     """The seed of a pack index the trainer builds: the `seed=` of the preparation that made the
-    dataset (its manifest records it), so an index deleted and rebuilt, or one for another row
-    length or pad multiple, packs as `scripts/prepare_data.py` would have; `train.seed` for a
-    dataset no manifest lists."""
-    seed = preparation_seed(prefix)
+    dataset (its manifest records it: `manifest`, the blend's entry, else one beside it), so an
+    index deleted and rebuilt, or one for another row length or pad multiple, packs as
+    `scripts/prepare_data.py` would have; `train.seed` for a dataset no manifest lists."""
+    seed = preparation_seed(prefix, manifest)
     return train_seed if seed is None else seed
 
 
-def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int):
+def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int,
+                manifest: str | None = None):
     """The pack index of one prepared dataset for this pad multiple, built beside it on first
     use (rank 0, seeded by `pack_seed`). Rank 0 checks every piece against the dataset's
     documents and tells the others what it found, so a damaged index is one `error:` line (a
@@ -254,7 +255,7 @@ def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int):
     if torch.distributed.get_rank() == 0:
         try:
             if not pack_index_paths(prefix, seq_length, pad_multiple)[2].exists():
-                build_pack_index(prefix, seq_length, seed=pack_seed(prefix, seed),
+                build_pack_index(prefix, seq_length, seed=pack_seed(prefix, seed, manifest),
                                  pad_multiple=pad_multiple)
             index = PackIndex(prefix, seq_length, pad_multiple,
                               document_lengths=dataset.sequence_lengths)
@@ -294,9 +295,10 @@ def packed_sources(cfg: RunConfig, blend: Blend) -> tuple[PackedSamples, PackedS
     def packs(sources) -> tuple[list[tuple[object, object, int]], list[int]]:
         per_source = []
         for source in sources:
-            mine = []
+            mine, named = [], manifest_split(source.prefix)
+            manifest = named[0] if named else None  # a manifest entry: its seed at one look
             for prefix in source.prefixes:
-                dataset, index = _pack_index(prefix, seq, seed, multiple)
+                dataset, index = _pack_index(prefix, seq, seed, multiple, manifest=manifest)
                 mine += [(dataset, index, i) for i in range(len(index))]
             per_source.append(mine)
         order = weighted_pack_order([len(mine) for mine in per_source],

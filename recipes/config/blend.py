@@ -41,6 +41,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,26 +234,57 @@ def _read_manifest(path: str, name: str, made: frozenset[Path] = frozenset()) ->
 
 def _manifest_beside(prefix: str) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
     """(manifest file, manifest, shard record) of a manifest in the prefix's folder that lists
-    it: a bare prefix (or a Megatron-LM blend's) is then known as well as a manifest entry."""
+    it: a bare prefix (or a Megatron-LM blend's) is then known as well as a manifest entry.
+    Pack index JSONs beside the datasets are passed over by name, and each manifest is parsed
+    once per version (`_manifest_listing`): a folder of N shards asked about each of them
+    would otherwise parse an N-shard manifest N times."""
     target = Path(prefix)
-    for file in sorted(target.parent.glob("*.json")) if target.parent.is_dir() else ():
-        try:
-            manifest = json.loads(file.read_text(encoding="utf-8"))
-            shards = [*manifest["shards"], *manifest.get("valid_shards", []),
-                      *manifest.get("test_shards", [])]
-            found = next((s for s in shards if s["prefix"] == target.name), None)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return None
+    for name in sorted(names):
+        if not name.endswith(".json") or dataset_files.PACK_INDEX_JSON.search(name):
             continue
-        if found is not None:
-            return str(file), manifest, found
+        file = os.path.join(target.parent, name)
+        try:
+            facts = os.stat(file)
+        except OSError:
+            continue
+        listing = _manifest_listing(file, facts.st_mtime_ns, facts.st_size)
+        if listing is not None and target.name in listing[1]:
+            return file, listing[0], listing[1][target.name]
     return None
 
 
-def preparation_seed(prefix: str) -> int | None:
-    """The `seed=` that `scripts/prepare_data.py` ran with for the dataset at `prefix`, from the
-    manifest beside it that lists it (it seeds the pack order of the indexes it writes); None
-    for a dataset no manifest lists, or a manifest that does not record one."""
-    found = _manifest_beside(prefix)
+@functools.lru_cache(maxsize=64)
+def _manifest_listing(file: str, mtime_ns: int, size: int,
+                      ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]] | None:
+    """(manifest, {shard prefix: shard record}) of a JSON file read as a manifest, or None when
+    it is not one; cached by the file's version (path, mtime, size). Callers do not change it."""
+    try:
+        manifest = json.loads(Path(file).read_text(encoding="utf-8"))
+        shards = [*manifest["shards"], *manifest.get("valid_shards", []),
+                  *manifest.get("test_shards", [])]
+        return manifest, {shard["prefix"]: shard for shard in reversed(shards)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def preparation_seed(prefix: str, manifest: str | None = None) -> int | None:
+    """The `seed=` that `scripts/prepare_data.py` ran with for the dataset at `prefix`, from
+    `manifest` when the blend named it (one look, however many shards it lists), else from the
+    manifest beside the dataset that lists it (it seeds the pack order of the indexes it
+    writes); None for a dataset no manifest lists, or a manifest that does not record one."""
+    if manifest is not None:
+        try:
+            facts = os.stat(manifest)
+        except OSError:
+            return None
+        listing = _manifest_listing(manifest, facts.st_mtime_ns, facts.st_size)
+        found = listing and (manifest, listing[0], None)
+    else:
+        found = _manifest_beside(prefix)
     settings = found[1].get("settings") if found else None
     seed = settings.get("seed") if isinstance(settings, dict) else None
     return seed if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 else None

@@ -17,6 +17,7 @@ Every function returns None or one line naming the file and the fix.
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ EOD_SAMPLES = 4096  # a bare prefix: documents whose last token is compared with
 CRC_CHUNK = 1 << 24
 SAMPLE_BYTES = 1 << 16  # a manifest's fingerprint of a .bin: CRC-32 of its first and last bytes
 RECORD_KEYS = ("bin_bytes", "idx_bytes", "idx_crc32", "bin_sample_crc32")
+# The JSON of a pack index beside a dataset (`data_prep.packing.pack_index_paths` names it
+# `<prefix>.pack<N>[.pad<m>].json`): never a manifest, so manifest lookups pass it over.
+PACK_INDEX_JSON = re.compile(r"\.pack\d+(\.pad\d+)?\.json$")
 
 
 @dataclass(frozen=True)

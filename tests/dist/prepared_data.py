@@ -49,7 +49,8 @@ def train_steps_on_packs_padded_for(payload: dict) -> dict:
     from trainer import data
 
     multiple, find = payload["index_pad_multiple"], data._pack_index
-    data._pack_index = lambda prefix, seq, seed, _multiple: find(prefix, seq, seed, multiple)
+    data._pack_index = lambda prefix, seq, seed, _multiple, **named: find(prefix, seq, seed,
+                                                                       multiple, **named)
     return layout_runs.train_steps(payload)
 
 
