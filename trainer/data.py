@@ -324,7 +324,9 @@ def build_sources(cfg: RunConfig, run_dir: Path,
     `train_samples` training samples (default: the whole run at `cfg`'s batch)."""
     if cfg.data.source != "blend":
         return in_memory_sources(cfg)
-    blend = load_blend(str(cfg.data.blend))
+    # Read, not verified: the check before launch (the launching process's, or rank 0's for a
+    # torchrun or Slurm launch, before the ranks meet) read every dataset's files already.
+    blend = load_blend(str(cfg.data.blend), verify=False)
     if cfg.data.documents == "packed":
         return packed_sources(cfg, blend)
     eval_samples = max(1, cfg.train.eval_iters) * cfg.train.global_batch_size
