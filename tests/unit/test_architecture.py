@@ -141,8 +141,8 @@ def floor_violations(imports: dict[str, set[str]]) -> list[str]:
 # (a damaged or unloadable checkpoint is refused in about a second) and the families' Hugging
 # Face configs (a model directory of another shape is refused before a conversion starts).
 TORCH_FREE_TRAINER = ("trainer/__init__.py", "trainer/checkpoint/__init__.py",
-                      "trainer/checkpoint/format.py", "trainer/checkpoint/manifest.py",
-                      "trainer/checkpoint/megatron_lm.py",
+                      "trainer/checkpoint/checksums.py", "trainer/checkpoint/format.py",
+                      "trainer/checkpoint/manifest.py", "trainer/checkpoint/megatron_lm.py",
                       "trainer/checkpoint/preflight.py", "trainer/models/__init__.py",
                       "trainer/models/gpt/__init__.py", "trainer/models/gpt/hf_config.py",
                       "trainer/models/hybrid/__init__.py", "trainer/models/hybrid/hf_config.py",
@@ -233,7 +233,8 @@ def test_the_checkpoint_checks_import_no_torch_when_run():
 
 
 # trainer/checkpoint/, its torch-free checks first: each module imports only those before it.
-CHECKPOINT_ORDER = ("format", "manifest", "megatron_lm", "preflight", "megatron_fixes",
+CHECKPOINT_ORDER = ("checksums", "format", "manifest", "megatron_lm", "preflight",
+                    "megatron_fixes",
                     "fsdp_dtensor",
                     "state_dicts", "disk_errors", "publish", "async_save", "save", "load")
 

@@ -19,6 +19,7 @@ import pytest
 
 from plugins.protocol.errors import ConfigError
 from tests.unit.checkpoint_damage_fixtures import load_cfg, project_root
+from trainer.checkpoint import checksums
 from trainer.checkpoint import format as ckpt_format
 from trainer.checkpoint import manifest as ckpt_manifest
 from trainer.checkpoint.format import (
@@ -145,10 +146,10 @@ def test_every_listed_file_is_checked_for_readability(tmp_path, monkeypatch, nam
 def test_a_read_error_while_checksumming_is_a_line(tmp_path, monkeypatch) -> None:
     step = project_root(tmp_path / "checkpoints") / "step_0000006"
 
-    def denied(path):
+    def denied(path, advance=None):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(ckpt_manifest, "file_record", denied)
+    monkeypatch.setattr(checksums, "file_crc32", denied)
     assert "is not readable (permissions)" in damaged_file(step, read_manifest(step), True)
     assert damaged_file(step, read_manifest(step), False) is None
 

@@ -22,12 +22,12 @@ the same shape from what that tool keeps, and the same checks apply.
 from __future__ import annotations
 
 import json
-import zlib
 from pathlib import Path
 from typing import Any
 
 from recipes.config.arguments import as_written
 from recipes.models.hybrid.pattern import PIPE
+from trainer.checkpoint.checksums import crc32s, file_crc32
 from trainer.checkpoint.format import (
     FSDP_DTENSOR,
     MANIFEST_FILE,
@@ -36,8 +36,6 @@ from trainer.checkpoint.format import (
     readable,
     unreadable_text,
 )
-
-CHUNK_BYTES = 8 << 20
 
 # Model fields that decide the saved tensors' names, shapes or meaning (a zero-centred norm
 # stores gamma - 1): a change cannot load.
@@ -65,12 +63,9 @@ LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "dp")
 
 def file_record(path: Path) -> dict[str, int]:
     """Size and CRC-32 of one file, read in chunks (what `run.json` lists per file)."""
-    crc, size = 0, 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-    return {"bytes": size, "crc32": crc}
+    read = [0]
+    crc = file_crc32(path, lambda count: read.__setitem__(0, read[0] + count))
+    return {"bytes": read[0], "crc32": crc}
 
 
 def layout_record(layout) -> dict[str, int]:
@@ -199,8 +194,10 @@ def shape_problem(manifest: dict[str, Any]) -> str | None:
 def damaged_file(step_dir: Path, manifest: dict[str, Any], checksums: bool) -> str | None:
     """The first file of the checkpoint that is missing, truncated, changed since the save or
     not readable by this user (checked for every file, with or without `checksums`: torch DCP
-    would otherwise fail in every rank)."""
-    for name, saved in sorted(manifest["files"].items()):
+    would otherwise fail in every rank); then, with `checksums`, the first whose CRC-32 differs
+    from the save's, the files read side by side under a bar (`checksums.crc32s`)."""
+    listed = sorted(manifest["files"].items())
+    for name, saved in listed:
         path, shown = step_dir / name, f"{step_dir.name}/{name}"
         try:
             if not path.is_file():
@@ -214,15 +211,18 @@ def damaged_file(step_dir: Path, manifest: dict[str, Any], checksums: bool) -> s
             return f"{shown} is truncated or changed ({size} of {saved['bytes']} bytes)"
         if not readable(path):
             return unreadable_text(path, shown)
-        if checksums:
-            try:
-                crc = file_record(path)["crc32"]
-            except PermissionError:
-                return unreadable_text(path, shown)
-            except OSError as err:
-                return f"{shown} cannot be read ({err.strerror or err})"
-            if crc != saved["crc32"]:
-                return f"{shown} is corrupted (its CRC-32 differs from the save's)"
+    if not checksums:
+        return None
+    found = crc32s([step_dir / name for name, _ in listed])
+    for name, saved in listed:
+        path, shown = step_dir / name, f"{step_dir.name}/{name}"
+        crc = found[path]
+        if isinstance(crc, PermissionError):
+            return unreadable_text(path, shown)
+        if isinstance(crc, OSError):
+            return f"{shown} cannot be read ({crc.strerror or crc})"
+        if crc != saved["crc32"]:
+            return f"{shown} is corrupted (its CRC-32 differs from the save's)"
     return None
 
 
