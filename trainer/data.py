@@ -8,9 +8,10 @@ A `SampleSource` turns sample indices into one micro-batch. Sources:
   `data.documents=inter_document` its per-document `cu_seqlens`), in the packed batch format
   (`plugins/protocol/packed_batch.py`) when documents are kept apart. A manifest's shards are one
   dataset there (`trainer/sharded_dataset.py`): the samples of the unsharded preparation.
-- `PackedSamples`: exact packs of whole documents (`data_prep.packing`), one packed row each;
-  under context parallelism packed for, and padded to, per-document multiples of 2 x CP, since
-  Megatron cuts every document of a packed row into 2 x CP chunks.
+- `PackedSamples`: exact packs of whole documents (`data_prep.packing`), one packed row each,
+  the sources' rows in the blend's order (`trainer/pack_order.py`); under context parallelism
+  packed for, and padded to, per-document multiples of 2 x CP, since Megatron cuts every
+  document of a packed row into 2 x CP chunks.
 `GlobalBatches` cuts every source alike: global batch k is samples [kG, (k+1)G) of the source's
 order, each DP rank takes its contiguous share, in micro-batches. The data position that a
 checkpoint saves is the number of samples taken, so it survives a change of batch or DP size.
@@ -198,31 +199,56 @@ def megatron_sources(cfg: RunConfig, blend: Blend, cache: Path, eval_samples: in
             MegatronSamples(valid, inter_document, heldout_names))
 
 
+@dataclass(frozen=True)
+class SourcePacks:
+    """One blend source's packs, numbered across its datasets (a manifest's shards, in order):
+    `shards` holds each dataset with its pack index, `starts` the number of each one's first
+    pack. A pack is found by bisection (not a list of every pack, 104 MB per million)."""
+
+    shards: tuple[tuple[object, object], ...]  # (indexed dataset, pack index)
+    starts: np.ndarray
+
+    @classmethod
+    def of(cls, shards: Sequence[tuple[object, object]]) -> SourcePacks:
+        sizes = [len(index) for _, index in shards]
+        return cls(tuple(shards), np.cumsum([0, *sizes[:-1]], dtype=np.int64))
+
+    def __len__(self) -> int:
+        return int(self.starts[-1]) + len(self.shards[-1][1])
+
+    def locate(self, pack: int) -> tuple[object, object, int]:
+        """(dataset, pack index, pack number in it) of this source's pack `pack`."""
+        shard = int(np.searchsorted(self.starts, pack, side="right")) - 1
+        dataset, index = self.shards[shard]
+        return dataset, index, pack - int(self.starts[shard])
+
+
 class PackedSamples:
-    """Exact packs of whole documents: sample i is pack i, one packed row (micro-batch 1), each
-    document padded to a multiple of `pad_multiple` (the packs were made for that multiple)."""
+    """Exact packs of whole documents: sample i is one packed row (micro-batch 1), pack
+    `packs[i]` of source `sources[i]` (`trainer/pack_order.py`), each document padded to a
+    multiple of `pad_multiple` (the packs were made for that multiple)."""
 
     reshuffle_each_epoch = False  # packs are shuffled once, seeded, when the index is built
 
-    def __init__(self, packs: Sequence[tuple[object, object, int]], seq_length: int, eod: int,
-                 pad_multiple: int = 1, source_names: tuple[str, ...] = ("blend",),
-                 pack_sources: Sequence[int] | None = None):
-        self.packs = list(packs)  # (indexed dataset, pack index, pack number)
+    def __init__(self, tables: Sequence[SourcePacks], order: tuple[np.ndarray, np.ndarray],
+                 seq_length: int, eod: int, pad_multiple: int = 1,
+                 source_names: tuple[str, ...] = ("blend",)):
+        self.tables = tuple(tables)
+        self.sources, self.packs = order  # per row: source, pack of that source
         self.seq_length = seq_length
         self.eod = eod
         self.pad_multiple = pad_multiple
         self.source_names = source_names
-        self.pack_sources = np.asarray(  # the source each pack comes from
-            pack_sources if pack_sources is not None else [0] * len(self.packs), dtype=np.int64)
 
     def __len__(self) -> int:
-        return len(self.packs)
+        return len(self.sources)
 
     def source_ids(self, indices: np.ndarray) -> np.ndarray:
-        return self.pack_sources[indices]
+        return np.asarray(self.sources[indices], dtype=np.int64)
 
     def microbatch(self, indices: np.ndarray) -> MicroBatch:
-        dataset, index, number = self.packs[int(indices[0])]
+        row = int(indices[0])
+        dataset, index, number = self.tables[int(self.sources[row])].locate(int(self.packs[row]))
         documents, starts, lengths = index.pack(number)
         pieces = [dataset.get(int(d), offset=int(s), length=int(n))
                   for d, s, n in zip(documents, starts, lengths, strict=True)]
@@ -269,53 +295,59 @@ def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int,
     return dataset, index
 
 
-def weighted_pack_order(counts: Sequence[int], weights: Sequence[float]) -> list[tuple[int, int]]:
-    """(source, pack of that source) for each row of an epoch of sum(counts) rows, the sources
-    interleaved by their blend weights as Megatron's blended dataset assigns samples (each row
-    to the source furthest below its share, `datasets/helpers.cpp` build_blending_indices): a
-    source whose weight exceeds its share of the packs repeats its packs, one below it leaves
-    some out. One source: its packs in order."""
-    total, share = sum(counts), [w / sum(weights) for w in weights]
-    taken = [0] * len(counts)
-    order = []
-    for row in range(total):
-        source = max(range(len(counts)),
-                     key=lambda i: (share[i] * (row + 1) - taken[i] if counts[i] else -math.inf))
-        order.append((source, taken[source] % counts[source]))
-        taken[source] += 1
-    return order
+def pack_order(cfg: RunConfig, cache: Path, counts: Sequence[int],
+               weights: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """The rows' order (`trainer/pack_order.py`, by `data.pack_order`), written to `cache` by
+    rank 0 and mapped by every rank; a folder rank 0 cannot write is one line on every rank."""
+    from trainer.pack_order import cached_order
+
+    rule, problem = cfg.data.pack_order, [None]
+    if torch.distributed.get_rank() == 0:
+        try:
+            cached_order(cache, rule, counts, weights, build=True)
+        except OSError as error:
+            problem = [f"cannot write the packed rows' order under {cache}: "
+                       f"{error.strerror or error}; free space there or choose another run_dir"]
+    torch.distributed.broadcast_object_list(problem, src=0)
+    if problem[0] is not None:
+        raise ConfigError(problem[0])
+    return cached_order(cache, rule, counts, weights, build=False)
 
 
-def packed_sources(cfg: RunConfig, blend: Blend) -> tuple[PackedSamples, PackedSamples]:
+def packed_sources(cfg: RunConfig, blend: Blend,
+                   cache: Path) -> tuple[PackedSamples, PackedSamples]:
     """The packs of every train source (a manifest's: each shard's, in order), interleaved by
-    the blend's weights (`weighted_pack_order`); held-out packs from `valid`, else the split."""
+    the blend's weights (`pack_order`, cached in `cache`); held-out packs from `valid`, else
+    the last rows of the training order (the split's share)."""
     seq, seed = cfg.model.seq_length, cfg.train.seed
     multiple = document_pad_multiple(cfg.parallel.context)
 
-    def packs(sources) -> tuple[list[tuple[object, object, int]], list[int]]:
-        per_source = []
+    def packs(sources) -> tuple[list[SourcePacks], tuple[np.ndarray, np.ndarray]]:
+        tables = []
         for source in sources:
-            mine, named = [], manifest_split(source.prefix)
+            named = manifest_split(source.prefix)
             manifest = named[0] if named else None  # a manifest entry: its seed at one look
-            for prefix in source.prefixes:
-                dataset, index = _pack_index(prefix, seq, seed, multiple, manifest=manifest)
-                mine += [(dataset, index, i) for i in range(len(index))]
-            per_source.append(mine)
-        order = weighted_pack_order([len(mine) for mine in per_source],
-                                    [source.weight for source in sources])
-        return [per_source[a][b] for a, b in order], [a for a, _ in order]
+            tables.append(SourcePacks.of([_pack_index(prefix, seq, seed, multiple,
+                                                      manifest=manifest)
+                                          for prefix in source.prefixes]))
+        order = pack_order(cfg, cache, [len(table) for table in tables],
+                           [source.weight for source in sources])
+        return tables, order
+
+    def rows(tables, order, names) -> PackedSamples:
+        return PackedSamples(tables, order, seq, blend.eod_id, multiple, names)
 
     names = source_labels([source.label for source in blend.train])
-    train, owners = packs(blend.train)
+    tables, (sources, order) = packs(blend.train)
     if blend.valid is not None:
-        heldout, heldout_owners = packs(blend.valid)
-        heldout_names = source_labels([source.label for source in blend.valid])
+        heldout_tables, heldout_order = packs(blend.valid)
+        heldout = rows(heldout_tables, heldout_order,
+                       source_labels([source.label for source in blend.valid]))
     else:
-        count = max(1, round(len(train) * blend.split[1] / sum(blend.split)))
-        train, heldout = train[:-count], train[-count:]
-        owners, heldout_owners, heldout_names = owners[:-count], owners[-count:], names
-    return (PackedSamples(train, seq, blend.eod_id, multiple, names, owners),
-            PackedSamples(heldout, seq, blend.eod_id, multiple, heldout_names, heldout_owners))
+        count = max(1, round(len(sources) * blend.split[1] / sum(blend.split)))
+        heldout = rows(tables, (sources[-count:], order[-count:]), names)
+        sources, order = sources[:-count], order[:-count]
+    return rows(tables, (sources, order), names), heldout
 
 
 def build_sources(cfg: RunConfig, run_dir: Path,
@@ -328,7 +360,7 @@ def build_sources(cfg: RunConfig, run_dir: Path,
     # torchrun or Slurm launch, before the ranks meet) read every dataset's files already.
     blend = load_blend(str(cfg.data.blend), verify=False)
     if cfg.data.documents == "packed":
-        return packed_sources(cfg, blend)
+        return packed_sources(cfg, blend, run_dir / DATA_INDEX)
     eval_samples = max(1, cfg.train.eval_iters) * cfg.train.global_batch_size
     if train_samples is None:
         train_samples = cfg.train.train_iters * cfg.train.global_batch_size

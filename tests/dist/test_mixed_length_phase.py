@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from tests.dist.mixed_length_runs import LONG_SEQ, SHORT_SEQ, write_mixed_blend
@@ -58,6 +59,11 @@ def test_a_packed_phase_of_mixed_lengths_trains_after_the_first(launch_ranks, tm
     assert all(math.isfinite(r["loss"]) for r in train)
     before, after = train[BOUNDARY - 1]["source_tokens"], train[-1]["source_tokens"]
     assert all(after[name] > before.get(name, 0) for name in ("long", "short"))
+    # the rows' order, written once beside Megatron's index cache: equal weights alternate
+    order = sorted((run_dir / "data_index").glob("pack_order-*.npy"))
+    assert [path.name.split("-")[-1] for path in order] == ["packs.npy", "sources.npy"]
+    sources = np.load(order[1], mmap_mode="r")
+    assert sources[:6].tolist() == [0, 1] * 3
 
 
 def test_each_document_of_a_mixed_row_attends_to_itself(launch_ranks, tmp_path):

@@ -255,17 +255,3 @@ def test_documents_padded_for_context_parallel_keep_their_tokens_and_loss():
     plain = packed_row(docs, 32, pad_id=0)
     assert "cu_seqlens_padded" not in plain and plain["cu_seqlens"].tolist() == [0, 7, 19, 28, 32]
 
-
-def test_packs_of_a_blend_interleave_by_the_blend_weights() -> None:
-    """Packed rows follow the blend's weights as Megatron's blended dataset does: each row goes
-    to the source furthest below its share (a source's packs repeat when its weight is above
-    its share of the packs); one source keeps its packs' order."""
-    from trainer.data import weighted_pack_order
-
-    assert weighted_pack_order([5], [1.0]) == [(0, i) for i in range(5)]
-    order = weighted_pack_order([2, 8], [1.0, 1.0])
-    assert [source for source, _ in order] == [0, 1] * 5  # equal weights: alternate
-    assert [pack for source, pack in order if source == 0] == [0, 1, 0, 1, 0]  # repeated
-    assert [pack for source, pack in order if source == 1] == [0, 1, 2, 3, 4]  # 3 left out
-    heavy = [source for source, _ in weighted_pack_order([10, 10], [3.0, 1.0])]
-    assert heavy.count(0) == 15 and heavy.count(1) == 5

@@ -411,7 +411,7 @@ def test_rows_of_a_padded_index_pad_each_document_and_hold_every_token_once(tmp_
     """The trainer's read-back (`PackedSamples` over a `PackIndex` for m = 4): each piece's real
     tokens start its segment, the segment is the piece padded to the next multiple of m, the
     padding carries no loss, and every token of every document is in exactly one row."""
-    from trainer.data import PackedSamples
+    from trainer.data import PackedSamples, SourcePacks
 
     multiple, seq = 4, 64
     lengths = np.random.default_rng(5).integers(1, 150, 300)  # some longer than a row: split
@@ -420,8 +420,9 @@ def test_rows_of_a_padded_index_pad_each_document_and_hold_every_token_once(tmp_
     write_pack_index(tmp_path / "c", pack_documents(lengths, seq, seed=1, pad_multiple=multiple),
                      seq)
     index = PackIndex(tmp_path / "c", seq, multiple)
-    rows = PackedSamples([(_Documents(documents), index, i) for i in range(len(index))], seq,
-                         eod=0, pad_multiple=multiple)
+    order = (np.zeros(len(index), np.int16), np.arange(len(index)))  # its packs, in order
+    rows = PackedSamples([SourcePacks.of([(_Documents(documents), index)])], order, seq, eod=0,
+                         pad_multiple=multiple)
     seen, loss_tokens = [], 0
     for i in range(len(rows)):
         row = rows.microbatch(np.array([i]))

@@ -316,6 +316,19 @@ def test_a_run_saved_before_the_softmax_field_resumes_stating_what_it_trained_wi
     assert stated_changes(saved, flatten(_config(_cfg()))) == []
 
 
+def test_a_packed_run_saved_before_the_pack_order_field_states_the_order_it_leaves():
+    """Packed runs saved before `data.pack_order` existed took their rows in the v1 order: a
+    resume in Megatron's order says so (the way back is data.pack_order=v1); one that keeps v1
+    says nothing, and nor does a run without packed rows, which reads no pack order."""
+    packed = {**flatten(_config(_cfg())), "data.documents": "packed"}
+    saved = {key: value for key, value in packed.items() if key != "data.pack_order"}
+    assert stated_changes(saved, packed) == ["data.pack_order v1 -> megatron"]
+    assert stated_changes(saved, {**packed, "data.pack_order": "v1"}) == []
+    unpacked = flatten(_config(_cfg()))
+    assert stated_changes({k: v for k, v in unpacked.items() if k != "data.pack_order"},
+                          unpacked) == []
+
+
 def test_a_resume_into_another_end_of_document_loss_mask_is_stated():
     saved = flatten(_config(_cfg()))
     unmasked = flatten(_config(_cfg("data.eod_mask_loss=false")))

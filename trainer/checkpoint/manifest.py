@@ -56,7 +56,7 @@ STATED_FIELDS = (
     "model.seq_length", "model.rotary_base", "model.rotary_percent", "model.rope_scaling_factor",
     "data.source",
     "data.blend", "data.documents", "data.eod_mask_loss", "optimizer.fsdp",
-    "model.attention_softmax_in_fp32",
+    "model.attention_softmax_in_fp32", "data.pack_order",
 )
 LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "dp")
 
@@ -323,16 +323,19 @@ def _tokenizer_text(identity: dict[str, Any]) -> str:
 
 
 # What a run saved before a stated field existed trained with: its record lacks the key.
-BEFORE_THE_FIELD = {"model.attention_softmax_in_fp32": True}
+BEFORE_THE_FIELD = {"model.attention_softmax_in_fp32": True, "data.pack_order": "v1"}
 
 
 def _stated(flat: dict[str, Any], key: str) -> Any:
     """A stated field as the run uses it: unset decay iterations are the training iterations
     (Megatron-LM saves them filled, `--lr-decay-iters` = `--train-iters`); a field newer than
-    the record, what the run trained with then (`BEFORE_THE_FIELD`)."""
+    the record, what the run trained with then (`BEFORE_THE_FIELD`); the pack order of a run
+    without packed rows, None (nothing read it)."""
     value = flat.get(key, BEFORE_THE_FIELD.get(key))
     if key == "scheduler.decay_iters" and value is None:
         return flat.get("train.train_iters")
+    if key == "data.pack_order" and flat.get("data.documents") != "packed":
+        return None  # read by packed rows only
     return value
 
 
