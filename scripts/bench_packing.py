@@ -11,6 +11,10 @@ best of 3 timed runs after a warm-up (wall-clock seconds per 1M documents, and t
 of that run: wall-clock well above them means the process waited for a busy core), packs, the
 lower bound ceil(tokens / pack size), their ratio and the efficiency, then next-fit in document
 order measured the same way. Goals: <= 0.1 s per 1M documents and <= 1.0001 x the lower bound.
+Then the trainer's order of a packed blend's rows, as many rows as documents in three sources
+(weights 0.5 / 0.3 / 0.2): Megatron's rule written to the files every rank maps, against the
+earlier rule in Python (`data.pack_order=v1`), best of 3 each, and their ratio. Goal: <= 0.1 s
+per 1M rows.
 """
 
 import sys

@@ -115,12 +115,13 @@ def test_bench_data_memory_prints_the_10x_peak_against_the_1x_peak(outputs):
     ratio(output, rf"ratio peak per worker 10x / 1x: +{NUMBER}")
 
 
-def test_bench_packing_prints_packs_over_the_bound_and_next_fit_against_best_fit(outputs):
+def test_bench_packing_prints_packs_over_the_bound_next_fit_and_the_order_against_v1(outputs):
     output = output_of(outputs, "packing")
     for size in (4096, 8192):
         section = output.split(f"pack {size}:", 1)[1]
         ratio(section, rf"packs/bound {NUMBER}")
         ratio(section, rf"time next-fit/best-fit {NUMBER}x")
+    ratio(output, rf"time v1/megatron {NUMBER}x")
 
 
 def test_bench_documents_prints_each_mode_against_concatenate(outputs):
