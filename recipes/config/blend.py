@@ -282,10 +282,11 @@ def preparation_seed(prefix: str, manifest: str | None = None) -> int | None:
         except OSError:
             return None
         listing = _manifest_listing(manifest, facts.st_mtime_ns, facts.st_size)
-        found = listing and (manifest, listing[0], None)
+        data = listing[0] if listing else None
     else:
         found = _manifest_beside(prefix)
-    settings = found[1].get("settings") if found else None
+        data = found[1] if found else None
+    settings = data.get("settings") if data else None
     seed = settings.get("seed") if isinstance(settings, dict) else None
     return seed if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 else None
 
