@@ -236,13 +236,21 @@ def check_executor(cfg: PrepareConfig) -> str | None:
     return ray_address_problem("ray_address", cfg.ray_address)
 
 
+def ray_head(address: str) -> tuple[str, str, int] | None:
+    """(kind, host, port) of a Ray address that names a head: `client` for Ray Client's
+    `ray://HOST:PORT`, `gcs` for the head's GCS `HOST:PORT` (host without IPv6 brackets); None
+    for any other text (`auto`, `local`, or one Ray cannot take)."""
+    kind = "client" if address.startswith("ray://") else "gcs"
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if colon and host and "/" not in host and port.isdigit() and 0 < int(port) < 65536:
+        return kind, host.strip("[]"), int(port)
+    return None
+
+
 def ray_address_problem(key: str, address: str | None) -> str | None:
     """`address` is one Ray takes (`auto`, `local`, `ray://HOST:PORT` for Ray Client,
     `HOST:PORT` for a head's GCS): anything else ended in Ray's ValueError traceback."""
-    if address is None or address in ("auto", "local"):
-        return None
-    host, colon, port = address.removeprefix("ray://").rpartition(":")
-    if colon and host and "/" not in host and port.isdigit() and 0 < int(port) < 65536:
+    if address is None or address in ("auto", "local") or ray_head(address):
         return None
     return (f"{key}={address} is not a Ray address; give ray://HOST:PORT (Ray Client, e.g. "
             "ray://head:10001), HOST:PORT (the head's GCS, e.g. head:6379) or auto")

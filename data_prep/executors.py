@@ -30,7 +30,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from data_prep.config import ray_address_problem
+from data_prep.config import ray_address_problem, ray_head
 from data_prep.shards import Report, TaskSpec, run_task
 from plugins.protocol.errors import ConfigError
 
@@ -128,11 +128,11 @@ def gcs_unreachable(key: str, address: str | None,
                     timeout: float = GCS_CONNECT_S) -> str | None:
     """Why a `HOST:PORT` (a head's GCS) takes no connection within `timeout`, or None (for
     Ray Client's `ray://`, `auto` and `local`, Ray's own error is prompt)."""
-    if address is None or address in ("auto", "local") or address.startswith("ray://"):
+    head = ray_head(address) if address else None
+    if head is None or head[0] != "gcs":
         return None
-    host, _, port = address.rpartition(":")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        socket.create_connection(head[1:], timeout=timeout).close()
     except OSError as err:
         reason = err.strerror or type(err).__name__
         return (f"{key}={address}: no Ray head answers there ({reason} within "

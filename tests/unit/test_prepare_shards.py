@@ -134,6 +134,21 @@ def test_a_ray_head_that_does_not_answer_is_one_line_in_seconds(monkeypatch) -> 
         run_ray([], 1, None, lambda record: None)
 
 
+@pytest.mark.parametrize("address, head", [
+    ("ray://head:10001", ("client", "head", 10001)), ("10.0.0.5:6379", ("gcs", "10.0.0.5", 6379)),
+    ("[::1]:6379", ("gcs", "::1", 6379)), ("auto", None), ("local", None), ("garbage", None),
+    ("head:0", None), ("head:65536", None), ("http://head:6379", None), (":6379", None),
+])
+def test_a_ray_address_is_parsed_once_for_its_rule_and_its_connection(address, head) -> None:
+    """`ray_head` is the one reading of an address: the form rule refuses what it cannot read
+    (but auto and local), and only a GCS address is tried before ray.init."""
+    from data_prep.config import ray_address_problem, ray_head
+
+    assert ray_head(address) == head
+    assert (ray_address_problem("ray_address", address) is None) == (
+        head is not None or address in ("auto", "local"))
+
+
 def _records(output: Path) -> dict[str, int]:
     folder = output.with_name(output.name + ".shards")
     return {p.name: p.stat().st_mtime_ns for p in folder.glob("*.json")} if folder.is_dir() else {}
