@@ -20,14 +20,15 @@ CHUNK_BYTES = 8 << 20
 MAX_READERS = 8  # threads reading at once: enough to keep a parallel file system busy
 
 
-def file_crc32(path: Path, advance=lambda count: None) -> int:
-    """CRC-32 of one file, read in chunks; `advance(bytes)` after each."""
-    crc = 0
+def file_crc32(path: Path, advance=lambda count: None) -> tuple[int, int]:
+    """(CRC-32, bytes read) of one file, read in chunks; `advance(bytes)` after each."""
+    crc = size = 0
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK_BYTES):
             crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
             advance(len(chunk))
-    return crc
+    return crc, size
 
 
 def crc32s(paths: Sequence[Path], readers: int | None = None,
@@ -47,7 +48,7 @@ def crc32s(paths: Sequence[Path], readers: int | None = None,
 
     def one(path: Path) -> int | OSError:
         try:
-            return file_crc32(path, lambda count: bar.update(task, advance=count))
+            return file_crc32(path, lambda count: bar.update(task, advance=count))[0]
         except OSError as error:
             return error
 

@@ -63,9 +63,8 @@ LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "dp")
 
 def file_record(path: Path) -> dict[str, int]:
     """Size and CRC-32 of one file, read in chunks (what `run.json` lists per file)."""
-    read = [0]
-    crc = file_crc32(path, lambda count: read.__setitem__(0, read[0] + count))
-    return {"bytes": read[0], "crc32": crc}
+    crc, size = file_crc32(path)
+    return {"bytes": size, "crc32": crc}
 
 
 def layout_record(layout) -> dict[str, int]:
