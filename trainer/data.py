@@ -35,6 +35,7 @@ from plugins.protocol.packed_batch import document_pad_multiple, packed_row
 from recipes.config.blend import Blend, load_blend, manifest_split, preparation_seed
 from recipes.config.phases import span_at
 from recipes.config.schema import RunConfig
+from trainer.pack_checks import CheckedIndexes, file_versions
 from trainer.run_dir import DATA_INDEX
 
 MicroBatch = dict[str, torch.Tensor]
@@ -266,13 +267,15 @@ def pack_seed(prefix: str, train_seed: int, manifest: str | None = None) -> int:
 
 
 def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int,
-                manifest: str | None = None):
+                manifest: str | None = None, checked: CheckedIndexes | None = None):
     """The pack index of one prepared dataset for this pad multiple, built beside it on first
     use (rank 0, seeded by `pack_seed`). Rank 0 checks every piece against the dataset's
     documents and tells the others what it found, so a damaged index is one `error:` line (a
     `ConfigError`, the same on every rank) before the first step, not an IndexError at the step
     that reads a garbled piece; the other ranks check the index's JSON, headers and sizes only
-    (the pieces are read once per run, not once per rank)."""
+    (the pieces are read once per run, not once per rank), and so does rank 0 for an index
+    whose files `checked` (rank 0's record, `trainer/pack_checks.py`) says it read whole at an
+    earlier launch of the run."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     from data_prep.packing import PackIndex, build_pack_index, pack_index_paths
@@ -283,8 +286,15 @@ def _pack_index(prefix: str, seq_length: int, seed: int, pad_multiple: int,
             if not pack_index_paths(prefix, seq_length, pad_multiple)[2].exists():
                 build_pack_index(prefix, seq_length, seed=pack_seed(prefix, seed, manifest),
                                  pad_multiple=pad_multiple)
-            index = PackIndex(prefix, seq_length, pad_multiple,
-                              document_lengths=dataset.sequence_lengths)
+            try:
+                versions = file_versions(prefix, seq_length, pad_multiple)
+            except OSError:  # a file missing: PackIndex says which, in one line
+                versions = None
+            read = checked is None or versions is None or not checked.known(versions)
+            index = PackIndex(prefix, seq_length, pad_multiple, check_pieces=read,
+                              document_lengths=dataset.sequence_lengths if read else None)
+            if read and checked is not None and versions is not None:
+                checked.add(versions)
         except ConfigError as error:
             problem = [str(error)]
     torch.distributed.broadcast_object_list(problem, src=0)
@@ -322,14 +332,18 @@ def packed_sources(cfg: RunConfig, blend: Blend,
     seq, seed = cfg.model.seq_length, cfg.train.seed
     multiple = document_pad_multiple(cfg.parallel.context)
 
+    checked = CheckedIndexes(cache) if torch.distributed.get_rank() == 0 else None
+
     def packs(sources) -> tuple[list[SourcePacks], tuple[np.ndarray, np.ndarray]]:
         tables = []
         for source in sources:
             named = manifest_split(source.prefix)
             manifest = named[0] if named else None  # a manifest entry: its seed at one look
             tables.append(SourcePacks.of([_pack_index(prefix, seq, seed, multiple,
-                                                      manifest=manifest)
+                                                      manifest=manifest, checked=checked)
                                           for prefix in source.prefixes]))
+        if checked is not None:
+            checked.save()
         order = pack_order(cfg, cache, [len(table) for table in tables],
                            [source.weight for source in sources])
         return tables, order

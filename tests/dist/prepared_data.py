@@ -95,15 +95,21 @@ def train_and_hold_out(payload: dict) -> dict:
 def open_pack_index(payload: dict) -> dict:
     """Rank entry: the trainer's `_pack_index` on `payload['prefix']` (row length
     `payload['seq']`); what this rank was told (the one-line error, or the packs it sees) and how
-    many times it read the index's pieces (`index_problem`), counted in this process only."""
+    many times it read the index's pieces (`index_problem`), counted in this process only. With
+    `payload['record']` (a folder) rank 0 keeps the run's record of checked indexes there."""
     from data_prep import packing
     from plugins.protocol.errors import ConfigError
     from trainer import data
+    from trainer.pack_checks import CheckedIndexes
 
     reads, check = [], packing.index_problem
     packing.index_problem = lambda *args: reads.append(1) or check(*args)
+    checked = (CheckedIndexes(Path(payload["record"]))
+               if payload.get("record") and torch.distributed.get_rank() == 0 else None)
     try:
-        _, index = data._pack_index(payload["prefix"], payload["seq"], 1234, 1)
+        _, index = data._pack_index(payload["prefix"], payload["seq"], 1234, 1, checked=checked)
     except ConfigError as error:
         return {"error": str(error), "reads": len(reads)}
+    if checked is not None:
+        checked.save()
     return {"packs": len(index), "first": index.pack(0)[2].tolist(), "reads": len(reads)}
