@@ -42,6 +42,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,15 +238,14 @@ def _manifest_beside(prefix: str) -> tuple[str, dict[str, Any], dict[str, Any]] 
     it: a bare prefix (or a Megatron-LM blend's) is then known as well as a manifest entry.
     Pack index JSONs beside the datasets are passed over by name, and each manifest is parsed
     once per version (`_manifest_listing`): a folder of N shards asked about each of them
-    would otherwise parse an N-shard manifest N times."""
+    would otherwise parse an N-shard manifest N times; the folder's candidate names are listed
+    once per version of the folder (`_json_names`), not once per prefix."""
     target = Path(prefix)
     try:
-        names = os.listdir(target.parent)
+        names = _folder_json_names(str(target.parent))
     except OSError:
         return None
-    for name in sorted(names):
-        if not name.endswith(".json") or dataset_files.PACK_INDEX_JSON.search(name):
-            continue
+    for name in names:
         file = os.path.join(target.parent, name)
         try:
             facts = os.stat(file)
@@ -255,6 +255,27 @@ def _manifest_beside(prefix: str) -> tuple[str, dict[str, Any], dict[str, Any]] 
         if listing is not None and target.name in listing[1]:
             return file, listing[0], listing[1][target.name]
     return None
+
+
+# A folder changed this recently is listed again: its mtime, in the file system's coarse ticks,
+# may not yet tell a change made in the same tick (git's "racily clean" entries, likewise).
+RECENT_NS = 2_000_000_000
+
+
+def _folder_json_names(folder: str) -> tuple[str, ...]:
+    """The JSON files of `folder` that may be manifests, listed once per version of the folder
+    (an entry added or removed changes its mtime) unless it changed in the last RECENT_NS."""
+    mtime_ns = os.stat(folder).st_mtime_ns
+    if time.time_ns() - mtime_ns < RECENT_NS:
+        return _json_names.__wrapped__(folder, mtime_ns)
+    return _json_names(folder, mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _json_names(folder: str, mtime_ns: int) -> tuple[str, ...]:
+    """The JSON files of `folder` that may be manifests (pack index JSONs passed over), sorted."""
+    return tuple(sorted(name for name in os.listdir(folder) if name.endswith(".json")
+                        and not dataset_files.PACK_INDEX_JSON.search(name)))
 
 
 @functools.lru_cache(maxsize=64)

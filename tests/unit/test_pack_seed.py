@@ -92,3 +92,38 @@ def test_the_pack_index_json_pattern_is_the_name_the_packer_writes(multiple):
 
     assert PACK_INDEX_JSON.search(pack_index_paths("d/x_train_00000", 4096, multiple)[2].name)
     assert not PACK_INDEX_JSON.search("x.json") and not PACK_INDEX_JSON.search("x.pack.json")
+
+
+def test_a_folder_of_many_prefixes_is_listed_once_and_a_fresh_change_is_seen(tmp_path,
+                                                                              monkeypatch):
+    """A blend of N bare prefixes in one folder looked beside each of them: the folder is
+    listed once per version, not N times (5,000 prefixes, 25,000 files: 82 s before, 0.1 s);
+    a folder changed within RECENT_NS is listed again, so a manifest written in the same
+    mtime tick as the last listing is still found."""
+    import os
+    import time
+
+    from recipes.config import blend
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for i in range(20):
+        (folder / f"web_{i:02d}.idx").touch()
+        (folder / f"web_{i:02d}.pack16.json").touch()  # pack index JSONs: passed over
+    manifest = {"shards": [{"prefix": f"web_{i:02d}"} for i in range(20)],
+                "settings": {"seed": 5}}
+    (folder / "web.json").write_text(json.dumps(manifest))
+    listed, real = [], os.listdir
+    monkeypatch.setattr(blend.os, "listdir", lambda path: listed.append(path) or real(path))
+    past = time.time() - 60
+    os.utime(folder, (past, past))
+    assert [preparation_seed(str(folder / f"web_{i:02d}")) for i in range(20)] == [5] * 20
+    assert len(listed) == 1
+    recent = time.time()
+    os.utime(folder, (recent, recent))
+    assert preparation_seed(str(folder / "web_03")) == 5
+    (folder / "web.json").unlink()
+    (folder / "old.json").write_text(json.dumps({**manifest, "settings": {"seed": 6}}))
+    os.utime(folder, (recent, recent))  # as a change within the last listing's tick leaves it
+    assert preparation_seed(str(folder / "web_03")) == 6  # recent: listed again, not cached
+    assert len(listed) == 3
