@@ -29,3 +29,20 @@ def test_a_file_that_cannot_be_read_gives_its_error(tmp_path):
     found = crc32s([good, gone], readers=2, show=False)
     assert found[good] == zlib.crc32(b"abc") and isinstance(found[gone], FileNotFoundError)
 
+
+
+def test_a_long_read_off_a_terminal_says_what_it_reads_and_what_it_took(tmp_path, monkeypatch,
+                                                                      capsys):
+    """No bar in a Slurm log: a read of LOGGED_BYTES or more is two lines there instead."""
+    files = [tmp_path / "a", tmp_path / "b"]
+    for path in files:
+        path.write_bytes(b"x" * 600)
+    monkeypatch.setattr(checksums, "LOGGED_BYTES", 1200)
+    crc32s(files, readers=4, show=False)
+    start, end = capsys.readouterr().err.splitlines()
+    assert start == ("checking 2 checkpoint files, 0.0 GiB, against their CRC-32s (2 at once; "
+                     "checkpoint.verify=size checks sizes only)")
+    assert end.startswith("checked 0.0 GiB in ") and end.endswith(" GiB/s)")
+    monkeypatch.setattr(checksums, "LOGGED_BYTES", 1201)  # shorter: silent, as before
+    crc32s(files, readers=4, show=False)
+    assert capsys.readouterr().err == ""

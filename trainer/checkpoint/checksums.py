@@ -5,12 +5,16 @@ from before any rank starts. One reader at about 1 GB/s takes a quarter of an ho
 checkpoint (a 70B model with its optimizer state) and said nothing meanwhile. `zlib.crc32`
 releases the GIL on large buffers, so a few threads read and sum files at once (a parallel file
 system serves many readers, a local disk at least overlaps reading and summing), and a bar on a
-terminal shows the bytes read and the time left.
+terminal shows the bytes read and the time left. Off a terminal (a Slurm job's log), where no
+bar is drawn, a read of LOGGED_BYTES or more says what it reads before and what it took after,
+so a launch that sits reading terabytes is not mistaken for a hung one.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import time
 import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +22,7 @@ from pathlib import Path
 
 CHUNK_BYTES = 8 << 20
 MAX_READERS = 8  # threads reading at once: enough to keep a parallel file system busy
+LOGGED_BYTES = 1 << 30  # a read this long is said in a log that shows no bar
 
 
 def file_crc32(path: Path, advance=lambda count: None) -> tuple[int, int]:
@@ -41,10 +46,17 @@ def crc32s(paths: Sequence[Path], readers: int | None = None,
 
     console = Console(stderr=True)
     sizes = {path: _size(path) for path in paths}
+    shown = console.is_terminal if show is None else show
     bar = Progress(TextColumn("checking checkpoint files (CRC-32)"), BarColumn(),
                    DownloadColumn(), TimeRemainingColumn(), console=console, transient=True,
-                   disable=not (console.is_terminal if show is None else show))
+                   disable=not shown)
     readers = readers or min(MAX_READERS, os.cpu_count() or 1)
+    total, start = sum(sizes.values()), time.perf_counter()
+    logged = not shown and total >= LOGGED_BYTES
+    if logged:
+        print(f"checking {len(paths):,} checkpoint files, {total / 2**30:,.1f} GiB, against their "
+              f"CRC-32s ({min(readers, len(paths))} at once; checkpoint.verify=size checks sizes "
+              "only)", file=sys.stderr, flush=True)
 
     def one(path: Path) -> int | OSError:
         try:
@@ -53,9 +65,14 @@ def crc32s(paths: Sequence[Path], readers: int | None = None,
             return error
 
     with bar:
-        task = bar.add_task("crc", total=sum(sizes.values()))
+        task = bar.add_task("crc", total=total)
         with ThreadPoolExecutor(max_workers=max(1, readers)) as pool:
-            return dict(zip(paths, pool.map(one, paths), strict=True))
+            found = dict(zip(paths, pool.map(one, paths), strict=True))
+    if logged:
+        seconds = time.perf_counter() - start
+        print(f"checked {total / 2**30:,.1f} GiB in {seconds:,.0f} s "
+              f"({total / 2**30 / max(seconds, 1e-9):,.2f} GiB/s)", file=sys.stderr, flush=True)
+    return found
 
 
 def _size(path: Path) -> int:
