@@ -199,11 +199,6 @@ def check_data_blend(cfg: RunConfig) -> str | None:
         larger = vocabulary_much_larger(cfg, blend)
         for note in (*blend.notes, *([larger] if larger else [])):
             print(f"warning: {note}", file=sys.stderr, flush=True)
-    weights = {source.weight for source in blend.train} - {0.0}
-    if cfg.data.documents == "packed" and len(weights) > 1:
-        return (f"data.blend={cfg.data.blend} weights its sources, but data.documents=packed "
-                "trains on every pack of every source once; give the sources equal weights, or "
-                "use data.documents=inter_document to keep the weights")
     return vocabulary_too_small(cfg, blend)
 
 

@@ -19,18 +19,20 @@ LONG_DOCS = (150, 250, 100)  # lengths from, to, and how many
 SHORT_DOCS = (8, 16, 1000)
 
 
-def write_mixed_blend(folder: Path) -> str:
-    """`long` and `short` byte-id datasets (EOD 0 ends each document) and a blend naming both."""
+def write_mixed_blend(folder: Path, weights: tuple[float, float] = (1.0, 1.0)) -> str:
+    """`long` and `short` byte-id datasets (EOD 0 ends each document) and a blend naming both,
+    weighed by `weights`."""
     from tests.unit.dataset_fixtures import write_dataset
 
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(5)
     lines = ["train:"]
-    for name, (low, high, count) in (("long", LONG_DOCS), ("short", SHORT_DOCS)):
+    for name, (low, high, count), weight in (("long", LONG_DOCS, weights[0]),
+                                             ("short", SHORT_DOCS, weights[1])):
         documents = [[*rng.integers(1, 256, size=int(n) - 1).tolist(), 0]
                      for n in rng.integers(low, high + 1, size=count)]
         prefix = write_dataset(folder / name, documents)
-        lines.append(f"  - {{prefix: {prefix}, weight: 1.0}}")
+        lines.append(f"  - {{prefix: {prefix}, weight: {weight}}}")
     path = folder / "mixed.yaml"
     path.write_text("\n".join([*lines, "split: [90, 10]", "eod_id: 0", "vocab_size: 256", ""]),
                     encoding="utf-8")

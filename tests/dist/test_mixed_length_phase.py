@@ -45,7 +45,7 @@ def test_a_packed_phase_of_mixed_lengths_trains_after_the_first(launch_ranks, tm
     from trainer.entry.commands import PRETRAIN
     from trainer.entry.contract import parse_arguments
 
-    blend = write_mixed_blend(tmp_path / "data")
+    blend = write_mixed_blend(tmp_path / "data", weights=(1.0, 3.0))  # the mix: 1 long : 3 short
     launches = fork_launches(launch_ranks, monkeypatch)
     run_dir = tmp_path / "run"
     assert PRETRAIN.run(parse_arguments(PRETRAIN, [*_argv(blend), f"run_dir={run_dir}"])) == 0
@@ -59,11 +59,13 @@ def test_a_packed_phase_of_mixed_lengths_trains_after_the_first(launch_ranks, tm
     assert all(math.isfinite(r["loss"]) for r in train)
     before, after = train[BOUNDARY - 1]["source_tokens"], train[-1]["source_tokens"]
     assert all(after[name] > before.get(name, 0) for name in ("long", "short"))
-    # the rows' order, written once beside Megatron's index cache: equal weights alternate
+    # the rows' order, written once beside Megatron's index cache, by the blend's weights and
+    # Megatron's rule (data.pack_order=v1 would give [1, 0, 1, 1, 1, 0])
     order = sorted((run_dir / "data_index").glob("pack_order-*.npy"))
     assert [path.name.split("-")[-1] for path in order] == ["packs.npy", "sources.npy"]
     sources = np.load(order[1], mmap_mode="r")
-    assert sources[:6].tolist() == [0, 1] * 3
+    assert sources[:6].tolist() == [1, 0, 1, 1, 0, 1]
+    assert abs(int((sources == 1).sum()) - 0.75 * len(sources)) <= 1
 
 
 def test_each_document_of_a_mixed_row_attends_to_itself(launch_ranks, tmp_path):
