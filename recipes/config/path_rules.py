@@ -199,7 +199,23 @@ def check_data_blend(cfg: RunConfig) -> str | None:
         larger = vocabulary_much_larger(cfg, blend)
         for note in (*blend.notes, *([larger] if larger else [])):
             print(f"warning: {note}", file=sys.stderr, flush=True)
-    return vocabulary_too_small(cfg, blend)
+    return vocabulary_too_small(cfg, blend) or blend_sources_problem(cfg, blend)
+
+
+# Megatron's BlendedDataset numbers a blend's sources in int16 and asserts fewer than 32,767
+# (`datasets/blended_dataset.py`); packed rows take their order from the same index
+# (`trainer/pack_order.py`).
+MOST_BLEND_SOURCES = 32_766
+
+
+def blend_sources_problem(cfg: RunConfig, blend: Blend) -> str | None:
+    """A blend with more sources than Megatron's blending index can number."""
+    count = max(len(blend.train), len(blend.valid or ()))
+    if count <= MOST_BLEND_SOURCES:
+        return None
+    return (f"data.blend={cfg.data.blend} has {count:,} sources, more than the "
+            f"{MOST_BLEND_SOURCES:,} Megatron's blending index numbers (int16); list each "
+            "preparation's shards as one manifest entry (a manifest is one source)")
 
 
 def check_phase_blends(cfg: RunConfig) -> str | None:

@@ -310,3 +310,20 @@ def test_the_ranks_read_a_blend_without_reading_its_datasets_again(tmp_path, mon
     assert tokenizer_identity(cfg)["vocab_size"] == 512
     with pytest.raises(AssertionError, match="files were read"):
         load_blend(path)
+
+
+def test_a_blend_of_more_sources_than_megatrons_index_numbers_is_refused():
+    """Megatron's BlendedDataset asserts fewer than 32,767 sources (int16): 32,766 fit, one more
+    is one line, whatever data.documents."""
+    from types import SimpleNamespace
+
+    from recipes.config.path_rules import MOST_BLEND_SOURCES, blend_sources_problem
+
+    cfg = apply_overrides(get_recipe("tiny_dp1"), ["data.source=blend", "data.blend=many.yaml"])
+    fits = SimpleNamespace(train=(None,) * MOST_BLEND_SOURCES, valid=None)
+    assert blend_sources_problem(cfg, fits) is None
+    over = SimpleNamespace(train=(None,) * 2, valid=(None,) * (MOST_BLEND_SOURCES + 1))
+    assert blend_sources_problem(cfg, over) == (
+        "data.blend=many.yaml has 32,767 sources, more than the 32,766 Megatron's blending index "
+        "numbers (int16); list each preparation's shards as one manifest entry (a manifest is "
+        "one source)")
