@@ -226,20 +226,28 @@ class SourcePacks:
 
 class PackedSamples:
     """Exact packs of whole documents: sample i is one packed row (micro-batch 1), pack
-    `packs[i]` of source `sources[i]` (`trainer/pack_order.py`), each document padded to a
-    multiple of `pad_multiple` (the packs were made for that multiple)."""
+    `first[s] + packs[i]` of source s = `sources[i]` (`trainer/pack_order.py`; `first` is where
+    a held-out share of each source's packs starts), each document padded to a multiple of
+    `pad_multiple` (the packs were made for that multiple)."""
 
     reshuffle_each_epoch = False  # packs are shuffled once, seeded, when the index is built
 
     def __init__(self, tables: Sequence[SourcePacks], order: tuple[np.ndarray, np.ndarray],
                  seq_length: int, eod: int, pad_multiple: int = 1,
-                 source_names: tuple[str, ...] = ("blend",)):
+                 source_names: tuple[str, ...] = ("blend",), first: np.ndarray | None = None):
         self.tables = tuple(tables)
-        self.sources, self.packs = order  # per row: source, pack of that source
+        self.sources, self.packs = order  # per row: source, pack of that source from `first`
+        self.first = np.zeros(len(self.tables), np.int64) if first is None else first
         self.seq_length = seq_length
         self.eod = eod
         self.pad_multiple = pad_multiple
         self.source_names = source_names
+
+    def cut(self, rows: slice) -> PackedSamples:
+        """These rows only (views of the order, not copies)."""
+        return PackedSamples(self.tables, (self.sources[rows], self.packs[rows]),
+                             self.seq_length, self.eod, self.pad_multiple, self.source_names,
+                             self.first)
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -249,7 +257,9 @@ class PackedSamples:
 
     def microbatch(self, indices: np.ndarray) -> MicroBatch:
         row = int(indices[0])
-        dataset, index, number = self.tables[int(self.sources[row])].locate(int(self.packs[row]))
+        source = int(self.sources[row])
+        dataset, index, number = self.tables[source].locate(
+            int(self.packs[row]) + int(self.first[source]))
         documents, starts, lengths = index.pack(number)
         pieces = [dataset.get(int(d), offset=int(s), length=int(n))
                   for d, s, n in zip(documents, starts, lengths, strict=True)]
@@ -324,17 +334,25 @@ def pack_order(cfg: RunConfig, cache: Path, counts: Sequence[int],
     return cached_order(cache, rule, counts, weights, build=False)
 
 
+def split_packs(count: int, split: tuple[float, float]) -> int:
+    """How many of a source's `count` packs train under a blend's `split` (the rest are held
+    out): Megatron's bookend, round(count x train share) (`BlendedMegatronDatasetBuilder`
+    splits each dataset so before blending it)."""
+    return int(round(count * split[0] / sum(split)))
+
+
 def packed_sources(cfg: RunConfig, blend: Blend,
                    cache: Path) -> tuple[PackedSamples, PackedSamples]:
     """The packs of every train source (a manifest's: each shard's, in order), interleaved by
     the blend's weights (`pack_order`, cached in `cache`); held-out packs from `valid`, else
-    the last rows of the training order (the split's share)."""
+    each source's last packs by the split (`split_packs`), interleaved the same way, so no
+    pack is both trained on and held out however often the weights repeat a source's packs.
+    `data.pack_order=v1` held out the last rows of the one order instead (its runs resume so)."""
     seq, seed = cfg.model.seq_length, cfg.train.seed
     multiple = document_pad_multiple(cfg.parallel.context)
-
     checked = CheckedIndexes(cache) if torch.distributed.get_rank() == 0 else None
 
-    def packs(sources) -> tuple[list[SourcePacks], tuple[np.ndarray, np.ndarray]]:
+    def tables_of(sources) -> list[SourcePacks]:
         tables = []
         for source in sources:
             named = manifest_split(source.prefix)
@@ -344,24 +362,27 @@ def packed_sources(cfg: RunConfig, blend: Blend,
                                           for prefix in source.prefixes]))
         if checked is not None:
             checked.save()
-        order = pack_order(cfg, cache, [len(table) for table in tables],
-                           [source.weight for source in sources])
-        return tables, order
+        return tables
 
-    def rows(tables, order, names) -> PackedSamples:
-        return PackedSamples(tables, order, seq, blend.eod_id, multiple, names)
+    def rows(tables, sources, counts, first=None) -> PackedSamples:
+        order = pack_order(cfg, cache, counts, [source.weight for source in sources])
+        names = source_labels([source.label for source in sources])
+        return PackedSamples(tables, order, seq, blend.eod_id, multiple, names, first)
 
-    names = source_labels([source.label for source in blend.train])
-    tables, (sources, order) = packs(blend.train)
+    tables = tables_of(blend.train)
+    counts = [len(table) for table in tables]
     if blend.valid is not None:
-        heldout_tables, heldout_order = packs(blend.valid)
-        heldout = rows(heldout_tables, heldout_order,
-                       source_labels([source.label for source in blend.valid]))
-    else:
-        count = max(1, round(len(sources) * blend.split[1] / sum(blend.split)))
-        heldout = rows(tables, (sources[-count:], order[-count:]), names)
-        sources, order = sources[:-count], order[:-count]
-    return rows(tables, (sources, order), names), heldout
+        heldout_tables = tables_of(blend.valid)
+        return (rows(tables, blend.train, counts),
+                rows(heldout_tables, blend.valid, [len(table) for table in heldout_tables]))
+    if cfg.data.pack_order == "v1":
+        whole = rows(tables, blend.train, counts)
+        count = max(1, round(len(whole) * blend.split[1] / sum(blend.split)))
+        return (whole.cut(slice(None, -count)), whole.cut(slice(-count, None)))
+    kept = [split_packs(count, blend.split) for count in counts]
+    return (rows(tables, blend.train, kept),
+            rows(tables, blend.train, [n - k for n, k in zip(counts, kept, strict=True)],
+                 first=np.asarray(kept, dtype=np.int64)))
 
 
 def build_sources(cfg: RunConfig, run_dir: Path,
