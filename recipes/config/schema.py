@@ -340,8 +340,9 @@ class DataConfig:
     heldout_fraction: float = 0.05  # share of the token stream kept for held-out loss
     eod_mask_loss: bool = True  # no loss where the input is end-of-document (Megatron's flag)
     # documents=packed: which source each row takes, by the blend's weights. `megatron`: the
-    # rule of Megatron's blended dataset (its compiled build_blending_indices); `v1`: this
-    # project's first rule (row r weighed as r + 1), what runs saved before this field used.
+    # rule of Megatron's blended dataset (its compiled build_blending_indices), a split held out
+    # per source; `v1`: this project's first rule (row r weighed as r + 1, the order's last rows
+    # held out), what runs saved before this field used.
     pack_order: Literal["megatron", "v1"] = "megatron"
 
     @property
