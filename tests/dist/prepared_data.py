@@ -115,24 +115,27 @@ def open_pack_index(payload: dict) -> dict:
     return {"packs": len(index), "first": index.pack(0)[2].tolist(), "reads": len(reads)}
 
 
-def packed_rows_of(payload: dict) -> dict:
-    """Rank entry: the trainer's packed sources of `payload['blend']` (`data.packed_sources`,
-    under `payload['overrides']`): per split, each row's (source, pack of that source counted
-    from the source's first pack), and each source's pack count."""
+def packed_rows_of(payload: dict) -> list[dict]:
+    """Rank entry: the trainer's packed sources of `payload['blend']` (`data.packed_sources`)
+    under each of `payload['runs']` (lists of overrides, one cache folder each): per split, each
+    row's (source, pack of that source counted from the source's first pack), and each source's
+    pack count."""
     from recipes.config.blend import load_blend
     from recipes.config.overrides import apply_overrides
     from recipes.registry import get_recipe
     from trainer import data
 
-    cfg = apply_overrides(get_recipe("tiny_dp1"), [
-        "data.source=blend", f"data.blend={payload['blend']}", "data.documents=packed",
-        "train.micro_batch_size=1", *payload.get("overrides", [])])
-    train, heldout = data.packed_sources(cfg, load_blend(cfg.data.blend),
-                                         Path(payload["cache"]))
-
     def rows(samples) -> list[list[int]]:
         return [[int(s), int(p) + int(samples.first[s])]
                 for s, p in zip(samples.sources, samples.packs, strict=True)]
 
-    return {"train": rows(train), "heldout": rows(heldout),
-            "counts": [len(table) for table in train.tables]}
+    found = []
+    for number, overrides in enumerate(payload["runs"]):
+        cfg = apply_overrides(get_recipe("tiny_dp1"), [
+            "data.source=blend", f"data.blend={payload['blend']}", "data.documents=packed",
+            "train.micro_batch_size=1", *overrides])
+        train, heldout = data.packed_sources(cfg, load_blend(cfg.data.blend),
+                                             Path(payload["cache"]) / str(number))
+        found.append({"train": rows(train), "heldout": rows(heldout),
+                      "counts": [len(table) for table in train.tables]})
+    return found

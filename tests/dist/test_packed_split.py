@@ -25,9 +25,9 @@ def _blend(tmp_path) -> str:
 
 
 def test_no_pack_is_both_trained_on_and_held_out(launch_ranks, tmp_path):
-    blend = _blend(tmp_path)
-    [rows] = launch_ranks(1, ENTRY, {"blend": blend, "cache": str(tmp_path / "cache"),
-                                     "overrides": ["model.seq_length=128"]})
+    [[rows, v1]] = launch_ranks(1, ENTRY, {
+        "blend": _blend(tmp_path), "cache": str(tmp_path / "cache"),
+        "runs": [["model.seq_length=128"], ["model.seq_length=128", "data.pack_order=v1"]]})
     train, heldout = {tuple(r) for r in rows["train"]}, {tuple(r) for r in rows["heldout"]}
     assert train and heldout and not train & heldout
     for source, count in enumerate(rows["counts"]):
@@ -38,6 +38,4 @@ def test_no_pack_is_both_trained_on_and_held_out(launch_ranks, tmp_path):
     assert abs(small_share - 0.6) * len(rows["train"]) <= 1  # the weights, within a row
     repeated = len(rows["train"]) - len(train)
     assert repeated > 0  # the small source's packs repeat in training, none of them held out
-    [v1] = launch_ranks(1, ENTRY, {"blend": blend, "cache": str(tmp_path / "cache_v1"),
-                                   "overrides": ["model.seq_length=128", "data.pack_order=v1"]})
     assert {tuple(r) for r in v1["train"]} & {tuple(r) for r in v1["heldout"]}  # the old split
