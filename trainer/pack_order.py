@@ -30,7 +30,6 @@ import numpy as np
 
 from data_prep.npy_file import npy_problem
 
-ORDER_RULES = ("megatron", "v1")  # `data.pack_order`'s values
 CHUNK = 1 << 24  # rows turned from Megatron's running counts into pack numbers at a time
 
 
@@ -80,16 +79,12 @@ def order_paths(folder: Path, rule: str, counts: Sequence[int],
     return folder / f"pack_order-{digest}-sources.npy", folder / f"pack_order-{digest}-packs.npy"
 
 
-def order_file_problem(path: Path, rows: int, dtype: type) -> str | None:
-    """Why a cached order file cannot be read as `rows` values of `dtype`, or None."""
-    if not path.is_file():
-        return "is missing"
-    if problem := npy_problem(path):
-        return problem
+def order_file_whole(path: Path, rows: int, dtype: type) -> bool:
+    """Whether a cached order file is a whole `.npy` of `rows` values of `dtype`."""
+    if not path.is_file() or npy_problem(path):
+        return False
     array = np.load(path, mmap_mode="r")
-    if array.dtype != dtype or array.shape != (rows,):
-        return f"holds {array.dtype}{list(array.shape)}, not {np.dtype(dtype)}[{rows}]"
-    return None
+    return array.dtype == dtype and array.shape == (rows,)
 
 
 def write_order(paths: tuple[Path, Path], rule: str, counts: Sequence[int],
@@ -122,6 +117,6 @@ def cached_order(folder: Path, rule: str, counts: Sequence[int], weights: Sequen
     paths = order_paths(folder, rule, counts, weights)
     total = int(sum(counts))
     expected = list(zip(paths, (np.int16, np.int64), strict=True))
-    if build and any(order_file_problem(path, total, dtype) for path, dtype in expected):
+    if build and not all(order_file_whole(path, total, dtype) for path, dtype in expected):
         write_order(paths, rule, counts, weights)
     return np.load(paths[0], mmap_mode="r"), np.load(paths[1], mmap_mode="r")
