@@ -59,11 +59,16 @@ def check_in_process_write_results() -> None:
     from trainer.checkpoint import megatron_fixes
 
     before = set(multiprocessing.active_children())
-    with tempfile.TemporaryDirectory() as directory, megatron_fixes.in_process_write_results():
-        writer = _prepare_write_data(directory, {"w": torch.ones(4)})
-    started = set(multiprocessing.active_children()) - before
-    assert isinstance(writer.results_queue, queue.Queue), type(writer.results_queue).__name__
-    assert not started, f"the save started {len(started)} process(es)"
+    try:
+        with tempfile.TemporaryDirectory() as directory, megatron_fixes.in_process_write_results():
+            writer = _prepare_write_data(directory, {"w": torch.ones(4)})
+        started = _new_children(before)
+        assert isinstance(writer.results_queue, queue.Queue), type(writer.results_queue).__name__
+        assert not started, f"the save started {len(started)} process(es)"
+    finally:  # without the fix, Megatron's spawned queue manager: outlived the check before
+        for child in _new_children(before):
+            child.terminate()
+            child.join()
 
 
 def _new_children(before: set) -> list:
