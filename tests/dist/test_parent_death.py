@@ -49,6 +49,26 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def arguments(pid: int) -> list[str]:
+    """The command line of a live process; [] when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def the_rank(launcher: subprocess.Popen) -> int:
+    """The launcher's one rank: its child running pretrain.py on the run's saved config. Not
+    merely its first child: under load a child the launcher runs for a moment was caught
+    instead, and the test then looked for the saves' processes under a process long gone."""
+    def ranks() -> list[int]:
+        return [pid for pid in children(launcher.pid)
+                if any(arg.startswith("config=") for arg in arguments(pid))]
+
+    [rank] = wait_for(ranks, HANG_S, "the launcher's rank")
+    return rank
+
+
 def wait_for(condition: Callable[[], object], timeout: float, what: str) -> object:
     """`condition()`'s first true value, polled until `timeout` seconds have passed."""
     end = time.monotonic() + timeout
@@ -97,7 +117,7 @@ def test_a_rank_ends_when_its_launcher_is_killed(tmp_path):
     launcher = start_run(tmp_path)
     seen = [launcher.pid]
     try:
-        [rank] = wait_for(lambda: children(launcher.pid), HANG_S, "the launcher's rank")
+        rank = the_rank(launcher)
         seen.append(rank)
         wait_for(lambda: trained(tmp_path / "run") or launcher.poll() is not None, HANG_S,
                  "a training step")
@@ -115,7 +135,7 @@ def test_the_async_writer_s_helpers_end_when_their_rank_is_killed(tmp_path):
     launcher = start_run(tmp_path, "checkpoint.async_save=true", "checkpoint.save_interval=1")
     seen = [launcher.pid]
     try:
-        [rank] = wait_for(lambda: children(launcher.pid), HANG_S, "the launcher's rank")
+        rank = the_rank(launcher)
         seen.append(rank)
         # The results manager is forked at the first asynchronous save and lives on.
         wait_for(lambda: (tmp_path / "run" / "checkpoints" / "latest").is_file()
@@ -123,7 +143,9 @@ def test_the_async_writer_s_helpers_end_when_their_rank_is_killed(tmp_path):
         assert launcher.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
         forked = children(rank)
         seen.extend(forked)
-        assert forked, "the rank forked no process for its asynchronous saves"
+        assert forked, ("the rank forked no process for its asynchronous saves; the launcher's "
+                        f"children then: {[arguments(pid) for pid in children(launcher.pid)]}, "
+                        f"the rank {rank}: {arguments(rank)}")
         os.kill(rank, signal.SIGKILL)
         wait_for(lambda: not [pid for pid in forked if proc_state(pid) is not None], GONE_S,
                  f"the rank's forked processes {forked} ended after it was killed")
