@@ -58,9 +58,9 @@ def arguments(pid: int) -> list[str]:
 
 
 def the_rank(launcher: subprocess.Popen) -> int:
-    """The launcher's one rank: its child running pretrain.py on the run's saved config. Not
-    merely its first child: under load a child the launcher runs for a moment was caught
-    instead, and the test then looked for the saves' processes under a process long gone."""
+    """The launcher's one rank: its child running pretrain.py on the run's saved config, not
+    merely its first child (a child the launcher ran for a moment would be taken for the rank;
+    suspected, not seen, in one CI run where the rank showed no saves' processes)."""
     def ranks() -> list[int]:
         return [pid for pid in children(launcher.pid)
                 if any(arg.startswith("config=") for arg in arguments(pid))]
