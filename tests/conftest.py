@@ -3,8 +3,9 @@
 Each test is given an `xdist_group`, the unit one worker process runs whole:
 
 - the tests that start gloo ranks (tests/dist) share one unit, run first, so one fork server
-  serves them; the few that launch through the scripts and time nothing are a second unit,
-  run last, beside the first by the worker through with everything else;
+  serves them; the files marked `scripts_unit` (they launch through the scripts and time
+  nothing) are a second unit, run last, beside the first by the worker through with
+  everything else;
 - the Slurm tier is a unit (its session fixture starts the one Slurm of the run), as is the GPU
   tier (one device);
 - any other test is in its file's unit, merged with every file that reads the same session
@@ -21,12 +22,11 @@ from pathlib import Path
 import pytest
 
 ONE_UNIT_TIERS = {"dist": "ranks", "slurm": "slurm", "gpu": "gpu"}  # tier folder -> its unit
-# tests/dist files that start their ranks through the scripts (not `launch_ranks`) and time
-# nothing: a unit of their own, run last, by the worker that is through with the rest while
-# the ranks' unit still runs.
+# The mark of the files that start their ranks through the scripts (not `launch_ranks`) and
+# time nothing: a unit of their own, run last, by the worker that is through with the rest
+# while the ranks' unit still runs. Registered in pyproject.toml.
 LAST_UNIT = "scripts"
-LAST_UNIT_FILES = {"test_pretrain_script.py", "test_corpus_to_hf.py", "test_scaling.py",
-                   "test_validate_resume.py"}
+LAST_UNIT_MARK = "scripts_unit"
 
 
 def tier_unit(path: Path) -> str | None:
@@ -36,11 +36,15 @@ def tier_unit(path: Path) -> str | None:
     if "tests" not in parts:
         return None
     below = parts[len(parts) - parts[::-1].index("tests"):]
-    if len(below) < 2:
-        return None
-    if below[0] == "dist" and below[-1] in LAST_UNIT_FILES:
+    return ONE_UNIT_TIERS.get(below[0]) if len(below) >= 2 else None
+
+
+def item_unit(item: pytest.Item) -> str | None:
+    """The unit a test runs in whatever its file: the scripts' unit for a test marked so, its
+    tier's for a test under a tier that runs as one, else None."""
+    if item.get_closest_marker(LAST_UNIT_MARK) is not None:
         return LAST_UNIT
-    return ONE_UNIT_TIERS.get(below[0])
+    return tier_unit(Path(str(item.fspath)))
 
 
 def shared_fixtures(item: pytest.Item) -> set[str]:
@@ -70,7 +74,7 @@ def work_units(items: list[pytest.Item]) -> dict[str, str]:
 
     keys = {}
     for item in items:
-        tier = tier_unit(Path(str(item.fspath)))
+        tier = item_unit(item)
         key = tier or item.nodeid.split("::", 1)[0]
         root(key)
         if not tier:

@@ -32,7 +32,7 @@ import pytest
 from tests.hang import HANG_S
 from tests.side_by_side import selected_tests, side_by_side
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.scripts_unit]
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = ["one two three four", "five six seven eight", "nine ten eleven twelve"]

@@ -11,7 +11,7 @@ import pytest
 
 from tests.hang import HANG_S
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.scripts_unit]
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "pretrain.py"

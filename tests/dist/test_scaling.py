@@ -12,7 +12,7 @@ import pytest
 
 from tests.hang import HANG_S
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.scripts_unit]
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 5  # 1 warm-up, 2 profiled, 2 measured

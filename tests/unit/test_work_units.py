@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 from tests.conftest import work_units
@@ -14,17 +15,37 @@ def fixture(scope: str, baseid: str) -> list:
 OURS = fixture("session", "tests/unit")  # a session fixture in a conftest of ours
 
 
-def item(path: str, name: str = "test_a", **fixtures) -> SimpleNamespace:
+def item(path: str, name: str = "test_a", marks: tuple[str, ...] = (),
+         **fixtures) -> SimpleNamespace:
     return SimpleNamespace(fspath=f"/repo/{path}", nodeid=f"{path}::{name}",
-                           _fixtureinfo=SimpleNamespace(name2fixturedefs=fixtures))
+                           _fixtureinfo=SimpleNamespace(name2fixturedefs=fixtures),
+                           get_closest_marker=lambda mark: mark if mark in marks else None)
 
 
 def test_a_tier_that_starts_ranks_or_services_is_one_unit_whatever_its_fixtures():
     items = [item("tests/dist/test_a.py"), item("tests/dist/test_b.py", probes=OURS),
              item("tests/slurm/test_s.py"), item("tests/gpu/test_g.py"),
-             item("tests/dist/test_pretrain_script.py"), item("tests/unit/test_pretrain_script.py")]
-    assert list(work_units(items).values()) == [
-        "ranks", "ranks", "slurm", "gpu", "scripts", "tests/unit/test_pretrain_script.py"]
+             item("tests/dist/test_pretrain_script.py")]
+    assert list(work_units(items).values()) == ["ranks", "ranks", "slurm", "gpu", "ranks"]
+
+
+def test_a_test_marked_scripts_unit_runs_in_the_scripts_unit_wherever_it_is():
+    items = [item("tests/dist/test_pretrain_script.py", marks=("scripts_unit",)),
+             item("tests/unit/test_x.py", marks=("scripts_unit",), probes=OURS),
+             item("tests/unit/test_y.py", probes=OURS)]
+    assert list(work_units(items).values()) == ["scripts", "scripts", "tests/unit/test_y.py"]
+
+
+def test_the_files_marked_for_the_scripts_unit_start_no_ranks_of_their_own():
+    """A file in the scripts' unit runs beside the ranks' unit: one that started ranks through
+    `launch_ranks` or the one-rank fixture would launch beside another launch."""
+    dist = Path(__file__).resolve().parents[1] / "dist"
+    marked = [path for path in sorted(dist.glob("test_*.py"))
+              if "pytest.mark.scripts_unit" in path.read_text()]
+    assert marked, "no tests/dist file is marked scripts_unit"
+    for path in marked:
+        text = path.read_text()
+        assert "launch_ranks" not in text and "one_rank_world" not in text, path.name
 
 
 def test_a_file_is_a_unit_and_files_sharing_a_session_fixture_of_ours_are_merged():
