@@ -26,15 +26,31 @@ def _train(tmp_path, *overrides: str, recipe: str = "tiny_dp1",
     )
 
 
+def refused_and_failed(result: subprocess.CompletedProcess, line: str, missing: list[str]) -> None:
+    """On a GPU machine without `missing`: the run must have been refused before launch in one
+    line starting `line`, and the tier fails all the same (a GPU machine without Transformer
+    Engine or the Mamba kernels cannot check what this tier is for)."""
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.startswith(line), result.stderr[-3000:]
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-3000:]
+    pytest.fail(f"{', '.join(missing)} not installed on this GPU machine (the refusal was "
+                "right): bring the wheels, WHEELS=dir bash scripts/run_gpu_checks.sh",
+                pytrace=False)
+
+
+def missing(*names: str) -> list[str]:
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
 @pytest.mark.parametrize("impl", ["local", "auto"])
 def test_tiny_run_trains_on_one_gpu(tmp_path, impl):
     """Megatron's local layers when asked for; Transformer Engine's (the default on GPUs) with
-    its fusions when TE is installed, else refused before launch in one line."""
+    its fusions when TE is installed, else refused before launch in one line (and the tier
+    fails)."""
     result = _train(tmp_path, f"model.transformer_impl={impl}")
-    if impl == "auto" and importlib.util.find_spec("transformer_engine") is None:
-        assert result.returncode == 2 and result.stderr.startswith(
-            "error: model.transformer_impl=auto builds Transformer Engine's layers on GPUs")
-        return
+    if impl == "auto" and missing("transformer_engine"):
+        refused_and_failed(result, "error: model.transformer_impl=auto builds Transformer "
+                           "Engine's layers on GPUs", missing("transformer_engine"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert ("layers: Transformer Engine's; fusions on:" in result.stdout) == (impl == "auto")
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -47,15 +63,11 @@ def test_tiny_run_trains_on_one_gpu(tmp_path, impl):
 def test_tiny_hybrid_trains_50_steps_on_one_gpu(tmp_path):
     """The tiny hybrid (Mamba2, attention, MLP, MoE) on CUDA through mamba-ssm's and
     causal-conv1d's kernels (Megatron's local layers: Transformer Engine is optional here); without
-    those kernels it is refused before launch in one line naming them."""
+    those kernels it is refused before launch in one line naming them (and the tier fails)."""
     result = _train(tmp_path, "model.transformer_impl=local", recipe="hybrid_tiny_dp1", steps=50)
-    missing = [name for name in ("mamba_ssm", "causal_conv1d")
-               if importlib.util.find_spec(name) is None]
-    if missing:
-        assert result.returncode == 2, result.stderr[-3000:]
-        assert result.stderr.startswith("error: model.hybrid_layer_pattern has Mamba layers")
-        assert len(result.stderr.strip().splitlines()) == 1
-        return
+    kernels = missing("mamba_ssm", "causal_conv1d")
+    if kernels:
+        refused_and_failed(result, "error: model.hybrid_layer_pattern has Mamba layers", kernels)
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["backend"] == "GPU (nccl)"
@@ -67,17 +79,14 @@ def test_tiny_super_trains_in_bf16_on_one_gpu(tmp_path):
     """The tiny Nemotron 3 Super-shaped hybrid (latent MoE, two MTP depths sharing a layer) in
     BF16 on CUDA, each MTP depth's loss logged; its latent projections are Transformer Engine's
     linears whatever the layers, so without mamba-ssm and causal-conv1d, or without TE, it is
-    refused before launch in one line naming what is missing."""
+    refused before launch in one line naming what is missing (and the tier fails)."""
     result = _train(tmp_path, "model.transformer_impl=local", "precision.dtype=bf16",
                     recipe="super_tiny_dp1", steps=50)
-    missing = [name for name in ("mamba_ssm", "causal_conv1d")
-               if importlib.util.find_spec(name) is None]
-    if missing or importlib.util.find_spec("transformer_engine") is None:
-        assert result.returncode == 2, result.stderr[-3000:]
-        assert result.stderr.startswith("error: model.hybrid_layer_pattern has Mamba layers"
-                                        if missing else "error: model.moe_latent_size=32 builds")
-        assert len(result.stderr.strip().splitlines()) == 1
-        return
+    kernels = missing("mamba_ssm", "causal_conv1d")
+    if kernels or missing("transformer_engine"):
+        refused_and_failed(result, "error: model.hybrid_layer_pattern has Mamba layers"
+                           if kernels else "error: model.moe_latent_size=32 builds",
+                           kernels + missing("transformer_engine"))
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
