@@ -23,9 +23,11 @@ from tests.hang import HANG_S
 pytestmark = pytest.mark.dist
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["recipe=tiny_dp1", "scheduler.warmup_iters=2", "train.train_iters=400",
+# Far more steps than a run could take within HANG_S: a process that outlived its killed
+# parent would still be training when the wait for its end gives up (a wait is never a speed
+# check, tests/hang.py).
+TINY = ["recipe=tiny_dp1", "scheduler.warmup_iters=2", "train.train_iters=1000000",
         "train.eval_interval=0", "train.eval_iters=0"]
-GONE_S = 5.0  # how soon a process whose parent was killed must be gone
 
 
 def proc_state(pid: int) -> tuple[str, int] | None:
@@ -124,7 +126,7 @@ def test_a_rank_ends_when_its_launcher_is_killed(tmp_path):
         assert launcher.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
         launcher.kill()
         launcher.wait()
-        wait_for(lambda: proc_state(rank) is None, GONE_S,
+        wait_for(lambda: proc_state(rank) is None, HANG_S,
                  f"rank {rank} ended after its launcher was killed")
     finally:
         kill_all(seen)
@@ -141,13 +143,17 @@ def test_the_async_writer_s_helpers_end_when_their_rank_is_killed(tmp_path):
         wait_for(lambda: (tmp_path / "run" / "checkpoints" / "latest").is_file()
                  or launcher.poll() is not None, HANG_S, "a published checkpoint")
         assert launcher.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
-        forked = children(rank)
+        try:  # looked at for a while, not once: a scan of /proc is not atomic
+            forked = wait_for(lambda: children(rank), HANG_S, "the rank's forked processes")
+        except AssertionError:
+            raise AssertionError(
+                "the rank forked no process for its asynchronous saves; the launcher's children: "
+                f"{[arguments(pid) for pid in children(launcher.pid)]}, the rank {rank} "
+                f"({proc_state(rank) or 'gone'}): {arguments(rank)}; its log ends: "
+                f"{(tmp_path / 'run.log').read_text()[-2000:]}") from None
         seen.extend(forked)
-        assert forked, ("the rank forked no process for its asynchronous saves; the launcher's "
-                        f"children then: {[arguments(pid) for pid in children(launcher.pid)]}, "
-                        f"the rank {rank}: {arguments(rank)}")
         os.kill(rank, signal.SIGKILL)
-        wait_for(lambda: not [pid for pid in forked if proc_state(pid) is not None], GONE_S,
+        wait_for(lambda: not [pid for pid in forked if proc_state(pid) is not None], HANG_S,
                  f"the rank's forked processes {forked} ended after it was killed")
     finally:
         kill_all(seen)
