@@ -65,20 +65,22 @@ def swiglu_optimizer_state(payload: dict) -> dict:
 
 
 def _an_unfinished_gather_is_seen(check) -> bool:
-    """The check's self-test: rank 1 joins an all-gather late, so rank 0's half cannot finish
-    before rank 0 asks whether its output is in use (it is; nothing is freed)."""
-    import time
-
+    """The check's self-test: rank 1 joins an all-gather only once rank 0 has asked whether its
+    output is in use (told through the default store), so rank 0's half cannot have finished
+    by then (it is in use; nothing is freed)."""
     import torch
     import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_default_store
 
-    rank = dist.get_rank()
+    rank, store, asked = dist.get_rank(), _get_default_store(), "bucket-free-self-test/asked"
     if rank == 1:
-        time.sleep(1.0)
+        store.wait([asked])
     output = torch.zeros(2 * 64)
     with check.module._coalescing_manager(None, async_ops=True) as started:
         dist.all_gather_into_tensor(output, torch.full((64,), float(rank)))
     seen = bool(check.in_use(output))
+    if rank == 0:
+        store.set(asked, "1")
     started.wait()
     return seen
 
