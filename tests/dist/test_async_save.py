@@ -47,7 +47,10 @@ def terminated_while_writing(payload: dict) -> dict:
 
 def saved_both_ways(payload: dict) -> dict:
     """One step, then that state saved synchronously and asynchronously: each shard file's
-    size. The asynchronous writer copies the parameters' views itself (`views_uncopied`)."""
+    size and CRC-32. The asynchronous writer copies the parameters' views itself
+    (`views_uncopied`)."""
+    import zlib
+
     from tests.dist.layout_runs import _finish, _session
     from tests.dist.resume_runs import _step
     from trainer.checkpoint.async_save import finish_saves
@@ -55,14 +58,15 @@ def saved_both_ways(payload: dict) -> dict:
 
     session = _session(payload)
     _step(session)
-    sizes = {}
+    files = {}
     for mode in ("sync", "async"):
         session.cfg.checkpoint.async_save = mode == "async"
         path = save_checkpoint(session, Path(payload["run_dir"]) / mode)
         finish_saves(session, blocking=True)
-        sizes[mode] = {p.name: p.stat().st_size for p in sorted(path.glob("*.distcp"))}
+        files[mode] = {p.name: (p.stat().st_size, zlib.crc32(p.read_bytes()))
+                       for p in sorted(path.glob("*.distcp"))}
     _finish()
-    return sizes
+    return files
 
 
 @pytest.fixture(scope="module")
