@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -239,6 +240,32 @@ def test_the_first_failing_agent_knows_it_is_first_and_waits_for_the_others(roun
         "rank 0 (node 0, local rank 0) exited with code 1"]
 
 
+def test_the_first_failing_agent_lingers_until_the_others_end_or_linger_s(round_store,
+                                                                          monkeypatch):
+    first, second = agent.RendezvousWatch(), agent.RendezvousWatch()
+    for watch in (first, second):
+        watch.store, watch.nodes = round_store, 2
+    first.count_ended()
+    waits = []
+
+    def sleep(seconds):  # the other agent ends during the second wait
+        waits.append(seconds)
+        if len(waits) == 2:
+            second.count_ended()
+
+    monkeypatch.setattr(agent, "time", SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
+    first.linger()
+    assert waits == [agent.POLL_S, agent.POLL_S]
+    # A node that never counts itself (lost): given up at LINGER_S on the clock.
+    clock = [0.0]
+    lone = agent.RendezvousWatch()
+    lone.store, lone.nodes = round_store, 3
+    monkeypatch.setattr(agent, "time", SimpleNamespace(
+        monotonic=lambda: clock[0], sleep=lambda seconds: clock.__setitem__(0, clock[0] + seconds)))
+    lone.linger()
+    assert agent.LINGER_S <= clock[0] < agent.LINGER_S + agent.POLL_S
+
+
 def test_the_peer_watch_stops_ranks_that_outlive_another_node_s_failure(round_store, monkeypatch,
                                                                        capsys):
     monkeypatch.setattr(agent, "PEER_GRACE_S", 0.05)
@@ -277,9 +304,21 @@ def test_a_rank_failure_is_not_counted_once_slurm_is_ending_the_attempt(tmp_path
     assert record.read_text() == "1\n"
 
 
-def test_slurm_job_reads_the_attempt_and_asks_nothing_outside_slurm():
+def test_slurm_job_reads_the_attempt_and_asks_nothing_outside_slurm(monkeypatch):
+    from trainer.launch import slurm_jobs
+
+    asked = []
+
+    def scontrol(argv, timeout=None):
+        asked.append(list(argv))
+        return subprocess.CompletedProcess(argv, 1, "", "not here")
+
+    monkeypatch.setattr(slurm_jobs, "slurm_command", scontrol)
     assert agent.slurm_job({"SLURM_RESTART_COUNT": "2"}) == (None, 2)
     assert agent.slurm_job({}) == (None, 0)
+    assert asked == []  # no job id: Slurm is not asked
+    assert agent.slurm_job({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}) == (None, 1)
+    assert asked == [["scontrol", "show", "job", "-o", "7"]]
 
 
 def test_the_first_slurm_node_hosts_the_store_and_the_others_connect():
