@@ -25,8 +25,9 @@ def test_figures_replace_keys_in_place_and_append_the_rest(tmp_path):
     update_cluster_file(str(path), {"intra_node_gb_per_s": 0.6873, "gemm_half_dim": 41.0,
                                     "collective_latency_us": 5559.0})
     after = path.read_text().splitlines()
-    assert "intra_node_gb_per_s: 0.6873  # gloo over shared memory, per rank, one direction" \
-        in after
+    replaced = "intra_node_gb_per_s: 0.6873  # gloo over shared memory, per rank, one direction"
+    assert [line.startswith("intra_node_gb_per_s") for line in before].index(True) \
+        == after.index(replaced)  # the line where the key stood
     assert [line for line in after if not line.startswith(
         ("intra_node", "gemm_half_dim", "collective_latency"))] == [
         line for line in before if not line.startswith("intra_node")]
