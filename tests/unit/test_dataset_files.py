@@ -191,18 +191,52 @@ def test_a_bare_prefix_listed_by_a_manifest_beside_it_is_checked_as_the_manifest
 
 
 def test_the_checks_read_the_index_not_the_tokens(tmp_path, monkeypatch) -> None:
-    """A manifest's shards are checked without mapping their tokens (the fingerprint reads at
-    most 2 x 64 KiB of each .bin, and the first shard's ids are looked at in those bytes)."""
-    manifest = _manifest(tmp_path)
+    """A manifest's shards are checked without reading their tokens: the fingerprint reads the
+    first and last 64 KiB of each .bin, and the first shard's ids are looked at in the same
+    bytes (read again: page cache), whatever the size of the shard (over 1 MB here, every byte
+    of a .bin read counted however it is read)."""
+    long_docs = [[5] * 300_000 + [0], [7] * 300_000 + [0]]
+    shards = []
+    for name in ("corpus_a", "corpus_b"):
+        prefix = write_dataset(tmp_path / name, long_docs)
+        shards.append({"prefix": name, "tokens": 600_002, **dataset_files.record(prefix)})
+    assert all(shard["bin_bytes"] > 16 * dataset_files.SAMPLE_BYTES for shard in shards)
+    manifest = tmp_path / "corpus.json"
+    manifest.write_text(json.dumps({"eod_id": 0, "vocab_size": 300, "shards": shards}))
     path = _blend(tmp_path, f"train:\n  - {{manifest: {manifest}}}\n")
-    real = np.memmap
+    read: dict[str, int] = {}
+    real_memmap, real_fromfile, real_open = np.memmap, np.fromfile, Path.open
 
     def no_bin(file, *args, **kwargs):
         assert not str(file).endswith(".bin"), file
-        return real(file, *args, **kwargs)
+        return real_memmap(file, *args, **kwargs)
+
+    def counted_fromfile(file, dtype=float, count=-1, *args, **kwargs):
+        tokens = real_fromfile(file, dtype, count, *args, **kwargs)
+        read[Path(file).name] = read.get(Path(file).name, 0) + tokens.nbytes
+        return tokens
+
+    def counted_open(self, mode="r", *args, **kwargs):
+        stream = real_open(self, mode, *args, **kwargs)
+        if self.suffix != ".bin":
+            return stream
+        real_read = stream.read
+
+        def counted_read(size=-1):
+            data = real_read(size)
+            read[self.name] = read.get(self.name, 0) + len(data)
+            return data
+
+        stream.read = counted_read
+        return stream
 
     monkeypatch.setattr(dataset_files.np, "memmap", no_bin)
+    monkeypatch.setattr(dataset_files.np, "fromfile", counted_fromfile)
+    monkeypatch.setattr(Path, "open", counted_open)
     load_blend(path)
+    sample = dataset_files.SAMPLE_BYTES
+    assert read.keys() == {"corpus_a.bin", "corpus_b.bin"}, read  # each fingerprinted
+    assert read["corpus_a.bin"] <= 4 * sample and read["corpus_b.bin"] <= 2 * sample, read
 
 
 def test_the_entry_point_refuses_a_damaged_index_in_one_line(sound) -> None:
