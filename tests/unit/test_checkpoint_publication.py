@@ -17,18 +17,7 @@ from recipes.registry import get_recipe
 from trainer.checkpoint.format import newest_checkpoint
 from trainer.checkpoint.load import resolve_checkpoint_dir
 from trainer.checkpoint.preflight import check_checkpoint_load_path
-from trainer.checkpoint.publish import (
-    _point_latest,
-    _rename_into_place,
-    _rotate,
-    checkpoints_to_delete,
-)
-
-
-def _publish(tmp: Path, final: Path) -> None:
-    """What rank 0 does once every rank's files are written."""
-    _rename_into_place(tmp, final)
-    _point_latest(final)
+from trainer.checkpoint.publish import _rotate, checkpoints_to_delete, put_in_place
 
 
 def _complete(path: Path) -> Path:
@@ -106,9 +95,8 @@ def test_publish_renames_then_points_latest_and_rotation_cleans_up(tmp_path) -> 
     (root / "step_0000002.tmp-2-dead").mkdir()  # a crashed earlier save: stale
     (root / "step_0000009.tmp-9-beef").mkdir()  # newer than anything published: not touched
     tmp = _complete(root / "step_0000004.tmp-4-cafe")
-    _publish(tmp, root / "step_0000004")
+    put_in_place(tmp, root / "step_0000004", keep_last=2, resumed_from=resumed)
     assert (root / "latest").read_text() == "step_0000004"
-    _rotate(root, keep_last=2, resumed_from=resumed)
     assert _steps(root) == [
         "latest", "step_0000001", "step_0000003", "step_0000004", "step_0000009.tmp-9-beef"
     ]
@@ -130,6 +118,6 @@ def test_publishing_a_step_again_replaces_it(tmp_path) -> None:
     root = tmp_path / "checkpoints"
     (_complete(root / "step_0000002") / "old").write_text("old")
     tmp = _complete(root / "step_0000002.tmp-2-cafe")
-    _publish(tmp, root / "step_0000002")
+    put_in_place(tmp, root / "step_0000002", keep_last=None, resumed_from=None)
     assert _steps(root) == ["latest", "step_0000002"]
     assert not (root / "step_0000002" / "old").exists()

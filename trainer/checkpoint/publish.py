@@ -196,7 +196,16 @@ def publish(session, save: PendingSave, writing: tuple[Path, ...] = ()) -> None:
     step into place, points `latest` at it and rotates (never a save in `writing`)."""
     disk_errors.run_phases(save, (lambda: _write_manifest(session, save.state, save.tmp),))
     if torch.distributed.get_rank() == 0:
-        _rename_into_place(save.tmp, save.final)
-        _point_latest(save.final)
-        _rotate(save.root, session.cfg.checkpoint.keep_last, session.resumed_from, writing)
+        put_in_place(save.tmp, save.final, session.cfg.checkpoint.keep_last,
+                     session.resumed_from, writing)
     torch.distributed.barrier()
+
+
+def put_in_place(tmp: Path, final: Path, keep_last: int | None, resumed_from: Path | None,
+                 writing: tuple[Path, ...] = ()) -> None:
+    """Rank 0's part of `publish`, in this order: the complete save `tmp` renamed to `final`,
+    `latest` pointed at it, then rotation (a crash between two leaves a root that resumes from
+    a complete step)."""
+    _rename_into_place(tmp, final)
+    _point_latest(final)
+    _rotate(final.parent, keep_last, resumed_from, writing)
