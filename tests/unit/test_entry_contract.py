@@ -285,8 +285,9 @@ def test_the_local_launcher_gives_gpu_ranks_their_environment(monkeypatch, tmp_p
 
 
 def test_known_harmless_library_warnings_are_filtered_here_and_in_child_processes():
-    """Each message of the table is silenced, in this process and (PYTHONWARNINGS) in the
-    processes a command starts; any other warning still prints."""
+    """Each message of the table is silenced, in the process that calls `quiet_known_noise`
+    (warnings and library logs) and (PYTHONWARNINGS) in the processes a command starts; any
+    other warning still prints."""
     from trainer.entry.library_noise import NOISE, python_warnings
 
     said = [noise.message for noise in NOISE if noise.logger is None]
@@ -300,6 +301,17 @@ def test_known_harmless_library_warnings_are_filtered_here_and_in_child_processe
     loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=HANG_S, env={})
     assert loud.stderr.count("UserWarning") == len(said) + 1
+    logged = [(noise.logger, noise.message) for noise in NOISE if noise.logger is not None]
+    here = ("import logging\nfrom trainer.entry.library_noise import quiet_known_noise\n"
+            "quiet_known_noise()\n" + code
+            + f"for name, text in {logged!r} + [('elsewhere', 'Another line, worth reading')]:\n"
+            "    logging.getLogger(name).warning(text + ' (as the library logs it)')\n")
+    quieted = subprocess.run([sys.executable, "-c", here], capture_output=True, text=True,
+                             timeout=HANG_S, env={}, cwd=REPO)
+    assert quieted.returncode == 0, quieted.stderr[-3000:]
+    assert [line for line in quieted.stderr.splitlines() if "as the library" in line] == [
+        "<string>:6: UserWarning: Something else, worth reading (as the library says it)",
+        "Another line, worth reading (as the library logs it)"]
 
 
 def test_print_config_is_the_resolved_config_that_config_reads_back(tmp_path):
