@@ -11,9 +11,12 @@ from trainer.tools.parity_scope import unsupported
 
 
 def test_arguments_carry_every_alignment_and_the_steps():
+    """Each alignment is on Megatron-LM's command line: the flags the check adds, and the ones
+    the recipe's own command line carries (per-token loss, the EOD loss mask)."""
     args = parity_arguments(resolve_config(["recipe=tiny_dp1"]), 5)
     for alignment in ALIGNMENTS:
         assert all(flag in args for flag in alignment.flags)
+    assert {"--calculate-per-token-loss", "--eod-mask-loss"} <= set(args)
     assert args[args.index("--exit-interval") + 1] == "5"
     assert args[args.index("--train-iters") + 1] == "300"  # the recipe's schedule stands
 
