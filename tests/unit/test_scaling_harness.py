@@ -138,7 +138,9 @@ def test_report_table_json_and_plots(tmp_path):
     table = format_table(report)
     assert "85.0%" in table and "CPU figures" in table and "1 ranks: compute" in table
     json.dumps(report)  # JSON-ready
-    for path in write_plots(report, tmp_path):
+    paths = write_plots(report, tmp_path)
+    assert sorted(path.name for path in paths) == ["efficiency.png", "throughput.png"]
+    for path in paths:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
