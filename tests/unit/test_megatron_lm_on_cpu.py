@@ -85,7 +85,7 @@ def moe_metric_sizes(monkeypatch) -> dict[str, int]:
     return {}
 
 
-def test_device_arch():
+def check_device_arch(monkeypatch):
     with megatron_lm_on_cpu():
         assert device_arch() == 10
     with megatron_lm_on_cpu(skip=frozenset({"megatron_lm_device_arch"})):
@@ -93,7 +93,7 @@ def test_device_arch():
             device_arch()
 
 
-def test_init_without_cuda(monkeypatch):
+def check_init_without_cuda(monkeypatch):
     with megatron_lm_on_cpu(), pytest.raises(Reached) as reached:
         init_without_cuda(monkeypatch)
     assert reached.value.args == (1,)  # one device while initializing
@@ -103,7 +103,7 @@ def test_init_without_cuda(monkeypatch):
     assert torch.cuda.device_count() == 0  # restored
 
 
-def test_compiled_helpers():
+def check_compiled_helpers(monkeypatch):
     with megatron_lm_on_cpu():
         compiled_helpers()
     with megatron_lm_on_cpu(skip=frozenset({"megatron_lm_compiled_helpers"})), \
@@ -111,7 +111,7 @@ def test_compiled_helpers():
         compiled_helpers()
 
 
-def test_hybrid_moe_metrics_size(monkeypatch):
+def check_hybrid_moe_metrics_size(monkeypatch):
     """6 layers, one of them MoE: the stage without it must all-reduce 6 slots, as the stage
     with it does; Megatron-LM's own `force_initialize` gives it 1."""
     with megatron_lm_on_cpu():
@@ -122,7 +122,7 @@ def test_hybrid_moe_metrics_size(monkeypatch):
     assert sizes == {"load_balancing_loss": 1, "seq_load_balancing_loss": 1, "router": 6}
 
 
-def test_local_final_norm(monkeypatch):
+def check_local_final_norm(monkeypatch):
     """Where TE is installed Megatron binds TENorm as the final norm of a block built from a
     layer spec (transformer_block.py:53-56); planted here as that binding (no TE on this
     machine), it is Megatron's norm without TE while the patches are active, and restored."""
@@ -142,14 +142,25 @@ def test_local_final_norm(monkeypatch):
         transformer_block.LayerNormImpl()
 
 
-def test_every_patch_has_its_check_here():
-    """The distributed optimizer's load needs a checkpoint and process groups: its check is
-    tests/dist/test_megatron_lm_checkpoints.py's."""
-    assert set(PATCH_NAMES) == {"megatron_lm_device_arch", "megatron_lm_init_without_cuda",
-                                "megatron_lm_compiled_helpers",
-                                "megatron_lm_distributed_optimizer_load",
-                                "megatron_lm_hybrid_moe_metrics_size",
-                                "megatron_lm_local_final_norm"}
+# Each patch's check, by the name `skip=` leaves it out by. The distributed optimizer's load
+# needs a checkpoint and process groups: its check is tests/dist/test_megatron_lm_checkpoints.py's.
+CHECKS = {
+    "megatron_lm_device_arch": check_device_arch,
+    "megatron_lm_init_without_cuda": check_init_without_cuda,
+    "megatron_lm_compiled_helpers": check_compiled_helpers,
+    "megatron_lm_hybrid_moe_metrics_size": check_hybrid_moe_metrics_size,
+    "megatron_lm_local_final_norm": check_local_final_norm,
+}
+CHECKED_ELSEWHERE = {"megatron_lm_distributed_optimizer_load"}
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_the_patch_is_needed(name, monkeypatch):
+    CHECKS[name](monkeypatch)
+
+
+def test_every_patch_has_its_check():
+    assert set(PATCH_NAMES) == set(CHECKS) | CHECKED_ELSEWHERE
     with pytest.raises(ValueError, match="unknown Megatron-LM patches"), \
             megatron_lm_on_cpu(skip=frozenset({"nope"})):
         pass
