@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from plugins.protocol.errors import ConfigError
-from recipes.config.megatron_args import from_megatron_values, to_megatron_args
+from recipes.config.megatron_args import to_megatron_args
 from recipes.plan.build import PlanOptions, stage_plans
 from recipes.plan.cluster import load_cluster
 from recipes.plan.params import stage_params
@@ -92,7 +92,15 @@ def test_megatron_lm_flags_round_trip_every_level_and_offload():
     with pytest.raises(ConfigError, match="--use-precision-aware-optimizer without"):
         offload.from_args({"optimizer_cpu_offload": False, "optimizer_offload_fraction": 1.0,
                            "use_precision_aware_optimizer": True})
-    assert from_megatron_values  # the table's reader is the one plan.py megatron_args= uses
+    # through Megatron-LM's own parser, as plan.py megatron_args= reads a command line
+    from trainer.tools.megatron_args import config_from_megatron_args
+
+    for level in ("optim", "optim_grads", "optim_grads_params"):
+        sharded = _cfg("optimizer.distributed=true", f"optimizer.fsdp={level}")
+        back, _ = config_from_megatron_args(to_megatron_args(sharded), sharded.cluster)
+        assert back.optimizer.fsdp == level
+    back, _ = config_from_megatron_args(to_megatron_args(on), on.cluster)
+    assert (back.optimizer.cpu_offload, back.optimizer.offload_fraction) == (True, 0.5)
 
 
 def test_eight_b_on_eight_gpus_by_level_through_the_planner():
