@@ -2,18 +2,26 @@
 (`trainer/entry/contract.py`, `os_error_line`): a path with a name longer than the file system
 allows names the argument it came from (Python 3.12's `Path.exists()` and `is_dir()` raise
 `OSError(ENAMETOOLONG)` where they answer False for every other missing path, so any rule that
-looked at one met a traceback), and a disk that fills or a quota reached while the command
-writes names the command."""
+looked at one met a traceback), as does a path behind a folder this user may not enter
+(`PermissionError`); and a disk that fills or a quota reached while the command writes names
+the command."""
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from tests.hang import HANG_S
 from trainer.entry.commands import COMPARE_RUNS, PLAN, PREPARE_DATA, PRETRAIN
-from trainer.entry.contract import Command, main, name_too_long_line
+from trainer.entry.contract import Command, main, name_too_long_line, permission_line
+
+REPO = Path(__file__).resolve().parents[2]
 
 NAME = "a" * 300
 
@@ -63,6 +71,43 @@ def test_a_disk_that_fills_while_a_command_writes_is_one_line(capsys):
     assert main(_failing_with(errno.EDQUOT), []) == 2
     assert capsys.readouterr().err.startswith(
         "error: scripts/compare_runs.py could not finish: Disk quota exceeded; free space")
+
+
+def test_a_path_closed_to_this_user_is_one_line_naming_its_argument(capsys):
+    assert permission_line("/data/x/metrics.jsonl", ["recipe=tiny_dp1", "run_dir=/data/x"]) == (
+        "run_dir=/data/x: permission denied on /data/x/metrics.jsonl (it, or a folder on its "
+        "path, is closed to this user); open it to this user, or use a path this user can reach")
+    for code in (errno.EACCES, errno.EPERM):
+        assert main(_failing_with(code, "/data/x/metrics.jsonl"), []) == 2
+        assert capsys.readouterr().err == "error: " + permission_line(
+            "/data/x/metrics.jsonl", []) + "\n"
+
+
+def test_a_config_behind_a_closed_folder_is_refused_in_one_line(tmp_path):
+    """For real: Python 3.12's Path.is_file() raises PermissionError for a file behind a folder
+    this user may not enter (as root, the capabilities that pass by permissions are dropped)."""
+    prefix = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root without setpriv cannot be refused a folder")
+        caps = "-dac_override,-dac_read_search"
+        prefix = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    shutil.copy(REPO / "conf" / "cluster" / "cpu_local.yaml", closed / "run.yaml")
+    closed.chmod(0)
+    try:
+        result = subprocess.run(
+            [*prefix, sys.executable, str(REPO / "scripts" / "plan.py"), "recipe=tiny_dp1",
+             f"cluster={closed / 'run.yaml'}"],
+            capture_output=True, text=True, cwd=REPO, timeout=HANG_S)
+    finally:
+        closed.chmod(0o755)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr == (f"error: cluster={closed / 'run.yaml'}: permission denied on "
+                             f"{closed / 'run.yaml'} (it, or a folder on its path, is closed to "
+                             "this user); open it to this user, or use a path this user can "
+                             "reach\n")
 
 
 def test_other_os_errors_are_not_taken_for_user_mistakes():

@@ -363,11 +363,15 @@ def _main(command: Command, argv: Sequence[str] | None) -> int:
 
 def os_error_line(error: OSError, argv: Sequence[str], script: str) -> str | None:
     """The one line for an OSError no rule of the command turned into its own: a path too long
-    for the file system (Python 3.12's Path.exists() and is_dir() raise it where they answer
-    False for any other missing path, so any rule looking at one meets it) or a file system
-    that filled (or a quota reached) while the command wrote; None for any other error."""
+    for the file system or one behind a folder this user may not enter (Python 3.12's
+    Path.exists() and is_dir() raise both where they answer False for any other missing path,
+    so any rule looking at one meets them), a file or folder this user may not open, or a file
+    system that filled (or a quota reached) while the command wrote; None for any other
+    error."""
     if error.errno == errno.ENAMETOOLONG:
         return name_too_long_line(str(error.filename or ""), argv)
+    if error.errno in (errno.EACCES, errno.EPERM) and error.filename:
+        return permission_line(str(error.filename), argv)
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         where = f" writing {error.filename}" if error.filename else ""
         return (f"scripts/{script} could not finish: {error.strerror}{where}; free space there (or "
@@ -375,15 +379,29 @@ def os_error_line(error: OSError, argv: Sequence[str], script: str) -> str | Non
     return None
 
 
+def naming_argument(filename: str, argv: Sequence[str]) -> str:
+    """The argument that names `filename` (its value the path, or a folder the path lies in),
+    else the path itself."""
+    return next((arg for arg in argv if (value := arg.partition("=")[2] or arg)
+                 and (os.path.abspath(filename) + os.sep).startswith(
+                     os.path.abspath(value) + os.sep)), filename)
+
+
 def name_too_long_line(filename: str, argv: Sequence[str]) -> str:
     """The line for a path the file system refused as too long (ENAMETOOLONG): the argument
-    that names it (its value the path, or a folder the path lies in) and its longest name."""
+    that names it and its longest name."""
     longest = max((len(part.encode()) for part in Path(filename).parts), default=0)
-    named = next((arg for arg in argv if (value := arg.partition("=")[2] or arg)
-                  and (os.path.abspath(filename) + os.sep).startswith(
-                      os.path.abspath(value) + os.sep)), filename)
-    return (f"{named}: the file system refuses {filename} as too long (its longest name is "
-            f"{longest:,} bytes; most allow 255 a name and 4,095 a path); shorten it")
+    return (f"{naming_argument(filename, argv)}: the file system refuses {filename} as too "
+            f"long (its longest name is {longest:,} bytes; most allow 255 a name and 4,095 a "
+            "path); shorten it")
+
+
+def permission_line(filename: str, argv: Sequence[str]) -> str:
+    """The line for a path this user may not open or reach (EACCES, EPERM): the argument that
+    names it, and the two ways out."""
+    return (f"{naming_argument(filename, argv)}: permission denied on {filename} (it, or a "
+            "folder on its path, is closed to this user); open it to this user, or use a path "
+            "this user can reach")
 
 
 def print_once(line: str, every_rank: bool = False) -> None:
