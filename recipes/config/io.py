@@ -11,7 +11,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from plugins.protocol.errors import ConfigError
 from recipes.config.overrides import carry_retired_keys, merge_checked, to_run_config
 from recipes.config.schema import RunConfig
-from recipes.config.yaml_file import scalar_texts
+from recipes.config.yaml_file import scalar_texts, unreadable_value
 
 CONFIG_FILENAME = "config.yaml"  # name of the resolved config inside a run directory
 
@@ -88,6 +88,8 @@ def load_config(path: str | Path) -> RunConfig:
     except OSError as err:
         reason = err.strerror or type(err).__name__
         raise ConfigError(f"{origin} cannot be read ({reason}); fix its permissions") from None
+    except ValueError as err:  # a plain value YAML cannot convert (UnicodeDecodeError above)
+        raise ConfigError(f"{origin}: {unreadable_value(err)}") from None
     if not isinstance(loaded, DictConfig):
         kind = "a list" if isinstance(loaded, ListConfig) else "a single value"
         raise ConfigError(f"{origin} must hold a mapping of config sections, not {kind}")

@@ -26,6 +26,7 @@ from plugins.protocol.errors import ConfigError, config_error
 from plugins.registry import PluginsConfig
 from recipes.config.arguments import as_written, describe_type, split_argument
 from recipes.config.schema import PhaseConfig, RunConfig
+from recipes.config.yaml_file import unreadable_value
 
 # Short names people type from habit; suggestions only, never accepted as keys.
 _HABITUAL_NAMES = {
@@ -552,6 +553,9 @@ def _apply_override(node: DictConfig, text: str) -> DictConfig:
             f"override '{text}': cannot parse the value '{value}' (unbalanced brackets or "
             f"an unfinished ${{...}}); give {key} a plain value"
         ) from None
+    except ValueError as error:  # a plain value YAML cannot convert (a 5,000-digit number)
+        shown = value if len(value) <= 40 else f"{value[:20]}...({len(value):,} characters)"
+        raise ConfigError(f"override '{key}={shown}': {unreadable_value(error)}") from None
     return merge_checked(node, update, f"override '{text}'", typed={key: value})
 
 

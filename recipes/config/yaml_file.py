@@ -98,3 +98,13 @@ def read_yaml(path: str | Path, origin: str) -> Any:
         mark = getattr(error, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{origin} is not valid YAML{line}; fix it") from None
+    except ValueError as error:  # a plain value YAML cannot convert
+        raise ConfigError(f"{origin}: {unreadable_value(error)}") from None
+
+
+def unreadable_value(error: ValueError) -> str:
+    """What YAML's readers of plain values raise as a ValueError (a number of more digits than
+    Python converts, a date like 2026-13-45), as the middle of a one-line refusal."""
+    reason = str(error).split(";")[0].strip() or type(error).__name__
+    return (f"a value cannot be read ({reason}); write it plainly, or quote it to keep it "
+            "text")
