@@ -132,3 +132,25 @@ def test_a_run_dir_named_like_a_step_outside_a_checkpoints_folder_resumes(tmp_pa
     with pytest.raises(ConfigError, match=f"; continue from it with checkpoint.load={save_root} "
                                           "and a run_dir of its own$"):
         resolve_resume(_cfg(save_root))
+
+
+def test_a_start_from_step_0_in_a_run_dir_with_checkpoints_is_refused(tmp_path) -> None:
+    """Without checkpoint.resume or checkpoint.load a run in a finished run's directory would
+    train from step 0 over its log and publish steps beside its own; refused, the ways out
+    named. Not refused: the resume, a load from elsewhere, and a root of unfinished saves."""
+    from trainer.checkpoint.preflight import check_run_dir_not_reused
+
+    run = tmp_path / "run"
+    fresh = apply_overrides(get_recipe("tiny_dp1"), [f"run_dir={run}"])
+    (run / "checkpoints" / "step_0000001.tmp-1-ab12").mkdir(parents=True)
+    assert check_run_dir_not_reused(fresh) is None  # no complete step: nothing to lose
+    _complete(run / "checkpoints" / "step_0000002")
+    assert check_run_dir_not_reused(fresh) == (
+        f"run_dir={run} holds the checkpoints of a run (newest step_0000002) and this run "
+        "would start over from step 0 there; continue that run with checkpoint.resume=true, or "
+        f"give this one another run_dir= (or move {run / 'checkpoints'} aside)")
+    assert check_run_dir_not_reused(_cfg(run)) is None
+    elsewhere = _complete(tmp_path / "other" / "step_0000005")
+    assert check_run_dir_not_reused(apply_overrides(
+        get_recipe("tiny_dp1"), [f"run_dir={run}", f"checkpoint.load={elsewhere}"])) is None
+    assert check_run_dir_not_reused(apply_overrides(get_recipe("tiny_dp1"), [])) is None

@@ -216,6 +216,24 @@ def _directory_problem(load: str, path: Path) -> str | None:
     return _not_a_checkpoint_message(load, path)
 
 
+def check_run_dir_not_reused(cfg: RunConfig) -> str | None:
+    """A start from step 0 (neither `checkpoint.load` nor `checkpoint.resume`) in a `run_dir`
+    whose checkpoints hold a complete step: it would write its log over that run's and publish
+    its own steps beside them, `latest` moving back to its first. Refused with the two ways
+    out (Megatron-LM, given that directory as --load, would continue it)."""
+    checkpoint = cfg.checkpoint
+    if not cfg.run_dir or not cfg.run_dir.strip() or checkpoint.resume or checkpoint.load:
+        return None
+    root = resolved(cfg.run_dir) / RUN_CHECKPOINTS
+    newest = newest_checkpoint(root) if root.is_dir() else None
+    if newest is None:
+        return None
+    return (f"run_dir={cfg.run_dir} holds the checkpoints of a run (newest {newest.name}) and "
+            "this run would start over from step 0 there; continue that run with "
+            "checkpoint.resume=true, or give this one another run_dir= (or move "
+            f"{root} aside)")
+
+
 def check_checkpoint_load_path(cfg: RunConfig) -> str | None:
     """`checkpoint.load` is a finished checkpoint or a checkpoint root with a complete step."""
     load = cfg.checkpoint.load
@@ -491,7 +509,8 @@ def apply_resume(cfg: RunConfig) -> None:
 # The order a user meets them in: where the run writes, what it loads, what it reads, and
 # what a blend's prepare: list would make (its entries' keys by prepare_data's own parser).
 RUN_PATH_RULES: tuple[PathRule, ...] = (
-    *DIRECTORY_RULES, check_checkpoint_load_path, *INPUT_RULES, check_prepare_entries,
+    *DIRECTORY_RULES, check_run_dir_not_reused, check_checkpoint_load_path, *INPUT_RULES,
+    check_prepare_entries,
 )
 
 
