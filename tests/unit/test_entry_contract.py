@@ -381,3 +381,16 @@ def test_help_names_the_recipe_a_command_runs_when_none_is_named():
     assert f"recipes (default {BENCH_CHECKPOINT.default_recipe}):" in help_text(BENCH_CHECKPOINT)
     assert BENCH_CHECKPOINT.default_recipe != DEFAULT_RECIPE
     assert f"recipes (default {DEFAULT_RECIPE}):" in help_text(PRETRAIN)
+
+
+@pytest.mark.parametrize("typed", [["--out", "x.png"], ["-o", "x.png"], ["--out=x.png"]])
+def test_an_argparse_style_option_is_named_not_taken_for_a_run_directory(typed):
+    """compare_runs.py's positionals are run directories: `--out x.png` was one, refused as a
+    folder without metrics; it is now said as the key=value option it meant."""
+    from trainer.entry.commands import COMPARE_RUNS
+
+    with pytest.raises(ConfigError) as error:
+        parse_arguments(COMPARE_RUNS, ["runs/a", *typed])
+    assert str(error.value) == (f"compare_runs.py takes out=VALUE, not '{typed[0]}' (its options "
+                                "are key=value); write out=...")
+    assert parse_arguments(COMPARE_RUNS, ["runs/a", "out=x.png"]).rest == ("runs/a",)

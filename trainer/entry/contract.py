@@ -250,6 +250,18 @@ def _near_flag(command: Command, text: str) -> str | None:
     return near if likeness(near) >= 0.8 else None
 
 
+def _dashed_option(command: Command, text: str) -> str | None:
+    """The command's option that an argparse-style `--out` (or `-o`, when one option starts
+    with that letter) names: said as such, not taken for a run directory or an override."""
+    if not text.startswith("-") or text in command.flags:
+        return None
+    name = text.lstrip("-").partition("=")[0].replace("-", "_")
+    if len(text) - len(text.lstrip("-")) == 1 and len(name) == 1:
+        initial = [option for option in command.options if option.startswith(name)]
+        return initial[0] if len(initial) == 1 else None
+    return name if name in command.options else None
+
+
 def _own_namespace(command: Command, key: str | None) -> list[str]:
     """The command's options in the dotted namespace of `key` (`scaling.size` -> every
     `scaling.*` option), so a mistyped one is refused here, not passed on as an override."""
@@ -308,6 +320,10 @@ def parse_arguments(command: Command, argv: Sequence[str]) -> Arguments:
         elif _near_flag(command, text):
             problems.append(f"{command.script} does not take '{text}'; did you mean "
                             f"{_near_flag(command, text)}?")
+        elif _dashed_option(command, text):
+            option = _dashed_option(command, text)
+            problems.append(f"{command.script} takes {option}=VALUE, not '{text}' (its options "
+                            f"are key=value); write {option}=...")
         elif command.rest is not None:
             rest.append(text)
         else:
