@@ -394,3 +394,12 @@ def test_an_argparse_style_option_is_named_not_taken_for_a_run_directory(typed):
     assert str(error.value) == (f"compare_runs.py takes out=VALUE, not '{typed[0]}' (its options "
                                 "are key=value); write out=...")
     assert parse_arguments(COMPARE_RUNS, ["runs/a", "out=x.png"]).rest == ("runs/a",)
+
+
+def test_the_value_after_a_dashed_option_is_not_a_second_mistake():
+    from trainer.entry.commands import BENCH_PACKING
+
+    with pytest.raises(ConfigError) as error:
+        parse_arguments(BENCH_PACKING, ["--documents", "1000"])
+    assert str(error.value) == ("bench_packing.py takes documents=VALUE, not '--documents' (its "
+                                "options are key=value); write documents=...")

@@ -294,7 +294,12 @@ def parse_arguments(command: Command, argv: Sequence[str]) -> Arguments:
     values = {key: option.default for key, option in command.options.items()}
     flags, rest, problems = set(), [], []
     given: dict[str, str] = {}  # each option's text as typed, to name both of one given twice
+    value_of_dashed = False  # the argument after `--out` is its value, not a mistake of its own
     for text in argv:
+        if value_of_dashed and "=" not in text and not text.startswith("-"):
+            value_of_dashed = False
+            continue
+        value_of_dashed = False
         if text in command.flags:
             flags.add(text)
             continue
@@ -324,6 +329,7 @@ def parse_arguments(command: Command, argv: Sequence[str]) -> Arguments:
             option = _dashed_option(command, text)
             problems.append(f"{command.script} takes {option}=VALUE, not '{text}' (its options "
                             f"are key=value); write {option}=...")
+            value_of_dashed = "=" not in text
         elif command.rest is not None:
             rest.append(text)
         else:
