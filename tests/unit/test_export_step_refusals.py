@@ -316,3 +316,30 @@ def test_both_are_refused_before_torch_is_imported(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert done.stdout.split("\n") == ["is", "no", "False", ""], done.stderr
+
+
+def test_a_config_yaml_of_another_model_than_the_step_s_is_refused(tmp_path) -> None:
+    """The export builds the model from the run's config.yaml: one of another shape than the
+    step's run.json records (a hand-edited file) would export the tensors cut to that shape,
+    silently; it is refused naming the field, and the recorded one exports."""
+    from recipes.config.io import config_dict, save_config
+    from recipes.config.overrides import apply_overrides
+    from recipes.registry import get_recipe
+    from trainer.interop.exporter import run_config
+
+    root = tmp_path / "run" / "checkpoints"
+    step = _step(root, 2)
+    manifest = json.loads((step / "run.json").read_text())
+    saved = get_recipe("hf_tiny_llama")
+    (step / "run.json").write_text(json.dumps({**manifest, "config": config_dict(saved)}))
+    config = tmp_path / "run" / "config.yaml"
+    save_config(apply_overrides(saved, ["model.num_layers=2"]), config)
+    with pytest.raises(ConfigError) as error:
+        run_config(step, root)
+    assert str(error.value) == (
+        f"checkpoint={root}: {config} does not describe the model saved in step_0000002 (it "
+        f"was saved with model.num_layers={saved.model.num_layers}, the file has "
+        "model.num_layers=2); put back the run's config.yaml (the step's run.json holds the "
+        "config it was saved with)")
+    save_config(saved, config)
+    assert run_config(step, root).model.num_layers == saved.model.num_layers

@@ -32,6 +32,7 @@ from recipes.config.io import CONFIG_FILENAME
 from trainer.checkpoint.format import (
     CHECKPOINT_MARKER,
     HF_IMPORT_SOURCE,
+    MANIFEST_FILE,
     TMP_INFIX,
     is_checkpoint,
     is_hf_import,
@@ -40,7 +41,12 @@ from trainer.checkpoint.format import (
     newest_checkpoint,
     tracker_file,
 )
-from trainer.checkpoint.manifest import damaged_file, manifest_problem, read_manifest
+from trainer.checkpoint.manifest import (
+    damaged_file,
+    incompatibility,
+    manifest_problem,
+    read_manifest,
+)
 from trainer.checkpoint.megatron_lm import unchecked_damage
 from trainer.checkpoint.preflight import previous_step
 
@@ -167,6 +173,21 @@ def checked_step(given: Path) -> Path:
     if damage:
         raise ConfigError(damage_line(given, step, damage))
     return step
+
+
+def config_mismatch_line(given: Path, step: Path, config_path: Path, cfg) -> str | None:
+    """The `config.yaml` found (`config_file`) against the config the step's `run.json`
+    recorded at its save: a model of another shape (a hand-edited file, or a run's that is not
+    the step's) would export the checkpoint's tensors cut or padded to that shape, silently.
+    One line naming both files; None when they agree or the step has no `run.json`."""
+    manifest = read_manifest(step)
+    reason = incompatibility(cfg, manifest) if manifest is not None else None
+    if reason is None:
+        return None
+    return (f"checkpoint={given}: {config_path} does not describe the model saved in "
+            f"{step.name} ({reason.replace('this run has', 'the file has')}); put back the "
+            f"run's {CONFIG_FILENAME} (the step's {MANIFEST_FILE} holds the config it was saved "
+            "with)")
 
 
 def run_config_file(given: Path, step: Path) -> Path:

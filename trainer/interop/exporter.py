@@ -43,7 +43,12 @@ from trainer.interop import (
     region_reader,
     token_ids,
 )
-from trainer.interop.export_step import checked_step, resolve_step, run_config_file
+from trainer.interop.export_step import (
+    checked_step,
+    config_mismatch_line,
+    resolve_step,
+    run_config_file,
+)
 from trainer.interop.mapping import rules, shapes_of
 from trainer.models.gpt.hf_tensors import Rule, Shapes, megatron_shape, to_hf
 
@@ -62,7 +67,12 @@ class ExportResult:
 def run_config(step: Path, given: Path | None = None) -> RunConfig:
     """The config of the run that wrote `step` (an imported checkpoint keeps one beside it);
     one line when there is none (`export_step.run_config_file`)."""
-    return load_config(run_config_file(step if given is None else given, step))
+    path = run_config_file(step if given is None else given, step)
+    cfg = load_config(path)
+    mismatch = config_mismatch_line(step if given is None else given, step, path, cfg)
+    if mismatch:
+        raise ConfigError(mismatch)
+    return cfg
 
 
 def _by_layer(plan: list[Rule]) -> list[list[Rule]]:
