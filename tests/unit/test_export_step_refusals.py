@@ -343,3 +343,15 @@ def test_a_config_yaml_of_another_model_than_the_step_s_is_refused(tmp_path) -> 
         "config it was saved with)")
     save_config(saved, config)
     assert run_config(step, root).model.num_layers == saved.model.num_layers
+
+
+def test_a_checkpoint_that_is_a_file_is_said_to_be_one(tmp_path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("name: run\n")
+    with pytest.raises(ConfigError) as error:
+        resolve_step(config)
+    assert str(error.value) == (f"checkpoint={config} is a file, not a folder; give a run's "
+                                "checkpoints directory (runs/<run>/checkpoints) or one step "
+                                "directory")
+    with pytest.raises(ConfigError, match="does not exist; give a run's checkpoints"):
+        resolve_step(tmp_path / "gone")

@@ -96,9 +96,11 @@ def test_build_checks_its_settings_before_creating_the_folder(tmp_path) -> None:
 @pytest.mark.parametrize(("out", "said"), [
     ("missing/n.md", "error: out=missing/n.md: its folder missing does not exist; create it"),
     (".", "error: out=. is a directory; give a file path such as out=nemotron.md"),
+    ("notes.txt/n.md", "error: out=notes.txt/n.md: its folder notes.txt is a file, not a folder"),
 ])
 def test_nemotron_table_refuses_an_out_it_cannot_write(out, said, tmp_path) -> None:
+    (tmp_path / "notes.txt").write_text("a file, where a folder is meant")
     done = subprocess.run([sys.executable, str(SCRIPTS / "nemotron_table.py"), f"out={out}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert one_error_line(done).startswith(said)
-    assert list(tmp_path.iterdir()) == []
+    assert [path.name for path in tmp_path.iterdir()] == ["notes.txt"]

@@ -629,7 +629,8 @@ def run_nemotron_table(args: Arguments) -> int:
             raise ConfigError(f"out={out} is a directory; give a file path such as "
                               f"out={path / 'nemotron.md'} (docs/nemotron.md is the page)")
         if not path.parent.is_dir():
-            raise ConfigError(f"out={out}: its folder {path.parent} does not exist; create it "
+            what = "is a file, not a folder" if path.parent.exists() else "does not exist"
+            raise ConfigError(f"out={out}: its folder {path.parent} {what}; create it "
                               "first or give a path in an existing folder, e.g. "
                               "out=docs/nemotron.md")
     page = nemotron_page()

@@ -68,8 +68,9 @@ def resolve_step(path: Path) -> Path:
     """One complete step directory: the one given, or the one a checkpoint root resumes from."""
     path = Path(path)
     if not path.is_dir():
-        raise ConfigError(f"checkpoint={path} does not exist; give a run's checkpoints "
-                          "directory (runs/<run>/checkpoints) or one step directory")
+        what = "is a file, not a folder" if path.exists() else "does not exist"
+        raise ConfigError(f"checkpoint={path} {what}; give a run's checkpoints directory "
+                          "(runs/<run>/checkpoints) or one step directory")
     unfinished = unfinished_problem(path)
     if unfinished:
         raise ConfigError(unfinished)
