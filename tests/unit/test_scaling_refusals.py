@@ -173,7 +173,8 @@ def test_a_bad_scaling_out_stops_the_sweep_before_any_size(tmp_path, monkeypatch
 
 OPTIONS = field_names(ScalingOptions)
 POINTS = field_names(Point)
-GOOD = {"options": {"mode": "weak"}, "points": [dict.fromkeys(POINTS, 1)],
+GOOD = {"options": {"mode": "weak", "world_sizes": [1], "token_budget": 1e9, "cluster": None},
+        "points": [dict.fromkeys(POINTS, 1) | {"overrides": ["run_dir=x"]}],
         "model_state_gib": [0.5]}
 
 
@@ -184,6 +185,18 @@ GOOD = {"options": {"mode": "weak"}, "points": [dict.fromkeys(POINTS, 1)],
     (GOOD | {"points": [{"gpus": 1}]}, "has 'points' that do not each hold gpus, "),
     (GOOD | {"model_state_gib": []}, "has 'model_state_gib' without one figure for each of "
                                      "its 1 points"),
+    # hand-edited values, each of a kind a sweep never writes
+    (GOOD | {"options": {"token_budget": "x"}},
+     "has options.token_budget='x', not a positive number of tokens"),
+    (GOOD | {"options": {"mode": "huge"}}, "has options.mode='huge', neither 'weak' nor"),
+    (GOOD | {"options": {"world_sizes": "x"}}, "has options.world_sizes='x', not a list of"),
+    (GOOD | {"options": {"world_sizes": [0, 2]}}, "has options.world_sizes=[0, 2], not a list"),
+    (GOOD | {"options": {"steps": 2.5}}, "has options.steps=2.5, not a count of steps"),
+    (GOOD | {"options": {"cluster": 3}}, "has options.cluster=3, neither a path nor null"),
+    (GOOD | {"points": [dict.fromkeys(POINTS, 1) | {"overrides": ["a"], "gpus": "2"}]},
+     "has a point with gpus='2', not a count"),
+    (GOOD | {"points": [dict.fromkeys(POINTS, 1)]}, "has a point with overrides=1, not a list"),
+    (GOOD | {"model_state_gib": ["big"]}, "has model_state_gib figure 'big', not a number"),
 ])
 def test_each_damage_of_sweep_json_is_named(sweep, words):
     assert words in sweep_problem(sweep, OPTIONS, POINTS)

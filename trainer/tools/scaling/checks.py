@@ -110,6 +110,45 @@ def sweep_problem(sweep: Any, option_names: Collection[str],
         return f"has 'points' that do not each hold {', '.join(point_names)}"
     if not isinstance(states, list) or len(states) != len(points):
         return f"has 'model_state_gib' without one figure for each of its {len(points)} points"
+    return option_values_problem(options) or point_values_problem(points, states)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def option_values_problem(options: Mapping[str, Any]) -> str | None:
+    """The first recorded option whose value a sweep never writes (a hand-edited file), in
+    words; None when each is of its kind."""
+    sizes = options.get("world_sizes", [1])
+    if not isinstance(sizes, list) or not sizes or not all(map(_count, sizes)):
+        return f"has options.world_sizes={sizes!r}, not a list of rank counts"
+    if options.get("mode", "weak") not in ("weak", "strong"):
+        return f"has options.mode={options['mode']!r}, neither 'weak' nor 'strong'"
+    if not _count(options.get("steps", 1)):
+        return f"has options.steps={options['steps']!r}, not a count of steps"
+    budget = options.get("token_budget", 1.0)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+        return f"has options.token_budget={budget!r}, not a positive number of tokens"
+    for key in ("cluster", "out", "report"):
+        if not isinstance(options.get(key), (str, type(None))):
+            return f"has options.{key}={options[key]!r}, neither a path nor null"
+    return None
+
+
+def point_values_problem(points: Sequence[Mapping[str, Any]], states: Sequence[Any]
+                         ) -> str | None:
+    """The first recorded point or model-state figure of the wrong kind, in words."""
+    for point in points:
+        for key in ("gpus", "data_parallel", "global_batch", "microbatches"):
+            if not _count(point[key]):
+                return f"has a point with {key}={point[key]!r}, not a count"
+        if not isinstance(point["overrides"], list) or not all(
+                isinstance(text, str) for text in point["overrides"]):
+            return f"has a point with overrides={point['overrides']!r}, not a list of overrides"
+    for state in states:
+        if isinstance(state, bool) or not isinstance(state, (int, float)):
+            return f"has model_state_gib figure {state!r}, not a number"
     return None
 
 
