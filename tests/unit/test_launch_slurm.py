@@ -597,3 +597,18 @@ def test_a_mount_the_user_gives_at_its_own_path_covers_what_lies_under_it(tmp_pa
                               given=[f"{tmp_path}/lustre", f"{tmp_path}:/elsewhere"])
     assert mounts == [f"{tmp_path}/lustre", f"{tmp_path}:/elsewhere", f"{REPO}:{REPO}",
                       f"{blend.parent}:{blend.parent}", f"{jobs}:{jobs}"]
+
+
+@pytest.mark.parametrize("given", ["container_python=/opt/venv/bin/python",
+                                   "container_mounts=/scratch:/scratch"])
+def test_container_settings_without_an_image_are_refused(given, capsys, tmp_path):
+    """Without container_image (here or in the cluster file) the job runs on the nodes' own
+    system, and a container's Python or mounts would be dropped silently."""
+    pytest.importorskip("nemo_run")
+    key = given.partition("=")[0]
+    with pytest.raises(ConfigError) as error:
+        run_launch(parse_launch_args(["recipe=tiny_dp2", SYNTHETIC, f"cluster={H100}", given,
+                                      "--dry-run", f"job_dir={tmp_path}"]))
+    assert str(error.value) == (f"{key}= sets up the job's container, but no container_image "
+                                "is given (here or in the cluster file): give "
+                                f"container_image=..., or drop {key}=")

@@ -623,6 +623,11 @@ def container_of(plan: LaunchPlan, args: LaunchArgs, exported: Sequence[str]) ->
 
     image = site(args, plan.cluster, "container_image")
     if image is None:
+        unused = [key for key in ("container_python", "container_mounts") if args.text.get(key)]
+        if unused:
+            raise ConfigError(f"{unused[0]}= sets up the job's container, but no "
+                              "container_image is given (here or in the cluster file): give "
+                              f"container_image=..., or drop {unused[0]}=")
         return None
     python = args.text.get("container_python")
     given = [*getattr(plan.cluster, "container_mounts", ()), *mounts_given(args)]
