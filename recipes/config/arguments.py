@@ -137,6 +137,9 @@ def convert(key: str, text: str, tp: Any, example: str) -> Any:
     base = _base(tp)
     value: Any = None
     if typing.get_origin(base) is list:
+        if text.strip().startswith("[") != text.strip().endswith("]"):  # `[1,2` cut short
+            raise ConfigError(f"{key} expects {describe_type(tp)}, got '{text}' (a bracket "
+                              f"left open); e.g. {example}")
         items = [item.strip() for item in text.strip().strip("[]").split(",") if item.strip()]
         return [convert(key, item, typing.get_args(base)[0], example) for item in items]
     if literal_options(base):

@@ -39,3 +39,16 @@ def test_a_budget_of_1e30_tokens_takes_exact_steps() -> None:
     cfg = get_recipe("tiny_dp1")
     plan = batch_plan(cfg, 989.0, 0.4, 10**30)
     assert plan.steps == -(-10**30 // plan.tokens_per_step)
+
+
+@pytest.mark.parametrize("text", ["[1,2", "1,2]", " [4 "])
+def test_a_list_with_a_bracket_left_open_is_refused(text) -> None:
+    with pytest.raises(ConfigError) as error:
+        convert("sizes", text, list[int], "sizes=[1, 2]")
+    assert str(error.value) == (f"sizes expects a list of integers, got '{text}' (a bracket "
+                                "left open); e.g. sizes=[1, 2]")
+
+
+@pytest.mark.parametrize("text", ["[1,2]", "1,2", " [1, 2] "])
+def test_a_list_reads_with_its_brackets_or_without(text) -> None:
+    assert convert("sizes", text, list[int], "sizes=[1, 2]") == [1, 2]
