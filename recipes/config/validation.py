@@ -84,6 +84,19 @@ def check_empty_strings(cfg: RunConfig) -> str | None:
         return f"{key}='{value}' is empty; give it a value, e.g. {key}={default}"
 
 
+def check_name_is_a_name(cfg: RunConfig) -> str | None:
+    """`name` names the run's directory `<output_dir>/<name>-<time>`: a '/' or a '..' in it
+    would put the run in another folder, out of `output_dir` (`name=../../x`)."""
+    name = cfg.name
+    if "/" not in name and "\\" not in name and name not in (".", ".."):
+        return None
+    plain = "_".join(part for part in name.replace("\\", "/").split("/")
+                     if part not in ("", ".", "..")) or "my_run"
+    return (f"name={name} is not a plain name (runs go to {cfg.output_dir}/<name>-<time>); "
+            f"give one without '/' or '..', e.g. name={plain}, or set run_dir= to choose the "
+            "directory")
+
+
 def check_positive_sizes(cfg: RunConfig) -> str | None:
     """Sizes and counts that must be >= 1 (None means 'not set' where the schema allows it)."""
     m, p, c, t = cfg.model, cfg.parallel, cfg.cluster, cfg.train
@@ -647,6 +660,7 @@ def check_phase_layouts(cfg: RunConfig) -> str | None:
 RULES: tuple[Rule, ...] = (
     check_finite_numbers,
     check_empty_strings,
+    check_name_is_a_name,
     check_positive_sizes,
     check_non_negative_counts,
     check_vocab_padding,

@@ -35,6 +35,11 @@ RULE_CASES = [
      "checkpoint.load='' is empty; give it a value, or checkpoint.load=null to leave it unset"),
     ("check_empty_strings", "tiny_dp1", ["output_dir=' '"],
      "output_dir=' ' is empty; give it a value, e.g. output_dir=runs"),
+    ("check_name_is_a_name", "tiny_dp1", ["name=../../esc"],
+     "name=../../esc is not a plain name (runs go to runs/<name>-<time>); give one without "
+     "'/' or '..', e.g. name=esc, or set run_dir= to choose the directory"),
+    ("check_name_is_a_name", "tiny_dp1", ["name=team/exp1"],
+     "name=team/exp1 is not a plain name"),
     ("check_non_negative_counts", "tiny_dp1", ["train.eval_iters=-1"],
      "train.eval_iters=-1 must not be negative; set train.eval_iters=0"),
     ("check_non_negative_counts", "tiny_dp1", ["optimizer.clip_grad=-1.0"],
