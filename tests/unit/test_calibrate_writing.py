@@ -123,3 +123,20 @@ def test_a_figure_the_loader_refuses_leaves_the_file_as_it_was(tmp_path):
         update_cluster_file(str(path), {"gemm_peak_fraction": 0.0, "gemm_half_dim": 41.0})
     assert path.read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu.yaml"]  # no draft left
+
+
+def test_a_read_only_cluster_file_is_refused_and_a_writable_one_keeps_its_mode(tmp_path):
+    from trainer.tools.calibrate import refuse_read_only_file
+
+    path = tmp_path / "cpu.yaml"
+    shutil.copy(REPO / "conf/cluster/cpu_local.yaml", path)
+    path.chmod(0o640)
+    refuse_read_only_file(str(path))  # writable: nothing said
+    update_cluster_file(str(path), {"gemm_half_dim": 41.0})
+    assert path.stat().st_mode & 0o777 == 0o640
+    path.chmod(0o444)
+    with pytest.raises(ConfigError) as error:
+        refuse_read_only_file(str(path))
+    assert str(error.value) == (f"cluster={path} is read-only; calibrate=true writes its figures "
+                                f"into it: make it writable (chmod u+w {path}), or copy it and "
+                                "calibrate the copy")

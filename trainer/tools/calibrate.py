@@ -166,12 +166,28 @@ def fit_collectives(points: list[tuple[int, float]], ranks: int) -> tuple[float,
     return latency, 1.0 / slope
 
 
+def refuse_read_only_file(path: str) -> None:
+    """A cluster file whose owner may not write it (mode 444, kept so on purpose) is not
+    replaced: the rename that writes the figures would go past its mode (for its owner, and
+    always for root). One line, before any measurement."""
+    import stat
+    from pathlib import Path
+
+    from plugins.protocol.errors import ConfigError
+
+    if not Path(path).stat().st_mode & stat.S_IWUSR:
+        raise ConfigError(f"cluster={path} is read-only; calibrate=true writes its figures into "
+                          f"it: make it writable (chmod u+w {path}), or copy it and calibrate "
+                          "the copy")
+
+
 def update_cluster_file(path: str, figures: dict[str, float]) -> None:
     """Set each `key: value` of the cluster file to the measured figure, keeping the line's
     comment and every other line; keys the file lacks are appended. The new text is read back
     by the loader first and replaces the file only if the loader takes it (in one rename), so a
     figure the planner would refuse is one line and the file stays as it was."""
     import os
+    import shutil
     from pathlib import Path
 
     from plugins.protocol.errors import ConfigError
@@ -190,6 +206,7 @@ def update_cluster_file(path: str, figures: dict[str, float]) -> None:
               for key, value in left.items()]
     draft = file.with_name(f".{file.name}.calibrated")
     draft.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    shutil.copymode(file, draft)  # the file keeps its mode (group-readable, say)
     try:
         load_cluster(draft)
     except ConfigError as error:
@@ -223,6 +240,7 @@ def calibrate_cluster_file(cluster: Any, dtype: str, path: str, cfg: Any = None)
     `host_cores`; the recipe's layers give the kernel cost."""
     on_cpu = cluster.device == "cpu"
     refuse_gpu_file_without_gpu(cluster, path)
+    refuse_read_only_file(path)  # before minutes of measuring
     threads = cfg.cluster.threads_per_rank if cfg is not None and on_cpu else None
     points = measure_gemms(dtype, threads=threads)
     fraction, half = fit_gemm_model(points, cluster.peak_tflops[dtype])
