@@ -60,3 +60,25 @@ def test_the_scaling_shards_give_every_shard_a_document(tmp_path) -> None:
     corpus.write_text('{"text": "' + "b" * 100 + '"}\n' + '{"text": "a"}\n' * 3
                       + '{"text": "' + "b" * 100 + '"}\n')
     assert shards_for(corpus, 4) == 2
+
+
+def test_a_megatron_lm_script_that_writes_nothing_is_one_line(tmp_path, monkeypatch) -> None:
+    """megatron_lm= naming a script that runs yet is not Megatron-LM's preprocess_data.py
+    (it writes no lm_text_document files): one line, not a FileNotFoundError traceback."""
+    from plugins.protocol.errors import UserError
+    from trainer.tools.benchmarks import data_scale
+
+    def ran(command, cwd):  # ours writes its pair; the other script nothing
+        if "prepare_data.py" in command[1]:
+            for suffix in (".bin", ".idx"):
+                (cwd / f"ours_corpus{suffix}").write_bytes(b"x")
+        return 0.1
+
+    monkeypatch.setattr(data_scale, "_timed", ran)
+    tool = tmp_path / "other.py"
+    tool.write_text("")
+    with pytest.raises(UserError) as error:
+        data_scale._compare(tool, tmp_path / "corpus.jsonl", tmp_path / "tok", tmp_path / "cmp")
+    assert str(error.value) == (f"megatron_lm={tool} ran but wrote no lm_text_document.bin, so it "
+                                "is not Megatron-LM's tools/preprocess_data.py; name that file of "
+                                "a Megatron-LM checkout, or leave megatron_lm unset")

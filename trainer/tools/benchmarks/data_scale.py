@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from plugins.protocol.errors import UserError
+
 REPO = Path(__file__).resolve().parents[3]
 SHARDS = 4  # shards of the scaling runs (at least the workers, so each worker has work)
 
@@ -206,5 +208,11 @@ def _compare(tool: Path, corpus: Path, tokenizer: Path, folder: Path) -> bool:
     _timed(_ours(corpus, tokenizer, folder / "ours", 1, None), folder)
     _timed(_theirs(tool, corpus, tokenizer, folder / "lm", 1), folder)
     name = corpus.name.split(".")[0]
-    return all((folder / f"ours_{name}{s}").read_bytes() == (folder / f"lm_text_document{s}")
-               .read_bytes() for s in (".bin", ".idx"))
+    theirs = [folder / f"lm_text_document{s}" for s in (".bin", ".idx")]
+    missing = [path.name for path in theirs if not path.is_file()]
+    if missing:  # it ran and wrote nothing of Megatron-LM's: another script
+        raise UserError(f"megatron_lm={tool} ran but wrote no {missing[0]}, so it is not "
+                        "Megatron-LM's tools/preprocess_data.py; name that file of a Megatron-LM "
+                        "checkout, or leave megatron_lm unset")
+    return all((folder / f"ours_{name}{path.suffix}").read_bytes() == path.read_bytes()
+               for path in theirs)
