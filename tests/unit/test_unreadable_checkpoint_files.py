@@ -13,11 +13,15 @@ from __future__ import annotations
 import io
 import os
 import pathlib
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from plugins.protocol.errors import ConfigError
+from tests.hang import HANG_S
 from tests.unit.checkpoint_damage_fixtures import load_cfg, project_root
 from trainer.checkpoint import checksums
 from trainer.checkpoint import format as ckpt_format
@@ -32,6 +36,8 @@ from trainer.checkpoint.format import (
 )
 from trainer.checkpoint.manifest import damaged_file, manifest_problem, read_manifest
 from trainer.checkpoint.preflight import check_checkpoint_load_path, checkpoint_preflight
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _chmod_000(monkeypatch, denied: Path) -> None:
@@ -197,13 +203,26 @@ def test_a_simulated_chmod_000_step_is_one_line_wherever_it_is_named(tmp_path, m
     assert f"checkpoint.load={root / 'step_0000004'}" in message
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads through chmod 000")
 def test_a_real_chmod_000_step_is_refused(tmp_path) -> None:
+    """For real, in a process of its own: as root with the capabilities that read through
+    permissions dropped (setpriv), as anyone else as it is."""
+    prefix = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root without setpriv reads through chmod 000")
+        caps = "-dac_override,-dac_read_search"
+        prefix = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
     root = project_root(tmp_path / "checkpoints")
     step = root / "step_0000006"
+    code = ("import sys\n"
+            "from tests.unit.checkpoint_damage_fixtures import load_cfg\n"
+            "from trainer.checkpoint.preflight import check_checkpoint_load_path\n"
+            "print(check_checkpoint_load_path(load_cfg(sys.argv[1])))\n")
     step.chmod(0)
     try:
-        message = check_checkpoint_load_path(load_cfg(root))
+        result = subprocess.run([*prefix, sys.executable, "-c", code, str(root)], cwd=REPO,
+                                capture_output=True, text=True, timeout=HANG_S)
     finally:
         step.chmod(0o755)
-    assert message.startswith(f"checkpoint.load={root}: step_0000006 is not readable")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(f"checkpoint.load={root}: step_0000006 is not readable")
