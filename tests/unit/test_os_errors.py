@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.hang import HANG_S
+from tests.plain_user import plain_user_prefix
 from trainer.entry.commands import COMPARE_RUNS, PLAN, PREPARE_DATA, PRETRAIN
 from trainer.entry.contract import Command, main, name_too_long_line, permission_line
 
@@ -86,12 +87,7 @@ def test_a_path_closed_to_this_user_is_one_line_naming_its_argument(capsys):
 def test_a_config_behind_a_closed_folder_is_refused_in_one_line(tmp_path):
     """For real: Python 3.12's Path.is_file() raises PermissionError for a file behind a folder
     this user may not enter (as root, the capabilities that pass by permissions are dropped)."""
-    prefix = []
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("root without setpriv cannot be refused a folder")
-        caps = "-dac_override,-dac_read_search"
-        prefix = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
+    prefix = plain_user_prefix()
     closed = tmp_path / "closed"
     closed.mkdir()
     shutil.copy(REPO / "conf" / "cluster" / "cpu_local.yaml", closed / "run.yaml")

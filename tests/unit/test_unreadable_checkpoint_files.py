@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 
 from plugins.protocol.errors import ConfigError
 from tests.hang import HANG_S
+from tests.plain_user import plain_user_prefix
 from tests.unit.checkpoint_damage_fixtures import load_cfg, project_root
 from trainer.checkpoint import checksums
 from trainer.checkpoint import format as ckpt_format
@@ -206,12 +206,7 @@ def test_a_simulated_chmod_000_step_is_one_line_wherever_it_is_named(tmp_path, m
 def test_a_real_chmod_000_step_is_refused(tmp_path) -> None:
     """For real, in a process of its own: as root with the capabilities that read through
     permissions dropped (setpriv), as anyone else as it is."""
-    prefix = []
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("root without setpriv reads through chmod 000")
-        caps = "-dac_override,-dac_read_search"
-        prefix = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
+    prefix = plain_user_prefix()
     root = project_root(tmp_path / "checkpoints")
     step = root / "step_0000006"
     code = ("import sys\n"
