@@ -167,3 +167,10 @@ def test_our_own_step_without_run_json_says_what_it_resumes(tmp_path) -> None:
     from trainer.checkpoint.megatron_lm import foreign_resume_problem
 
     assert foreign_resume_problem(phased, manifest) is None  # its own state keeps each phase's
+
+
+def test_a_shard_size_with_a_unit_gets_an_example_in_bytes(tmp_path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _parse(["export", f"checkpoint={tmp_path}", f"out={tmp_path / 'o'}", "max_shard_size=5GB"])
+    assert str(caught.value) == ("max_shard_size expects an integer or null, got '5GB'; e.g. "
+                                 "max_shard_size=2147483648")

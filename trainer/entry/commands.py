@@ -472,8 +472,8 @@ CONVERT = recipe_command(
         "checkpoint": Option(None, "export: a run's checkpoints or one step directory",
                              type=str | None),
         "out": Option(None, "a new output directory", type=str | None),
-        "max_shard_size": Option(None, "export: bytes per safetensors shard (default 5 GiB)",
-                                 type=int | None, check=positive),
+        "max_shard_size": Option(None, "export: bytes per safetensors shard (default 5 GiB; "
+                                 "e.g. 2147483648 for 2 GiB)", type=int | None, check=positive),
     })
 
 
