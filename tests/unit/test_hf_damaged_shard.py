@@ -16,6 +16,8 @@ import pytest
 from plugins.protocol.errors import ConfigError
 from recipes.registry import get_recipe
 from tests.dist.hf_runs import copy_model, make_hf_model
+from tests.hang import HANG_S
+from tests.plain_user import plain_user_prefix
 from trainer.interop.hf_files import HFWeights, damaged_shard, unreadable_shard
 from trainer.interop.importer import check_source
 
@@ -96,6 +98,22 @@ def test_a_shard_whose_cache_blob_is_gone_is_named(llama, tmp_path) -> None:
                                  "the model again")
     assert unreadable_shard(Path("m/x.safetensors"), PermissionError(13, "Permission denied")) \
         == "m/x.safetensors cannot be read (Permission denied); fix its permissions"
+
+
+def test_a_shard_closed_to_this_user_is_said_as_the_system_says_it(tmp_path) -> None:
+    """safetensors raises a FileNotFoundError without a reason for a file it may not open; the
+    line asks the system instead (as root, with the capabilities that read through chmod
+    dropped)."""
+    shard = tmp_path / "model.safetensors"
+    shard.write_bytes(b"x")
+    shard.chmod(0)
+    code = ("import sys\nfrom pathlib import Path\n"
+            "from trainer.interop.hf_files import unreadable_shard\n"
+            "print(unreadable_shard(Path(sys.argv[1]), FileNotFoundError()))\n")
+    done = subprocess.run([*plain_user_prefix(), sys.executable, "-c", code, str(shard)],
+                          cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == f"{shard} cannot be read (Permission denied); fix its permissions\n"
 
 
 def test_a_side_file_whose_cache_blob_is_gone_is_named(llama, tmp_path) -> None:

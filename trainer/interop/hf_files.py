@@ -62,6 +62,12 @@ def unreadable_shard(path: Path, error: OSError) -> str:
     if path.is_symlink() and not path.exists():
         return (f"{path} links to {os.readlink(path)}, which does not exist (a download cut "
                 "short, or a cleaned cache); download the model again")
+    if error.strerror is None:  # safetensors' own, FileNotFoundError for any: ask the system
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as system:
+            error = system
     return f"{path} cannot be read ({error.strerror or type(error).__name__}); fix its permissions"
 
 
