@@ -363,6 +363,22 @@ def _written(path: Path, skip: frozenset[Path]) -> bool:
     return real in skip or any(parent in skip for parent in real.parents)
 
 
+def _visible_files(folder: Path, part: str) -> list[Path]:
+    """Every file under `folder` outside hidden folders and not hidden itself. A folder this
+    user may not read is refused: Path.rglob passes it over without a word, and its files would
+    be left out of the corpus."""
+    found: list[Path] = []
+    closed: list[OSError] = []
+    for root, folders, names in os.walk(folder, onerror=closed.append):
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        found += [Path(root) / name for name in names if not name.startswith(".")]
+    if closed:
+        raise ConfigError(f"input={part}: the folder {closed[0].filename} is closed to this user "
+                          f"({closed[0].strerror}), so its files would be left out; open it to "
+                          "this user, or give another input")
+    return found
+
+
 def _expand(part: str, skip: frozenset[Path]) -> list[Path]:
     """One comma-separated piece of `input`: a file, a directory (recursive) or a glob;
     a folder or glob leaves out the files in `skip` (this run's own outputs)."""
@@ -374,9 +390,8 @@ def _expand(part: str, skip: frozenset[Path]) -> list[Path]:
             raise ConfigError(f"input={part} matches no files; check the pattern or the folder")
         return files
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and input_format(p)
-                       and not any(x.startswith(".") for x in p.relative_to(path).parts)
-                       and not _written(p, skip))
+        files = sorted(p for p in _visible_files(path, part)
+                       if p.is_file() and input_format(p) and not _written(p, skip))
         if not files:
             raise ConfigError(
                 f"input={part} is a folder with no corpus files; it needs files ending in "

@@ -28,6 +28,7 @@ from data_prep.prepare import prepare
 from plugins.protocol.errors import ConfigError
 from recipes.config.dataset_files import record
 from tests.hang import HANG_S
+from tests.plain_user import plain_user_prefix
 
 # Reading a dataset outside a process group makes Megatron warn about the rank; datasets'
 # map forks its workers from this multi-threaded test process (as it does everywhere).
@@ -436,3 +437,29 @@ def test_the_comparison_with_megatron_lm_needs_work_above_start_up():
     problem = work_share_problem({"prepare_data": 0.05, "Megatron-LM": 0.5})
     assert problem.startswith("the corpus is too small to time against start-up")
     assert "prepare_data 5%" in problem and "Megatron-LM 50%" not in problem
+
+
+def test_an_input_folder_lists_visible_files_and_refuses_a_closed_subfolder(tmp_path) -> None:
+    """Hidden files and folders are passed over; a subfolder this user may not read would be
+    passed over too (Path.rglob says nothing) and its files left out: refused instead (as
+    root with the capabilities that read through chmod dropped)."""
+    from data_prep.config import resolve_inputs
+
+    corpus = tmp_path / "corpus"
+    for name in ("a.jsonl", "sub/b.jsonl", ".hidden/c.jsonl", "sub/.d.jsonl"):
+        (corpus / name).parent.mkdir(parents=True, exist_ok=True)
+        (corpus / name).write_text('{"text": "hello"}\n')
+    assert resolve_inputs(str(corpus)) == [corpus / "a.jsonl", corpus / "sub" / "b.jsonl"]
+    (corpus / "sub").chmod(0)
+    code = ("import sys\nfrom data_prep.config import resolve_inputs\n"
+            "from plugins.protocol.errors import ConfigError\n"
+            "try:\n    resolve_inputs(sys.argv[1])\n"
+            "except ConfigError as error:\n    print(error)\n")
+    try:
+        done = subprocess.run([*plain_user_prefix(), sys.executable, "-c", code, str(corpus)],
+                              cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+    finally:
+        (corpus / "sub").chmod(0o755)
+    assert done.stdout == (f"input={corpus}: the folder {corpus / 'sub'} is closed to this user "
+                           "(Permission denied), so its files would be left out; open it to "
+                           "this user, or give another input\n"), done.stderr[-3000:]
