@@ -498,4 +498,23 @@ def validate(cfg: PrepareConfig) -> list[Path]:
         message = rule(cfg)
         if message:
             raise ConfigError(message)
-    return resolve_inputs(cfg.input, cfg.output)
+    files = resolve_inputs(cfg.input, cfg.output)
+    message = option_without_its_format(cfg, files)
+    if message:
+        raise ConfigError(message)
+    return files
+
+
+def option_without_its_format(cfg: PrepareConfig, files: Sequence[Path]) -> str | None:
+    """An option typed for one kind of input where no input is of that kind, which would be
+    ignored: `text_field=` reads JSONL and Parquet records, `sample_by=` splits text files."""
+    formats = {input_format(path) for path in files}
+    if "text_field" in cfg.typed_keys and not formats & {"json", "parquet"}:
+        key = key_name(cfg, "text_field")
+        return (f"{key}={cfg.text_field} names a field of JSONL or Parquet records, but every "
+                "input is a text file (its lines or paragraphs are the text): drop "
+                f"{key}=")
+    if "sample_by" in cfg.typed_keys and "text" not in formats:
+        return (f"sample_by={cfg.sample_by} splits text files into documents, but every input "
+                "is JSONL or Parquet (a record is a document): drop sample_by=")
+    return None

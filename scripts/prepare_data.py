@@ -30,8 +30,10 @@ arguments:
   tokenizer=   a tokenizer.json, a Hugging Face tokenizer folder holding one, or train:VOCAB
                (a byte-level BPE of VOCAB tokens trained on these inputs, offline)
   text_field=  JSONL/Parquet field holding the text (default text); a Parquet column may be
-               string, large_string, string_view or a dictionary of strings (pandas category)
-  sample_by=   text files: one document per line, paragraph or document (default line)
+               string, large_string, string_view or a dictionary of strings (pandas category);
+               refused where no input is JSONL or Parquet
+  sample_by=   text files: one document per line, paragraph or document (default line);
+               refused where no input is a text file
   num_shards=  train shards of about equal tokens, cut in document order over all inputs
                (default null: one shard per input file)
   valid_shards=, test_shards=  held-out shards: a document goes to valid when the CRC-32 of its

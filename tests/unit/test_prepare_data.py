@@ -463,3 +463,26 @@ def test_an_input_folder_lists_visible_files_and_refuses_a_closed_subfolder(tmp_
     assert done.stdout == (f"input={corpus}: the folder {corpus / 'sub'} is closed to this user "
                            "(Permission denied), so its files would be left out; open it to "
                            "this user, or give another input\n"), done.stderr[-3000:]
+
+
+def test_an_option_for_another_kind_of_input_is_refused_not_ignored(tmp_path) -> None:
+    text, records = tmp_path / "a.txt", tmp_path / "b.jsonl"
+    text.write_text("hello\n")
+    records.write_text('{"text": "hello"}\n')
+
+    def refusal(*words: str) -> str | None:
+        cfg = parse_args([*words, f"output={tmp_path / 'out' / 'x'}", "tokenizer=train:300"])
+        try:
+            validate(cfg)
+        except ConfigError as error:
+            return str(error)
+        return None
+
+    assert refusal(f"input={text}", "text_field=body") == (
+        "text_field=body names a field of JSONL or Parquet records, but every input is a text "
+        "file (its lines or paragraphs are the text): drop text_field=")
+    assert refusal(f"input={records}", "sample_by=paragraph") == (
+        "sample_by=paragraph splits text files into documents, but every input is JSONL or "
+        "Parquet (a record is a document): drop sample_by=")
+    assert refusal(f"input={text},{records}", "text_field=text", "sample_by=paragraph") is None
+    assert refusal(f"input={text}") is None and refusal(f"input={records}") is None
