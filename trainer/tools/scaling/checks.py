@@ -16,6 +16,8 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainer.tools.scaling.report import MODES, check_world_sizes
+
 
 def given_options(given: Collection[str], keys: Sequence[str]) -> list[str]:
     """`key=` for each of `keys` the command line typed (`Arguments.given`), at its default
@@ -121,10 +123,12 @@ def option_values_problem(options: Mapping[str, Any]) -> str | None:
     """The first recorded option whose value a sweep never writes (a hand-edited file), in
     words; None when each is of its kind."""
     sizes = options.get("world_sizes", [1])
-    if not isinstance(sizes, list) or not sizes or not all(map(_count, sizes)):
+    if not isinstance(sizes, list) or not all(map(_count, sizes)) or check_world_sizes(
+            "world_sizes", sizes):
         return f"has options.world_sizes={sizes!r}, not a list of rank counts"
-    if options.get("mode", "weak") not in ("weak", "strong"):
-        return f"has options.mode={options['mode']!r}, neither 'weak' nor 'strong'"
+    if options.get("mode", MODES[0]) not in MODES:
+        return (f"has options.mode={options['mode']!r}, neither "
+                f"{' nor '.join(repr(mode) for mode in MODES)}")
     if not _count(options.get("steps", 1)):
         return f"has options.steps={options['steps']!r}, not a count of steps"
     budget = options.get("token_budget", 1.0)
