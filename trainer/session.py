@@ -75,7 +75,7 @@ class TrainingSession:
     optimizer: MegatronOptimizer
     scheduler: OptimizerParamScheduler
     train_batches: PhasedBatches
-    heldout_batches: GlobalBatches
+    heldout_batches: GlobalBatches | None  # None with train.eval_iters=0 (never evaluated)
     eval_steps: int  # held-out global batches per evaluation (0 = no evaluation)
     state: RunState
     start_step: int = 0  # the step this session started from (a resume's step, or 0)
@@ -219,10 +219,11 @@ def batch_ramp(cfg: RunConfig):
         schedule=megatron_schedule(schedule))
 
 
-def _data(cfg: RunConfig, run_dir: Path) -> tuple[PhasedBatches, GlobalBatches, int]:
+def _data(cfg: RunConfig, run_dir: Path) -> tuple[PhasedBatches, GlobalBatches | None, int]:
     """One training stream per distinct blend of the run's phases (built for the samples its
     phases take); held-out batches from the first phase's data at this launch's sequence
-    length."""
+    length, none with `train.eval_iters=0` (the split is still kept out of training, as
+    Megatron-LM keeps its validation split, but its size is then nobody's concern)."""
     t, spans = cfg.train, phase_spans(cfg)
     dp_rank = parallel_state.get_data_parallel_rank()
     streams: dict[str, GlobalBatches] = {}
@@ -243,6 +244,8 @@ def _data(cfg: RunConfig, run_dir: Path) -> tuple[PhasedBatches, GlobalBatches, 
     if heldout_source is None:  # a launch in another phase's layout is refused next
         heldout_source = any_heldout
     train = PhasedBatches(spans, streams, batch_ramp(cfg))
+    if cfg.train.eval_iters == 0:
+        return train, None, 0
     heldout = checked_heldout(cfg, *heldout_source)
     heldout_batches = GlobalBatches(heldout, cfg, dp_rank)
     eval_steps = min(cfg.train.eval_iters, len(heldout) // cfg.train.global_batch_size)

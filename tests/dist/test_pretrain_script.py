@@ -99,3 +99,18 @@ def test_wrong_machine_is_refused_in_one_line_before_launch():
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert "needs 64 GPUs" in lines[0] and "dry_run=true" in lines[0]
+
+
+def test_held_out_split_below_one_batch_matters_only_to_an_evaluation(tmp_path):
+    """3 held-out samples of a global batch of 8: refused where the run evaluates, trained where
+    `train.eval_iters=0` never reads them."""
+    common = ("recipe=tiny_dp1", "data.heldout_fraction=0.0001", "train.train_iters=1",
+              "scheduler.warmup_iters=0", "checkpoint.save=false", "train.eval_interval=0")
+    refused = run_script(*common, f"run_dir={tmp_path / 'evaluated'}", "train.eval_iters=1")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "error: the held-out split has 3 samples" in refused.stderr
+    trained = run_script(*common, f"run_dir={tmp_path / 'not_evaluated'}", "train.eval_iters=0")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    records = read_records(tmp_path / "not_evaluated")
+    assert [r["kind"] for r in records if r["kind"] == "heldout"] == []
+    assert records[-1]["kind"] == "summary"
