@@ -82,3 +82,22 @@ def test_a_megatron_lm_script_that_writes_nothing_is_one_line(tmp_path, monkeypa
     assert str(error.value) == (f"megatron_lm={tool} ran but wrote no lm_text_document.bin, so it "
                                 "is not Megatron-LM's tools/preprocess_data.py; name that file of "
                                 "a Megatron-LM checkout, or leave megatron_lm unset")
+
+
+@pytest.mark.parametrize("fmt", ["gz", "zst", "parquet", "jsonl"])
+def test_memory_corpus_gives_each_of_two_shards_a_file(tmp_path, fmt) -> None:
+    """A streamed file lies wholly in the shard where it starts: with a longer second half
+    (an odd count, a longer last document) written first-small, both would start in shard 0
+    and prepare_data refuse num_shards=2 (a tiny gz corpus did). The larger comes first."""
+    from data_prep import readers
+    from data_prep.shards import _train_shards_with_input
+    from trainer.tools.benchmarks.data_memory import write_parts
+
+    documents = ["short one"] * 10 + ["a much longer document " * 20] * 11
+    folder = write_parts(documents, tmp_path / "corpus", fmt, 1)
+    files = sorted(folder.iterdir())
+    assert len(files) == 2 and files[0].stat().st_size >= files[1].stat().st_size
+    kind = "parquet" if fmt == "parquet" else "json"
+    compression = {"gz": ".gz", "zst": ".zst"}.get(fmt)
+    inputs = [readers.inspect(f, kind, compression, "text", "line") for f in files]
+    assert _train_shards_with_input(inputs, 2) == 2

@@ -30,7 +30,10 @@ SAMPLE_S = 0.01
 
 
 def write_parts(documents: list[str], folder: Path, fmt: str, times: int) -> Path:
-    """`times` copies of the documents as two files of the format, in `folder`."""
+    """`times` copies of the documents as two files of the format, in `folder`, the larger
+    first: a file read as a stream (compressed, Parquet) lies wholly in the shard where it
+    starts (`data_prep.shards._range_pieces`), so the second file starts the second of two
+    shards only when the first holds at least half the bytes."""
     folder.mkdir(parents=True)
     halves = (documents[: len(documents) // 2], documents[len(documents) // 2:])
     for index, half in enumerate(halves):
@@ -53,6 +56,12 @@ def write_parts(documents: list[str], folder: Path, fmt: str, times: int) -> Pat
                 out.write(data)
         else:
             path.write_bytes(data)
+    first, second = sorted(folder.iterdir())
+    if first.stat().st_size < second.stat().st_size:  # swap the names (the halves' order)
+        held = first.with_name("swap")
+        first.rename(held)
+        second.rename(first)
+        held.rename(second)
     return folder
 
 
