@@ -8,19 +8,12 @@ from __future__ import annotations
 import pytest
 
 from plugins.protocol.errors import ConfigError
-from trainer.tools.benchmarks.documents import run_bench_documents, run_failure, vocab_overrides
+from trainer.tools.benchmarks.documents import run_bench_documents, vocab_overrides
 
 
 def test_a_recipe_smaller_than_the_blends_vocabulary_gets_the_blends() -> None:
     assert vocab_overrides(256, 2048) == ["model.vocab_size=2048"]
     assert vocab_overrides(4096, 2048) == []
-
-
-def test_a_runs_error_line_stays_one_line_exit_2() -> None:
-    refused = run_failure(2, "noise\nerror: data.blend=x: holds token ids up to 2047\n")
-    assert isinstance(refused, ConfigError) and str(refused) == "data.blend=x: holds token ids " \
-                                                                "up to 2047"
-    assert isinstance(run_failure(1, "Traceback ...\nRuntimeError: boom"), SystemExit)
 
 
 def test_no_blend_is_one_line() -> None:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import psutil
 
+from trainer.tools.benchmarks.child_runs import child_failure
+
 REPO = Path(__file__).resolve().parents[3]
 FORMATS = ("jsonl", "gz", "zst", "parquet")
 GOAL = 0.20  # the 10x figure within 20% of the 1x one
@@ -108,7 +110,7 @@ def _child(corpus: Path, tokenizer: Path, output: Path) -> dict:
     done = subprocess.run([sys.executable, "-c", code, str(corpus), str(tokenizer), str(output)],
                           capture_output=True, text=True, env=env, cwd=REPO)
     if done.returncode:
-        raise SystemExit(f"the preparation failed: {done.stderr.strip().splitlines()[-1:]}")
+        raise child_failure("the preparation (data_prep.prepare)", done.returncode, done.stderr)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

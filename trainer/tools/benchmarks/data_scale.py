@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from plugins.protocol.errors import UserError
+from trainer.tools.benchmarks.child_runs import child_failure
 
 REPO = Path(__file__).resolve().parents[3]
 SHARDS = 4  # shards of the scaling runs (at least the workers, so each worker has work)
@@ -59,7 +60,9 @@ def _timed(command: list[str], cwd: Path) -> float:
     started = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     if done.returncode:
-        raise SystemExit(f"{command[1]} failed: {done.stderr.strip().splitlines()[-1:]}")
+        script = Path(command[1])
+        tool = script.name if script.parent == REPO / "scripts" else f"megatron_lm={script}"
+        raise child_failure(tool, done.returncode, done.stderr)
     return time.perf_counter() - started
 
 

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from plugins.protocol.metrics_file import METRICS_FILE
+from trainer.tools.benchmarks.child_runs import child_failure
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -62,17 +63,6 @@ def vocab_overrides(recipe_vocab: int, blend_vocab: int) -> list[str]:
     return [f"model.vocab_size={blend_vocab}"] if recipe_vocab < blend_vocab else []
 
 
-def run_failure(returncode: int, stderr: str) -> BaseException:
-    """A failed run as the bench's own exit: a run's `error:` line (exit 2) stays one line,
-    exit 2; anything else (a crash) its last line, exit 1."""
-    from plugins.protocol.errors import ConfigError
-
-    lines = stderr.strip().splitlines() or [f"pretrain.py exited {returncode}"]
-    if returncode == 2 and lines[-1].startswith("error: "):
-        return ConfigError(lines[-1][len("error: "):])
-    return SystemExit(lines[-1])
-
-
 def step_figures(recipe: str, blend: str, steps: int, mode: str,
                  overrides: tuple[str, ...] = ()) -> tuple[float, float]:
     """Median step time and effective tokens/s of a short run (first 2 steps discarded)."""
@@ -85,7 +75,7 @@ def step_figures(recipe: str, blend: str, steps: int, mode: str,
                    *MODES[mode]]
         result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
         if result.returncode != 0:
-            raise run_failure(result.returncode, result.stderr)
+            raise child_failure("pretrain.py", result.returncode, result.stderr)
         records = [json.loads(line) for line in
                    (Path(run_dir) / METRICS_FILE).read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"][2:]
