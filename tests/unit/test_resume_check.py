@@ -77,3 +77,23 @@ def test_a_checkpoint_given_to_the_check_is_one_line_before_launch(capsys, tmp_p
         f"its own checkpoint, so checkpoint.load={tmp_path} would be ignored; drop "
         "checkpoint.load and checkpoint.resume (to continue a checkpoint, use "
         "scripts/pretrain.py)\n")
+
+
+def test_a_config_that_never_saves_is_refused_not_passed():
+    """The check's own save would make it pass a config whose job cannot resume."""
+    from recipes.config.overrides import apply_overrides
+    from recipes.registry import get_recipe
+    from trainer.tools.resume_check import saving_refusal
+
+    assert saving_refusal(apply_overrides(get_recipe("tiny_dp1"), ["checkpoint.save=false"])) == (
+        "checkpoint.save=false: a job with this config saves no checkpoint, so it cannot resume, "
+        "while scripts/validate_resume.py makes its own save and would pass; check the config "
+        "the job will run, with checkpoint.save=true")
+    assert saving_refusal(get_recipe("tiny_dp1")) is None
+
+
+def test_a_config_that_never_saves_is_one_line_before_launch(capsys):
+    assert main(VALIDATE_RESUME, ["recipe=tiny_dp1", "checkpoint.save=false"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: checkpoint.save=false: a job with this config saves no ")
+    assert err.count("\n") == 1

@@ -126,12 +126,12 @@ def check_parity_recipe(args: Arguments) -> None:
 def check_resume_options(args: Arguments) -> None:
     """The resume check saves inside the run it compares with, from step 0 (torch-free)."""
     from recipes.resolve import resolve_config
-    from trainer.tools.resume_check import loading_refusal
+    from trainer.tools.resume_check import resume_check_refusal
 
     if args["save_at"] >= args["steps"]:
         raise ConfigError(f"save_at={args['save_at']} must be below steps={args['steps']}, "
                           f"e.g. steps={args['save_at'] + 3}")
-    problem = loading_refusal(resolve_config(list(args.rest)))
+    problem = resume_check_refusal(resolve_config(list(args.rest)))
     if problem:
         raise ConfigError(problem)
 

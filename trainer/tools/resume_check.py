@@ -11,7 +11,9 @@ Each check is reduced over all ranks; rank 0 prints the table.
 Both sessions start from what this check makes itself (step 0, then its own checkpoint), so a
 `checkpoint.load` or `checkpoint.resume` given to it would be ignored while the launch said it
 resumes from it: they are refused in one line instead (`loading_refusal`, torch-free like
-this module's import, so a launching process may ask it before any rank starts).
+this module's import, so a launching process may ask it before any rank starts). So is
+`checkpoint.save=false` (`saving_refusal`): the check makes its own save, so it would pass a
+config whose job never saves and has nothing to resume from.
 """
 
 from __future__ import annotations
@@ -130,12 +132,29 @@ def loading_refusal(cfg: RunConfig) -> str | None:
             "checkpoint.resume (to continue a checkpoint, use scripts/pretrain.py)")
 
 
+def saving_refusal(cfg: RunConfig) -> str | None:
+    """Why this check cannot take a config that never saves, or None: its own save would make
+    it pass where the job itself could not resume (module doc)."""
+    if cfg.checkpoint.save:
+        return None
+    return ("checkpoint.save=false: a job with this config saves no checkpoint, so it cannot "
+            "resume, while scripts/validate_resume.py makes its own save and would pass; check "
+            "the config the job will run, with checkpoint.save=true")
+
+
+def resume_check_refusal(cfg: RunConfig) -> str | None:
+    """The first of this check's refusals of a config (torch-free, asked before launch and on
+    every rank alike), or None."""
+    return loading_refusal(cfg) or saving_refusal(cfg)
+
+
 def run_resume_check(cfg: RunConfig, run_dir: Path, options: dict[str, int]) -> list[tuple]:
     """Both runs on this rank; the checks, each passed only when it passed on every rank. A
-    checkpoint the config names is refused first, on every rank alike (`loading_refusal`)."""
+    checkpoint the config names, or a config that never saves, is refused first, on every rank
+    alike (`resume_check_refusal`)."""
     import torch
 
-    refusal = loading_refusal(cfg)
+    refusal = resume_check_refusal(cfg)
     if refusal:
         raise ConfigError(refusal)
     steps, save_at = options["steps"], options["save_at"]
