@@ -38,6 +38,9 @@ LAYOUTS = [
     ("tiny_dp2_distopt", 2, ["optimizer.overlap_grad_reduce=true",
                              "optimizer.overlap_param_gather=true"]),
     ("tiny_dp1_recompute", 1, []),
+    # Selective recompute of the norms: Megatron's CheckpointWithoutOutput (the step fix
+    # recompute_without_te_fp8_state, without Transformer Engine).
+    ("tiny_dp1", 1, ["train.recompute=selective", "train.recompute_modules=[core_attn,layernorm]"]),
     ("tiny_tp2_pp2", 4, ["train.recompute=full", "parallel.sequence_parallel=true"]),
     # Context parallel: Megatron's load-balanced chunks, the CPU runtime's reference attention.
     ("tiny_cp2", 2, []),
@@ -105,6 +108,8 @@ HYBRID_LAYOUTS = [
     ("hybrid_tiny_pp2_pipes", 2, []),  # M*-M | E-
     ("hybrid_tiny_pp2_vpp2", 2, []),  # M* | -M | E | -
     ("hybrid_tiny_dp2_distopt", 2, []),
+    ("hybrid_tiny_dp1", 1, ["train.recompute=selective",
+                            "train.recompute_modules=[layernorm,mlp,moe_act]"]),
     ("hybrid_tiny_ep2_dp2", 2, []),
     # Megatron's Mamba CP: all-to-all from sequence to head shards around the scan.
     ("hybrid_tiny_dp1", 2, ["parallel.context=2", "cluster.gpus_per_node=2"]),

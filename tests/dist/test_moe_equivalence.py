@@ -41,6 +41,8 @@ LAYOUTS = [
     ("mixtral_tiny_pp2_ep2_dp2", 4, []),
     # Full recompute runs each router twice per micro-batch; its tokens must count once.
     ("mixtral_tiny_ep2_dp2", 2, ["train.recompute=full"]),
+    ("mixtral_tiny_ep2_dp2", 2, ["train.recompute=selective",
+                                 "train.recompute_modules=[layernorm,moe]"]),
 ]
 
 
