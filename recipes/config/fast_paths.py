@@ -218,6 +218,22 @@ def check_moe_act_recompute_needs_grouped_gemm(cfg: Any) -> str | None:
             "remove moe_act")
 
 
+def check_mlp_recompute_without_linear_biases(cfg: Any) -> str | None:
+    """With biases a dense MLP returns its output bias unadded (`skip_bias_add`, mlp.py:251),
+    the bias parameter itself, and Megatron's CheckpointFunction (tensor_parallel/random.py:
+    581-660) returns it as its own output: autograd then gives the parameter the checkpoint's
+    backward as its grad_fn, and that backward, recomputing, calls itself without end (a hang,
+    measured on CPU ranks; plain torch ends in RecursionError)."""
+    t = cfg.train
+    if t.recompute != "selective" or "mlp" not in t.recompute_modules:
+        return None
+    if not cfg.model.add_bias_linear:
+        return None
+    return ("train.recompute_modules has mlp with model.add_bias_linear=true: Megatron's "
+            "checkpoint returns the MLP's bias parameter as its output and its backward then "
+            "re-enters itself without end; set model.add_bias_linear=false or remove mlp")
+
+
 def check_offload_modules_known(cfg: Any) -> str | None:
     """transformer_config.py:1852-1867."""
     return _unknown(cfg.train.offload_modules, OFFLOAD_MODULES, "train.offload_modules")
@@ -517,6 +533,7 @@ RULES = (
     check_hybrid_experts_are_grouped, check_shared_expert_overlap, check_fused_squared_relu,
     check_recompute_modules_known, check_recompute_modules_need_selective,
     check_recompute_modules_match_layers, check_moe_act_recompute_needs_grouped_gemm,
+    check_mlp_recompute_without_linear_biases,
     check_offload_modules_known, check_offload_attention_projection,
     check_offload_inside_recomputed_moe, check_offload_modules_match_layers,
     check_offload_needs_transformer_engine, check_offload_fused_norms,

@@ -80,16 +80,16 @@ def recompute_choices(cfg: Any, te_layers: bool) -> tuple[str, ...]:
     (the attention core), then with the norms, then with a dense MLP's or the MoE layer's
     activation or the whole MoE layer (`selective:<modules>`, `train.recompute_modules`); full.
     Left out: what the run's CUDA graphs or EP overlap refuse (recipes/config/fast_paths.py),
-    and the norms where none is a module of its own (`te_layers` of a model without MoE
-    layers: Transformer Engine fuses them, `activations.fused_norms`) or the router's graph
-    keeps the MoE layer's."""
+    a dense MLP with biases (`check_mlp_recompute_without_linear_biases`), and the norms where
+    none is a module of its own (`te_layers` of a model without MoE layers: Transformer Engine
+    fuses them, `activations.fused_norms`) or the router's graph keeps the MoE layer's."""
     m, t, p = cfg.model, cfg.train, cfg.parallel
     symbols = set(kinds.gpt_layer_kinds(m)) if not m.is_hybrid else set(
         layer_symbols(m.hybrid_layer_pattern))
     norms = not te_layers or (kinds.MOE in symbols and not router_graph_keeps_norm(cfg))
     base = "selective:core_attn,layernorm" if norms else "selective:core_attn"
     choices = ["none", "selective", *([base] if norms else [])]
-    if kinds.MLP in symbols:
+    if kinds.MLP in symbols and not m.add_bias_linear:
         choices.append(base + ",mlp")
     if kinds.MOE in symbols:
         if m.moe_grouped_gemm:
