@@ -457,6 +457,24 @@ def check_cuda_graphs_with_offloading(cfg: Any) -> str | None:
     return None
 
 
+def check_te_graphs_with_packed_rows(cfg: Any) -> str | None:
+    """Transformer Engine's graph of attention replays tensors only and asserts that no
+    `packed_seq_params` reach it (transformer/transformer_layer.py:1225-1231); Mamba's asserts
+    every argument is a tensor (transformer/module.py:306-310, via ssm/mamba_layer.py:199).
+    Packed rows carry their documents' bounds as `packed_seq_params`: the first replay after
+    the graphs' warm-up would stop the run."""
+    t = cfg.train
+    if t.cuda_graphs != "transformer_engine" or not cfg.data.packed_rows:
+        return None
+    graphed = [x for x in ("attn", "mamba") if x in t.cuda_graph_modules]
+    if t.cuda_graph_modules and not graphed:
+        return None
+    what = ", ".join(graphed) if graphed else "whole layers"
+    return (f"train.cuda_graphs=transformer_engine graphs {what}, whose replay takes no packed "
+            f"rows' document bounds (Megatron asserts), but data.documents={cfg.data.documents}; "
+            "set train.cuda_graphs=none, or graph other modules (train.cuda_graph_modules)")
+
+
 def check_cuda_graphs_need_transformer_engine(cfg: Any) -> str | None:
     """TE's graphs are made by TE (transformer/cuda_graphs.py:2098); Megatron-LM turns TE's RNG
     tracker on for every graph (training/arguments.py:1873-1879), which the local layers lack."""
@@ -542,6 +560,7 @@ RULES = (
     check_cuda_graph_module_pairs, check_cuda_graph_modules_match_layers,
     check_cuda_graphs_with_full_recompute, check_cuda_graphs_with_recompute_modules,
     check_cuda_graphs_with_offloading, check_cuda_graphs_need_transformer_engine,
+    check_te_graphs_with_packed_rows,
     check_tp_overlap_needs_sequence_parallel, check_tp_overlap_needs_transformer_engine,
     check_ep_overlap,
 )

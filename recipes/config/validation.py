@@ -653,7 +653,8 @@ def check_phase_layouts(cfg: RunConfig) -> str | None:
     return check_each_phase(cfg, (
         check_world_size, check_sequence_divisible_by_context, check_sequence_divisible_by_tensor,
         check_micro_batch_within_global, check_batch_fills_data_parallel, check_global_batch,
-        check_interleaved_microbatches, check_documents_keep_eod_mask, *cfg.plugins.rules(),
+        check_interleaved_microbatches, check_documents_keep_eod_mask,
+        fast_paths.check_te_graphs_with_packed_rows, *cfg.plugins.rules(),
     ))
 
 

@@ -654,6 +654,12 @@ def nemotron3_nano_30b_a3b_phases_tp4_sp_ep8_dp16() -> Settings:
         "data.eod_mask_loss": differs(True, f"{N3_RECIPE}:272 (false)",
                                       "the long-context phase's packed rows need it (no label "
                                       "may cross a document); one setting for every phase"),
+        "train.cuda_graphs": differs("none", f"{N3_PERF}:74-80 (transformer_engine)",
+                                     "the long-context phase's packed rows cannot replay TE's "
+                                     "graphs of attention and Mamba (Megatron asserts); a phase "
+                                     "cannot change the graphs, so none in every phase"),
+        "train.cuda_graph_modules": differs([], f"{N3_PERF}:82-86 ([attn, mamba])",
+                                            "no graphs (train.cuda_graphs)"),
         "phases[0]": published(PhaseConfig(name="general", end_step=general, seq_length=SEQ,
                                            documents="concatenate"),
                                f"{N3_PAPER}:40-52; {N3_DOCS}:74-91: 23.5T tokens for "

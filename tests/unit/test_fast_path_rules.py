@@ -18,6 +18,8 @@ MIXTRAL_TP = "mixtral_tiny_tp2_sp_ep2_dp2"  # TP2 + SP, EP2
 HYBRID = "hybrid_tiny_dp1"  # M*-ME-: every layer kind, squared ReLU, grouped GEMM experts
 DENSE = "tiny_tp2_pp2"  # TP2 x PP2, GELU, no SP
 EP_BF16 = ["precision.dtype=bf16"]
+PACKED = ["data.source=blend", "data.blend=conf/data/python_stdlib.yaml", "data.documents=packed",
+          "train.micro_batch_size=1"]
 
 # (rule, recipe, overrides, the start of its one line)
 CASES = [
@@ -143,6 +145,11 @@ CASES = [
     ("check_cuda_graphs_need_transformer_engine", DENSE,
      ["train.cuda_graphs=transformer_engine", "model.transformer_impl=local"],
      "train.cuda_graphs=transformer_engine needs Transformer Engine's layers"),
+    ("check_te_graphs_with_packed_rows", HYBRID,
+     [*PACKED, "train.cuda_graphs=transformer_engine", "train.cuda_graph_modules=[mamba]"],
+     "train.cuda_graphs=transformer_engine graphs mamba, whose replay takes no packed rows'"),
+    ("check_te_graphs_with_packed_rows", DENSE, [*PACKED, "train.cuda_graphs=transformer_engine"],
+     "train.cuda_graphs=transformer_engine graphs whole layers"),
     ("check_tp_overlap_needs_sequence_parallel", DENSE, ["parallel.tp_comm_overlap=true"],
      "parallel.tp_comm_overlap=true overlaps sequence parallel's all-gathers"),
     ("check_tp_overlap_needs_transformer_engine", MIXTRAL_TP,
@@ -226,3 +233,18 @@ def test_an_moe_layers_own_norm_may_be_recomputed_and_offloaded():
     assert failing_rules(apply_overrides(get_recipe(MIXTRAL), [*graphed, *recompute])) == []
     assert failing_rules(apply_overrides(get_recipe(MIXTRAL), [
         *recompute, "train.offload_modules=[mlp_norm,qkv_linear]"])) == []
+
+
+def test_te_graphs_of_other_modules_take_packed_rows():
+    """Attention outside the graph gets its packed rows (transformer_layer.py:1217-1223)."""
+    cfg = apply_overrides(get_recipe(HYBRID), [*PACKED, "train.cuda_graphs=transformer_engine",
+                                               "train.cuda_graph_modules=[moe_router]"])
+    assert fast_paths.check_te_graphs_with_packed_rows(cfg) is None
+
+
+def test_a_phase_of_packed_rows_under_te_graphs_is_refused_before_launch():
+    cfg = apply_overrides(get_recipe("nemotron3_nano_30b_a3b_phases_tp4_sp_ep8_dp16"), [
+        "train.cuda_graphs=transformer_engine", "train.cuda_graph_modules=[attn,mamba]"])
+    with pytest.raises(ConfigError, match=r"phases\[2\] \(long_context\): train.cuda_graphs="
+                                          r"transformer_engine graphs attn, mamba"):
+        validate(cfg)
