@@ -23,6 +23,7 @@ from trainer.checkpoint.manifest import (
     layout_record,
     manifest_problem,
     optimizer_kind_problem,
+    precision_problem,
     tokenizer_identity,
 )
 from trainer.checkpoint.preflight import checkpoint_preflight, foreign_preflight
@@ -158,6 +159,39 @@ def test_optimizer_state_of_the_other_kind_of_optimizer_is_refused_both_ways(tmp
     assert checkpoint_preflight(weights) == []
     assert optimizer_kind_problem(_cfg(), {"config": config_dict(_cfg())}) is None
 
+
+
+def test_a_full_resume_across_fp32_and_a_half_precision_is_refused_before_launch(tmp_path):
+    """Megatron's optimizer state under bf16/fp16 holds fp32 main weights that fp32's lacks,
+    and the distributed optimizer's dp_reshardable state is keyed by its buffers' dtypes: every
+    rank failed in the load with a KeyError. The rest resumed (measured)."""
+    saved = _step(tmp_path / "fp32" / "step_0000004", _cfg())
+    assert _refusal(_cfg(f"checkpoint.load={saved}", "train.train_iters=6",
+                         "precision.dtype=bf16")) == (
+        f"checkpoint.load={saved} cannot be loaded by this run: its optimizer state was saved "
+        "at precision.dtype=fp32 and this run's precision.dtype=bf16 keeps fp32 main copies of "
+        "the weights, which Megatron's optimizer state is keyed by; resume with "
+        "precision.dtype=fp32, or start from its weights with checkpoint.load_model_only=true "
+        "(a fresh optimizer)")
+    bf16 = {"config": config_dict(_cfg("precision.dtype=bf16"))}
+    assert "this run's precision.dtype=fp32 keeps no main copies" in precision_problem(
+        _cfg(), bf16)
+    assert precision_problem(_cfg("precision.dtype=fp16"), bf16) is None
+    dp_reshardable = {"config": config_dict(_cfg("precision.dtype=bf16",
+                                                 recipe="tiny_dp2_distopt"))}
+    assert precision_problem(_cfg("precision.dtype=fp16", recipe="tiny_dp2_distopt"),
+                             dp_reshardable).startswith(
+        "its optimizer state was saved dp_reshardable at precision.dtype=bf16, keyed by the "
+        "dtypes of the distributed optimizer's buffers; resume with precision.dtype=bf16")
+    fully = {"config": config_dict(_cfg("checkpoint.optimizer_format=fully_reshardable",
+                                        recipe="tiny_dp2_distopt"))}
+    assert precision_problem(_cfg("precision.dtype=bf16", recipe="tiny_dp2_distopt"),
+                             fully) is None
+    fsdp = {"config": config_dict(_cfg("precision.dtype=bf16", recipe="tiny_dp2_fsdp"))}
+    assert precision_problem(_cfg("precision.dtype=fp16", recipe="tiny_dp2_fsdp"), fsdp) is None
+    assert "keeps no main copies" in precision_problem(_cfg(recipe="tiny_dp2_fsdp"), fsdp)
+    assert precision_problem(_cfg("precision.dtype=bf16", "checkpoint.load_model_only=true"),
+                             {"config": config_dict(_cfg())}) is None
 
 # --- 3. a Hugging Face import ------------------------------------------------------------------
 

@@ -448,6 +448,35 @@ def optimizer_kind_problem(cfg, manifest: dict[str, Any]) -> str | None:
             "checkpoint.load_model_only=true (a fresh optimizer)")
 
 
+def precision_problem(cfg, manifest: dict[str, Any]) -> str | None:
+    """Why a full resume cannot load this checkpoint's optimizer state under another
+    `precision.dtype`, or None. Measured on CPU ranks (tiny recipes, 2 steps then a resume):
+    the distributed optimizer's `dp_reshardable` state is keyed by its buffers' dtype pair
+    (distrib_optimizer.py:1893-1894), so any change fails in the load (KeyError), bf16 <-> fp16
+    included; plain Adam and Megatron FSDP hold fp32 main copies of the weights under bf16 or
+    fp16 and none under fp32 (`optimizer.state.fp32_param...`), so a move across fp32 fails
+    and bf16 <-> fp16 resumes; `fully_reshardable` state resumed both ways."""
+    config = flatten(manifest.get("config") or {})
+    saved, now = config.get("precision.dtype"), cfg.precision.dtype
+    if cfg.checkpoint.load_model_only or saved is None or saved == now:
+        return None
+    weights = ("start from its weights with checkpoint.load_model_only=true (a fresh "
+               "optimizer)")
+    sharded = config.get("optimizer.distributed") and config.get("optimizer.fsdp", "none") == \
+        "none"
+    if sharded and config.get("checkpoint.optimizer_format") == "dp_reshardable":
+        return (f"its optimizer state was saved dp_reshardable at precision.dtype={saved}, "
+                "keyed by the dtypes of the distributed optimizer's buffers; resume with "
+                f"precision.dtype={saved}, or {weights}, or save with "
+                "checkpoint.optimizer_format=fully_reshardable to change precision")
+    if sharded or "fp32" not in (saved, now):
+        return None
+    return (f"its optimizer state was saved at precision.dtype={saved} and this run's "
+            f"precision.dtype={now} keeps {'no' if now == 'fp32' else 'fp32'} main copies of "
+            f"the weights, which Megatron's optimizer state is keyed by; resume with "
+            f"precision.dtype={saved}, or {weights}")
+
+
 def iterations_problem(cfg, step: int) -> str | None:
     """Why a full resume from `step` cannot continue, or None: the step loop runs while the step
     is below `train.train_iters`, so a run asked to end before the checkpoint's step would end

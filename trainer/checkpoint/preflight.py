@@ -76,6 +76,7 @@ from trainer.checkpoint.manifest import (
     iterations_problem,
     manifest_problem,
     optimizer_kind_problem,
+    precision_problem,
     read_manifest,
     reshard_problem,
     resume_notes,
@@ -362,7 +363,8 @@ def _step_preflight(cfg: RunConfig, load: str, step_dir: Path) -> list[str]:
                           f"{reason}")
     if is_hf_import(step_dir) and not cfg.checkpoint.load_model_only:
         raise ConfigError(_weights_only_import_message(load))
-    reason = format_problem(cfg, manifest) or optimizer_kind_problem(cfg, manifest)
+    reason = (format_problem(cfg, manifest) or optimizer_kind_problem(cfg, manifest)
+              or precision_problem(cfg, manifest))
     if reason:
         raise ConfigError(f"checkpoint.load={load} cannot be loaded by this run: {reason}")
     reason = reshard_problem(cfg, manifest)
@@ -389,7 +391,7 @@ def foreign_preflight(cfg: RunConfig, load: str, step_dir: Path,
     if cfg.checkpoint.load_model_only:
         return []
     reason = (reshard_problem(cfg, manifest) or optimizer_kind_problem(cfg, manifest)
-              or foreign_resume_problem(cfg, manifest))
+              or precision_problem(cfg, manifest) or foreign_resume_problem(cfg, manifest))
     if reason:
         raise ConfigError(f"checkpoint.load={load} ({writer}'s) cannot resume in this run: "
                           f"{reason}")
