@@ -80,16 +80,18 @@ def check_flex_backend_needs_flex(cfg: Any) -> str | None:
 
 
 def check_flex_needs_expert_ranks(cfg: Any) -> str | None:
-    """DeepEP and HybridEP exchange tokens between expert ranks: Megatron asserts expert-TP x EP
-    > 1 (transformer/moe/token_dispatcher.py:1770)."""
+    """DeepEP exchanges tokens between expert ranks: Megatron asserts expert-TP x EP > 1 for it
+    (transformer/moe/token_dispatcher.py:1770); HybridEP's manager has no such assert
+    (:1779-1786) and is taken on one expert rank."""
     m, layout = cfg.model, cfg.layout
     if m.moe_token_dispatcher != "flex" or not m.num_moe_experts:
         return None
-    if layout.expert_tensor_size * layout.expert > 1:
+    if m.moe_flex_backend != "deepep" or layout.expert_tensor_size * layout.expert > 1:
         return None
-    return ("model.moe_token_dispatcher=flex exchanges tokens between expert ranks, but "
-            "parallel.expert=1 and expert-TP 1 (Megatron asserts TPxEP > 1); set "
-            "parallel.expert above 1 or model.moe_token_dispatcher=alltoall")
+    return ("model.moe_token_dispatcher=flex with model.moe_flex_backend=deepep exchanges "
+            "tokens between expert ranks, but parallel.expert=1 and expert-TP 1 (Megatron "
+            "asserts TPxEP > 1); set parallel.expert above 1, model.moe_flex_backend=hybridep "
+            "or model.moe_token_dispatcher=alltoall")
 
 
 def check_flex_on_gpus(cfg: Any) -> str | None:
@@ -365,17 +367,20 @@ def check_cuda_graph_modules_need_graphs(cfg: Any) -> str | None:
 
 
 def check_cuda_graph_module_pairs(cfg: Any) -> str | None:
-    """moe and moe_router exclude each other; moe_preprocess needs moe_router
-    (transformer_config.py:2486-2494)."""
-    graphed = cfg.train.cuda_graph_modules
-    if cfg.train.cuda_graphs == "none":
+    """moe and moe_router exclude each other; TE's graphs take moe_preprocess only with
+    moe_router (transformer_config.py:2486-2494); Megatron's own graphs add each of the two to
+    the other (:2472-2482), so there moe_preprocess is moe_router too."""
+    graphed, impl = cfg.train.cuda_graph_modules, cfg.train.cuda_graphs
+    if impl == "none":
         return None
-    if "moe" in graphed and "moe_router" in graphed:
-        return ("train.cuda_graph_modules has both moe and moe_router (Megatron graphs one or the "
-                "other); keep one")
-    if "moe_preprocess" in graphed and "moe_router" not in graphed:
-        return ("train.cuda_graph_modules has moe_preprocess without moe_router (Megatron graphs "
-                "it only with the router); add moe_router")
+    router = [x for x in ("moe_router", "moe_preprocess") if x in graphed
+              and (x == "moe_router" or impl == "local")]
+    if "moe" in graphed and router:
+        return (f"train.cuda_graph_modules has both moe and {router[0]} (Megatron graphs the "
+                "whole MoE layer or its router, not both); keep one")
+    if "moe_preprocess" in graphed and not router:
+        return ("train.cuda_graph_modules has moe_preprocess without moe_router (Transformer "
+                "Engine's graphs take it only with the router); add moe_router")
     return None
 
 

@@ -29,8 +29,9 @@ CASES = [
      "model.moe_token_dispatcher=flex needs an MoE model"),
     ("check_flex_backend_needs_flex", MIXTRAL, ["model.moe_flex_backend=hybridep"],
      "model.moe_flex_backend=hybridep is read only by the flex dispatcher"),
-    ("check_flex_needs_expert_ranks", "mixtral_tiny_ep1", ["model.moe_token_dispatcher=flex"],
-     "model.moe_token_dispatcher=flex exchanges tokens between expert ranks"),
+    ("check_flex_needs_expert_ranks", "mixtral_tiny_ep1", ["model.moe_token_dispatcher=flex",
+                                                           "model.moe_flex_backend=deepep"],
+     "model.moe_token_dispatcher=flex with model.moe_flex_backend=deepep exchanges tokens"),
     ("check_flex_on_gpus", MIXTRAL, ["model.moe_token_dispatcher=flex",
                                      "model.transformer_impl=local"],
      "model.moe_token_dispatcher=flex needs Transformer Engine's layers"),
@@ -248,3 +249,22 @@ def test_a_phase_of_packed_rows_under_te_graphs_is_refused_before_launch():
     with pytest.raises(ConfigError, match=r"phases\[2\] \(long_context\): train.cuda_graphs="
                                           r"transformer_engine graphs attn, mamba"):
         validate(cfg)
+
+
+def test_hybridep_is_taken_on_one_expert_rank():
+    """Megatron asserts TPxEP > 1 for DeepEP only (token_dispatcher.py:1770, 1779-1786)."""
+    cfg = apply_overrides(get_recipe("mixtral_tiny_ep1"), ["model.moe_token_dispatcher=flex",
+                                                           "model.moe_flex_backend=hybridep"])
+    assert fast_paths.check_flex_needs_expert_ranks(cfg) is None
+
+
+def test_megatrons_own_graphs_take_moe_preprocess_alone():
+    """With cuda_graph_impl=local Megatron adds moe_router itself (transformer_config.py:
+    2472-2482)."""
+    cfg = apply_overrides(get_recipe(HYBRID), ["train.cuda_graphs=local",
+                                               "train.cuda_graph_modules=[moe_preprocess]"])
+    assert fast_paths.check_cuda_graph_module_pairs(cfg) is None
+    both = apply_overrides(get_recipe(HYBRID), ["train.cuda_graphs=local",
+                                                "train.cuda_graph_modules=[moe,moe_preprocess]"])
+    assert fast_paths.check_cuda_graph_module_pairs(both).startswith(
+        "train.cuda_graph_modules has both moe and moe_preprocess")
