@@ -550,6 +550,18 @@ def check_ep_overlap(cfg: Any) -> str | None:
     return None
 
 
+def check_ep_overlap_with_fsdp_graphs(cfg: Any) -> str | None:
+    """Megatron FSDP's wrapper asserts that EP overlap runs without per-layer CUDA graphs
+    (distributed/fsdp/mcore_fsdp_adapter.py:173-178)."""
+    p, t = cfg.parallel, cfg.train
+    if not p.ep_comm_overlap or cfg.optimizer.fsdp == "none" or t.cuda_graphs == "none":
+        return None
+    return (f"parallel.ep_comm_overlap=true under Megatron FSDP (optimizer.fsdp="
+            f"{cfg.optimizer.fsdp}) takes no per-layer CUDA graphs (train.cuda_graphs="
+            f"{t.cuda_graphs}); set train.cuda_graphs=none, optimizer.fsdp=none or "
+            "parallel.ep_comm_overlap=false")
+
+
 RULES = (
     check_moe_fast_paths_need_experts, check_flex_backend_needs_flex,
     check_flex_needs_expert_ranks, check_flex_on_gpus, check_moe_kernels_need_transformer_engine,
@@ -567,7 +579,7 @@ RULES = (
     check_cuda_graphs_with_offloading, check_cuda_graphs_need_transformer_engine,
     check_te_graphs_with_packed_rows,
     check_tp_overlap_needs_sequence_parallel, check_tp_overlap_needs_transformer_engine,
-    check_ep_overlap,
+    check_ep_overlap, check_ep_overlap_with_fsdp_graphs,
 )
 
 

@@ -174,6 +174,12 @@ CASES = [
     ("check_ep_overlap", MIXTRAL, ["parallel.ep_comm_overlap=true", *EP_BF16,
                                    "train.cuda_graphs=transformer_engine"],
      "parallel.ep_comm_overlap=true cannot run inside Transformer Engine's graph"),
+    ("check_ep_overlap_with_fsdp_graphs", MIXTRAL, [
+        "parallel.ep_comm_overlap=true", *EP_BF16, "optimizer.distributed=true",
+        "optimizer.fsdp=optim_grads_params", "train.cuda_graphs=transformer_engine",
+        "train.cuda_graph_modules=[attn]"],
+     "parallel.ep_comm_overlap=true under Megatron FSDP (optimizer.fsdp=optim_grads_params) "
+     "takes no per-layer CUDA graphs"),
 ]
 
 
