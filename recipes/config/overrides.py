@@ -360,6 +360,29 @@ def list_shape_problem(update: Any, origin: str, prefix: str = "") -> str | None
     return None
 
 
+def bool_number_problem(update: Any, base: DictConfig, origin: str,
+                        prefix: str = "") -> str | None:
+    """Where `update` gives a true-or-false field a number other than 0 or 1 (`cpu_offload=2`,
+    `-7`): OmegaConf takes any such integer as true, where the message for every other wrong
+    value says true or false. The one line, else None."""
+    if not isinstance(update, dict):
+        return None
+    for name, value in update.items():
+        key = f"{prefix}{name}"
+        tp = field_type(key)
+        if tp is not None and dataclasses.is_dataclass(tp):
+            problem = bool_number_problem(value, base, origin, f"{key}.")
+            if problem:
+                return problem
+            continue
+        if tp is None or bool not in (tp, *typing.get_args(tp)):
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value not in (0, 1):
+            current = OmegaConf.select(base, key, default=None)
+            return wrong_value_message(key, as_written(value), origin, current)
+    return None
+
+
 def _flow_yaml(value: Any) -> str:
     """A value as one line of YAML flow style (`[1]`, `{a: 1}`, `null`)."""
     if isinstance(value, (dict, list)):
@@ -380,7 +403,8 @@ def merge_checked(base: DictConfig, update: DictConfig, origin: str,
     or a function giving it, called only when a value is wrong (a file is read again for it);
     `label`: what `base`'s values are to the user (`wrong_value_message`).
     """
-    problem = list_shape_problem(OmegaConf.to_container(update, resolve=False), origin)
+    plain = OmegaConf.to_container(update, resolve=False)
+    problem = list_shape_problem(plain, origin) or bool_number_problem(plain, base, origin)
     if problem:
         raise ConfigError(problem)
     try:

@@ -107,6 +107,12 @@ def test_unknown_key_names_the_closest_valid_keys(override: str, message: str) -
         ("parallel.sequence_parallel=maybe",
          "parallel.sequence_parallel expects true or false, got 'maybe' (currently "
          "parallel.sequence_parallel=false)"),
+        # OmegaConf takes any integer for true; the type says true or false (1 and 0 are).
+        ("parallel.sequence_parallel=2",
+         "parallel.sequence_parallel expects true or false, got '2' (currently "
+         "parallel.sequence_parallel=false)"),
+        ("optimizer.overlap_grad_reduce=-7", "optimizer.overlap_grad_reduce expects true or "
+         "false, got '-7'"),
         ("model=3", "'model' is a section, not a value; set one of its fields, "
          "e.g. model.num_layers=..."),
         ("plugins.fp8=3", "'plugins.fp8' is a section, not a value; set one of its fields, "
@@ -119,6 +125,12 @@ def test_wrong_type_names_key_expected_type_and_value(override: str, message: st
     with pytest.raises(ConfigError) as caught:
         apply_overrides(get_recipe("tiny_dp1"), [override])
     assert str(caught.value).startswith(f"override '{override}': {message}")
+
+
+def test_one_and_zero_are_true_and_false() -> None:
+    cfg = apply_overrides(get_recipe("tiny_dp1"), ["parallel.sequence_parallel=1",
+                                                   "optimizer.overlap_grad_reduce=0"])
+    assert cfg.parallel.sequence_parallel is True and cfg.optimizer.overlap_grad_reduce is False
 
 
 PHASES_EXAMPLE = "phases=[{name: general, tokens: 0.8}, {name: quality, tokens: 0.2}]"
