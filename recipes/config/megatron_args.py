@@ -136,7 +136,6 @@ FLAGS: tuple[Flag, ...] = (
     Flag("optimizer.adam_beta2", "--adam-beta2"),
     Flag("optimizer.adam_eps", "--adam-eps"),
     Flag("optimizer.clip_grad", "--clip-grad"),
-    Flag("optimizer.distributed", "--use-distributed-optimizer", kind=ON),
     Flag("optimizer.overlap_grad_reduce", "--overlap-grad-reduce", kind=ON),
     Flag("optimizer.overlap_param_gather", "--overlap-param-gather", kind=ON),
     Flag("optimizer.bucket_size", "--ddp-bucket-size"),
@@ -256,7 +255,36 @@ def _recompute_args(cfg: Any) -> list[str]:
             "--recompute-num-layers", str(t.recompute_num_layers)]
 
 
+def recompute_flags_problem(a: Mapping[str, Any]) -> str | None:
+    """What Megatron-LM refuses of the recompute flags (training/arguments.py:1385-1388,
+    transformer_config.py:1734-1756), and the block method this project does not train (its
+    full recompute is uniform), in one line; None when they are whole."""
+    granularity, method = a["recompute_granularity"], a["recompute_method"]
+    layers = a["recompute_num_layers"]
+    if granularity == "selective" and method is not None:
+        return (f"--recompute-method {method} with --recompute-granularity selective: "
+                "Megatron-LM takes a method for full recompute only; drop --recompute-method")
+    if granularity == "selective" and layers is not None:
+        return (f"--recompute-num-layers {layers} with --recompute-granularity selective: "
+                "Megatron asserts it is unset there; drop --recompute-num-layers")
+    if granularity != "full":
+        return None
+    if method is None or layers is None:
+        missing = "--recompute-method uniform" if method is None else "--recompute-num-layers N"
+        return (f"--recompute-granularity full needs {missing} (Megatron asserts it); add it")
+    if method != "uniform":
+        return (f"--recompute-method {method}: this project's full recompute is uniform "
+                "(train.recompute=full, train.recompute_num_layers); use --recompute-method "
+                "uniform")
+    return None
+
+
 def _recompute_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    problem = recompute_flags_problem(a)
+    if problem:
+        from plugins.protocol.errors import ConfigError
+
+        raise ConfigError(problem)
     granularity = a["recompute_granularity"] or ("selective" if a["recompute_activations"]
                                                  else None)
     return {"train.recompute": granularity or "none",
@@ -359,6 +387,17 @@ def _fsdp_args(cfg: Any) -> list[str]:
         "--ckpt-format", "fsdp_dtensor"]  # Megatron-LM's FSDP saves only this format
 
 
+def _distributed_args(cfg: Any) -> list[str]:
+    return ["--use-distributed-optimizer"] if cfg.optimizer.distributed else []
+
+
+def _distributed_from(a: Mapping[str, Any]) -> dict[str, Any]:
+    """Megatron-LM turns the distributed optimizer on for Megatron FSDP itself
+    (training/arguments.py:1106-1112), so a line with --use-megatron-fsdp alone has it."""
+    return {"optimizer.distributed": bool(a["use_distributed_optimizer"]
+                                          or a["use_megatron_fsdp"])}
+
+
 def _fsdp_from(a: Mapping[str, Any]) -> dict[str, Any]:
     """Megatron-LM saves Megatron FSDP as fsdp_dtensor and only it so (arguments.py:1146-1147,
     :1620-1621), as the trainer does; any other --ckpt-format is the project's own choice."""
@@ -390,6 +429,12 @@ def _optimizer_offload_from(a: Mapping[str, Any]) -> dict[str, Any]:
     """Megatron-LM offloads through its precision-aware optimizer (arguments.py:1803-1807); on
     its own that flag is Transformer Engine's FusedAdam with low-precision state, which the
     project does not train."""
+    if a["optimizer_cpu_offload"] and not a["use_precision_aware_optimizer"]:
+        from plugins.protocol.errors import ConfigError
+
+        raise ConfigError("--optimizer-cpu-offload without --use-precision-aware-optimizer: "
+                          "Megatron-LM asserts the offload runs through that flag's code path; "
+                          "add --use-precision-aware-optimizer")
     if a["use_precision_aware_optimizer"] and not a["optimizer_cpu_offload"]:
         from plugins.protocol.errors import ConfigError
 
@@ -658,6 +703,8 @@ SPELLED: tuple[Spelled, ...] = (
                                "max_position_embeddings"), _data_args, _data_from),
     Spelled(("checkpoint.optimizer_format",), ("dist_ckpt_optim_fully_reshardable",),
             _format_args, _format_from),
+    Spelled(("optimizer.distributed",), ("use_distributed_optimizer", "use_megatron_fsdp"),
+            _distributed_args, _distributed_from),
     Spelled(("optimizer.fsdp",), ("use_megatron_fsdp", "data_parallel_sharding_strategy",
                                   "ckpt_format"), _fsdp_args, _fsdp_from),
     Spelled(("optimizer.cpu_offload", "optimizer.offload_fraction"),

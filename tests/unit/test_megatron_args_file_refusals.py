@@ -124,3 +124,53 @@ def test_plan_py_prints_one_error_line_and_exits_2(tmp_path, capsys, content) ->
 def test_plan_py_says_a_directory_is_one(tmp_path, capsys) -> None:
     assert main(PLAN, [f"megatron_args={tmp_path}"]) == 2
     assert capsys.readouterr().err == f"error: megatron_args={tmp_path} is a directory; {WANTED}\n"
+
+
+def _without(argv: list[str], flag: str, values: int) -> list[str]:
+    at = argv.index(flag)
+    return argv[:at] + argv[at + 1 + values:]
+
+
+@pytest.mark.parametrize(("recipe", "change", "line"), [
+    ("tiny_dp1", lambda a: [*a, "--recompute-granularity", "selective", "--recompute-method",
+                            "uniform"],
+     "--recompute-method uniform with --recompute-granularity selective: Megatron-LM takes a "
+     "method for full recompute only; drop --recompute-method"),
+    ("tiny_dp1", lambda a: [*a, "--recompute-granularity", "selective",
+                            "--recompute-num-layers", "2"],
+     "--recompute-num-layers 2 with --recompute-granularity selective: Megatron asserts it is "
+     "unset there; drop --recompute-num-layers"),
+    ("tiny_dp1_recompute", lambda a: _without(a, "--recompute-method", 1),
+     "--recompute-granularity full needs --recompute-method uniform (Megatron asserts it); "
+     "add it"),
+    ("tiny_dp1_recompute", lambda a: _without(a, "--recompute-num-layers", 1),
+     "--recompute-granularity full needs --recompute-num-layers N (Megatron asserts it); "
+     "add it"),
+    ("tiny_dp1_recompute", lambda a: [*a, "--recompute-method", "block"],
+     "--recompute-method block: this project's full recompute is uniform (train.recompute=full, "
+     "train.recompute_num_layers); use --recompute-method uniform"),
+])
+def test_recompute_flags_megatron_refuses_are_one_line(recipe, change, line) -> None:
+    argv = change(to_megatron_args(get_recipe(recipe)))
+    with pytest.raises(ConfigError) as caught:
+        config_from_megatron_args(argv)
+    assert str(caught.value) == line
+
+
+def test_megatron_fsdp_alone_has_the_distributed_optimizer_as_megatron_lm_gives_it() -> None:
+    """Megatron-LM turns it on itself for Megatron FSDP (training/arguments.py:1106-1112)."""
+    argv = _without(to_megatron_args(get_recipe("tiny_dp2_fsdp")), "--use-distributed-optimizer",
+                    0)
+    cfg, _ = config_from_megatron_args(argv)
+    assert cfg.optimizer.distributed and cfg.optimizer.fsdp == "optim_grads_params"
+
+
+def test_optimizer_offload_without_the_precision_aware_flag_is_one_line() -> None:
+    """Megatron-LM asserts it (training/arguments.py:1803-1807)."""
+    argv = _without(to_megatron_args(get_recipe("tiny_dp2_bf16_offload")),
+                    "--use-precision-aware-optimizer", 0)
+    with pytest.raises(ConfigError) as caught:
+        config_from_megatron_args(argv)
+    assert str(caught.value) == (
+        "--optimizer-cpu-offload without --use-precision-aware-optimizer: Megatron-LM asserts "
+        "the offload runs through that flag's code path; add --use-precision-aware-optimizer")
