@@ -559,3 +559,29 @@ def test_the_docs_list_of_fields_without_a_flag_is_the_printouts() -> None:
     cfg.data.source = "blend"
     assert sorted(named) == sorted(item.split(" ")[0] for item in no_flag_fields(cfg))
     assert sorted(set(named) - set(listed)) == ["data.source"]  # synthetic is --mock-data
+
+
+def test_the_printed_torchrun_line_of_an_expert_recipe_plans_on_its_ranks(tmp_path, capsys):
+    """The world size is torchrun's (--nnodes, --nproc-per-node), not a flag: an EP2 line
+    (TP1 x PP1 x CP1) plans on the 2 ranks it was printed for, not on one."""
+    from trainer.entry.commands import PLAN
+
+    assert main(PRETRAIN, ["recipe=mixtral_tiny_ep2_dp2", "print=megatron_args"]) == 0
+    line = tmp_path / "launch.sh"
+    line.write_text(capsys.readouterr().out)
+    assert main(PLAN, [f"megatron_args={line}"]) == 0
+    assert "plan: TP1 x PP1 x DP2, EP2 on 1 x 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("words", "size"), [
+    (["torchrun", "--nnodes=2", "--nproc-per-node=8"], (2, 8)),
+    (["torchrun", "--nnodes", "4", "--nproc_per_node", "8"], (4, 8)),
+    (["torchrun", "--nproc-per-node=8"], (1, 8)),
+    (["torchrun", "--nnodes=1:4", "--nproc-per-node=8"], None),  # elastic: no one size
+    (["torchrun", "--nnodes=2"], None),
+    (["python"], None),
+])
+def test_the_launchers_size(words, size) -> None:
+    from trainer.tools.megatron_args import launcher_size
+
+    assert launcher_size(words) == size

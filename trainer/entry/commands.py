@@ -244,9 +244,10 @@ def run_plan(args: Arguments) -> int:
         return collect_shards(cfg)
 
     def megatron_config(path, cluster):  # megatron_args=FILE: Megatron-LM's own parser
-        from trainer.tools.megatron_args import config_from_megatron_args, read_argument_file
+        from trainer.tools.megatron_args import config_from_megatron_args, read_launch_file
 
-        return config_from_megatron_args(read_argument_file(path), cluster, source=path)
+        argv, launched = read_launch_file(path)
+        return config_from_megatron_args(argv, cluster, source=path, launched=launched)
 
     def confirm(cfg, top, steps):  # search=true confirm=K: the scaling harness's short runs
         from trainer.tools.search_confirm import run_confirm

@@ -49,6 +49,13 @@ def read_argument_file(path: str) -> list[str]:
     """A launch script's arguments: shell words after the script name (line continuations and
     comments allowed); everything up to the script (`pretrain_gpt.py`), or else before the
     first `--flag`, is the launcher."""
+    return read_launch_file(path)[0]
+
+
+def read_launch_file(path: str) -> tuple[list[str], tuple[int, int] | None]:
+    """`read_argument_file`'s arguments, and the (nodes, processes per node) its torchrun
+    launcher gives (`--nnodes`, `--nproc-per-node`), None without both: the world size is
+    torchrun's, not a flag, and `print=megatron_args` writes it there."""
     words = shell_words(path, file_text(path))
     script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
     first = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
@@ -57,7 +64,23 @@ def read_argument_file(path: str) -> list[str]:
         raise ConfigError(f"megatron_args={path} holds no pretrain_gpt.py flags (--num-layers "
                           "...); give a Megatron-LM launch line (a saved config.yaml goes in "
                           "config=)")
-    return argv
+    return argv, launcher_size(words[:script] if script is not None else [])
+
+
+def launcher_size(words: list[str]) -> tuple[int, int] | None:
+    """(nodes, processes per node) from torchrun's words, None unless both are whole numbers
+    (`--nnodes=2`, `--nproc-per-node 8`, `--nproc_per_node=8`; an elastic `1:4` is no size)."""
+    found: dict[str, str] = {}
+    for index, word in enumerate(words):
+        name, equals, value = word.partition("=")
+        name = name.replace("_", "-")
+        if name in ("--nnodes", "--nproc-per-node"):
+            found[name] = value if equals else (words[index + 1] if index + 1 < len(words)
+                                                else "")
+    nodes, per_node = found.get("--nnodes", "1"), found.get("--nproc-per-node", "")
+    if not (nodes.isdigit() and per_node.isdigit()) or not int(nodes) or not int(per_node):
+        return None
+    return int(nodes), int(per_node)
 
 
 WANTED = ("give a file holding the pretrain_gpt.py arguments (one shell line or several "
@@ -224,10 +247,14 @@ def _as_type_of(current: Any, value: Any) -> Any:
 
 
 def config_from_megatron_args(argv: Sequence[str], cluster: ClusterConfig | None = None,
-                              source: str | None = None) -> tuple[RunConfig, list[str]]:
+                              source: str | None = None,
+                              launched: tuple[int, int] | None = None,
+                              ) -> tuple[RunConfig, list[str]]:
     """The run config a Megatron-LM argument list trains, and one note per flag typed that
     the config does not carry. Unknown and unsupported flags: ConfigError, one line each
-    (naming `source`, the file the list was read from, when given)."""
+    (naming `source`, the file the list was read from, when given). Its machines: `cluster`,
+    else the (nodes, processes per node) its launcher gave (`launched`), else one node of
+    TP x PP x CP ranks."""
     parser = megatron_parser()
     namespace, unknown = parse_megatron_argv(parser, argv, source)
     given = _given_dests(parser, argv)
@@ -253,8 +280,8 @@ def config_from_megatron_args(argv: Sequence[str], cluster: ClusterConfig | None
     _apply(cfg, fields)
     notes += softmax_precision_note(given, cfg.precision.dtype)
     p = cfg.parallel
-    cfg.cluster = cluster or ClusterConfig(nodes=1,
-                                           gpus_per_node=p.tensor * p.pipeline * p.context)
+    nodes, per_node = launched or (1, p.tensor * p.pipeline * p.context)
+    cfg.cluster = cluster or ClusterConfig(nodes=nodes, gpus_per_node=per_node)
     return cfg, notes
 
 
