@@ -674,8 +674,10 @@ def _graphs_from(a: Mapping[str, Any]) -> dict[str, Any]:
 
         raise ConfigError("--cuda-graph-impl full_iteration graphs the whole step, which this "
                           "trainer does not capture; use transformer_engine or local")
-    # Megatron-LM's parser turns each module name into its CudaGraphModule.
+    # Megatron-LM's parser turns each module name into its CudaGraphModule; its deprecated
+    # `full` is the whole layer, an empty list (training/arguments.py:262-273).
     modules = [getattr(m, "name", m) for m in a["cuda_graph_modules"] or []]
+    modules = [] if "full" in modules else modules
     return {"train.cuda_graphs": impl, "train.cuda_graph_modules": modules,
             "train.cuda_graph_warmup_steps": a["cuda_graph_warmup_steps"]}
 

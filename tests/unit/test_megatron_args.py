@@ -585,3 +585,12 @@ def test_the_launchers_size(words, size) -> None:
     from trainer.tools.megatron_args import launcher_size
 
     assert launcher_size(words) == size
+
+
+def test_the_deprecated_full_graph_module_reads_as_the_whole_layer() -> None:
+    """Megatron-LM: 'full scope is deprecated. Use empty cuda_graph_modules to capture the whole
+    layer' (training/arguments.py:262-273)."""
+    argv = [*to_megatron_args(get_recipe("tiny_dp1")), "--cuda-graph-impl", "transformer_engine",
+            "--cuda-graph-modules", "full"]
+    cfg, _ = config_from_megatron_args(argv)
+    assert cfg.train.cuda_graphs == "transformer_engine" and cfg.train.cuda_graph_modules == []
