@@ -264,6 +264,20 @@ def test_training_has_two_explicit_paths(monkeypatch):
     assert calls == [("rank",)]
 
 
+
+def test_the_checkpoint_benchmarks_own_recipe_is_the_one_its_checks_see(monkeypatch):
+    """bench_checkpoint adds recipe=tiny_dp2_distopt to its launches; its pre-launch check
+    resolved the command line without it (the default recipe, whose blend made
+    data.source=synthetic, its documented command, a refusal)."""
+    monkeypatch.setattr(pipeline, "launch_and_wait", lambda args, extra=(), phased=False: 0)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    args = parse_arguments(commands.BENCH_CHECKPOINT, ["size=tiny", "data.source=synthetic"])
+    assert commands.BENCH_CHECKPOINT.run(args) == 0
+    refused = parse_arguments(commands.BENCH_CHECKPOINT,
+                              ["size=tiny", "data.source=synthetic", "dry_run=true"])
+    with pytest.raises(ConfigError, match="^dry_run=true: .* trains to measure what it reports"):
+        commands.BENCH_CHECKPOINT.run(refused)
+
 @pytest.mark.parametrize(("recipe", "on_gpu", "expected"), [
     ("tiny_tp2", True, {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
                         "NCCL_NVLS_ENABLE": "0"}),

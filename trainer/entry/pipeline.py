@@ -78,23 +78,26 @@ class Training:
 
     def __call__(self, args: Arguments) -> int:
         quiet_library_noise()
-        if not self.dry_runs and (problem := dry_run_problem(args)):
+        launches = self.launches(args) if self.launches else [[]]
+        # Asked of what the first launch trains: its extra overrides may name the recipe.
+        if not self.dry_runs and (problem := dry_run_problem(args, launches[0])):
             raise ConfigError(problem)
         if self.check is not None:
             self.check(args)
         if launched_as_rank():
             return run_as_rank(self.rank, args)
-        for extra in self.launches(args) if self.launches else [[]]:
+        for extra in launches:
             code = launch_and_wait(args, extra, phased=self.phased)
             if code != 0:
                 return code
         return 0
 
 
-def dry_run_problem(args: Arguments) -> str | None:
+def dry_run_problem(args: Arguments, extra: Sequence[str] = ()) -> str | None:
     """Why `dry_run=true` (given, or in the config) is refused by a command that trains to
-    measure (bench_step, validate_resume, check_megatron_parity, bench_checkpoint), or None."""
-    if not resolve_config(list(args.rest)).dry_run:
+    measure (bench_step, validate_resume, check_megatron_parity, bench_checkpoint), or None;
+    `extra`: what the command adds to the command line (bench_checkpoint: its recipe)."""
+    if not resolve_config([*args.rest, *extra]).dry_run:
         return None
     return (f"dry_run=true: scripts/{args.script.name} trains to measure what it reports, and a "
             "dry run trains nothing; drop dry_run=true (scripts/pretrain.py with the same "
