@@ -909,25 +909,34 @@ def phases_refusal(cfg: Any) -> str | None:
             f"for {last.name}: {' '.join(shlex.quote(o) for o in example)}")
 
 
+MEGATRON_ARGS_NAME = "megatron_args"  # the name of a config read from a Megatron-LM line
+
+
+def torchrun_line(cfg: Any) -> str:
+    """The torchrun line that trains `cfg` with Megatron-LM (the world size is torchrun's)."""
+    import shlex
+
+    c = cfg.cluster
+    words = [f"--nnodes={c.nodes}", f"--nproc-per-node={c.gpus_per_node}", script_name(cfg),
+             *to_megatron_args(cfg)]
+    return "torchrun " + " ".join(shlex.quote(w) for w in words)
+
+
 def command_text(cfg: Any) -> str:
     """What `scripts/pretrain.py print=megatron_args` prints: the torchrun line that trains
     `cfg` with Megatron-LM, then the fields no flag carries. A phased run is refused
     (`phases_refusal`): Megatron-LM would train something else."""
-    import shlex
-
     from plugins.protocol.errors import ConfigError
 
     refusal = phases_refusal(cfg)
     if refusal:
         raise ConfigError(refusal)
     c = cfg.cluster
-    words = [f"--nnodes={c.nodes}", f"--nproc-per-node={c.gpus_per_node}", script_name(cfg),
-             *to_megatron_args(cfg)]
     note = mixer_note(cfg)
     return "\n".join([
         f"# Megatron-LM trains {cfg.name} with (world size {c.nodes * c.gpus_per_node}: "
         "torchrun's, not a flag):",
-        "torchrun " + " ".join(shlex.quote(w) for w in words),
+        torchrun_line(cfg),
         *([note] if note else []),
         "# no Megatron-LM flag for (the project's own settings): "
         + ", ".join(no_flag_fields(cfg))])

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from recipes.config.arguments import with_replaced
-from recipes.plan.search import NEAR_MISS, Evaluated, SearchResult, refusal
+from recipes.config.megatron_args import MEGATRON_ARGS_NAME, torchrun_line
+from recipes.plan.search import NEAR_MISS, Evaluated, SearchResult, apply_candidate, refusal
 
 TERMS = ("compute", "bubble", "tp", "cp", "ep", "pp", "dp", "cores")
 LOSERS_SHOWN = 3
@@ -85,7 +86,11 @@ def _head(cfg: Any, cluster: Any, r: SearchResult) -> list[str]:
 
 def train_command(cfg: Any, given: Sequence[str], best: Evaluated) -> str:
     """The pretrain command of the best layout: the user's own command line (recipe or saved
-    config, and every override) with the layout's settings in place of any it gave."""
+    config, and every override) with the layout's settings in place of any it gave; for a
+    config read from a Megatron-LM line (`megatron_args=`), which names no recipe, the
+    torchrun line of that layout."""
+    if cfg.name == MEGATRON_ARGS_NAME:
+        return torchrun_line(apply_candidate(cfg, best.candidate))
     words = with_replaced(given, best.candidate.overrides())
     if not any(word.startswith(("recipe=", "config=")) for word in words):
         words.insert(0, f"recipe={cfg.name}")

@@ -594,3 +594,22 @@ def test_the_deprecated_full_graph_module_reads_as_the_whole_layer() -> None:
             "--cuda-graph-modules", "full"]
     cfg, _ = config_from_megatron_args(argv)
     assert cfg.train.cuda_graphs == "transformer_engine" and cfg.train.cuda_graph_modules == []
+
+
+def test_the_search_over_a_megatron_line_names_the_best_as_a_torchrun_line(tmp_path, capsys):
+    """A config read from a Megatron-LM line names no recipe: `recipe=megatron_args` could not
+    run. The best layout is said as the torchrun line that trains it, which reads back."""
+    from trainer.entry.commands import PLAN
+    from trainer.tools.megatron_args import read_launch_file
+
+    line = tmp_path / "launch.sh"
+    line.write_text(command_text(get_recipe("tiny_tp2_pp2")))
+    assert main(PLAN, [f"megatron_args={line}", "cluster=conf/cluster/cpu_local.yaml",
+                       "search=true"]) == 0
+    best = [x for x in capsys.readouterr().out.splitlines() if x.startswith("train the best: ")]
+    assert len(best) == 1 and best[0].startswith("train the best: torchrun --nnodes=1 ")
+    again = tmp_path / "best.sh"
+    again.write_text(best[0].removeprefix("train the best: "))
+    argv, launched = read_launch_file(str(again))
+    cfg, _ = config_from_megatron_args(argv, launched=launched)
+    assert cfg.layout.world_size == 4

@@ -29,6 +29,7 @@ from plugins.protocol.errors import ConfigError
 from recipes.config.megatron_args import (
     ENVIRONMENT_DESTS,
     FLAGS,
+    MEGATRON_ARGS_NAME,
     carried_dests,
     from_megatron_values,
     missing_always_on,
@@ -272,7 +273,7 @@ def config_from_megatron_args(argv: Sequence[str], cluster: ClusterConfig | None
         raise ConfigError("\nerror: ".join(problems))
     notes += missing_always_on(set(given))
     values = {**vars(namespace), "__given__": frozenset(given)}
-    cfg = RunConfig(name="megatron_args")
+    cfg = RunConfig(name=MEGATRON_ARGS_NAME)
     fields = from_megatron_values(values)
     problems = _unexpressible_values(cfg, fields)
     if problems:
